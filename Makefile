@@ -1,0 +1,56 @@
+# One target per chore; `make help` lists them. CI runs `make ci`.
+.DEFAULT_GOAL := help
+SHELL := /bin/bash
+
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PYTEST_ARGS ?=
+LISTEN ?= 127.0.0.1:7070
+DB ?= sqlite:///troth.db
+
+help: ## Show targets
+	@grep -E '^[a-z][a-z-]*:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
+
+$(VENV)/.installed: sdk/pyproject.toml server/pyproject.toml requirements-dev.txt
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -r requirements-dev.txt -e ./sdk -e ./server
+	touch $@
+
+install: $(VENV)/.installed ## Create .venv and install troth, troth-server and the dev tools
+
+run: install ## Start the server on the embedded SQLite default (LISTEN=, DB= to override)
+	$(VENV)/bin/troth serve --listen $(LISTEN) --db $(DB)
+
+proto: install ## Regenerate sdk/troth/v1 from proto/ (grpcio-tools pinned in requirements-dev.txt)
+	rm -f sdk/troth/v1/*_pb2*.py sdk/troth/v1/*_pb2*.pyi
+	$(PY) -m grpc_tools.protoc -I proto --python_out=sdk --pyi_out=sdk --grpc_python_out=sdk proto/troth/v1/*.proto
+	touch sdk/troth/v1/__init__.py
+
+proto-check: proto ## Regenerate, then fail if the checked-in generated code was stale
+	@git diff --exit-code --stat -- sdk/troth/v1 || (echo "generated code is stale: run 'make proto' and commit" && exit 1)
+	@test -z "$$(git status --porcelain -- sdk/troth/v1)" || (echo "untracked generated files: run 'make proto' and commit" && exit 1)
+
+fmt: install ## Format and autofix
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+lint: install ## ruff format --check and ruff check
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/ruff check .
+
+typecheck: install ## mypy --strict on both packages
+	$(VENV)/bin/mypy
+
+test-unit: install ## Pure tests only (seconds)
+	$(VENV)/bin/pytest tests/unit $(PYTEST_ARGS)
+
+test: install ## Everything the README promises: unit, store, api, integration, e2e
+	$(VENV)/bin/pytest tests $(PYTEST_ARGS)
+
+bench: install ## Run the benchmarks in bench/ and print their figures
+	$(PY) bench/promises.py
+
+ci: install proto-check lint typecheck test ## What CI runs
+
+.PHONY: help install run proto proto-check fmt lint typecheck test-unit test bench ci

@@ -1,0 +1,144 @@
+import datetime
+
+from google.protobuf import duration_pb2 as _duration_pb2
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from troth.v1 import types_pb2 as _types_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class CreatePromiseRequest(_message.Message):
+    __slots__ = ("id", "param", "tags", "expire_time", "ttl", "never_expires", "idempotency_key", "strict")
+    class TagsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    ID_FIELD_NUMBER: _ClassVar[int]
+    PARAM_FIELD_NUMBER: _ClassVar[int]
+    TAGS_FIELD_NUMBER: _ClassVar[int]
+    EXPIRE_TIME_FIELD_NUMBER: _ClassVar[int]
+    TTL_FIELD_NUMBER: _ClassVar[int]
+    NEVER_EXPIRES_FIELD_NUMBER: _ClassVar[int]
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
+    STRICT_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    param: _types_pb2.Payload
+    tags: _containers.ScalarMap[str, str]
+    expire_time: _timestamp_pb2.Timestamp
+    ttl: _duration_pb2.Duration
+    never_expires: bool
+    idempotency_key: str
+    strict: bool
+    def __init__(self, id: _Optional[str] = ..., param: _Optional[_Union[_types_pb2.Payload, _Mapping]] = ..., tags: _Optional[_Mapping[str, str]] = ..., expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., never_expires: _Optional[bool] = ..., idempotency_key: _Optional[str] = ..., strict: _Optional[bool] = ...) -> None: ...
+
+class CreatePromiseResponse(_message.Message):
+    __slots__ = ("promise", "created")
+    PROMISE_FIELD_NUMBER: _ClassVar[int]
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    promise: _types_pb2.Promise
+    created: bool
+    def __init__(self, promise: _Optional[_Union[_types_pb2.Promise, _Mapping]] = ..., created: _Optional[bool] = ...) -> None: ...
+
+class GetPromiseRequest(_message.Message):
+    __slots__ = ("id",)
+    ID_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    def __init__(self, id: _Optional[str] = ...) -> None: ...
+
+class GetPromiseResponse(_message.Message):
+    __slots__ = ("promise",)
+    PROMISE_FIELD_NUMBER: _ClassVar[int]
+    promise: _types_pb2.Promise
+    def __init__(self, promise: _Optional[_Union[_types_pb2.Promise, _Mapping]] = ...) -> None: ...
+
+class SearchPromisesRequest(_message.Message):
+    __slots__ = ("id", "states", "tags", "page_size", "page_token")
+    class TagsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    ID_FIELD_NUMBER: _ClassVar[int]
+    STATES_FIELD_NUMBER: _ClassVar[int]
+    TAGS_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    states: _containers.RepeatedScalarFieldContainer[_types_pb2.PromiseState]
+    tags: _containers.ScalarMap[str, str]
+    page_size: int
+    page_token: str
+    def __init__(self, id: _Optional[str] = ..., states: _Optional[_Iterable[_Union[_types_pb2.PromiseState, str]]] = ..., tags: _Optional[_Mapping[str, str]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class SearchPromisesResponse(_message.Message):
+    __slots__ = ("promises", "next_page_token")
+    PROMISES_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    promises: _containers.RepeatedCompositeFieldContainer[_types_pb2.Promise]
+    next_page_token: str
+    def __init__(self, promises: _Optional[_Iterable[_Union[_types_pb2.Promise, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class ResolvePromiseRequest(_message.Message):
+    __slots__ = ("id", "value", "idempotency_key", "strict")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
+    STRICT_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    value: _types_pb2.Payload
+    idempotency_key: str
+    strict: bool
+    def __init__(self, id: _Optional[str] = ..., value: _Optional[_Union[_types_pb2.Payload, _Mapping]] = ..., idempotency_key: _Optional[str] = ..., strict: _Optional[bool] = ...) -> None: ...
+
+class RejectPromiseRequest(_message.Message):
+    __slots__ = ("id", "value", "idempotency_key", "strict")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
+    STRICT_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    value: _types_pb2.Payload
+    idempotency_key: str
+    strict: bool
+    def __init__(self, id: _Optional[str] = ..., value: _Optional[_Union[_types_pb2.Payload, _Mapping]] = ..., idempotency_key: _Optional[str] = ..., strict: _Optional[bool] = ...) -> None: ...
+
+class CancelPromiseRequest(_message.Message):
+    __slots__ = ("id", "value", "idempotency_key", "strict")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
+    STRICT_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    value: _types_pb2.Payload
+    idempotency_key: str
+    strict: bool
+    def __init__(self, id: _Optional[str] = ..., value: _Optional[_Union[_types_pb2.Payload, _Mapping]] = ..., idempotency_key: _Optional[str] = ..., strict: _Optional[bool] = ...) -> None: ...
+
+class SettlePromiseResponse(_message.Message):
+    __slots__ = ("promise", "applied")
+    PROMISE_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_FIELD_NUMBER: _ClassVar[int]
+    promise: _types_pb2.Promise
+    applied: bool
+    def __init__(self, promise: _Optional[_Union[_types_pb2.Promise, _Mapping]] = ..., applied: _Optional[bool] = ...) -> None: ...
+
+class WatchPromiseRequest(_message.Message):
+    __slots__ = ("id",)
+    ID_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    def __init__(self, id: _Optional[str] = ...) -> None: ...
+
+class WatchPromiseResponse(_message.Message):
+    __slots__ = ("promise",)
+    PROMISE_FIELD_NUMBER: _ClassVar[int]
+    promise: _types_pb2.Promise
+    def __init__(self, promise: _Optional[_Union[_types_pb2.Promise, _Mapping]] = ...) -> None: ...

@@ -1,0 +1,74 @@
+import datetime
+
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class PromiseState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PROMISE_STATE_UNSPECIFIED: _ClassVar[PromiseState]
+    PENDING: _ClassVar[PromiseState]
+    RESOLVED: _ClassVar[PromiseState]
+    REJECTED: _ClassVar[PromiseState]
+    REJECTED_CANCELED: _ClassVar[PromiseState]
+    REJECTED_TIMEDOUT: _ClassVar[PromiseState]
+PROMISE_STATE_UNSPECIFIED: PromiseState
+PENDING: PromiseState
+RESOLVED: PromiseState
+REJECTED: PromiseState
+REJECTED_CANCELED: PromiseState
+REJECTED_TIMEDOUT: PromiseState
+
+class Payload(_message.Message):
+    __slots__ = ("headers", "data")
+    class HeadersEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    HEADERS_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    headers: _containers.ScalarMap[str, str]
+    data: bytes
+    def __init__(self, headers: _Optional[_Mapping[str, str]] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class Promise(_message.Message):
+    __slots__ = ("id", "state", "param", "value", "tags", "create_time", "settle_time", "expire_time", "idempotency_key_for_create", "idempotency_key_for_settle", "settled_by")
+    class TagsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    PARAM_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    TAGS_FIELD_NUMBER: _ClassVar[int]
+    CREATE_TIME_FIELD_NUMBER: _ClassVar[int]
+    SETTLE_TIME_FIELD_NUMBER: _ClassVar[int]
+    EXPIRE_TIME_FIELD_NUMBER: _ClassVar[int]
+    IDEMPOTENCY_KEY_FOR_CREATE_FIELD_NUMBER: _ClassVar[int]
+    IDEMPOTENCY_KEY_FOR_SETTLE_FIELD_NUMBER: _ClassVar[int]
+    SETTLED_BY_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    state: PromiseState
+    param: Payload
+    value: Payload
+    tags: _containers.ScalarMap[str, str]
+    create_time: _timestamp_pb2.Timestamp
+    settle_time: _timestamp_pb2.Timestamp
+    expire_time: _timestamp_pb2.Timestamp
+    idempotency_key_for_create: str
+    idempotency_key_for_settle: str
+    settled_by: str
+    def __init__(self, id: _Optional[str] = ..., state: _Optional[_Union[PromiseState, str]] = ..., param: _Optional[_Union[Payload, _Mapping]] = ..., value: _Optional[_Union[Payload, _Mapping]] = ..., tags: _Optional[_Mapping[str, str]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., settle_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., idempotency_key_for_create: _Optional[str] = ..., idempotency_key_for_settle: _Optional[str] = ..., settled_by: _Optional[str] = ...) -> None: ...

@@ -1,0 +1,18 @@
+"""`python -m troth_server serve ...` (the same as `troth serve ...`)."""
+
+from __future__ import annotations
+
+import sys
+
+from troth_server.cli import serve
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["serve"]:
+        args = args[1:]
+    return serve(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

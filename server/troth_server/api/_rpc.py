@@ -1,0 +1,104 @@
+"""Wraps every handler: error mapping (via `_status`) and one canonical log line per RPC."""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, Concatenate, ParamSpec, TypeVar
+
+import grpc
+import structlog
+
+from troth_server.api._status import status_for
+from troth_server.domain.errors import DomainError
+from troth_server.store import StoreError
+
+P = ParamSpec("P")
+S = TypeVar("S")
+Req = TypeVar("Req")
+Resp = TypeVar("Resp")
+
+log = structlog.get_logger("troth.rpc")
+
+
+def _finish(
+    method: str, request: Any, started: float, exc: Exception | None, **fields: Any
+) -> grpc.Status | None:
+    """Log the canonical line; return the status to abort with, if any."""
+    status: grpc.Status | None = None
+    code = "OK"
+    if exc is not None:
+        status = status_for(exc)
+        code = status.code.name
+        if not isinstance(exc, DomainError | StoreError):
+            log.error("rpc.crashed", method=method, exc_info=exc)
+        else:
+            fields["reason"] = exc.reason.value if isinstance(exc, DomainError) else "STORE"
+    log.info(
+        "rpc",
+        method=method,
+        code=code,
+        duration_ms=round((time.perf_counter() - started) * 1000, 3),
+        promise_id=getattr(request, "id", None) or None,
+        **fields,
+    )
+    return status
+
+
+def unary(
+    method: str,
+) -> Callable[
+    [Callable[[S, Req, grpc.ServicerContext], Resp]],
+    Callable[[S, Req, grpc.ServicerContext], Resp],
+]:
+    def decorate(
+        fn: Callable[[S, Req, grpc.ServicerContext], Resp],
+    ) -> Callable[[S, Req, grpc.ServicerContext], Resp]:
+        @functools.wraps(fn)
+        def handler(self: S, request: Req, context: grpc.ServicerContext) -> Resp:
+            started = time.perf_counter()
+            try:
+                response = fn(self, request, context)
+            except Exception as exc:
+                status = _finish(method, request, started, exc)
+                assert status is not None
+                context.abort_with_status(status)
+                raise  # abort_with_status always raises; this keeps mypy honest
+            _finish(method, request, started, None)
+            return response
+
+        return handler
+
+    return decorate
+
+
+def server_stream(
+    method: str,
+) -> Callable[
+    [Callable[Concatenate[S, Req, grpc.ServicerContext, P], Iterator[Resp]]],
+    Callable[Concatenate[S, Req, grpc.ServicerContext, P], Iterator[Resp]],
+]:
+    def decorate(
+        fn: Callable[Concatenate[S, Req, grpc.ServicerContext, P], Iterator[Resp]],
+    ) -> Callable[Concatenate[S, Req, grpc.ServicerContext, P], Iterator[Resp]]:
+        @functools.wraps(fn)
+        def handler(
+            self: S, request: Req, context: grpc.ServicerContext, *args: P.args, **kw: P.kwargs
+        ) -> Iterator[Resp]:
+            started = time.perf_counter()
+            sent = 0
+            try:
+                for response in fn(self, request, context, *args, **kw):
+                    sent += 1
+                    yield response
+            except Exception as exc:
+                status = _finish(method, request, started, exc, messages=sent)
+                assert status is not None
+                context.abort_with_status(status)
+                raise
+            _finish(method, request, started, None, messages=sent)
+
+        return handler
+
+    return decorate

@@ -1,0 +1,67 @@
+"""The only place that knows gRPC status codes: domain and store errors -> status + ErrorInfo."""
+
+from __future__ import annotations
+
+import grpc
+from google.protobuf import any_pb2
+from google.rpc import error_details_pb2, status_pb2
+from grpc_status import rpc_status
+
+from troth.errors import ERROR_DOMAIN, Reason
+from troth_server.domain.errors import (
+    DomainError,
+    InvalidArgument,
+    InvalidPageToken,
+    PromiseAlreadyExists,
+    PromiseAlreadySettled,
+    PromiseNotFound,
+    PromiseTimedOut,
+)
+from troth_server.group_commit import ShuttingDown
+from troth_server.store import StoreError, StoreUnavailable
+
+# Exhaustive: tests walk every DomainError subclass and require an entry.
+STATUS_CODES: dict[type[Exception], grpc.StatusCode] = {
+    InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
+    InvalidPageToken: grpc.StatusCode.INVALID_ARGUMENT,
+    PromiseNotFound: grpc.StatusCode.NOT_FOUND,
+    PromiseAlreadyExists: grpc.StatusCode.ALREADY_EXISTS,
+    PromiseAlreadySettled: grpc.StatusCode.FAILED_PRECONDITION,
+    PromiseTimedOut: grpc.StatusCode.FAILED_PRECONDITION,
+    ShuttingDown: grpc.StatusCode.UNAVAILABLE,
+    StoreUnavailable: grpc.StatusCode.UNAVAILABLE,
+    StoreError: grpc.StatusCode.UNAVAILABLE,
+}
+
+
+def status_for(exc: Exception) -> grpc.Status:
+    """The rich status (code, message, ErrorInfo) that answers `exc`."""
+    if isinstance(exc, DomainError):
+        code = STATUS_CODES[type(exc)]
+        return _status(code, exc.message, exc.reason, exc.metadata)
+    if isinstance(exc, StoreError):
+        return _status(
+            STATUS_CODES[type(exc)],
+            f"the store is unavailable ({exc}); nothing was changed, retry later",
+            Reason.STORE_UNAVAILABLE,
+            {},
+        )
+    return _status(
+        grpc.StatusCode.INTERNAL,
+        "the server failed to handle this request; it is logged, please report it",
+        Reason.INTERNAL,
+        {},
+    )
+
+
+def invalid_argument(field: str, message: str) -> grpc.Status:
+    return status_for(InvalidArgument(field, message))
+
+
+def _status(code: grpc.StatusCode, message: str, reason: Reason, metadata: dict[str, str]) -> grpc.Status:
+    info = error_details_pb2.ErrorInfo(reason=reason.value, domain=ERROR_DOMAIN, metadata=metadata)
+    detail = any_pb2.Any()
+    detail.Pack(info)
+    status = status_pb2.Status(code=code.value[0], message=message, details=[detail])
+    result: grpc.Status = rpc_status.to_status(status)
+    return result

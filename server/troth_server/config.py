@@ -1,0 +1,135 @@
+"""Server settings: one frozen object, read from flags and `TROTH_*` environment variables."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
+
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d)$")
+_UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+def parse_duration_ms(text: str) -> int:
+    """`250ms`, `30s`, `5m`, `24h`, `7d` -> milliseconds."""
+    match = _DURATION.match(text.strip())
+    if not match:
+        raise ValueError(f"{text!r} is not a duration; write it like 250ms, 30s, 5m, 24h or 7d")
+    return int(float(match.group(1)) * _UNIT_MS[match.group(2)])
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Input limits; requests beyond them get INVALID_ARGUMENT naming the field."""
+
+    max_id_length: int = 256
+    max_payload_bytes: int = 1_048_576
+    max_tags: int = 32
+    max_tag_key_length: int = 128
+    max_tag_value_length: int = 1024
+    max_idempotency_key_length: int = 256
+    max_principal_length: int = 256
+    default_page_size: int = 100
+    max_page_size: int = 1000
+    default_ttl_ms: int = 86_400_000
+    max_ttl_ms: int = 366 * 86_400_000
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    listen: str = "127.0.0.1:7070"
+    db: str = "sqlite:///troth.db"
+    sqlite_synchronous: str = "FULL"
+    grpc_workers: int = 128
+    sweep_interval_ms: int = 1000
+    sweep_batch: int = 1000
+    commit_max_batch: int = 512
+    shutdown_grace_ms: int = 5000
+    log_level: str = "info"
+    log_format: str = "auto"
+    port_file: str | None = None
+    limits: Limits = Limits()
+
+
+# flag name -> (Settings/Limits field, parser, help). Every flag is also TROTH_<NAME>.
+_OPTIONS: dict[str, tuple[str, type | None, str]] = {
+    "listen": ("listen", str, "address to serve gRPC on, HOST:PORT (port 0 picks a free one)"),
+    "db": ("db", str, "database URL; the embedded default is a SQLite file"),
+    "sqlite-synchronous": ("sqlite_synchronous", str, "SQLite synchronous: FULL (durable) or NORMAL, EXTRA, OFF"),
+    "grpc-workers": ("grpc_workers", int, "gRPC handler threads (open watch streams each hold one)"),
+    "sweep-interval": ("sweep_interval_ms", None, "how often overdue promises are expired"),
+    "sweep-batch": ("sweep_batch", int, "promises expired per transaction"),
+    "commit-max-batch": ("commit_max_batch", int, "most write requests in one group commit"),
+    "shutdown-grace": ("shutdown_grace_ms", None, "time given to in-flight RPCs on SIGTERM"),
+    "log-level": ("log_level", str, "debug, info, warning or error"),
+    "log-format": ("log_format", str, "auto (JSON off a terminal), json or console"),
+    "port-file": ("port_file", str, "write the bound port to this file once serving"),
+    "max-id-length": ("max_id_length", int, "longest promise id"),
+    "max-payload-bytes": ("max_payload_bytes", int, "largest param or value (data plus headers)"),
+    "max-tags": ("max_tags", int, "most tags on one promise"),
+    "max-tag-key-length": ("max_tag_key_length", int, "longest tag key"),
+    "max-tag-value-length": ("max_tag_value_length", int, "longest tag value"),
+    "max-idempotency-key-length": ("max_idempotency_key_length", int, "longest idempotency key"),
+    "default-page-size": ("default_page_size", int, "search page size when the request gives none"),
+    "max-page-size": ("max_page_size", int, "largest search page"),
+    "default-ttl": ("default_ttl_ms", None, "expiry of a promise created without one"),
+    "max-ttl": ("max_ttl_ms", None, "longest ttl (and furthest expire_time) accepted"),
+}
+_LIMIT_FIELDS = {f.name for f in fields(Limits)}
+
+
+def settings_from(argv: Sequence[str], environ: Mapping[str, str] = os.environ) -> Settings:
+    """Flags win over `TROTH_*` variables, which win over defaults."""
+    parser = build_parser()
+    args = parser.parse_args(list(argv))
+    values: dict[str, object] = {}
+    for flag, (name, kind, _help) in _OPTIONS.items():
+        raw = getattr(args, flag.replace("-", "_"))
+        env_name = "TROTH_" + flag.upper().replace("-", "_")
+        if raw is None:
+            raw = environ.get(env_name)
+            source = env_name
+        else:
+            source = "--" + flag
+        if raw is None:
+            continue
+        try:
+            values[name] = parse_duration_ms(raw) if kind is None else kind(raw)
+        except ValueError as exc:
+            parser.error(f"{source}: {exc}")
+    limit_values = {k: v for k, v in values.items() if k in _LIMIT_FIELDS}
+    other = {k: v for k, v in values.items() if k not in _LIMIT_FIELDS}
+    settings = Settings(**other, limits=Limits(**limit_values))  # type: ignore[arg-type]
+    _check(settings, parser)
+    return settings
+
+
+def _check(settings: Settings, parser: argparse.ArgumentParser) -> None:
+    positive = ["grpc_workers", "sweep_interval_ms", "sweep_batch", "commit_max_batch"]
+    for name in positive:
+        if getattr(settings, name) <= 0:
+            parser.error(f"{name.replace('_', '-')} must be positive")
+    for f in fields(Limits):
+        if getattr(settings.limits, f.name) <= 0:
+            parser.error(f"{f.name.replace('_', '-')} must be positive")
+    if settings.limits.default_page_size > settings.limits.max_page_size:
+        parser.error("default-page-size cannot exceed max-page-size")
+    if settings.limits.default_ttl_ms > settings.limits.max_ttl_ms:
+        parser.error("default-ttl cannot exceed max-ttl")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="troth serve",
+        description="Serve durable promises over gRPC. Every flag is also a TROTH_* "
+        "environment variable (--max-ttl is TROTH_MAX_TTL).",
+    )
+    defaults = Settings()
+    for flag, (name, kind, help_text) in _OPTIONS.items():
+        source = defaults.limits if name in _LIMIT_FIELDS else defaults
+        default = getattr(source, name)
+        shown = f"{default}ms" if kind is None else default
+        parser.add_argument(f"--{flag}", default=None, help=f"{help_text} (default: {shown})")
+    return parser

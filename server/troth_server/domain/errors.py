@@ -1,0 +1,82 @@
+"""Errors the domain raises when a request cannot be applied.
+
+Each carries a stable `reason` (from `troth.errors.Reason`) and a message that
+says what was wrong and what to do. `api/_status.py` is the only place that
+maps them to gRPC status codes.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from troth.errors import Reason
+
+if TYPE_CHECKING:
+    from troth_server.domain.promise import Promise
+
+
+class DomainError(Exception):
+    """A request that the current state does not allow."""
+
+    reason: Reason = Reason.INTERNAL
+
+    def __init__(self, message: str, **metadata: str) -> None:
+        super().__init__(message)
+        self.message = message
+        self.metadata = metadata
+
+
+class InvalidArgument(DomainError):
+    """A request field is malformed or out of bounds; `field` names it."""
+
+    reason = Reason.INVALID_ARGUMENT
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}", field=field)
+        self.field = field
+
+
+class InvalidPageToken(InvalidArgument):
+    reason = Reason.INVALID_PAGE_TOKEN
+
+    def __init__(self, message: str) -> None:
+        super().__init__("page_token", message)
+
+
+class PromiseNotFound(DomainError):
+    reason = Reason.NOT_FOUND
+
+    def __init__(self, promise_id: str) -> None:
+        super().__init__(
+            f"promise {promise_id!r} does not exist; create it first or check the id",
+            promise_id=promise_id,
+        )
+        self.promise_id = promise_id
+
+
+class PromiseAlreadyExists(DomainError):
+    reason = Reason.ALREADY_EXISTS
+
+    def __init__(self, promise_id: str, why: str) -> None:
+        super().__init__(f"promise {promise_id!r} already exists: {why}", promise_id=promise_id)
+        self.promise_id = promise_id
+
+
+class PromiseAlreadySettled(DomainError):
+    """A settle lost: the promise was settled before, by someone else."""
+
+    reason = Reason.ALREADY_SETTLED
+
+    def __init__(self, promise: Promise, message: str) -> None:
+        super().__init__(message, promise_id=promise.id, state=promise.state.value)
+        self.promise = promise
+
+
+class PromiseTimedOut(DomainError):
+    """A settle came after the promise's expire_time."""
+
+    reason = Reason.TIMED_OUT
+
+    def __init__(self, promise: Promise, message: str) -> None:
+        super().__init__(message, promise_id=promise.id, state=promise.state.value)
+        self.promise = promise

@@ -1,0 +1,242 @@
+"""The durable-promise state machine: create, settle, expire, and what a reader sees.
+
+Times are integer milliseconds since the Unix epoch; `now` is always a
+parameter. Every function is pure: it returns the new promise (and a flag) or
+raises a `DomainError`; the caller decides what to persist.
+
+Legal moves, the one table of this machine:
+
+| from     | event                 | to                                     |
+|----------|-----------------------|----------------------------------------|
+| (none)   | create                | PENDING                                |
+| PENDING  | resolve               | RESOLVED                               |
+| PENDING  | reject                | REJECTED                               |
+| PENDING  | cancel                | REJECTED_CANCELED                      |
+| PENDING  | expire (now ≥ expiry) | REJECTED_TIMEDOUT (RESOLVED if a timer)|
+| settled  | anything              | unchanged (repeat, or an error)        |
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+
+from troth_server.domain.errors import (
+    InvalidArgument,
+    PromiseAlreadyExists,
+    PromiseAlreadySettled,
+    PromiseNotFound,
+    PromiseTimedOut,
+)
+
+TIMER_TAG = "troth:timer"
+"""A promise tagged `troth:timer=true` resolves, rather than times out, at expiry."""
+
+TIMEOUT_PRINCIPAL = "troth:timeout"
+"""`settled_by` of a promise that settled by reaching its expire_time."""
+
+
+class PromiseState(enum.StrEnum):
+    PENDING = "PENDING"
+    RESOLVED = "RESOLVED"
+    REJECTED = "REJECTED"
+    REJECTED_CANCELED = "REJECTED_CANCELED"
+    REJECTED_TIMEDOUT = "REJECTED_TIMEDOUT"
+
+
+SETTLE_VERBS: Mapping[PromiseState, str] = {
+    PromiseState.RESOLVED: "resolved",
+    PromiseState.REJECTED: "rejected",
+    PromiseState.REJECTED_CANCELED: "canceled",
+    PromiseState.REJECTED_TIMEDOUT: "timed out",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Payload:
+    headers: Mapping[str, str] = field(default_factory=dict)
+    data: bytes = b""
+
+
+EMPTY = Payload()
+
+
+@dataclass(frozen=True, slots=True)
+class Promise:
+    id: str
+    state: PromiseState
+    param: Payload
+    value: Payload
+    tags: Mapping[str, str]
+    create_time: int
+    settle_time: int | None = None
+    expire_time: int | None = None
+    idempotency_key_for_create: str | None = None
+    idempotency_key_for_settle: str | None = None
+    settled_by: str | None = None
+
+    @property
+    def is_timer(self) -> bool:
+        return self.tags.get(TIMER_TAG) == "true"
+
+    @property
+    def is_settled(self) -> bool:
+        return self.state is not PromiseState.PENDING
+
+
+@dataclass(frozen=True, slots=True)
+class CreateRequest:
+    id: str
+    param: Payload
+    tags: Mapping[str, str]
+    expire_time: int | None = None
+    """Absolute expiry in ms."""
+    ttl: int | None = None
+    """Expiry relative to the create's `now`, in ms. Neither set: never expires."""
+    idempotency_key: str | None = None
+    strict: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class SettleRequest:
+    id: str
+    state: PromiseState
+    """The state asked for: RESOLVED, REJECTED or REJECTED_CANCELED."""
+    value: Payload
+    idempotency_key: str | None = None
+    strict: bool = False
+    principal: str | None = None
+
+
+def is_expired(promise: Promise, now: int) -> bool:
+    return (
+        promise.state is PromiseState.PENDING
+        and promise.expire_time is not None
+        and now >= promise.expire_time
+    )
+
+
+def expire(promise: Promise) -> Promise:
+    """The promise as settled by its own expiry (call only when `is_expired`)."""
+    return replace(
+        promise,
+        state=PromiseState.RESOLVED if promise.is_timer else PromiseState.REJECTED_TIMEDOUT,
+        settle_time=promise.expire_time,
+        settled_by=TIMEOUT_PRINCIPAL,
+    )
+
+
+def effective(promise: Promise, now: int) -> Promise:
+    """What a reader at `now` sees: an expired PENDING promise is already settled."""
+    return expire(promise) if is_expired(promise, now) else promise
+
+
+def create(existing: Promise | None, request: CreateRequest, now: int) -> tuple[Promise, bool]:
+    """Create a promise, or recognise a repeat of the create that made `existing`.
+
+    Returns the promise (as a reader at `now` sees it) and whether it was created.
+    """
+    if existing is None:
+        expire_time = request.expire_time
+        if request.ttl is not None:
+            expire_time = now + request.ttl
+        elif expire_time is not None and expire_time <= now:
+            raise InvalidArgument(
+                "expire_time",
+                f"{_iso(expire_time)} is not in the future (server time "
+                f"{_iso(now)}); send a later expire_time or a ttl",
+            )
+        promise = Promise(
+            id=request.id,
+            state=PromiseState.PENDING,
+            param=request.param,
+            value=EMPTY,
+            tags=request.tags,
+            create_time=now,
+            expire_time=expire_time,
+            idempotency_key_for_create=request.idempotency_key,
+        )
+        return promise, True
+
+    current = effective(existing, now)
+    if request.idempotency_key or existing.idempotency_key_for_create:
+        if request.idempotency_key != existing.idempotency_key_for_create:
+            raise PromiseAlreadyExists(
+                request.id,
+                "it was created with a different idempotency key; use another id, or "
+                "send the original create's idempotency key to get the existing promise",
+            )
+    elif request.param != existing.param or dict(request.tags) != dict(existing.tags):
+        raise PromiseAlreadyExists(
+            request.id,
+            "it was created with a different param or tags; use another id, or repeat "
+            "the original create exactly (or with its idempotency key)",
+        )
+    if request.strict and current.is_settled:
+        raise PromiseAlreadyExists(
+            request.id,
+            f"it is already {SETTLE_VERBS[current.state]} and the create is strict; "
+            "read it with GetPromise, or repeat the create without strict",
+        )
+    return current, False
+
+
+def settle(existing: Promise | None, request: SettleRequest, now: int) -> tuple[Promise, bool]:
+    """Settle a pending promise, or recognise a repeat of the settle that won.
+
+    Returns the promise and whether this settle was the one applied.
+    """
+    if existing is None:
+        raise PromiseNotFound(request.id)
+    if existing.state is PromiseState.PENDING:
+        if is_expired(existing, now):
+            raise _timed_out(expire(existing))
+        settled = replace(
+            existing,
+            state=request.state,
+            value=request.value,
+            settle_time=now,
+            idempotency_key_for_settle=request.idempotency_key,
+            settled_by=request.principal,
+        )
+        return settled, True
+
+    if (
+        request.idempotency_key
+        and request.idempotency_key == existing.idempotency_key_for_settle
+        and (not request.strict or request.state is existing.state)
+    ):
+        return existing, False
+    if existing.settled_by == TIMEOUT_PRINCIPAL:
+        raise _timed_out(existing)
+    by = f" by {existing.settled_by!r}" if existing.settled_by else ""
+    key = (
+        f" with idempotency key {existing.idempotency_key_for_settle!r}"
+        if existing.idempotency_key_for_settle
+        else " without an idempotency key"
+    )
+    assert existing.settle_time is not None
+    raise PromiseAlreadySettled(
+        existing,
+        f"promise {existing.id!r} was already {SETTLE_VERBS[existing.state]}"
+        f"{by} at {_iso(existing.settle_time)}{key}; this settle was not applied. "
+        "Read the promise to see its value; only a repeat with the winner's "
+        "idempotency key is answered with success",
+    )
+
+
+def _timed_out(promise: Promise) -> PromiseTimedOut:
+    assert promise.expire_time is not None
+    what = "timer fired" if promise.is_timer else "promise timed out"
+    return PromiseTimedOut(
+        promise,
+        f"promise {promise.id!r} can no longer be settled: its {what} at "
+        f"{_iso(promise.expire_time)} (state {promise.state.value}); "
+        "create promises with a longer ttl if settles arrive this late",
+    )
+
+
+def _iso(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds")

@@ -1,0 +1,230 @@
+"""Group commit: concurrent write requests share one transaction and one fsync.
+
+Requests queue their operation and wait. One writer thread takes everything
+queued (up to a cap), loads every row the batch touches with one statement,
+applies the operations in arrival order on that in-memory view (so two settles
+of the same promise in one batch still see each other), writes the changes
+with one statement per kind, commits, and only then answers every request:
+a reply always means committed. No timer delays a lone request; batches grow
+by themselves while the previous commit is syncing.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable, Collection
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, Generic, Protocol, TypeVar
+
+import structlog
+
+from troth.errors import Reason
+from troth_server.domain import promise as domain
+from troth_server.domain.errors import DomainError
+from troth_server.domain.promise import Promise, PromiseState
+from troth_server.store import Store, StoreError, StoreUnavailable, WriteTx
+
+R = TypeVar("R")
+R_co = TypeVar("R_co", covariant=True)
+log = structlog.get_logger("troth.commit")
+
+
+class ShuttingDown(DomainError):
+    reason = Reason.SHUTTING_DOWN
+
+    def __init__(self) -> None:
+        super().__init__("the server is shutting down; retry against another server or later")
+
+
+@dataclass(frozen=True, slots=True)
+class StateChange:
+    promise: Promise
+    old_state: PromiseState | None
+    principal: str | None
+
+
+class Batch:
+    """The promises one batch touches, as a reader at the batch's `now` sees them."""
+
+    def __init__(self, loaded: dict[str, Promise], now: int) -> None:
+        self.now = now
+        self._current = loaded
+        self.inserts: dict[str, Promise] = {}
+        self.updates: dict[str, Promise] = {}
+        self.changes: list[StateChange] = []
+
+    def get(self, promise_id: str) -> Promise | None:
+        found = self._current.get(promise_id)
+        if found is not None and domain.is_expired(found, self.now):
+            # Persist the timeout now rather than waiting for the sweeper, so
+            # watchers hear of it and the row matches what we answer.
+            self.settle(found, domain.expire(found))
+            found = self._current[promise_id]
+        return found
+
+    def expire_if_due(self, promise_id: str, now: int) -> bool:
+        found = self._current.get(promise_id)
+        if found is None or not domain.is_expired(found, now):
+            return False
+        self.settle(found, domain.expire(found))
+        return True
+
+    def add(self, promise: Promise, principal: str | None = None) -> None:
+        self._current[promise.id] = promise
+        self.inserts[promise.id] = promise
+        self.changes.append(StateChange(promise, None, principal))
+
+    def settle(self, old: Promise, new: Promise) -> None:
+        self._current[new.id] = new
+        if new.id in self.inserts:
+            self.inserts[new.id] = new
+        else:
+            self.updates[new.id] = new
+        self.changes.append(StateChange(new, old.state, new.settled_by))
+
+
+class WriteOp(Protocol[R_co]):
+    """One request's write: which promises it touches, and what it does to them."""
+
+    def promise_ids(self, tx: WriteTx, now: int) -> Collection[str]: ...
+
+    def apply(self, batch: Batch) -> R_co:
+        """Read and stage changes through `batch`; raise DomainError to refuse."""
+
+
+@dataclass(slots=True)
+class _Item(Generic[R]):
+    op: WriteOp[R]
+    future: Future[R] = field(default_factory=Future)
+
+
+@dataclass(slots=True)
+class CommitStats:
+    commits: int = 0
+    requests: int = 0
+    largest_batch: int = 0
+
+
+_STOP: Any = object()
+
+
+class GroupCommitter:
+    """Owns the store's single write path; `start()` and `stop()` bound its thread."""
+
+    def __init__(
+        self,
+        store: Store,
+        clock: Callable[[], int],
+        on_commit: Callable[[list[StateChange]], None],
+        *,
+        max_batch: int = 512,
+    ) -> None:
+        self._store = store
+        self._clock = clock
+        self._on_commit = on_commit
+        self._max_batch = max_batch
+        self._queue: queue.SimpleQueue[_Item[Any]] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._loop, name="troth-group-commit", daemon=True)
+        self._closed = False
+        self.stats = CommitStats()
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Commit everything already queued, then stop; later submits are refused."""
+        self._closed = True
+        self._queue.put(_STOP)
+        self._thread.join()
+
+    def submit(self, op: WriteOp[R]) -> R:
+        """Queue `op`, wait until its batch is committed, and return its result."""
+        if self._closed:
+            raise ShuttingDown()
+        item: _Item[R] = _Item(op)
+        self._queue.put(item)
+        return item.future.result()
+
+    def _loop(self) -> None:
+        while True:
+            first = self._queue.get()
+            stopping = first is _STOP
+            items: list[_Item[Any]] = [] if stopping else [first]
+            while len(items) < self._max_batch:
+                try:
+                    nxt = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is _STOP:
+                    stopping = True
+                    continue
+                items.append(nxt)
+            if items:
+                self._run(items)
+            if stopping:
+                self._refuse_queued()
+                return
+
+    def _refuse_queued(self) -> None:
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if item is not _STOP:
+                item.future.set_exception(ShuttingDown())
+
+    def _run(self, items: list[_Item[Any]]) -> None:
+        now = self._clock()
+        try:
+            outcomes, changes = self._store.write(lambda tx: _fold(tx, items, now))
+        except StoreError as exc:
+            if len(items) > 1:
+                # One bad request must not fail its neighbours: retry each alone.
+                for item in items:
+                    self._run([item])
+                return
+            log.error("store.write_failed", error=str(exc))
+            failure = exc if isinstance(exc, StoreUnavailable) else StoreUnavailable(str(exc))
+            items[0].future.set_exception(failure)
+            return
+        except BaseException as exc:  # a bug in the fold: answer, never hang a request
+            log.exception("group_commit.batch_crashed")
+            for item in items:
+                item.future.set_exception(exc)
+            return
+        self.stats.commits += 1
+        self.stats.requests += len(items)
+        self.stats.largest_batch = max(self.stats.largest_batch, len(items))
+        for item, (ok, value) in zip(items, outcomes, strict=True):
+            if ok:
+                item.future.set_result(value)
+            else:
+                item.future.set_exception(value)
+        if changes:
+            self._on_commit(changes)
+
+
+def _fold(
+    tx: WriteTx, items: list[_Item[Any]], now: int
+) -> tuple[list[tuple[bool, Any]], list[StateChange]]:
+    ids: set[str] = set()
+    for item in items:
+        ids.update(item.op.promise_ids(tx, now))
+    batch = Batch(tx.get_promises(ids), now)
+    outcomes: list[tuple[bool, Any]] = []
+    for item in items:
+        try:
+            outcomes.append((True, item.op.apply(batch)))
+        except DomainError as exc:
+            outcomes.append((False, exc))
+    tx.insert_promises(list(batch.inserts.values()))
+    tx.update_promises(list(batch.updates.values()))
+    return outcomes, batch.changes
+
+
+def wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000

@@ -1,0 +1,222 @@
+"""Use cases of the Promises API: one function per RPC, each one transaction.
+
+Writes go through the group committer (so they share commits); reads go
+straight to the store and are passed through `domain.effective`, so that a
+read after a promise's expire_time never shows it PENDING, sweeper or not.
+Nothing here knows protobuf or gRPC.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+import threading
+from collections.abc import Callable, Collection, Iterator
+from dataclasses import dataclass
+
+import structlog
+
+from troth_server.domain import promise as domain
+from troth_server.domain.errors import InvalidPageToken, PromiseNotFound
+from troth_server.domain.promise import CreateRequest, Promise, PromiseState, SettleRequest
+from troth_server.group_commit import Batch, GroupCommitter, StateChange
+from troth_server.store import PromiseQuery, Store, WriteTx
+from troth_server.watch import Subscription, WatchHub
+
+log = structlog.get_logger("troth.promises")
+
+
+@dataclass(frozen=True, slots=True)
+class _CreateOp:
+    request: CreateRequest
+    principal: str | None
+
+    def promise_ids(self, tx: WriteTx, now: int) -> Collection[str]:
+        return (self.request.id,)
+
+    def apply(self, batch: Batch) -> tuple[Promise, bool]:
+        promise, created = domain.create(batch.get(self.request.id), self.request, batch.now)
+        if created:
+            batch.add(promise, self.principal)
+        return promise, created
+
+
+@dataclass(frozen=True, slots=True)
+class _SettleOp:
+    request: SettleRequest
+
+    def promise_ids(self, tx: WriteTx, now: int) -> Collection[str]:
+        return (self.request.id,)
+
+    def apply(self, batch: Batch) -> tuple[Promise, bool]:
+        existing = batch.get(self.request.id)
+        promise, applied = domain.settle(existing, self.request, batch.now)
+        if applied:
+            assert existing is not None
+            batch.settle(existing, promise)
+        return promise, applied
+
+
+@dataclass(frozen=True, slots=True)
+class _ExpireOp:
+    ids: list[str]
+    now: int
+
+    def promise_ids(self, tx: WriteTx, now: int) -> Collection[str]:
+        return self.ids
+
+    def apply(self, batch: Batch) -> int:
+        # Re-checked inside the transaction: a settle may have won meanwhile.
+        return sum(batch.expire_if_due(promise_id, self.now) for promise_id in self.ids)
+
+
+@dataclass(frozen=True, slots=True)
+class SearchPage:
+    promises: list[Promise]
+    next_page_token: str
+
+
+class PromiseService:
+    def __init__(
+        self,
+        store: Store,
+        committer: GroupCommitter,
+        hub: WatchHub,
+        clock: Callable[[], int],
+    ) -> None:
+        self._store = store
+        self._committer = committer
+        self._hub = hub
+        self._clock = clock
+        self.stopping = threading.Event()
+
+    def create(self, request: CreateRequest, principal: str | None = None) -> tuple[Promise, bool]:
+        return self._committer.submit(_CreateOp(request, principal))
+
+    def settle(self, request: SettleRequest) -> tuple[Promise, bool]:
+        return self._committer.submit(_SettleOp(request))
+
+    def expire_overdue(self, limit: int, now: int | None = None) -> int:
+        """Settle up to `limit` promises overdue at `now` (default: the clock) in one
+        transaction; returns how many it settled."""
+        now = self._clock() if now is None else now
+        ids = self._store.expired_promise_ids(now, limit)
+        if not ids:
+            return 0
+        return self._committer.submit(_ExpireOp(ids, now))
+
+    def now(self) -> int:
+        return self._clock()
+
+    def get(self, promise_id: str) -> Promise:
+        found = self._store.get_promise(promise_id)
+        if found is None:
+            raise PromiseNotFound(promise_id)
+        return domain.effective(found, self._clock())
+
+    def search(
+        self,
+        id_glob: str,
+        states: frozenset[PromiseState],
+        tags: dict[str, str],
+        page_size: int,
+        page_token: str,
+    ) -> SearchPage:
+        fingerprint = _query_fingerprint(id_glob, states, tags)
+        after = _decode_page_token(page_token, fingerprint) if page_token else 0
+        now = self._clock()
+        rows = self._store.search_promises(
+            PromiseQuery(id_glob, states, tags, after_seq=after, limit=page_size + 1), now
+        )
+        more = len(rows) > page_size
+        rows = rows[:page_size]
+        token = _encode_page_token(rows[-1].seq, fingerprint) if more else ""
+        return SearchPage([domain.effective(r.promise, now) for r in rows], token)
+
+    def watch(self, promise_id: str) -> PromiseWatch:
+        """The promise now, then once more when it settles (see `PromiseWatch`)."""
+        return PromiseWatch(self, self._hub.subscribe(promise_id))
+
+    def stop_watches(self) -> None:
+        """End every open watch stream (server shutdown)."""
+        self.stopping.set()
+        self._hub.wake_all()
+
+    def on_commit(self, changes: list[StateChange]) -> None:
+        """Tell watchers, then log every state change (after commit, never before)."""
+        self._hub.publish(c.promise for c in changes if c.promise.is_settled)
+        for change in changes:
+            log.info(
+                "promise.state_changed",
+                promise_id=change.promise.id,
+                old_state=change.old_state.value if change.old_state else None,
+                new_state=change.promise.state.value,
+                principal=change.principal,
+            )
+
+
+class PromiseWatch:
+    """Iterate to get the promise now, then settled; `cancel()` ends it from any thread.
+
+    Subscribes before the first read, so a settle between the read and the
+    wait cannot be missed. Wakes at the promise's expire_time on its own, so a
+    timeout is seen at once, whether or not the sweeper has run.
+    """
+
+    def __init__(self, service: PromiseService, subscription: Subscription) -> None:
+        self._service = service
+        self._subscription = subscription
+        self._cancelled = False
+
+    def cancel(self) -> None:
+        self._cancelled = True
+        self._subscription.wake()
+
+    def __iter__(self) -> Iterator[Promise]:
+        service, subscription = self._service, self._subscription
+        try:
+            current = service.get(subscription.promise_id)
+            yield current
+            while not current.is_settled:
+                if self._cancelled or service.stopping.is_set():
+                    return
+                timeout = None
+                if current.expire_time is not None:
+                    timeout = max(0.0, (current.expire_time - service.now()) / 1000)
+                subscription.wait(timeout)
+                if subscription.settled is not None:
+                    current = subscription.settled
+                else:
+                    current = domain.effective(current, service.now())
+            yield current
+        finally:
+            subscription.close()
+
+
+def _query_fingerprint(id_glob: str, states: frozenset[PromiseState], tags: dict[str, str]) -> str:
+    canonical = json.dumps([id_glob, sorted(states), sorted(tags.items())])
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def _encode_page_token(seq: int, fingerprint: str) -> str:
+    raw = json.dumps({"after": seq, "query": fingerprint}).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def _decode_page_token(token: str, fingerprint: str) -> int:
+    try:
+        raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
+        decoded = json.loads(raw)
+        after, query = decoded["after"], decoded["query"]
+    except (binascii.Error, ValueError, KeyError, TypeError):
+        raise InvalidPageToken(
+            "is not a token this server issued; pass next_page_token from a previous response"
+        ) from None
+    if query != fingerprint or not isinstance(after, int):
+        raise InvalidPageToken(
+            "belongs to a different search; repeat the id, states and tags of the "
+            "request that returned it, or start over without a page_token"
+        )
+    return after

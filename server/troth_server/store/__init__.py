@@ -1,0 +1,79 @@
+"""Persistence of promises: the `Store` seam, its records and errors.
+
+The service layer only ever talks to a `Store`. `open_store(url)` picks the
+dialect; SQL lives nowhere outside this package, and driver exceptions never
+leave it (they become `StoreError`s).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
+from typing import Protocol, TypeVar
+
+from troth_server.domain.promise import Promise, PromiseState
+
+T = TypeVar("T")
+
+
+class StoreError(Exception):
+    """The store could not carry out an operation; nothing was committed."""
+
+
+class StoreUnavailable(StoreError):
+    """The database cannot be reached or refused the write; retrying later may work."""
+
+
+class SchemaTooNew(StoreError):
+    """The database was migrated by a newer troth-server than this one."""
+
+
+@dataclass(frozen=True, slots=True)
+class PromiseQuery:
+    """A search: id glob (`*` wildcard), states as a reader sees them, exact tags."""
+
+    id_glob: str
+    states: frozenset[PromiseState]
+    tags: dict[str, str]
+    after_seq: int
+    limit: int
+
+
+@dataclass(frozen=True, slots=True)
+class SearchRow:
+    seq: int
+    promise: Promise
+
+
+class WriteTx(Protocol):
+    """Statements available inside one write transaction."""
+
+    def get_promises(self, ids: Collection[str]) -> dict[str, Promise]: ...
+
+    def insert_promises(self, promises: Sequence[Promise]) -> None: ...
+
+    def update_promises(self, promises: Sequence[Promise]) -> None:
+        """Write the settle fields (state, value, settle_time, key, settled_by)."""
+
+
+class Store(Protocol):
+    def write(self, work: Callable[[WriteTx], T]) -> T:
+        """Run `work` in one transaction and commit it before returning."""
+
+    def get_promise(self, promise_id: str) -> Promise | None: ...
+
+    def search_promises(self, query: PromiseQuery, now: int) -> list[SearchRow]: ...
+
+    def expired_promise_ids(self, now: int, limit: int) -> list[str]:
+        """Ids of PENDING promises whose expire_time is at or before `now`, oldest first."""
+
+    def close(self) -> None: ...
+
+
+def open_store(url: str, *, sqlite_synchronous: str = "FULL", read_pool_size: int = 8) -> Store:
+    """Open (and migrate) the store at `url`: `sqlite:///path.db` for now."""
+    from troth_server.store import _sql
+
+    return _sql.open_sql_store(
+        url, sqlite_synchronous=sqlite_synchronous, read_pool_size=read_pool_size
+    )

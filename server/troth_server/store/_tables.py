@@ -1,0 +1,59 @@
+"""SQLAlchemy Core tables: the schema that Alembic migrations must match."""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    Column,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Table,
+    text,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+
+metadata = MetaData()
+
+# JSONB on PostgreSQL so that tag filters can use containment and a GIN index later.
+_json = JSON().with_variant(JSONB(), "postgresql")
+
+promises = Table(
+    "promises",
+    metadata,
+    # Insertion order: search pages follow it, so new rows only ever appear on
+    # later pages and a page token stays valid under concurrent inserts.
+    Column(
+        "seq",
+        BigInteger().with_variant(Integer(), "sqlite"),
+        primary_key=True,
+        autoincrement=True,
+    ),
+    Column("id", String(1024), nullable=False, unique=True),
+    Column("state", String(20), nullable=False),
+    Column("param_headers", _json, nullable=False),
+    Column("param_data", LargeBinary(), nullable=False),
+    Column("value_headers", _json, nullable=False),
+    Column("value_data", LargeBinary(), nullable=False),
+    Column("tags", _json, nullable=False),
+    # Copied out of tags so that expiry and state searches need no JSON functions.
+    Column("timer", Boolean(), nullable=False),
+    Column("create_time", BigInteger(), nullable=False),
+    Column("settle_time", BigInteger(), nullable=True),
+    Column("expire_time", BigInteger(), nullable=True),
+    Column("idempotency_key_for_create", String(1024), nullable=True),
+    Column("idempotency_key_for_settle", String(1024), nullable=True),
+    Column("settled_by", String(1024), nullable=True),
+)
+
+# The sweeper's loop: pending promises by expiry. Partial, so settled rows cost nothing.
+Index(
+    "ix_promises_pending_expire_time",
+    promises.c.expire_time,
+    sqlite_where=text("state = 'PENDING'"),
+    postgresql_where=text("state = 'PENDING'"),
+)

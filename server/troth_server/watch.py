@@ -1,0 +1,68 @@
+"""In-process fan-out of settled promises to `WatchPromise` streams."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable
+
+from troth_server.domain.promise import Promise
+
+
+class Subscription:
+    def __init__(self, hub: WatchHub, promise_id: str) -> None:
+        self.promise_id = promise_id
+        self._hub = hub
+        self._event = threading.Event()
+        self.settled: Promise | None = None
+
+    def deliver(self, promise: Promise) -> None:
+        self.settled = promise
+        self._event.set()
+
+    def wake(self) -> None:
+        self._event.set()
+
+    def wait(self, timeout: float | None) -> bool:
+        return self._event.wait(timeout)
+
+    def close(self) -> None:
+        self._hub.unsubscribe(self)
+
+
+class WatchHub:
+    """Subscriptions by promise id; `publish` wakes the watchers of settled promises."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._subscriptions: dict[str, set[Subscription]] = {}
+
+    def subscribe(self, promise_id: str) -> Subscription:
+        subscription = Subscription(self, promise_id)
+        with self._lock:
+            self._subscriptions.setdefault(promise_id, set()).add(subscription)
+        return subscription
+
+    def unsubscribe(self, subscription: Subscription) -> None:
+        with self._lock:
+            subs = self._subscriptions.get(subscription.promise_id)
+            if subs is not None:
+                subs.discard(subscription)
+                if not subs:
+                    del self._subscriptions[subscription.promise_id]
+
+    def publish(self, settled: Iterable[Promise]) -> None:
+        if not self._subscriptions:
+            return
+        with self._lock:
+            targets = [
+                (sub, p) for p in settled for sub in self._subscriptions.get(p.id, ())
+            ]
+        for sub, p in targets:
+            sub.deliver(p)
+
+    def wake_all(self) -> None:
+        """Wake every watcher (shutdown): each re-checks and ends its stream."""
+        with self._lock:
+            subs = [s for group in self._subscriptions.values() for s in group]
+        for sub in subs:
+            sub.wake()
