@@ -5,10 +5,9 @@ from __future__ import annotations
 import os
 import signal
 import threading
-from collections.abc import Callable
 from concurrent import futures
 from pathlib import Path
-from types import FrameType
+from typing import TYPE_CHECKING
 
 import grpc
 import structlog
@@ -24,6 +23,10 @@ from troth_server.service import PromiseService
 from troth_server.store import StoreError, open_store
 from troth_server.sweeper import Sweeper
 from troth_server.watch import WatchHub
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from types import FrameType
 
 log = structlog.get_logger("troth.server")
 
@@ -88,13 +91,12 @@ class Server:
         self.port = 0
 
     def start(self) -> int:
+        cause: RuntimeError | None = None
         try:
             self.port = self.grpc.add_insecure_port(self.settings.listen)
         except RuntimeError as exc:
             self.port = 0
             cause = exc
-        else:
-            cause = None
         if not self.port:
             self.store.close()
             raise StoreError(
@@ -106,7 +108,12 @@ class Server:
         self.grpc.start()
         for name in ("", PROMISES_SERVICE):
             self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
-        log.info("server.started", listen=self.settings.listen, port=self.port, db=_safe(self.settings.db))
+        log.info(
+            "server.started",
+            listen=self.settings.listen,
+            port=self.port,
+            db=_safe(self.settings.db),
+        )
         return self.port
 
     def stop(self) -> None:

@@ -5,8 +5,11 @@ from __future__ import annotations
 import argparse
 import os
 import re
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
 
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d)$")
 _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
@@ -57,8 +60,16 @@ class Settings:
 _OPTIONS: dict[str, tuple[str, type | None, str]] = {
     "listen": ("listen", str, "address to serve gRPC on, HOST:PORT (port 0 picks a free one)"),
     "db": ("db", str, "database URL; the embedded default is a SQLite file"),
-    "sqlite-synchronous": ("sqlite_synchronous", str, "SQLite synchronous: FULL (durable) or NORMAL, EXTRA, OFF"),
-    "grpc-workers": ("grpc_workers", int, "gRPC handler threads (open watch streams each hold one)"),
+    "sqlite-synchronous": (
+        "sqlite_synchronous",
+        str,
+        "SQLite synchronous: FULL (durable) or NORMAL, EXTRA, OFF",
+    ),
+    "grpc-workers": (
+        "grpc_workers",
+        int,
+        "gRPC handler threads (open watch streams each hold one)",
+    ),
     "sweep-interval": ("sweep_interval_ms", None, "how often overdue promises are expired"),
     "sweep-batch": ("sweep_batch", int, "promises expired per transaction"),
     "commit-max-batch": ("commit_max_batch", int, "most write requests in one group commit"),

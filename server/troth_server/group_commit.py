@@ -14,18 +14,21 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Callable, Collection
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 import structlog
 
 from troth.errors import Reason
 from troth_server.domain import promise as domain
 from troth_server.domain.errors import DomainError
-from troth_server.domain.promise import Promise, PromiseState
 from troth_server.store import Store, StoreError, StoreUnavailable, WriteTx
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Collection
+
+    from troth_server.domain.promise import Promise, PromiseState
 
 R = TypeVar("R")
 R_co = TypeVar("R_co", covariant=True)

@@ -13,17 +13,21 @@ import binascii
 import hashlib
 import json
 import threading
-from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import structlog
 
 from troth_server.domain import promise as domain
 from troth_server.domain.errors import InvalidPageToken, PromiseNotFound
-from troth_server.domain.promise import CreateRequest, Promise, PromiseState, SettleRequest
-from troth_server.group_commit import Batch, GroupCommitter, StateChange
 from troth_server.store import PromiseQuery, Store, WriteTx
-from troth_server.watch import Subscription, WatchHub
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Collection, Iterator
+
+    from troth_server.domain.promise import CreateRequest, Promise, PromiseState, SettleRequest
+    from troth_server.group_commit import Batch, GroupCommitter, StateChange
+    from troth_server.watch import Subscription, WatchHub
 
 log = structlog.get_logger("troth.promises")
 
@@ -186,11 +190,10 @@ class PromiseWatch:
                 if current.expire_time is not None:
                     timeout = max(0.0, (current.expire_time - service.now()) / 1000)
                 subscription.wait(timeout)
-                if subscription.settled is not None:
-                    current = subscription.settled
-                else:
-                    current = domain.effective(current, service.now())
-            yield current
+                settled = subscription.settled
+                current = settled or domain.effective(current, service.now())
+                if current.is_settled:
+                    yield current
         finally:
             subscription.close()
 

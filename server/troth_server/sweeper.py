@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import structlog
 
-from troth_server.service import PromiseService
 from troth_server.store import StoreError
+
+if TYPE_CHECKING:
+    from troth_server.service import PromiseService
 
 log = structlog.get_logger("troth.sweeper")
 

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
-from troth_server.domain.promise import Promise
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from troth_server.domain.promise import Promise
 
 
 class Subscription:
@@ -54,9 +57,7 @@ class WatchHub:
         if not self._subscriptions:
             return
         with self._lock:
-            targets = [
-                (sub, p) for p in settled for sub in self._subscriptions.get(p.id, ())
-            ]
+            targets = [(sub, p) for p in settled for sub in self._subscriptions.get(p.id, ())]
         for sub, p in targets:
             sub.deliver(p)
 

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
-from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from troth.v1 import promises_pb2, types_pb2
-from troth_server.config import Limits
 from troth_server.domain.errors import InvalidArgument
 from troth_server.domain.promise import (
     EMPTY,
@@ -19,6 +17,13 @@ from troth_server.domain.promise import (
     PromiseState,
     SettleRequest,
 )
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from google.protobuf.duration_pb2 import Duration
+
+    from troth_server.config import Limits
 
 ID_PATTERN = re.compile(r"[A-Za-z0-9._~:@/+=\-]+")
 ID_CHARSET = "letters, digits and . _ ~ : @ / + = -"

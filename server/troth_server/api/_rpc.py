@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable, Iterator
-from typing import Any, Concatenate, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-import grpc
 import structlog
 
 from troth_server.api._status import status_for
 from troth_server.domain.errors import DomainError
 from troth_server.store import StoreError
 
-P = ParamSpec("P")
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+
+    import grpc
+
 S = TypeVar("S")
 Req = TypeVar("Req")
 Resp = TypeVar("Resp")
@@ -76,20 +78,18 @@ def unary(
 def server_stream(
     method: str,
 ) -> Callable[
-    [Callable[Concatenate[S, Req, grpc.ServicerContext, P], Iterator[Resp]]],
-    Callable[Concatenate[S, Req, grpc.ServicerContext, P], Iterator[Resp]],
+    [Callable[[S, Req, grpc.ServicerContext], Iterator[Resp]]],
+    Callable[[S, Req, grpc.ServicerContext], Iterator[Resp]],
 ]:
     def decorate(
-        fn: Callable[Concatenate[S, Req, grpc.ServicerContext, P], Iterator[Resp]],
-    ) -> Callable[Concatenate[S, Req, grpc.ServicerContext, P], Iterator[Resp]]:
+        fn: Callable[[S, Req, grpc.ServicerContext], Iterator[Resp]],
+    ) -> Callable[[S, Req, grpc.ServicerContext], Iterator[Resp]]:
         @functools.wraps(fn)
-        def handler(
-            self: S, request: Req, context: grpc.ServicerContext, *args: P.args, **kw: P.kwargs
-        ) -> Iterator[Resp]:
+        def handler(self: S, request: Req, context: grpc.ServicerContext) -> Iterator[Resp]:
             started = time.perf_counter()
             sent = 0
             try:
-                for response in fn(self, request, context, *args, **kw):
+                for response in fn(self, request, context):
                     sent += 1
                     yield response
             except Exception as exc:

@@ -58,7 +58,9 @@ def invalid_argument(field: str, message: str) -> grpc.Status:
     return status_for(InvalidArgument(field, message))
 
 
-def _status(code: grpc.StatusCode, message: str, reason: Reason, metadata: dict[str, str]) -> grpc.Status:
+def _status(
+    code: grpc.StatusCode, message: str, reason: Reason, metadata: dict[str, str]
+) -> grpc.Status:
     info = error_details_pb2.ErrorInfo(reason=reason.value, domain=ERROR_DOMAIN, metadata=metadata)
     detail = any_pb2.Any()
     detail.Pack(info)

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
-import grpc
+from typing import TYPE_CHECKING
 
 from troth.v1 import promises_pb2, promises_pb2_grpc
 from troth_server.api import _convert as convert
 from troth_server.api._rpc import server_stream, unary
-from troth_server.config import Limits
 from troth_server.domain.errors import InvalidArgument
 from troth_server.domain.promise import PromiseState
-from troth_server.service import PromiseService
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    import grpc
+
+    from troth_server.config import Limits
+    from troth_server.service import PromiseService
 
 
 class PromisesServicer(promises_pb2_grpc.PromisesServicer):
@@ -25,11 +29,11 @@ class PromisesServicer(promises_pb2_grpc.PromisesServicer):
         self, request: promises_pb2.CreatePromiseRequest, context: grpc.ServicerContext
     ) -> promises_pb2.CreatePromiseResponse:
         create = convert.create_request(request, self._limits)
-        if create.expire_time is not None:
-            if create.expire_time - self._service.now() > self._limits.max_ttl_ms:
-                raise InvalidArgument(
-                    "expire_time", f"is further away than the limit of {self._limits.max_ttl_ms} ms"
-                )
+        too_far = self._service.now() + self._limits.max_ttl_ms
+        if create.expire_time is not None and create.expire_time > too_far:
+            raise InvalidArgument(
+                "expire_time", f"is further away than the limit of {self._limits.max_ttl_ms} ms"
+            )
         principal = convert.principal(_metadata(context), self._limits)
         promise, created = self._service.create(create, principal)
         return promises_pb2.CreatePromiseResponse(promise=convert.to_pb(promise), created=created)

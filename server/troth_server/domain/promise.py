@@ -19,9 +19,9 @@ Legal moves, the one table of this machine:
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 from troth_server.domain.errors import (
     InvalidArgument,
@@ -30,6 +30,9 @@ from troth_server.domain.errors import (
     PromiseNotFound,
     PromiseTimedOut,
 )
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
 
 TIMER_TAG = "troth:timer"
 """A promise tagged `troth:timer=true` resolves, rather than times out, at expiry."""

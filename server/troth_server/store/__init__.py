@@ -7,11 +7,13 @@ leave it (they become `StoreError`s).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
-from troth_server.domain.promise import Promise, PromiseState
+if TYPE_CHECKING:
+    from collections.abc import Callable, Collection, Sequence
+
+    from troth_server.domain.promise import Promise, PromiseState
 
 T = TypeVar("T")
 

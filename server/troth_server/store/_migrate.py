@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from alembic.util import CommandError
-from sqlalchemy import Connection
 
 from troth_server.store import SchemaTooNew
+
+if TYPE_CHECKING:
+    from sqlalchemy import Connection
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 

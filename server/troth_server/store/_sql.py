@@ -7,10 +7,9 @@ writer), reads on a small pool: in WAL mode readers never block the writer.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import structlog
 from sqlalchemy import (
@@ -34,6 +33,9 @@ from troth_server.domain.promise import Payload, Promise, PromiseState
 from troth_server.store import PromiseQuery, SearchRow, StoreError, StoreUnavailable
 from troth_server.store._migrate import upgrade_to_head
 from troth_server.store._tables import promises
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Collection, Iterator, Sequence
 
 T = TypeVar("T")
 log = structlog.get_logger("troth.store")

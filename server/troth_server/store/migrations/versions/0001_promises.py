@@ -22,7 +22,12 @@ _json = sa.JSON().with_variant(postgresql.JSONB(), "postgresql")
 def upgrade() -> None:
     op.create_table(
         "promises",
-        sa.Column("seq", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), primary_key=True, autoincrement=True),
+        sa.Column(
+            "seq",
+            sa.BigInteger().with_variant(sa.Integer(), "sqlite"),
+            primary_key=True,
+            autoincrement=True,
+        ),
         sa.Column("id", sa.String(1024), nullable=False),
         sa.Column("state", sa.String(20), nullable=False),
         sa.Column("param_headers", _json, nullable=False),

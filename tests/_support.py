@@ -1,0 +1,104 @@
+"""Test support: real troth servers as subprocesses on free ports, and error helpers."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import grpc
+from google.rpc import error_details_pb2
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_status import rpc_status
+
+from troth.v1 import promises_pb2_grpc
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+
+@dataclass
+class ServerProcess:
+    proc: subprocess.Popen[bytes]
+    port: int
+    db_url: str
+    log_path: Path
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def channel(self) -> grpc.Channel:
+        return grpc.insecure_channel(self.address)
+
+    def stop(self, timeout: float = 20) -> int:
+        """SIGTERM and wait: a graceful shutdown."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout)
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown code runs."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(10)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+def start_server(
+    workdir: Path, *args: str, db_url: str | None = None, env: dict[str, str] | None = None
+) -> ServerProcess:
+    """Start `troth serve` on 127.0.0.1:0; return once the health check says SERVING."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    db_url = db_url or f"sqlite:///{workdir / 'troth.db'}"
+    port_file = workdir / f"port-{time.monotonic_ns()}"
+    log_path = workdir / f"server-{time.monotonic_ns()}.log"
+    command = [
+        sys.executable, "-m", "troth_server", "serve",
+        "--listen", "127.0.0.1:0", "--db", db_url, "--port-file", str(port_file),
+        *args,
+    ]  # fmt: skip
+    with log_path.open("wb") as log_file:
+        proc = subprocess.Popen(
+            command, stdout=log_file, stderr=log_file, env={**os.environ, **(env or {})}
+        )
+    deadline = time.monotonic() + 30
+    while not port_file.exists():
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}:\n{log_path.read_text()}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError(f"server did not start:\n{log_path.read_text()}")
+        time.sleep(0.02)
+    server = ServerProcess(proc, int(port_file.read_text()), db_url, log_path)
+    wait_serving(server.address, deadline - time.monotonic())
+    return server
+
+
+def wait_serving(address: str, timeout: float) -> None:
+    with grpc.insecure_channel(address) as channel:
+        reply = health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(), timeout=max(timeout, 1), wait_for_ready=True
+        )
+        assert reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def promises_stub(channel: grpc.Channel) -> promises_pb2_grpc.PromisesStub:
+    return promises_pb2_grpc.PromisesStub(channel)
+
+
+def error_info(error: grpc.RpcError) -> error_details_pb2.ErrorInfo:
+    """The ErrorInfo detail of a failed call (fails the test if there is none)."""
+    status = rpc_status.from_call(error)  # type: ignore[arg-type]
+    assert status is not None, f"no rich status on {error}"
+    for detail in status.details:
+        info = error_details_pb2.ErrorInfo()
+        if detail.Unpack(info):
+            return info
+    raise AssertionError(f"no ErrorInfo in {status}")

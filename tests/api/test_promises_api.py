@@ -1,0 +1,438 @@
+"""Every RPC of troth.v1.Promises against a real server process: results and error reasons."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+
+import grpc
+import pytest
+from _support import ServerProcess, error_info, start_server
+from google.protobuf.duration_pb2 import Duration
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from troth.v1 import promises_pb2 as pb
+from troth.v1 import promises_pb2_grpc
+from troth.v1 import types_pb2 as types
+
+JSON = {"content-type": "application/json"}
+
+
+def uid(prefix: str = "p") -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:12]}"
+
+
+def payload(data: bytes) -> types.Payload:
+    return types.Payload(headers=JSON, data=data)
+
+
+def fails(call: object, request: object, code: grpc.StatusCode, reason: str) -> grpc.RpcError:
+    with pytest.raises(grpc.RpcError) as caught:
+        call(request)  # type: ignore[operator]
+    error = caught.value
+    assert error.code() == code, error.details()
+    info = error_info(error)
+    assert info.reason == reason
+    assert info.domain == "troth.dev"
+    return error
+
+
+# --- create ---------------------------------------------------------------------------
+
+
+def test_create_returns_the_promise_with_default_expiry(
+    stub: promises_pb2_grpc.PromisesStub,
+) -> None:
+    pid = uid()
+    reply = stub.CreatePromise(
+        pb.CreatePromiseRequest(id=pid, param=payload(b'{"n": 1}'), tags={"team": "a"})
+    )
+    assert reply.created
+    p = reply.promise
+    assert (p.id, p.state, p.param.data, dict(p.param.headers)) == (
+        pid,
+        types.PENDING,
+        b'{"n": 1}',
+        JSON,
+    )
+    assert dict(p.tags) == {"team": "a"}
+    assert not p.HasField("settle_time")
+    ttl = p.expire_time.ToMilliseconds() - p.create_time.ToMilliseconds()
+    assert ttl == 24 * 3600 * 1000
+    assert stub.GetPromise(pb.GetPromiseRequest(id=pid)).promise == p
+
+
+def test_create_with_ttl_expire_time_and_never_expires(
+    stub: promises_pb2_grpc.PromisesStub,
+) -> None:
+    a = stub.CreatePromise(pb.CreatePromiseRequest(id=uid(), ttl=Duration(seconds=90))).promise
+    assert a.expire_time.ToMilliseconds() - a.create_time.ToMilliseconds() == 90_000
+    at = Timestamp()
+    at.FromMilliseconds(int(time.time() * 1000) + 3_600_000)
+    b = stub.CreatePromise(pb.CreatePromiseRequest(id=uid(), expire_time=at)).promise
+    assert b.expire_time == at
+    c = stub.CreatePromise(pb.CreatePromiseRequest(id=uid(), never_expires=True)).promise
+    assert not c.HasField("expire_time")
+
+
+def test_create_is_idempotent_by_id(stub: promises_pb2_grpc.PromisesStub) -> None:
+    pid = uid()
+    request = pb.CreatePromiseRequest(id=pid, param=payload(b"1"), tags={"k": "v"})
+    first = stub.CreatePromise(request)
+    again = stub.CreatePromise(request)
+    assert first.created and not again.created
+    assert again.promise == first.promise
+    fails(
+        stub.CreatePromise,
+        pb.CreatePromiseRequest(id=pid, param=payload(b"2"), tags={"k": "v"}),
+        grpc.StatusCode.ALREADY_EXISTS,
+        "ALREADY_EXISTS",
+    )
+
+
+def test_create_with_idempotency_key(stub: promises_pb2_grpc.PromisesStub) -> None:
+    pid = uid()
+    first = stub.CreatePromise(pb.CreatePromiseRequest(id=pid, idempotency_key="k1"))
+    # The key identifies the request: a different param with the same key is a repeat.
+    again = stub.CreatePromise(
+        pb.CreatePromiseRequest(id=pid, idempotency_key="k1", param=payload(b"other"))
+    )
+    assert first.created and not again.created
+    assert again.promise.idempotency_key_for_create == "k1"
+    for other in ("k2", ""):
+        fails(
+            stub.CreatePromise,
+            pb.CreatePromiseRequest(id=pid, idempotency_key=other),
+            grpc.StatusCode.ALREADY_EXISTS,
+            "ALREADY_EXISTS",
+        )
+
+
+def test_strict_create_of_a_settled_promise_is_refused(
+    stub: promises_pb2_grpc.PromisesStub,
+) -> None:
+    pid = uid()
+    stub.CreatePromise(pb.CreatePromiseRequest(id=pid, idempotency_key="k"))
+    stub.ResolvePromise(pb.ResolvePromiseRequest(id=pid))
+    lenient = stub.CreatePromise(pb.CreatePromiseRequest(id=pid, idempotency_key="k"))
+    assert not lenient.created and lenient.promise.state == types.RESOLVED
+    fails(
+        stub.CreatePromise,
+        pb.CreatePromiseRequest(id=pid, idempotency_key="k", strict=True),
+        grpc.StatusCode.ALREADY_EXISTS,
+        "ALREADY_EXISTS",
+    )
+
+
+@pytest.mark.parametrize(
+    ("request_", "field"),
+    [
+        (pb.CreatePromiseRequest(id=""), "id"),
+        (pb.CreatePromiseRequest(id="has space"), "id"),
+        (pb.CreatePromiseRequest(id="star*"), "id"),
+        (pb.CreatePromiseRequest(id="x" * 257), "id"),
+        (pb.CreatePromiseRequest(id="ok", ttl=Duration(seconds=-1)), "ttl"),
+        (pb.CreatePromiseRequest(id="ok", ttl=Duration(seconds=0)), "ttl"),
+        (pb.CreatePromiseRequest(id="ok", ttl=Duration(seconds=400 * 86400)), "ttl"),
+        (
+            pb.CreatePromiseRequest(id="ok", ttl=Duration(seconds=5), never_expires=True),
+            "never_expires",
+        ),
+        (pb.CreatePromiseRequest(id="ok", expire_time=Timestamp(seconds=1000)), "expire_time"),
+        (
+            pb.CreatePromiseRequest(id="ok", expire_time=Timestamp(seconds=4102444800 * 2)),
+            "expire_time",
+        ),
+        (pb.CreatePromiseRequest(id="ok", param=payload(b"x" * (1_048_577))), "param"),
+        (pb.CreatePromiseRequest(id="ok", tags={f"k{i}": "v" for i in range(33)}), "tags"),
+        (pb.CreatePromiseRequest(id="ok", tags={"": "v"}), "tags"),
+        (pb.CreatePromiseRequest(id="ok", tags={"k": "v" * 1025}), "tags[k]"),
+        (pb.CreatePromiseRequest(id="ok", idempotency_key="k" * 257), "idempotency_key"),
+    ],
+)
+def test_create_rejects_bad_input_naming_the_field(
+    stub: promises_pb2_grpc.PromisesStub, request_: pb.CreatePromiseRequest, field: str
+) -> None:
+    error = fails(
+        stub.CreatePromise, request_, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT"
+    )
+    assert error_info(error).metadata["field"] == field
+    assert field.split("[")[0] in (error.details() or "")
+
+
+# --- get ------------------------------------------------------------------------------
+
+
+def test_get_missing_and_invalid(stub: promises_pb2_grpc.PromisesStub) -> None:
+    error = fails(
+        stub.GetPromise, pb.GetPromiseRequest(id=uid()), grpc.StatusCode.NOT_FOUND, "NOT_FOUND"
+    )
+    assert "does not exist" in (error.details() or "")
+    fails(
+        stub.GetPromise,
+        pb.GetPromiseRequest(id=""),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "INVALID_ARGUMENT",
+    )
+
+
+# --- settle ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("method", "request_type", "state"),
+    [
+        ("ResolvePromise", pb.ResolvePromiseRequest, types.RESOLVED),
+        ("RejectPromise", pb.RejectPromiseRequest, types.REJECTED),
+        ("CancelPromise", pb.CancelPromiseRequest, types.REJECTED_CANCELED),
+    ],
+)
+def test_settle_once(
+    stub: promises_pb2_grpc.PromisesStub, method: str, request_type: type, state: int
+) -> None:
+    pid = uid()
+    stub.CreatePromise(pb.CreatePromiseRequest(id=pid))
+    call = getattr(stub, method)
+    reply = call(
+        request_type(id=pid, value=payload(b'{"ok": true}'), idempotency_key="win"),
+        metadata=[("troth-principal", "alice")],
+    )
+    assert reply.applied
+    p = reply.promise
+    assert p.state == state and p.value.data == b'{"ok": true}'
+    assert p.settled_by == "alice" and p.idempotency_key_for_settle == "win"
+    assert p.HasField("settle_time")
+    # The winner's key again: success, not applied, the promise as settled.
+    repeat = call(request_type(id=pid, value=payload(b"ignored"), idempotency_key="win"))
+    assert not repeat.applied and repeat.promise == p
+    # Anyone else: told it was already settled, and how.
+    error = fails(
+        call, request_type(id=pid, idempotency_key="lose"),
+        grpc.StatusCode.FAILED_PRECONDITION, "ALREADY_SETTLED",
+    )  # fmt: skip
+    assert "alice" in (error.details() or "")
+    assert error_info(error).metadata["state"] == types.PromiseState.Name(state)
+    assert stub.GetPromise(pb.GetPromiseRequest(id=pid)).promise == p
+
+
+def test_strict_repeat_must_ask_for_the_same_state(stub: promises_pb2_grpc.PromisesStub) -> None:
+    pid = uid()
+    stub.CreatePromise(pb.CreatePromiseRequest(id=pid))
+    stub.ResolvePromise(pb.ResolvePromiseRequest(id=pid, idempotency_key="k"))
+    lenient = stub.RejectPromise(pb.RejectPromiseRequest(id=pid, idempotency_key="k"))
+    assert not lenient.applied and lenient.promise.state == types.RESOLVED
+    fails(
+        stub.RejectPromise,
+        pb.RejectPromiseRequest(id=pid, idempotency_key="k", strict=True),
+        grpc.StatusCode.FAILED_PRECONDITION,
+        "ALREADY_SETTLED",
+    )
+
+
+def test_settle_missing_and_invalid(stub: promises_pb2_grpc.PromisesStub) -> None:
+    fails(
+        stub.ResolvePromise,
+        pb.ResolvePromiseRequest(id=uid()),
+        grpc.StatusCode.NOT_FOUND,
+        "NOT_FOUND",
+    )
+    pid = uid()
+    stub.CreatePromise(pb.CreatePromiseRequest(id=pid))
+    error = fails(
+        stub.RejectPromise,
+        pb.RejectPromiseRequest(id=pid, value=payload(b"x" * 1_048_577)),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "INVALID_ARGUMENT",
+    )
+    assert error_info(error).metadata["field"] == "value"
+    assert stub.GetPromise(pb.GetPromiseRequest(id=pid)).promise.state == types.PENDING
+    bad_principal = [("troth-principal", "p" * 300)]
+    with pytest.raises(grpc.RpcError) as caught:
+        stub.CancelPromise(pb.CancelPromiseRequest(id=pid), metadata=bad_principal)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error_info(caught.value).metadata["field"] == "troth-principal"
+
+
+# --- timeouts -------------------------------------------------------------------------
+
+
+def test_timeout_is_exact_on_read_and_settle(tmp_path_factory: pytest.TempPathFactory) -> None:
+    # A server whose sweeper effectively never runs: reads alone must show the timeout.
+    server = start_server(tmp_path_factory.mktemp("nosweep"), "--sweep-interval", "1h")
+    try:
+        with server.channel() as channel:
+            stub = promises_pb2_grpc.PromisesStub(channel)
+            pid, timer = uid(), uid("timer")
+            stub.CreatePromise(pb.CreatePromiseRequest(id=pid, ttl=Duration(nanos=300_000_000)))
+            stub.CreatePromise(
+                pb.CreatePromiseRequest(
+                    id=timer, ttl=Duration(nanos=300_000_000), tags={"troth:timer": "true"}
+                )
+            )
+            created = stub.GetPromise(pb.GetPromiseRequest(id=pid)).promise
+            while time.time() * 1000 < created.expire_time.ToMilliseconds():
+                time.sleep(0.05)
+            got = stub.GetPromise(pb.GetPromiseRequest(id=pid)).promise
+            assert got.state == types.REJECTED_TIMEDOUT
+            assert got.settle_time == got.expire_time
+            assert got.settled_by == "troth:timeout"
+            assert stub.GetPromise(pb.GetPromiseRequest(id=timer)).promise.state == types.RESOLVED
+            found = stub.SearchPromises(
+                pb.SearchPromisesRequest(id=pid, states=[types.PENDING])
+            ).promises
+            assert list(found) == []
+            found = stub.SearchPromises(
+                pb.SearchPromisesRequest(id=pid, states=[types.REJECTED_TIMEDOUT])
+            ).promises
+            assert [p.id for p in found] == [pid]
+            error = fails(
+                stub.ResolvePromise, pb.ResolvePromiseRequest(id=pid),
+                grpc.StatusCode.FAILED_PRECONDITION, "TIMED_OUT",
+            )  # fmt: skip
+            assert "timed out" in (error.details() or "")
+            fails(
+                stub.RejectPromise, pb.RejectPromiseRequest(id=timer),
+                grpc.StatusCode.FAILED_PRECONDITION, "TIMED_OUT",
+            )  # fmt: skip
+    finally:
+        server.stop()
+
+
+# --- search ---------------------------------------------------------------------------
+
+
+def test_search_by_glob_state_and_tags(stub: promises_pb2_grpc.PromisesStub) -> None:
+    run = uid("s")
+    ids = [f"{run}.order_{i}" for i in range(6)]
+    for i, pid in enumerate(ids):
+        stub.CreatePromise(
+            pb.CreatePromiseRequest(id=pid, tags={"parity": "even" if i % 2 == 0 else "odd"})
+        )
+    stub.CreatePromise(pb.CreatePromiseRequest(id=f"{run}.orderX9"))
+    for pid in ids[:2]:
+        stub.ResolvePromise(pb.ResolvePromiseRequest(id=pid))
+
+    def search(**kw: object) -> list[str]:
+        return [p.id for p in stub.SearchPromises(pb.SearchPromisesRequest(**kw)).promises]
+
+    # `_` is literal, not a one-character wildcard: .orderX9 does not match .order_*
+    assert search(id=f"{run}.order_*") == ids
+    assert search(id=f"{run}.*", states=[types.RESOLVED]) == ids[:2]
+    assert search(id=f"{run}.order_*", states=[types.PENDING], tags={"parity": "even"}) == [
+        ids[2],
+        ids[4],
+    ]
+    assert search(id=f"{run}.order_*", tags={"parity": "none"}) == []
+    assert search(id=f"*{ids[3][-8:]}") == [ids[3]]
+
+
+def test_search_pagination_is_stable_under_concurrent_inserts(
+    stub: promises_pb2_grpc.PromisesStub,
+) -> None:
+    run = uid("page")
+    for i in range(25):
+        stub.CreatePromise(pb.CreatePromiseRequest(id=f"{run}.{i:03}"))
+    seen: list[str] = []
+    token = ""
+    pages = 0
+    while True:
+        reply = stub.SearchPromises(
+            pb.SearchPromisesRequest(id=f"{run}.*", page_size=10, page_token=token)
+        )
+        seen.extend(p.id for p in reply.promises)
+        pages += 1
+        # Inserts during paging appear after what was already there, never shifting it.
+        stub.CreatePromise(pb.CreatePromiseRequest(id=f"{run}.new{pages}"))
+        token = reply.next_page_token
+        if not token:
+            break
+    assert seen[:25] == [f"{run}.{i:03}" for i in range(25)]
+    assert len(seen) == len(set(seen))
+    assert set(seen[25:]) <= {f"{run}.new{i}" for i in range(1, pages + 1)}
+
+
+def test_search_rejects_bad_input(stub: promises_pb2_grpc.PromisesStub) -> None:
+    reply = stub.SearchPromises(pb.SearchPromisesRequest(id="*", page_size=1))
+    assert reply.next_page_token
+    error = fails(
+        stub.SearchPromises,
+        pb.SearchPromisesRequest(id="other*", page_size=1, page_token=reply.next_page_token),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "INVALID_PAGE_TOKEN",
+    )
+    assert "different search" in (error.details() or "")
+    fails(
+        stub.SearchPromises,
+        pb.SearchPromisesRequest(page_token="not a token!"),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "INVALID_PAGE_TOKEN",
+    )
+    for request, field in [
+        (pb.SearchPromisesRequest(page_size=1001), "page_size"),
+        (pb.SearchPromisesRequest(page_size=-1), "page_size"),
+        (pb.SearchPromisesRequest(states=[99]), "states"),  # type: ignore[list-item]
+        (pb.SearchPromisesRequest(id="a b*"), "id"),
+    ]:
+        error = fails(
+            stub.SearchPromises, request, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT"
+        )
+        assert error_info(error).metadata["field"] == field
+
+
+# --- watch ----------------------------------------------------------------------------
+
+
+def test_watch_sends_current_then_settled_and_ends(stub: promises_pb2_grpc.PromisesStub) -> None:
+    pid = uid()
+    stub.CreatePromise(pb.CreatePromiseRequest(id=pid))
+    stream = stub.WatchPromise(pb.WatchPromiseRequest(id=pid), timeout=20)
+    first = next(stream)
+    assert first.promise.state == types.PENDING
+    threading.Timer(
+        0.2, lambda: stub.ResolvePromise(pb.ResolvePromiseRequest(id=pid, value=payload(b"7")))
+    ).start()
+    second = next(stream)
+    assert second.promise.state == types.RESOLVED and second.promise.value.data == b"7"
+    assert list(stream) == []
+
+
+def test_watch_of_a_settled_promise_sends_it_once(stub: promises_pb2_grpc.PromisesStub) -> None:
+    pid = uid()
+    stub.CreatePromise(pb.CreatePromiseRequest(id=pid))
+    stub.CancelPromise(pb.CancelPromiseRequest(id=pid))
+    replies = list(stub.WatchPromise(pb.WatchPromiseRequest(id=pid), timeout=20))
+    assert [r.promise.state for r in replies] == [types.REJECTED_CANCELED]
+
+
+def test_watch_sees_a_timeout(stub: promises_pb2_grpc.PromisesStub) -> None:
+    pid = uid()
+    stub.CreatePromise(pb.CreatePromiseRequest(id=pid, ttl=Duration(nanos=400_000_000)))
+    started = time.monotonic()
+    replies = list(stub.WatchPromise(pb.WatchPromiseRequest(id=pid), timeout=20))
+    assert [r.promise.state for r in replies] == [types.PENDING, types.REJECTED_TIMEDOUT]
+    assert time.monotonic() - started < 5
+
+
+def test_watch_errors(stub: promises_pb2_grpc.PromisesStub) -> None:
+    for request, code, reason in [
+        (pb.WatchPromiseRequest(id=uid()), grpc.StatusCode.NOT_FOUND, "NOT_FOUND"),
+        (pb.WatchPromiseRequest(id="bad id"), grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT"),
+    ]:
+        with pytest.raises(grpc.RpcError) as caught:
+            list(stub.WatchPromise(request, timeout=10))
+        assert caught.value.code() == code
+        assert error_info(caught.value).reason == reason
+
+
+def test_a_cancelled_watch_frees_the_server(
+    stub: promises_pb2_grpc.PromisesStub, server: ServerProcess
+) -> None:
+    # More abandoned watches than handler threads: the server must still answer.
+    pid = uid()
+    stub.CreatePromise(pb.CreatePromiseRequest(id=pid))
+    for _ in range(150):
+        stream = stub.WatchPromise(pb.WatchPromiseRequest(id=pid))
+        next(stream)
+        stream.cancel()
+    assert stub.GetPromise(pb.GetPromiseRequest(id=pid), timeout=10).promise.state == types.PENDING

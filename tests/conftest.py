@@ -1,0 +1,40 @@
+"""Shared fixtures: real servers on free ports (one per test module), stubs, error helpers."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from typing import TYPE_CHECKING
+
+from _support import ServerProcess, promises_stub, start_server
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    import grpc
+
+    from troth.v1 import promises_pb2_grpc
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """One real server per test module, on its own SQLite file."""
+    proc = start_server(tmp_path_factory.mktemp("server"), "--sweep-interval", "200ms")
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture(scope="module")
+def channel(server: ServerProcess) -> Iterator[grpc.Channel]:
+    with server.channel() as ch:
+        yield ch
+
+
+@pytest.fixture(scope="module")
+def stub(channel: grpc.Channel) -> promises_pb2_grpc.PromisesStub:
+    return promises_stub(channel)
