@@ -42,7 +42,9 @@ def grpc_options(settings: Settings) -> list[tuple[str, int]]:
         ("grpc.max_receive_message_length", max_message),
         ("grpc.max_send_message_length", max_message),
         ("grpc.keepalive_time_ms", 60_000),
-        ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+        # Clients ping every 60 s on long watches; accept that instead of the
+        # default 5 min, which answers such pings with "too_many_pings".
+        ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
         ("grpc.keepalive_permit_without_calls", 1),
     ]
 

@@ -171,9 +171,16 @@ def principal(metadata: Mapping[str, str] | None, limits: Limits) -> str | None:
     if not metadata:
         return None
     value = metadata.get("troth-principal")
-    if value is not None and len(value) > limits.max_principal_length:
+    if value is None:
+        return None
+    if len(value) > limits.max_principal_length:
         raise InvalidArgument(
             "troth-principal", f"metadata is longer than {limits.max_principal_length} characters"
+        )
+    if value.startswith("troth:"):
+        raise InvalidArgument(
+            "troth-principal",
+            f"{value!r}: names starting with 'troth:' are reserved for the server",
         )
     return value or None
 

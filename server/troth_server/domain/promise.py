@@ -144,6 +144,8 @@ def create(existing: Promise | None, request: CreateRequest, now: int) -> tuple[
     if existing is None:
         expire_time = request.expire_time
         if request.ttl is not None:
+            if request.ttl <= 0:
+                raise InvalidArgument("ttl", "must be positive, e.g. 30s; omit it for the default")
             expire_time = now + request.ttl
         elif expire_time is not None and expire_time <= now:
             raise InvalidArgument(

@@ -21,6 +21,7 @@ from sqlalchemy import (
     create_engine,
     event,
     false,
+    func,
     or_,
     select,
     true,
@@ -135,7 +136,7 @@ class SqlStore:
         if query.states:
             conditions.append(or_(*(_state_condition(s, now) for s in query.states)))
         for key, value in sorted(query.tags.items()):
-            conditions.append(promises.c.tags[key].as_string() == value)
+            conditions.append(_has_tag(key, value))
         stmt = select(promises).where(and_(*conditions)).order_by(promises.c.seq)
         stmt = stmt.limit(query.limit)
         with self._read() as conn:
@@ -177,6 +178,12 @@ def _state_condition(state: PromiseState, now: int) -> Any:
     if state is PromiseState.REJECTED_TIMEDOUT:
         return or_(c.state == state.value, and_(expired, c.timer == false()))
     return c.state == state.value
+
+
+def _has_tag(key: str, value: str) -> Any:
+    # json_each rather than a JSON path: a path cannot quote every possible key.
+    each = func.json_each(promises.c.tags).table_valued("key", "value")
+    return select(each.c.key).where(each.c.key == key, each.c.value == value).exists()
 
 
 def _glob_to_like(glob: str) -> str:
@@ -252,12 +259,16 @@ def open_sql_store(url: str, *, sqlite_synchronous: str, read_pool_size: int) ->
     )
     _configure_sqlite(write_engine, synchronous, begin="BEGIN IMMEDIATE")
     _configure_sqlite(read_engine, synchronous, begin="BEGIN")
+    store = SqlStore(write_engine, read_engine)
     try:
         with write_engine.begin() as conn:
             upgrade_to_head(conn)
-    except DBAPIError as exc:
-        raise StoreUnavailable(f"cannot open {parsed.database}: {exc.orig}") from exc
-    return SqlStore(write_engine, read_engine)
+    except BaseException as exc:
+        store.close()
+        if isinstance(exc, DBAPIError):
+            raise StoreUnavailable(f"cannot open {parsed.database}: {exc.orig}") from exc
+        raise
+    return store
 
 
 def _configure_sqlite(engine: Engine, synchronous: str, *, begin: str) -> None:
@@ -271,6 +282,7 @@ def _configure_sqlite(engine: Engine, synchronous: str, *, begin: str) -> None:
         cursor.execute(f"PRAGMA synchronous={synchronous}")
         cursor.execute("PRAGMA busy_timeout=5000")
         cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.execute("PRAGMA case_sensitive_like=ON")  # ids are case-sensitive, as on PG
         cursor.close()
 
     @event.listens_for(engine, "begin")

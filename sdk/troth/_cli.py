@@ -1,0 +1,521 @@
+"""The `troth` command: operate on promises from a shell, and start the server.
+
+```
+troth [--server ADDR] [--json] [--principal P] [--timeout S] promises get ID
+troth promises search [ID_GLOB] [--state S ...] [--tag k=v ...] [--limit N]
+troth promises create ID [--param JSON] [--tag k=v ...] [--ttl 30s|5m|2h|3d] [--never-expires]
+                         [--idempotency-key K] [--strict]
+troth promises resolve|reject|cancel ID [--value JSON] [--idempotency-key K] [--strict]
+troth promises watch ID [--max-wait DURATION]
+troth serve ...          (forwarded to troth_server.cli.serve; needs troth-server)
+```
+
+Exit codes: 0 success, 1 the server refused or could not be reached (the
+message is on stderr, no traceback), 2 bad command line, 130 interrupted.
+With `--json`, stdout has one JSON object per line: a promise, or for create
+and settles `{"created"|"applied": bool, "promise": {...}}`. Payloads appear
+decoded when they are JSON, else as `{"$base64": ..., "headers": {...}}`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import importlib
+import json
+import os
+import re
+import sys
+from collections.abc import Callable, Iterable, Sequence
+from datetime import datetime, timedelta
+from typing import IO, TYPE_CHECKING, Any, cast
+
+from troth._promise import CreateResult, Promise, PromiseState, SettleResult
+from troth.client import DEFAULT_ADDRESS, Client
+from troth.errors import TrothError
+
+if TYPE_CHECKING:
+    from troth.codec import Payload
+
+_SERVE_MISSING = "troth serve needs the server: pip install troth-server"
+
+_DEFAULT_LIMIT = 100
+_PREVIEW_WIDTH = 40
+
+_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+_DURATION = re.compile(rf"(?:{_DURATION_PART.pattern})+")
+
+Handler = Callable[[Client, argparse.Namespace, IO[str]], int]
+
+
+# --- argument types ---------------------------------------------------------
+# argparse turns an ArgumentTypeError into "argument --flag: <message>" and
+# exit status 2, so each message names the flag for free and says what to type.
+
+
+def parse_duration(text: str) -> timedelta:
+    """Parse `30s`, `5m`, `2h`, `3d`, `250ms`, or a sum such as `1h30m`."""
+    cleaned = text.strip().lower()
+    if not _DURATION.fullmatch(cleaned):
+        raise argparse.ArgumentTypeError(
+            f"invalid duration {text!r}: use a number and a unit (ms, s, m, h, d), "
+            "e.g. 30s, 5m, 2h, 3d or 1h30m"
+        )
+    seconds = sum(float(n) * _UNITS[unit] for n, unit in _DURATION_PART.findall(cleaned))
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError(f"invalid duration {text!r}: it must be more than 0")
+    return timedelta(seconds=seconds)
+
+
+def parse_json(text: str) -> Any:
+    """Parse a JSON value given on the command line."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(
+            f"invalid JSON {text!r} ({exc.msg} at character {exc.pos}); quote it for the "
+            """shell and write strings in JSON quotes, e.g. '{"ok": true}' or '"text"'"""
+        ) from None
+
+
+def parse_tag(text: str) -> tuple[str, str]:
+    """Parse a `key=value` tag."""
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(
+            f"invalid tag {text!r}: write key=value, e.g. --tag team=billing"
+        )
+    return key, value
+
+
+def parse_state(text: str) -> PromiseState:
+    """Parse a promise state name, case-insensitively."""
+    try:
+        return PromiseState(text.strip().upper())
+    except ValueError:
+        names = ", ".join(state.value for state in PromiseState)
+        raise argparse.ArgumentTypeError(f"invalid state {text!r}: use one of {names}") from None
+
+
+def _positive_int(text: str) -> int:
+    try:
+        number = int(text)
+    except ValueError:
+        number = -1
+    if number < 0:
+        raise argparse.ArgumentTypeError(f"invalid number {text!r}: use 0 or more")
+    return number
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0:
+        raise argparse.ArgumentTypeError(f"invalid timeout {text!r}: use seconds above 0, e.g. 10")
+    return seconds
+
+
+# --- parser -----------------------------------------------------------------
+
+
+def _global_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
+    # The same flags sit on the top parser (with real defaults) and on every
+    # leaf command (SUPPRESSed, so they only override when given), so both
+    # `troth --json promises get X` and `troth promises get X --json` work.
+    def default(value: object) -> object:
+        return argparse.SUPPRESS if suppress else value
+
+    parser.add_argument(
+        "--server",
+        metavar="ADDR",
+        default=default(os.environ.get("TROTH_SERVER", DEFAULT_ADDRESS)),
+        help="server host:port (env TROTH_SERVER; default %(default)s)"
+        if not suppress
+        else argparse.SUPPRESS,
+    )
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        default=default(False),
+        help="machine output: one JSON object per line" if not suppress else argparse.SUPPRESS,
+    )
+    parser.add_argument(
+        "--principal",
+        metavar="NAME",
+        default=default(os.environ.get("TROTH_PRINCIPAL")),
+        help="who is calling, recorded as settled_by (env TROTH_PRINCIPAL)"
+        if not suppress
+        else argparse.SUPPRESS,
+    )
+    parser.add_argument(
+        "--timeout",
+        metavar="SECONDS",
+        type=_positive_seconds,
+        default=default(10.0),
+        help="seconds per call, retries included (default %(default)s)"
+        if not suppress
+        else argparse.SUPPRESS,
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The whole command line of `troth`."""
+    parser = argparse.ArgumentParser(
+        prog="troth",
+        description="Operate a troth durable-promise server.",
+        epilog="Run `troth promises -h` for the promise commands.",
+    )
+    _global_options(parser, suppress=False)
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    promises = commands.add_parser("promises", help="list, inspect, create and settle promises")
+    actions = promises.add_subparsers(dest="action", metavar="ACTION", required=True)
+
+    def leaf(name: str, help: str, handler: Handler) -> argparse.ArgumentParser:
+        sub = actions.add_parser(name, help=help, description=help)
+        _global_options(sub, suppress=True)
+        sub.set_defaults(handler=handler)
+        return sub
+
+    get = leaf("get", "show one promise", _cmd_get)
+    get.add_argument("id", metavar="ID")
+
+    search = leaf("search", "list promises, newest last, following pages", _cmd_search)
+    search.add_argument("id", metavar="ID_GLOB", nargs="?", default="*", help="`*` matches any run")
+    search.add_argument(
+        "--state",
+        dest="states",
+        action="append",
+        type=parse_state,
+        default=[],
+        metavar="STATE",
+        help="only this state (repeat for several): "
+        + ", ".join(state.value for state in PromiseState),
+    )
+    search.add_argument(
+        "--tag", dest="tags", action="append", type=parse_tag, default=[], metavar="KEY=VALUE"
+    )
+    search.add_argument(
+        "--limit",
+        type=_positive_int,
+        default=_DEFAULT_LIMIT,
+        metavar="N",
+        help="show at most N promises (default %(default)s; 0 for all)",
+    )
+
+    create = leaf(
+        "create", "create a pending promise (a repeat returns the existing one)", _cmd_create
+    )
+    create.add_argument("id", metavar="ID")
+    create.add_argument("--param", type=parse_json, metavar="JSON", help="""e.g. '{"post": 7}'""")
+    create.add_argument(
+        "--tag", dest="tags", action="append", type=parse_tag, default=[], metavar="KEY=VALUE"
+    )
+    expiry = create.add_mutually_exclusive_group()
+    expiry.add_argument(
+        "--ttl", type=parse_duration, metavar="DURATION", help="time out after 30s, 5m, 2h, 3d..."
+    )
+    expiry.add_argument("--never-expires", action="store_true", help="stay pending until settled")
+    create.add_argument("--idempotency-key", metavar="KEY")
+    create.add_argument(
+        "--strict", action="store_true", help="a repeat succeeds only while the promise is pending"
+    )
+
+    for name, verb in (("resolve", "resolve"), ("reject", "reject"), ("cancel", "cancel")):
+        settle = leaf(name, f"{verb} a pending promise", _settle_command(name))
+        settle.add_argument("id", metavar="ID")
+        settle.add_argument(
+            "--value", type=parse_json, metavar="JSON", help="""e.g. '{"ok": true}'"""
+        )
+        settle.add_argument("--idempotency-key", metavar="KEY")
+        settle.add_argument(
+            "--strict",
+            action="store_true",
+            help="a repeat succeeds only if it asks for the state the promise was settled in",
+        )
+
+    watch = leaf("watch", "show a promise now, then again once it settles", _cmd_watch)
+    watch.add_argument("id", metavar="ID")
+    watch.add_argument(
+        "--max-wait", type=parse_duration, metavar="DURATION", help="give up after this long"
+    )
+
+    # Listed for --help only: main() forwards `troth serve ...` before parsing.
+    commands.add_parser(
+        "serve", help="start a troth server (needs troth-server; see `troth serve --help`)"
+    ).add_argument("serve_args", nargs=argparse.REMAINDER)
+    return parser
+
+
+# --- entry point ------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the `troth` command; return its exit status."""
+    args_list = sys.argv[1:] if argv is None else list(argv)
+    if args_list[:1] == ["serve"]:
+        return _serve(args_list[1:])
+    parser = build_parser()
+    try:
+        args = parser.parse_args(args_list)
+    except SystemExit as exc:  # --help (0) or a usage error (2), already printed
+        return exc.code if isinstance(exc.code, int) else 2
+    if args.command == "serve":
+        return _serve(list(args.serve_args))
+    handler: Handler = args.handler
+    out = sys.stdout
+    try:
+        with Client(args.server, timeout=args.timeout, principal=args.principal) as client:
+            return handler(client, args, out)
+    except TrothError as exc:
+        print(f"troth: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        # The reader (e.g. `| head`) went away: stop quietly. Point stdout at
+        # devnull so the interpreter's final flush does not complain again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, out.fileno())
+        return 1
+
+
+def _serve(argv: list[str]) -> int:
+    # Imported by name, lazily: the SDK must not depend on troth_server (it
+    # brings SQLAlchemy), and a static import would put it in troth's import graph.
+    try:
+        module = importlib.import_module("troth_server.cli")
+    except ModuleNotFoundError as exc:
+        if exc.name not in ("troth_server", "troth_server.cli"):
+            raise  # troth-server is installed but broken: show the real problem
+        print(_SERVE_MISSING, file=sys.stderr)
+        return 1
+    serve = cast("Callable[[list[str]], int]", module.serve)
+    return serve(argv)
+
+
+# --- commands ---------------------------------------------------------------
+
+
+def _cmd_get(client: Client, args: argparse.Namespace, out: IO[str]) -> int:
+    promise = client.get(args.id)
+    _emit_promise(promise, args.json, out)
+    return 0
+
+
+def _cmd_search(client: Client, args: argparse.Namespace, out: IO[str]) -> int:
+    limit: int = args.limit
+    # Ask for no more than needed; the server caps large page sizes itself.
+    page_size = min(limit, 1000) if limit else None
+    results = client.search_all(
+        args.id, states=args.states, tags=dict(args.tags), page_size=page_size
+    )
+    shown: list[Promise] = []
+    more = False
+    for promise in results:
+        if limit and len(shown) == limit:
+            more = True
+            break
+        if args.json:
+            _write_json(promise_to_json(promise), out)
+        shown.append(promise)
+    if not args.json:
+        if shown:
+            out.write(format_table(shown))
+        else:
+            print("no promises match", file=sys.stderr)
+    if more:
+        print(f"showing the first {limit}; pass --limit 0 for all", file=sys.stderr)
+    return 0
+
+
+def _cmd_create(client: Client, args: argparse.Namespace, out: IO[str]) -> int:
+    result = client.create(
+        args.id,
+        args.param,
+        tags=dict(args.tags),
+        ttl=args.ttl,
+        never_expires=args.never_expires,
+        idempotency_key=args.idempotency_key,
+        strict=args.strict,
+    )
+    _emit_result(result, args.json, out)
+    return 0
+
+
+def _settle_command(action: str) -> Handler:
+    def run(client: Client, args: argparse.Namespace, out: IO[str]) -> int:
+        settle = {"resolve": client.resolve, "reject": client.reject, "cancel": client.cancel}
+        result = settle[action](
+            args.id, args.value, idempotency_key=args.idempotency_key, strict=args.strict
+        )
+        _emit_result(result, args.json, out)
+        return 0
+
+    return run
+
+
+def _cmd_watch(client: Client, args: argparse.Namespace, out: IO[str]) -> int:
+    max_wait: timedelta | None = args.max_wait
+    timeout = max_wait.total_seconds() if max_wait is not None else None
+    for count, promise in enumerate(client.watch(args.id, timeout=timeout)):
+        if count and not args.json:
+            out.write("\n")
+        _emit_promise(promise, args.json, out)
+        out.flush()
+        if not promise.is_settled and not args.json:
+            print(f"waiting for {promise.id} to settle (Ctrl-C to stop)...", file=sys.stderr)
+    return 0
+
+
+# --- output -----------------------------------------------------------------
+
+
+def _emit_promise(promise: Promise, as_json: bool, out: IO[str]) -> None:
+    if as_json:
+        _write_json(promise_to_json(promise), out)
+    else:
+        out.write(format_block(promise))
+
+
+def _emit_result(result: CreateResult | SettleResult, as_json: bool, out: IO[str]) -> None:
+    promise = result.promise
+    if isinstance(result, CreateResult):
+        flag, happened = "created", result.created
+        headline = (
+            f"created {promise.id}"
+            if happened
+            else f"{promise.id} already existed; this create was a repeat and changed nothing"
+        )
+    else:
+        flag, happened = "applied", result.applied
+        headline = (
+            f"{promise.id} is now {promise.state}"
+            if happened
+            else f"{promise.id} was already settled by this idempotency key; nothing changed"
+        )
+    if as_json:
+        _write_json({flag: happened, "promise": promise_to_json(promise)}, out)
+    else:
+        out.write(f"{headline}\n\n{format_block(promise)}")
+
+
+def _write_json(obj: object, out: IO[str]) -> None:
+    out.write(json.dumps(obj, ensure_ascii=False) + "\n")
+
+
+def payload_to_json(payload: Payload) -> Any:
+    """A payload as a JSON-ready value: decoded JSON, None if empty, else base64 with a marker."""
+    if not payload.data:
+        return None
+    if payload.is_json:
+        try:
+            return json.loads(payload.data)
+        except ValueError:
+            pass  # mislabelled: fall through to the lossless form
+    return {
+        "$base64": base64.b64encode(payload.data).decode("ascii"),
+        "headers": dict(payload.headers),
+    }
+
+
+def promise_to_json(promise: Promise) -> dict[str, Any]:
+    """A promise as a JSON-ready dict, field names as in the proto."""
+    return {
+        "id": promise.id,
+        "state": promise.state.value,
+        "param": payload_to_json(promise.param),
+        "value": payload_to_json(promise.value),
+        "tags": dict(promise.tags),
+        "create_time": _iso(promise.create_time),
+        "settle_time": _iso(promise.settle_time),
+        "expire_time": _iso(promise.expire_time),
+        "idempotency_key_for_create": promise.idempotency_key_for_create,
+        "idempotency_key_for_settle": promise.idempotency_key_for_settle,
+        "settled_by": promise.settled_by,
+    }
+
+
+def _iso(moment: datetime | None) -> str | None:
+    if moment is None:
+        return None
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _when(moment: datetime | None, absent: str = "-") -> str:
+    if moment is None:
+        return absent
+    return moment.strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def payload_preview(payload: Payload, width: int | None = _PREVIEW_WIDTH) -> str:
+    """One line showing a payload: compact JSON, or its size and type; cut to `width`."""
+    if not payload.data:
+        return "-"
+    text: str | None = None
+    if payload.is_json:
+        try:
+            text = json.dumps(json.loads(payload.data), separators=(",", ":"), ensure_ascii=False)
+        except ValueError:
+            text = None
+    if text is None:
+        kind = payload.content_type or "no content-type"
+        text = f"<{len(payload.data)} bytes, {kind}>"
+    if width is not None and len(text) > width:
+        text = text[: width - 1] + "…"
+    return text
+
+
+def format_block(promise: Promise) -> str:
+    """A `key: value` block describing one promise, ending in a newline."""
+    tags = ", ".join(f"{k}={v}" for k, v in sorted(promise.tags.items())) or "-"
+    rows = [
+        ("id", promise.id),
+        ("state", promise.state.value),
+        ("param", payload_preview(promise.param, width=None)),
+        ("value", payload_preview(promise.value, width=None)),
+        ("tags", tags),
+        ("created", _when(promise.create_time)),
+        ("expires", _when(promise.expire_time, absent="never")),
+        ("settled", _when(promise.settle_time)),
+        ("settled by", promise.settled_by or "-"),
+        ("create key", promise.idempotency_key_for_create or "-"),
+        ("settle key", promise.idempotency_key_for_settle or "-"),
+    ]
+    width = max(len(label) for label, _ in rows) + 1
+    return "".join(f"{label + ':':<{width}} {value}\n" for label, value in rows)
+
+
+_COLUMNS = ("ID", "STATE", "CREATED", "EXPIRES", "SETTLED", "VALUE")
+
+
+def format_table(promises: Iterable[Promise]) -> str:
+    """Promises as an aligned table with a header, ending in a newline."""
+    rows = [_COLUMNS] + [
+        (
+            p.id,
+            p.state.value,
+            _when(p.create_time),
+            _when(p.expire_time, absent="never"),
+            _when(p.settle_time),
+            payload_preview(p.value),
+        )
+        for p in promises
+    ]
+    return _align(rows)
+
+
+def _align(rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = [
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    ]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,106 @@
+"""Conversions between the wire types of `troth.v1` and the SDK's records.
+
+The only module of the SDK that reads or builds protobuf messages field by
+field; `Client` and the CLI see `Promise`, `Payload`, `datetime` and `timedelta`.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from google.protobuf import duration_pb2, timestamp_pb2
+
+from troth._promise import Promise, PromiseState
+from troth.codec import Payload
+from troth.v1 import types_pb2
+
+
+def payload_to_proto(payload: Payload) -> types_pb2.Payload:
+    """Build the wire payload."""
+    return types_pb2.Payload(headers=dict(payload.headers), data=payload.data)
+
+
+def payload_from_proto(message: types_pb2.Payload) -> Payload:
+    """Read a wire payload."""
+    return Payload(headers=dict(message.headers), data=message.data)
+
+
+_STATE_TO_PROTO: dict[PromiseState, types_pb2.PromiseState] = {
+    PromiseState.PENDING: types_pb2.PENDING,
+    PromiseState.RESOLVED: types_pb2.RESOLVED,
+    PromiseState.REJECTED: types_pb2.REJECTED,
+    PromiseState.REJECTED_CANCELED: types_pb2.REJECTED_CANCELED,
+    PromiseState.REJECTED_TIMEDOUT: types_pb2.REJECTED_TIMEDOUT,
+}
+_STATE_FROM_PROTO: dict[int, PromiseState] = {
+    int(number): state for state, number in _STATE_TO_PROTO.items()
+}
+
+
+def state_to_proto(state: PromiseState) -> types_pb2.PromiseState:
+    """Map an SDK state to the proto enum (same names)."""
+    return _STATE_TO_PROTO[state]
+
+
+def state_from_proto(value: int) -> PromiseState:
+    """Map a proto enum value to the SDK state.
+
+    Raises:
+        ValueError: The server sent a state this SDK does not know; upgrade it.
+    """
+    try:
+        return _STATE_FROM_PROTO[value]
+    except KeyError:
+        raise ValueError(
+            f"the server sent promise state {value!r}, which this SDK does not know; "
+            "upgrade the troth package to match the server"
+        ) from None
+
+
+def datetime_to_proto(moment: datetime) -> timestamp_pb2.Timestamp:
+    """Build a Timestamp from an aware datetime.
+
+    Raises:
+        ValueError: `moment` is naive, so its instant is ambiguous.
+    """
+    if moment.tzinfo is None or moment.utcoffset() is None:
+        raise ValueError(
+            f"datetime {moment.isoformat()} has no timezone, so the instant is ambiguous; "
+            "pass an aware datetime, e.g. datetime.now(UTC) + timedelta(hours=1)"
+        )
+    stamp = timestamp_pb2.Timestamp()
+    stamp.FromDatetime(moment)
+    return stamp
+
+
+def datetime_from_proto(stamp: timestamp_pb2.Timestamp) -> datetime:
+    """Read a Timestamp as an aware UTC datetime."""
+    return stamp.ToDatetime(tzinfo=UTC)
+
+
+def timedelta_to_proto(delta: timedelta) -> duration_pb2.Duration:
+    """Build a Duration from a timedelta."""
+    duration = duration_pb2.Duration()
+    duration.FromTimedelta(delta)
+    return duration
+
+
+def promise_from_proto(message: types_pb2.Promise) -> Promise:
+    """Read a wire promise into the SDK's frozen record."""
+    return Promise(
+        id=message.id,
+        state=state_from_proto(message.state),
+        param=payload_from_proto(message.param),
+        value=payload_from_proto(message.value),
+        tags=dict(message.tags),
+        create_time=datetime_from_proto(message.create_time),
+        settle_time=(
+            datetime_from_proto(message.settle_time) if message.HasField("settle_time") else None
+        ),
+        expire_time=(
+            datetime_from_proto(message.expire_time) if message.HasField("expire_time") else None
+        ),
+        idempotency_key_for_create=message.idempotency_key_for_create,
+        idempotency_key_for_settle=message.idempotency_key_for_settle,
+        settled_by=message.settled_by,
+    )

@@ -1,0 +1,117 @@
+"""The SDK's records of a durable promise and of the answers to calls about one.
+
+These are what `Client` returns; `troth._convert` builds them from the wire
+types in `troth.v1`, which stay an implementation detail.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from troth.codec import Payload
+
+
+class PromiseState(enum.StrEnum):
+    """The state of a durable promise. Values match the proto enum names.
+
+    `PENDING` moves to exactly one of the other states, and never again.
+
+    .. versionadded:: 0.1.0
+    """
+
+    PENDING = "PENDING"
+    RESOLVED = "RESOLVED"
+    REJECTED = "REJECTED"
+    REJECTED_CANCELED = "REJECTED_CANCELED"
+    REJECTED_TIMEDOUT = "REJECTED_TIMEDOUT"
+
+
+@dataclass(frozen=True, slots=True)
+class Promise:
+    """A durable promise as the server returned it.
+
+    Attributes:
+        id: The caller-chosen id.
+        state: Where it is in its life.
+        param: The payload given at creation (decode it with `Client.decode`).
+        value: The payload given at settlement; empty while pending.
+        tags: String labels given at creation.
+        create_time: When it was created (UTC).
+        settle_time: When it was settled (UTC); None while pending.
+        expire_time: When it times out (UTC); None only if it never expires.
+        idempotency_key_for_create: The key its create carried, or "".
+        idempotency_key_for_settle: The key its winning settle carried, or "".
+        settled_by: The principal that settled it ("troth:timeout" for expiry), or "".
+
+    .. versionadded:: 0.1.0
+    """
+
+    id: str
+    state: PromiseState
+    param: Payload
+    value: Payload
+    tags: Mapping[str, str]
+    create_time: datetime
+    settle_time: datetime | None = None
+    expire_time: datetime | None = None
+    idempotency_key_for_create: str = ""
+    idempotency_key_for_settle: str = ""
+    settled_by: str = ""
+
+    @property
+    def is_settled(self) -> bool:
+        """True once the promise has left `PENDING`; it will never change again."""
+        return self.state is not PromiseState.PENDING
+
+
+@dataclass(frozen=True, slots=True)
+class CreateResult:
+    """The answer to `Client.create`.
+
+    Attributes:
+        promise: The promise, with the effective `expire_time` the server chose.
+        created: False when the promise already existed and the create was a
+            repeat of the original (same idempotency key, or neither had a key
+            and param and tags were identical).
+
+    .. versionadded:: 0.1.0
+    """
+
+    promise: Promise
+    created: bool
+
+
+@dataclass(frozen=True, slots=True)
+class SettleResult:
+    """The answer to `Client.resolve`, `reject` and `cancel`.
+
+    Attributes:
+        promise: The promise as settled.
+        applied: True if this call's settlement is the one that counted.
+
+    .. versionadded:: 0.1.0
+    """
+
+    promise: Promise
+    applied: bool
+
+
+@dataclass(frozen=True, slots=True)
+class SearchPage:
+    """One page of `Client.search` results.
+
+    Attributes:
+        promises: The matching promises, in creation order.
+        next_page_token: Pass to `search(page_token=...)` for the next page;
+            None when there are no more.
+
+    .. versionadded:: 0.1.0
+    """
+
+    promises: tuple[Promise, ...] = field(default_factory=tuple)
+    next_page_token: str | None = None

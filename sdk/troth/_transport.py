@@ -1,0 +1,376 @@
+"""The gRPC channel to a troth server, its stubs, retries, and error mapping.
+
+This module owns everything that knows about gRPC on the SDK side:
+
+- one channel per `Client`, with keepalive tuned for long `WatchPromise` streams
+  and generous message limits (the server enforces its own payload limits);
+- the principal sent as `troth-principal` metadata on every call;
+- retries with capped, jittered exponential backoff of `UNAVAILABLE` and
+  `DEADLINE_EXCEEDED`, for idempotent calls only, within the call's deadline;
+- `map_rpc_errors()`, the one place where a `grpc.RpcError` and its
+  `google.rpc.ErrorInfo` become the most specific `troth.errors.RpcError`
+  (the shape of httpx's `map_httpcore_exceptions`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import random
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+import grpc
+from google.rpc import error_details_pb2
+from grpc_status import rpc_status
+
+from troth.errors import (
+    ERROR_DOMAIN,
+    AlreadyExistsError,
+    AlreadySettledError,
+    ConfigurationError,
+    DeadlineExceededError,
+    FailedPreconditionError,
+    InvalidArgumentError,
+    LeaseLostError,
+    NotFoundError,
+    PermissionDeniedError,
+    PromiseTimedOutError,
+    Reason,
+    ResourceExhaustedError,
+    RpcError,
+    UnauthenticatedError,
+    UnavailableError,
+)
+from troth.v1 import promises_pb2_grpc
+
+if TYPE_CHECKING:
+    from troth.v1 import promises_pb2
+
+_log = logging.getLogger("troth.client")
+
+PRINCIPAL_METADATA_KEY = "troth-principal"
+"""gRPC metadata key carrying the caller's principal (recorded as `settled_by`)."""
+
+_MiB = 1024 * 1024
+
+CHANNEL_OPTIONS: tuple[tuple[str, Any], ...] = (
+    # Ping every minute while a call is open, so a watch waiting for days on a
+    # half-open connection (NAT timeout, dead host) notices within ~80 s and
+    # reconnects. The server must accept pings this often
+    # (grpc.http2.min_recv_ping_interval_without_data_ms <= 60000); if it does
+    # not, it answers GOAWAY "too_many_pings", gRPC doubles the interval and the
+    # watch reconnects, so a mismatch degrades, never breaks.
+    ("grpc.keepalive_time_ms", 60_000),
+    ("grpc.keepalive_timeout_ms", 20_000),
+    # gRPC's own reconnect backoff grows to 120 s by default, during which calls
+    # fail at once; cap it near our retry backoff so a restarted server is
+    # found again within seconds.
+    ("grpc.max_reconnect_backoff_ms", 5_000),
+    # An idle channel (no open call) needs no pings: nothing waits on it.
+    ("grpc.keepalive_permit_without_calls", 0),
+    # A watch sends no data while it waits; keep pinging anyway (default stops after 2).
+    ("grpc.http2.max_pings_without_data", 0),
+    # Generous so that a search page of large payloads fits; the server's own
+    # payload limit is what bounds a single promise.
+    ("grpc.max_receive_message_length", 64 * _MiB),
+    ("grpc.max_send_message_length", 64 * _MiB),
+)
+
+_R = TypeVar("_R")
+
+_RETRYABLE_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """How idempotent calls are retried after `UNAVAILABLE` or `DEADLINE_EXCEEDED`.
+
+    Attempt n (1-based) that fails waits `min(max_backoff, initial_backoff *
+    multiplier ** (n - 1))`, jittered down by up to half, before attempt n + 1.
+    The defaults give up after 1.5 to 3 s of sleeping: long enough to ride out
+    a brief blip or a replica failover, short enough that a wrong address fails
+    promptly. An established watch is different: it may have waited for days,
+    so it keeps reconnecting through an outage of up to `reconnect_window`
+    seconds (a server restart or deploy) before giving up. Retries never extend
+    a call past its deadline.
+    """
+
+    max_attempts: int = 6
+    initial_backoff: float = 0.1
+    max_backoff: float = 5.0
+    multiplier: float = 2.0
+    reconnect_window: float = 300.0
+
+    def backoff(self, attempt: int) -> float:
+        """Seconds to sleep after failed attempt number `attempt` (1-based), with jitter."""
+        ceiling = min(self.max_backoff, self.initial_backoff * self.multiplier ** (attempt - 1))
+        # Jitter spreads out clients that all lost the same server at once.
+        return ceiling * random.uniform(0.5, 1.0)
+
+
+class PromisesStub(Protocol):
+    """The typed shape of the generated `troth.v1.Promises` stub."""
+
+    CreatePromise: grpc.UnaryUnaryMultiCallable[
+        promises_pb2.CreatePromiseRequest, promises_pb2.CreatePromiseResponse
+    ]
+    GetPromise: grpc.UnaryUnaryMultiCallable[
+        promises_pb2.GetPromiseRequest, promises_pb2.GetPromiseResponse
+    ]
+    SearchPromises: grpc.UnaryUnaryMultiCallable[
+        promises_pb2.SearchPromisesRequest, promises_pb2.SearchPromisesResponse
+    ]
+    ResolvePromise: grpc.UnaryUnaryMultiCallable[
+        promises_pb2.ResolvePromiseRequest, promises_pb2.SettlePromiseResponse
+    ]
+    RejectPromise: grpc.UnaryUnaryMultiCallable[
+        promises_pb2.RejectPromiseRequest, promises_pb2.SettlePromiseResponse
+    ]
+    CancelPromise: grpc.UnaryUnaryMultiCallable[
+        promises_pb2.CancelPromiseRequest, promises_pb2.SettlePromiseResponse
+    ]
+    WatchPromise: grpc.UnaryStreamMultiCallable[
+        promises_pb2.WatchPromiseRequest, promises_pb2.WatchPromiseResponse
+    ]
+
+
+class Transport:
+    """One channel to one troth server, its stubs, and the retry loop around calls.
+
+    Thread-safe, as the underlying gRPC channel is. Connecting is lazy: nothing
+    touches the network until the first call.
+
+    Args:
+        address: `host:port` of the server (any gRPC target string).
+        principal: Sent as `troth-principal` metadata on every call, if given.
+        retry: How idempotent calls are retried.
+        sleep: Replaced in tests, so retries take no time.
+        clock: Monotonic clock for deadlines; replaced in tests.
+    """
+
+    def __init__(
+        self,
+        address: str,
+        *,
+        principal: str | None = None,
+        retry: RetryPolicy | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not address or address != address.strip():
+            raise ConfigurationError(
+                f"server address {address!r} is empty or has surrounding spaces; "
+                "pass host:port, e.g. '127.0.0.1:7070'"
+            )
+        if principal is not None and (not principal or not principal.isprintable()):
+            raise ConfigurationError(
+                f"principal {principal!r} must be a non-empty printable string "
+                "(it travels as gRPC metadata); pass None to send none"
+            )
+        self.address = address
+        self.retry = retry or RetryPolicy()
+        self.metadata: tuple[tuple[str, str], ...] = (
+            ((PRINCIPAL_METADATA_KEY, principal),) if principal is not None else ()
+        )
+        self._sleep = sleep
+        self._clock = clock
+        self._channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+        # The generated stub is unannotated; PromisesStub gives its methods their types.
+        stub = promises_pb2_grpc.PromisesStub(self._channel)  # type: ignore[no-untyped-call,unused-ignore]
+        self.promises: PromisesStub = stub
+
+    @property
+    def channel(self) -> grpc.Channel:
+        """The gRPC channel, for stubs of other services (e.g. the worker's `Tasks`)."""
+        return self._channel
+
+    def close(self) -> None:
+        """Close the channel; calls still open fail with `CANCELLED`. Safe to repeat."""
+        self._channel.close()
+
+    def deadline(self, timeout: float | None) -> float | None:
+        """The monotonic instant a call given `timeout` seconds must end by."""
+        return None if timeout is None else self._clock() + timeout
+
+    def remaining(self, deadline: float | None) -> float | None:
+        """Seconds left until `deadline` (never negative), or None for no deadline."""
+        return None if deadline is None else max(0.0, deadline - self._clock())
+
+    def now(self) -> float:
+        """The monotonic clock deadlines are measured on."""
+        return self._clock()
+
+    def retry_delay(
+        self,
+        exc: grpc.RpcError,
+        attempt: int,
+        deadline: float | None,
+        *,
+        idempotent: bool,
+        limit_attempts: bool = True,
+    ) -> float | None:
+        """How long to wait before retrying after `exc`, or None to give up.
+
+        Only idempotent calls are retried: a non-idempotent call that failed
+        with `UNAVAILABLE` may still have been applied.
+
+        Args:
+            exc: The failure of attempt number `attempt` (1-based).
+            attempt: How many attempts have failed in a row.
+            deadline: The call's deadline (from `deadline()`), or None.
+            idempotent: Whether repeating the call is harmless.
+            limit_attempts: False when the caller bounds retries itself (by time).
+        """
+        if not idempotent or (limit_attempts and attempt >= self.retry.max_attempts):
+            return None
+        call = as_call(exc)
+        if call is None or call.code() not in _RETRYABLE_CODES:
+            return None
+        delay = self.retry.backoff(attempt)
+        if deadline is not None and self._clock() + delay >= deadline:
+            return None
+        return delay
+
+    def sleep(self, seconds: float) -> None:
+        """Sleep between attempts (through the injectable `sleep`, so tests take no time)."""
+        self._sleep(seconds)
+
+    def call(
+        self,
+        method: grpc.UnaryUnaryMultiCallable[Any, _R],
+        request: object,
+        *,
+        timeout: float | None,
+        idempotent: bool = True,
+    ) -> _R:
+        """Make a unary call, retrying per the policy, and map any error.
+
+        Args:
+            method: A stub method, e.g. `transport.promises.GetPromise`.
+            request: Its request message.
+            timeout: Overall seconds for the call including retries, or None.
+            idempotent: Whether repeating the call is harmless.
+
+        Raises:
+            troth.errors.RpcError: The most specific subclass for the failure.
+        """
+        deadline = self.deadline(timeout)
+        attempt = 0
+        with map_rpc_errors(self.address):
+            while True:
+                attempt += 1
+                try:
+                    return method(request, timeout=self.remaining(deadline), metadata=self.metadata)
+                except grpc.RpcError as exc:
+                    delay = self.retry_delay(exc, attempt, deadline, idempotent=idempotent)
+                    if delay is None:
+                        raise
+                    _log.debug(
+                        "retrying after %s (attempt %d)",
+                        exc.code().name,
+                        attempt,
+                        extra={"address": self.address, "delay": delay},
+                    )
+                    self._sleep(delay)
+
+
+_BY_REASON: Mapping[str, type[RpcError]] = {
+    Reason.ALREADY_SETTLED: AlreadySettledError,
+    Reason.TIMED_OUT: PromiseTimedOutError,
+    Reason.STALE_COUNTER: LeaseLostError,
+}
+
+_BY_CODE: Mapping[grpc.StatusCode, type[RpcError]] = {
+    grpc.StatusCode.NOT_FOUND: NotFoundError,
+    grpc.StatusCode.ALREADY_EXISTS: AlreadyExistsError,
+    grpc.StatusCode.FAILED_PRECONDITION: FailedPreconditionError,
+    grpc.StatusCode.INVALID_ARGUMENT: InvalidArgumentError,
+    grpc.StatusCode.OUT_OF_RANGE: InvalidArgumentError,
+    grpc.StatusCode.UNAUTHENTICATED: UnauthenticatedError,
+    grpc.StatusCode.PERMISSION_DENIED: PermissionDeniedError,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: ResourceExhaustedError,
+    grpc.StatusCode.UNAVAILABLE: UnavailableError,
+    grpc.StatusCode.DEADLINE_EXCEEDED: DeadlineExceededError,
+}
+
+
+@contextlib.contextmanager
+def map_rpc_errors(address: str | None = None) -> Iterator[None]:
+    """Turn any `grpc.RpcError` raised inside the block into the most specific `RpcError`.
+
+    The `ErrorInfo.reason` decides first (`ALREADY_SETTLED`, `TIMED_OUT`,
+    `STALE_COUNTER`), then the status code; anything else is a plain
+    `RpcError`. The original gRPC error is chained as `__cause__`.
+
+    Args:
+        address: The server's address, named in the message when it cannot be reached.
+    """
+    try:
+        yield
+    except grpc.RpcError as exc:
+        raise _to_troth_error(exc, address) from exc
+
+
+def as_call(exc: grpc.RpcError) -> grpc.Call | None:
+    """The error as a `grpc.Call` (its code, details and trailers), if it is one.
+
+    Errors raised by gRPC for a call are both; a bare `grpc.RpcError` (e.g.
+    from an interceptor) carries no status at all.
+    """
+    # Through `object`: the grpc stubs declare RpcError and Call with
+    # conflicting signatures, so mypy would call the intersection impossible.
+    error: object = exc
+    return error if isinstance(error, grpc.Call) else None
+
+
+def _error_info(call: grpc.Call) -> tuple[str, dict[str, str]]:
+    """The reason and metadata of the troth `ErrorInfo` in a call's status details."""
+    try:
+        status = rpc_status.from_call(call)
+    except ValueError:
+        # The rich status disagrees with the call's own code or message (an
+        # intermediary rewrote one of them): trust the call and skip the details.
+        return "", {}
+    if status is None:
+        return "", {}
+    for detail in status.details:
+        if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+            info = error_details_pb2.ErrorInfo()
+            detail.Unpack(info)
+            # Reasons are only meaningful in troth's domain; another domain's
+            # ErrorInfo (a proxy, a mesh) must not be mistaken for one of ours.
+            if info.domain in ("", ERROR_DOMAIN):
+                return str(info.reason), {str(k): str(v) for k, v in info.metadata.items()}
+    return "", {}
+
+
+def _to_troth_error(exc: grpc.RpcError, address: str | None) -> RpcError:
+    call = as_call(exc)
+    reason: str = ""
+    metadata: dict[str, str] = {}
+    if call is not None:
+        code = call.code()
+        message = call.details() or ""
+        reason, metadata = _error_info(call)
+    else:
+        code, message = grpc.StatusCode.UNKNOWN, str(exc)
+    cls = _BY_REASON.get(reason) or _BY_CODE.get(code, RpcError)
+    if not reason:
+        # No troth ErrorInfo: the answer came from gRPC itself, not the server's
+        # code, so its message rarely says what to do. Say it.
+        where = f" at {address}" if address else ""
+        if code is grpc.StatusCode.UNAVAILABLE:
+            message = (
+                f"cannot reach the troth server{where} ({message or 'no details'}); check the "
+                "address (--server or TROTH_SERVER for the CLI) and that the server is "
+                "running, e.g. `troth serve`"
+            )
+        elif code is grpc.StatusCode.DEADLINE_EXCEEDED:
+            message = (
+                f"no answer from the troth server{where} within the timeout "
+                f"({message or 'no details'}); check the server's health or allow more time"
+            )
+    return cls(code, reason, message, metadata)

@@ -1,0 +1,512 @@
+"""`Client`: create, read, search, settle and watch durable promises by id.
+
+The gateway-facing half of the SDK. The client owns deadlines, idempotency
+keys and retries; `troth._transport` owns the channel and turns gRPC errors
+into `troth.errors`; `troth._convert` turns wire messages into `Promise`.
+
+Idempotency and retries: every call is retried after `UNAVAILABLE` (and a
+server-side `DEADLINE_EXCEEDED`) within its timeout, which is safe because
+every call is idempotent:
+
+- reads and watches change nothing;
+- a settle without an `idempotency_key` gets a fresh random one (uuid4 hex),
+  so a retry of a settle whose reply was lost is recognised by the server as
+  the same settle (`applied=False`) and by the client as the winner, so it
+  reports `applied=True`; pass your own key to make repeats from *other*
+  processes (a double click reaching two gateways) idempotent too;
+- a create without an `idempotency_key` is sent without one on purpose: the
+  server answers a repeat with identical param and tags with the existing
+  promise, which already makes the retry safe, and a random key would turn
+  two independent, identical creates of the same id (the usual "start it
+  once" dedupe) into `ALREADY_EXISTS`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import uuid
+from collections.abc import Iterable, Iterator, Mapping
+from datetime import datetime, timedelta
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Self
+
+import grpc
+
+from troth._convert import (
+    datetime_to_proto,
+    payload_to_proto,
+    promise_from_proto,
+    state_to_proto,
+    timedelta_to_proto,
+)
+from troth._promise import CreateResult, Promise, PromiseState, SearchPage, SettleResult
+from troth._transport import Transport, as_call, map_rpc_errors
+from troth.codec import Codec, JsonCodec, Payload
+from troth.errors import ConfigurationError, DeadlineExceededError, UnavailableError
+from troth.v1 import promises_pb2
+
+if TYPE_CHECKING:
+    from troth._transport import PromisesStub
+
+__all__ = ["DEFAULT_ADDRESS", "Client"]
+
+_log = logging.getLogger("troth.client")
+
+DEFAULT_ADDRESS = "127.0.0.1:7070"
+"""Where `troth serve` listens by default."""
+
+_SettleRequest = (
+    promises_pb2.ResolvePromiseRequest
+    | promises_pb2.RejectPromiseRequest
+    | promises_pb2.CancelPromiseRequest
+)
+
+
+class Client:
+    """A connection to a troth server's `Promises` service.
+
+    Thread-safe; create one per process and share it. Use it as a context
+    manager, or call `close()`, to release the channel.
+
+    Args:
+        address: `host:port` of the server.
+        codec: Encodes params and values; default `JsonCodec`.
+        timeout: Seconds each call may take, retries included (not `watch`/`wait`,
+            which take their own).
+        principal: Who is calling, sent as `troth-principal` gRPC metadata;
+            the server records it as `settled_by`.
+
+    Raises:
+        ConfigurationError: An argument is unusable.
+
+    Example:
+        >>> with Client("127.0.0.1:7070") as client:  # doctest: +SKIP
+        ...     client.create("approval-7", {"post": 7}, ttl=timedelta(days=3))
+        ...     client.resolve("approval-7", {"approved": True})
+
+    .. versionadded:: 0.1.0
+    """
+
+    def __init__(
+        self,
+        address: str = DEFAULT_ADDRESS,
+        *,
+        codec: Codec | None = None,
+        timeout: float = 10.0,
+        principal: str | None = None,
+    ) -> None:
+        if not (isinstance(timeout, int | float) and math.isfinite(timeout) and timeout > 0):
+            raise ConfigurationError(
+                f"timeout={timeout!r} must be a positive number of seconds, e.g. 10.0"
+            )
+        if codec is not None and not isinstance(codec, Codec):
+            raise ConfigurationError(
+                f"codec {codec!r} has no encode(value) -> Payload and decode(payload) "
+                "methods; pass a troth.Codec such as troth.JsonCodec()"
+            )
+        self._codec: Codec = codec if codec is not None else JsonCodec()
+        self._timeout = float(timeout)
+        self._principal = principal
+        self._transport = Transport(address, principal=principal)
+
+    def __repr__(self) -> str:
+        return f"Client({self.address!r})"
+
+    @property
+    def address(self) -> str:
+        """The server address this client talks to."""
+        return self._transport.address
+
+    @property
+    def codec(self) -> Codec:
+        """The codec used for params and values."""
+        return self._codec
+
+    @property
+    def principal(self) -> str | None:
+        """The principal sent with every call, if any."""
+        return self._principal
+
+    def close(self) -> None:
+        """Release the channel. Calls still in flight fail. Safe to call twice."""
+        self._transport.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def encode(self, value: Any) -> Payload:
+        """Encode a value as this client sends it: `None` is the empty payload."""
+        return Payload() if value is None else self._codec.encode(value)
+
+    def decode(self, payload: Payload) -> Any:
+        """Decode a promise's `param` or `value` with this client's codec.
+
+        The empty payload (a promise created or settled with no value) is `None`.
+        """
+        return None if payload.is_empty else self._codec.decode(payload)
+
+    @property
+    def _stub(self) -> PromisesStub:
+        return self._transport.promises
+
+    def create(
+        self,
+        id: str,
+        param: Any = None,
+        *,
+        tags: Mapping[str, str] | None = None,
+        ttl: timedelta | None = None,
+        expire_time: datetime | None = None,
+        never_expires: bool = False,
+        idempotency_key: str | None = None,
+        strict: bool = False,
+    ) -> CreateResult:
+        """Create a pending promise, or get the existing one if this is a repeat.
+
+        A create of an existing id is a repeat (answered with `created=False`)
+        when it carries the original create's idempotency key, or when neither
+        carries one and param and tags are identical; any other is refused.
+
+        Args:
+            id: The promise id you choose, e.g. "approval-7".
+            param: Any value the codec can encode; None sends no param.
+            tags: String labels, searchable with `search(tags=...)`.
+            ttl: Time until the promise times out. At most one of `ttl`,
+                `expire_time` and `never_expires`; none means the server's default.
+            expire_time: Aware datetime at which the promise times out.
+            never_expires: Keep it pending until someone settles it.
+            idempotency_key: Makes repeats of this create recognisable as such.
+            strict: Answer a repeat with the existing promise only while it is pending.
+
+        Returns:
+            The promise, with the effective `expire_time`, and whether this call created it.
+
+        Raises:
+            AlreadyExistsError: The id exists and this create is not a repeat.
+            InvalidArgumentError: Bad id, ttl or payload (see `.field`).
+            ValueError: More than one of ttl, expire_time, never_expires; naive datetime.
+        """
+        expiries = [name for name, given in _expiry_args(ttl, expire_time, never_expires) if given]
+        if len(expiries) > 1:
+            raise ValueError(
+                f"create({id!r}) got {' and '.join(expiries)}; pass at most one of ttl, "
+                "expire_time and never_expires"
+            )
+        request = promises_pb2.CreatePromiseRequest(
+            id=id,
+            param=payload_to_proto(self.encode(param)),
+            tags=dict(tags or {}),
+            never_expires=never_expires,
+            idempotency_key=idempotency_key or "",
+            strict=strict,
+        )
+        if ttl is not None:
+            request.ttl.CopyFrom(timedelta_to_proto(ttl))
+        elif expire_time is not None:
+            request.expire_time.CopyFrom(datetime_to_proto(expire_time))
+        response = self._transport.call(self._stub.CreatePromise, request, timeout=self._timeout)
+        return CreateResult(promise=promise_from_proto(response.promise), created=response.created)
+
+    def get(self, id: str) -> Promise:
+        """Read a promise. A promise past its `expire_time` is never shown `PENDING`.
+
+        Raises:
+            NotFoundError: No promise has this id.
+        """
+        request = promises_pb2.GetPromiseRequest(id=id)
+        response = self._transport.call(self._stub.GetPromise, request, timeout=self._timeout)
+        return promise_from_proto(response.promise)
+
+    def search(
+        self,
+        id: str = "*",
+        *,
+        states: Iterable[PromiseState | str] = (),
+        tags: Mapping[str, str] | None = None,
+        page_size: int | None = None,
+        page_token: str | None = None,
+    ) -> SearchPage:
+        """Read one page of the promises matching a query, in creation order.
+
+        Args:
+            id: Glob over ids; `*` matches any run of characters.
+            states: Any of these states; empty means all.
+            tags: Every tag given must be present with this exact value.
+            page_size: Results per page; None for the server's default (100).
+            page_token: `next_page_token` of the previous page; keep the rest
+                of the query unchanged.
+
+        Raises:
+            InvalidArgumentError: Bad glob, page size or page token.
+            ValueError: A state that is not a `PromiseState` name.
+        """
+        request = promises_pb2.SearchPromisesRequest(
+            id=id,
+            states=[state_to_proto(_state(state)) for state in states],
+            tags=dict(tags or {}),
+            page_size=page_size or 0,
+            page_token=page_token or "",
+        )
+        response = self._transport.call(self._stub.SearchPromises, request, timeout=self._timeout)
+        return SearchPage(
+            promises=tuple(promise_from_proto(message) for message in response.promises),
+            next_page_token=response.next_page_token or None,
+        )
+
+    def search_all(
+        self,
+        id: str = "*",
+        *,
+        states: Iterable[PromiseState | str] = (),
+        tags: Mapping[str, str] | None = None,
+        page_size: int | None = None,
+    ) -> Iterator[Promise]:
+        """Iterate over every matching promise, fetching pages as needed.
+
+        Takes the arguments of `search` (except `page_token`). Each page is one
+        call with the client's timeout.
+        """
+        states = tuple(states)
+        token: str | None = None
+        while True:
+            page = self.search(id, states=states, tags=tags, page_size=page_size, page_token=token)
+            yield from page.promises
+            if page.next_page_token is None:
+                return
+            token = page.next_page_token
+
+    def resolve(
+        self,
+        id: str,
+        value: Any = None,
+        *,
+        idempotency_key: str | None = None,
+        strict: bool = False,
+    ) -> SettleResult:
+        """Settle a pending promise as `RESOLVED` with `value`.
+
+        Args:
+            id: The promise id.
+            value: Any value the codec can encode; None sends no value.
+            idempotency_key: Identifies this settle so that repeats of it
+                succeed with `applied=False`; a random one is used if None.
+            strict: A repeat succeeds only if it asks for the state the promise
+                was settled in.
+
+        Returns:
+            The settled promise, and whether this call's settlement counted.
+
+        Raises:
+            AlreadySettledError: Someone else settled it first (the message says how).
+            PromiseTimedOutError: It expired before this settle arrived.
+            NotFoundError: No promise has this id.
+        """
+        return self._settle(
+            self._stub.ResolvePromise,
+            promises_pb2.ResolvePromiseRequest,
+            id,
+            value,
+            idempotency_key,
+            strict,
+        )
+
+    def reject(
+        self,
+        id: str,
+        value: Any = None,
+        *,
+        idempotency_key: str | None = None,
+        strict: bool = False,
+    ) -> SettleResult:
+        """Settle a pending promise as `REJECTED` with `value` (e.g. an error description).
+
+        Arguments, result and errors are those of `resolve`.
+        """
+        return self._settle(
+            self._stub.RejectPromise,
+            promises_pb2.RejectPromiseRequest,
+            id,
+            value,
+            idempotency_key,
+            strict,
+        )
+
+    def cancel(
+        self,
+        id: str,
+        value: Any = None,
+        *,
+        idempotency_key: str | None = None,
+        strict: bool = False,
+    ) -> SettleResult:
+        """Settle a pending promise as `REJECTED_CANCELED`.
+
+        Cancelling a workflow's root promise also cancels its pending steps.
+        Arguments, result and errors are those of `resolve`.
+        """
+        return self._settle(
+            self._stub.CancelPromise,
+            promises_pb2.CancelPromiseRequest,
+            id,
+            value,
+            idempotency_key,
+            strict,
+        )
+
+    def _settle(
+        self,
+        method: grpc.UnaryUnaryMultiCallable[Any, promises_pb2.SettlePromiseResponse],
+        request_type: type[_SettleRequest],
+        id: str,
+        value: Any,
+        idempotency_key: str | None,
+        strict: bool,
+    ) -> SettleResult:
+        generated = not idempotency_key
+        key = uuid.uuid4().hex if generated else idempotency_key
+        request = request_type(
+            id=id, value=payload_to_proto(self.encode(value)), idempotency_key=key, strict=strict
+        )
+        response = self._transport.call(method, request, timeout=self._timeout)
+        promise = promise_from_proto(response.promise)
+        # A generated key is unique to this call, so a promise settled with it
+        # was settled by this call: an earlier attempt whose reply was lost.
+        applied = response.applied or (generated and promise.idempotency_key_for_settle == key)
+        return SettleResult(promise=promise, applied=applied)
+
+    def watch(self, id: str, *, timeout: float | None = None) -> Iterator[Promise]:
+        """Yield the promise as it is now, then once more when it settles.
+
+        The stream survives server restarts and failovers: it reconnects with
+        backoff and does not yield the same state twice. Stop iterating at any
+        time to end the watch.
+
+        Args:
+            id: The promise id.
+            timeout: Seconds to wait in all; None waits as long as it takes.
+
+        Raises:
+            NotFoundError: No promise has this id.
+            DeadlineExceededError: It had not settled within `timeout` (also a `TimeoutError`).
+        """
+        if timeout is not None and not timeout > 0:
+            raise ValueError(f"timeout={timeout!r} must be positive, or None to wait indefinitely")
+        transport = self._transport
+        deadline = transport.deadline(timeout)
+        request = promises_pb2.WatchPromiseRequest(id=id)
+        last: Promise | None = None
+        failures = 0  # consecutive broken streams without a message in between
+        outage_start: float | None = None  # when an established watch lost its stream
+        with map_rpc_errors(transport.address):
+            while True:
+                stream = self._stub.WatchPromise(
+                    request, timeout=transport.remaining(deadline), metadata=transport.metadata
+                )
+                try:
+                    for response in stream:
+                        failures, outage_start = 0, None
+                        promise = promise_from_proto(response.promise)
+                        # After a reconnect the server repeats the current state.
+                        if promise != last:
+                            last = promise
+                            yield promise
+                        if promise.is_settled:
+                            return
+                except grpc.RpcError as exc:
+                    call = as_call(exc)
+                    if (
+                        timeout is not None
+                        and call is not None
+                        and call.code() is grpc.StatusCode.DEADLINE_EXCEEDED
+                        and transport.remaining(deadline) == 0
+                    ):
+                        raise DeadlineExceededError(
+                            grpc.StatusCode.DEADLINE_EXCEEDED,
+                            "",
+                            f"promise {id!r} did not settle within {timeout:g}s; wait longer, "
+                            f"or find out who should settle it (`troth promises get {id}`)",
+                        ) from exc
+                    failures += 1
+                    if last is None:
+                        # Never connected: fail as fast as any call (wrong address...).
+                        delay = transport.retry_delay(exc, failures, deadline, idempotent=True)
+                    else:
+                        # Established, perhaps for days: ride out a restart or deploy.
+                        if outage_start is None:
+                            outage_start = transport.now()
+                        within = transport.now() - outage_start < transport.retry.reconnect_window
+                        delay = (
+                            transport.retry_delay(
+                                exc, failures, deadline, idempotent=True, limit_attempts=False
+                            )
+                            if within
+                            else None
+                        )
+                    if delay is None:
+                        raise
+                    _log.warning(
+                        "watch of promise %r broke (%s); reconnecting in %.1fs",
+                        id,
+                        call.code().name if call is not None else exc,
+                        delay,
+                        extra={"promise_id": id, "address": transport.address},
+                    )
+                    transport.sleep(delay)
+                    continue
+                finally:
+                    stream.cancel()
+                # The server ended the stream before the promise settled (e.g. it
+                # is shutting down): reopen, with the same backoff as a failure.
+                failures += 1
+                if failures >= transport.retry.max_attempts:
+                    raise UnavailableError(
+                        grpc.StatusCode.UNAVAILABLE,
+                        "",
+                        f"the server at {transport.address} kept ending the watch of promise "
+                        f"{id!r} before it settled; check the server's logs, then watch again",
+                    )
+                transport.sleep(transport.retry.backoff(failures))
+
+    def wait(self, id: str, timeout: float | None = None) -> Promise:
+        """Block until the promise settles, and return it settled.
+
+        Args:
+            id: The promise id.
+            timeout: Seconds to wait; None waits as long as it takes.
+
+        Raises:
+            NotFoundError: No promise has this id.
+            DeadlineExceededError: It had not settled within `timeout` (also a `TimeoutError`).
+        """
+        for promise in self.watch(id, timeout=timeout):
+            if promise.is_settled:
+                return promise
+        # watch() only ends after yielding a settled promise, or by raising.
+        raise RuntimeError(f"the watch of promise {id!r} ended before it settled")
+
+
+def _expiry_args(
+    ttl: timedelta | None, expire_time: datetime | None, never_expires: bool
+) -> tuple[tuple[str, bool], ...]:
+    return (
+        ("ttl", ttl is not None),
+        ("expire_time", expire_time is not None),
+        ("never_expires", never_expires),
+    )
+
+
+def _state(value: PromiseState | str) -> PromiseState:
+    try:
+        return PromiseState(value)
+    except ValueError:
+        names = ", ".join(state.value for state in PromiseState)
+        raise ValueError(f"unknown promise state {value!r}; use one of {names}") from None

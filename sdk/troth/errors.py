@@ -1,0 +1,248 @@
+"""The one error hierarchy of the troth SDK, and the reasons servers send.
+
+```
+TrothError(Exception)
+├── RpcError                     code, reason, message, metadata; raised by Client calls
+│   ├── NotFoundError
+│   ├── AlreadyExistsError
+│   ├── FailedPreconditionError
+│   │   ├── AlreadySettledError  reason ALREADY_SETTLED; .promise_id, .state
+│   │   ├── PromiseTimedOutError reason TIMED_OUT; .promise_id
+│   │   └── LeaseLostError       reason STALE_COUNTER
+│   ├── InvalidArgumentError     .field
+│   ├── UnauthenticatedError
+│   ├── PermissionDeniedError
+│   ├── ResourceExhaustedError
+│   ├── UnavailableError         retryable
+│   └── DeadlineExceededError    also a builtin TimeoutError
+└── ConfigurationError
+```
+
+`Reason` is the single source of the stable `ErrorInfo.reason` strings: the
+server imports it too. Every `RpcError` keeps the gRPC status code, the
+`ErrorInfo` reason and metadata, and the server's message, which already says
+what to do; `str(error)` adds a short summary of what went wrong. gRPC errors
+become these classes in one place: `troth._transport.map_rpc_errors`.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    import grpc
+
+ERROR_DOMAIN = "troth.dev"
+"""The `ErrorInfo.domain` of every error a troth server sends."""
+
+
+class Reason(enum.StrEnum):
+    """Stable machine-readable reasons carried in `google.rpc.ErrorInfo.reason`."""
+
+    INVALID_ARGUMENT = "INVALID_ARGUMENT"
+    NOT_FOUND = "NOT_FOUND"
+    ALREADY_EXISTS = "ALREADY_EXISTS"
+    ALREADY_SETTLED = "ALREADY_SETTLED"
+    TIMED_OUT = "TIMED_OUT"
+    STALE_COUNTER = "STALE_COUNTER"
+    INVALID_PAGE_TOKEN = "INVALID_PAGE_TOKEN"
+    UNAUTHENTICATED = "UNAUTHENTICATED"
+    PERMISSION_DENIED = "PERMISSION_DENIED"
+    RESOURCE_EXHAUSTED = "RESOURCE_EXHAUSTED"
+    STORE_UNAVAILABLE = "STORE_UNAVAILABLE"
+    SHUTTING_DOWN = "SHUTTING_DOWN"
+    INTERNAL = "INTERNAL"
+
+
+class TrothError(Exception):
+    """Base class of every error the troth SDK raises on purpose."""
+
+
+class RpcError(TrothError):
+    """A troth server (or the gRPC channel to it) refused or failed a call.
+
+    Attributes:
+        code: The gRPC status code.
+        reason: The `ErrorInfo.reason` the server sent (a `Reason` value), or
+            "" when the error carried none (e.g. the server was unreachable).
+        message: The server's message: what was wrong and what to do.
+        metadata: The `ErrorInfo.metadata` the server sent (e.g. `field`).
+
+    .. versionadded:: 0.1.0
+    """
+
+    retryable: ClassVar[bool] = False
+    """Whether repeating the same call later may succeed."""
+
+    _summary: ClassVar[str] = ""
+
+    def __init__(
+        self,
+        code: grpc.StatusCode,
+        reason: str,
+        message: str,
+        metadata: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.code = code
+        self.reason = reason
+        self.message = message
+        self.metadata: dict[str, str] = dict(metadata or {})
+
+    def _what(self) -> str:
+        """A few words on what went wrong; the message says the rest."""
+        return self._summary or f"the server answered {self.code.name}"
+
+    def __str__(self) -> str:
+        summary = self._what()
+        message = self.message or "(the server sent no message)"
+        suffix = f" [{self.reason}]" if self.reason else ""
+        return f"{summary}: {message}{suffix}"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Exception pickles as cls(*args), and args holds only the message;
+        # rebuild from the four constructor fields so workers can ship errors
+        # across processes intact (subclass attributes derive from metadata).
+        return (type(self), (self.code, self.reason, self.message, self.metadata))
+
+
+class NotFoundError(RpcError):
+    """The promise (or task) does not exist."""
+
+    _summary = "not found"
+
+
+class AlreadyExistsError(RpcError):
+    """A create named an existing id but was not a repeat of the original create."""
+
+    _summary = "already exists"
+
+
+class FailedPreconditionError(RpcError):
+    """The call was valid but the state on the server does not allow it."""
+
+    _summary = "refused in the current state"
+
+
+class AlreadySettledError(FailedPreconditionError):
+    """A settle lost: the promise had already been settled by someone else.
+
+    Attributes:
+        promise_id: The promise's id, when the server sent it (metadata `promise_id`).
+        state: The state it was settled in, when the server sent it (metadata `state`).
+    """
+
+    _summary = "already settled"
+
+    def __init__(
+        self,
+        code: grpc.StatusCode,
+        reason: str,
+        message: str,
+        metadata: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(code, reason, message, metadata)
+        self.promise_id: str | None = self.metadata.get("promise_id")
+        self.state: str | None = self.metadata.get("state")
+
+
+class PromiseTimedOutError(FailedPreconditionError):
+    """A settle came after the promise's `expire_time`: it is `REJECTED_TIMEDOUT`.
+
+    Attributes:
+        promise_id: The promise's id, when the server sent it (metadata `promise_id`).
+    """
+
+    _summary = "promise timed out"
+
+    def __init__(
+        self,
+        code: grpc.StatusCode,
+        reason: str,
+        message: str,
+        metadata: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(code, reason, message, metadata)
+        self.promise_id: str | None = self.metadata.get("promise_id")
+
+
+class LeaseLostError(FailedPreconditionError):
+    """A worker's call carried a stale task counter: the task moved on without it."""
+
+    _summary = "lease lost"
+
+
+class InvalidArgumentError(RpcError):
+    """The request itself was wrong (bad id, negative ttl, payload over the limit...).
+
+    Attributes:
+        field: The request field at fault, when the server named it (metadata `field`).
+    """
+
+    def __init__(
+        self,
+        code: grpc.StatusCode,
+        reason: str,
+        message: str,
+        metadata: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(code, reason, message, metadata)
+        self.field: str | None = self.metadata.get("field") or None
+
+    def _what(self) -> str:
+        return f"invalid argument {self.field!r}" if self.field else "invalid argument"
+
+
+class UnauthenticatedError(RpcError):
+    """The call carried no valid credentials."""
+
+    _summary = "not authenticated"
+
+
+class PermissionDeniedError(RpcError):
+    """The caller's principal may not do this."""
+
+    _summary = "permission denied"
+
+
+class ResourceExhaustedError(RpcError):
+    """A server limit (rate, size, quota) was hit."""
+
+    _summary = "resource exhausted"
+
+
+class UnavailableError(RpcError):
+    """The server, or its store, cannot be reached right now. Retrying may help."""
+
+    retryable = True
+    _summary = "server unavailable"
+
+
+class DeadlineExceededError(RpcError, TimeoutError):
+    """The call did not finish within its timeout.
+
+    Also a builtin `TimeoutError`, so `except TimeoutError` around
+    `Client.wait(..., timeout=...)` works as expected.
+    """
+
+    _summary = "timed out"
+
+
+class ConfigurationError(TrothError):
+    """The SDK was set up wrongly (e.g. a bad address or timeout); fix the arguments.
+
+    Attributes:
+        message: What was wrong and what to do.
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.message,))

@@ -1,0 +1,173 @@
+"""The SDK Client and the `troth` CLI against a real server: the contract as a user meets it."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING
+
+import pytest
+
+from troth import (
+    AlreadyExistsError,
+    AlreadySettledError,
+    Client,
+    DeadlineExceededError,
+    InvalidArgumentError,
+    NotFoundError,
+    PromiseState,
+    PromiseTimedOutError,
+    UnavailableError,
+)
+from troth._cli import main
+
+if TYPE_CHECKING:
+    from _support import ServerProcess
+
+
+@pytest.fixture(scope="module")
+def client(server: ServerProcess) -> Iterator[Client]:
+    with Client(server.address, principal="tester") as c:
+        yield c
+
+
+def test_create_get_and_repeat(client: Client) -> None:
+    before = datetime.now(UTC)
+    result = client.create("sdk.a", {"post": 7}, tags={"team": "x"}, ttl=timedelta(hours=1))
+    assert result.created
+    promise = result.promise
+    assert promise.state is PromiseState.PENDING
+    assert client.decode(promise.param) == {"post": 7}
+    assert promise.expire_time is not None
+    assert promise.expire_time - before >= timedelta(minutes=59)
+    assert client.get("sdk.a") == promise
+
+    again = client.create("sdk.a", {"post": 7}, tags={"team": "x"}, ttl=timedelta(hours=1))
+    assert not again.created
+    assert again.promise.id == "sdk.a"
+    with pytest.raises(AlreadyExistsError):
+        client.create("sdk.a", {"post": 8})
+
+
+def test_never_expires_and_expire_time(client: Client) -> None:
+    assert client.create("sdk.never", never_expires=True).promise.expire_time is None
+    at = (datetime.now(UTC) + timedelta(hours=2)).replace(microsecond=0)
+    assert client.create("sdk.at", expire_time=at).promise.expire_time == at
+
+
+def test_settle_once_and_repeat_with_key(client: Client) -> None:
+    client.create("sdk.s")
+    won = client.resolve("sdk.s", {"approved": True}, idempotency_key="click-1")
+    assert won.applied
+    assert won.promise.state is PromiseState.RESOLVED
+    assert client.decode(won.promise.value) == {"approved": True}
+    assert won.promise.settled_by == "tester"
+    assert won.promise.settle_time is not None
+
+    repeat = client.resolve("sdk.s", {"approved": True}, idempotency_key="click-1")
+    assert not repeat.applied
+    with pytest.raises(AlreadySettledError) as caught:
+        client.reject("sdk.s", "too late")
+    assert caught.value.promise_id == "sdk.s"
+    assert "resolved" in str(caught.value).lower()
+
+
+def test_cancel_with_generated_key(client: Client) -> None:
+    client.create("sdk.c")
+    result = client.cancel("sdk.c")
+    assert result.applied
+    assert result.promise.state is PromiseState.REJECTED_CANCELED
+    assert len(result.promise.idempotency_key_for_settle) == 32
+
+
+def test_settling_an_expired_promise(client: Client) -> None:
+    client.create("sdk.exp", ttl=timedelta(milliseconds=100))
+    settled = client.wait("sdk.exp", timeout=10)
+    assert settled.state is PromiseState.REJECTED_TIMEDOUT
+    with pytest.raises(PromiseTimedOutError):
+        client.resolve("sdk.exp")
+
+
+def test_errors_name_what_was_wrong(client: Client) -> None:
+    with pytest.raises(NotFoundError, match=r"sdk\.missing"):
+        client.get("sdk.missing")
+    with pytest.raises(InvalidArgumentError) as caught:
+        client.create("bad id with spaces")
+    assert caught.value.field == "id"
+    with pytest.raises(InvalidArgumentError) as caught:
+        client.create("sdk.neg", ttl=timedelta(seconds=-1))
+    assert caught.value.field == "ttl"
+
+
+def test_wait_returns_the_settled_promise(client: Client) -> None:
+    client.create("sdk.w")
+    seen: list[PromiseState] = []
+    watcher = threading.Thread(
+        target=lambda: seen.extend(p.state for p in client.watch("sdk.w", timeout=10))
+    )
+    watcher.start()
+    settled_by_other = threading.Timer(0.2, lambda: client.resolve("sdk.w", [1, 2]))
+    settled_by_other.start()
+    try:
+        promise = client.wait("sdk.w", timeout=10)
+    finally:
+        settled_by_other.join()
+        watcher.join(10)
+    assert promise.state is PromiseState.RESOLVED
+    assert client.decode(promise.value) == [1, 2]
+    assert seen[-1] is PromiseState.RESOLVED
+    assert len(seen) in (1, 2)  # pending first, unless the resolve came before the watch
+
+
+def test_wait_times_out(client: Client) -> None:
+    client.create("sdk.slow")
+    with pytest.raises(DeadlineExceededError, match=r"did not settle within 0\.3s"):
+        client.wait("sdk.slow", timeout=0.3)
+    with pytest.raises(TimeoutError):
+        client.wait("sdk.slow", timeout=0.1)
+
+
+def test_search_follows_pages(client: Client) -> None:
+    for i in range(5):
+        client.create(f"sdk.page.{i}", i, tags={"batch": "p"})
+    client.resolve("sdk.page.3")
+    ids = [p.id for p in client.search_all("sdk.page.*", page_size=2)]
+    assert ids == [f"sdk.page.{i}" for i in range(5)]
+    page = client.search("sdk.page.*", page_size=2)
+    assert len(page.promises) == 2 and page.next_page_token is not None
+    resolved = list(client.search_all(tags={"batch": "p"}, states=[PromiseState.RESOLVED]))
+    assert [p.id for p in resolved] == ["sdk.page.3"]
+
+
+def test_unreachable_server_fails_fast_and_says_so() -> None:
+    with (
+        Client("127.0.0.1:1", timeout=1.0) as lost,
+        pytest.raises(UnavailableError, match=r"cannot reach the troth server at 127\.0\.0\.1:1"),
+    ):
+        lost.get("x")
+
+
+def test_cli_round_trip(server: ServerProcess, capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["--server", server.address, "--json"]
+    assert main([*base, "promises", "create", "cli.a", "--param", '{"n": 1}', "--ttl", "5m"]) == 0
+    created = json.loads(capsys.readouterr().out)
+    assert created["created"] is True
+    assert created["promise"]["param"] == {"n": 1}
+
+    assert main([*base, "promises", "resolve", "cli.a", "--value", '{"ok": true}']) == 0
+    assert json.loads(capsys.readouterr().out)["applied"] is True
+
+    assert main([*base, "promises", "watch", "cli.a"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [json.loads(line)["state"] for line in lines] == ["RESOLVED"]
+
+    assert main(["--server", server.address, "promises", "search", "cli.*"]) == 0
+    table = capsys.readouterr().out
+    assert "cli.a" in table and '{"ok":true}' in table
+
+    assert main(["--server", server.address, "promises", "reject", "cli.a"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("troth: error: already settled:")
+    assert "Traceback" not in err

@@ -1,0 +1,112 @@
+"""The README's commands, run as a user runs them: `make run`, then the CLI against it."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from _support import wait_serving
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+
+pytestmark = pytest.mark.e2e
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def troth(address: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(BIN / "troth"), "--server", address, *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+@pytest.fixture(scope="module")
+def make_run(tmp_path_factory: pytest.TempPathFactory) -> object:
+    """`make run` exactly as the README says, on a free port and a scratch database."""
+    if shutil.which("make") is None:
+        pytest.fail("make is required by the README")
+    port = free_port()
+    workdir = tmp_path_factory.mktemp("make-run")
+    db = workdir / "troth.db"
+    address = f"127.0.0.1:{port}"
+    with (workdir / "make-run.log").open("wb") as log:
+        proc = subprocess.Popen(
+            ["make", "-C", str(ROOT), "run", f"LISTEN={address}", f"DB=sqlite:///{db}"],
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+            env={**os.environ, "VENV": str(BIN.parent)},
+        )
+    try:
+        wait_serving(address, 120)
+        yield address
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(30)
+    assert db.exists(), "the server did not create its SQLite file"
+
+
+def test_the_readme_cli_session(make_run: str) -> None:
+    address = make_run
+    steps = [
+        ("promises", "create", "approve-7", "--param", '{"post": 7}', "--ttl", "3d",
+         "--tag", "team=editors"),
+        ("promises", "resolve", "approve-7", "--value", '{"approved": true}'),
+        ("promises", "get", "approve-7"),
+    ]  # fmt: skip
+    for args in steps:
+        done = troth(address, *args)
+        assert done.returncode == 0, (args, done.stderr)
+    assert "RESOLVED" in done.stdout
+
+    got = troth(address, "--json", "promises", "get", "approve-7")
+    assert got.returncode == 0, got.stderr
+    record = json.loads(got.stdout)
+    assert record["state"] == "RESOLVED"
+    assert record["value"] == {"approved": True}
+    assert record["param"] == {"post": 7}
+    assert record["tags"] == {"team": "editors"}
+
+    troth(address, "promises", "create", "approve-8", "--tag", "team=editors")
+    found = troth(address, "promises", "search", "approve-*", "--state", "PENDING",
+                  "--tag", "team=editors")  # fmt: skip
+    assert found.returncode == 0, found.stderr
+    assert "approve-8" in found.stdout and "approve-7" not in found.stdout
+
+    second = troth(address, "promises", "reject", "approve-7", "--value", '{"approved": false}')
+    assert second.returncode == 1
+    assert "already resolved" in second.stderr
+    assert "Traceback" not in second.stderr
+
+    bad = troth(address, "promises", "resolve", "approve-8", "--value", "{not json")
+    assert bad.returncode == 2
+    assert "--value" in bad.stderr
+
+    watch = subprocess.Popen(
+        [str(BIN / "troth"), "--server", address, "promises", "watch", "approve-8"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert watch.stdout is not None
+    first_line = watch.stdout.readline()
+    assert "approve-8" in first_line or "PENDING" in first_line
+    troth(address, "promises", "cancel", "approve-8")
+    out, err = watch.communicate(timeout=30)
+    assert watch.returncode == 0, err
+    assert "REJECTED_CANCELED" in first_line + out

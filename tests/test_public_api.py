@@ -1,0 +1,47 @@
+"""The public surface of `troth` is what `__all__` says, and it stays light to import."""
+
+from __future__ import annotations
+
+import inspect
+import subprocess
+import sys
+
+import troth
+from troth import errors
+
+
+def test_all_is_sorted() -> None:
+    assert troth.__all__ == sorted(troth.__all__)
+
+
+def test_all_is_complete() -> None:
+    # Every public, non-module name reachable as troth.X is listed, and vice versa.
+    public = {
+        name
+        for name, value in vars(troth).items()
+        if not name.startswith("_") and not inspect.ismodule(value) and name != "annotations"
+    }
+    assert set(troth.__all__) == public
+
+
+def test_every_error_class_is_exported() -> None:
+    classes = {
+        name
+        for name, value in vars(errors).items()
+        if inspect.isclass(value) and issubclass(value, errors.TrothError)
+    }
+    assert classes <= set(troth.__all__)
+    assert "Reason" in troth.__all__
+
+
+def test_sdk_imports_without_the_server_stack() -> None:
+    server_stack = {"sqlalchemy", "alembic", "psycopg", "structlog", "troth_server"}
+    code = (
+        "import sys, troth, troth.client, troth.codec, troth.errors, troth._cli\n"
+        f"heavy = sorted(m for m in sys.modules if m.split('.')[0] in {server_stack!r})\n"
+        "assert not heavy, heavy\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
