@@ -18,7 +18,7 @@ from troth_server.domain.errors import (
     PromiseTimedOut,
 )
 from troth_server.group_commit import ShuttingDown
-from troth_server.store import StoreError, StoreUnavailable
+from troth_server.store import SchemaTooNew, StoreError, StoreUnavailable
 
 # Exhaustive: tests walk every DomainError subclass and require an entry.
 STATUS_CODES: dict[type[Exception], grpc.StatusCode] = {
@@ -31,17 +31,24 @@ STATUS_CODES: dict[type[Exception], grpc.StatusCode] = {
     ShuttingDown: grpc.StatusCode.UNAVAILABLE,
     StoreUnavailable: grpc.StatusCode.UNAVAILABLE,
     StoreError: grpc.StatusCode.UNAVAILABLE,
+    SchemaTooNew: grpc.StatusCode.UNAVAILABLE,
 }
+
+
+def _code(exc: Exception) -> grpc.StatusCode:
+    for cls in type(exc).__mro__:
+        if cls in STATUS_CODES:
+            return STATUS_CODES[cls]
+    return grpc.StatusCode.INTERNAL
 
 
 def status_for(exc: Exception) -> grpc.Status:
     """The rich status (code, message, ErrorInfo) that answers `exc`."""
     if isinstance(exc, DomainError):
-        code = STATUS_CODES[type(exc)]
-        return _status(code, exc.message, exc.reason, exc.metadata)
+        return _status(_code(exc), exc.message, exc.reason, exc.metadata)
     if isinstance(exc, StoreError):
         return _status(
-            STATUS_CODES[type(exc)],
+            _code(exc),
             f"the store is unavailable ({exc}); nothing was changed, retry later",
             Reason.STORE_UNAVAILABLE,
             {},

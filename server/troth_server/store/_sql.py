@@ -11,6 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import orjson
 import structlog
 from sqlalchemy import (
     Connection,
@@ -41,6 +42,11 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 log = structlog.get_logger("troth.store")
 
+# Headers and tags are JSON columns, converted on every row written or read.
+_JSON_CODEC: dict[str, Any] = {
+    "json_serializer": lambda value: orjson.dumps(value).decode(),
+    "json_deserializer": orjson.loads,
+}
 _SYNCHRONOUS = {"OFF", "NORMAL", "FULL", "EXTRA"}
 _WRITE_ATTEMPTS = 3
 
@@ -249,6 +255,7 @@ def open_sql_store(url: str, *, sqlite_synchronous: str, read_pool_size: int) ->
         plain,
         poolclass=StaticPool,
         connect_args={"check_same_thread": False},
+        **_JSON_CODEC,
     )
     read_engine = create_engine(
         plain,
@@ -256,6 +263,7 @@ def open_sql_store(url: str, *, sqlite_synchronous: str, read_pool_size: int) ->
         pool_size=read_pool_size,
         max_overflow=read_pool_size,
         connect_args={"check_same_thread": False},
+        **_JSON_CODEC,
     )
     _configure_sqlite(write_engine, synchronous, begin="BEGIN IMMEDIATE")
     _configure_sqlite(read_engine, synchronous, begin="BEGIN")
