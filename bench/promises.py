@@ -53,8 +53,11 @@ ECHO_TARGETS: dict[str, str] = {"echo-sync": "sync", "echo-aio": "aio"}
 # troth variants: target name -> extra arguments to `troth_server serve`. If the
 # server offers a choice of gRPC server (thread pool or grpc.aio), add one
 # entry per choice here so both are measured in the same run.
-TROTH_TARGETS: dict[str, list[str]] = {"troth": []}
-DEFAULT_TARGETS = "echo-sync,echo-aio,troth"
+TROTH_TARGETS: dict[str, list[str]] = {
+    "troth": ["--grpc-mode", "thread"],
+    "troth-aio": ["--grpc-mode", "aio"],
+}
+DEFAULT_TARGETS = "echo-sync,echo-aio,troth,troth-aio"
 
 CLIENT_OPTIONS: list[tuple[str, int | str]] = []
 CALL_TIMEOUT_S = 30.0

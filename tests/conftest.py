@@ -21,12 +21,20 @@ if TYPE_CHECKING:
     from troth.v1 import promises_pb2_grpc
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    """One real server per test module, on its own SQLite file."""
-    proc = start_server(tmp_path_factory.mktemp("server"), "--sweep-interval", "200ms")
+@pytest.fixture(scope="module", params=["aio", "thread"])
+def server(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[ServerProcess]:
+    """One real server per test module and gRPC mode, on its own SQLite file."""
+    proc = start_server(
+        tmp_path_factory.mktemp("server"),
+        "--sweep-interval",
+        "200ms",
+        "--grpc-mode",
+        request.param,
+    )
     yield proc
-    proc.stop()
+    assert proc.stop() == 0, f"unclean shutdown:\n{proc.log()[-3000:]}"
 
 
 @pytest.fixture(scope="module")

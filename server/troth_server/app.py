@@ -1,7 +1,13 @@
-"""Composition root: store -> committer -> service -> gRPC servicers, sweeper, health."""
+"""Composition root: store -> committer -> service -> gRPC servicers, sweeper, health.
+
+Two gRPC server modes share one core: `thread` (grpc's thread-pool server) and
+`aio` (grpc.aio, one event loop). bench/README.md has the figures that chose
+the default.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import threading
@@ -10,13 +16,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import grpc
+import grpc.aio
 import structlog
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from troth.v1 import promises_pb2, promises_pb2_grpc
 from troth_server import _logging
-from troth_server.api.promises import PromisesServicer
+from troth_server.api.promises import AioPromisesServicer, PromisesServicer
 from troth_server.config import Settings, settings_from
 from troth_server.group_commit import GroupCommitter, wall_clock_ms
 from troth_server.service import PromiseService
@@ -31,6 +38,8 @@ if TYPE_CHECKING:
 log = structlog.get_logger("troth.server")
 
 PROMISES_SERVICE = promises_pb2.DESCRIPTOR.services_by_name["Promises"].full_name
+HEALTH_SERVICE = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
+SERVED = (PROMISES_SERVICE, HEALTH_SERVICE, reflection.SERVICE_NAME)
 
 
 def grpc_options(settings: Settings) -> list[tuple[str, int]]:
@@ -49,25 +58,70 @@ def grpc_options(settings: Settings) -> list[tuple[str, int]]:
     ]
 
 
-class Server:
-    """A running troth server; `start()` binds, `stop()` shuts down in order."""
+class Core:
+    """Everything but gRPC: the store, its single writer, the service, the sweeper."""
 
     def __init__(self, settings: Settings, clock: Callable[[], int] = wall_clock_ms) -> None:
         self.settings = settings
         self.store = open_store(settings.db, sqlite_synchronous=settings.sqlite_synchronous)
-        hub = WatchHub()
         self.committer = GroupCommitter(
             self.store,
             clock,
             on_commit=lambda changes: self.service.on_commit(changes),
             max_batch=settings.commit_max_batch,
         )
-        self.service = PromiseService(self.store, self.committer, hub, clock)
+        self.service = PromiseService(self.store, self.committer, WatchHub(), clock)
         self.sweeper = Sweeper(
             self.service,
             interval=settings.sweep_interval_ms / 1000,
             batch_size=settings.sweep_batch,
         )
+
+    def start(self) -> None:
+        self.committer.start()
+        self.sweeper.start()
+
+    def stop(self) -> None:
+        """After the gRPC server stopped: queued writes commit, then the store closes."""
+        self.sweeper.stop()
+        self.committer.stop()
+        self.store.close()
+        self.log_stats()
+
+    def log_stats(self) -> None:
+        stats = self.committer.stats
+        log.info(
+            "stats",
+            commits=stats.commits,
+            requests=stats.requests,
+            largest_batch=stats.largest_batch,
+        )
+        _logging.flush()
+
+
+def _listen_error(settings: Settings, cause: BaseException | None) -> StoreError:
+    return StoreError(
+        f"cannot listen on {settings.listen}: the address is in use or invalid; "
+        "pick another with --listen HOST:PORT"
+    )
+
+
+def _bind(server: grpc.Server | grpc.aio.Server, settings: Settings) -> int:
+    try:
+        port = server.add_insecure_port(settings.listen)
+    except RuntimeError as exc:
+        raise _listen_error(settings, exc) from exc
+    if not port:
+        raise _listen_error(settings, None)
+    return port
+
+
+class Server:
+    """The thread-pool server: `start()` binds and serves, `stop()` shuts down in order."""
+
+    def __init__(self, settings: Settings, clock: Callable[[], int] = wall_clock_ms) -> None:
+        self.core = Core(settings, clock)
+        self.settings = settings
         self.health = health.HealthServicer(
             experimental_non_blocking=True,
             experimental_thread_pool=futures.ThreadPoolExecutor(max_workers=1),
@@ -79,70 +133,52 @@ class Server:
             options=grpc_options(settings),
         )
         promises_pb2_grpc.add_PromisesServicer_to_server(
-            PromisesServicer(self.service, settings.limits), self.grpc
+            PromisesServicer(self.core.service, settings.limits), self.grpc
         )
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc)
-        reflection.enable_server_reflection(
-            [
-                PROMISES_SERVICE,
-                health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-                reflection.SERVICE_NAME,
-            ],
-            self.grpc,
-        )
+        reflection.enable_server_reflection(SERVED, self.grpc)
         self.port = 0
 
     def start(self) -> int:
-        cause: RuntimeError | None = None
         try:
-            self.port = self.grpc.add_insecure_port(self.settings.listen)
-        except RuntimeError as exc:
-            self.port = 0
-            cause = exc
-        if not self.port:
-            self.store.close()
-            raise StoreError(
-                f"cannot listen on {self.settings.listen}: the address is in use or invalid; "
-                "pick another with --listen HOST:PORT"
-            ) from cause
-        self.committer.start()
-        self.sweeper.start()
+            self.port = _bind(self.grpc, self.settings)
+        except StoreError:
+            self.core.store.close()
+            raise
+        self.core.start()
         self.grpc.start()
         for name in ("", PROMISES_SERVICE):
             self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
-        log.info(
-            "server.started",
-            listen=self.settings.listen,
-            port=self.port,
-            db=_safe(self.settings.db),
-        )
+        _log_started(self.settings, self.port)
         return self.port
 
     def stop(self) -> None:
         log.info("server.stopping")
         self.health.enter_graceful_shutdown()
-        self.service.stop_watches()
+        self.core.service.stop_watches()
         self.grpc.stop(self.settings.shutdown_grace_ms / 1000).wait()
-        self.sweeper.stop()
-        self.committer.stop()
-        self.store.close()
-        self.log_stats()
+        self.core.stop()
         log.info("server.stopped")
-
-    def log_stats(self) -> None:
-        stats = self.committer.stats
-        log.info(
-            "stats",
-            commits=stats.commits,
-            requests=stats.requests,
-            largest_batch=stats.largest_batch,
-        )
+        _logging.flush()
 
 
-def _safe(url: str) -> str:
+def _log_started(settings: Settings, port: int) -> None:
     from sqlalchemy.engine import make_url
 
-    return make_url(url).render_as_string(hide_password=True)
+    log.info(
+        "server.started",
+        listen=settings.listen,
+        port=port,
+        grpc_mode=settings.grpc_mode,
+        db=make_url(settings.db).render_as_string(hide_password=True),
+    )
+
+
+def _write_port_file(settings: Settings, port: int) -> None:
+    if settings.port_file:
+        tmp = Path(settings.port_file + ".tmp")
+        tmp.write_text(str(port))
+        os.replace(tmp, settings.port_file)
 
 
 def serve(argv: list[str]) -> int:
@@ -150,15 +186,18 @@ def serve(argv: list[str]) -> int:
     settings = settings_from(argv)
     _logging.configure(settings.log_level, settings.log_format)
     try:
-        server = Server(settings)
-        port = server.start()
+        if settings.grpc_mode == "aio":
+            return asyncio.run(_serve_aio(settings))
+        return _serve_threads(settings)
     except StoreError as exc:
         log.error("server.cannot_start", error=str(exc))
+        _logging.flush()
         return 1
-    if settings.port_file:
-        tmp = Path(settings.port_file + ".tmp")
-        tmp.write_text(str(port))
-        os.replace(tmp, settings.port_file)
+
+
+def _serve_threads(settings: Settings) -> int:
+    server = Server(settings)
+    port = server.start()
     stop = threading.Event()
 
     def _on_stop(signum: int, _frame: FrameType | None) -> None:
@@ -167,7 +206,52 @@ def serve(argv: list[str]) -> int:
 
     signal.signal(signal.SIGTERM, _on_stop)
     signal.signal(signal.SIGINT, _on_stop)
-    signal.signal(signal.SIGUSR1, lambda _s, _f: server.log_stats())
+    signal.signal(signal.SIGUSR1, lambda _s, _f: server.core.log_stats())
+    _write_port_file(settings, port)
     stop.wait()
     server.stop()
     return 0
+
+
+async def _serve_aio(settings: Settings) -> int:
+    core = Core(settings)
+    server = grpc.aio.server(options=grpc_options(settings))
+    health_servicer = health.aio.HealthServicer()
+    promises_pb2_grpc.add_PromisesServicer_to_server(
+        AioPromisesServicer(core.service, settings.limits), server
+    )
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection(SERVED, server)
+    try:
+        port = _bind(server, settings)
+    except StoreError:
+        core.store.close()
+        raise
+    core.start()
+    await server.start()
+    for name in ("", PROMISES_SERVICE):
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    _log_started(settings, port)
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, _aio_stop, stop, signum)
+    loop.add_signal_handler(signal.SIGUSR1, core.log_stats)
+    _write_port_file(settings, port)
+    await stop.wait()
+
+    log.info("server.stopping")
+    await health_servicer.enter_graceful_shutdown()
+    core.service.stop_watches()
+    await server.stop(settings.shutdown_grace_ms / 1000)
+    # The writer answers its last batch through this loop: stop it from a thread.
+    await asyncio.to_thread(core.stop)
+    log.info("server.stopped")
+    _logging.flush()
+    return 0
+
+
+def _aio_stop(stop: asyncio.Event, signum: int) -> None:
+    log.info("server.signal", signal=signal.Signals(signum).name)
+    stop.set()

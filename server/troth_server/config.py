@@ -45,6 +45,7 @@ class Settings:
     listen: str = "127.0.0.1:7070"
     db: str = "sqlite:///troth.db"
     sqlite_synchronous: str = "FULL"
+    grpc_mode: str = "aio"
     grpc_workers: int = 128
     sweep_interval_ms: int = 1000
     sweep_batch: int = 1000
@@ -65,6 +66,7 @@ _OPTIONS: dict[str, tuple[str, type | None, str]] = {
         str,
         "SQLite synchronous: FULL (durable) or NORMAL, EXTRA, OFF",
     ),
+    "grpc-mode": ("grpc_mode", str, "gRPC server: thread (thread pool) or aio (one event loop)"),
     "grpc-workers": (
         "grpc_workers",
         int,
@@ -125,6 +127,8 @@ def _check(settings: Settings, parser: argparse.ArgumentParser) -> None:
     for f in fields(Limits):
         if getattr(settings.limits, f.name) <= 0:
             parser.error(f"{f.name.replace('_', '-')} must be positive")
+    if settings.grpc_mode not in ("thread", "aio"):
+        parser.error(f"grpc-mode must be thread or aio, not {settings.grpc_mode!r}")
     if settings.limits.default_page_size > settings.limits.max_page_size:
         parser.error("default-page-size cannot exceed max-page-size")
     if settings.limits.default_ttl_ms > settings.limits.max_ttl_ms:

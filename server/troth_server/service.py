@@ -8,6 +8,7 @@ Nothing here knows protobuf or gRPC.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import hashlib
@@ -21,9 +22,10 @@ import structlog
 from troth_server.domain import promise as domain
 from troth_server.domain.errors import InvalidPageToken, PromiseNotFound
 from troth_server.store import PromiseQuery, Store, WriteTx
+from troth_server.watch import AsyncSubscription
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Collection, Iterator
+    from collections.abc import AsyncIterator, Callable, Collection, Iterator
 
     from troth_server.domain.promise import CreateRequest, Promise, PromiseState, SettleRequest
     from troth_server.group_commit import Batch, GroupCommitter, StateChange
@@ -99,8 +101,16 @@ class PromiseService:
     def create(self, request: CreateRequest, principal: str | None = None) -> tuple[Promise, bool]:
         return self._committer.submit(_CreateOp(request, principal))
 
+    async def create_async(
+        self, request: CreateRequest, principal: str | None = None
+    ) -> tuple[Promise, bool]:
+        return await self._committer.submit_async(_CreateOp(request, principal))
+
     def settle(self, request: SettleRequest) -> tuple[Promise, bool]:
         return self._committer.submit(_SettleOp(request))
+
+    async def settle_async(self, request: SettleRequest) -> tuple[Promise, bool]:
+        return await self._committer.submit_async(_SettleOp(request))
 
     def expire_overdue(self, limit: int, now: int | None = None) -> int:
         """Settle up to `limit` promises overdue at `now` (default: the clock) in one
@@ -142,6 +152,13 @@ class PromiseService:
     def watch(self, promise_id: str) -> PromiseWatch:
         """The promise now, then once more when it settles (see `PromiseWatch`)."""
         return PromiseWatch(self, self._hub.subscribe(promise_id))
+
+    def watch_async(self, promise_id: str) -> AsyncPromiseWatch:
+        """`watch` for an event loop: iterate it with `async for`."""
+        loop = asyncio.get_running_loop()
+        subscription = self._hub.subscribe(promise_id, loop)
+        assert isinstance(subscription, AsyncSubscription)
+        return AsyncPromiseWatch(self, subscription)
 
     def stop_watches(self) -> None:
         """End every open watch stream (server shutdown)."""
@@ -190,6 +207,38 @@ class PromiseWatch:
                 if current.expire_time is not None:
                     timeout = max(0.0, (current.expire_time - service.now()) / 1000)
                 subscription.wait(timeout)
+                settled = subscription.settled
+                current = settled or domain.effective(current, service.now())
+                if current.is_settled:
+                    yield current
+        finally:
+            subscription.close()
+
+
+class AsyncPromiseWatch:
+    """`PromiseWatch` for an event loop: `async for`, and `cancel()` from the loop."""
+
+    def __init__(self, service: PromiseService, subscription: AsyncSubscription) -> None:
+        self._service = service
+        self._subscription = subscription
+        self._cancelled = False
+
+    def cancel(self) -> None:
+        self._cancelled = True
+        self._subscription.wake()
+
+    async def __aiter__(self) -> AsyncIterator[Promise]:
+        service, subscription = self._service, self._subscription
+        try:
+            current = service.get(subscription.promise_id)
+            yield current
+            while not current.is_settled:
+                if self._cancelled or service.stopping.is_set():
+                    return
+                timeout = None
+                if current.expire_time is not None:
+                    timeout = max(0.0, (current.expire_time - service.now()) / 1000)
+                await subscription.wait_async(timeout)
                 settled = subscription.settled
                 current = settled or domain.effective(current, service.now())
                 if current.is_settled:

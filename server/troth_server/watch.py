@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from typing import TYPE_CHECKING
 
@@ -32,6 +33,32 @@ class Subscription:
         self._hub.unsubscribe(self)
 
 
+class AsyncSubscription(Subscription):
+    """A subscription awaited on an event loop; woken from any thread."""
+
+    def __init__(self, hub: WatchHub, promise_id: str, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(hub, promise_id)
+        self._loop = loop
+        self._async_event = asyncio.Event()
+
+    def deliver(self, promise: Promise) -> None:
+        self.settled = promise
+        self.wake()
+
+    def wake(self) -> None:
+        try:
+            self._loop.call_soon_threadsafe(self._async_event.set)
+        except RuntimeError:  # the loop is closed: nobody is waiting any more
+            pass
+
+    async def wait_async(self, timeout: float | None) -> bool:
+        try:
+            await asyncio.wait_for(self._async_event.wait(), timeout)
+        except TimeoutError:
+            return False
+        return True
+
+
 class WatchHub:
     """Subscriptions by promise id; `publish` wakes the watchers of settled promises."""
 
@@ -39,8 +66,15 @@ class WatchHub:
         self._lock = threading.Lock()
         self._subscriptions: dict[str, set[Subscription]] = {}
 
-    def subscribe(self, promise_id: str) -> Subscription:
-        subscription = Subscription(self, promise_id)
+    def subscribe(
+        self, promise_id: str, loop: asyncio.AbstractEventLoop | None = None
+    ) -> Subscription:
+        """Subscribe a thread, or, given `loop`, a coroutine on that loop."""
+        subscription = (
+            Subscription(self, promise_id)
+            if loop is None
+            else AsyncSubscription(self, promise_id, loop)
+        )
         with self._lock:
             self._subscriptions.setdefault(promise_id, set()).add(subscription)
         return subscription

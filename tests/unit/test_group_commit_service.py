@@ -7,6 +7,7 @@ gate operation that holds the writer thread, and polling with a deadline.
 
 from __future__ import annotations
 
+import asyncio
 import queue
 import threading
 import time
@@ -19,7 +20,6 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from troth_server import group_commit
 from troth_server.domain.errors import (
     DomainError,
     InvalidArgument,
@@ -415,7 +415,7 @@ class _PutAfterStop:
         self.stopped = threading.Event()
 
     def put(self, item: Any) -> None:
-        if item is not group_commit._STOP:
+        if item is not None:  # None is the stop marker
             self.putting.set()
             # Bounded, so that a committer that serialises submit and stop (and so
             # blocks stop behind this put) still finishes the test.
@@ -566,3 +566,69 @@ def test_stop_watches_ends_every_waiting_watch(wired: Wired) -> None:
     wired.service.stop_watches()
     for items in streams:
         assert items.get(timeout=WAIT) is None
+
+
+# -- the event-loop path (grpc.aio) ---------------------------------------------------
+
+
+def test_async_submits_of_one_loop_iteration_share_a_commit(wired: Wired) -> None:
+    service = wired.service
+    commits_before = wired.committer.stats.commits
+
+    async def main() -> list[Any]:
+        requests = [
+            CreateRequest(id=f"async-{n}", param=EMPTY, tags={}, ttl=HOUR) for n in range(20)
+        ]
+        return await asyncio.gather(*(service.create_async(r) for r in requests))
+
+    results = asyncio.run(main())
+    assert [created for _, created in results] == [True] * 20
+    assert wired.committer.stats.commits == commits_before + 1
+    assert wired.committer.stats.largest_batch >= 20
+
+
+def test_async_settles_race_and_errors_arrive_as_exceptions(wired: Wired) -> None:
+    service = wired.service
+    create(service, "contested")
+
+    async def main() -> list[Any]:
+        settles = [
+            service.settle_async(
+                SettleRequest(id="contested", state=PromiseState.RESOLVED, value=EMPTY)
+            )
+            for _ in range(5)
+        ]
+        return await asyncio.gather(*settles, return_exceptions=True)
+
+    outcomes = asyncio.run(main())
+    applied = [o for o in outcomes if isinstance(o, tuple) and o[1]]
+    refused = [o for o in outcomes if isinstance(o, PromiseAlreadySettled)]
+    assert len(applied) == 1 and len(refused) == 4
+
+
+def test_async_watch_sees_a_settle_from_another_thread(wired: Wired) -> None:
+    service = wired.service
+    create(service, "watched-async")
+
+    async def main() -> list[PromiseState]:
+        seen = []
+        async for promise in service.watch_async("watched-async"):
+            seen.append(promise.state)
+            if len(seen) == 1:
+                threading.Thread(target=resolve, args=(service, "watched-async")).start()
+        return seen
+
+    assert asyncio.run(asyncio.wait_for(main(), WAIT)) == [
+        PromiseState.PENDING,
+        PromiseState.RESOLVED,
+    ]
+
+
+def test_async_submit_after_stop_is_refused(wired: Wired) -> None:
+    wired.committer.stop()
+
+    async def main() -> None:
+        await wired.service.create_async(CreateRequest(id="late", param=EMPTY, tags={}, ttl=HOUR))
+
+    with pytest.raises(ShuttingDown):
+        asyncio.run(main())

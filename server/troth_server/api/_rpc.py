@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import time
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 import structlog
 
@@ -13,9 +13,12 @@ from troth_server.domain.errors import DomainError
 from troth_server.store import StoreError
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
+    from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
     import grpc
+    import grpc.aio
+
+    AioContext: TypeAlias = grpc.aio.ServicerContext[Any, Any]
 
 S = TypeVar("S")
 Req = TypeVar("Req")
@@ -96,6 +99,62 @@ def server_stream(
                 status = _finish(method, request, started, exc, messages=sent)
                 assert status is not None
                 context.abort_with_status(status)
+                raise
+            _finish(method, request, started, None, messages=sent)
+
+        return handler
+
+    return decorate
+
+
+def aio_unary(
+    method: str,
+) -> Callable[
+    [Callable[[S, Req, AioContext], Awaitable[Resp]]],
+    Callable[[S, Req, AioContext], Awaitable[Resp]],
+]:
+    def decorate(
+        fn: Callable[[S, Req, AioContext], Awaitable[Resp]],
+    ) -> Callable[[S, Req, AioContext], Awaitable[Resp]]:
+        @functools.wraps(fn)
+        async def handler(self: S, request: Req, context: AioContext) -> Resp:
+            started = time.perf_counter()
+            try:
+                response = await fn(self, request, context)
+            except Exception as exc:
+                status = _finish(method, request, started, exc)
+                assert status is not None
+                await context.abort(status.code, status.details, status.trailing_metadata)
+                raise
+            _finish(method, request, started, None)
+            return response
+
+        return handler
+
+    return decorate
+
+
+def aio_server_stream(
+    method: str,
+) -> Callable[
+    [Callable[[S, Req, AioContext], AsyncIterator[Resp]]],
+    Callable[[S, Req, AioContext], AsyncIterator[Resp]],
+]:
+    def decorate(
+        fn: Callable[[S, Req, AioContext], AsyncIterator[Resp]],
+    ) -> Callable[[S, Req, AioContext], AsyncIterator[Resp]]:
+        @functools.wraps(fn)
+        async def handler(self: S, request: Req, context: AioContext) -> AsyncIterator[Resp]:
+            started = time.perf_counter()
+            sent = 0
+            try:
+                async for response in fn(self, request, context):
+                    sent += 1
+                    yield response
+            except Exception as exc:
+                status = _finish(method, request, started, exc, messages=sent)
+                assert status is not None
+                await context.abort(status.code, status.details, status.trailing_metadata)
                 raise
             _finish(method, request, started, None, messages=sent)
 

@@ -1,53 +1,70 @@
-"""The `troth.v1.Promises` servicer."""
+"""The `troth.v1.Promises` servicers: one for the thread-pool server, one for grpc.aio.
+
+Both are thin: the module-level functions validate and convert, the service
+does the work. They differ only in how they wait for a commit or a settle.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import asyncio
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from troth.v1 import promises_pb2, promises_pb2_grpc
 from troth_server.api import _convert as convert
-from troth_server.api._rpc import server_stream, unary
+from troth_server.api._rpc import aio_server_stream, aio_unary, server_stream, unary
 from troth_server.domain.errors import InvalidArgument
-from troth_server.domain.promise import PromiseState
+from troth_server.domain.promise import CreateRequest, Promise, PromiseState, SettleRequest
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import AsyncIterator, Iterator
 
     import grpc
+    import grpc.aio
+
+    AioContext: TypeAlias = grpc.aio.ServicerContext[Any, Any]
 
     from troth_server.config import Limits
     from troth_server.service import PromiseService
 
+    AnyContext: TypeAlias = grpc.ServicerContext | AioContext
 
-class PromisesServicer(promises_pb2_grpc.PromisesServicer):
+_SettleMessage = (
+    promises_pb2.ResolvePromiseRequest
+    | promises_pb2.RejectPromiseRequest
+    | promises_pb2.CancelPromiseRequest
+)
+
+
+class _Handlers:
+    """What both servicers share: request validation and response building."""
+
     def __init__(self, service: PromiseService, limits: Limits) -> None:
         self._service = service
         self._limits = limits
 
-    @unary("CreatePromise")
-    def CreatePromise(
-        self, request: promises_pb2.CreatePromiseRequest, context: grpc.ServicerContext
-    ) -> promises_pb2.CreatePromiseResponse:
+    def _create_request(
+        self, request: promises_pb2.CreatePromiseRequest, metadata: AnyContext
+    ) -> tuple[CreateRequest, str | None]:
         create = convert.create_request(request, self._limits)
         too_far = self._service.now() + self._limits.max_ttl_ms
         if create.expire_time is not None and create.expire_time > too_far:
             raise InvalidArgument(
                 "expire_time", f"is further away than the limit of {self._limits.max_ttl_ms} ms"
             )
-        principal = convert.principal(_metadata(context), self._limits)
-        promise, created = self._service.create(create, principal)
-        return promises_pb2.CreatePromiseResponse(promise=convert.to_pb(promise), created=created)
+        return create, convert.principal(_metadata(metadata), self._limits)
 
-    @unary("GetPromise")
-    def GetPromise(
-        self, request: promises_pb2.GetPromiseRequest, context: grpc.ServicerContext
-    ) -> promises_pb2.GetPromiseResponse:
+    def _settle_request(
+        self, request: _SettleMessage, state: PromiseState, metadata: AnyContext
+    ) -> SettleRequest:
+        principal = convert.principal(_metadata(metadata), self._limits)
+        return convert.settle_request(request, state, self._limits, principal)
+
+    def _get(self, request: promises_pb2.GetPromiseRequest) -> promises_pb2.GetPromiseResponse:
         promise = self._service.get(convert.promise_id(request.id, self._limits))
         return promises_pb2.GetPromiseResponse(promise=convert.to_pb(promise))
 
-    @unary("SearchPromises")
-    def SearchPromises(
-        self, request: promises_pb2.SearchPromisesRequest, context: grpc.ServicerContext
+    def _search(
+        self, request: promises_pb2.SearchPromisesRequest
     ) -> promises_pb2.SearchPromisesResponse:
         page = self._service.search(
             id_glob=convert.search_id_glob(request.id, self._limits),
@@ -61,46 +78,127 @@ class PromisesServicer(promises_pb2_grpc.PromisesServicer):
             next_page_token=page.next_page_token,
         )
 
+    def _watch_id(self, request: promises_pb2.WatchPromiseRequest) -> str:
+        return convert.promise_id(request.id, self._limits)
+
+
+def _created(result: tuple[Promise, bool]) -> promises_pb2.CreatePromiseResponse:
+    return promises_pb2.CreatePromiseResponse(promise=convert.to_pb(result[0]), created=result[1])
+
+
+def _settled(result: tuple[Promise, bool]) -> promises_pb2.SettlePromiseResponse:
+    return promises_pb2.SettlePromiseResponse(promise=convert.to_pb(result[0]), applied=result[1])
+
+
+def _watched(promise: Promise) -> promises_pb2.WatchPromiseResponse:
+    return promises_pb2.WatchPromiseResponse(promise=convert.to_pb(promise))
+
+
+def _metadata(context: AnyContext) -> dict[str, str]:
+    return {k: v for k, v in context.invocation_metadata() or () if isinstance(v, str)}
+
+
+class PromisesServicer(_Handlers, promises_pb2_grpc.PromisesServicer):
+    """For the thread-pool server: each call holds a thread while it waits."""
+
+    @unary("CreatePromise")
+    def CreatePromise(
+        self, request: promises_pb2.CreatePromiseRequest, context: grpc.ServicerContext
+    ) -> promises_pb2.CreatePromiseResponse:
+        return _created(self._service.create(*self._create_request(request, context)))
+
+    @unary("GetPromise")
+    def GetPromise(
+        self, request: promises_pb2.GetPromiseRequest, context: grpc.ServicerContext
+    ) -> promises_pb2.GetPromiseResponse:
+        return self._get(request)
+
+    @unary("SearchPromises")
+    def SearchPromises(
+        self, request: promises_pb2.SearchPromisesRequest, context: grpc.ServicerContext
+    ) -> promises_pb2.SearchPromisesResponse:
+        return self._search(request)
+
     @unary("ResolvePromise")
     def ResolvePromise(
         self, request: promises_pb2.ResolvePromiseRequest, context: grpc.ServicerContext
     ) -> promises_pb2.SettlePromiseResponse:
-        return self._settle(request, PromiseState.RESOLVED, context)
+        settle = self._settle_request(request, PromiseState.RESOLVED, context)
+        return _settled(self._service.settle(settle))
 
     @unary("RejectPromise")
     def RejectPromise(
         self, request: promises_pb2.RejectPromiseRequest, context: grpc.ServicerContext
     ) -> promises_pb2.SettlePromiseResponse:
-        return self._settle(request, PromiseState.REJECTED, context)
+        settle = self._settle_request(request, PromiseState.REJECTED, context)
+        return _settled(self._service.settle(settle))
 
     @unary("CancelPromise")
     def CancelPromise(
         self, request: promises_pb2.CancelPromiseRequest, context: grpc.ServicerContext
     ) -> promises_pb2.SettlePromiseResponse:
-        return self._settle(request, PromiseState.REJECTED_CANCELED, context)
+        settle = self._settle_request(request, PromiseState.REJECTED_CANCELED, context)
+        return _settled(self._service.settle(settle))
 
     @server_stream("WatchPromise")
     def WatchPromise(
         self, request: promises_pb2.WatchPromiseRequest, context: grpc.ServicerContext
     ) -> Iterator[promises_pb2.WatchPromiseResponse]:
-        watch = self._service.watch(convert.promise_id(request.id, self._limits))
+        watch = self._service.watch(self._watch_id(request))
         context.add_callback(watch.cancel)
         for promise in watch:
-            yield promises_pb2.WatchPromiseResponse(promise=convert.to_pb(promise))
+            yield _watched(promise)
 
-    def _settle(
-        self,
-        request: promises_pb2.ResolvePromiseRequest
-        | promises_pb2.RejectPromiseRequest
-        | promises_pb2.CancelPromiseRequest,
-        state: PromiseState,
-        context: grpc.ServicerContext,
+
+class AioPromisesServicer(_Handlers, promises_pb2_grpc.PromisesServicer):
+    """For the grpc.aio server: one event loop; commits answer a whole batch at once."""
+
+    @aio_unary("CreatePromise")
+    async def CreatePromise(
+        self, request: promises_pb2.CreatePromiseRequest, context: AioContext
+    ) -> promises_pb2.CreatePromiseResponse:
+        return _created(await self._service.create_async(*self._create_request(request, context)))
+
+    @aio_unary("GetPromise")
+    async def GetPromise(
+        self, request: promises_pb2.GetPromiseRequest, context: AioContext
+    ) -> promises_pb2.GetPromiseResponse:
+        # A point read by primary key: cheaper inline than a hop to a thread.
+        return self._get(request)
+
+    @aio_unary("SearchPromises")
+    async def SearchPromises(
+        self, request: promises_pb2.SearchPromisesRequest, context: AioContext
+    ) -> promises_pb2.SearchPromisesResponse:
+        # A search may scan: run it off the loop so it cannot stall other calls.
+        return await asyncio.to_thread(self._search, request)
+
+    @aio_unary("ResolvePromise")
+    async def ResolvePromise(
+        self, request: promises_pb2.ResolvePromiseRequest, context: AioContext
     ) -> promises_pb2.SettlePromiseResponse:
-        principal = convert.principal(_metadata(context), self._limits)
-        settle = convert.settle_request(request, state, self._limits, principal)
-        promise, applied = self._service.settle(settle)
-        return promises_pb2.SettlePromiseResponse(promise=convert.to_pb(promise), applied=applied)
+        settle = self._settle_request(request, PromiseState.RESOLVED, context)
+        return _settled(await self._service.settle_async(settle))
 
+    @aio_unary("RejectPromise")
+    async def RejectPromise(
+        self, request: promises_pb2.RejectPromiseRequest, context: AioContext
+    ) -> promises_pb2.SettlePromiseResponse:
+        settle = self._settle_request(request, PromiseState.REJECTED, context)
+        return _settled(await self._service.settle_async(settle))
 
-def _metadata(context: grpc.ServicerContext) -> dict[str, str]:
-    return {k: v for k, v in context.invocation_metadata() if isinstance(v, str)}
+    @aio_unary("CancelPromise")
+    async def CancelPromise(
+        self, request: promises_pb2.CancelPromiseRequest, context: AioContext
+    ) -> promises_pb2.SettlePromiseResponse:
+        settle = self._settle_request(request, PromiseState.REJECTED_CANCELED, context)
+        return _settled(await self._service.settle_async(settle))
+
+    @aio_server_stream("WatchPromise")
+    async def WatchPromise(
+        self, request: promises_pb2.WatchPromiseRequest, context: AioContext
+    ) -> AsyncIterator[promises_pb2.WatchPromiseResponse]:
+        watch = self._service.watch_async(self._watch_id(request))
+        context.add_done_callback(lambda _ctx: watch.cancel())  # type: ignore[arg-type]
+        async for promise in watch:
+            yield _watched(promise)

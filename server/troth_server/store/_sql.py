@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -16,7 +17,6 @@ import structlog
 from sqlalchemy import (
     Connection,
     Engine,
-    RowMapping,
     and_,
     bindparam,
     create_engine,
@@ -27,7 +27,7 @@ from sqlalchemy import (
     select,
     true,
 )
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import Dialect, make_url
 from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
 from sqlalchemy.pool import QueuePool, StaticPool
 
@@ -37,20 +37,14 @@ from troth_server.store._migrate import upgrade_to_head
 from troth_server.store._tables import promises
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Collection, Iterator, Sequence
+    from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 
 T = TypeVar("T")
 log = structlog.get_logger("troth.store")
 
-# Headers and tags are JSON columns, converted on every row written or read.
-_JSON_CODEC: dict[str, Any] = {
-    "json_serializer": lambda value: orjson.dumps(value).decode(),
-    "json_deserializer": orjson.loads,
-}
 _SYNCHRONOUS = {"OFF", "NORMAL", "FULL", "EXTRA"}
 _WRITE_ATTEMPTS = 3
 
-_select_by_ids = select(promises).where(promises.c.id.in_(bindparam("ids", expanding=True)))
 _select_by_id = select(promises).where(promises.c.id == bindparam("id"))
 _select_expired = (
     select(promises.c.id)
@@ -59,52 +53,101 @@ _select_expired = (
     .order_by(promises.c.expire_time)
     .limit(bindparam("limit"))
 )
-_insert = promises.insert()
-_update_settled = (
-    promises.update()
-    .where(promises.c.id == bindparam("b_id"))
-    .values(
-        state=bindparam("b_state"),
-        value_headers=bindparam("b_value_headers"),
-        value_data=bindparam("b_value_data"),
-        settle_time=bindparam("b_settle_time"),
-        idempotency_key_for_settle=bindparam("b_key"),
-        settled_by=bindparam("b_settled_by"),
-    )
-)
+_COLUMNS = [c.name for c in promises.c]
+_INSERTED = [name for name in _COLUMNS if name != "seq"]
+_SETTLE_FIELDS = [
+    "state",
+    "value_headers",
+    "value_data",
+    "settle_time",
+    "idempotency_key_for_settle",
+    "settled_by",
+]
+
+
+class _Compiled:
+    """The write path's statements, compiled once for the dialect.
+
+    Group commit runs them once per batch with every row of the batch, so per
+    row only a tuple is built: no statement compilation or parameter processing.
+    """
+
+    def __init__(self, dialect: Dialect) -> None:
+        self._dialect = dialect
+        self.insert = self._compile(
+            promises.insert().values({name: bindparam(name) for name in _INSERTED})
+        )
+        self.update = self._compile(
+            promises.update()
+            .where(promises.c.id == bindparam("b_id"))
+            .values({name: bindparam(f"b_{name}") for name in _SETTLE_FIELDS})
+        )
+        self._select: dict[int, _Statement] = {}
+
+    def select_by_ids(self, count: int) -> tuple[_Statement, int]:
+        """The statement for `count` ids, and how many it takes (pad with repeats)."""
+        # Padded to a power of two so that few variants are ever compiled.
+        size = 1 << max(0, count - 1).bit_length()
+        found = self._select.get(size)
+        if found is None:
+            stmt = select(promises).where(
+                promises.c.id.in_([bindparam(f"id{i}") for i in range(size)])
+            )
+            found = self._select[size] = self._compile(stmt)
+        return found, size
+
+    def _compile(self, stmt: Any) -> _Statement:
+        compiled = stmt.compile(dialect=self._dialect)
+        order = tuple(compiled.positiontup) if compiled.positional else None
+        return _Statement(str(compiled), order)
+
+
+@dataclass(frozen=True, slots=True)
+class _Statement:
+    sql: str
+    order: tuple[str, ...] | None
+    """Parameter names in placeholder order, for positional paramstyles."""
+
+    def params(self, values: dict[str, Any]) -> Any:
+        return values if self.order is None else tuple(values[name] for name in self.order)
 
 
 class _WriteTx:
-    def __init__(self, conn: Connection) -> None:
+    def __init__(self, conn: Connection, compiled: _Compiled) -> None:
         self._conn = conn
+        self._compiled = compiled
 
     def get_promises(self, ids: Collection[str]) -> dict[str, Promise]:
         if not ids:
             return {}
-        rows = self._conn.execute(_select_by_ids, {"ids": list(ids)}).mappings()
-        return {row["id"]: _to_promise(row) for row in rows}
+        wanted = list(ids)
+        stmt, size = self._compiled.select_by_ids(len(wanted))
+        padded = wanted + [wanted[-1]] * (size - len(wanted))
+        values = {f"id{i}": promise_id for i, promise_id in enumerate(padded)}
+        rows = self._conn.exec_driver_sql(stmt.sql, stmt.params(values)).fetchall()
+        return {row[1]: _to_promise(row) for row in rows}
 
     def insert_promises(self, items: Sequence[Promise]) -> None:
         if items:
-            self._conn.execute(_insert, [_to_row(p) for p in items])
+            stmt = self._compiled.insert
+            self._conn.exec_driver_sql(stmt.sql, [stmt.params(_to_row(p)) for p in items])
 
     def update_promises(self, items: Sequence[Promise]) -> None:
         if items:
-            self._conn.execute(
-                _update_settled,
-                [
-                    {
-                        "b_id": p.id,
-                        "b_state": p.state.value,
-                        "b_value_headers": dict(p.value.headers),
-                        "b_value_data": p.value.data,
-                        "b_settle_time": p.settle_time,
-                        "b_key": p.idempotency_key_for_settle,
-                        "b_settled_by": p.settled_by,
-                    }
-                    for p in items
-                ],
-            )
+            stmt = self._compiled.update
+            rows = [
+                {
+                    "b_id": p.id,
+                    "b_state": p.state.value,
+                    "b_value_headers": _dump_json(p.value.headers),
+                    "b_value_data": p.value.data,
+                    "b_settle_time": p.settle_time,
+                    "b_idempotency_key_for_settle": p.idempotency_key_for_settle,
+                    "b_settled_by": p.settled_by,
+                }
+                for p in items
+            ]
+            self._conn.exec_driver_sql(stmt.sql, [stmt.params(row) for row in rows])
 
 
 class SqlStore:
@@ -112,6 +155,7 @@ class SqlStore:
         self._write_engine = write_engine
         self._read_engine = read_engine
         self._write_lock = threading.Lock()
+        self._compiled = _Compiled(write_engine.dialect)
 
     def write(self, work: Callable[[_WriteTx], T]) -> T:
         attempt = 0
@@ -119,7 +163,7 @@ class SqlStore:
             attempt += 1
             try:
                 with self._write_lock, self._write_engine.begin() as conn:
-                    return work(_WriteTx(conn))
+                    return work(_WriteTx(conn, self._compiled))
             except IntegrityError as exc:
                 # Only another writer on the same database (a second replica)
                 # can make an insert conflict; the retry reads its row.
@@ -132,7 +176,7 @@ class SqlStore:
 
     def get_promise(self, promise_id: str) -> Promise | None:
         with self._read() as conn:
-            row = conn.execute(_select_by_id, {"id": promise_id}).mappings().first()
+            row = conn.execute(_select_by_id, {"id": promise_id}).first()
         return None if row is None else _to_promise(row)
 
     def search_promises(self, query: PromiseQuery, now: int) -> list[SearchRow]:
@@ -146,8 +190,8 @@ class SqlStore:
         stmt = select(promises).where(and_(*conditions)).order_by(promises.c.seq)
         stmt = stmt.limit(query.limit)
         with self._read() as conn:
-            rows = conn.execute(stmt).mappings().all()
-        return [SearchRow(seq=row["seq"], promise=_to_promise(row)) for row in rows]
+            rows = conn.execute(stmt).all()
+        return [SearchRow(seq=row[0], promise=_to_promise(row)) for row in rows]
 
     def expired_promise_ids(self, now: int, limit: int) -> list[str]:
         with self._read() as conn:
@@ -201,11 +245,11 @@ def _to_row(p: Promise) -> dict[str, Any]:
     return {
         "id": p.id,
         "state": p.state.value,
-        "param_headers": dict(p.param.headers),
+        "param_headers": _dump_json(p.param.headers),
         "param_data": p.param.data,
-        "value_headers": dict(p.value.headers),
+        "value_headers": _dump_json(p.value.headers),
         "value_data": p.value.data,
-        "tags": dict(p.tags),
+        "tags": _dump_json(p.tags),
         "timer": p.is_timer,
         "create_time": p.create_time,
         "settle_time": p.settle_time,
@@ -216,19 +260,34 @@ def _to_row(p: Promise) -> dict[str, Any]:
     }
 
 
-def _to_promise(row: RowMapping) -> Promise:
+def _dump_json(value: Mapping[str, str]) -> str:
+    return orjson.dumps(value).decode() if value else "{}"
+
+
+def _load_json(value: Any) -> dict[str, str]:
+    # TEXT on SQLite; a driver may hand JSON columns over already decoded.
+    if isinstance(value, str | bytes):
+        return orjson.loads(value) if value != "{}" else {}
+    return dict(value)
+
+
+# Rows in `promises.c` order, whether from a Core select or from the compiled
+# statements: seq, id, state, param_headers, param_data, value_headers,
+# value_data, tags, timer, create_time, settle_time, expire_time,
+# idempotency_key_for_create, idempotency_key_for_settle, settled_by.
+def _to_promise(row: Sequence[Any]) -> Promise:
     return Promise(
-        id=row["id"],
-        state=PromiseState(row["state"]),
-        param=Payload(row["param_headers"], bytes(row["param_data"])),
-        value=Payload(row["value_headers"], bytes(row["value_data"])),
-        tags=row["tags"],
-        create_time=row["create_time"],
-        settle_time=row["settle_time"],
-        expire_time=row["expire_time"],
-        idempotency_key_for_create=row["idempotency_key_for_create"],
-        idempotency_key_for_settle=row["idempotency_key_for_settle"],
-        settled_by=row["settled_by"],
+        id=row[1],
+        state=PromiseState(row[2]),
+        param=Payload(_load_json(row[3]), bytes(row[4])),
+        value=Payload(_load_json(row[5]), bytes(row[6])),
+        tags=_load_json(row[7]),
+        create_time=row[9],
+        settle_time=row[10],
+        expire_time=row[11],
+        idempotency_key_for_create=row[12],
+        idempotency_key_for_settle=row[13],
+        settled_by=row[14],
     )
 
 
@@ -255,7 +314,6 @@ def open_sql_store(url: str, *, sqlite_synchronous: str, read_pool_size: int) ->
         plain,
         poolclass=StaticPool,
         connect_args={"check_same_thread": False},
-        **_JSON_CODEC,
     )
     read_engine = create_engine(
         plain,
@@ -263,7 +321,6 @@ def open_sql_store(url: str, *, sqlite_synchronous: str, read_pool_size: int) ->
         pool_size=read_pool_size,
         max_overflow=read_pool_size,
         connect_args={"check_same_thread": False},
-        **_JSON_CODEC,
     )
     _configure_sqlite(write_engine, synchronous, begin="BEGIN IMMEDIATE")
     _configure_sqlite(read_engine, synchronous, begin="BEGIN")

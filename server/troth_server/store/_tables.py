@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from sqlalchemy import (
-    JSON,
     BigInteger,
     Boolean,
     Column,
@@ -13,14 +12,16 @@ from sqlalchemy import (
     MetaData,
     String,
     Table,
+    Text,
     text,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 
 metadata = MetaData()
 
-# JSONB on PostgreSQL so that tag filters can use containment and a GIN index later.
-_json = JSON().with_variant(JSONB(), "postgresql")
+# JSON text, written and read by the store itself (orjson); JSONB on PostgreSQL so
+# that tag filters can use containment and a GIN index.
+_json = Text().with_variant(JSONB(), "postgresql")
 
 promises = Table(
     "promises",

@@ -16,7 +16,7 @@ down_revision = None
 branch_labels = None
 depends_on = None
 
-_json = sa.JSON().with_variant(postgresql.JSONB(), "postgresql")
+_json = sa.Text().with_variant(postgresql.JSONB(), "postgresql")
 
 
 def upgrade() -> None:
