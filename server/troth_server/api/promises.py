@@ -95,7 +95,11 @@ def _watched(promise: Promise) -> promises_pb2.WatchPromiseResponse:
 
 
 def _metadata(context: AnyContext) -> dict[str, str]:
-    return {k: v for k, v in context.invocation_metadata() or () if isinstance(v, str)}
+    # Only the principal is read; skip copying the rest (user agent and such).
+    for key, value in context.invocation_metadata() or ():
+        if key == "troth-principal" and isinstance(value, str):
+            return {key: value}
+    return {}
 
 
 class PromisesServicer(_Handlers, promises_pb2_grpc.PromisesServicer):
