@@ -8,6 +8,7 @@ import logging
 import sys
 import threading
 import time
+from collections.abc import MutableMapping
 from typing import Any
 
 import orjson
@@ -62,7 +63,9 @@ class _IsoTimestamp:
         self._second = -1
         self._prefix = ""
 
-    def __call__(self, _logger: Any, _name: str, event: dict[str, Any]) -> dict[str, Any]:
+    def __call__(
+        self, _logger: Any, _name: str, event: MutableMapping[str, Any]
+    ) -> MutableMapping[str, Any]:
         now = time.time()
         second = int(now)
         if second != self._second:
