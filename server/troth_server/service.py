@@ -195,56 +195,55 @@ class PromiseWatch:
         self._cancelled = True
         self._subscription.wake()
 
+    def _first(self) -> Promise:
+        return self._service.get(self._subscription.promise_id)
+
+    def _wait_for(self, current: Promise) -> float | None:
+        """How long to wait for a settle (None: forever); -1 when the watch is over."""
+        if self._cancelled or self._service.stopping.is_set():
+            return -1
+        if current.expire_time is None:
+            return None
+        return max(0.0, (current.expire_time - self._service.now()) / 1000)
+
+    def _woken(self, current: Promise) -> Promise:
+        return self._subscription.settled or domain.effective(current, self._service.now())
+
     def __iter__(self) -> Iterator[Promise]:
-        service, subscription = self._service, self._subscription
         try:
-            current = service.get(subscription.promise_id)
+            current = self._first()
             yield current
             while not current.is_settled:
-                if self._cancelled or service.stopping.is_set():
+                timeout = self._wait_for(current)
+                if timeout is not None and timeout < 0:
                     return
-                timeout = None
-                if current.expire_time is not None:
-                    timeout = max(0.0, (current.expire_time - service.now()) / 1000)
-                subscription.wait(timeout)
-                settled = subscription.settled
-                current = settled or domain.effective(current, service.now())
+                self._subscription.wait(timeout)
+                current = self._woken(current)
                 if current.is_settled:
                     yield current
         finally:
-            subscription.close()
+            self._subscription.close()
 
 
-class AsyncPromiseWatch:
+class AsyncPromiseWatch(PromiseWatch):
     """`PromiseWatch` for an event loop: `async for`, and `cancel()` from the loop."""
 
-    def __init__(self, service: PromiseService, subscription: AsyncSubscription) -> None:
-        self._service = service
-        self._subscription = subscription
-        self._cancelled = False
-
-    def cancel(self) -> None:
-        self._cancelled = True
-        self._subscription.wake()
+    _subscription: AsyncSubscription
 
     async def __aiter__(self) -> AsyncIterator[Promise]:
-        service, subscription = self._service, self._subscription
         try:
-            current = service.get(subscription.promise_id)
+            current = self._first()
             yield current
             while not current.is_settled:
-                if self._cancelled or service.stopping.is_set():
+                timeout = self._wait_for(current)
+                if timeout is not None and timeout < 0:
                     return
-                timeout = None
-                if current.expire_time is not None:
-                    timeout = max(0.0, (current.expire_time - service.now()) / 1000)
-                await subscription.wait_async(timeout)
-                settled = subscription.settled
-                current = settled or domain.effective(current, service.now())
+                await self._subscription.wait_async(timeout)
+                current = self._woken(current)
                 if current.is_settled:
                     yield current
         finally:
-            subscription.close()
+            self._subscription.close()
 
 
 def _query_fingerprint(id_glob: str, states: frozenset[PromiseState], tags: dict[str, str]) -> str:
