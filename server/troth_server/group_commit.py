@@ -7,6 +7,10 @@ of the same promise in one batch still see each other), writes the changes
 with one statement per kind, commits, and only then answers every request:
 a reply always means committed. No timer delays a lone request; batches grow
 by themselves while the previous commit is syncing.
+
+Threads hand over one request at a time and block on a lock; an event loop
+hands over every request of one loop iteration as one group and is answered
+with one callback per batch.
 """
 
 from __future__ import annotations

@@ -23,7 +23,9 @@ log = structlog.get_logger("troth.sweeper")
 @dataclass(frozen=True, slots=True)
 class SweepCounts:
     expired: int
+    """Promises this pass settled by expiry."""
     batches: int
+    """Write transactions it took (none when nothing was overdue)."""
 
 
 class Sweeper:
@@ -43,8 +45,9 @@ class Sweeper:
         expired = batches = 0
         while True:
             n = self._service.expire_overdue(self._batch_size, now)
-            batches += 1
-            expired += n
+            if n:
+                batches += 1
+                expired += n
             if n < self._batch_size:
                 break
         if expired:

@@ -460,7 +460,9 @@ def test_sweeper_expires_overdue_promises_in_batches(wired: Wired) -> None:
     sweeper = Sweeper(service, interval=60, batch_size=3)
     commits = wired.committer.stats.commits
 
-    assert sweeper.run_once(T0 + 999) == SweepCounts(expired=0, batches=1)
+    # Nothing overdue: no transaction at all. Then 10 overdue in batches of 3.
+    assert sweeper.run_once(T0 + 999) == SweepCounts(expired=0, batches=0)
+    assert wired.committer.stats.commits == commits
     assert sweeper.run_once(T0 + 2_000) == SweepCounts(expired=10, batches=4)
     assert wired.committer.stats.commits == commits + 4
 
@@ -479,7 +481,7 @@ def test_sweeper_expires_overdue_promises_in_batches(wired: Wired) -> None:
     row = store.get_promise("settled")
     assert row is not None and row.state is PromiseState.RESOLVED and row.settled_by is None
 
-    assert sweeper.run_once(T0 + 2_000) == SweepCounts(expired=0, batches=1)
+    assert sweeper.run_once(T0 + 2_000) == SweepCounts(expired=0, batches=0)
     wired.clock.advance(10_000)
     assert sweeper.run_once() == SweepCounts(expired=1, batches=1)  # defaults to the clock
     assert store.expired_promise_ids(10**15, 100) == []
