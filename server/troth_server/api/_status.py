@@ -17,6 +17,7 @@ from troth_server.domain.errors import (
     PromiseNotFound,
     PromiseTimedOut,
 )
+from troth_server.domain.task import StaleCounter, TaskNotClaimable
 from troth_server.group_commit import ShuttingDown
 from troth_server.store import SchemaTooNew, StoreError, StoreUnavailable
 
@@ -32,6 +33,8 @@ STATUS_CODES: dict[type[Exception], grpc.StatusCode] = {
     StoreUnavailable: grpc.StatusCode.UNAVAILABLE,
     StoreError: grpc.StatusCode.UNAVAILABLE,
     SchemaTooNew: grpc.StatusCode.UNAVAILABLE,
+    StaleCounter: grpc.StatusCode.FAILED_PRECONDITION,
+    TaskNotClaimable: grpc.StatusCode.FAILED_PRECONDITION,
 }
 
 

@@ -1,0 +1,193 @@
+"""The task state machine: leases, fencing counters, and one active task per root.
+
+A task is a unit of work for a worker group: INVOKE (run a new root promise)
+or RESUME (a promise the workflow waits on has settled). Times are integer
+milliseconds; `now` is always a parameter. Every function is pure: it returns
+the new task (or tasks) or raises a `DomainError`.
+
+Legal moves, the one table of this machine:
+
+| from      | event                          | to        | counter |
+|-----------|--------------------------------|-----------|---------|
+| (none)    | create (root started / resumed)| PENDING   | 0       |
+| PENDING   | claim by worker W              | CLAIMED   | +1      |
+| CLAIMED   | heartbeat (same W, counter)    | CLAIMED   | same    |
+| CLAIMED   | complete (same counter)        | COMPLETED | same    |
+| CLAIMED   | release (same counter)         | PENDING   | same    |
+| CLAIMED   | lease expired (now ≥ lease)    | PENDING   | same    |
+| CLAIMED   | W's stream broke               | PENDING   | same    |
+| COMPLETED | anything                       | unchanged, or an error |
+
+The counter is the fencing token: it changes on every (re)assignment, so a call
+carrying an older counter comes from a worker that lost the task
+(`StaleCounter`), and it can never complete or corrupt work that moved on.
+
+One active task per root (DESIGN §4.9): a settle that should resume a root
+whose task is still PENDING or CLAIMED creates no second task; it marks the
+active one `resume_pending`, and completing it then yields the next RESUME.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, replace
+
+from troth.errors import Reason
+from troth_server.domain.errors import DomainError
+
+
+class TaskKind(enum.StrEnum):
+    INVOKE = "INVOKE"
+    RESUME = "RESUME"
+
+
+class TaskState(enum.StrEnum):
+    PENDING = "PENDING"
+    CLAIMED = "CLAIMED"
+    COMPLETED = "COMPLETED"
+
+
+@dataclass(frozen=True, slots=True)
+class Task:
+    id: str
+    root_promise_id: str
+    group: str
+    kind: TaskKind
+    state: TaskState
+    counter: int = 0
+    worker_id: str | None = None
+    lease_expire_time: int | None = None
+    preferred_worker_id: str | None = None
+    """The worker that suspended the root: it may still hold the generator."""
+    resume_pending: bool = False
+    """A promise the root waits on settled while this task was active."""
+
+
+class TaskNotClaimable(DomainError):
+    """A claim lost a race for a task: the server's own dispatch, never a client."""
+
+    reason = Reason.TASK_NOT_PENDING
+
+    def __init__(self, task: Task) -> None:
+        super().__init__(
+            f"task {task.id!r} is {task.state.value}, not PENDING; it cannot be claimed",
+            task_id=task.id,
+            state=task.state.value,
+        )
+        self.task = task
+
+
+class StaleCounter(DomainError):
+    """A call from a worker whose lease on the task has ended."""
+
+    reason = Reason.STALE_COUNTER
+
+    def __init__(self, task: Task, counter: int, worker_id: str) -> None:
+        holder = f"worker {task.worker_id!r}" if task.worker_id else "no worker"
+        super().__init__(
+            f"task {task.id!r} is at counter {task.counter} ({task.state.value}, held by "
+            f"{holder}); this call from worker {worker_id!r} carried counter {counter}: "
+            "its lease ended and the task moved on. Drop the task; do not retry",
+            task_id=task.id,
+            counter=str(task.counter),
+        )
+        self.task = task
+
+
+def create(
+    task_id: str, root_promise_id: str, group: str, kind: TaskKind, *, preferred: str | None = None
+) -> Task:
+    return Task(
+        id=task_id,
+        root_promise_id=root_promise_id,
+        group=group,
+        kind=kind,
+        state=TaskState.PENDING,
+        preferred_worker_id=preferred,
+    )
+
+
+def claim(task: Task, worker_id: str, now: int, lease_ms: int) -> Task:
+    if task.state is not TaskState.PENDING:
+        raise TaskNotClaimable(task)
+    return replace(
+        task,
+        state=TaskState.CLAIMED,
+        counter=task.counter + 1,
+        worker_id=worker_id,
+        lease_expire_time=now + lease_ms,
+    )
+
+
+def _check_holder(task: Task, worker_id: str, counter: int) -> None:
+    if (
+        task.state is not TaskState.CLAIMED
+        or task.counter != counter
+        or task.worker_id != worker_id
+    ):
+        raise StaleCounter(task, counter, worker_id)
+
+
+def heartbeat(task: Task, worker_id: str, counter: int, now: int, lease_ms: int) -> Task:
+    """Extend the lease of a task this worker holds at this counter."""
+    _check_holder(task, worker_id, counter)
+    return replace(task, lease_expire_time=now + lease_ms)
+
+
+def complete(task: Task, worker_id: str, counter: int) -> tuple[Task, bool]:
+    """Complete the task; the flag says whether the root must be resumed again."""
+    _check_holder(task, worker_id, counter)
+    done = replace(task, state=TaskState.COMPLETED, lease_expire_time=None)
+    return done, task.resume_pending
+
+
+def release(task: Task, worker_id: str, counter: int) -> Task:
+    """The worker gives the task back (graceful shutdown): others may claim it at once."""
+    _check_holder(task, worker_id, counter)
+    return _back_to_pending(task)
+
+
+def lease_expired(task: Task, now: int) -> bool:
+    return (
+        task.state is TaskState.CLAIMED
+        and task.lease_expire_time is not None
+        and now >= task.lease_expire_time
+    )
+
+
+def expire_lease(task: Task, now: int) -> Task:
+    """The task as it is once its lease ran out (unchanged if it has not)."""
+    return _back_to_pending(task) if lease_expired(task, now) else task
+
+
+def worker_gone(task: Task, worker_id: str) -> Task:
+    """The worker's stream broke: its claimed tasks go back to the group at once."""
+    if task.state is TaskState.CLAIMED and task.worker_id == worker_id:
+        return _back_to_pending(task)
+    return task
+
+
+def _back_to_pending(task: Task) -> Task:
+    # The worker that lost it is no better placed than any other to resume.
+    return replace(
+        task,
+        state=TaskState.PENDING,
+        worker_id=None,
+        lease_expire_time=None,
+        preferred_worker_id=None,
+    )
+
+
+def resume(active: Task | None, new_task_id: str, root_promise_id: str, group: str,
+           preferred: str | None) -> tuple[Task | None, Task | None]:  # fmt: skip
+    """A promise the root waits on settled. Returns (updated active task, new task).
+
+    With an active (PENDING or CLAIMED) task for the root, no task is created:
+    a PENDING one will replay the new history anyway; a CLAIMED one is marked
+    so that completing it asks for the next resume.
+    """
+    if active is not None and active.state is not TaskState.COMPLETED:
+        if active.state is TaskState.PENDING:
+            return active, None
+        return replace(active, resume_pending=True), None
+    return None, create(new_task_id, root_promise_id, group, TaskKind.RESUME, preferred=preferred)
