@@ -35,9 +35,10 @@ fmt: install ## Format and autofix
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
-lint: install ## ruff format --check and ruff check
+lint: install ## ruff format --check, ruff check, and the import contracts (lint-imports)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
 
 typecheck: install ## mypy --strict on both packages
 	$(VENV)/bin/mypy

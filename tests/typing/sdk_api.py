@@ -1,0 +1,42 @@
+"""Typing contract: what users write against the public SDK must type-check (mypy --strict).
+
+Not run by pytest; `make typecheck` checks it, so a change to the public API
+that breaks users' type checking fails CI.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import troth
+from troth import Client, JsonCodec, Promise, PromiseState
+
+
+def gateway(client: Client) -> bool:
+    created: troth.CreateResult = client.create(
+        "approve-7", {"post": 7}, ttl=timedelta(days=3), tags={"team": "editors"}
+    )
+    promise: Promise = created.promise
+    if not created.created:
+        return False
+    try:
+        settled: troth.SettleResult = client.resolve(promise.id, {"approved": True})
+    except troth.AlreadySettledError as exc:
+        print(exc.promise_id, exc.state)
+        return False
+    assert settled.applied
+    final = client.wait(promise.id, timeout=30)
+    value: object = client.decode(final.value)
+    print(value)
+    return final.state is PromiseState.RESOLVED
+
+
+def search(client: Client) -> list[str]:
+    page: troth.SearchPage = client.search("approve-*", states=[PromiseState.PENDING])
+    ids = [p.id for p in page.promises]
+    ids += [p.id for p in client.search_all("other-*", tags={"team": "editors"})]
+    return ids
+
+
+def custom_codec() -> Client:
+    return Client("127.0.0.1:7070", codec=JsonCodec(), timeout=5.0, principal="gateway")
