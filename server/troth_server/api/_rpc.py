@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 import structlog
 
+from troth.errors import Reason
 from troth_server.api._status import status_for
 from troth_server.domain.errors import DomainError
 from troth_server.store import StoreError
@@ -39,7 +40,9 @@ def _finish(
         if not isinstance(exc, DomainError | StoreError):
             log.error("rpc.crashed", method=method, exc_info=exc)
         else:
-            fields["reason"] = exc.reason.value if isinstance(exc, DomainError) else "STORE"
+            fields["reason"] = (
+                exc.reason.value if isinstance(exc, DomainError) else Reason.STORE_UNAVAILABLE.value
+            )
     log.info(
         "rpc",
         method=method,
