@@ -2,19 +2,24 @@
 
 from __future__ import annotations
 
+from troth._commands import RetryPolicy
 from troth._promise import CreateResult, Promise, PromiseState, SearchPage, SettleResult
 from troth.client import Client
 from troth.codec import Codec, JsonCodec, Payload
+from troth.context import Context, PromiseHandle
 from troth.errors import (
     AlreadyExistsError,
     AlreadySettledError,
+    Cancelled,
     ConfigurationError,
     DeadlineExceededError,
     FailedPreconditionError,
     InvalidArgumentError,
     LeaseLostError,
+    NonDeterminismError,
     NotFoundError,
     PermissionDeniedError,
+    PromiseRejectedError,
     PromiseTimedOutError,
     Reason,
     ResourceExhaustedError,
@@ -22,32 +27,40 @@ from troth.errors import (
     TrothError,
     UnauthenticatedError,
     UnavailableError,
+    WorkflowError,
 )
 
 __all__ = [
     "AlreadyExistsError",
     "AlreadySettledError",
+    "Cancelled",
     "Client",
     "Codec",
     "ConfigurationError",
+    "Context",
     "CreateResult",
     "DeadlineExceededError",
     "FailedPreconditionError",
     "InvalidArgumentError",
     "JsonCodec",
     "LeaseLostError",
+    "NonDeterminismError",
     "NotFoundError",
     "Payload",
     "PermissionDeniedError",
     "Promise",
+    "PromiseHandle",
+    "PromiseRejectedError",
     "PromiseState",
     "PromiseTimedOutError",
     "Reason",
     "ResourceExhaustedError",
+    "RetryPolicy",
     "RpcError",
     "SearchPage",
     "SettleResult",
     "TrothError",
     "UnauthenticatedError",
     "UnavailableError",
+    "WorkflowError",
 ]

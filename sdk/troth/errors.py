@@ -15,8 +15,15 @@ TrothError(Exception)
 │   ├── ResourceExhaustedError
 │   ├── UnavailableError         retryable
 │   └── DeadlineExceededError    also a builtin TimeoutError
+├── WorkflowError                raised into (or out of) workflow code by the replay engine
+│   ├── NonDeterminismError      .position, .recorded, .yielded: replay met a changed workflow
+│   ├── PromiseRejectedError     .promise_id, .value: what `yield` on a rejected step raises
+│   └── Cancelled                .promise_id: the step (or the workflow) was cancelled
 └── ConfigurationError
 ```
+
+A step that timed out raises `PromiseTimedOutError` into the workflow, the
+same class a late settle gets from the server, so one `except` covers both.
 
 `Reason` is the single source of the stable `ErrorInfo.reason` strings: the
 server imports it too. Every `RpcError` keeps the gRPC status code, the
@@ -229,6 +236,113 @@ class DeadlineExceededError(RpcError, TimeoutError):
     """
 
     _summary = "timed out"
+
+
+class WorkflowError(TrothError):
+    """Base class of the errors the replay engine raises into or out of workflow code.
+
+    .. versionadded:: 0.1.0
+    """
+
+
+class NonDeterminismError(WorkflowError):
+    """Replay met a workflow that yields something other than what the history recorded.
+
+    The step promise at `position` was created by one command (kind and
+    function, from its `troth:kind` / `troth:func` tags) and the code now
+    yields another there, or none at all. Replaying on would mix two versions
+    of the workflow, so the engine stops instead.
+
+    Attributes:
+        position: The step's position n (its id is `<root>.<n>` unless explicit).
+        recorded: What the history recorded there, e.g. `run(send_email)`;
+            None when the code yielded a step the history never had at a
+            position the history had already passed.
+        yielded: What the code yielded there; None when it finished or
+            blocked without reaching a step the history recorded.
+        step_id: The step promise's id, or "" when unknown.
+
+    .. versionadded:: 0.1.0
+    """
+
+    def __init__(
+        self, position: int, recorded: str | None, yielded: str | None, step_id: str = ""
+    ) -> None:
+        super().__init__(position, recorded, yielded, step_id)
+        self.position = position
+        self.recorded = recorded
+        self.yielded = yielded
+        self.step_id = step_id
+
+    def __str__(self) -> str:
+        where = f"step {self.position}" + (f" ({self.step_id!r})" if self.step_id else "")
+        recorded = self.recorded or "nothing"
+        yielded = self.yielded or "nothing (it returned or blocked before reaching it)"
+        return (
+            f"workflow is not deterministic at {where}: the history recorded {recorded} "
+            f"but the code yielded {yielded}; a workflow's code must not change while "
+            "executions of it are in flight: deploy the change under a new workflow name, "
+            "or let the old executions finish first"
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.position, self.recorded, self.yielded, self.step_id))
+
+
+class PromiseRejectedError(WorkflowError):
+    """A promise the workflow awaited was rejected; raised at the `yield`.
+
+    Catch it to compensate. For a `ctx.run` step that failed after its
+    retries, `value` describes the function's exception
+    (`{"type": ..., "message": ...}`).
+
+    Attributes:
+        promise_id: The rejected promise's id.
+        value: Its settlement value, decoded with the codec.
+
+    .. versionadded:: 0.1.0
+    """
+
+    def __init__(self, promise_id: str, value: Any = None) -> None:
+        super().__init__(promise_id, value)
+        self.promise_id = promise_id
+        self.value = value
+
+    def __str__(self) -> str:
+        value = self.value
+        if isinstance(value, Mapping) and "message" in value:
+            kind = value.get("type")
+            detail = f"{kind}: {value['message']}" if kind else str(value["message"])
+        else:
+            detail = repr(value)
+        return f"promise {self.promise_id!r} was rejected: {detail}"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.promise_id, self.value))
+
+
+class Cancelled(WorkflowError):
+    """The promise the workflow awaited, or the workflow itself, was cancelled.
+
+    Raised at the workflow's next `yield` after a cancel. The workflow may
+    catch it to clean up, but it should then return or re-raise: the server
+    refuses new steps under a cancelled root.
+
+    Attributes:
+        promise_id: The cancelled promise's id (the root's, if the workflow was cancelled).
+
+    .. versionadded:: 0.1.0
+    """
+
+    def __init__(self, promise_id: str) -> None:
+        super().__init__(promise_id)
+        self.promise_id = promise_id
+
+    def __str__(self) -> str:
+        return f"promise {self.promise_id!r} was cancelled"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.promise_id,))
 
 
 class ConfigurationError(TrothError):

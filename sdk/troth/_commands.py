@@ -1,0 +1,266 @@
+"""The commands workflow code yields, and the handles it gets back.
+
+A command is a frozen description of one thing a workflow wants: `Context`
+builds them, `troth._engine.Engine` interprets them, and nothing here does I/O.
+
+Commands that create a step promise (and so take the next position n, and the
+id `<root>.<n>` unless an explicit id is given):
+
+| command         | made by                 | the `yield` returns                        |
+|-----------------|-------------------------|--------------------------------------------|
+| `CreatePromise` | `ctx.promise()`         | a `PromiseHandle` at once (latent promise) |
+| `RunStep`       | `ctx.run(fn, *args)`    | `fn`'s result, run once and checkpointed   |
+| `Sleep`         | `ctx.sleep(duration)`   | None, once the timer promise resolves      |
+| `StartWorkflow` | `ctx.start()` / `rpc()` | a `PromiseHandle` / the child's result     |
+| `Now`           | `ctx.now()`             | the recorded time (an aware UTC datetime)  |
+| `Random`        | `ctx.random()`          | the recorded float in [0, 1)               |
+
+Commands that only wait, so they create no promise and shift no id: a
+`PromiseHandle` itself (yield it to await it), `AwaitAll` and `AwaitAny`.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import random
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any, Generic, TypeVar
+
+__all__ = [
+    "TAG_FUNC",
+    "TAG_INVOKE",
+    "TAG_KIND",
+    "TAG_TIMER",
+    "AwaitAll",
+    "AwaitAny",
+    "Command",
+    "CreatePromise",
+    "Kind",
+    "Now",
+    "PromiseHandle",
+    "Random",
+    "RetryPolicy",
+    "RunStep",
+    "Sleep",
+    "StartWorkflow",
+    "StepCommand",
+    "func_name",
+]
+
+T_co = TypeVar("T_co", covariant=True)
+
+TAG_KIND = "troth:kind"
+"""Step tag: which command created the step (a `Kind` value)."""
+TAG_FUNC = "troth:func"
+"""Step tag: the function (`run`) or workflow (`start`) name; root tag: the workflow name."""
+TAG_INVOKE = "troth:invoke"
+"""Root tag: the group whose workers run the workflow."""
+TAG_TIMER = "troth:timer"
+"""Tag `"true"` on a timer promise: it resolves (not times out) at its expire_time."""
+
+
+class Kind(enum.StrEnum):
+    """The `troth:kind` tag of a step promise: which command created it."""
+
+    PROMISE = "promise"
+    RUN = "run"
+    SLEEP = "sleep"
+    START = "start"
+    NOW = "now"
+    RANDOM = "random"
+
+
+def func_name(fn: Callable[..., Any]) -> str:
+    """The name recorded in `troth:func` for a function run as a step.
+
+    The qualified name (`Class.method`), without the enclosing function of a
+    nested one (so moving a helper in or out of a function is no change), and
+    the wrapped function of a `functools.partial`.
+    """
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None)
+    if not name:
+        return type(fn).__qualname__
+    return str(name).rsplit("<locals>.", 1)[-1]
+
+
+class Command(Generic[T_co]):
+    """Base of everything a workflow may yield. `T_co` is what the yield returns.
+
+    Python cannot type `x = yield cmd` per yield (a generator's send type is
+    fixed), so workflows are typed `Generator[Any, Any, R]`; the parameter
+    documents intent and helps readers.
+    """
+
+    __slots__ = ()
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """How a `ctx.run` step retries its function before the step is rejected.
+
+    Attempt n (1-based) that fails waits `min(max_backoff, initial_backoff *
+    multiplier ** (n - 1))` seconds before attempt n + 1. After `max_attempts`
+    failures, or at once for an exception that is an instance of one of
+    `non_retryable`, the step promise is rejected and the workflow sees
+    `PromiseRejectedError` at its `yield`, where it can compensate.
+
+    Attributes:
+        max_attempts: Attempts in all, at least 1 (1 means no retry).
+        initial_backoff: Seconds to wait after the first failure.
+        max_backoff: Upper bound of any one wait, in seconds.
+        multiplier: Growth of the wait per attempt, at least 1.
+        non_retryable: Exception types that are never retried.
+
+    .. versionadded:: 0.1.0
+    """
+
+    max_attempts: int = 3
+    initial_backoff: float = 1.0
+    max_backoff: float = 60.0
+    multiplier: float = 2.0
+    non_retryable: tuple[type[BaseException], ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1:
+            raise ValueError(f"max_attempts must be at least 1, not {self.max_attempts}")
+        if self.initial_backoff < 0 or self.max_backoff < 0:
+            raise ValueError("initial_backoff and max_backoff must not be negative")
+        if self.multiplier < 1:
+            raise ValueError(f"multiplier must be at least 1, not {self.multiplier}")
+        object.__setattr__(self, "non_retryable", tuple(self.non_retryable))
+
+    def backoff(self, attempt: int) -> float:
+        """Seconds to wait after failed attempt number `attempt` (1-based)."""
+        if attempt < 1:
+            raise ValueError(f"attempt is 1-based, not {attempt}")
+        return min(self.max_backoff, self.initial_backoff * self.multiplier ** (attempt - 1))
+
+    def should_retry(self, error: BaseException, attempt: int) -> bool:
+        """Whether failed attempt number `attempt` (1-based) that raised `error` is retried."""
+        if not isinstance(error, Exception) or isinstance(error, self.non_retryable):
+            return False
+        return attempt < self.max_attempts
+
+
+@dataclass(frozen=True, slots=True)
+class PromiseHandle(Command[Any]):
+    """A promise the workflow created (`ctx.promise()`) or started (`ctx.start()`).
+
+    Yield the handle to wait for the promise: the `yield` returns its value,
+    or raises `PromiseRejectedError`, `PromiseTimedOutError` or `Cancelled`.
+    Waiting creates no promise and shifts no step id.
+
+    Attributes:
+        id: The promise's id: settle a latent promise with `client.resolve(id, ...)`.
+
+    .. versionadded:: 0.1.0
+    """
+
+    id: str
+
+
+@dataclass(frozen=True, slots=True)
+class CreatePromise(Command[PromiseHandle]):
+    """Create a latent promise: pending until someone settles it by id, or it times out."""
+
+    id: str | None = None
+    timeout: timedelta | None = None
+    tags: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class RunStep(Command[Any]):
+    """Run `fn(*args)` once, checkpointed: its result is recorded on the step promise."""
+
+    fn: Callable[..., Any]
+    args: tuple[Any, ...] = ()
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    id: str | None = None
+
+    @property
+    def name(self) -> str:
+        """The function's name, as recorded in the step's `troth:func` tag."""
+        return func_name(self.fn)
+
+
+@dataclass(frozen=True, slots=True)
+class Sleep(Command[None]):
+    """Wait `duration` on a durable timer promise (tagged `troth:timer=true`)."""
+
+    duration: timedelta
+    id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StartWorkflow(Command[Any]):
+    """Start a child workflow; with `wait`, also wait for its result (`ctx.rpc`).
+
+    Attributes:
+        name: The registered workflow name.
+        args: Its arguments, encoded with the codec into the child's param.
+        id: The child's root promise id; default `<parent root>.<n>`.
+        group: The group that runs it; default the parent's group.
+        wait: True for `ctx.rpc` (the yield returns the result), False for
+            `ctx.start` (the yield returns a `PromiseHandle`).
+    """
+
+    name: str
+    args: tuple[Any, ...] = ()
+    id: str | None = None
+    group: str | None = None
+    wait: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Now(Command[datetime]):
+    """Read the clock once, durably: replays return the same aware UTC datetime."""
+
+    id: str | None = None
+
+    @staticmethod
+    def draw() -> str:
+        """The value the worker resolves a new `now` step with: the UTC time, ISO 8601."""
+        return datetime.now(UTC).isoformat()
+
+
+@dataclass(frozen=True, slots=True)
+class Random(Command[float]):
+    """Draw a random float in [0, 1) once, durably: replays return the same number."""
+
+    id: str | None = None
+
+    @staticmethod
+    def draw() -> float:
+        """The value the worker resolves a new `random` step with."""
+        return random.random()  # not for cryptography, nor needs to be
+
+
+@dataclass(frozen=True, slots=True)
+class AwaitAll(Command[list[Any]]):
+    """Wait for every handle; the yield returns their values in handle order.
+
+    Fails fast: once one is rejected, the yield raises that rejection (the
+    earliest by settle time if several are), without waiting for the rest.
+    """
+
+    handles: tuple[PromiseHandle, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class AwaitAny(Command[Any]):
+    """Wait for the first handle to settle; the yield returns its value or raises its error.
+
+    "First" is by the server's settle time (ties: handle order), so a replay
+    that sees more of them settled picks the same one as the first execution.
+    """
+
+    handles: tuple[PromiseHandle, ...]
+
+
+StepCommand = CreatePromise | RunStep | Sleep | StartWorkflow | Now | Random
+"""The commands that create a step promise, and so take a position."""

@@ -1,0 +1,628 @@
+"""The sans-I/O replay engine: drives one workflow generator against its history.
+
+`Engine` is the only owner of the generator's `send`/`throw`/`close`. Given
+the workflow, its arguments, its root promise id and the history (the step
+promises the server holds for it), `Engine.advance()` runs the generator as
+far as it can without I/O and answers with one `Outcome`:
+
+- `CreateStep`: a step promise must be created. For `RunStep` the caller then
+  runs the function (retrying per its policy) and resolves or rejects the
+  step with the result (`error_value(exc)` for a failure); for `Now` and
+  `Random` it resolves it with `command.draw()`; for the others it creates it
+  pending (with `ttl`). Feed the created or settled promise back with
+  `advance([promise])`.
+- `Suspend(awaiting)`: the workflow waits on promises still pending. Register
+  callbacks for them; if some settled meanwhile, feed them back with
+  `advance([...])`, else the task ends and the workflow resumes by replay.
+- `Done(value)` / `Failed(error)`: resolve / reject the root promise.
+
+It never raises for anything the workflow does: exceptions out of workflow
+code and non-determinism both come back as `Failed`. It does no I/O, reads no
+clock and draws no random numbers.
+
+Replay. A step command at position n (counting only commands that create a
+promise) gets the id `<root>.<n>`, unless given an explicit id. If the
+history holds that id, the step's `troth:kind`/`troth:func` tags must match
+the command, else `Failed(NonDeterminismError)`; a settled step's value is
+sent into the generator (or its error thrown) without running anything, so a
+function whose step is settled is never called again. A recorded step the
+code never reaches before it finishes or blocks is non-determinism too.
+
+Awaiting. Yielding a `PromiseHandle`, `AwaitAll` or `AwaitAny` creates no
+promise and shifts no id. Where several awaited promises are settled,
+`AwaitAny` (and `AwaitAll`'s fail-fast) pick the earliest by the server's
+settle time, not by what this process happened to see first, so a replay that
+sees more of them settled still takes the same path.
+
+Closing and `finally:`. A workflow suspended at a `yield` is a live generator.
+The engine keeps it until `close()` (the worker calls it when the task ends
+or it evicts the workflow from its cache), and `close()` is the one place that
+ends it: it throws the private `_Evicted` (a `GeneratorExit`) in at the
+suspended `yield`, so the workflow's `finally:` blocks and `with` exits run
+then, once per close, in the process that held it, with `ctx.log` silenced.
+They therefore run on every eviction, not once per workflow: durable cleanup
+belongs in a step after the `try`, not in `finally:`. A `yield` inside such a
+`finally:` is not run (the engine does no I/O while closing); it is the case
+where Python reports `RuntimeError("generator ignored GeneratorExit")`, which
+`close()` logs at WARNING on `troth.engine` and then closes the generator
+again, so it never surfaces later from the garbage collector.
+
+Logging. `ctx.log` is silent while `Engine.replaying`: from the start until
+the last step recorded in the history has been replayed, or until the engine
+first asks for I/O. Lines logged after the last recorded step but before the
+point where an earlier execution suspended may therefore appear again on a
+resume (at least once, never lost).
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Self
+
+import grpc
+
+from troth._commands import (
+    TAG_FUNC,
+    TAG_INVOKE,
+    TAG_KIND,
+    TAG_TIMER,
+    AwaitAll,
+    AwaitAny,
+    Command,
+    CreatePromise,
+    Kind,
+    Now,
+    PromiseHandle,
+    Random,
+    RunStep,
+    Sleep,
+    StartWorkflow,
+    StepCommand,
+)
+from troth._promise import Promise, PromiseState
+from troth.codec import Codec, JsonCodec, Payload
+from troth.context import Context
+from troth.errors import (
+    Cancelled,
+    NonDeterminismError,
+    PromiseRejectedError,
+    PromiseTimedOutError,
+    Reason,
+)
+
+__all__ = [
+    "CreateStep",
+    "Done",
+    "Engine",
+    "Failed",
+    "Outcome",
+    "Suspend",
+    "Workflow",
+    "describe_tags",
+    "error_value",
+]
+
+_log = logging.getLogger("troth.engine")
+
+Workflow = Callable[..., Generator[Any, Any, Any]]
+"""A workflow: a generator function `def wf(ctx, *args)`."""
+
+_STEP_TYPES = (CreatePromise, RunStep, Sleep, StartWorkflow, Now, Random)
+_AWAIT_TYPES = (PromiseHandle, AwaitAll, AwaitAny)
+_CLOSE_ATTEMPTS = 5
+
+
+@dataclass(frozen=True, slots=True)
+class CreateStep:
+    """The server must create step promise `step_id` (and, for some commands, settle it).
+
+    Attributes:
+        step_id: The step promise's id.
+        position: Its position n among the workflow's step commands.
+        command: What the workflow yielded.
+        tags: The tags to create it with (they record what was yielded).
+        param: The param to create it with (a child workflow's encoded arguments).
+        ttl: Its timeout (`ctx.promise(timeout=...)`, a sleep's duration), or
+            None for the server's default.
+        exists: True when the history already holds the step, pending: a
+            `RunStep` (or `Now`/`Random`) whose worker died before recording
+            its result. Run it again and settle the existing promise.
+    """
+
+    step_id: str
+    position: int
+    command: StepCommand
+    tags: Mapping[str, str]
+    param: Payload
+    ttl: timedelta | None = None
+    exists: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Suspend:
+    """The workflow waits on these pending promises (one of them, or all of them)."""
+
+    awaiting: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Done:
+    """The workflow returned `value`: resolve the root promise with it."""
+
+    value: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    """The workflow raised `error` (or replay found it changed): reject the root promise."""
+
+    error: Exception
+
+
+Outcome = CreateStep | Suspend | Done | Failed
+"""What `Engine.advance` answers."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Send:
+    value: Any
+
+
+@dataclass(frozen=True, slots=True)
+class _Throw:
+    error: Exception
+
+
+_Resolution = _Send | _Throw
+
+
+class _Evicted(GeneratorExit):
+    """Thrown into a suspended workflow by `Engine.close()`: it leaves this process.
+
+    A `GeneratorExit`, hence a `BaseException`: `except Exception` in workflow
+    code does not swallow it, and `except GeneratorExit` sees it as a close.
+    """
+
+
+def error_value(error: BaseException) -> dict[str, str]:
+    """What a failed step (or workflow) is rejected with: the exception's type and message."""
+    kind = type(error)
+    module = "" if kind.__module__ == "builtins" else f"{kind.__module__}."
+    return {"type": f"{module}{kind.__qualname__}", "message": str(error)}
+
+
+def describe_tags(tags: Mapping[str, str]) -> str:
+    """A step as `NonDeterminismError` names it, e.g. `run(send_email)` or `promise`."""
+    kind = tags.get(TAG_KIND) or "untagged promise"
+    func = tags.get(TAG_FUNC)
+    return f"{kind}({func})" if func else kind
+
+
+class Engine:
+    """Drives one workflow generator against its history; see the module docstring.
+
+    Args:
+        workflow: The generator function, called as `workflow(ctx, *args)`.
+        args: The decoded arguments (the root promise's param).
+        root_id: The root promise's id.
+        history: The root's descendant promises the server holds (settled, and
+            pending ones known to exist), in any order. The root itself may be
+            included: if it is cancelled, the workflow gets `Cancelled`
+            instead of any new step or wait.
+        codec: Decodes step values and encodes child arguments; default JSON.
+        group: This workflow's group, the default for child workflows.
+    """
+
+    def __init__(
+        self,
+        workflow: Workflow,
+        args: Sequence[Any] = (),
+        *,
+        root_id: str,
+        history: Iterable[Promise] = (),
+        codec: Codec | None = None,
+        group: str | None = None,
+    ) -> None:
+        self.root_id = root_id
+        self._workflow = workflow
+        self._args = tuple(args)
+        self._codec: Codec = codec or JsonCodec()
+        self._group = group
+        self._prefix = f"{root_id}."
+        self._known: dict[str, Promise] = {}
+        self._root_cancelled = False
+        for promise in history:
+            self._record(promise)
+        self._replay_until = max(
+            (p for p in map(self._position_of, self._known) if p is not None), default=-1
+        )
+        self.context = Context(root_id, replaying=lambda: self.replaying)
+        self._gen: Generator[Any, Any, Any] | None = None
+        self._started = False
+        self._closing = False
+        self._live = False
+        self._next_position = 0
+        self._last_consumed = -1
+        self._current: Command[Any] | None = None
+        self._current_id = ""
+        self._current_position = -1
+        self._pending: _Resolution | None = None
+        self._final: Done | Failed | None = None
+
+    # -- public protocol ---------------------------------------------------
+
+    @property
+    def replaying(self) -> bool:
+        """True while re-running recorded steps (and while closing): `ctx.log` is silent."""
+        return self._closing or (not self._live and self._last_consumed < self._replay_until)
+
+    @property
+    def finished(self) -> bool:
+        """True once `advance` answered `Done` or `Failed`."""
+        return self._final is not None
+
+    def advance(self, settled: Iterable[Promise] = ()) -> Outcome:
+        """Record `settled` (promises created or settled since), then run until I/O is needed.
+
+        Repeating a call without new promises repeats the answer. After
+        `Done`/`Failed`, every call answers the same.
+        """
+        for promise in settled:
+            self._record(promise)
+        if self._final is not None:
+            return self._final
+        if self._closing:
+            raise RuntimeError("Engine.advance() after close(); build a new Engine to replay")
+        if not self._started:
+            outcome = self._start()
+            if outcome is not None:
+                return outcome
+        while True:
+            step = self._resolve()
+            if not isinstance(step, _Send | _Throw):
+                return step
+            outcome = self._resume(step)
+            if outcome is not None:
+                return outcome
+
+    def close(self) -> None:
+        """End a suspended workflow's generator here and now (its `finally:` blocks run).
+
+        The one place the engine ends a generator it did not see finish; call
+        it when the task ends or the workflow is evicted. Idempotent. Never
+        raises for what the workflow's cleanup does; `ctx.log` stays silent.
+        """
+        gen, self._gen = self._gen, None
+        self._closing = True
+        if gen is not None:
+            _close_generator(gen, self.root_id)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # -- driving the generator --------------------------------------------
+
+    def _start(self) -> Outcome | None:
+        self._started = True
+        try:
+            # Typed as a generator, but user code may be a plain function.
+            gen: object = self._workflow(self.context, *self._args)
+        except Exception as exc:
+            return self._finish(Failed(exc))
+        if not isinstance(gen, Generator):
+            name = getattr(self._workflow, "__qualname__", repr(self._workflow))
+            return self._finish(
+                Failed(
+                    TypeError(
+                        f"workflow {name} returned {type(gen).__name__}, not a generator: "
+                        "a workflow must `yield` its steps (write `yield ctx.run(...)`)"
+                    )
+                )
+            )
+        self._gen = gen
+        return self._resume(_Send(None))
+
+    def _resume(self, resolution: _Resolution) -> Outcome | None:
+        """Send or throw into the generator; accept what it yields, or finish."""
+        gen = self._gen
+        assert gen is not None, "engine bug: resuming without a generator"
+        self._current = None
+        try:
+            if isinstance(resolution, _Throw):
+                yielded = gen.throw(resolution.error)
+            else:
+                yielded = gen.send(resolution.value)
+        except StopIteration as stop:
+            self._gen = None
+            return self._finish(Done(stop.value))
+        except Exception as exc:
+            self._gen = None
+            return self._finish(Failed(exc))
+        self._accept(yielded)
+        return None
+
+    def _accept(self, yielded: Any) -> None:
+        if isinstance(yielded, _STEP_TYPES):
+            position = self._next_position
+            self._next_position += 1
+            self._current = yielded
+            self._current_position = position
+            self._current_id = yielded.id or f"{self._prefix}{position}"
+        elif isinstance(yielded, _AWAIT_TYPES):
+            self._current = yielded
+        else:
+            hint = (
+                " (a generator: did you mean `yield from`?)" if inspect.isgenerator(yielded) else ""
+            )
+            self._pending = _Throw(
+                TypeError(
+                    f"workflows yield commands from ctx (ctx.run(...), ctx.promise(), ...) or "
+                    f"handles, not {type(yielded).__name__}{hint}"
+                )
+            )
+
+    def _resolve(self) -> _Resolution | Outcome:
+        """What to send into the generator for the current command, or the I/O it needs."""
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            return pending
+        command = self._current
+        if isinstance(command, PromiseHandle):
+            return self._await_all((command,), single=True)
+        if isinstance(command, AwaitAll):
+            return self._await_all(command.handles, single=False)
+        if isinstance(command, AwaitAny):
+            return self._await_any(command.handles)
+        assert isinstance(command, _STEP_TYPES), f"engine bug: no command to resolve ({command})"
+        return self._resolve_step(command)
+
+    def _resolve_step(self, command: StepCommand) -> _Resolution | Outcome:
+        step_id, position = self._current_id, self._current_position
+        tags = self._tags(command)
+        recorded = self._known.get(step_id)
+        if recorded is None:
+            return self._create(command, step_id, position, tags)
+        if (recorded.tags.get(TAG_KIND), recorded.tags.get(TAG_FUNC)) != (
+            tags.get(TAG_KIND),
+            tags.get(TAG_FUNC),
+        ):
+            return self._nondeterminism(
+                position, describe_tags(recorded.tags), describe_tags(tags), step_id
+            )
+        if isinstance(command, CreatePromise) or (
+            isinstance(command, StartWorkflow) and not command.wait
+        ):
+            return self._consume(_Send(PromiseHandle(step_id)))
+        if isinstance(command, Sleep | StartWorkflow):
+            if not recorded.is_settled:
+                return self._suspend((step_id,))
+            return self._consume(self._result(recorded))
+        # RunStep, Now, Random: a pending one lost its worker before its result was recorded.
+        if not recorded.is_settled:
+            return self._create(command, step_id, position, tags, exists=True)
+        return self._consume(self._result(recorded))
+
+    def _create(
+        self,
+        command: StepCommand,
+        step_id: str,
+        position: int,
+        tags: Mapping[str, str],
+        *,
+        exists: bool = False,
+    ) -> _Resolution | Outcome:
+        if self._root_cancelled:
+            return _Throw(Cancelled(self.root_id))
+        param = Payload()
+        ttl: timedelta | None = None
+        if isinstance(command, StartWorkflow):
+            try:
+                param = self._codec.encode(list(command.args))
+            except Exception as exc:  # the codec's TypeError/ValueError, at the yield
+                return self._consume(_Throw(exc))
+        elif isinstance(command, CreatePromise):
+            ttl = command.timeout
+        elif isinstance(command, Sleep):
+            ttl = command.duration
+        self._live = True
+        return CreateStep(step_id, position, command, tags, param, ttl, exists)
+
+    def _consume(self, resolution: _Resolution) -> _Resolution:
+        self._last_consumed = max(self._last_consumed, self._current_position)
+        return resolution
+
+    def _await_all(
+        self, handles: Sequence[PromiseHandle], *, single: bool
+    ) -> _Resolution | Outcome:
+        promises = [self._known.get(h.id) for h in handles]
+        settled = [(i, p) for i, p in enumerate(promises) if p is not None and p.is_settled]
+        results = {i: self._result(p) for i, p in settled}
+        failed = [(i, p) for i, p in settled if isinstance(results[i], _Throw)]
+        if failed:
+            first, _ = min(failed, key=lambda item: _settle_order(item[1], item[0]))
+            return results[first]
+        if len(settled) < len(handles):
+            pending = [h.id for h, p in zip(handles, promises, strict=True) if not _settled(p)]
+            return self._suspend(tuple(dict.fromkeys(pending)))
+        values = [results[i] for i in range(len(handles))]
+        if single:
+            return values[0]
+        return _Send([v.value for v in values if isinstance(v, _Send)])
+
+    def _await_any(self, handles: Sequence[PromiseHandle]) -> _Resolution | Outcome:
+        settled = [
+            (i, p)
+            for i, p in enumerate(self._known.get(h.id) for h in handles)
+            if p is not None and p.is_settled
+        ]
+        if not settled:
+            return self._suspend(tuple(dict.fromkeys(h.id for h in handles)))
+        _, first = min(settled, key=lambda item: _settle_order(item[1], item[0]))
+        return self._result(first)
+
+    def _suspend(self, awaiting: tuple[str, ...]) -> _Resolution | Outcome:
+        if self._root_cancelled:
+            return _Throw(Cancelled(self.root_id))
+        unreached = self._unreached()
+        if unreached is not None:
+            return unreached
+        self._live = True
+        return Suspend(awaiting)
+
+    def _finish(self, outcome: Done | Failed) -> Done | Failed:
+        unreached = self._unreached()
+        self._final = unreached or outcome
+        return self._final
+
+    def _unreached(self) -> Failed | None:
+        """Non-determinism when the history holds a step at a position the code has not reached."""
+        ahead = [
+            (position, promise)
+            for promise in self._known.values()
+            if (position := self._position_of(promise.id)) is not None
+            and position >= self._next_position
+        ]
+        if not ahead:
+            return None
+        position, promise = min(ahead, key=lambda item: item[0])
+        return self._nondeterminism(position, describe_tags(promise.tags), None, promise.id)
+
+    def _nondeterminism(
+        self, position: int, recorded: str | None, yielded: str | None, step_id: str
+    ) -> Failed:
+        error = NonDeterminismError(position, recorded=recorded, yielded=yielded, step_id=step_id)
+        gen, self._gen = self._gen, None
+        if gen is not None:
+            closing, self._closing = self._closing, True
+            try:
+                _close_generator(gen, self.root_id)
+            finally:
+                self._closing = closing
+        self._final = Failed(error)
+        return self._final
+
+    # -- history ----------------------------------------------------------
+
+    def _record(self, promise: Promise) -> None:
+        if promise.id == self.root_id:
+            self._root_cancelled = promise.state is PromiseState.REJECTED_CANCELED
+            return
+        known = self._known.get(promise.id)
+        if known is not None and known.is_settled and not promise.is_settled:
+            return  # a stale read never un-settles a promise
+        self._known[promise.id] = promise
+
+    def _position_of(self, promise_id: str) -> int | None:
+        if not promise_id.startswith(self._prefix):
+            return None
+        rest = promise_id[len(self._prefix) :]
+        return int(rest) if rest.isdigit() and rest.isascii() else None
+
+    def _tags(self, command: StepCommand) -> dict[str, str]:
+        if isinstance(command, CreatePromise):
+            return {**command.tags, TAG_KIND: Kind.PROMISE}
+        if isinstance(command, RunStep):
+            return {TAG_KIND: Kind.RUN, TAG_FUNC: command.name}
+        if isinstance(command, Sleep):
+            return {TAG_KIND: Kind.SLEEP, TAG_TIMER: "true"}
+        if isinstance(command, StartWorkflow):
+            tags = {TAG_KIND: Kind.START, TAG_FUNC: command.name}
+            group = command.group or self._group
+            if group:
+                tags[TAG_INVOKE] = group
+            return tags
+        if isinstance(command, Now):
+            return {TAG_KIND: Kind.NOW}
+        return {TAG_KIND: Kind.RANDOM}
+
+    def _result(self, promise: Promise) -> _Resolution:
+        """What a settled promise gives the `yield` that awaits it."""
+        state = promise.state
+        is_timer = promise.tags.get(TAG_TIMER) == "true"
+        if state is PromiseState.RESOLVED or (is_timer and state is PromiseState.REJECTED_TIMEDOUT):
+            try:
+                value = self._codec.decode(promise.value)
+                kind = promise.tags.get(TAG_KIND)
+                if kind == Kind.NOW:
+                    value = datetime.fromisoformat(value)
+                elif kind == Kind.RANDOM:
+                    value = float(value)
+            except Exception as exc:  # a value this codec cannot read, raised at the yield
+                return _Throw(exc)
+            return _Send(value)
+        if state is PromiseState.REJECTED:
+            try:
+                value = self._codec.decode(promise.value)
+            except Exception:
+                value = promise.value.data
+            return _Throw(PromiseRejectedError(promise.id, value))
+        if state is PromiseState.REJECTED_CANCELED:
+            return _Throw(Cancelled(promise.id))
+        assert state is PromiseState.REJECTED_TIMEDOUT, f"engine bug: {promise.id} is {state}"
+        return _Throw(
+            PromiseTimedOutError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                Reason.TIMED_OUT,
+                f"promise {promise.id!r} timed out before anyone settled it",
+                {"promise_id": promise.id},
+            )
+        )
+
+
+def _settled(promise: Promise | None) -> bool:
+    return promise is not None and promise.is_settled
+
+
+def _settle_order(promise: Promise, index: int) -> tuple[int, float, int]:
+    """Earliest settle time first; unknown times last; ties in handle order."""
+    if promise.settle_time is None:
+        return (1, 0.0, index)
+    return (0, promise.settle_time.timestamp(), index)
+
+
+def _close_generator(gen: Generator[Any, Any, Any], workflow_id: str) -> None:
+    """End a generator, running its `finally:` blocks; never raise, never leave it alive."""
+    if inspect.getgeneratorstate(gen) == inspect.GEN_CLOSED:
+        return
+    try:
+        gen.throw(_Evicted(f"workflow {workflow_id!r} left this worker; it resumes by replay"))
+    except (GeneratorExit, StopIteration):
+        return
+    except Exception:
+        _log.warning(
+            "workflow %r raised while closing (in a finally: block); ignored",
+            workflow_id,
+            exc_info=True,
+            extra={"workflow_id": workflow_id},
+        )
+        return
+    # It yielded again while being closed: a `yield` in `finally:` or after
+    # `except GeneratorExit`. Python calls that "generator ignored GeneratorExit".
+    for _ in range(_CLOSE_ATTEMPTS):
+        _log.warning(
+            "workflow %r yielded while being closed (a `yield` inside `finally:` or "
+            "after catching GeneratorExit): generator ignored GeneratorExit; the step it "
+            "yielded is not run. Move durable cleanup out of `finally:` into a step",
+            workflow_id,
+            extra={"workflow_id": workflow_id},
+        )
+        try:
+            gen.close()
+            return
+        except RuntimeError:
+            if inspect.getgeneratorstate(gen) == inspect.GEN_CLOSED:
+                return
+        except Exception:
+            return
+    _log.error(
+        "workflow %r keeps yielding while being closed; giving up on its cleanup",
+        workflow_id,
+        extra={"workflow_id": workflow_id},
+    )

@@ -1,0 +1,209 @@
+"""`Context`: the only object workflow code talks to.
+
+Every method returns a command (see `troth._commands`) and does no I/O: the
+workflow yields the command and the replay engine decides what happens,
+recording each step as a durable promise. So the methods are cheap, pure and
+safe to call on every replay::
+
+    @worker.workflow
+    def publish(ctx: Context, post_id: str) -> Generator[Any, Any, dict[str, Any]]:
+        approval = yield ctx.promise(timeout=timedelta(days=3))
+        yield ctx.run(send_email, approval.id)
+        decision = yield approval
+        return {"post": post_id, "decision": decision}
+
+`ctx.log` is a logger that is silent while the workflow replays steps it has
+already run, so each line appears once per step, not once per replay.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Mapping, MutableMapping
+from datetime import timedelta
+from typing import Any
+
+from troth._commands import (
+    AwaitAll,
+    AwaitAny,
+    CreatePromise,
+    Now,
+    PromiseHandle,
+    Random,
+    RetryPolicy,
+    RunStep,
+    Sleep,
+    StartWorkflow,
+)
+
+__all__ = ["Context", "PromiseHandle", "RetryPolicy"]
+
+_RESERVED_TAG_PREFIX = "troth:"
+
+
+class _ReplayAwareLogger(logging.LoggerAdapter[logging.Logger]):
+    """A logger adapter that drops every record while its workflow replays."""
+
+    def __init__(self, logger: logging.Logger, workflow_id: str, replaying: Callable[[], bool]):
+        super().__init__(logger, {"workflow_id": workflow_id})
+        self._replaying = replaying
+
+    def isEnabledFor(self, level: int) -> bool:
+        return not self._replaying() and self.logger.isEnabledFor(level)
+
+    def process(
+        self, msg: Any, kwargs: MutableMapping[str, Any]
+    ) -> tuple[Any, MutableMapping[str, Any]]:
+        kwargs["extra"] = {**(self.extra or {}), **kwargs.get("extra", {})}
+        return msg, kwargs
+
+
+def _never_replaying() -> bool:
+    return False
+
+
+class Context:
+    """What a workflow receives as its first argument. Every method returns a command to yield.
+
+    Attributes:
+        id: The workflow's id: its root promise's id, and the prefix of its step ids.
+        log: A `logging.LoggerAdapter` (logger `troth.workflow`, extra
+            `workflow_id`) that is silent while the workflow replays.
+
+    .. versionadded:: 0.1.0
+    """
+
+    __slots__ = ("_replaying", "id", "log")
+
+    def __init__(self, id: str, *, replaying: Callable[[], bool] = _never_replaying) -> None:
+        self.id = id
+        self._replaying = replaying
+        self.log: logging.LoggerAdapter[logging.Logger] = _ReplayAwareLogger(
+            logging.getLogger("troth.workflow"), id, replaying
+        )
+
+    @property
+    def is_replaying(self) -> bool:
+        """True while the workflow re-runs steps an earlier execution already recorded."""
+        return self._replaying()
+
+    def promise(
+        self,
+        *,
+        id: str | None = None,
+        timeout: timedelta | None = None,
+        tags: Mapping[str, str] | None = None,
+    ) -> CreatePromise:
+        """A latent promise: `yield` it for a `PromiseHandle`; yield the handle to wait.
+
+        Args:
+            id: Its id; default `<workflow id>.<n>`.
+            timeout: After this long it is rejected as timed out (the wait raises
+                `PromiseTimedOutError`); default the server's (capped by the root's).
+            tags: Extra string tags; keys starting with `troth:` are reserved.
+        """
+        user_tags = dict(tags or {})
+        reserved = sorted(k for k in user_tags if k.startswith(_RESERVED_TAG_PREFIX))
+        if reserved:
+            raise ValueError(f"tags {reserved} use the reserved prefix 'troth:'; rename them")
+        if timeout is not None and timeout <= timedelta(0):
+            raise ValueError(f"timeout must be positive, not {timeout}")
+        return CreatePromise(id=id, timeout=timeout, tags=user_tags)
+
+    def run(
+        self,
+        fn: Callable[..., Any],
+        *args: Any,
+        retry: RetryPolicy | None = None,
+        id: str | None = None,
+    ) -> RunStep:
+        """Run `fn(*args)` as a checkpointed step: `yield` it for the result.
+
+        The function runs at least once and its result is recorded exactly
+        once; a replay returns the recorded result (or raises the recorded
+        failure as `PromiseRejectedError`) without calling `fn`.
+
+        Args:
+            fn: Any callable; its `__qualname__` is recorded to detect changed code.
+            args: Passed to `fn` as they are (they are not encoded).
+            retry: How failures are retried; default `RetryPolicy()`.
+            id: The step's id; default `<workflow id>.<n>`.
+        """
+        return RunStep(fn=fn, args=args, retry=retry or RetryPolicy(), id=id)
+
+    def sleep(self, duration: timedelta | float, *, id: str | None = None) -> Sleep:
+        """A durable timer: `yield` it to wait `duration` (a timedelta or seconds)."""
+        delta = duration if isinstance(duration, timedelta) else timedelta(seconds=duration)
+        if delta < timedelta(0):
+            raise ValueError(f"duration must not be negative, not {delta}")
+        return Sleep(duration=delta, id=id)
+
+    def start(
+        self,
+        workflow: str | Callable[..., Any],
+        *args: Any,
+        id: str | None = None,
+        group: str | None = None,
+    ) -> StartWorkflow:
+        """Start a child workflow: `yield` it for a `PromiseHandle`; yield that for the result.
+
+        Args:
+            workflow: The registered name, or the workflow function itself.
+            args: Its arguments; they must be encodable with the codec.
+            id: The child's id; default `<workflow id>.<n>` (its steps nest below it).
+            group: The group whose workers run it; default this workflow's group.
+        """
+        return StartWorkflow(name=_workflow_name(workflow), args=args, id=id, group=group)
+
+    def rpc(
+        self,
+        workflow: str | Callable[..., Any],
+        *args: Any,
+        id: str | None = None,
+        group: str | None = None,
+    ) -> StartWorkflow:
+        """Start a child workflow and wait for it: `yield` it for the child's result."""
+        return StartWorkflow(
+            name=_workflow_name(workflow), args=args, id=id, group=group, wait=True
+        )
+
+    def all(self, handles: Iterable[PromiseHandle]) -> AwaitAll:
+        """Wait for every handle: `yield` it for their values, in order (fails fast)."""
+        return AwaitAll(handles=_handles(handles))
+
+    def any(self, handles: Iterable[PromiseHandle]) -> AwaitAny:
+        """Wait for the first handle to settle: `yield` it for its value (or its error)."""
+        found = _handles(handles)
+        if not found:
+            raise ValueError("ctx.any() needs at least one handle")
+        return AwaitAny(handles=found)
+
+    def now(self) -> Now:
+        """The current time, recorded: `yield` it for an aware UTC datetime that replays."""
+        return Now()
+
+    def random(self) -> Random:
+        """A random float in [0, 1), recorded: `yield` it for a number that replays."""
+        return Random()
+
+    def __repr__(self) -> str:
+        return f"Context(id={self.id!r})"
+
+
+def _workflow_name(workflow: str | Callable[..., Any]) -> str:
+    if isinstance(workflow, str):
+        if not workflow:
+            raise ValueError("workflow name must not be empty")
+        return workflow
+    return str(getattr(workflow, "__name__", None) or type(workflow).__name__)
+
+
+def _handles(handles: Iterable[PromiseHandle]) -> tuple[PromiseHandle, ...]:
+    found = tuple(handles)
+    for handle in found:
+        if not isinstance(handle, PromiseHandle):
+            raise TypeError(
+                f"expected PromiseHandle values (what `yield ctx.promise()` and "
+                f"`yield ctx.start(...)` return), got {type(handle).__name__}"
+            )
+    return found
