@@ -19,6 +19,7 @@ import asyncio
 import queue
 import threading
 import time
+import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, cast
 
@@ -26,7 +27,9 @@ import structlog
 
 from troth.errors import Reason
 from troth_server.domain import promise as domain
+from troth_server.domain import task as tasks
 from troth_server.domain.errors import DomainError
+from troth_server.domain.task import Callback, Task, TaskKind, TaskState
 from troth_server.store import Store, StoreError, StoreUnavailable, WriteTx
 
 if TYPE_CHECKING:
@@ -36,6 +39,9 @@ if TYPE_CHECKING:
 
 R = TypeVar("R")
 R_co = TypeVar("R_co", covariant=True)
+
+INVOKE_TAG = "troth:invoke"
+"""A root promise tagged `troth:invoke=<group>` starts a workflow in that group."""
 log = structlog.get_logger("troth.commit")
 
 
@@ -53,15 +59,54 @@ class StateChange:
     principal: str | None
 
 
-class Batch:
-    """The promises one batch touches, as a reader at the batch's `now` sees them."""
+@dataclass(frozen=True, slots=True)
+class Keys:
+    """What one op needs loaded before it applies."""
 
-    def __init__(self, loaded: dict[str, Promise], now: int) -> None:
+    promises: Collection[str] = ()
+    roots: Collection[str] = ()
+    """Roots whose active (PENDING or CLAIMED) task the op reads."""
+    task_ids: Collection[str] = ()
+    tasks: Collection[Task] = ()
+    """Tasks the op already read inside this transaction (e.g. a claim's candidates)."""
+
+
+class Batch:
+    """What one batch touches, as a reader at the batch's `now` sees it.
+
+    Promises, tasks and callbacks live in one working set, so that a settle
+    turns the callbacks on that promise into RESUME tasks in the same
+    transaction, and two requests of one batch see each other's changes.
+    """
+
+    def __init__(
+        self,
+        loaded: dict[str, Promise],
+        now: int,
+        callbacks: Collection[Callback] = (),
+        tasks: Collection[Task] = (),
+    ) -> None:
         self.now = now
         self._current = loaded
         self.inserts: dict[str, Promise] = {}
         self.updates: dict[str, Promise] = {}
         self.changes: list[StateChange] = []
+        self._callbacks: dict[str, list[Callback]] = {}
+        for callback in callbacks:
+            self._callbacks.setdefault(callback.promise_id, []).append(callback)
+        self._tasks: dict[str, Task] = {t.id: t for t in tasks}
+        self._active: dict[str, str] = {
+            t.root_promise_id: t.id for t in tasks if t.state is not TaskState.COMPLETED
+        }
+        self.task_inserts: dict[str, Task] = {}
+        self.task_updates: dict[str, Task] = {}
+        self.new_callbacks: list[Callback] = []
+        self.fired: set[str] = set()
+        """Promises whose callbacks fired (and are dropped)."""
+        self.finished_roots: set[str] = set()
+        """Roots that settled: their remaining callbacks are dropped."""
+
+    # -- promises ---------------------------------------------------------------------
 
     def get(self, promise_id: str) -> Promise | None:
         found = self._current.get(promise_id)
@@ -83,6 +128,10 @@ class Batch:
         self._current[promise.id] = promise
         self.inserts[promise.id] = promise
         self.changes.append(StateChange(promise, None, principal))
+        group = promise.tags.get(INVOKE_TAG)
+        if group:
+            # Starting a workflow is creating its root: its INVOKE task comes with it.
+            self.put_task(tasks.create(_task_id(), promise.id, group, TaskKind.INVOKE))
 
     def settle(self, old: Promise, new: Promise) -> None:
         self._current[new.id] = new
@@ -91,12 +140,70 @@ class Batch:
         else:
             self.updates[new.id] = new
         self.changes.append(StateChange(new, old.state, new.settled_by))
+        if INVOKE_TAG in new.tags:
+            self.finished_roots.add(new.id)
+        for callback in self._callbacks.pop(new.id, ()):
+            self.fired.add(new.id)
+            self._resume(callback)
+
+    # -- tasks ------------------------------------------------------------------------
+
+    def task(self, task_id: str) -> Task | None:
+        return self._tasks.get(task_id)
+
+    def active_task(self, root_id: str) -> Task | None:
+        task_id = self._active.get(root_id)
+        return None if task_id is None else self._tasks[task_id]
+
+    def put_task(self, task: Task) -> None:
+        known = task.id in self._tasks and task.id not in self.task_inserts
+        self._tasks[task.id] = task
+        (self.task_updates if known else self.task_inserts)[task.id] = task
+        if task.state is TaskState.COMPLETED:
+            if self._active.get(task.root_promise_id) == task.id:
+                del self._active[task.root_promise_id]
+        else:
+            self._active[task.root_promise_id] = task.id
+
+    def pending_in(self, group: str, limit: int) -> list[Task]:
+        """Loaded PENDING tasks of `group`, in the order they were read (preferred first)."""
+        found = [t for t in self._tasks.values() if t.group == group]
+        return [t for t in found if t.state is TaskState.PENDING][:limit]
+
+    def claimed_by(self, worker_id: str | None) -> list[Task]:
+        """Loaded CLAIMED tasks of the worker (of anyone, for None)."""
+        return [
+            t
+            for t in self._tasks.values()
+            if t.state is TaskState.CLAIMED and (worker_id is None or t.worker_id == worker_id)
+        ]
+
+    def new_task_id(self) -> str:
+        return _task_id()
+
+    def add_callback(self, callback: Callback) -> None:
+        self._callbacks.setdefault(callback.promise_id, []).append(callback)
+        self.new_callbacks.append(callback)
+
+    def _resume(self, callback: Callback) -> None:
+        active = self.active_task(callback.root_promise_id)
+        updated, created = tasks.resume(
+            active, _task_id(), callback.root_promise_id, callback.group, callback.worker_id
+        )
+        if updated is not None and updated is not active:
+            self.put_task(updated)
+        if created is not None:
+            self.put_task(created)
+
+
+def _task_id() -> str:
+    return uuid.uuid4().hex
 
 
 class WriteOp(Protocol[R_co]):
-    """One request's write: which promises it touches, and what it does to them."""
+    """One request's write: what it touches, and what it does to it."""
 
-    def promise_ids(self, tx: WriteTx, now: int) -> Collection[str]: ...
+    def keys(self, tx: WriteTx, now: int) -> Keys: ...
 
     def apply(self, batch: Batch) -> R_co:
         """Read and stage changes through `batch`; raise DomainError to refuse."""
@@ -314,10 +421,24 @@ def _wake_loops(items: list[_Item[Any]]) -> None:
 def _fold(
     tx: WriteTx, items: list[_Item[Any]], now: int
 ) -> tuple[list[tuple[bool, Any]], list[StateChange]]:
-    ids: set[str] = set()
+    promise_ids: set[str] = set()
+    root_ids: set[str] = set()
+    task_ids: set[str] = set()
+    queried: list[Task] = []
     for item in items:
-        ids.update(item.op.promise_ids(tx, now))
-    batch = Batch(tx.get_promises(ids), now)
+        keys = item.op.keys(tx, now)
+        promise_ids.update(keys.promises)
+        root_ids.update(keys.roots)
+        task_ids.update(keys.task_ids)
+        queried.extend(keys.tasks)
+    promises = tx.get_promises(promise_ids)
+    # Only a promise that exists can have callbacks: a batch of creates asks nothing.
+    callbacks = tx.get_callbacks(promises.keys())
+    root_ids.update(c.root_promise_id for c in callbacks)
+    loaded = {t.id: t for t in queried}
+    loaded.update(tx.get_tasks(task_ids - loaded.keys()))
+    loaded.update({t.id: t for t in tx.get_active_tasks(root_ids).values()})
+    batch = Batch(promises, now, callbacks, loaded.values())
     outcomes: list[tuple[bool, Any]] = []
     for item in items:
         try:
@@ -331,6 +452,12 @@ def _fold(
             outcomes.append((False, exc))
     tx.insert_promises(list(batch.inserts.values()))
     tx.update_promises(list(batch.updates.values()))
+    # Updates first: a task completing and its root's next RESUME share the
+    # one-active-task-per-root index.
+    tx.update_tasks(list(batch.task_updates.values()))
+    tx.insert_tasks(list(batch.task_inserts.values()), now)
+    tx.delete_callbacks(batch.fired, batch.finished_roots)
+    tx.insert_callbacks([c for c in batch.new_callbacks if c.promise_id not in batch.fired], now)
     return outcomes, batch.changes
 
 

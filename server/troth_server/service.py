@@ -21,11 +21,12 @@ import structlog
 
 from troth_server.domain import promise as domain
 from troth_server.domain.errors import InvalidPageToken, PromiseNotFound
+from troth_server.group_commit import Keys
 from troth_server.store import PromiseQuery, Store, WriteTx
 from troth_server.watch import AsyncSubscription
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable, Collection, Iterator
+    from collections.abc import AsyncIterator, Callable, Iterator
 
     from troth_server.domain.promise import CreateRequest, Promise, PromiseState, SettleRequest
     from troth_server.group_commit import Batch, GroupCommitter, StateChange
@@ -39,8 +40,8 @@ class _CreateOp:
     request: CreateRequest
     principal: str | None
 
-    def promise_ids(self, tx: WriteTx, now: int) -> Collection[str]:
-        return (self.request.id,)
+    def keys(self, tx: WriteTx, now: int) -> Keys:
+        return Keys(promises=(self.request.id,))
 
     def apply(self, batch: Batch) -> tuple[Promise, bool]:
         promise, created = domain.create(batch.get(self.request.id), self.request, batch.now)
@@ -53,8 +54,8 @@ class _CreateOp:
 class _SettleOp:
     request: SettleRequest
 
-    def promise_ids(self, tx: WriteTx, now: int) -> Collection[str]:
-        return (self.request.id,)
+    def keys(self, tx: WriteTx, now: int) -> Keys:
+        return Keys(promises=(self.request.id,))
 
     def apply(self, batch: Batch) -> tuple[Promise, bool]:
         existing = batch.get(self.request.id)
@@ -70,8 +71,8 @@ class _ExpireOp:
     ids: list[str]
     now: int
 
-    def promise_ids(self, tx: WriteTx, now: int) -> Collection[str]:
-        return self.ids
+    def keys(self, tx: WriteTx, now: int) -> Keys:
+        return Keys(promises=self.ids)
 
     def apply(self, batch: Batch) -> int:
         # Re-checked inside the transaction: a settle may have won meanwhile.

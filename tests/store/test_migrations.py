@@ -56,7 +56,12 @@ def test_upgrade_from_empty_to_head(engine: sa.Engine) -> None:
         upgrade_to_head(conn)
     assert _revision(engine) == _head()
     with engine.connect() as conn:
-        assert set(sa.inspect(conn).get_table_names()) == {"alembic_version", "promises"}
+        assert set(sa.inspect(conn).get_table_names()) == {
+            "alembic_version",
+            "promises",
+            "tasks",
+            "callbacks",
+        }
 
 
 def test_migrated_schema_matches_the_tables(engine: sa.Engine) -> None:

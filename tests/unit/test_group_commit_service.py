@@ -11,7 +11,7 @@ import asyncio
 import queue
 import threading
 import time
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,7 +37,7 @@ from troth_server.domain.promise import (
     PromiseState,
     SettleRequest,
 )
-from troth_server.group_commit import Batch, GroupCommitter, ShuttingDown
+from troth_server.group_commit import Batch, GroupCommitter, Keys, ShuttingDown
 from troth_server.service import PromiseService
 from troth_server.store import Store, StoreError, StoreUnavailable, WriteTx, open_store
 from troth_server.sweeper import SweepCounts, Sweeper
@@ -137,10 +137,10 @@ class Gate:
         self.entered = threading.Event()
         self.release = threading.Event()
 
-    def promise_ids(self, tx: WriteTx, now: int) -> Collection[str]:
+    def keys(self, tx: WriteTx, now: int) -> Keys:
         self.entered.set()
         assert self.release.wait(WAIT), "gate never released"
-        return ()
+        return Keys()
 
     def apply(self, batch: Batch) -> str:
         return "gate"
@@ -328,8 +328,8 @@ def test_a_refused_request_does_not_fail_its_batch(wired: Wired) -> None:
 class _BrokenOp:
     """An op whose transaction the store cannot commit."""
 
-    def promise_ids(self, tx: WriteTx, now: int) -> Collection[str]:
-        return ("a",)
+    def keys(self, tx: WriteTx, now: int) -> Keys:
+        return Keys(promises=("a",))
 
     def apply(self, batch: Batch) -> None:
         raise StoreUnavailable("disk on fire")

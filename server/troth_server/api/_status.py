@@ -17,7 +17,7 @@ from troth_server.domain.errors import (
     PromiseNotFound,
     PromiseTimedOut,
 )
-from troth_server.domain.task import StaleCounter, TaskNotClaimable
+from troth_server.domain.task import StaleCounter, TaskNotClaimable, TaskNotFound
 from troth_server.group_commit import ShuttingDown
 from troth_server.store import SchemaTooNew, StoreError, StoreUnavailable
 
@@ -35,6 +35,7 @@ STATUS_CODES: dict[type[Exception], grpc.StatusCode] = {
     SchemaTooNew: grpc.StatusCode.UNAVAILABLE,
     StaleCounter: grpc.StatusCode.FAILED_PRECONDITION,
     TaskNotClaimable: grpc.StatusCode.FAILED_PRECONDITION,
+    TaskNotFound: grpc.StatusCode.NOT_FOUND,
 }
 
 

@@ -63,6 +63,28 @@ class Task:
     """A promise the root waits on settled while this task was active."""
 
 
+@dataclass(frozen=True, slots=True)
+class Callback:
+    """When `promise_id` settles, give root `root_promise_id` a RESUME task in `group`."""
+
+    promise_id: str
+    root_promise_id: str
+    group: str
+    worker_id: str | None = None
+    """The worker that registered it (and suspended the root): preferred for the resume."""
+
+
+class TaskNotFound(DomainError):
+    reason = Reason.NOT_FOUND
+
+    def __init__(self, task_id: str) -> None:
+        super().__init__(
+            f"task {task_id!r} does not exist; use the id a Poll stream delivered",
+            task_id=task_id,
+        )
+        self.task_id = task_id
+
+
 class TaskNotClaimable(DomainError):
     """A claim lost a race for a task: the server's own dispatch, never a client."""
 
@@ -119,7 +141,8 @@ def claim(task: Task, worker_id: str, now: int, lease_ms: int) -> Task:
     )
 
 
-def _check_holder(task: Task, worker_id: str, counter: int) -> None:
+def check_holder(task: Task, worker_id: str, counter: int) -> None:
+    """Refuse a call unless this worker holds the task at this counter."""
     if (
         task.state is not TaskState.CLAIMED
         or task.counter != counter
@@ -130,20 +153,20 @@ def _check_holder(task: Task, worker_id: str, counter: int) -> None:
 
 def heartbeat(task: Task, worker_id: str, counter: int, now: int, lease_ms: int) -> Task:
     """Extend the lease of a task this worker holds at this counter."""
-    _check_holder(task, worker_id, counter)
+    check_holder(task, worker_id, counter)
     return replace(task, lease_expire_time=now + lease_ms)
 
 
 def complete(task: Task, worker_id: str, counter: int) -> tuple[Task, bool]:
     """Complete the task; the flag says whether the root must be resumed again."""
-    _check_holder(task, worker_id, counter)
+    check_holder(task, worker_id, counter)
     done = replace(task, state=TaskState.COMPLETED, lease_expire_time=None)
     return done, task.resume_pending
 
 
 def release(task: Task, worker_id: str, counter: int) -> Task:
     """The worker gives the task back (graceful shutdown): others may claim it at once."""
-    _check_holder(task, worker_id, counter)
+    check_holder(task, worker_id, counter)
     return _back_to_pending(task)
 
 

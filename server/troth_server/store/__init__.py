@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Collection, Sequence
 
     from troth_server.domain.promise import Promise, PromiseState
+    from troth_server.domain.task import Callback, Task
 
 T = TypeVar("T")
 
@@ -56,6 +57,31 @@ class WriteTx(Protocol):
 
     def update_promises(self, promises: Sequence[Promise]) -> None:
         """Write the settle fields (state, value, settle_time, key, settled_by)."""
+
+    def get_callbacks(self, promise_ids: Collection[str]) -> list[Callback]: ...
+
+    def insert_callbacks(self, callbacks: Sequence[Callback], now: int) -> None:
+        """Register callbacks; one already registered is left as it is."""
+
+    def delete_callbacks(self, promise_ids: Collection[str], root_ids: Collection[str]) -> None:
+        """Drop the callbacks of settled promises and of finished roots."""
+
+    def get_tasks(self, task_ids: Collection[str]) -> dict[str, Task]: ...
+
+    def get_active_tasks(self, root_ids: Collection[str]) -> dict[str, Task]:
+        """The PENDING or CLAIMED task of each root that has one, by root id."""
+
+    def pending_tasks(self, group: str, prefer_worker: str, limit: int) -> list[Task]:
+        """The group's PENDING tasks: preferring `prefer_worker`, then preferring nobody,
+        then preferring another worker; oldest first within each."""
+
+    def claimed_tasks(self, worker_id: str) -> list[Task]: ...
+
+    def lease_expired_tasks(self, now: int, limit: int) -> list[Task]: ...
+
+    def insert_tasks(self, tasks: Sequence[Task], now: int) -> None: ...
+
+    def update_tasks(self, tasks: Sequence[Task]) -> None: ...
 
 
 class Store(Protocol):

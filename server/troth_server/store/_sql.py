@@ -19,6 +19,7 @@ from sqlalchemy import (
     Engine,
     and_,
     bindparam,
+    case,
     create_engine,
     event,
     false,
@@ -27,14 +28,17 @@ from sqlalchemy import (
     select,
     true,
 )
+from sqlalchemy.dialects.postgresql import insert as postgresql_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Dialect, make_url
 from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
 from sqlalchemy.pool import QueuePool, StaticPool
 
 from troth_server.domain.promise import Payload, Promise, PromiseState
+from troth_server.domain.task import Callback, Task, TaskKind, TaskState
 from troth_server.store import PromiseQuery, SearchRow, StoreError, StoreUnavailable
 from troth_server.store._migrate import upgrade_to_head
-from troth_server.store._tables import promises
+from troth_server.store._tables import callbacks, promises, tasks
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
@@ -112,7 +116,183 @@ class _Statement:
         return values if self.order is None else tuple(values[name] for name in self.order)
 
 
-class _WriteTx:
+class _TaskStatements:
+    """Task and callback statements: Core, executed as they are (not on the promise hot path)."""
+
+    get = select(tasks).where(tasks.c.id.in_(bindparam("ids", expanding=True)))
+    active = select(tasks).where(
+        tasks.c.root_promise_id.in_(bindparam("roots", expanding=True)),
+        tasks.c.state.in_([TaskState.PENDING.value, TaskState.CLAIMED.value]),
+    )
+    pending = (
+        select(tasks)
+        .where(tasks.c.group == bindparam("group"), tasks.c.state == TaskState.PENDING.value)
+        .order_by(
+            # This worker's resumes first, then tasks nobody is preferred for, and
+            # last those waiting for another worker that may still hold the generator.
+            case(
+                (tasks.c.preferred_worker_id == bindparam("worker"), 0),
+                (tasks.c.preferred_worker_id.is_(None), 1),
+                else_=2,
+            ),
+            tasks.c.create_time,
+        )
+        .limit(bindparam("limit"))
+    )
+    claimed = select(tasks).where(
+        tasks.c.worker_id == bindparam("worker"), tasks.c.state == TaskState.CLAIMED.value
+    )
+    lease_expired = (
+        select(tasks)
+        .where(
+            tasks.c.state == TaskState.CLAIMED.value,
+            tasks.c.lease_expire_time <= bindparam("now"),
+        )
+        .order_by(tasks.c.lease_expire_time)
+        .limit(bindparam("limit"))
+    )
+    update = (
+        tasks.update()
+        .where(tasks.c.id == bindparam("b_id"))
+        .values(
+            state=bindparam("b_state"),
+            counter=bindparam("b_counter"),
+            worker_id=bindparam("b_worker_id"),
+            lease_expire_time=bindparam("b_lease_expire_time"),
+            preferred_worker_id=bindparam("b_preferred_worker_id"),
+            resume_pending=bindparam("b_resume_pending"),
+        )
+    )
+    get_callbacks = select(callbacks).where(
+        callbacks.c.promise_id.in_(bindparam("ids", expanding=True))
+    )
+    delete_callbacks = callbacks.delete().where(
+        or_(
+            callbacks.c.promise_id.in_(bindparam("ids", expanding=True)),
+            callbacks.c.root_promise_id.in_(bindparam("roots", expanding=True)),
+        )
+    )
+
+
+class _TaskTx:
+    """The task half of a write transaction (mixed into `_WriteTx`)."""
+
+    _conn: Connection
+
+    def get_callbacks(self, promise_ids: Collection[str]) -> list[Callback]:
+        if not promise_ids:
+            return []
+        rows = self._conn.execute(_TaskStatements.get_callbacks, {"ids": list(promise_ids)})
+        return [Callback(r.promise_id, r.root_promise_id, r.group, r.worker_id) for r in rows]
+
+    def insert_callbacks(self, items: Sequence[Callback], now: int) -> None:
+        if not items:
+            return
+        insert = sqlite_insert if self._conn.dialect.name == "sqlite" else postgresql_insert
+        stmt = insert(callbacks).on_conflict_do_nothing()
+        self._conn.execute(
+            stmt,
+            [
+                {
+                    "promise_id": c.promise_id,
+                    "root_promise_id": c.root_promise_id,
+                    "group": c.group,
+                    "worker_id": c.worker_id,
+                    "create_time": now,
+                }
+                for c in items
+            ],
+        )
+
+    def delete_callbacks(self, promise_ids: Collection[str], root_ids: Collection[str]) -> None:
+        if promise_ids or root_ids:
+            self._conn.execute(
+                _TaskStatements.delete_callbacks,
+                {"ids": list(promise_ids), "roots": list(root_ids)},
+            )
+
+    def get_tasks(self, task_ids: Collection[str]) -> dict[str, Task]:
+        if not task_ids:
+            return {}
+        rows = self._conn.execute(_TaskStatements.get, {"ids": list(task_ids)}).mappings()
+        return {row["id"]: _to_task(row) for row in rows}
+
+    def get_active_tasks(self, root_ids: Collection[str]) -> dict[str, Task]:
+        if not root_ids:
+            return {}
+        rows = self._conn.execute(_TaskStatements.active, {"roots": list(root_ids)}).mappings()
+        return {row["root_promise_id"]: _to_task(row) for row in rows}
+
+    def pending_tasks(self, group: str, prefer_worker: str, limit: int) -> list[Task]:
+        params = {"group": group, "worker": prefer_worker, "limit": limit}
+        return [_to_task(r) for r in self._conn.execute(_TaskStatements.pending, params).mappings()]
+
+    def claimed_tasks(self, worker_id: str) -> list[Task]:
+        rows = self._conn.execute(_TaskStatements.claimed, {"worker": worker_id}).mappings()
+        return [_to_task(r) for r in rows]
+
+    def lease_expired_tasks(self, now: int, limit: int) -> list[Task]:
+        params = {"now": now, "limit": limit}
+        rows = self._conn.execute(_TaskStatements.lease_expired, params).mappings()
+        return [_to_task(r) for r in rows]
+
+    def insert_tasks(self, items: Sequence[Task], now: int) -> None:
+        if items:
+            self._conn.execute(
+                tasks.insert(),
+                [
+                    {
+                        "id": t.id,
+                        "root_promise_id": t.root_promise_id,
+                        "group": t.group,
+                        "kind": t.kind.value,
+                        "state": t.state.value,
+                        "counter": t.counter,
+                        "worker_id": t.worker_id,
+                        "lease_expire_time": t.lease_expire_time,
+                        "preferred_worker_id": t.preferred_worker_id,
+                        "resume_pending": t.resume_pending,
+                        "create_time": now,
+                    }
+                    for t in items
+                ],
+            )
+
+    def update_tasks(self, items: Sequence[Task]) -> None:
+        if items:
+            self._conn.execute(
+                _TaskStatements.update,
+                [
+                    {
+                        "b_id": t.id,
+                        "b_state": t.state.value,
+                        "b_counter": t.counter,
+                        "b_worker_id": t.worker_id,
+                        "b_lease_expire_time": t.lease_expire_time,
+                        "b_preferred_worker_id": t.preferred_worker_id,
+                        "b_resume_pending": t.resume_pending,
+                    }
+                    for t in items
+                ],
+            )
+
+
+def _to_task(row: Any) -> Task:
+    return Task(
+        id=row["id"],
+        root_promise_id=row["root_promise_id"],
+        group=row["group"],
+        kind=TaskKind(row["kind"]),
+        state=TaskState(row["state"]),
+        counter=row["counter"],
+        worker_id=row["worker_id"],
+        lease_expire_time=row["lease_expire_time"],
+        preferred_worker_id=row["preferred_worker_id"],
+        resume_pending=bool(row["resume_pending"]),
+    )
+
+
+class _WriteTx(_TaskTx):
     def __init__(self, conn: Connection, compiled: _Compiled) -> None:
         self._conn = conn
         self._compiled = compiled

@@ -58,3 +58,61 @@ Index(
     sqlite_where=text("state = 'PENDING'"),
     postgresql_where=text("state = 'PENDING'"),
 )
+
+
+tasks = Table(
+    "tasks",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("root_promise_id", String(1024), nullable=False),
+    Column("group", String(256), nullable=False),
+    Column("kind", String(10), nullable=False),
+    Column("state", String(12), nullable=False),
+    Column("counter", BigInteger(), nullable=False),
+    Column("worker_id", String(256), nullable=True),
+    Column("lease_expire_time", BigInteger(), nullable=True),
+    Column("preferred_worker_id", String(256), nullable=True),
+    Column("resume_pending", Boolean(), nullable=False),
+    Column("create_time", BigInteger(), nullable=False),
+)
+
+# The dispatcher's loop: the oldest PENDING tasks of a group.
+Index(
+    "ix_tasks_pending_group",
+    tasks.c.group,
+    tasks.c.create_time,
+    sqlite_where=text("state = 'PENDING'"),
+    postgresql_where=text("state = 'PENDING'"),
+)
+# The lease sweeper's loop, and a worker's heartbeat / broken stream.
+Index(
+    "ix_tasks_claimed_lease",
+    tasks.c.lease_expire_time,
+    sqlite_where=text("state = 'CLAIMED'"),
+    postgresql_where=text("state = 'CLAIMED'"),
+)
+Index(
+    "ix_tasks_claimed_worker",
+    tasks.c.worker_id,
+    sqlite_where=text("state = 'CLAIMED'"),
+    postgresql_where=text("state = 'CLAIMED'"),
+)
+# One active task per root (DESIGN §4.9), enforced by the database too.
+Index(
+    "ux_tasks_active_root",
+    tasks.c.root_promise_id,
+    unique=True,
+    sqlite_where=text("state IN ('PENDING', 'CLAIMED')"),
+    postgresql_where=text("state IN ('PENDING', 'CLAIMED')"),
+)
+
+callbacks = Table(
+    "callbacks",
+    metadata,
+    Column("promise_id", String(1024), primary_key=True),
+    Column("root_promise_id", String(1024), primary_key=True),
+    Column("group", String(256), nullable=False),
+    Column("worker_id", String(256), nullable=True),
+    Column("create_time", BigInteger(), nullable=False),
+)
+Index("ix_callbacks_root", callbacks.c.root_promise_id)

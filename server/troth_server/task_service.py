@@ -1,0 +1,229 @@
+"""Use cases of workers' tasks: claim, heartbeat, complete, release, register callbacks.
+
+Each is one write op through the group committer, so a task's completion and
+its root's settlement, or a settle and the RESUME task it causes, commit in
+one transaction. The gRPC `Tasks` service and the dispatcher that pushes
+claimed tasks down workers' Poll streams build on these (issue 3).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from troth_server.domain import promise as domain
+from troth_server.domain import task as tasks
+from troth_server.domain.errors import PromiseNotFound
+from troth_server.domain.task import Callback, Task, TaskKind, TaskNotFound, TaskState
+from troth_server.group_commit import Batch, Keys
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+
+    from troth_server.domain.promise import Promise, SettleRequest
+    from troth_server.group_commit import GroupCommitter
+    from troth_server.store import Store, WriteTx
+
+
+@dataclass(frozen=True, slots=True)
+class Claimed:
+    task: Task
+    root: Promise | None
+
+
+def _held(batch: Batch, task_id: str) -> Task:
+    task = batch.task(task_id)
+    if task is None:
+        raise TaskNotFound(task_id)
+    return task
+
+
+def _read_task(tx: WriteTx, task_id: str) -> list[Task]:
+    return list(tx.get_tasks([task_id]).values())
+
+
+@dataclass(frozen=True, slots=True)
+class _ClaimOp:
+    group: str
+    worker_id: str
+    limit: int
+    lease_ms: int
+
+    def keys(self, tx: WriteTx, now: int) -> Keys:
+        candidates = tx.pending_tasks(self.group, self.worker_id, self.limit)
+        return Keys(promises=[t.root_promise_id for t in candidates], tasks=candidates)
+
+    def apply(self, batch: Batch) -> list[Claimed]:
+        claimed = []
+        for candidate in batch.pending_in(self.group, self.limit):
+            task = tasks.claim(candidate, self.worker_id, batch.now, self.lease_ms)
+            batch.put_task(task)
+            claimed.append(Claimed(task, batch.get(task.root_promise_id)))
+        return claimed
+
+
+@dataclass(frozen=True, slots=True)
+class _HeartbeatOp:
+    worker_id: str
+    lease_ms: int
+
+    def keys(self, tx: WriteTx, now: int) -> Keys:
+        return Keys(tasks=tx.claimed_tasks(self.worker_id))
+
+    def apply(self, batch: Batch) -> list[Task]:
+        extended = []
+        for task in batch.claimed_by(self.worker_id):
+            renewed = tasks.heartbeat(task, self.worker_id, task.counter, batch.now, self.lease_ms)
+            batch.put_task(renewed)
+            extended.append(renewed)
+        return extended
+
+
+@dataclass(frozen=True, slots=True)
+class _CompleteOp:
+    task_id: str
+    counter: int
+    worker_id: str
+    root_outcome: SettleRequest | None
+
+    def keys(self, tx: WriteTx, now: int) -> Keys:
+        found = _read_task(tx, self.task_id)
+        return Keys(promises=[t.root_promise_id for t in found], tasks=found)
+
+    def apply(self, batch: Batch) -> tuple[Task, Promise | None]:
+        task = _held(batch, self.task_id)
+        done, again = tasks.complete(task, self.worker_id, self.counter)
+        root = batch.get(task.root_promise_id)
+        if self.root_outcome is not None:
+            settled, applied = domain.settle(root, self.root_outcome, batch.now)
+            if applied:
+                assert root is not None
+                batch.settle(root, settled)
+            root = settled
+        batch.put_task(done)
+        if again and (root is None or not root.is_settled):
+            batch.put_task(
+                tasks.create(
+                    batch.new_task_id(), task.root_promise_id, task.group, TaskKind.RESUME,
+                    preferred=self.worker_id,
+                )
+            )  # fmt: skip
+        return done, root
+
+
+@dataclass(frozen=True, slots=True)
+class _ReleaseOp:
+    task_id: str
+    counter: int
+    worker_id: str
+
+    def keys(self, tx: WriteTx, now: int) -> Keys:
+        return Keys(tasks=_read_task(tx, self.task_id))
+
+    def apply(self, batch: Batch) -> Task:
+        released = tasks.release(_held(batch, self.task_id), self.worker_id, self.counter)
+        batch.put_task(released)
+        return released
+
+
+@dataclass(frozen=True, slots=True)
+class _RegisterCallbacksOp:
+    task_id: str
+    counter: int
+    worker_id: str
+    promise_ids: tuple[str, ...]
+
+    def keys(self, tx: WriteTx, now: int) -> Keys:
+        return Keys(promises=self.promise_ids, tasks=_read_task(tx, self.task_id))
+
+    def apply(self, batch: Batch) -> list[Promise]:
+        task = _held(batch, self.task_id)
+        tasks.check_holder(task, self.worker_id, self.counter)
+        settled = []
+        for promise_id in self.promise_ids:
+            promise = batch.get(promise_id)
+            if promise is None:
+                raise PromiseNotFound(promise_id)
+            if promise.is_settled:
+                settled.append(promise)
+        if settled:
+            # The worker continues with these instead of suspending: no callbacks.
+            return settled
+        for promise_id in self.promise_ids:
+            batch.add_callback(
+                Callback(promise_id, task.root_promise_id, task.group, self.worker_id)
+            )
+        return []
+
+
+@dataclass(frozen=True, slots=True)
+class _ReclaimOp:
+    """Tasks whose lease ran out, or whose worker's stream broke, back to the group."""
+
+    worker_id: str | None
+    now: int
+    limit: int
+
+    def keys(self, tx: WriteTx, now: int) -> Keys:
+        if self.worker_id is not None:
+            return Keys(tasks=tx.claimed_tasks(self.worker_id))
+        return Keys(tasks=tx.lease_expired_tasks(self.now, self.limit))
+
+    def apply(self, batch: Batch) -> list[Task]:
+        returned = []
+        candidates = (
+            batch.claimed_by(self.worker_id)
+            if self.worker_id is not None
+            else batch.claimed_by(None)
+        )
+        for task in candidates:
+            back = (
+                tasks.worker_gone(task, self.worker_id)
+                if self.worker_id is not None
+                else tasks.expire_lease(task, self.now)
+            )
+            if back is not task:
+                batch.put_task(back)
+                returned.append(back)
+        return returned
+
+
+class TaskService:
+    def __init__(self, store: Store, committer: GroupCommitter, clock: Callable[[], int]) -> None:
+        self._store = store
+        self._committer = committer
+        self._clock = clock
+
+    def claim(self, group: str, worker_id: str, limit: int, lease_ms: int) -> list[Claimed]:
+        """Lease up to `limit` PENDING tasks of `group` to the worker (its resumes first)."""
+        return self._committer.submit(_ClaimOp(group, worker_id, limit, lease_ms))
+
+    def heartbeat(self, worker_id: str, lease_ms: int) -> list[Task]:
+        """Extend every lease the worker holds; returns the tasks it still holds."""
+        return self._committer.submit(_HeartbeatOp(worker_id, lease_ms))
+
+    def complete(
+        self, task_id: str, counter: int, worker_id: str, root_outcome: SettleRequest | None
+    ) -> tuple[Task, Promise | None]:
+        """Complete the task, settling its root in the same transaction when given."""
+        return self._committer.submit(_CompleteOp(task_id, counter, worker_id, root_outcome))
+
+    def release(self, task_id: str, counter: int, worker_id: str) -> Task:
+        return self._committer.submit(_ReleaseOp(task_id, counter, worker_id))
+
+    def register_callbacks(
+        self, task_id: str, counter: int, worker_id: str, promise_ids: Sequence[str]
+    ) -> list[Promise]:
+        """Callbacks for the promises the root waits on, or those already settled."""
+        op = _RegisterCallbacksOp(task_id, counter, worker_id, tuple(promise_ids))
+        return self._committer.submit(op)
+
+    def worker_gone(self, worker_id: str) -> list[Task]:
+        return self._committer.submit(_ReclaimOp(worker_id, self._clock(), 0))
+
+    def expire_leases(self, limit: int, now: int | None = None) -> list[Task]:
+        now = self._clock() if now is None else now
+        return self._committer.submit(_ReclaimOp(None, now, limit))
+
+
+__all__ = ["Claimed", "TaskService", "TaskState"]

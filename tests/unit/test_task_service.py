@@ -1,0 +1,193 @@
+"""Task use cases in-process on a real SQLite file: start, claim, suspend on callbacks,
+resume, complete with the root's result, leases and fencing (groundwork for issue 3)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from troth_server.domain.errors import PromiseNotFound
+from troth_server.domain.promise import (
+    EMPTY,
+    CreateRequest,
+    Payload,
+    Promise,
+    PromiseState,
+    SettleRequest,
+)
+from troth_server.domain.task import StaleCounter, Task, TaskKind, TaskNotFound, TaskState
+from troth_server.group_commit import GroupCommitter
+from troth_server.service import PromiseService
+from troth_server.store import open_store
+from troth_server.task_service import TaskService
+from troth_server.watch import WatchHub
+
+HOUR = 3_600_000
+LEASE = 10_000
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_767_225_600_000
+
+    def __call__(self) -> int:
+        return self.now
+
+
+@dataclass
+class Env:
+    clock: Clock
+    promises: PromiseService
+    tasks: TaskService
+
+    def start(self, root: str, group: str = "workers") -> tuple[Promise, bool]:
+        tags = {"troth:invoke": group, "troth:func": "publish"}
+        return self.promises.create(CreateRequest(root, Payload({}, b"[]"), tags, ttl=HOUR))
+
+    def latent(self, promise_id: str) -> Promise:
+        return self.promises.create(CreateRequest(promise_id, EMPTY, {}, ttl=HOUR))[0]
+
+    def resolve(self, promise_id: str) -> Promise:
+        return self.promises.settle(SettleRequest(promise_id, PromiseState.RESOLVED, EMPTY))[0]
+
+    def claim(self, worker: str, limit: int = 10) -> list[Task]:
+        return [c.task for c in self.tasks.claim("workers", worker, limit, LEASE)]
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> Iterator[Env]:
+    clock = Clock()
+    store = open_store(f"sqlite:///{tmp_path}/t.db")
+    holder: list[PromiseService] = []
+    committer = GroupCommitter(store, clock, on_commit=lambda c: holder[0].on_commit(c))
+    promises = PromiseService(store, committer, WatchHub(), clock)
+    holder.append(promises)
+    committer.start()
+    yield Env(clock, promises, TaskService(store, committer, clock))
+    committer.stop()
+    store.close()
+
+
+def test_starting_a_workflow_creates_one_invoke_task(env: Env) -> None:
+    assert env.start("wf-1")[1] is True
+    assert env.start("wf-1")[1] is False  # a second start is the same execution
+    env.latent("not-a-workflow")
+    claimed = env.tasks.claim("workers", "w1", 10, LEASE)
+    assert len(claimed) == 1
+    task, root = claimed[0].task, claimed[0].root
+    assert (task.kind, task.state, task.counter, task.worker_id) == (
+        TaskKind.INVOKE, TaskState.CLAIMED, 1, "w1",
+    )  # fmt: skip
+    assert task.lease_expire_time == env.clock.now + LEASE
+    assert root is not None and root.id == "wf-1"
+    assert env.claim("w2") == []
+    assert env.tasks.claim("other-group", "w3", 10, LEASE) == []
+
+
+def test_complete_with_the_roots_result_in_one_call(env: Env) -> None:
+    env.start("wf-2")
+    (task,) = env.claim("w1")
+    outcome = SettleRequest("wf-2", PromiseState.RESOLVED, Payload({}, b'"done"'))
+    done, root = env.tasks.complete(task.id, task.counter, "w1", outcome)
+    assert done.state is TaskState.COMPLETED
+    assert root is not None and root.state is PromiseState.RESOLVED
+    assert env.promises.get("wf-2").value.data == b'"done"'
+    assert env.claim("w2") == []
+
+
+def test_suspend_then_resume_prefers_the_worker_that_suspended(env: Env) -> None:
+    env.start("wf-3")
+    env.start("wf-other")
+    first = env.claim("w1", limit=1)[0]
+    env.latent(f"{first.root_promise_id}.0")
+    assert env.tasks.register_callbacks(first.id, 1, "w1", [f"{first.root_promise_id}.0"]) == []
+    env.tasks.complete(first.id, 1, "w1", None)
+
+    env.resolve(f"{first.root_promise_id}.0")
+    # w2 asks first; the resume, preferring w1 (which suspended the workflow and may
+    # still hold its generator), comes after the tasks that prefer nobody.
+    other = env.claim("w2", limit=1)
+    assert [t.kind for t in other] == [TaskKind.INVOKE]
+    assert other[0].root_promise_id != first.root_promise_id
+    (resume,) = env.claim("w1", limit=1)
+    assert (resume.kind, resume.root_promise_id) == (TaskKind.RESUME, first.root_promise_id)
+
+
+def test_register_callbacks_answers_already_settled(env: Env) -> None:
+    env.start("wf-4")
+    (task,) = env.claim("w1")
+    env.latent("wf-4.0")
+    env.resolve("wf-4.0")
+    settled = env.tasks.register_callbacks(task.id, 1, "w1", ["wf-4.0"])
+    assert [p.id for p in settled] == ["wf-4.0"]
+    with pytest.raises(PromiseNotFound):
+        env.tasks.register_callbacks(task.id, 1, "w1", ["wf-4.nope"])
+    with pytest.raises(StaleCounter):
+        env.tasks.register_callbacks(task.id, 7, "w1", ["wf-4.0"])
+
+
+def test_one_resume_per_root_however_many_settle(env: Env) -> None:
+    env.start("wf-5")
+    (task,) = env.claim("w1")
+    for n in range(3):
+        env.latent(f"wf-5.{n}")
+    env.tasks.register_callbacks(task.id, 1, "w1", [f"wf-5.{n}" for n in range(3)])
+    env.tasks.complete(task.id, 1, "w1", None)
+    for n in range(3):
+        env.resolve(f"wf-5.{n}")
+    resumes = env.claim("w1")
+    assert [t.kind for t in resumes] == [TaskKind.RESUME]
+
+
+def test_a_settle_while_the_task_runs_resumes_after_it(env: Env) -> None:
+    env.start("wf-6")
+    (task,) = env.claim("w1")
+    env.latent("wf-6.0")
+    env.latent("wf-6.1")
+    env.tasks.register_callbacks(task.id, 1, "w1", ["wf-6.0"])
+    env.tasks.complete(task.id, 1, "w1", None)
+    env.resolve("wf-6.0")
+    (resume,) = env.claim("w1")
+    # While the resume runs, it registers on .1 and .1 settles before it completes.
+    env.tasks.register_callbacks(resume.id, resume.counter, "w1", ["wf-6.1"])
+    env.resolve("wf-6.1")
+    assert env.claim("w2") == []  # still one active task for the root
+    env.tasks.complete(resume.id, resume.counter, "w1", None)
+    (again,) = env.claim("w1")
+    assert again.kind is TaskKind.RESUME and again.id != resume.id
+
+
+def test_lease_expiry_and_fencing(env: Env) -> None:
+    env.start("wf-7")
+    (task,) = env.claim("w1")
+    env.clock.now += LEASE // 2
+    assert [t.id for t in env.tasks.heartbeat("w1", LEASE)] == [task.id]
+    env.clock.now += LEASE - 1
+    assert env.tasks.expire_leases(100) == []  # the heartbeat moved the lease on
+    env.clock.now += 1
+    assert [t.state for t in env.tasks.expire_leases(100)] == [TaskState.PENDING]
+    (moved,) = env.claim("w2")
+    assert moved.id == task.id and moved.counter == 2
+    with pytest.raises(StaleCounter):
+        env.tasks.complete(task.id, 1, "w1", None)
+    with pytest.raises(StaleCounter):
+        env.tasks.release(task.id, 1, "w1")
+    assert env.tasks.heartbeat("w1", LEASE) == []
+    with pytest.raises(TaskNotFound):
+        env.tasks.complete("no-such-task", 1, "w2", None)
+
+
+def test_a_broken_stream_and_a_release_give_tasks_back_at_once(env: Env) -> None:
+    env.start("wf-8")
+    env.start("wf-9")
+    held = env.claim("w1")
+    assert len(held) == 2
+    assert len(env.tasks.worker_gone("w1")) == 2
+    again = env.claim("w2")
+    assert sorted(t.counter for t in again) == [2, 2]
+    released = env.tasks.release(again[0].id, 2, "w2")
+    assert released.state is TaskState.PENDING and released.worker_id is None
+    assert [t.id for t in env.claim("w3")] == [again[0].id]
