@@ -21,14 +21,17 @@ import structlog
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from troth.v1 import promises_pb2, promises_pb2_grpc
+from troth.v1 import promises_pb2, promises_pb2_grpc, tasks_pb2, tasks_pb2_grpc
 from troth_server import _logging
 from troth_server.api.promises import AioPromisesServicer, PromisesServicer
+from troth_server.api.tasks import AioTasksServicer, TasksServicer
 from troth_server.config import Settings, settings_from
+from troth_server.dispatch import Dispatcher
 from troth_server.group_commit import GroupCommitter, wall_clock_ms
 from troth_server.service import PromiseService
 from troth_server.store import StoreError, open_store
 from troth_server.sweeper import Sweeper
+from troth_server.task_service import TaskService
 from troth_server.watch import WatchHub
 
 if TYPE_CHECKING:
@@ -38,8 +41,9 @@ if TYPE_CHECKING:
 log = structlog.get_logger("troth.server")
 
 PROMISES_SERVICE = promises_pb2.DESCRIPTOR.services_by_name["Promises"].full_name
+TASKS_SERVICE = tasks_pb2.DESCRIPTOR.services_by_name["Tasks"].full_name
 HEALTH_SERVICE = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
-SERVED = (PROMISES_SERVICE, HEALTH_SERVICE, reflection.SERVICE_NAME)
+SERVED = (PROMISES_SERVICE, TASKS_SERVICE, HEALTH_SERVICE, reflection.SERVICE_NAME)
 
 
 def grpc_options(settings: Settings) -> list[tuple[str, int]]:
@@ -69,21 +73,31 @@ class Core:
             clock,
             on_commit=lambda changes: self.service.on_commit(changes),
             max_batch=settings.commit_max_batch,
+            on_pending_tasks=lambda groups: self.dispatcher.wake(groups),
         )
         self.service = PromiseService(self.store, self.committer, WatchHub(), clock)
+        self.tasks = TaskService(self.store, self.committer, clock)
+        self.dispatcher = Dispatcher(self.tasks, self.store)
         self.sweeper = Sweeper(
             self.service,
             interval=settings.sweep_interval_ms / 1000,
             batch_size=settings.sweep_batch,
+            on_tick=self._tick,
         )
+
+    def _tick(self) -> None:
+        self.dispatcher.lost(self.tasks.expire_leases(self.settings.sweep_batch))
+        self.dispatcher.wake_all()  # the fallback: a missed wake-up only delays a task
 
     def start(self) -> None:
         self.committer.start()
+        self.dispatcher.start()
         self.sweeper.start()
 
     def stop(self) -> None:
         """After the gRPC server stopped: queued writes commit, then the store closes."""
         self.sweeper.stop()
+        self.dispatcher.stop()
         self.committer.stop()
         self.store.close()
         self.log_stats()
@@ -135,6 +149,9 @@ class Server:
         promises_pb2_grpc.add_PromisesServicer_to_server(
             PromisesServicer(self.core.service, settings.limits), self.grpc
         )
+        tasks_pb2_grpc.add_TasksServicer_to_server(
+            TasksServicer(self.core.tasks, self.core.dispatcher, settings.limits), self.grpc
+        )
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc)
         reflection.enable_server_reflection(SERVED, self.grpc)
         self.port = 0
@@ -147,7 +164,7 @@ class Server:
             raise
         self.core.start()
         self.grpc.start()
-        for name in ("", PROMISES_SERVICE):
+        for name in ("", PROMISES_SERVICE, TASKS_SERVICE):
             self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         _log_started(self.settings, self.port)
         return self.port
@@ -156,6 +173,7 @@ class Server:
         log.info("server.stopping")
         self.health.enter_graceful_shutdown()
         self.core.service.stop_watches()
+        self.core.dispatcher.end_streams()
         self.grpc.stop(self.settings.shutdown_grace_ms / 1000).wait()
         self.core.stop()
         log.info("server.stopped")
@@ -220,6 +238,9 @@ async def _serve_aio(settings: Settings) -> int:
     promises_pb2_grpc.add_PromisesServicer_to_server(
         AioPromisesServicer(core.service, settings.limits), server
     )
+    tasks_pb2_grpc.add_TasksServicer_to_server(
+        AioTasksServicer(core.tasks, core.dispatcher, settings.limits), server
+    )
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(SERVED, server)
     try:
@@ -229,7 +250,7 @@ async def _serve_aio(settings: Settings) -> int:
         raise
     core.start()
     await server.start()
-    for name in ("", PROMISES_SERVICE):
+    for name in ("", PROMISES_SERVICE, TASKS_SERVICE):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     _log_started(settings, port)
 
@@ -244,6 +265,7 @@ async def _serve_aio(settings: Settings) -> int:
     log.info("server.stopping")
     await health_servicer.enter_graceful_shutdown()
     core.service.stop_watches()
+    core.dispatcher.end_streams()
     await server.stop(settings.shutdown_grace_ms / 1000)
     # The writer answers its last batch through this loop: stop it from a thread.
     await asyncio.to_thread(core.stop)

@@ -38,6 +38,9 @@ class Limits:
     max_page_size: int = 1000
     default_ttl_ms: int = 86_400_000
     max_ttl_ms: int = 366 * 86_400_000
+    default_lease_ms: int = 10_000
+    max_lease_ms: int = 600_000
+    max_poll_capacity: int = 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +92,9 @@ _OPTIONS: dict[str, tuple[str, type | None, str]] = {
     "max-page-size": ("max_page_size", int, "largest search page"),
     "default-ttl": ("default_ttl_ms", None, "expiry of a promise created without one"),
     "max-ttl": ("max_ttl_ms", None, "longest ttl (and furthest expire_time) accepted"),
+    "default-lease": ("default_lease_ms", None, "lease of a delivered task when Poll gives none"),
+    "max-lease": ("max_lease_ms", None, "longest task lease a worker may ask for"),
+    "max-poll-capacity": ("max_poll_capacity", int, "most tasks one Poll stream may hold"),
 }
 _LIMIT_FIELDS = {f.name for f in fields(Limits)}
 
@@ -133,6 +139,8 @@ def _check(settings: Settings, parser: argparse.ArgumentParser) -> None:
         parser.error("default-page-size cannot exceed max-page-size")
     if settings.limits.default_ttl_ms > settings.limits.max_ttl_ms:
         parser.error("default-ttl cannot exceed max-ttl")
+    if settings.limits.default_lease_ms > settings.limits.max_lease_ms:
+        parser.error("default-lease cannot exceed max-lease")
 
 
 def build_parser() -> argparse.ArgumentParser:

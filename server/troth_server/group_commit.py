@@ -105,6 +105,8 @@ class Batch:
         """Promises whose callbacks fired (and are dropped)."""
         self.finished_roots: set[str] = set()
         """Roots that settled: their remaining callbacks are dropped."""
+        self.pending_groups: set[str] = set()
+        """Groups where a task became PENDING: the dispatcher has work after commit."""
 
     # -- promises ---------------------------------------------------------------------
 
@@ -159,6 +161,8 @@ class Batch:
         known = task.id in self._tasks and task.id not in self.task_inserts
         self._tasks[task.id] = task
         (self.task_updates if known else self.task_inserts)[task.id] = task
+        if task.state is TaskState.PENDING:
+            self.pending_groups.add(task.group)
         if task.state is TaskState.COMPLETED:
             if self._active.get(task.root_promise_id) == task.id:
                 del self._active[task.root_promise_id]
@@ -286,10 +290,12 @@ class GroupCommitter:
         on_commit: Callable[[list[StateChange]], None],
         *,
         max_batch: int = 512,
+        on_pending_tasks: Callable[[set[str]], None] | None = None,
     ) -> None:
         self._store = store
         self._clock = clock
         self._on_commit = on_commit
+        self._on_pending_tasks = on_pending_tasks
         self._max_batch = max_batch
         # Each entry is a group of requests: one from a thread, or all those an
         # event loop received in one iteration (fewer hand-offs, fuller batches).
@@ -377,7 +383,7 @@ class GroupCommitter:
     def _run(self, items: list[_Item[Any]]) -> None:
         now = self._clock()
         try:
-            outcomes, changes = self._store.write(lambda tx: _fold(tx, items, now))
+            outcomes, changes, pending_groups = self._store.write(lambda tx: _fold(tx, items, now))
         except StoreError as exc:
             if len(items) > 1:
                 # One bad request must not fail its neighbours: retry each alone.
@@ -403,6 +409,8 @@ class GroupCommitter:
         _wake_loops(items)
         if changes:
             self._on_commit(changes)
+        if pending_groups and self._on_pending_tasks is not None:
+            self._on_pending_tasks(pending_groups)
 
 
 def _wake_loops(items: list[_Item[Any]]) -> None:
@@ -420,7 +428,7 @@ def _wake_loops(items: list[_Item[Any]]) -> None:
 
 def _fold(
     tx: WriteTx, items: list[_Item[Any]], now: int
-) -> tuple[list[tuple[bool, Any]], list[StateChange]]:
+) -> tuple[list[tuple[bool, Any]], list[StateChange], set[str]]:
     promise_ids: set[str] = set()
     root_ids: set[str] = set()
     task_ids: set[str] = set()
@@ -458,7 +466,7 @@ def _fold(
     tx.insert_tasks(list(batch.task_inserts.values()), now)
     tx.delete_callbacks(batch.fired, batch.finished_roots)
     tx.insert_callbacks([c for c in batch.new_callbacks if c.promise_id not in batch.fired], now)
-    return outcomes, batch.changes
+    return outcomes, batch.changes, batch.pending_groups
 
 
 def wall_clock_ms() -> int:

@@ -15,6 +15,8 @@ import structlog
 from troth_server.store import StoreError
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from troth_server.service import PromiseService
 
 log = structlog.get_logger("troth.sweeper")
@@ -29,12 +31,21 @@ class SweepCounts:
 
 
 class Sweeper:
-    def __init__(self, service: PromiseService, *, interval: float, batch_size: int) -> None:
+    def __init__(
+        self,
+        service: PromiseService,
+        *,
+        interval: float,
+        batch_size: int,
+        on_tick: Callable[[], None] | None = None,
+    ) -> None:
         if interval <= 0 or batch_size <= 0:
             raise ValueError("sweeper interval and batch size must be positive")
         self._service = service
         self._interval = interval
         self._batch_size = batch_size
+        self._on_tick = on_tick
+        """More periodic work on the same beat (task leases, the dispatch fallback)."""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="troth-sweeper", daemon=True)
         self.swept = threading.Event()
@@ -65,6 +76,8 @@ class Sweeper:
         while not self._stop.wait(self._interval):
             try:
                 self.run_once()
+                if self._on_tick is not None:
+                    self._on_tick()
             except StoreError as exc:
                 log.warning("sweeper.store_unavailable", error=str(exc))
             except Exception:

@@ -8,7 +8,7 @@ claimed tasks down workers' Poll streams build on these (issue 3).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from troth_server.domain import promise as domain
@@ -95,7 +95,8 @@ class _CompleteOp:
         done, again = tasks.complete(task, self.worker_id, self.counter)
         root = batch.get(task.root_promise_id)
         if self.root_outcome is not None:
-            settled, applied = domain.settle(root, self.root_outcome, batch.now)
+            outcome = replace(self.root_outcome, id=task.root_promise_id)
+            settled, applied = domain.settle(root, outcome, batch.now)
             if applied:
                 assert root is not None
                 batch.settle(root, settled)
@@ -205,7 +206,8 @@ class TaskService:
     def complete(
         self, task_id: str, counter: int, worker_id: str, root_outcome: SettleRequest | None
     ) -> tuple[Task, Promise | None]:
-        """Complete the task, settling its root in the same transaction when given."""
+        """Complete the task, settling its root in the same transaction when given
+        (the outcome's id is ignored: it is always the task's root)."""
         return self._committer.submit(_CompleteOp(task_id, counter, worker_id, root_outcome))
 
     def release(self, task_id: str, counter: int, worker_id: str) -> Task:
@@ -217,6 +219,24 @@ class TaskService:
         """Callbacks for the promises the root waits on, or those already settled."""
         op = _RegisterCallbacksOp(task_id, counter, worker_id, tuple(promise_ids))
         return self._committer.submit(op)
+
+    async def complete_async(
+        self, task_id: str, counter: int, worker_id: str, root_outcome: SettleRequest | None
+    ) -> tuple[Task, Promise | None]:
+        op = _CompleteOp(task_id, counter, worker_id, root_outcome)
+        return await self._committer.submit_async(op)
+
+    async def heartbeat_async(self, worker_id: str, lease_ms: int) -> list[Task]:
+        return await self._committer.submit_async(_HeartbeatOp(worker_id, lease_ms))
+
+    async def release_async(self, task_id: str, counter: int, worker_id: str) -> Task:
+        return await self._committer.submit_async(_ReleaseOp(task_id, counter, worker_id))
+
+    async def register_callbacks_async(
+        self, task_id: str, counter: int, worker_id: str, promise_ids: Sequence[str]
+    ) -> list[Promise]:
+        op = _RegisterCallbacksOp(task_id, counter, worker_id, tuple(promise_ids))
+        return await self._committer.submit_async(op)
 
     def worker_gone(self, worker_id: str) -> list[Task]:
         return self._committer.submit(_ReclaimOp(worker_id, self._clock(), 0))

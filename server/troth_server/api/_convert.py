@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from troth.v1 import promises_pb2, types_pb2
+from troth.v1 import promises_pb2, tasks_pb2, types_pb2
 from troth_server.domain.errors import InvalidArgument
 from troth_server.domain.promise import (
     EMPTY,
@@ -17,6 +17,7 @@ from troth_server.domain.promise import (
     PromiseState,
     SettleRequest,
 )
+from troth_server.domain.task import Task, TaskKind, TaskState
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -189,6 +190,63 @@ def timestamp_ms(value: Timestamp, field: str) -> int:
     if value.seconds < 0 or value.nanos < 0 or value.nanos >= 1_000_000_000:
         raise InvalidArgument(field, "is not a valid timestamp after 1970")
     return value.seconds * 1000 + value.nanos // 1_000_000
+
+
+def name(value: str, limits: Limits, field: str) -> str:
+    """A group or worker id: the id charset, at most 256 characters."""
+    if not value:
+        raise InvalidArgument(field, "is required")
+    if len(value) > 256 or not ID_PATTERN.fullmatch(value):
+        raise InvalidArgument(field, f"{value[:60]!r} must be 1 to 256 characters of {ID_CHARSET}")
+    return value
+
+
+def lease_ms(request_lease: Duration | None, limits: Limits) -> int:
+    if request_lease is None:
+        return limits.default_lease_ms
+    lease = _duration_ms(request_lease)
+    if lease < 1000 or lease > limits.max_lease_ms:
+        raise InvalidArgument(
+            "lease", f"must be between 1s and {limits.max_lease_ms} ms; omit it for the default"
+        )
+    return lease
+
+
+def capacity(value: int, limits: Limits) -> int:
+    if value < 0 or value > limits.max_poll_capacity:
+        raise InvalidArgument(
+            "capacity", f"must be between 1 and {limits.max_poll_capacity} (0 means 1)"
+        )
+    return value or 1
+
+
+def counter(value: int) -> int:
+    if value <= 0:
+        raise InvalidArgument("counter", "is required: send the counter of the delivered task")
+    return value
+
+
+_PB_TASK_KINDS = {TaskKind.INVOKE: tasks_pb2.INVOKE, TaskKind.RESUME: tasks_pb2.RESUME}
+_PB_TASK_STATES = {
+    TaskState.PENDING: tasks_pb2.TASK_PENDING,
+    TaskState.CLAIMED: tasks_pb2.TASK_CLAIMED,
+    TaskState.COMPLETED: tasks_pb2.TASK_COMPLETED,
+}
+
+
+def task_to_pb(task: Task) -> tasks_pb2.Task:
+    message = tasks_pb2.Task(
+        id=task.id,
+        root_promise_id=task.root_promise_id,
+        group=task.group,
+        kind=_PB_TASK_KINDS[task.kind],
+        state=_PB_TASK_STATES[task.state],
+        counter=task.counter,
+        worker_id=task.worker_id or "",
+    )
+    if task.lease_expire_time is not None:
+        message.lease_expire_time.CopyFrom(_timestamp(task.lease_expire_time))
+    return message
 
 
 def _duration_ms(value: Duration) -> int:

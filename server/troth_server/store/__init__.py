@@ -95,6 +95,9 @@ class Store(Protocol):
     def expired_promise_ids(self, now: int, limit: int) -> list[str]:
         """Ids of PENDING promises whose expire_time is at or before `now`, oldest first."""
 
+    def promise_tree(self, root_id: str) -> tuple[Promise | None, list[Promise]]:
+        """The root promise and all its descendants (ids `<root>.*`), in creation order."""
+
     def close(self) -> None: ...
 
 

@@ -377,6 +377,19 @@ class SqlStore:
         with self._read() as conn:
             return list(conn.execute(_select_expired, {"now": now, "limit": limit}).scalars())
 
+    def promise_tree(self, root_id: str) -> tuple[Promise | None, list[Promise]]:
+        # A range rather than LIKE 'root.%': exact prefix semantics, and an index
+        # range scan on every dialect ('/' is the character after '.').
+        stmt = (
+            select(promises)
+            .where(promises.c.id >= root_id + ".", promises.c.id < root_id + "/")
+            .order_by(promises.c.seq)
+        )
+        with self._read() as conn:
+            root = conn.execute(_select_by_id, {"id": root_id}).first()
+            rows = conn.execute(stmt).all()
+        return (None if root is None else _to_promise(root)), [_to_promise(r) for r in rows]
+
     def close(self) -> None:
         self._write_engine.dispose()
         self._read_engine.dispose()

@@ -1,0 +1,145 @@
+import datetime
+
+from google.protobuf import duration_pb2 as _duration_pb2
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from troth.v1 import types_pb2 as _types_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class TaskKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TASK_KIND_UNSPECIFIED: _ClassVar[TaskKind]
+    INVOKE: _ClassVar[TaskKind]
+    RESUME: _ClassVar[TaskKind]
+
+class TaskState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TASK_STATE_UNSPECIFIED: _ClassVar[TaskState]
+    TASK_PENDING: _ClassVar[TaskState]
+    TASK_CLAIMED: _ClassVar[TaskState]
+    TASK_COMPLETED: _ClassVar[TaskState]
+TASK_KIND_UNSPECIFIED: TaskKind
+INVOKE: TaskKind
+RESUME: TaskKind
+TASK_STATE_UNSPECIFIED: TaskState
+TASK_PENDING: TaskState
+TASK_CLAIMED: TaskState
+TASK_COMPLETED: TaskState
+
+class Task(_message.Message):
+    __slots__ = ("id", "root_promise_id", "group", "kind", "state", "counter", "worker_id", "lease_expire_time")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    ROOT_PROMISE_ID_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    COUNTER_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    LEASE_EXPIRE_TIME_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    root_promise_id: str
+    group: str
+    kind: TaskKind
+    state: TaskState
+    counter: int
+    worker_id: str
+    lease_expire_time: _timestamp_pb2.Timestamp
+    def __init__(self, id: _Optional[str] = ..., root_promise_id: _Optional[str] = ..., group: _Optional[str] = ..., kind: _Optional[_Union[TaskKind, str]] = ..., state: _Optional[_Union[TaskState, str]] = ..., counter: _Optional[int] = ..., worker_id: _Optional[str] = ..., lease_expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class PollRequest(_message.Message):
+    __slots__ = ("group", "worker_id", "capacity", "lease")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    LEASE_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    worker_id: str
+    capacity: int
+    lease: _duration_pb2.Duration
+    def __init__(self, group: _Optional[str] = ..., worker_id: _Optional[str] = ..., capacity: _Optional[int] = ..., lease: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+
+class PollResponse(_message.Message):
+    __slots__ = ("task", "root", "history")
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    ROOT_FIELD_NUMBER: _ClassVar[int]
+    HISTORY_FIELD_NUMBER: _ClassVar[int]
+    task: Task
+    root: _types_pb2.Promise
+    history: _containers.RepeatedCompositeFieldContainer[_types_pb2.Promise]
+    def __init__(self, task: _Optional[_Union[Task, _Mapping]] = ..., root: _Optional[_Union[_types_pb2.Promise, _Mapping]] = ..., history: _Optional[_Iterable[_Union[_types_pb2.Promise, _Mapping]]] = ...) -> None: ...
+
+class CompleteTaskRequest(_message.Message):
+    __slots__ = ("task_id", "counter", "worker_id", "resolve_root", "reject_root")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    COUNTER_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    RESOLVE_ROOT_FIELD_NUMBER: _ClassVar[int]
+    REJECT_ROOT_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    counter: int
+    worker_id: str
+    resolve_root: _types_pb2.Payload
+    reject_root: _types_pb2.Payload
+    def __init__(self, task_id: _Optional[str] = ..., counter: _Optional[int] = ..., worker_id: _Optional[str] = ..., resolve_root: _Optional[_Union[_types_pb2.Payload, _Mapping]] = ..., reject_root: _Optional[_Union[_types_pb2.Payload, _Mapping]] = ...) -> None: ...
+
+class CompleteTaskResponse(_message.Message):
+    __slots__ = ("task", "root")
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    ROOT_FIELD_NUMBER: _ClassVar[int]
+    task: Task
+    root: _types_pb2.Promise
+    def __init__(self, task: _Optional[_Union[Task, _Mapping]] = ..., root: _Optional[_Union[_types_pb2.Promise, _Mapping]] = ...) -> None: ...
+
+class HeartbeatRequest(_message.Message):
+    __slots__ = ("worker_id", "lease")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    LEASE_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    lease: _duration_pb2.Duration
+    def __init__(self, worker_id: _Optional[str] = ..., lease: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+
+class HeartbeatResponse(_message.Message):
+    __slots__ = ("task_ids",)
+    TASK_IDS_FIELD_NUMBER: _ClassVar[int]
+    task_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, task_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ReleaseTaskRequest(_message.Message):
+    __slots__ = ("task_id", "counter", "worker_id")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    COUNTER_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    counter: int
+    worker_id: str
+    def __init__(self, task_id: _Optional[str] = ..., counter: _Optional[int] = ..., worker_id: _Optional[str] = ...) -> None: ...
+
+class ReleaseTaskResponse(_message.Message):
+    __slots__ = ("task",)
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    task: Task
+    def __init__(self, task: _Optional[_Union[Task, _Mapping]] = ...) -> None: ...
+
+class RegisterCallbacksRequest(_message.Message):
+    __slots__ = ("task_id", "counter", "worker_id", "promise_ids")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    COUNTER_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    PROMISE_IDS_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    counter: int
+    worker_id: str
+    promise_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, task_id: _Optional[str] = ..., counter: _Optional[int] = ..., worker_id: _Optional[str] = ..., promise_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class RegisterCallbacksResponse(_message.Message):
+    __slots__ = ("settled",)
+    SETTLED_FIELD_NUMBER: _ClassVar[int]
+    settled: _containers.RepeatedCompositeFieldContainer[_types_pb2.Promise]
+    def __init__(self, settled: _Optional[_Iterable[_Union[_types_pb2.Promise, _Mapping]]] = ...) -> None: ...

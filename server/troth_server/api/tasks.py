@@ -1,0 +1,209 @@
+"""The `troth.v1.Tasks` servicers (thread pool and grpc.aio), for workers."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any, TypeAlias
+
+from troth.v1 import tasks_pb2, tasks_pb2_grpc
+from troth_server.api import _convert as convert
+from troth_server.api._rpc import aio_server_stream, aio_unary, server_stream, unary
+from troth_server.dispatch import Delivery, PollStream
+from troth_server.domain.errors import InvalidArgument
+from troth_server.domain.promise import PromiseState, SettleRequest
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Iterator
+
+    import grpc
+    import grpc.aio
+
+    from troth_server.config import Limits
+    from troth_server.dispatch import Dispatcher
+    from troth_server.task_service import TaskService
+
+    AioContext: TypeAlias = grpc.aio.ServicerContext[Any, Any]
+
+
+class _Handlers:
+    def __init__(self, tasks: TaskService, dispatcher: Dispatcher, limits: Limits) -> None:
+        self._tasks = tasks
+        self._dispatcher = dispatcher
+        self._limits = limits
+
+    def _stream(
+        self, request: tasks_pb2.PollRequest, loop: asyncio.AbstractEventLoop | None
+    ) -> PollStream:
+        return PollStream(
+            group=convert.name(request.group, self._limits, "group"),
+            worker_id=convert.name(request.worker_id, self._limits, "worker_id"),
+            capacity=convert.capacity(request.capacity, self._limits),
+            lease_ms=convert.lease_ms(
+                request.lease if request.HasField("lease") else None, self._limits
+            ),
+            loop=loop,
+        )
+
+    def _complete_args(
+        self, request: tasks_pb2.CompleteTaskRequest
+    ) -> tuple[str, int, str, SettleRequest | None]:
+        worker = convert.name(request.worker_id, self._limits, "worker_id")
+        task_id = convert.name(request.task_id, self._limits, "task_id")
+        outcome = None
+        which = request.WhichOneof("root_result")
+        if which is not None:
+            state = PromiseState.RESOLVED if which == "resolve_root" else PromiseState.REJECTED
+            value = convert.payload(getattr(request, which), self._limits, which)
+            # The root id is the task's; the op fills it in from the task it loads.
+            outcome = SettleRequest(id="", state=state, value=value, principal=worker)
+        return task_id, convert.counter(request.counter), worker, outcome
+
+    def _held_args(
+        self, request: tasks_pb2.ReleaseTaskRequest | tasks_pb2.RegisterCallbacksRequest
+    ) -> tuple[str, int, str]:
+        return (
+            convert.name(request.task_id, self._limits, "task_id"),
+            convert.counter(request.counter),
+            convert.name(request.worker_id, self._limits, "worker_id"),
+        )
+
+    def _promise_ids(self, request: tasks_pb2.RegisterCallbacksRequest) -> list[str]:
+        if not request.promise_ids:
+            raise InvalidArgument("promise_ids", "give at least one promise to wait on")
+        return [convert.promise_id(p, self._limits, "promise_ids") for p in request.promise_ids]
+
+    def _heartbeat_args(self, request: tasks_pb2.HeartbeatRequest) -> tuple[str, int]:
+        return (
+            convert.name(request.worker_id, self._limits, "worker_id"),
+            convert.lease_ms(request.lease if request.HasField("lease") else None, self._limits),
+        )
+
+
+def _poll_response(delivery: Delivery) -> tasks_pb2.PollResponse:
+    response = tasks_pb2.PollResponse(
+        task=convert.task_to_pb(delivery.task),
+        history=[convert.to_pb(p) for p in delivery.history],
+    )
+    if delivery.root is not None:
+        response.root.CopyFrom(convert.to_pb(delivery.root))
+    return response
+
+
+def _completed(result: tuple[Any, Any]) -> tasks_pb2.CompleteTaskResponse:
+    task, root = result
+    response = tasks_pb2.CompleteTaskResponse(task=convert.task_to_pb(task))
+    if root is not None:
+        response.root.CopyFrom(convert.to_pb(root))
+    return response
+
+
+class TasksServicer(_Handlers, tasks_pb2_grpc.TasksServicer):
+    """For the thread-pool server: each Poll stream holds a thread."""
+
+    @server_stream("Poll")
+    def Poll(
+        self, request: tasks_pb2.PollRequest, context: grpc.ServicerContext
+    ) -> Iterator[tasks_pb2.PollResponse]:
+        stream = self._stream(request, None)
+        self._dispatcher.connect(stream)
+        context.add_callback(lambda: stream.deliver(None))
+        try:
+            while context.is_active():
+                delivery = stream.next(timeout=1.0)
+                if delivery is None:
+                    if stream.closed or not context.is_active():
+                        return
+                    continue
+                yield _poll_response(delivery)
+        finally:
+            self._dispatcher.disconnect_later(stream)
+
+    @unary("CompleteTask")
+    def CompleteTask(
+        self, request: tasks_pb2.CompleteTaskRequest, context: grpc.ServicerContext
+    ) -> tasks_pb2.CompleteTaskResponse:
+        task_id, counter, worker, outcome = self._complete_args(request)
+        result = self._tasks.complete(task_id, counter, worker, outcome)
+        self._dispatcher.done(worker, task_id)
+        return _completed(result)
+
+    @unary("Heartbeat")
+    def Heartbeat(
+        self, request: tasks_pb2.HeartbeatRequest, context: grpc.ServicerContext
+    ) -> tasks_pb2.HeartbeatResponse:
+        held = self._tasks.heartbeat(*self._heartbeat_args(request))
+        return tasks_pb2.HeartbeatResponse(task_ids=[t.id for t in held])
+
+    @unary("ReleaseTask")
+    def ReleaseTask(
+        self, request: tasks_pb2.ReleaseTaskRequest, context: grpc.ServicerContext
+    ) -> tasks_pb2.ReleaseTaskResponse:
+        task_id, counter, worker = self._held_args(request)
+        task = self._tasks.release(task_id, counter, worker)
+        self._dispatcher.done(worker, task_id)
+        self._dispatcher.wake([task.group])
+        return tasks_pb2.ReleaseTaskResponse(task=convert.task_to_pb(task))
+
+    @unary("RegisterCallbacks")
+    def RegisterCallbacks(
+        self, request: tasks_pb2.RegisterCallbacksRequest, context: grpc.ServicerContext
+    ) -> tasks_pb2.RegisterCallbacksResponse:
+        settled = self._tasks.register_callbacks(
+            *self._held_args(request), self._promise_ids(request)
+        )
+        return tasks_pb2.RegisterCallbacksResponse(settled=[convert.to_pb(p) for p in settled])
+
+
+class AioTasksServicer(_Handlers, tasks_pb2_grpc.TasksServicer):
+    """For the grpc.aio server: a Poll stream is a coroutine waiting on its mailbox."""
+
+    @aio_server_stream("Poll")
+    async def Poll(
+        self, request: tasks_pb2.PollRequest, context: AioContext
+    ) -> AsyncIterator[tasks_pb2.PollResponse]:
+        stream = self._stream(request, asyncio.get_running_loop())
+        self._dispatcher.connect(stream)
+        try:
+            while True:
+                delivery = await stream.next_async()
+                if delivery is None:
+                    return
+                yield _poll_response(delivery)
+        finally:
+            # Also on cancellation (the worker went away): non-blocking by design.
+            self._dispatcher.disconnect_later(stream)
+
+    @aio_unary("CompleteTask")
+    async def CompleteTask(
+        self, request: tasks_pb2.CompleteTaskRequest, context: AioContext
+    ) -> tasks_pb2.CompleteTaskResponse:
+        task_id, counter, worker, outcome = self._complete_args(request)
+        result = await self._tasks.complete_async(task_id, counter, worker, outcome)
+        self._dispatcher.done(worker, task_id)
+        return _completed(result)
+
+    @aio_unary("Heartbeat")
+    async def Heartbeat(
+        self, request: tasks_pb2.HeartbeatRequest, context: AioContext
+    ) -> tasks_pb2.HeartbeatResponse:
+        held = await self._tasks.heartbeat_async(*self._heartbeat_args(request))
+        return tasks_pb2.HeartbeatResponse(task_ids=[t.id for t in held])
+
+    @aio_unary("ReleaseTask")
+    async def ReleaseTask(
+        self, request: tasks_pb2.ReleaseTaskRequest, context: AioContext
+    ) -> tasks_pb2.ReleaseTaskResponse:
+        task_id, counter, worker = self._held_args(request)
+        task = await self._tasks.release_async(task_id, counter, worker)
+        self._dispatcher.done(worker, task_id)
+        self._dispatcher.wake([task.group])
+        return tasks_pb2.ReleaseTaskResponse(task=convert.task_to_pb(task))
+
+    @aio_unary("RegisterCallbacks")
+    async def RegisterCallbacks(
+        self, request: tasks_pb2.RegisterCallbacksRequest, context: AioContext
+    ) -> tasks_pb2.RegisterCallbacksResponse:
+        settled = await self._tasks.register_callbacks_async(
+            *self._held_args(request), self._promise_ids(request)
+        )
+        return tasks_pb2.RegisterCallbacksResponse(settled=[convert.to_pb(p) for p in settled])

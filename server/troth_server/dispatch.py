@@ -1,0 +1,236 @@
+"""Pushes PENDING tasks to the connected workers of their group (Poll streams).
+
+Each Poll stream is a `PollStream` with a capacity and the set of tasks it
+holds. One dispatcher thread claims tasks for streams with room (a claim is a
+write through the group committer, so a delivered task is already leased) and
+hands them to the stream's mailbox, with the root and its whole history read
+once. It wakes when a commit created PENDING tasks in a group, when a stream
+connects or makes room, and on every sweeper tick (so a missed wake-up only
+delays a task, never loses it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import structlog
+
+from troth_server.domain.task import TaskState
+from troth_server.store import StoreError
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from troth_server.domain.promise import Promise
+    from troth_server.domain.task import Task
+    from troth_server.store import Store
+    from troth_server.task_service import TaskService
+
+log = structlog.get_logger("troth.dispatch")
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    task: Task
+    root: Promise | None
+    history: list[Promise]
+
+
+@dataclass(eq=False)
+class PollStream:
+    """One worker's Poll stream: where its tasks go, and how many it may hold."""
+
+    group: str
+    worker_id: str
+    capacity: int
+    lease_ms: int
+    loop: asyncio.AbstractEventLoop | None = None
+    held: set[str] = field(default_factory=set)
+    closed: bool = False
+
+    def __post_init__(self) -> None:
+        self._sync: queue.SimpleQueue[Delivery | None] = queue.SimpleQueue()
+        self._async: asyncio.Queue[Delivery | None] | None = (
+            asyncio.Queue() if self.loop is not None else None
+        )
+
+    @property
+    def room(self) -> int:
+        return 0 if self.closed else self.capacity - len(self.held)
+
+    def deliver(self, delivery: Delivery | None) -> None:
+        """From any thread; None ends the stream."""
+        if self._async is not None and self.loop is not None:
+            try:
+                self.loop.call_soon_threadsafe(self._async.put_nowait, delivery)
+            except RuntimeError:  # the loop is closed: the stream is gone
+                pass
+        else:
+            self._sync.put(delivery)
+
+    def next(self, timeout: float | None) -> Delivery | None:
+        """Thread mode: the next delivery; None at the end (or on timeout)."""
+        try:
+            return self._sync.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+    async def next_async(self) -> Delivery | None:
+        assert self._async is not None
+        return await self._async.get()
+
+
+class Dispatcher:
+    """Owns the Poll streams and the dispatch thread; `start()`/`stop()` bound it."""
+
+    def __init__(self, tasks: TaskService, store: Store) -> None:
+        self._tasks = tasks
+        self._store = store
+        self._lock = threading.Condition()
+        self._streams: dict[str, list[PollStream]] = {}
+        self._wanted: set[str] = set()
+        self._gone: list[PollStream] = []
+        self._stopping = False
+        self._thread = threading.Thread(target=self._loop, name="troth-dispatch", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def end_streams(self) -> None:
+        """Server shutdown: end every Poll stream. Workers keep their leases and
+        reconnect (to another replica, or to this server when it is back)."""
+        with self._lock:
+            self._stopping = True
+            streams = [s for group in self._streams.values() for s in group]
+            self._lock.notify_all()
+        for stream in streams:
+            stream.closed = True
+            stream.deliver(None)
+
+    def stop(self) -> None:
+        self.end_streams()
+        self._thread.join()
+
+    # -- streams --------------------------------------------------------------------------
+
+    def connect(self, stream: PollStream) -> None:
+        with self._lock:
+            self._streams.setdefault(stream.group, []).append(stream)
+        log.info("worker.connected", group=stream.group, worker_id=stream.worker_id,
+                 capacity=stream.capacity)  # fmt: skip
+        self.wake([stream.group])
+
+    def disconnect_later(self, stream: PollStream) -> None:
+        """From any thread or loop, without blocking: the dispatch thread does the rest."""
+        stream.closed = True
+        with self._lock:
+            self._gone.append(stream)
+            self._lock.notify_all()
+
+    def disconnect(self, stream: PollStream) -> None:
+        """The stream ended or broke: the worker's tasks go back to the group at once."""
+        stream.closed = True
+        with self._lock:
+            group = self._streams.get(stream.group, [])
+            if stream in group:
+                group.remove(stream)
+            others = any(s.worker_id == stream.worker_id for s in group)
+        if others or self._stopping:
+            return
+        try:
+            returned = self._tasks.worker_gone(stream.worker_id)
+        except StoreError as exc:  # leases expire on their own if this fails
+            log.warning("dispatch.release_failed", worker_id=stream.worker_id, error=str(exc))
+            return
+        log.info("worker.disconnected", group=stream.group, worker_id=stream.worker_id,
+                 released=len(returned))  # fmt: skip
+        self.wake({t.group for t in returned})
+
+    def done(self, worker_id: str, task_id: str) -> None:
+        """A task left the worker (completed, released, lost): its stream has room again."""
+        groups = set()
+        with self._lock:
+            for group, streams in self._streams.items():
+                for stream in streams:
+                    if stream.worker_id == worker_id and task_id in stream.held:
+                        stream.held.discard(task_id)
+                        groups.add(group)
+        self.wake(groups)
+
+    def lost(self, lost_tasks: Iterable[Task]) -> None:
+        """Tasks whose lease expired: off their old streams, and offered again."""
+        groups = set()
+        for task in lost_tasks:
+            groups.add(task.group)
+            with self._lock:
+                for stream in self._streams.get(task.group, []):
+                    stream.held.discard(task.id)
+        self.wake(groups)
+
+    # -- dispatching ----------------------------------------------------------------------
+
+    def wake(self, groups: Iterable[str]) -> None:
+        with self._lock:
+            self._wanted.update(g for g in groups if g in self._streams)
+            if self._wanted:
+                self._lock.notify_all()
+
+    def wake_all(self) -> None:
+        with self._lock:
+            self._wanted.update(self._streams)
+            self._lock.notify_all()
+
+    def _loop(self) -> None:
+        while True:
+            with self._lock:
+                while not self._wanted and not self._gone and not self._stopping:
+                    self._lock.wait()
+                if self._stopping:
+                    return
+                groups, self._wanted = self._wanted, set()
+                gone, self._gone = self._gone, []
+            for stream in gone:
+                try:
+                    self.disconnect(stream)
+                except Exception:
+                    log.exception("dispatch.disconnect_failed", worker_id=stream.worker_id)
+            with self._lock:
+                groups |= self._wanted
+                self._wanted = set()
+            for group in groups:
+                try:
+                    self._dispatch(group)
+                except StoreError as exc:
+                    log.warning("dispatch.store_unavailable", group=group, error=str(exc))
+                except Exception:
+                    log.exception("dispatch.failed", group=group)
+
+    def _dispatch(self, group: str) -> None:
+        while True:
+            with self._lock:
+                candidates = [s for s in self._streams.get(group, []) if s.room > 0]
+            if not candidates:
+                return
+            delivered = 0
+            for stream in sorted(candidates, key=lambda s: -s.room):
+                for claimed in self._tasks.claim(group, stream.worker_id, stream.room,
+                                                 stream.lease_ms):  # fmt: skip
+                    task = claimed.task
+                    if stream.closed:
+                        # It went away between the claim and now: give the task back.
+                        self._tasks.release(task.id, task.counter, stream.worker_id)
+                        continue
+                    root, history = self._store.promise_tree(task.root_promise_id)
+                    with self._lock:
+                        stream.held.add(task.id)
+                    stream.deliver(Delivery(task, root, history))
+                    delivered += 1
+            if not delivered:
+                return
+
+
+__all__ = ["Delivery", "Dispatcher", "PollStream", "TaskState"]

@@ -1,0 +1,248 @@
+"""troth.v1.Tasks against a real server: Poll delivers leased tasks with their history,
+callbacks turn settles into resumes, completion settles the root, fencing holds."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import uuid
+from collections.abc import Iterator
+
+import grpc
+import pytest
+from _support import ServerProcess, error_info
+
+from troth.v1 import promises_pb2 as pb
+from troth.v1 import promises_pb2_grpc, tasks_pb2, tasks_pb2_grpc
+from troth.v1 import types_pb2 as types
+
+WAIT = 15.0
+
+
+class Poller:
+    """A Poll stream read on a thread, so tests can wait for the next task with a deadline."""
+
+    def __init__(self, stub: tasks_pb2_grpc.TasksStub, group: str, worker: str, capacity: int = 4):
+        self.worker = worker
+        self._call = stub.Poll(
+            tasks_pb2.PollRequest(group=group, worker_id=worker, capacity=capacity)
+        )
+        self._queue: queue.Queue[tasks_pb2.PollResponse | Exception] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        try:
+            for response in self._call:
+                self._queue.put(response)
+        except grpc.RpcError as exc:
+            self._queue.put(exc)
+
+    def next(self) -> tasks_pb2.PollResponse:
+        got = self._queue.get(timeout=WAIT)
+        assert isinstance(got, tasks_pb2.PollResponse), got
+        return got
+
+    def nothing_within(self, seconds: float) -> bool:
+        try:
+            got = self._queue.get(timeout=seconds)
+        except queue.Empty:
+            return True
+        raise AssertionError(f"unexpected delivery: {got}")
+
+    def cancel(self) -> None:
+        self._call.cancel()
+
+
+@pytest.fixture
+def stubs(
+    channel: grpc.Channel,
+) -> tuple[promises_pb2_grpc.PromisesStub, tasks_pb2_grpc.TasksStub]:
+    return promises_pb2_grpc.PromisesStub(channel), tasks_pb2_grpc.TasksStub(channel)
+
+
+@pytest.fixture
+def group() -> str:
+    return f"g-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def pollers(
+    stubs: tuple[promises_pb2_grpc.PromisesStub, tasks_pb2_grpc.TasksStub],
+) -> Iterator[list[Poller]]:
+    made: list[Poller] = []
+    yield made
+    for p in made:
+        p.cancel()
+
+
+def start(promises: promises_pb2_grpc.PromisesStub, root: str, group: str) -> None:
+    promises.CreatePromise(
+        pb.CreatePromiseRequest(
+            id=root,
+            param=types.Payload(data=b"[]"),
+            tags={"troth:invoke": group, "troth:func": "publish"},
+        )
+    )
+
+
+def test_a_workflow_runs_suspends_resumes_and_completes(
+    stubs: tuple[promises_pb2_grpc.PromisesStub, tasks_pb2_grpc.TasksStub],
+    group: str,
+    pollers: list[Poller],
+) -> None:
+    promises, tasks = stubs
+    poller = Poller(tasks, group, "w1")
+    pollers.append(poller)
+    root = f"wf-{uuid.uuid4().hex[:8]}"
+    start(promises, root, group)
+
+    invoke = poller.next()
+    assert (invoke.task.kind, invoke.task.state, invoke.task.counter) == (
+        tasks_pb2.INVOKE, tasks_pb2.TASK_CLAIMED, 1,
+    )  # fmt: skip
+    assert invoke.root.id == root and list(invoke.history) == []
+    task = invoke.task
+
+    promises.CreatePromise(pb.CreatePromiseRequest(id=f"{root}.0"))
+    held = dict(task_id=task.id, counter=task.counter, worker_id="w1")
+    registered = tasks.RegisterCallbacks(
+        tasks_pb2.RegisterCallbacksRequest(**held, promise_ids=[f"{root}.0"])
+    )
+    assert list(registered.settled) == []
+    assert tasks.Heartbeat(tasks_pb2.HeartbeatRequest(worker_id="w1")).task_ids == [task.id]
+    done = tasks.CompleteTask(tasks_pb2.CompleteTaskRequest(**held))
+    assert done.task.state == tasks_pb2.TASK_COMPLETED
+
+    promises.ResolvePromise(
+        pb.ResolvePromiseRequest(id=f"{root}.0", value=types.Payload(data=b"true"))
+    )
+    resume = poller.next()
+    assert resume.task.kind == tasks_pb2.RESUME and resume.task.root_promise_id == root
+    assert [(p.id, p.state) for p in resume.history] == [(f"{root}.0", types.RESOLVED)]
+
+    finished = tasks.CompleteTask(
+        tasks_pb2.CompleteTaskRequest(
+            task_id=resume.task.id, counter=resume.task.counter, worker_id="w1",
+            resolve_root=types.Payload(data=b'"published"'),
+        )
+    )  # fmt: skip
+    assert finished.root.state == types.RESOLVED
+    got = promises.GetPromise(pb.GetPromiseRequest(id=root)).promise
+    assert got.value.data == b'"published"' and got.settled_by == "w1"
+
+    with pytest.raises(grpc.RpcError) as caught:  # the same call again: the task moved on
+        tasks.CompleteTask(tasks_pb2.CompleteTaskRequest(**held))
+    assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert error_info(caught.value).reason == "STALE_COUNTER"
+
+
+def test_register_callbacks_answers_promises_already_settled(
+    stubs: tuple[promises_pb2_grpc.PromisesStub, tasks_pb2_grpc.TasksStub],
+    group: str,
+    pollers: list[Poller],
+) -> None:
+    promises, tasks = stubs
+    poller = Poller(tasks, group, "w1")
+    pollers.append(poller)
+    root = f"wf-{uuid.uuid4().hex[:8]}"
+    start(promises, root, group)
+    task = poller.next().task
+    promises.CreatePromise(pb.CreatePromiseRequest(id=f"{root}.0"))
+    promises.ResolvePromise(pb.ResolvePromiseRequest(id=f"{root}.0"))
+    answer = tasks.RegisterCallbacks(
+        tasks_pb2.RegisterCallbacksRequest(
+            task_id=task.id, counter=task.counter, worker_id="w1", promise_ids=[f"{root}.0"]
+        )
+    )
+    assert [p.id for p in answer.settled] == [f"{root}.0"]
+
+
+def test_a_broken_stream_gives_its_tasks_to_another_worker_at_once(
+    stubs: tuple[promises_pb2_grpc.PromisesStub, tasks_pb2_grpc.TasksStub],
+    group: str,
+    pollers: list[Poller],
+) -> None:
+    promises, tasks = stubs
+    first = Poller(tasks, group, "w1")
+    pollers.append(first)
+    root = f"wf-{uuid.uuid4().hex[:8]}"
+    start(promises, root, group)
+    task = first.next().task
+    second = Poller(tasks, group, "w2")
+    pollers.append(second)
+    assert second.nothing_within(0.3)  # w1 holds it
+    first.cancel()
+    moved = second.next().task  # well before the 10 s lease would have run out
+    assert (moved.id, moved.counter, moved.worker_id) == (task.id, 2, "w2")
+
+
+def test_release_hands_the_task_back(
+    stubs: tuple[promises_pb2_grpc.PromisesStub, tasks_pb2_grpc.TasksStub],
+    group: str,
+    pollers: list[Poller],
+) -> None:
+    promises, tasks = stubs
+    first = Poller(tasks, group, "w1", capacity=1)
+    pollers.append(first)
+    roots = [f"wf-{uuid.uuid4().hex[:8]}" for _ in range(2)]
+    for root in roots:
+        start(promises, root, group)
+    task = first.next().task
+    assert first.nothing_within(0.3)  # capacity 1: the second waits
+    released = tasks.ReleaseTask(
+        tasks_pb2.ReleaseTaskRequest(task_id=task.id, counter=task.counter, worker_id="w1")
+    )
+    assert released.task.state == tasks_pb2.TASK_PENDING
+    # Room again: the stream gets a task (the released one or the other, by age).
+    assert first.next().task.root_promise_id in roots
+
+
+@pytest.mark.parametrize(
+    ("call", "request_", "code", "field"),
+    [
+        ("CompleteTask", tasks_pb2.CompleteTaskRequest(task_id="nope", counter=1, worker_id="w"),
+         grpc.StatusCode.NOT_FOUND, None),
+        ("CompleteTask", tasks_pb2.CompleteTaskRequest(task_id="t", counter=0, worker_id="w"),
+         grpc.StatusCode.INVALID_ARGUMENT, "counter"),
+        ("ReleaseTask", tasks_pb2.ReleaseTaskRequest(task_id="t", counter=1),
+         grpc.StatusCode.INVALID_ARGUMENT, "worker_id"),
+        ("RegisterCallbacks",
+         tasks_pb2.RegisterCallbacksRequest(task_id="t", counter=1, worker_id="w"),
+         grpc.StatusCode.INVALID_ARGUMENT, "promise_ids"),
+        ("Heartbeat", tasks_pb2.HeartbeatRequest(worker_id="bad id"),
+         grpc.StatusCode.INVALID_ARGUMENT, "worker_id"),
+    ],
+)  # fmt: skip
+def test_bad_task_calls_are_refused_naming_the_field(
+    stubs: tuple[promises_pb2_grpc.PromisesStub, tasks_pb2_grpc.TasksStub],
+    call: str,
+    request_: object,
+    code: grpc.StatusCode,
+    field: str | None,
+) -> None:
+    with pytest.raises(grpc.RpcError) as caught:
+        getattr(stubs[1], call)(request_)
+    assert caught.value.code() == code
+    if field is not None:
+        assert error_info(caught.value).metadata["field"] == field
+
+
+def test_poll_without_a_worker_id_is_refused(
+    stubs: tuple[promises_pb2_grpc.PromisesStub, tasks_pb2_grpc.TasksStub],
+) -> None:
+    with pytest.raises(grpc.RpcError) as caught:
+        next(iter(stubs[1].Poll(tasks_pb2.PollRequest(group="g"), timeout=10)))
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error_info(caught.value).metadata["field"] == "worker_id"
+
+
+def test_reflection_lists_the_tasks_service(server: ServerProcess) -> None:
+    from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+    with server.channel() as channel:
+        stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+        responses = stub.ServerReflectionInfo(
+            iter([reflection_pb2.ServerReflectionRequest(list_services="")])
+        )
+        names = {s.name for r in responses for s in r.list_services_response.service}
+    assert "troth.v1.Tasks" in names
