@@ -119,6 +119,9 @@ class Batch:
             found = self._current[promise_id]
         return found
 
+    def loaded_ids(self, prefix: str) -> list[str]:
+        return [promise_id for promise_id in self._current if promise_id.startswith(prefix)]
+
     def expire_if_due(self, promise_id: str, now: int) -> bool:
         found = self._current.get(promise_id)
         if found is None or not domain.is_expired(found, now):

@@ -21,14 +21,15 @@ import structlog
 
 from troth_server.domain import promise as domain
 from troth_server.domain.errors import InvalidPageToken, PromiseNotFound
-from troth_server.group_commit import Keys
+from troth_server.domain.promise import PromiseState, SettleRequest
+from troth_server.group_commit import INVOKE_TAG, Keys
 from troth_server.store import PromiseQuery, Store, WriteTx
 from troth_server.watch import AsyncSubscription
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Iterator
 
-    from troth_server.domain.promise import CreateRequest, Promise, PromiseState, SettleRequest
+    from troth_server.domain.promise import CreateRequest, Promise
     from troth_server.group_commit import Batch, GroupCommitter, StateChange
     from troth_server.watch import Subscription, WatchHub
 
@@ -55,6 +56,10 @@ class _SettleOp:
     request: SettleRequest
 
     def keys(self, tx: WriteTx, now: int) -> Keys:
+        if self.request.state is PromiseState.REJECTED_CANCELED:
+            # Cancelling a workflow's root cancels what it still waits on (§4.10).
+            descendants = tx.pending_descendant_ids(self.request.id)
+            return Keys(promises=(self.request.id, *descendants))
         return Keys(promises=(self.request.id,))
 
     def apply(self, batch: Batch) -> tuple[Promise, bool]:
@@ -63,7 +68,21 @@ class _SettleOp:
         if applied:
             assert existing is not None
             batch.settle(existing, promise)
+            if promise.state is PromiseState.REJECTED_CANCELED and INVOKE_TAG in promise.tags:
+                self._cancel_descendants(batch, promise)
         return promise, applied
+
+    def _cancel_descendants(self, batch: Batch, root: Promise) -> None:
+        for promise_id in batch.loaded_ids(prefix=root.id + "."):
+            found = batch.get(promise_id)
+            if found is not None and not found.is_settled:
+                request = SettleRequest(
+                    promise_id,
+                    PromiseState.REJECTED_CANCELED,
+                    root.value,
+                    principal=self.request.principal,
+                )
+                batch.settle(found, domain.settle(found, request, batch.now)[0])
 
 
 @dataclass(frozen=True, slots=True)

@@ -94,7 +94,9 @@ class _CompleteOp:
         task = _held(batch, self.task_id)
         done, again = tasks.complete(task, self.worker_id, self.counter)
         root = batch.get(task.root_promise_id)
-        if self.root_outcome is not None:
+        # A root settled meanwhile (cancelled by a gateway, say) keeps that outcome:
+        # the workflow saw it as `Cancelled` and finishes without overriding it.
+        if self.root_outcome is not None and (root is None or not root.is_settled):
             outcome = replace(self.root_outcome, id=task.root_promise_id)
             settled, applied = domain.settle(root, outcome, batch.now)
             if applied:

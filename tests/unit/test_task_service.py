@@ -191,3 +191,39 @@ def test_a_broken_stream_and_a_release_give_tasks_back_at_once(env: Env) -> None
     released = env.tasks.release(again[0].id, 2, "w2")
     assert released.state is TaskState.PENDING and released.worker_id is None
     assert [t.id for t in env.claim("w3")] == [again[0].id]
+
+
+def test_cancelling_a_root_cancels_its_pending_descendants_and_resumes_it(env: Env) -> None:
+    env.start("wf-10")
+    (task,) = env.claim("w1")
+    for n in range(3):
+        env.latent(f"wf-10.{n}")
+    env.resolve("wf-10.2")
+    env.tasks.register_callbacks(task.id, 1, "w1", ["wf-10.0"])
+    env.tasks.complete(task.id, 1, "w1", None)
+
+    cancel = SettleRequest("wf-10", PromiseState.REJECTED_CANCELED, EMPTY, principal="ops")
+    root, applied = env.promises.settle(cancel)
+    assert applied and root.state is PromiseState.REJECTED_CANCELED
+    states = {n: env.promises.get(f"wf-10.{n}").state for n in range(3)}
+    assert states == {
+        0: PromiseState.REJECTED_CANCELED,
+        1: PromiseState.REJECTED_CANCELED,
+        2: PromiseState.RESOLVED,  # settled before: never changes
+    }
+    assert env.promises.get("wf-10.1").settled_by == "ops"
+    # The workflow resumes, sees Cancelled at its next yield, and may compensate.
+    (resume,) = env.claim("w1")
+    assert (resume.kind, resume.root_promise_id) == (TaskKind.RESUME, "wf-10")
+    # Finishing (after compensation) does not override the cancel.
+    outcome = SettleRequest("", PromiseState.REJECTED, Payload({}, b'"compensated"'))
+    done, final = env.tasks.complete(resume.id, resume.counter, "w1", outcome)
+    assert done.state is TaskState.COMPLETED
+    assert final is not None and final.state is PromiseState.REJECTED_CANCELED
+
+
+def test_cancelling_a_plain_promise_takes_nothing_along(env: Env) -> None:
+    env.latent("plain")
+    env.latent("plain.0")
+    env.promises.settle(SettleRequest("plain", PromiseState.REJECTED_CANCELED, EMPTY))
+    assert env.promises.get("plain.0").state is PromiseState.PENDING

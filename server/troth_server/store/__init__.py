@@ -58,6 +58,9 @@ class WriteTx(Protocol):
     def update_promises(self, promises: Sequence[Promise]) -> None:
         """Write the settle fields (state, value, settle_time, key, settled_by)."""
 
+    def pending_descendant_ids(self, root_id: str) -> list[str]:
+        """Ids `<root>.*` of promises still PENDING (a cancelled root takes them along)."""
+
     def get_callbacks(self, promise_ids: Collection[str]) -> list[Callback]: ...
 
     def insert_callbacks(self, callbacks: Sequence[Callback], now: int) -> None:

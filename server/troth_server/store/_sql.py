@@ -297,6 +297,14 @@ class _WriteTx(_TaskTx):
         self._conn = conn
         self._compiled = compiled
 
+    def pending_descendant_ids(self, root_id: str) -> list[str]:
+        stmt = select(promises.c.id).where(
+            promises.c.id >= root_id + ".",
+            promises.c.id < root_id + "/",
+            promises.c.state == PromiseState.PENDING.value,
+        )
+        return list(self._conn.execute(stmt).scalars())
+
     def get_promises(self, ids: Collection[str]) -> dict[str, Promise]:
         if not ids:
             return {}
