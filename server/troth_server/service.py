@@ -42,13 +42,24 @@ class _CreateOp:
     principal: str | None
 
     def keys(self, tx: WriteTx, now: int) -> Keys:
-        return Keys(promises=(self.request.id,))
+        parent = _parent_id(self.request.id)
+        return Keys(promises=(self.request.id,) if parent is None else (self.request.id, parent))
 
     def apply(self, batch: Batch) -> tuple[Promise, bool]:
-        promise, created = domain.create(batch.get(self.request.id), self.request, batch.now)
+        parent_id = _parent_id(self.request.id)
+        parent = None if parent_id is None else batch.get(parent_id)
+        # A step of a workflow (`<root>.<n>`) never outlives the workflow's root.
+        cap = parent.expire_time if parent is not None and INVOKE_TAG in parent.tags else None
+        existing = batch.get(self.request.id)
+        promise, created = domain.create(existing, self.request, batch.now, cap=cap)
         if created:
             batch.add(promise, self.principal)
         return promise, created
+
+
+def _parent_id(promise_id: str) -> str | None:
+    parent, dot, _ = promise_id.rpartition(".")
+    return parent if dot and parent else None
 
 
 @dataclass(frozen=True, slots=True)

@@ -227,3 +227,18 @@ def test_cancelling_a_plain_promise_takes_nothing_along(env: Env) -> None:
     env.latent("plain.0")
     env.promises.settle(SettleRequest("plain", PromiseState.REJECTED_CANCELED, EMPTY))
     assert env.promises.get("plain.0").state is PromiseState.PENDING
+
+
+def test_a_step_never_outlives_its_workflow(env: Env) -> None:
+    tags = {"troth:invoke": "workers", "troth:func": "publish"}
+    root, _ = env.promises.create(CreateRequest("wf-11", EMPTY, tags, ttl=60_000))
+    step, _ = env.promises.create(CreateRequest("wf-11.0", EMPTY, {}, ttl=HOUR))
+    assert step.expire_time == root.expire_time  # capped, and the creator is told
+    forever, _ = env.promises.create(CreateRequest("wf-11.1", EMPTY, {}, ttl=None))
+    assert forever.expire_time == root.expire_time
+    short, _ = env.promises.create(CreateRequest("wf-11.2", EMPTY, {}, ttl=1_000))
+    assert short.expire_time == env.clock.now + 1_000
+    # Only a workflow root caps: a dotted id under a plain promise keeps its ttl.
+    env.promises.create(CreateRequest("order", EMPTY, {}, ttl=60_000))
+    other, _ = env.promises.create(CreateRequest("order.7", EMPTY, {}, ttl=HOUR))
+    assert other.expire_time == env.clock.now + HOUR

@@ -136,9 +136,13 @@ def effective(promise: Promise, now: int) -> Promise:
     return expire(promise) if is_expired(promise, now) else promise
 
 
-def create(existing: Promise | None, request: CreateRequest, now: int) -> tuple[Promise, bool]:
+def create(
+    existing: Promise | None, request: CreateRequest, now: int, *, cap: int | None = None
+) -> tuple[Promise, bool]:
     """Create a promise, or recognise a repeat of the create that made `existing`.
 
+    `cap` is the latest expire_time allowed (a workflow step never outlives its
+    root, DESIGN §4.5); the effective expire_time is in the returned promise.
     Returns the promise (as a reader at `now` sees it) and whether it was created.
     """
     if existing is None:
@@ -160,7 +164,7 @@ def create(existing: Promise | None, request: CreateRequest, now: int) -> tuple[
             value=EMPTY,
             tags=request.tags,
             create_time=now,
-            expire_time=expire_time,
+            expire_time=expire_time if cap is None else min(expire_time or cap, cap),
             idempotency_key_for_create=request.idempotency_key,
         )
         return promise, True
