@@ -40,6 +40,7 @@ log = structlog.get_logger("troth.promises")
 class _CreateOp:
     request: CreateRequest
     principal: str | None
+    settled_with: SettleRequest | None = None
 
     def keys(self, tx: WriteTx, now: int) -> Keys:
         parent = _parent_id(self.request.id)
@@ -54,6 +55,10 @@ class _CreateOp:
         promise, created = domain.create(existing, self.request, batch.now, cap=cap)
         if created:
             batch.add(promise, self.principal)
+            if self.settled_with is not None:
+                settled, _ = domain.settle(promise, self.settled_with, batch.now)
+                batch.settle(promise, settled)
+                promise = settled
         return promise, created
 
 
@@ -129,13 +134,22 @@ class PromiseService:
         self._clock = clock
         self.stopping = threading.Event()
 
-    def create(self, request: CreateRequest, principal: str | None = None) -> tuple[Promise, bool]:
-        return self._committer.submit(_CreateOp(request, principal))
+    def create(
+        self,
+        request: CreateRequest,
+        principal: str | None = None,
+        settled_with: SettleRequest | None = None,
+    ) -> tuple[Promise, bool]:
+        """Create a promise (already settled, with `settled_with`), or find its repeat."""
+        return self._committer.submit(_CreateOp(request, principal, settled_with))
 
     async def create_async(
-        self, request: CreateRequest, principal: str | None = None
+        self,
+        request: CreateRequest,
+        principal: str | None = None,
+        settled_with: SettleRequest | None = None,
     ) -> tuple[Promise, bool]:
-        return await self._committer.submit_async(_CreateOp(request, principal))
+        return await self._committer.submit_async(_CreateOp(request, principal, settled_with))
 
     def settle(self, request: SettleRequest) -> tuple[Promise, bool]:
         return self._committer.submit(_SettleOp(request))

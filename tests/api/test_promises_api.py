@@ -436,3 +436,27 @@ def test_a_cancelled_watch_frees_the_server(
         next(stream)
         stream.cancel()
     assert stub.GetPromise(pb.GetPromiseRequest(id=pid), timeout=10).promise.state == types.PENDING
+
+
+def test_create_already_settled_in_one_call(stub: promises_pb2_grpc.PromisesStub) -> None:
+    pid = uid("step")
+    request = pb.CreatePromiseRequest(
+        id=pid, idempotency_key="step-key", resolved_with=payload(b'{"sent": true}')
+    )
+    first = stub.CreatePromise(request)
+    assert first.created and first.promise.state == types.RESOLVED
+    assert first.promise.value.data == b'{"sent": true}'
+    assert first.promise.idempotency_key_for_settle == "step-key"
+    again = stub.CreatePromise(request)  # a retry after a lost reply: the same record
+    assert not again.created and again.promise == first.promise
+    rejected = stub.CreatePromise(
+        pb.CreatePromiseRequest(id=uid("step"), rejected_with=payload(b'{"type": "Boom"}'))
+    ).promise
+    assert rejected.state == types.REJECTED
+    error = fails(
+        stub.CreatePromise,
+        pb.CreatePromiseRequest(id=uid(), resolved_with=payload(b"x" * 1_048_577)),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "INVALID_ARGUMENT",
+    )
+    assert error_info(error).metadata["field"] == "resolved_with"

@@ -27,7 +27,7 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from troth.v1 import types_pb2 as troth_dot_v1_dot_types__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17troth/v1/promises.proto\x12\x08troth.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x14troth/v1/types.proto\"\xd0\x02\n\x14\x43reatePromiseRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12 \n\x05param\x18\x02 \x01(\x0b\x32\x11.troth.v1.Payload\x12\x36\n\x04tags\x18\x03 \x03(\x0b\x32(.troth.v1.CreatePromiseRequest.TagsEntry\x12\x31\n\x0b\x65xpire_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.TimestampH\x00\x12(\n\x03ttl\x18\x05 \x01(\x0b\x32\x19.google.protobuf.DurationH\x00\x12\x15\n\rnever_expires\x18\x06 \x01(\x08\x12\x17\n\x0fidempotency_key\x18\x07 \x01(\t\x12\x0e\n\x06strict\x18\x08 \x01(\x08\x1a+\n\tTagsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x08\n\x06\x65xpiry\"L\n\x15\x43reatePromiseResponse\x12\"\n\x07promise\x18\x01 \x01(\x0b\x32\x11.troth.v1.Promise\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"\x1f\n\x11GetPromiseRequest\x12\n\n\x02id\x18\x01 \x01(\t\"8\n\x12GetPromiseResponse\x12\"\n\x07promise\x18\x01 \x01(\x0b\x32\x11.troth.v1.Promise\"\xd8\x01\n\x15SearchPromisesRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12&\n\x06states\x18\x02 \x03(\x0e\x32\x16.troth.v1.PromiseState\x12\x37\n\x04tags\x18\x03 \x03(\x0b\x32).troth.v1.SearchPromisesRequest.TagsEntry\x12\x11\n\tpage_size\x18\x04 \x01(\x05\x12\x12\n\npage_token\x18\x05 \x01(\t\x1a+\n\tTagsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"V\n\x16SearchPromisesResponse\x12#\n\x08promises\x18\x01 \x03(\x0b\x32\x11.troth.v1.Promise\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"n\n\x15ResolvePromiseRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12 \n\x05value\x18\x02 \x01(\x0b\x32\x11.troth.v1.Payload\x12\x17\n\x0fidempotency_key\x18\x03 \x01(\t\x12\x0e\n\x06strict\x18\x04 \x01(\x08\"m\n\x14RejectPromiseRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12 \n\x05value\x18\x02 \x01(\x0b\x32\x11.troth.v1.Payload\x12\x17\n\x0fidempotency_key\x18\x03 \x01(\t\x12\x0e\n\x06strict\x18\x04 \x01(\x08\"m\n\x14\x43\x61ncelPromiseRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12 \n\x05value\x18\x02 \x01(\x0b\x32\x11.troth.v1.Payload\x12\x17\n\x0fidempotency_key\x18\x03 \x01(\t\x12\x0e\n\x06strict\x18\x04 \x01(\x08\"L\n\x15SettlePromiseResponse\x12\"\n\x07promise\x18\x01 \x01(\x0b\x32\x11.troth.v1.Promise\x12\x0f\n\x07\x61pplied\x18\x02 \x01(\x08\"!\n\x13WatchPromiseRequest\x12\n\n\x02id\x18\x01 \x01(\t\":\n\x14WatchPromiseResponse\x12\"\n\x07promise\x18\x01 \x01(\x0b\x32\x11.troth.v1.Promise2\xc3\x04\n\x08Promises\x12P\n\rCreatePromise\x12\x1e.troth.v1.CreatePromiseRequest\x1a\x1f.troth.v1.CreatePromiseResponse\x12G\n\nGetPromise\x12\x1b.troth.v1.GetPromiseRequest\x1a\x1c.troth.v1.GetPromiseResponse\x12S\n\x0eSearchPromises\x12\x1f.troth.v1.SearchPromisesRequest\x1a .troth.v1.SearchPromisesResponse\x12R\n\x0eResolvePromise\x12\x1f.troth.v1.ResolvePromiseRequest\x1a\x1f.troth.v1.SettlePromiseResponse\x12P\n\rRejectPromise\x12\x1e.troth.v1.RejectPromiseRequest\x1a\x1f.troth.v1.SettlePromiseResponse\x12P\n\rCancelPromise\x12\x1e.troth.v1.CancelPromiseRequest\x1a\x1f.troth.v1.SettlePromiseResponse\x12O\n\x0cWatchPromise\x12\x1d.troth.v1.WatchPromiseRequest\x1a\x1e.troth.v1.WatchPromiseResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17troth/v1/promises.proto\x12\x08troth.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x14troth/v1/types.proto\"\xb8\x03\n\x14\x43reatePromiseRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12 \n\x05param\x18\x02 \x01(\x0b\x32\x11.troth.v1.Payload\x12\x36\n\x04tags\x18\x03 \x03(\x0b\x32(.troth.v1.CreatePromiseRequest.TagsEntry\x12\x31\n\x0b\x65xpire_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.TimestampH\x00\x12(\n\x03ttl\x18\x05 \x01(\x0b\x32\x19.google.protobuf.DurationH\x00\x12\x15\n\rnever_expires\x18\x06 \x01(\x08\x12\x17\n\x0fidempotency_key\x18\x07 \x01(\t\x12\x0e\n\x06strict\x18\x08 \x01(\x08\x12*\n\rresolved_with\x18\t \x01(\x0b\x32\x11.troth.v1.PayloadH\x01\x12*\n\rrejected_with\x18\n \x01(\x0b\x32\x11.troth.v1.PayloadH\x01\x1a+\n\tTagsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x08\n\x06\x65xpiryB\x0e\n\x0csettled_with\"L\n\x15\x43reatePromiseResponse\x12\"\n\x07promise\x18\x01 \x01(\x0b\x32\x11.troth.v1.Promise\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"\x1f\n\x11GetPromiseRequest\x12\n\n\x02id\x18\x01 \x01(\t\"8\n\x12GetPromiseResponse\x12\"\n\x07promise\x18\x01 \x01(\x0b\x32\x11.troth.v1.Promise\"\xd8\x01\n\x15SearchPromisesRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12&\n\x06states\x18\x02 \x03(\x0e\x32\x16.troth.v1.PromiseState\x12\x37\n\x04tags\x18\x03 \x03(\x0b\x32).troth.v1.SearchPromisesRequest.TagsEntry\x12\x11\n\tpage_size\x18\x04 \x01(\x05\x12\x12\n\npage_token\x18\x05 \x01(\t\x1a+\n\tTagsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"V\n\x16SearchPromisesResponse\x12#\n\x08promises\x18\x01 \x03(\x0b\x32\x11.troth.v1.Promise\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"n\n\x15ResolvePromiseRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12 \n\x05value\x18\x02 \x01(\x0b\x32\x11.troth.v1.Payload\x12\x17\n\x0fidempotency_key\x18\x03 \x01(\t\x12\x0e\n\x06strict\x18\x04 \x01(\x08\"m\n\x14RejectPromiseRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12 \n\x05value\x18\x02 \x01(\x0b\x32\x11.troth.v1.Payload\x12\x17\n\x0fidempotency_key\x18\x03 \x01(\t\x12\x0e\n\x06strict\x18\x04 \x01(\x08\"m\n\x14\x43\x61ncelPromiseRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12 \n\x05value\x18\x02 \x01(\x0b\x32\x11.troth.v1.Payload\x12\x17\n\x0fidempotency_key\x18\x03 \x01(\t\x12\x0e\n\x06strict\x18\x04 \x01(\x08\"L\n\x15SettlePromiseResponse\x12\"\n\x07promise\x18\x01 \x01(\x0b\x32\x11.troth.v1.Promise\x12\x0f\n\x07\x61pplied\x18\x02 \x01(\x08\"!\n\x13WatchPromiseRequest\x12\n\n\x02id\x18\x01 \x01(\t\":\n\x14WatchPromiseResponse\x12\"\n\x07promise\x18\x01 \x01(\x0b\x32\x11.troth.v1.Promise2\xc3\x04\n\x08Promises\x12P\n\rCreatePromise\x12\x1e.troth.v1.CreatePromiseRequest\x1a\x1f.troth.v1.CreatePromiseResponse\x12G\n\nGetPromise\x12\x1b.troth.v1.GetPromiseRequest\x1a\x1c.troth.v1.GetPromiseResponse\x12S\n\x0eSearchPromises\x12\x1f.troth.v1.SearchPromisesRequest\x1a .troth.v1.SearchPromisesResponse\x12R\n\x0eResolvePromise\x12\x1f.troth.v1.ResolvePromiseRequest\x1a\x1f.troth.v1.SettlePromiseResponse\x12P\n\rRejectPromise\x12\x1e.troth.v1.RejectPromiseRequest\x1a\x1f.troth.v1.SettlePromiseResponse\x12P\n\rCancelPromise\x12\x1e.troth.v1.CancelPromiseRequest\x1a\x1f.troth.v1.SettlePromiseResponse\x12O\n\x0cWatchPromise\x12\x1d.troth.v1.WatchPromiseRequest\x1a\x1e.troth.v1.WatchPromiseResponse0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -39,33 +39,33 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SEARCHPROMISESREQUEST_TAGSENTRY']._loaded_options = None
   _globals['_SEARCHPROMISESREQUEST_TAGSENTRY']._serialized_options = b'8\001'
   _globals['_CREATEPROMISEREQUEST']._serialized_start=125
-  _globals['_CREATEPROMISEREQUEST']._serialized_end=461
-  _globals['_CREATEPROMISEREQUEST_TAGSENTRY']._serialized_start=408
-  _globals['_CREATEPROMISEREQUEST_TAGSENTRY']._serialized_end=451
-  _globals['_CREATEPROMISERESPONSE']._serialized_start=463
-  _globals['_CREATEPROMISERESPONSE']._serialized_end=539
-  _globals['_GETPROMISEREQUEST']._serialized_start=541
-  _globals['_GETPROMISEREQUEST']._serialized_end=572
-  _globals['_GETPROMISERESPONSE']._serialized_start=574
-  _globals['_GETPROMISERESPONSE']._serialized_end=630
-  _globals['_SEARCHPROMISESREQUEST']._serialized_start=633
-  _globals['_SEARCHPROMISESREQUEST']._serialized_end=849
-  _globals['_SEARCHPROMISESREQUEST_TAGSENTRY']._serialized_start=408
-  _globals['_SEARCHPROMISESREQUEST_TAGSENTRY']._serialized_end=451
-  _globals['_SEARCHPROMISESRESPONSE']._serialized_start=851
-  _globals['_SEARCHPROMISESRESPONSE']._serialized_end=937
-  _globals['_RESOLVEPROMISEREQUEST']._serialized_start=939
-  _globals['_RESOLVEPROMISEREQUEST']._serialized_end=1049
-  _globals['_REJECTPROMISEREQUEST']._serialized_start=1051
-  _globals['_REJECTPROMISEREQUEST']._serialized_end=1160
-  _globals['_CANCELPROMISEREQUEST']._serialized_start=1162
-  _globals['_CANCELPROMISEREQUEST']._serialized_end=1271
-  _globals['_SETTLEPROMISERESPONSE']._serialized_start=1273
-  _globals['_SETTLEPROMISERESPONSE']._serialized_end=1349
-  _globals['_WATCHPROMISEREQUEST']._serialized_start=1351
-  _globals['_WATCHPROMISEREQUEST']._serialized_end=1384
-  _globals['_WATCHPROMISERESPONSE']._serialized_start=1386
-  _globals['_WATCHPROMISERESPONSE']._serialized_end=1444
-  _globals['_PROMISES']._serialized_start=1447
-  _globals['_PROMISES']._serialized_end=2026
+  _globals['_CREATEPROMISEREQUEST']._serialized_end=565
+  _globals['_CREATEPROMISEREQUEST_TAGSENTRY']._serialized_start=496
+  _globals['_CREATEPROMISEREQUEST_TAGSENTRY']._serialized_end=539
+  _globals['_CREATEPROMISERESPONSE']._serialized_start=567
+  _globals['_CREATEPROMISERESPONSE']._serialized_end=643
+  _globals['_GETPROMISEREQUEST']._serialized_start=645
+  _globals['_GETPROMISEREQUEST']._serialized_end=676
+  _globals['_GETPROMISERESPONSE']._serialized_start=678
+  _globals['_GETPROMISERESPONSE']._serialized_end=734
+  _globals['_SEARCHPROMISESREQUEST']._serialized_start=737
+  _globals['_SEARCHPROMISESREQUEST']._serialized_end=953
+  _globals['_SEARCHPROMISESREQUEST_TAGSENTRY']._serialized_start=496
+  _globals['_SEARCHPROMISESREQUEST_TAGSENTRY']._serialized_end=539
+  _globals['_SEARCHPROMISESRESPONSE']._serialized_start=955
+  _globals['_SEARCHPROMISESRESPONSE']._serialized_end=1041
+  _globals['_RESOLVEPROMISEREQUEST']._serialized_start=1043
+  _globals['_RESOLVEPROMISEREQUEST']._serialized_end=1153
+  _globals['_REJECTPROMISEREQUEST']._serialized_start=1155
+  _globals['_REJECTPROMISEREQUEST']._serialized_end=1264
+  _globals['_CANCELPROMISEREQUEST']._serialized_start=1266
+  _globals['_CANCELPROMISEREQUEST']._serialized_end=1375
+  _globals['_SETTLEPROMISERESPONSE']._serialized_start=1377
+  _globals['_SETTLEPROMISERESPONSE']._serialized_end=1453
+  _globals['_WATCHPROMISEREQUEST']._serialized_start=1455
+  _globals['_WATCHPROMISEREQUEST']._serialized_end=1488
+  _globals['_WATCHPROMISERESPONSE']._serialized_start=1490
+  _globals['_WATCHPROMISERESPONSE']._serialized_end=1548
+  _globals['_PROMISES']._serialized_start=1551
+  _globals['_PROMISES']._serialized_end=2130
 # @@protoc_insertion_point(module_scope)

@@ -83,6 +83,25 @@ def create_request(request: promises_pb2.CreatePromiseRequest, limits: Limits) -
     )
 
 
+def settled_with(
+    request: promises_pb2.CreatePromiseRequest,
+    create: CreateRequest,
+    limits: Limits,
+    principal: str | None,
+) -> SettleRequest | None:
+    which = request.WhichOneof("settled_with")
+    if which is None:
+        return None
+    state = PromiseState.RESOLVED if which == "resolved_with" else PromiseState.REJECTED
+    return SettleRequest(
+        id=create.id,
+        state=state,
+        value=payload(getattr(request, which), limits, which),
+        idempotency_key=create.idempotency_key,
+        principal=principal,
+    )
+
+
 def settle_request(
     request: promises_pb2.ResolvePromiseRequest
     | promises_pb2.RejectPromiseRequest

@@ -43,15 +43,16 @@ class _Handlers:
         self._limits = limits
 
     def _create_request(
-        self, request: promises_pb2.CreatePromiseRequest, metadata: AnyContext
-    ) -> tuple[CreateRequest, str | None]:
+        self, request: promises_pb2.CreatePromiseRequest, context: AnyContext
+    ) -> tuple[CreateRequest, str | None, SettleRequest | None]:
         create = convert.create_request(request, self._limits)
         too_far = self._service.now() + self._limits.max_ttl_ms
         if create.expire_time is not None and create.expire_time > too_far:
             raise InvalidArgument(
                 "expire_time", f"is further away than the limit of {self._limits.max_ttl_ms} ms"
             )
-        return create, convert.principal(_metadata(metadata), self._limits)
+        principal = convert.principal(_metadata(context), self._limits)
+        return create, principal, convert.settled_with(request, create, self._limits, principal)
 
     def _settle_request(
         self, request: _SettleMessage, state: PromiseState, metadata: AnyContext
