@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from troth._commands import RetryPolicy
 from troth._promise import CreateResult, Promise, PromiseState, SearchPage, SettleResult
-from troth.client import Client
+from troth.client import Client, Handle
 from troth.codec import Codec, JsonCodec, Payload
 from troth.context import Context, PromiseHandle
 from troth.errors import (
@@ -29,6 +29,7 @@ from troth.errors import (
     UnavailableError,
     WorkflowError,
 )
+from troth.worker import RegistrationError, Worker
 
 __all__ = [
     "AlreadyExistsError",
@@ -41,6 +42,7 @@ __all__ = [
     "CreateResult",
     "DeadlineExceededError",
     "FailedPreconditionError",
+    "Handle",
     "InvalidArgumentError",
     "JsonCodec",
     "LeaseLostError",
@@ -54,6 +56,7 @@ __all__ = [
     "PromiseState",
     "PromiseTimedOutError",
     "Reason",
+    "RegistrationError",
     "ResourceExhaustedError",
     "RetryPolicy",
     "RpcError",
@@ -62,5 +65,6 @@ __all__ = [
     "TrothError",
     "UnauthenticatedError",
     "UnavailableError",
+    "Worker",
     "WorkflowError",
 ]

@@ -23,16 +23,18 @@ every call is idempotent:
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import uuid
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import datetime, timedelta
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
 import grpc
 
+from troth._commands import TAG_FUNC, TAG_INVOKE
 from troth._convert import (
     datetime_to_proto,
     payload_to_proto,
@@ -43,13 +45,22 @@ from troth._convert import (
 from troth._promise import CreateResult, Promise, PromiseState, SearchPage, SettleResult
 from troth._transport import Transport, as_call, map_rpc_errors
 from troth.codec import Codec, JsonCodec, Payload
-from troth.errors import ConfigurationError, DeadlineExceededError, UnavailableError
+from troth.errors import (
+    AlreadySettledError,
+    Cancelled,
+    ConfigurationError,
+    DeadlineExceededError,
+    PromiseRejectedError,
+    PromiseTimedOutError,
+    Reason,
+    UnavailableError,
+)
 from troth.v1 import promises_pb2
 
 if TYPE_CHECKING:
     from troth._transport import PromisesStub
 
-__all__ = ["DEFAULT_ADDRESS", "Client"]
+__all__ = ["DEFAULT_ADDRESS", "Client", "Handle"]
 
 _log = logging.getLogger("troth.client")
 
@@ -492,6 +503,185 @@ class Client:
                 return promise
         # watch() only ends after yielding a settled promise, or by raising.
         raise RuntimeError(f"the watch of promise {id!r} ended before it settled")
+
+    def start(
+        self,
+        workflow: str | Callable[..., Any],
+        *args: Any,
+        id: str,
+        group: str = "workers",
+        ttl: timedelta | None = None,
+    ) -> Handle:
+        """Start a workflow by id, once: a second start of the same id returns its handle.
+
+        Creates the workflow's root promise, tagged for `group`, with the
+        arguments (encoded with the codec, as a list) as its param; the server
+        hands it to a worker of the group. Starting is deduplicated by id:
+        any later start of the same id (from any process, with any
+        arguments) is answered with the existing execution, which never runs
+        twice; the first start's arguments win.
+
+        Args:
+            workflow: The registered workflow name, or the workflow function
+                (its `__name__` is the name).
+            args: The workflow's arguments after `ctx`; they must be encodable.
+            id: The workflow's id, e.g. "publish-post-7": its root promise's
+                id and the prefix of its step ids.
+            group: The group whose workers run it.
+            ttl: How long the workflow may take in all (it times out after);
+                None for the server's default. Every step's timeout is capped by it.
+
+        Returns:
+            A handle to the execution.
+
+        Raises:
+            AlreadyExistsError: A promise with this id exists that is not a workflow start.
+            InvalidArgumentError: Bad id or ttl, or arguments over the payload limit.
+            TypeError: The codec cannot encode the arguments.
+        """
+        name = _workflow_name(workflow)
+        self._create_raw(
+            id,
+            self._codec.encode(list(args)),
+            tags={TAG_INVOKE: group, TAG_FUNC: name},
+            ttl=ttl,
+            # Deterministic, so every start of this id is a repeat of the first.
+            idempotency_key=_start_key(id),
+        )
+        return Handle(self, id)
+
+    def handle(self, id: str) -> Handle:
+        """A handle to the workflow (or any promise) with this id; makes no call."""
+        return Handle(self, id)
+
+    def _create_raw(
+        self,
+        id: str,
+        param: Payload,
+        *,
+        tags: Mapping[str, str],
+        ttl: timedelta | None = None,
+        idempotency_key: str | None = None,
+    ) -> CreateResult:
+        """`create` with a param already encoded (the worker's step promises)."""
+        request = promises_pb2.CreatePromiseRequest(
+            id=id,
+            param=payload_to_proto(param),
+            tags=dict(tags),
+            idempotency_key=idempotency_key or "",
+        )
+        if ttl is not None:
+            request.ttl.CopyFrom(timedelta_to_proto(ttl))
+        response = self._transport.call(self._stub.CreatePromise, request, timeout=self._timeout)
+        return CreateResult(promise=promise_from_proto(response.promise), created=response.created)
+
+
+class Handle:
+    """A workflow execution (its root promise), found by id.
+
+    Made by `Client.start` or `Client.handle`; cheap, and makes no call until used.
+
+    Attributes:
+        id: The workflow's id (its root promise's id).
+
+    .. versionadded:: 0.1.0
+    """
+
+    __slots__ = ("_client", "id")
+
+    def __init__(self, client: Client, id: str) -> None:
+        self._client = client
+        self.id = id
+
+    def __repr__(self) -> str:
+        return f"Handle({self.id!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Handle) and other.id == self.id and other._client is self._client
+
+    def __hash__(self) -> int:
+        return hash(self.id)
+
+    def get(self) -> Promise:
+        """The root promise as it is now (pending while the workflow runs).
+
+        Raises:
+            NotFoundError: No workflow (promise) has this id.
+        """
+        return self._client.get(self.id)
+
+    def result(self, timeout: float | None = None) -> Any:
+        """Wait for the workflow to finish and return its decoded return value.
+
+        Args:
+            timeout: Seconds to wait; None waits as long as it takes.
+
+        Raises:
+            PromiseRejectedError: The workflow raised; `.value` is the decoded
+                error (`{"type": ..., "message": ...}` for an exception).
+            Cancelled: The workflow was cancelled.
+            PromiseTimedOutError: The workflow ran out of time (its ttl).
+            DeadlineExceededError: It had not finished within `timeout` (also a `TimeoutError`).
+            NotFoundError: No workflow (promise) has this id.
+        """
+        return _outcome(self._client, self._client.wait(self.id, timeout=timeout))
+
+    def cancel(self, value: Any = None) -> bool:
+        """Cancel the workflow: it sees `Cancelled` at its next yield; pending steps are cancelled.
+
+        Returns:
+            True if this call cancelled it; False if it had already been cancelled.
+
+        Raises:
+            AlreadySettledError: It had already finished (the message says how).
+            NotFoundError: No workflow (promise) has this id.
+        """
+        try:
+            return self._client.cancel(self.id, value).applied
+        except AlreadySettledError:
+            if self._client.get(self.id).state is PromiseState.REJECTED_CANCELED:
+                return False
+            raise
+
+
+def _outcome(client: Client, promise: Promise) -> Any:
+    """A settled root promise's value, or the matching error raised."""
+    state = promise.state
+    if state is PromiseState.RESOLVED:
+        return client.decode(promise.value)
+    if state is PromiseState.REJECTED:
+        try:
+            value = client.decode(promise.value)
+        except Exception:  # a value this codec cannot read: hand over the bytes
+            value = promise.value.data
+        raise PromiseRejectedError(promise.id, value)
+    if state is PromiseState.REJECTED_CANCELED:
+        raise Cancelled(promise.id)
+    raise PromiseTimedOutError(
+        grpc.StatusCode.FAILED_PRECONDITION,
+        Reason.TIMED_OUT,
+        f"workflow {promise.id!r} timed out before it finished; start it with a longer ttl",
+        {"promise_id": promise.id},
+    )
+
+
+def _start_key(id: str) -> str:
+    """The idempotency key of every start of workflow `id` (short enough for any id)."""
+    key = f"troth:start:{id}"
+    if len(key) <= _MAX_READABLE_KEY:
+        return key
+    return f"troth:start:sha256:{hashlib.sha256(id.encode()).hexdigest()}"
+
+
+_MAX_READABLE_KEY = 128
+
+
+def _workflow_name(workflow: str | Callable[..., Any]) -> str:
+    if isinstance(workflow, str):
+        if not workflow:
+            raise ValueError("workflow name must not be empty")
+        return workflow
+    return str(getattr(workflow, "__name__", None) or type(workflow).__name__)
 
 
 def _expiry_args(

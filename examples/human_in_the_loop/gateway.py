@@ -1,0 +1,287 @@
+"""The HTTP gateway of the human-in-the-loop example (FastAPI, served by uvicorn).
+
+It is what a web app does with troth: start a workflow by id, show what
+waits for a human, settle a human's decision by promise id, show the outcome.
+It holds no state of its own: everything lives on the troth server.
+
+    POST /posts/{post_id}/publish              start workflow `publish-{post_id}` (once)
+    GET  /posts/{post_id}[?wait=SECONDS]        its state, and its result once finished
+    GET  /approvals                             the approvals waiting for a decision
+    POST /approvals/{promise_id}/approve        approve (body: {"reviewer", "comment"}, optional)
+    POST /approvals/{promise_id}/reject         reject  (same body)
+
+A second click on approve or reject answers 409 with how, when and by whom
+the approval was settled; send the same `Idempotency-Key` header to make a
+retried click succeed instead (`applied: false`).
+
+Run it (see README.md):
+
+    TROTH_SERVER=127.0.0.1:7070 uvicorn gateway:app --port 8000
+
+Settings, from the environment: `TROTH_SERVER` (default 127.0.0.1:7070),
+`TROTH_GROUP` (default `workers`), `TROTH_PRINCIPAL` (recorded as `settled_by`,
+default `gateway`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import datetime, timedelta
+from typing import Annotated, Any
+
+from fastapi import FastAPI, Header, Query, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
+
+from troth import (
+    AlreadySettledError,
+    Client,
+    DeadlineExceededError,
+    InvalidArgumentError,
+    NotFoundError,
+    Promise,
+    PromiseState,
+    PromiseTimedOutError,
+    RpcError,
+    UnavailableError,
+)
+
+__all__ = ["app", "create_app"]
+
+_log = logging.getLogger("human_in_the_loop.gateway")
+
+WORKFLOW = "publish"
+"""The workflow's registered name (the function `publish` in worker.py)."""
+
+APPROVAL_TAG = "publish-post"
+"""The `approval` tag the workflow puts on its approval promises (worker.APPROVAL_TAG)."""
+
+DEFAULT_APPROVAL_TIMEOUT = timedelta(days=3).total_seconds()
+MAX_APPROVAL_TIMEOUT = timedelta(days=365).total_seconds()
+WORKFLOW_SLACK = timedelta(hours=1)
+"""How long the workflow may run past its approval's timeout (its root ttl covers both)."""
+
+_OUTCOMES = {
+    PromiseState.PENDING: "pending",
+    PromiseState.RESOLVED: "approved",
+    PromiseState.REJECTED: "rejected",
+    PromiseState.REJECTED_CANCELED: "canceled",
+    PromiseState.REJECTED_TIMEDOUT: "timed_out",
+}
+
+
+class StartRequest(BaseModel):
+    """Optional body of `POST /posts/{post_id}/publish`."""
+
+    approval_timeout_seconds: float = Field(
+        default=DEFAULT_APPROVAL_TIMEOUT, gt=0, le=MAX_APPROVAL_TIMEOUT
+    )
+
+
+class DecisionRequest(BaseModel):
+    """Optional body of approve / reject."""
+
+    reviewer: str | None = None
+    comment: str | None = None
+
+
+class ApprovalView(BaseModel):
+    id: str
+    post: str | None
+    workflow_id: str | None
+    state: PromiseState
+    outcome: str
+    created_at: datetime
+    expires_at: datetime | None
+    settled_at: datetime | None
+    settled_by: str | None
+    decision: Any = None
+    approve_url: str
+    reject_url: str
+
+
+class WorkflowView(BaseModel):
+    post: str
+    workflow_id: str
+    state: PromiseState
+    started_at: datetime
+    finished_at: datetime | None
+    result: Any = None
+    error: Any = None
+    approval: ApprovalView | None = None
+
+
+class SettledView(BaseModel):
+    applied: bool
+    approval: ApprovalView
+
+
+class ConflictView(BaseModel):
+    detail: str
+    reason: str
+    approval: ApprovalView
+
+
+def workflow_id(post_id: str) -> str:
+    """The workflow's id: starting it twice with the same id starts it once."""
+    return f"publish-{post_id}"
+
+
+def create_app(address: str | None = None, group: str | None = None) -> FastAPI:
+    """The gateway app, talking to the troth server at `address` (default `TROTH_SERVER`)."""
+    client = Client(
+        address or os.environ.get("TROTH_SERVER", "127.0.0.1:7070"),
+        principal=os.environ.get("TROTH_PRINCIPAL", "gateway"),
+    )
+    group = group or os.environ.get("TROTH_GROUP", "workers")
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        client.close()
+
+    app = FastAPI(title="troth human-in-the-loop gateway", lifespan=lifespan)
+
+    # The SDK's errors, as HTTP answers: a client's mistake is never a 500.
+    @app.exception_handler(RpcError)
+    async def rpc_error(request: Request, exc: Exception) -> JSONResponse:
+        status = 502
+        if isinstance(exc, NotFoundError):
+            status = 404
+        elif isinstance(exc, InvalidArgumentError):
+            status = 422
+        elif isinstance(exc, UnavailableError):
+            status = 503
+        elif isinstance(exc, DeadlineExceededError):
+            status = 504
+        reason = exc.reason if isinstance(exc, RpcError) else ""
+        return JSONResponse({"detail": str(exc), "reason": reason}, status_code=status)
+
+    def approval_view(promise: Promise) -> ApprovalView:
+        decision = None if promise.value.is_empty else client.decode(promise.value)
+        return ApprovalView(
+            id=promise.id,
+            post=promise.tags.get("post"),
+            workflow_id=promise.tags.get("workflow"),
+            state=promise.state,
+            outcome=_OUTCOMES[promise.state],
+            created_at=promise.create_time,
+            expires_at=promise.expire_time,
+            settled_at=promise.settle_time,
+            settled_by=promise.settled_by or None,
+            decision=decision,
+            approve_url=f"/approvals/{promise.id}/approve",
+            reject_url=f"/approvals/{promise.id}/reject",
+        )
+
+    def workflow_view(post_id: str, root: Promise) -> WorkflowView:
+        found = client.search(tags={"approval": APPROVAL_TAG, "workflow": root.id}, page_size=1)
+        view = WorkflowView(
+            post=post_id,
+            workflow_id=root.id,
+            state=root.state,
+            started_at=root.create_time,
+            finished_at=root.settle_time,
+            approval=approval_view(found.promises[0]) if found.promises else None,
+        )
+        if root.state is PromiseState.RESOLVED:
+            view.result = client.decode(root.value)
+        elif root.is_settled:
+            view.error = {"state": root.state, "value": client.decode(root.value)}
+        return view
+
+    @app.post("/posts/{post_id}/publish", status_code=202)
+    def start_publish(post_id: str, body: StartRequest | None = None) -> WorkflowView:
+        """Start the approval workflow of a post; a repeat returns the same execution."""
+        timeout = (body or StartRequest()).approval_timeout_seconds
+        handle = client.start(
+            WORKFLOW,
+            post_id,
+            timeout,
+            id=workflow_id(post_id),
+            group=group,
+            ttl=timedelta(seconds=timeout) + WORKFLOW_SLACK,
+        )
+        _log.info("started (or found) workflow %s", handle.id)
+        return workflow_view(post_id, handle.get())
+
+    @app.get("/posts/{post_id}")
+    def get_post(post_id: str, wait: Annotated[float, Query(ge=0, le=60)] = 0) -> WorkflowView:
+        """The workflow's state; with `wait`, first wait up to that many seconds for it to end."""
+        handle = client.handle(workflow_id(post_id))
+        root = handle.get()
+        if wait and not root.is_settled:
+            try:
+                root = client.wait(handle.id, timeout=wait)
+            except DeadlineExceededError:
+                root = handle.get()
+        return workflow_view(post_id, root)
+
+    @app.get("/approvals")
+    def list_approvals() -> list[ApprovalView]:
+        """The approvals waiting for a decision, oldest first."""
+        pending = client.search_all(tags={"approval": APPROVAL_TAG}, states=[PromiseState.PENDING])
+        return [approval_view(promise) for promise in pending]
+
+    def settle(
+        promise_id: str, approve: bool, body: DecisionRequest | None, key: str | None
+    ) -> SettledView | JSONResponse:
+        # Only approval promises may be settled here: never a workflow's root or
+        # another of its steps, whatever id the caller sends.
+        if client.get(promise_id).tags.get("approval") != APPROVAL_TAG:
+            return JSONResponse(
+                {"detail": f"{promise_id!r} is not an approval", "reason": "NOT_FOUND"},
+                status_code=404,
+            )
+        decision = {"approved": approve, **(body or DecisionRequest()).model_dump()}
+        settle_call = client.resolve if approve else client.reject
+        try:
+            result = settle_call(promise_id, decision, idempotency_key=key)
+        except (AlreadySettledError, PromiseTimedOutError) as exc:
+            # Settled before this click (or timed out): say how, when and by whom.
+            approval = approval_view(client.get(promise_id))
+            when = approval.settled_at.isoformat() if approval.settled_at else "earlier"
+            decided = approval.decision if isinstance(approval.decision, dict) else {}
+            who = decided.get("reviewer") or approval.settled_by
+            by = f" by {who}" if who else ""
+            conflict = ConflictView(
+                detail=f"approval {promise_id!r} was already {approval.outcome} at {when}{by}",
+                reason=exc.reason,
+                approval=approval,
+            )
+            return JSONResponse(conflict.model_dump(mode="json"), status_code=409)
+        verb = "approved" if approve else "rejected"
+        _log.info("%s %s (applied=%s)", verb, promise_id, result.applied)
+        return SettledView(applied=result.applied, approval=approval_view(result.promise))
+
+    conflict_doc: dict[int | str, dict[str, Any]] = {
+        404: {"description": "No such approval"},
+        409: {"model": ConflictView, "description": "Already settled (or timed out)"},
+    }
+
+    @app.post("/approvals/{promise_id}/approve", responses=conflict_doc, response_model=SettledView)
+    def approve(
+        promise_id: str,
+        body: DecisionRequest | None = None,
+        idempotency_key: Annotated[str | None, Header()] = None,
+    ) -> SettledView | JSONResponse:
+        """Approve: the workflow continues with the decision."""
+        return settle(promise_id, True, body, idempotency_key)
+
+    @app.post("/approvals/{promise_id}/reject", responses=conflict_doc, response_model=SettledView)
+    def reject(
+        promise_id: str,
+        body: DecisionRequest | None = None,
+        idempotency_key: Annotated[str | None, Header()] = None,
+    ) -> SettledView | JSONResponse:
+        """Reject: the workflow sees the rejection and reports it."""
+        return settle(promise_id, False, body, idempotency_key)
+
+    return app
+
+
+app = create_app()
+"""The app uvicorn serves: `uvicorn gateway:app`."""

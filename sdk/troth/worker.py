@@ -1,0 +1,843 @@
+"""`Worker`: runs the workflows of one group, as tasks leased from the server.
+
+A worker registers workflow functions (`@worker.workflow`), opens one `Poll`
+stream to the server for its group and runs each task it receives on a
+bounded thread pool::
+
+    worker = Worker(client, group="workers")
+
+    @worker.workflow
+    def publish(ctx: Context, post_id: str) -> Generator[Any, Any, dict[str, Any]]:
+        approval = yield ctx.promise(timeout=timedelta(days=3))
+        yield ctx.run(send_email, approval.id)
+        return {"post": post_id, "decision": (yield approval)}
+
+    worker.run()  # blocks until SIGINT/SIGTERM; or start() ... stop() to embed
+
+Running a task. The worker builds a `troth._engine.Engine` from the
+registered function, the arguments in the root promise's param and the
+history the task carries, and does the I/O the engine asks for: it creates
+step promises (latent, timer, child workflow), runs `ctx.run` functions under
+their `RetryPolicy` and records the result on the step promise (the last
+failure rejects it, so the workflow can catch it), and resolves `now()` /
+`random()` steps with a fresh draw. When the workflow waits on pending
+promises it registers callbacks and completes the task (the workflow is
+suspended and costs this worker nothing but, optionally, a place in a small
+cache); when it returns or raises, one `CompleteTask` settles the root.
+
+Leases. Every task is leased to this worker; one heartbeat thread extends
+all the leases every `lease / 3`, on its own thread, so a step that keeps the
+CPU busy does not lose its task. A task whose lease is gone (the server says
+`STALE_COUNTER`, the heartbeat no longer lists it, or the stream broke) is
+dropped quietly: another worker replays it from the checkpoints.
+
+Stopping. `stop()` lets every running task reach its next step boundary (a
+step function already running finishes and its result is recorded), for at
+most `shutdown_grace`, then gives every task it still holds back to the group
+(`ReleaseTask`) so other workers pick them up at once, and closes the stream.
+Threads: one poller (owns the stream), one heartbeater, and the pool; all
+are started by `start()` and ended by `stop()`.
+
+Suspended generators. A workflow that suspends may stay in the cache
+(`cache_size` workflows, least recently used evicted) so that its resume,
+which the server prefers to send to this worker, needs no replay. Evicting
+it, or stopping the worker, closes the generator (`Engine.close()`), which
+runs the workflow's `finally:` blocks: durable cleanup belongs in a step.
+Nothing depends on the cache: any worker of the group can resume any workflow.
+
+Logging goes to `logging.getLogger("troth.worker")`; the SDK configures nothing.
+"""
+
+from __future__ import annotations
+
+import collections
+import inspect
+import logging
+import os
+import random
+import signal
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import timedelta
+from types import FrameType, TracebackType
+from typing import TYPE_CHECKING, Any, Protocol, Self, TypeVar, overload
+
+import grpc
+
+from troth._commands import TAG_FUNC, Now, Random, RunStep
+from troth._convert import payload_to_proto, promise_from_proto, timedelta_to_proto
+from troth._engine import CreateStep, Done, Engine, Failed, Suspend, Workflow, error_value
+from troth._transport import as_call
+from troth._worker_steps import Exhausted, Interrupted, Succeeded, run_with_retry
+from troth.errors import (
+    AlreadySettledError,
+    InvalidArgumentError,
+    LeaseLostError,
+    NonDeterminismError,
+    NotFoundError,
+    PromiseTimedOutError,
+    RpcError,
+    TrothError,
+)
+from troth.v1 import tasks_pb2, tasks_pb2_grpc
+
+if TYPE_CHECKING:
+    from troth._promise import Promise
+    from troth.client import Client
+    from troth.codec import Payload
+
+__all__ = ["RegistrationError", "Worker"]
+
+_log = logging.getLogger("troth.worker")
+
+_W = TypeVar("_W", bound=Callable[..., Any])
+
+_MIN_RECONNECT_BACKOFF = 0.1
+_MAX_DROPPED = 1024
+_STABLE_STREAM = 10.0  # a stream open this long counts as established: reset the backoff
+_TRANSIENT_CODES = frozenset(
+    {
+        None,  # the server ended the stream (shutting down)
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.CANCELLED,
+        grpc.StatusCode.INTERNAL,
+        grpc.StatusCode.UNKNOWN,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+    }
+)
+"""Poll failures that may pass by themselves; any other is logged as an ERROR."""
+
+
+class RegistrationError(TrothError):
+    """A workflow could not be registered (duplicate name, not a generator function...).
+
+    Attributes:
+        name: The workflow name at fault.
+        message: What was wrong and what to do.
+
+    .. versionadded:: 0.1.0
+    """
+
+    def __init__(self, name: str, message: str) -> None:
+        super().__init__(name, message)
+        self.name = name
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.name, self.message))
+
+
+class _TasksStub(Protocol):
+    """The typed shape of the generated `troth.v1.Tasks` stub."""
+
+    Poll: grpc.UnaryStreamMultiCallable[tasks_pb2.PollRequest, tasks_pb2.PollResponse]
+    CompleteTask: grpc.UnaryUnaryMultiCallable[
+        tasks_pb2.CompleteTaskRequest, tasks_pb2.CompleteTaskResponse
+    ]
+    Heartbeat: grpc.UnaryUnaryMultiCallable[tasks_pb2.HeartbeatRequest, tasks_pb2.HeartbeatResponse]
+    ReleaseTask: grpc.UnaryUnaryMultiCallable[
+        tasks_pb2.ReleaseTaskRequest, tasks_pb2.ReleaseTaskResponse
+    ]
+    RegisterCallbacks: grpc.UnaryUnaryMultiCallable[
+        tasks_pb2.RegisterCallbacksRequest, tasks_pb2.RegisterCallbacksResponse
+    ]
+
+
+class _Cancellable(Protocol):
+    def cancel(self) -> bool: ...
+
+
+@dataclass(eq=False, slots=True)
+class _Held:
+    """A task leased to this worker, as this worker knows it."""
+
+    task_id: str
+    counter: int
+    root_id: str
+    lost: bool = False
+    """The server moved it on (stale counter, missing from a heartbeat, stream broke)."""
+    abandoned: bool = False
+    """Its runner gave up on it but could not release it yet; the heartbeater retries."""
+
+
+class _Stopping(Exception):
+    """The worker is stopping: leave the task for the release sweep."""
+
+
+class _Lost(Exception):
+    """The lease is gone: drop the task."""
+
+
+class Worker:
+    """Runs the workflows registered on it for one group; see the module docstring.
+
+    Args:
+        client: The connection to the server (its codec encodes values).
+        group: The group whose tasks this worker runs.
+        worker_id: Unique per worker process; default `<host>-<pid>-<random>`.
+        concurrency: Most tasks run (and held) at once.
+        lease: How long each task stays leased without a heartbeat; a
+            frozen worker's tasks move on after about this long.
+        cache_size: Suspended workflows kept for a resume without replay (0: none).
+        shutdown_grace: How long `stop()` lets running tasks reach a step boundary.
+        max_reconnect_backoff: Upper bound, in seconds, of the wait between
+            attempts to reopen a broken stream.
+
+    Raises:
+        ValueError: An argument is out of range.
+
+    .. versionadded:: 0.1.0
+    """
+
+    def __init__(
+        self,
+        client: Client,
+        group: str = "workers",
+        *,
+        worker_id: str | None = None,
+        concurrency: int = 16,
+        lease: timedelta = timedelta(seconds=10),
+        cache_size: int = 256,
+        shutdown_grace: timedelta = timedelta(seconds=30),
+        max_reconnect_backoff: float = 5.0,
+    ) -> None:
+        if not group:
+            raise ValueError("group must be a non-empty string, e.g. 'workers'")
+        if concurrency < 1:
+            raise ValueError(f"concurrency must be at least 1, not {concurrency}")
+        if lease < timedelta(seconds=1):
+            raise ValueError(f"lease must be at least one second, not {lease}")
+        if cache_size < 0:
+            raise ValueError(f"cache_size must not be negative, not {cache_size}")
+        if max_reconnect_backoff < _MIN_RECONNECT_BACKOFF:
+            raise ValueError(f"max_reconnect_backoff must be at least {_MIN_RECONNECT_BACKOFF}s")
+        self.client = client
+        self.group = group
+        self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.concurrency = concurrency
+        self.lease = lease
+        self._cache_size = cache_size
+        self._grace = shutdown_grace.total_seconds()
+        self._max_backoff = max_reconnect_backoff
+        self._registry: dict[str, Workflow] = {}
+        self._transport = client._transport
+        stub = tasks_pb2_grpc.TasksStub(self._transport.channel)  # type: ignore[no-untyped-call,unused-ignore]
+        self._stub: _TasksStub = stub
+        self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
+        self._held: dict[str, _Held] = {}
+        self._running = 0  # tasks submitted to the pool and not yet finished
+        self._cache: collections.OrderedDict[str, Engine] = collections.OrderedDict()
+        self._dropped: collections.OrderedDict[str, _Held] = collections.OrderedDict()
+        self._state = "new"
+        self._stopping = threading.Event()
+        self._stopped = threading.Event()
+        self._heartbeat_stop = threading.Event()
+        self._poll_call: _Cancellable | None = None
+        self._pool: ThreadPoolExecutor | None = None
+        self._poller: threading.Thread | None = None
+        self._heartbeater: threading.Thread | None = None
+
+    def __repr__(self) -> str:
+        return f"Worker(group={self.group!r}, worker_id={self.worker_id!r})"
+
+    # -- registry ----------------------------------------------------------
+
+    @overload
+    def workflow(self, fn: _W, /) -> _W: ...
+
+    @overload
+    def workflow(self, /, *, name: str | None = None) -> Callable[[_W], _W]: ...
+
+    def workflow(self, fn: Any = None, /, *, name: str | None = None) -> Any:
+        """Register a workflow: `@worker.workflow` or `@worker.workflow(name="...")`.
+
+        The name (default: the function's `__name__`) is what `client.start`
+        and `ctx.start` name. Returns the function unchanged.
+
+        Raises:
+            RegistrationError: The name is taken, empty, or `fn` is a plain
+                function without `yield` (a workflow must be a generator).
+        """
+
+        def register(function: _W) -> _W:
+            self._register(function, name)
+            return function
+
+        return register if fn is None else register(fn)
+
+    def _register(self, fn: Callable[..., Any], name: str | None) -> None:
+        if not callable(fn):
+            raise RegistrationError(str(name), f"workflow {fn!r} is not callable")
+        key = name if name is not None else str(getattr(fn, "__name__", ""))
+        if not key:
+            raise RegistrationError(
+                key, f"workflow {fn!r} has no name; register it with @worker.workflow(name=...)"
+            )
+        if inspect.isfunction(fn) and not inspect.isgeneratorfunction(fn):
+            raise RegistrationError(
+                key,
+                f"workflow {key!r} is a plain function, not a generator: a workflow must "
+                "`yield` its steps (write `result = yield ctx.run(fn, ...)`)",
+            )
+        with self._lock:
+            existing = self._registry.get(key)
+            if existing is not None and existing is not fn:
+                raise RegistrationError(
+                    key,
+                    f"a workflow named {key!r} is already registered on this worker "
+                    f"({_describe(existing)}); register {_describe(fn)} under another "
+                    "name with @worker.workflow(name=...)",
+                )
+            self._registry[key] = fn
+
+    @property
+    def workflows(self) -> Mapping[str, Workflow]:
+        """The registered workflows by name (a copy)."""
+        with self._lock:
+            return dict(self._registry)
+
+    # -- lifecycle ---------------------------------------------------------
+
+    def start(self) -> None:
+        """Connect to the group and start running tasks, on background threads.
+
+        Returns at once; call `stop()` to end. A worker starts once.
+
+        Raises:
+            RuntimeError: It was already started.
+        """
+        with self._lock:
+            if self._state != "new":
+                raise RuntimeError(f"{self!r} was already started; a Worker starts once")
+            self._state = "running"
+        self._pool = ThreadPoolExecutor(
+            max_workers=self.concurrency, thread_name_prefix=f"troth-worker-{self.group}"
+        )
+        self._poller = threading.Thread(
+            target=self._poll_loop, name=f"troth-poller-{self.group}", daemon=True
+        )
+        self._heartbeater = threading.Thread(
+            target=self._heartbeat_loop, name=f"troth-heartbeat-{self.group}", daemon=True
+        )
+        self._poller.start()
+        self._heartbeater.start()
+        _log.info(
+            "worker %s polling group %r (%d at once, workflows: %s)",
+            self.worker_id,
+            self.group,
+            self.concurrency,
+            ", ".join(sorted(self._registry)) or "none",
+            extra={"worker_id": self.worker_id, "group": self.group},
+        )
+
+    def stop(self, grace: float | None = None) -> None:
+        """Stop gracefully: finish current steps, give held tasks back, close the stream.
+
+        Running tasks stop at their next step boundary (a step function
+        already running completes and its result is recorded), for at most
+        `grace` seconds (default `shutdown_grace`). Then every task still held
+        is released to the group at once. Safe to call more than once, from
+        any thread; returns when the worker has stopped.
+        """
+        with self._lock:
+            state = self._state
+            if state == "new":
+                self._state = "stopped"
+                self._stopped.set()
+                return
+            if state == "running":
+                self._state = "stopping"
+        if state != "running":
+            self._stopped.wait()
+            return
+        self._stopping.set()
+        deadline = time.monotonic() + (self._grace if grace is None else grace)
+        with self._idle:
+            while self._running and (remaining := deadline - time.monotonic()) > 0:
+                self._idle.wait(remaining)
+            busy = self._running
+            held = list(self._held.values())
+        if busy:
+            _log.warning(
+                "worker %s stopping with %d task(s) still inside a step; releasing them anyway",
+                self.worker_id,
+                busy,
+                extra={"worker_id": self.worker_id},
+            )
+        for task in held:
+            if not task.lost:
+                self._release(task)
+        with self._lock:
+            call, self._poll_call = self._poll_call, None
+        if call is not None:
+            call.cancel()
+        if self._poller is not None:
+            self._poller.join()
+        self._heartbeat_stop.set()
+        if self._heartbeater is not None:
+            self._heartbeater.join()
+        if self._pool is not None:
+            self._pool.shutdown(wait=not busy, cancel_futures=True)
+        with self._lock:
+            engines = list(self._cache.values())
+            self._cache.clear()
+            self._state = "stopped"
+        for engine in engines:
+            engine.close()
+        self._stopped.set()
+        _log.info("worker %s stopped", self.worker_id, extra={"worker_id": self.worker_id})
+
+    def run(self) -> None:
+        """Start, and block until stopped: by `stop()` from another thread, or by SIGINT/SIGTERM.
+
+        In the main thread, SIGINT and SIGTERM stop the worker gracefully (a
+        second signal acts as usual); elsewhere, signals are left alone.
+        """
+        previous: dict[signal.Signals, Any] = {}
+
+        def on_signal(signum: int, frame: FrameType | None) -> None:
+            _log.info("worker %s got %s; stopping", self.worker_id, signal.Signals(signum).name)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            self._stopping.set()
+
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                previous[sig] = signal.signal(sig, on_signal)
+        try:
+            self.start()
+            while not self._stopping.wait(1.0):
+                pass
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            self.stop()
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    # -- the stream --------------------------------------------------------
+
+    def _poll_loop(self) -> None:
+        request = tasks_pb2.PollRequest(
+            group=self.group,
+            worker_id=self.worker_id,
+            capacity=self.concurrency,
+            lease=timedelta_to_proto(self.lease),
+        )
+        failures = 0
+        while not self._stopping.is_set():
+            call = self._stub.Poll(request, metadata=self._transport.metadata)
+            with self._lock:
+                if self._stopping.is_set():
+                    call.cancel()
+                    return
+                self._poll_call = call
+            opened = time.monotonic()
+            received = False
+            why = "the server ended the stream"
+            code: grpc.StatusCode | None = None
+            try:
+                for response in call:
+                    if not received:
+                        received, failures = True, 0
+                    self._accept(response)
+            except grpc.RpcError as exc:
+                rpc = as_call(exc)
+                why = f"{rpc.code().name}: {rpc.details()}" if rpc is not None else f"{exc!r}"
+            except Exception:
+                _log.exception("worker %s: error reading the task stream", self.worker_id)
+                why = "an error in the worker"
+                call.cancel()
+            finally:
+                with self._lock:
+                    if self._poll_call is call:
+                        self._poll_call = None
+            if self._stopping.is_set():
+                return
+            # The server ends our leases when the stream breaks: every task is gone.
+            self._lose_all()
+            if received or time.monotonic() - opened > _STABLE_STREAM:
+                failures = 0
+            failures += 1
+            delay = min(self._max_backoff, _MIN_RECONNECT_BACKOFF * 2 ** (failures - 1))
+            delay *= random.uniform(0.5, 1.0)
+            # A refusal (bad group, capacity or lease; no permission) will not
+            # go away by itself: say so loudly, but keep trying, slowly.
+            refused = code not in _TRANSIENT_CODES
+            _log.log(
+                logging.ERROR if refused else logging.WARNING,
+                "worker %s %s its task stream (%s); reconnecting in %.1fs",
+                self.worker_id,
+                "was refused" if refused else "lost",
+                why,
+                delay,
+                extra={"worker_id": self.worker_id, "group": self.group},
+            )
+            self._stopping.wait(delay)
+
+    def _accept(self, response: tasks_pb2.PollResponse) -> None:
+        task = response.task
+        held = _Held(task.id, task.counter, task.root_promise_id)
+        with self._lock:
+            self._held[task.id] = held
+            if self._stopping.is_set():
+                return  # released by stop()
+            self._running += 1
+        pool = self._pool
+        assert pool is not None, "worker bug: stream open without a pool"
+        try:
+            pool.submit(self._run, held, response)
+        except RuntimeError:  # the pool is shutting down
+            self._finished_running()
+
+    def _lose_all(self) -> None:
+        with self._lock:
+            for held in self._held.values():
+                held.lost = True
+                # A server that restarted meanwhile may still count it as ours,
+                # and our heartbeats would keep it so: remember it to release.
+                self._dropped[held.task_id] = held
+                while len(self._dropped) > _MAX_DROPPED:
+                    self._dropped.popitem(last=False)
+            self._held.clear()
+
+    # -- heartbeats --------------------------------------------------------
+
+    def _heartbeat_loop(self) -> None:
+        interval = self.lease.total_seconds() / 3
+        lease = timedelta_to_proto(self.lease)
+        while not self._heartbeat_stop.wait(interval):
+            with self._lock:
+                before = dict(self._held)
+                idle = not before and not self._dropped
+            if idle:
+                continue
+            request = tasks_pb2.HeartbeatRequest(worker_id=self.worker_id, lease=lease)
+            try:
+                response = self._transport.call(
+                    self._stub.Heartbeat, request, timeout=interval, idempotent=True
+                )
+            except RpcError as exc:
+                _log.warning(
+                    "worker %s: heartbeat failed (%s); leases expire in %s unless one succeeds",
+                    self.worker_id,
+                    exc,
+                    self.lease,
+                    extra={"worker_id": self.worker_id},
+                )
+                continue
+            still = set(response.task_ids)
+            with self._lock:
+                for task_id, held in before.items():
+                    if task_id not in still:
+                        held.lost = True
+                        if self._held.get(task_id) is held:
+                            del self._held[task_id]
+                abandoned = [h for h in self._held.values() if h.abandoned]
+                # Tasks we dropped when the stream broke that the server still
+                # counts as ours (it restarted): give them back, or they would
+                # wait for as long as this worker heartbeats.
+                stale = [
+                    self._dropped.pop(task_id)
+                    for task_id in still
+                    if task_id not in self._held and task_id in self._dropped
+                ]
+            for held in [*abandoned, *stale]:
+                self._release(held)
+
+    # -- running a task ----------------------------------------------------
+
+    def _finished_running(self) -> None:
+        with self._idle:
+            self._running -= 1
+            self._idle.notify_all()
+
+    def _forget(self, held: _Held) -> None:
+        with self._lock:
+            if self._held.get(held.task_id) is held:
+                del self._held[held.task_id]
+
+    def _run(self, held: _Held, response: tasks_pb2.PollResponse) -> None:
+        try:
+            if self._stopping.is_set():
+                return  # left for the release sweep
+            if held.lost:
+                return
+            self._execute(held, response)
+            self._forget(held)
+        except (_Lost, LeaseLostError) as exc:
+            _log.info(
+                "worker %s lost its lease on task %s of workflow %r; dropping it (%s)",
+                self.worker_id,
+                held.task_id,
+                held.root_id,
+                "the lease moved on" if isinstance(exc, _Lost) else exc,
+                extra={"worker_id": self.worker_id, "workflow_id": held.root_id},
+            )
+            self._forget(held)
+        except _Stopping:
+            pass  # left for the release sweep
+        except Exception:
+            _log.exception(
+                "worker %s failed running task %s of workflow %r; giving it back",
+                self.worker_id,
+                held.task_id,
+                held.root_id,
+                extra={"worker_id": self.worker_id, "workflow_id": held.root_id},
+            )
+            self._release(held)
+        finally:
+            self._finished_running()
+
+    def _execute(self, held: _Held, response: tasks_pb2.PollResponse) -> None:
+        root = promise_from_proto(response.root)
+        history = [root, *(promise_from_proto(p) for p in response.history)]
+        engine = self._cache_take(root.id)
+        if engine is not None:
+            outcome = engine.advance(history)
+        else:
+            name = root.tags.get(TAG_FUNC, "")
+            workflow = self._registry.get(name)
+            if workflow is None:
+                known = ", ".join(sorted(self._registry)) or "none"
+                error = RegistrationError(
+                    name,
+                    f"workflow {name!r} is not registered on the workers of group "
+                    f"{self.group!r} (worker {self.worker_id} knows: {known}); register it "
+                    "with @worker.workflow, or start it in the group whose workers run it",
+                )
+                _log.warning("%s; rejecting workflow %r", error, root.id)
+                self._complete(held, reject=error_value(error))
+                return
+            try:
+                args = self._decode_args(root)
+            except (TypeError, ValueError) as exc:
+                self._complete(held, reject=error_value(exc))
+                return
+            engine = Engine(
+                workflow,
+                args,
+                root_id=root.id,
+                history=history,
+                codec=self.client.codec,
+                group=self.group,
+            )
+            outcome = engine.advance()
+        keep = False
+        try:
+            while True:
+                if isinstance(outcome, CreateStep):
+                    self._check(held)
+                    outcome = engine.advance(self._step(outcome))
+                elif isinstance(outcome, Suspend):
+                    settled = self._register_callbacks(held, outcome.awaiting)
+                    if settled:
+                        outcome = engine.advance(settled)
+                        continue
+                    self._complete(held)
+                    keep = True
+                    return
+                elif isinstance(outcome, Done):
+                    try:
+                        value = self.client.encode(outcome.value)
+                    except (TypeError, ValueError) as exc:
+                        self._complete(held, reject=error_value(exc))
+                    else:
+                        self._complete(held, resolve=value)
+                    return
+                else:
+                    self._failed(held, outcome)
+                    return
+        finally:
+            if keep:
+                self._cache_put(root.id, engine)
+            else:
+                engine.close()
+
+    def _decode_args(self, root: Promise) -> list[Any]:
+        args = self.client.decode(root.param)
+        if args is None:
+            return []
+        if not isinstance(args, list):
+            raise TypeError(
+                f"workflow {root.id!r} has param {args!r}, not a list of arguments; "
+                "start workflows with client.start(name, *args, id=...)"
+            )
+        return args
+
+    def _failed(self, held: _Held, outcome: Failed) -> None:
+        error = outcome.error
+        if isinstance(error, NonDeterminismError):
+            _log.error("workflow %r: %s", held.root_id, error, extra={"workflow_id": held.root_id})
+        else:
+            _log.info(
+                "workflow %r raised %s: %s",
+                held.root_id,
+                type(error).__name__,
+                error,
+                extra={"workflow_id": held.root_id},
+            )
+        self._complete(held, reject=error_value(error))
+
+    def _check(self, held: _Held) -> None:
+        if held.lost:
+            raise _Lost
+        if self._stopping.is_set():
+            raise _Stopping
+
+    def _wait(self, seconds: float) -> bool:
+        return not self._stopping.wait(seconds)
+
+    # -- step I/O ----------------------------------------------------------
+
+    def _step(self, step: CreateStep) -> list[Promise]:
+        command = step.command
+        if not step.exists:
+            created = self.client._create_raw(
+                step.step_id, step.param, tags=step.tags, ttl=step.ttl
+            ).promise
+            if not isinstance(command, RunStep | Now | Random) or created.is_settled:
+                return [created]
+        if isinstance(command, Now):
+            return [self._settle(step.step_id, True, command.draw())]
+        if isinstance(command, Random):
+            return [self._settle(step.step_id, True, command.draw())]
+        assert isinstance(command, RunStep), f"worker bug: {command!r} needs no run"
+        result = run_with_retry(
+            command.fn, command.args, command.retry, wait=self._wait, step_id=step.step_id
+        )
+        if isinstance(result, Interrupted):
+            raise _Stopping
+        if isinstance(result, Succeeded):
+            return [self._settle(step.step_id, True, result.value)]
+        assert isinstance(result, Exhausted)
+        _log.info(
+            "step %r (%s) failed after %d attempt(s): %s: %s",
+            step.step_id,
+            command.name,
+            result.attempts,
+            type(result.error).__name__,
+            result.error,
+            extra={"step_id": step.step_id},
+        )
+        return [self._settle(step.step_id, False, error_value(result.error))]
+
+    def _settle(self, step_id: str, ok: bool, value: Any) -> Promise:
+        """Record a step's result; a step someone else settled first keeps their result."""
+        try:
+            if ok:
+                try:
+                    return self.client.resolve(step_id, value).promise
+                except (TypeError, ValueError, InvalidArgumentError) as exc:
+                    # The result cannot be recorded (not encodable, over the size limit).
+                    _log.info("step %r: its result cannot be recorded: %s", step_id, exc)
+                    return self.client.reject(step_id, error_value(exc)).promise
+            return self.client.reject(step_id, value).promise
+        except (AlreadySettledError, PromiseTimedOutError):
+            return self.client.get(step_id)
+
+    # -- task calls --------------------------------------------------------
+
+    def _call_timeout(self) -> float:
+        return self.client._timeout
+
+    def _register_callbacks(self, held: _Held, awaiting: Iterable[str]) -> list[Promise]:
+        request = tasks_pb2.RegisterCallbacksRequest(
+            task_id=held.task_id,
+            counter=held.counter,
+            worker_id=self.worker_id,
+            promise_ids=list(awaiting),
+        )
+        response = self._transport.call(
+            self._stub.RegisterCallbacks, request, timeout=self._call_timeout()
+        )
+        return [promise_from_proto(p) for p in response.settled]
+
+    def _complete(self, held: _Held, *, resolve: Payload | None = None, reject: Any = None) -> None:
+        request = tasks_pb2.CompleteTaskRequest(
+            task_id=held.task_id, counter=held.counter, worker_id=self.worker_id
+        )
+        if resolve is not None:
+            request.resolve_root.CopyFrom(payload_to_proto(resolve))
+        elif reject is not None:
+            request.reject_root.CopyFrom(payload_to_proto(self.client.encode(reject)))
+        try:
+            self._transport.call(self._stub.CompleteTask, request, timeout=self._call_timeout())
+        except (AlreadySettledError, PromiseTimedOutError) as exc:
+            # The root was settled meanwhile (cancelled, timed out): that stands.
+            _log.info(
+                "workflow %r finished, but its root was already settled (%s)",
+                held.root_id,
+                exc,
+                extra={"workflow_id": held.root_id},
+            )
+            request.ClearField("root_result")
+            self._transport.call(self._stub.CompleteTask, request, timeout=self._call_timeout())
+
+    def _release(self, held: _Held) -> None:
+        request = tasks_pb2.ReleaseTaskRequest(
+            task_id=held.task_id, counter=held.counter, worker_id=self.worker_id
+        )
+        try:
+            self._transport.call(self._stub.ReleaseTask, request, timeout=self._call_timeout())
+        except (LeaseLostError, NotFoundError):
+            pass  # it had moved on already
+        except RpcError as exc:
+            _log.warning(
+                "worker %s could not release task %s (%s); retrying with the next heartbeat",
+                self.worker_id,
+                held.task_id,
+                exc,
+                extra={"worker_id": self.worker_id, "workflow_id": held.root_id},
+            )
+            held.abandoned = True
+            with self._lock:
+                if self._held.get(held.task_id) is not held:
+                    self._dropped[held.task_id] = held  # retried when a heartbeat names it
+            return
+        held.lost = True
+        self._forget(held)
+
+    # -- the cache of suspended workflows ----------------------------------
+
+    def _cache_take(self, root_id: str) -> Engine | None:
+        with self._lock:
+            return self._cache.pop(root_id, None)
+
+    def _cache_put(self, root_id: str, engine: Engine) -> None:
+        evicted: list[Engine] = []
+        with self._lock:
+            if self._cache_size and not self._stopping.is_set():
+                self._cache[root_id] = engine
+                while len(self._cache) > self._cache_size:
+                    evicted.append(self._cache.popitem(last=False)[1])
+            else:
+                evicted.append(engine)
+        for old in evicted:
+            old.close()
+
+
+def _describe(fn: Callable[..., Any]) -> str:
+    module = getattr(fn, "__module__", None)
+    name = getattr(fn, "__qualname__", None) or repr(fn)
+    return f"{module}.{name}" if module else str(name)
