@@ -562,8 +562,11 @@ class Client:
         tags: Mapping[str, str],
         ttl: timedelta | None = None,
         idempotency_key: str | None = None,
+        resolved_with: Payload | None = None,
+        rejected_with: Payload | None = None,
     ) -> CreateResult:
-        """`create` with a param already encoded (the worker's step promises)."""
+        """`create` with a param already encoded (the worker's step promises); with
+        `resolved_with`/`rejected_with` the promise is created already settled."""
         request = promises_pb2.CreatePromiseRequest(
             id=id,
             param=payload_to_proto(param),
@@ -572,6 +575,10 @@ class Client:
         )
         if ttl is not None:
             request.ttl.CopyFrom(timedelta_to_proto(ttl))
+        if resolved_with is not None:
+            request.resolved_with.CopyFrom(payload_to_proto(resolved_with))
+        elif rejected_with is not None:
+            request.rejected_with.CopyFrom(payload_to_proto(rejected_with))
         response = self._transport.call(self._stub.CreatePromise, request, timeout=self._timeout)
         return CreateResult(promise=promise_from_proto(response.promise), created=response.created)
 

@@ -87,7 +87,7 @@ from troth.errors import (
 from troth.v1 import tasks_pb2, tasks_pb2_grpc
 
 if TYPE_CHECKING:
-    from troth._promise import Promise
+    from troth._promise import CreateResult, Promise
     from troth.client import Client
     from troth.codec import Payload
 
@@ -712,35 +712,63 @@ class Worker:
 
     def _step(self, step: CreateStep) -> list[Promise]:
         command = step.command
-        if not step.exists:
-            created = self.client._create_raw(
-                step.step_id, step.param, tags=step.tags, ttl=step.ttl
-            ).promise
-            if not isinstance(command, RunStep | Now | Random) or created.is_settled:
-                return [created]
-        if isinstance(command, Now):
-            return [self._settle(step.step_id, True, command.draw())]
-        if isinstance(command, Random):
-            return [self._settle(step.step_id, True, command.draw())]
-        assert isinstance(command, RunStep), f"worker bug: {command!r} needs no run"
-        result = run_with_retry(
-            command.fn, command.args, command.retry, wait=self._wait, step_id=step.step_id
-        )
-        if isinstance(result, Interrupted):
-            raise _Stopping
-        if isinstance(result, Succeeded):
-            return [self._settle(step.step_id, True, result.value)]
-        assert isinstance(result, Exhausted)
-        _log.info(
-            "step %r (%s) failed after %d attempt(s): %s: %s",
+        if not isinstance(command, RunStep | Now | Random):
+            if step.exists:
+                return [self.client.get(step.step_id)]
+            return [self._create(step).promise]
+        # A step that computes its value records it with its creation, in one call.
+        # Dying before that call means the step runs again: at-least-once
+        # execution, exactly-once recording (the first record wins).
+        value: Any
+        if isinstance(command, Now | Random):
+            ok, value = True, command.draw()
+        else:
+            result = run_with_retry(
+                command.fn, command.args, command.retry, wait=self._wait, step_id=step.step_id
+            )
+            if isinstance(result, Interrupted):
+                raise _Stopping
+            if isinstance(result, Succeeded):
+                ok, value = True, result.value
+            else:
+                assert isinstance(result, Exhausted)
+                _log.info(
+                    "step %r (%s) failed after %d attempt(s): %s: %s",
+                    step.step_id,
+                    command.name,
+                    result.attempts,
+                    type(result.error).__name__,
+                    result.error,
+                    extra={"step_id": step.step_id},
+                )
+                ok, value = False, error_value(result.error)
+        if step.exists:  # created pending by an older worker: settle it
+            return [self._settle(step.step_id, ok, value)]
+        return [self._record(step, ok, value)]
+
+    def _create(
+        self, step: CreateStep, *, ok: bool | None = None, value: Any = None
+    ) -> CreateResult:
+        encoded = None if ok is None else self.client.encode(value)
+        return self.client._create_raw(
             step.step_id,
-            command.name,
-            result.attempts,
-            type(result.error).__name__,
-            result.error,
-            extra={"step_id": step.step_id},
+            step.param,
+            tags=step.tags,
+            ttl=step.ttl,
+            resolved_with=encoded if ok else None,
+            rejected_with=encoded if ok is False else None,
         )
-        return [self._settle(step.step_id, False, error_value(result.error))]
+
+    def _record(self, step: CreateStep, ok: bool, value: Any) -> Promise:
+        """Create the step's promise already settled with its result."""
+        try:
+            return self._create(step, ok=ok, value=value).promise
+        except (TypeError, ValueError, InvalidArgumentError) as exc:
+            if not ok:
+                raise
+            # The result cannot be recorded (not encodable, over the size limit).
+            _log.info("step %r: its result cannot be recorded: %s", step.step_id, exc)
+            return self._create(step, ok=False, value=error_value(exc)).promise
 
     def _settle(self, step_id: str, ok: bool, value: Any) -> Promise:
         """Record a step's result; a step someone else settled first keeps their result."""
