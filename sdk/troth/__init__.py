@@ -22,6 +22,7 @@ from troth.errors import (
     PromiseRejectedError,
     PromiseTimedOutError,
     Reason,
+    RegistrationError,
     ResourceExhaustedError,
     RpcError,
     TrothError,
@@ -29,7 +30,7 @@ from troth.errors import (
     UnavailableError,
     WorkflowError,
 )
-from troth.worker import RegistrationError, Worker
+from troth.worker import Worker
 
 __all__ = [
     "AlreadyExistsError",

@@ -19,6 +19,7 @@ TrothError(Exception)
 │   ├── NonDeterminismError      .position, .recorded, .yielded: replay met a changed workflow
 │   ├── PromiseRejectedError     .promise_id, .value: what `yield` on a rejected step raises
 │   └── Cancelled                .promise_id: the step (or the workflow) was cancelled
+├── RegistrationError            .name: a workflow could not be registered on a Worker
 └── ConfigurationError
 ```
 
@@ -361,3 +362,25 @@ class ConfigurationError(TrothError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.message,))
+
+
+class RegistrationError(TrothError):
+    """A workflow could not be registered (duplicate name, not a generator function...).
+
+    Attributes:
+        name: The workflow name at fault.
+        message: What was wrong and what to do.
+
+    .. versionadded:: 0.1.0
+    """
+
+    def __init__(self, name: str, message: str) -> None:
+        super().__init__(name, message)
+        self.name = name
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.name, self.message))

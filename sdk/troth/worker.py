@@ -81,8 +81,8 @@ from troth.errors import (
     NonDeterminismError,
     NotFoundError,
     PromiseTimedOutError,
+    RegistrationError,
     RpcError,
-    TrothError,
 )
 from troth.v1 import tasks_pb2, tasks_pb2_grpc
 
@@ -91,7 +91,7 @@ if TYPE_CHECKING:
     from troth.client import Client
     from troth.codec import Payload
 
-__all__ = ["RegistrationError", "Worker"]
+__all__ = ["Worker"]
 
 _log = logging.getLogger("troth.worker")
 
@@ -112,28 +112,6 @@ _TRANSIENT_CODES = frozenset(
     }
 )
 """Poll failures that may pass by themselves; any other is logged as an ERROR."""
-
-
-class RegistrationError(TrothError):
-    """A workflow could not be registered (duplicate name, not a generator function...).
-
-    Attributes:
-        name: The workflow name at fault.
-        message: What was wrong and what to do.
-
-    .. versionadded:: 0.1.0
-    """
-
-    def __init__(self, name: str, message: str) -> None:
-        super().__init__(name, message)
-        self.name = name
-        self.message = message
-
-    def __str__(self) -> str:
-        return self.message
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.name, self.message))
 
 
 class _TasksStub(Protocol):
