@@ -1,0 +1,149 @@
+"""Typing contract: workflows, workers and handles as users write them (mypy --strict).
+
+Not run by pytest; `make typecheck` checks it, so a change to the public API
+of `Worker`, `Context`, `Client.start` or `Handle` that breaks users' type
+checking fails CI. The shapes follow DESIGN §3 and §6.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Generator, Mapping
+from datetime import datetime, timedelta
+from typing import Any
+
+import troth
+from troth import (
+    Cancelled,
+    Client,
+    Context,
+    Handle,
+    Promise,
+    PromiseHandle,
+    PromiseRejectedError,
+    PromiseState,
+    PromiseTimedOutError,
+    RetryPolicy,
+    Worker,
+)
+
+worker = Worker(
+    Client("127.0.0.1:7070"),
+    group="workers",
+    worker_id="worker-1",
+    concurrency=8,
+    lease=timedelta(seconds=10),
+    cache_size=64,
+    shutdown_grace=timedelta(seconds=5),
+    max_reconnect_backoff=2.0,
+)
+
+
+def send_email(to: str, link: str) -> str:
+    return f"sent to {to}: {link}"
+
+
+def charge(order: str, cents: int) -> dict[str, int]:
+    return {order: cents}
+
+
+@worker.workflow
+def publish(ctx: Context, post_id: str) -> Generator[Any, Any, dict[str, Any]]:
+    approval: PromiseHandle = yield ctx.promise(timeout=timedelta(days=3), tags={"post": post_id})
+    explicit: PromiseHandle = yield ctx.promise(id=f"{ctx.id}.approval")
+    link: str = approval.id
+    sent: str = yield ctx.run(send_email, "editor@example.com", link)
+    ctx.log.info("sent %s (replaying: %s)", sent, ctx.is_replaying)
+    try:
+        decision: Any = yield approval
+    except PromiseTimedOutError as exc:
+        decision = {"timed_out": exc.promise_id}
+    except PromiseRejectedError as exc:
+        decision = {"rejected": exc.value}
+    yield explicit
+    return {"post": post_id, "decision": decision}
+
+
+@worker.workflow(name="checkout")
+def checkout_v2(ctx: Context, order: str, cents: int) -> Generator[Any, Any, str]:
+    policy = RetryPolicy(
+        max_attempts=5,
+        initial_backoff=0.5,
+        max_backoff=10.0,
+        multiplier=2.0,
+        non_retryable=(KeyError, ValueError),
+    )
+    try:
+        receipt: dict[str, int] = yield ctx.run(charge, order, cents, retry=policy, id="charge")
+    except PromiseRejectedError as exc:
+        yield ctx.run(send_email, "ops@example.com", f"charge failed: {exc.value}")
+        raise
+    yield ctx.sleep(timedelta(minutes=5))
+    yield ctx.sleep(1.5, id=f"{ctx.id}.cooldown")
+    moment: datetime = yield ctx.now()
+    roll: float = yield ctx.random()
+    return f"{receipt[order]} at {moment.isoformat()} ({roll:.2f})"
+
+
+@worker.workflow
+def fan_out(ctx: Context, orders: list[str]) -> Generator[Any, Any, list[Any]]:
+    children: list[PromiseHandle] = []
+    for order in orders:
+        child: PromiseHandle = yield ctx.start("checkout", order, 100, group="payments")
+        children.append(child)
+    by_function: PromiseHandle = yield ctx.start(publish, "post-1", id=f"{ctx.id}.publish")
+    every: list[Any] = yield ctx.all(children)
+    first: Any = yield ctx.any([by_function, *children])
+    direct: str = yield ctx.rpc(checkout_v2, "order-0", 1, group="payments")
+    named: dict[str, Any] = yield ctx.rpc("publish", "post-2", id=f"{ctx.id}.rpc")
+    return [*every, first, direct, named]
+
+
+@worker.workflow
+def cancellable(ctx: Context) -> Generator[Any, Any, None]:
+    try:
+        yield (yield ctx.promise())
+    except Cancelled:
+        yield ctx.run(send_email, "ops@example.com", "cancelled")
+        raise
+
+
+def registered() -> Mapping[str, Callable[..., Generator[Any, Any, Any]]]:
+    return worker.workflows
+
+
+def run_embedded() -> None:
+    with worker:
+        pass
+    other = Worker(Client(), group="payments")
+    other.workflow(checkout_v2)
+    other.start()
+    other.stop(grace=1.0)
+    other.stop()
+
+
+def run_forever() -> None:
+    logging.basicConfig(level=logging.INFO)
+    worker.run()
+
+
+def gateway(client: Client) -> dict[str, Any]:
+    handle: Handle = client.start(publish, "post-7", id="publish-post-7", group="workers")
+    by_name: Handle = client.start("publish", "post-7", id="publish-post-7")
+    bounded = client.start(
+        "checkout", "order-1", 250, id="checkout-1", group="payments", ttl=timedelta(hours=1)
+    )
+    assert handle == by_name and hash(handle) == hash(by_name)
+    workflow_id: str = handle.id
+    root: Promise = client.handle(workflow_id).get()
+    if root.state is PromiseState.PENDING:
+        client.resolve(f"{workflow_id}.0", {"approved": True})
+    try:
+        result: Any = handle.result(timeout=30)
+    except troth.DeadlineExceededError:
+        cancelled: bool = handle.cancel({"reason": "took too long"})
+        return {"cancelled": cancelled}
+    except (PromiseRejectedError, Cancelled, PromiseTimedOutError) as exc:
+        return {"failed": str(exc)}
+    print(bounded.result())
+    return {"result": result}
