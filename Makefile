@@ -51,6 +51,7 @@ test: install ## Everything the README promises: unit, store, api, integration, 
 
 bench: install ## Run the benchmarks in bench/ and print their figures
 	$(PY) bench/promises.py
+	$(PY) bench/workflows.py
 
 ci: install proto-check lint typecheck test ## What CI runs
 

@@ -53,7 +53,9 @@ def grpc_options(settings: Settings) -> list[tuple[str, int]]:
     return [
         ("grpc.so_reuseport", 0),
         ("grpc.max_receive_message_length", max_message),
-        ("grpc.max_send_message_length", max_message),
+        # A task carries its workflow's whole history (50k steps is about 8 MB);
+        # the SDK accepts up to 64 MiB.
+        ("grpc.max_send_message_length", max(max_message, 64 * 1_048_576)),
         ("grpc.keepalive_time_ms", 60_000),
         # Clients ping every 60 s on long watches; accept that instead of the
         # default 5 min, which answers such pings with "too_many_pings".

@@ -51,6 +51,9 @@ class PollStream:
     loop: asyncio.AbstractEventLoop | None = None
     held: set[str] = field(default_factory=set)
     closed: bool = False
+    stalled: bool = False
+    """A lease of this worker ran out: it is frozen or cut off, though its
+    connection looks open. It gets nothing more until it heartbeats again."""
 
     def __post_init__(self) -> None:
         self._sync: queue.SimpleQueue[Delivery | None] = queue.SimpleQueue()
@@ -60,7 +63,7 @@ class PollStream:
 
     @property
     def room(self) -> int:
-        return 0 if self.closed else self.capacity - len(self.held)
+        return 0 if self.closed or self.stalled else self.capacity - len(self.held)
 
     def deliver(self, delivery: Delivery | None) -> None:
         """From any thread; None ends the stream."""
@@ -162,13 +165,30 @@ class Dispatcher:
         self.wake(groups)
 
     def lost(self, lost_tasks: Iterable[Task]) -> None:
-        """Tasks whose lease expired: off their old streams, and offered again."""
+        """Tasks whose lease expired: off their old streams, and offered to others.
+
+        The stream that held one is stalled: handing the task straight back to a
+        frozen worker whose connection is still open would lose it again.
+        """
         groups = set()
         for task in lost_tasks:
             groups.add(task.group)
             with self._lock:
                 for stream in self._streams.get(task.group, []):
-                    stream.held.discard(task.id)
+                    if task.id in stream.held:
+                        stream.held.discard(task.id)
+                        stream.stalled = True
+        self.wake(groups)
+
+    def alive(self, worker_id: str) -> None:
+        """The worker heartbeated: its stalled streams may take tasks again."""
+        groups = set()
+        with self._lock:
+            for group, streams in self._streams.items():
+                for stream in streams:
+                    if stream.worker_id == worker_id and stream.stalled:
+                        stream.stalled = False
+                        groups.add(group)
         self.wake(groups)
 
     # -- dispatching ----------------------------------------------------------------------

@@ -22,11 +22,19 @@ WAIT = 15.0
 class Poller:
     """A Poll stream read on a thread, so tests can wait for the next task with a deadline."""
 
-    def __init__(self, stub: tasks_pb2_grpc.TasksStub, group: str, worker: str, capacity: int = 4):
+    def __init__(
+        self,
+        stub: tasks_pb2_grpc.TasksStub,
+        group: str,
+        worker: str,
+        capacity: int = 4,
+        lease_seconds: int = 0,
+    ):
         self.worker = worker
-        self._call = stub.Poll(
-            tasks_pb2.PollRequest(group=group, worker_id=worker, capacity=capacity)
-        )
+        request = tasks_pb2.PollRequest(group=group, worker_id=worker, capacity=capacity)
+        if lease_seconds:
+            request.lease.seconds = lease_seconds
+        self._call = stub.Poll(request)
         self._queue: queue.Queue[tasks_pb2.PollResponse | Exception] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
 
@@ -174,6 +182,34 @@ def test_a_broken_stream_gives_its_tasks_to_another_worker_at_once(
     first.cancel()
     moved = second.next().task  # well before the 10 s lease would have run out
     assert (moved.id, moved.counter, moved.worker_id) == (task.id, 2, "w2")
+
+
+def test_a_frozen_worker_loses_its_task_and_gets_nothing_until_it_heartbeats(
+    stubs: tuple[promises_pb2_grpc.PromisesStub, tasks_pb2_grpc.TasksStub],
+    group: str,
+    pollers: list[Poller],
+) -> None:
+    promises, tasks = stubs
+    frozen = Poller(tasks, group, "w-frozen", capacity=2, lease_seconds=1)
+    pollers.append(frozen)
+    root = f"wf-{uuid.uuid4().hex[:8]}"
+    start(promises, root, group)
+    task = frozen.next().task
+    healthy = Poller(tasks, group, "w-healthy", capacity=2, lease_seconds=30)
+    pollers.append(healthy)
+    # No heartbeat from the frozen worker: once its lease runs out the task goes to
+    # the healthy worker, never back to the frozen one, whose stream is still open.
+    moved = healthy.next().task
+    assert (moved.id, moved.counter, moved.worker_id) == (task.id, 2, "w-healthy")
+    assert frozen.nothing_within(0.5)
+    # It thaws: a heartbeat (holding nothing now) makes it eligible again.
+    assert list(tasks.Heartbeat(tasks_pb2.HeartbeatRequest(worker_id="w-frozen")).task_ids) == []
+    tasks.CompleteTask(
+        tasks_pb2.CompleteTaskRequest(task_id=moved.id, counter=2, worker_id="w-healthy")
+    )
+    healthy.cancel()
+    start(promises, f"wf-{uuid.uuid4().hex[:8]}", group)
+    assert frozen.next().task.worker_id == "w-frozen"
 
 
 def test_release_hands_the_task_back(

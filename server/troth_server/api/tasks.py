@@ -131,7 +131,9 @@ class TasksServicer(_Handlers, tasks_pb2_grpc.TasksServicer):
     def Heartbeat(
         self, request: tasks_pb2.HeartbeatRequest, context: grpc.ServicerContext
     ) -> tasks_pb2.HeartbeatResponse:
-        held = self._tasks.heartbeat(*self._heartbeat_args(request))
+        worker, lease = self._heartbeat_args(request)
+        held = self._tasks.heartbeat(worker, lease)
+        self._dispatcher.alive(worker)
         return tasks_pb2.HeartbeatResponse(task_ids=[t.id for t in held])
 
     @unary("ReleaseTask")
@@ -186,7 +188,9 @@ class AioTasksServicer(_Handlers, tasks_pb2_grpc.TasksServicer):
     async def Heartbeat(
         self, request: tasks_pb2.HeartbeatRequest, context: AioContext
     ) -> tasks_pb2.HeartbeatResponse:
-        held = await self._tasks.heartbeat_async(*self._heartbeat_args(request))
+        worker, lease = self._heartbeat_args(request)
+        held = await self._tasks.heartbeat_async(worker, lease)
+        self._dispatcher.alive(worker)
         return tasks_pb2.HeartbeatResponse(task_ids=[t.id for t in held])
 
     @aio_unary("ReleaseTask")

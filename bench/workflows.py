@@ -1,0 +1,1393 @@
+"""Workflow throughput, resume, recovery and latency of troth, with real worker processes.
+
+One run measures, side by side (see bench/README.md, "Workflows"):
+
+1. human-in-the-loop cycles/s: start a workflow (`hitl`: latent promise, a
+   notification step, wait), learn that it waits, settle the promise by ID,
+   observe `handle.result()`; with 1 and 2 worker processes, at 1, 16 and 64
+   cycles in flight; and the RPCs one isolated cycle costs, from the server's
+   canonical `rpc` log lines;
+2. 10-step workflows/s (`ten_steps`: ten sequential `ctx.run` steps);
+3. resume of a workflow with a 1k/10k/50k-step history (built with the
+   Promises API, with the ids and tags the engine writes): settle to completion;
+4. recovery: a worker process holding 200 workflows, each inside a step, is
+   SIGKILLed (or frozen with SIGSTOP); time until each runs again on another worker;
+5. settle-to-completion latency of a suspended workflow, one at a time.
+
+The server is `python -m troth_server serve` (grpc.aio, durable SQLite,
+default settings) on a fresh database per part; workers are subprocesses
+running `bench/_workflow_worker.py`; the clients are `troth.Client` in this
+process (one thread per cycle in flight).
+
+Usage::
+
+    .venv/bin/python bench/workflows.py [--quick] [--parts 1,2,3,4,5] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import contextlib
+import itertools
+import json
+import math
+import os
+import platform
+import shutil
+import signal
+import socket
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+import grpc.aio
+from promises import ServerError, ServerProcess, log, machine_busy_seconds, percentile_ms
+
+from troth import Client
+from troth._commands import TAG_FUNC, TAG_KIND, Kind
+from troth.v1 import promises_pb2, promises_pb2_grpc, types_pb2
+
+BENCH_DIR = Path(__file__).resolve().parent
+WORKER_SCRIPT = BENCH_DIR / "_workflow_worker.py"
+
+CYCLE_TIMEOUT_S = 30.0
+CONNECT_TIMEOUT_S = 30.0
+RESUME_TIMEOUT_S = 120.0
+RECOVERY_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 15.0
+
+JSON_HEADERS = {"content-type": "application/json"}
+WORKER_CONCURRENCY = 64
+RESUME_APPROVALS = 3  # resumes measured per history length
+MESSAGE_TOO_LARGE = "larger than max"  # gRPC's words for a message over the size limit
+# A server whose message limit (2 x max payload + 1 MiB) fits a 50k-step history.
+RAISED_LIMIT_ARGS = ("--max-payload-bytes", str(8 * 1024 * 1024))
+RECOVERY_LEASE_S = 2.0  # the lease of the workers in the SIGSTOP phase
+DEFAULT_LEASE_S = 10.0  # the SDK's default, kept in the SIGKILL phase
+
+# Targets (issue 3, "Benchmark").
+TARGET_HITL_PER_S = 1000.0
+TARGET_TEN_STEP_PER_S = 400.0
+TARGET_IN_FLIGHT = 64
+TARGET_RESUME_STEPS = 10_000
+TARGET_RESUME_S = 1.0
+LINEARITY_MAX_RATIO = 1.5  # per-step resume cost at the largest history vs the target's
+TARGET_KILL_P99_S = 1.0
+TARGET_STOP_SLACK_S = 1.0  # frozen: within lease + this
+TARGET_LATENCY_P50_MS = 10.0
+
+PromisesStub: Any = promises_pb2_grpc.PromisesStub
+
+
+# --------------------------------------------------------------------------- settings
+
+
+@dataclass
+class Settings:
+    parts: list[int]
+    quick: bool
+    duration_s: float
+    warmup_s: float
+    hitl_in_flight: list[int]
+    hitl_workers: list[int]
+    steps_in_flight: list[int]
+    steps_workers: list[int]
+    history_sizes: list[int]
+    recovery_count: int
+    latency_samples: int
+    keep: bool
+    json: bool
+
+
+def parse_args(argv: list[str] | None = None) -> Settings:
+    parser = argparse.ArgumentParser(
+        description="troth workflow benchmark: HITL cycles, 10-step workflows, long-history "
+        "resume, recovery after SIGKILL/SIGSTOP, settle-to-completion latency."
+    )
+    parser.add_argument("--quick", action="store_true", help="small counts, for a smoke run")
+    parser.add_argument("--parts", default="1,2,3,4,5", help="which parts to run (default all)")
+    parser.add_argument("--duration", type=float, default=None, help="seconds per measured phase")
+    parser.add_argument("--warmup", type=float, default=None, help="seconds of warm-up per phase")
+    parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    parser.add_argument(
+        "--keep", action="store_true", help="keep the work directory (databases, logs)"
+    )
+    args = parser.parse_args(argv)
+    try:
+        parts = sorted({int(p) for p in args.parts.split(",") if p.strip()})
+    except ValueError:
+        parser.error("--parts takes comma-separated part numbers, e.g. 1,2")
+    if not parts or not set(parts) <= {1, 2, 3, 4, 5}:
+        parser.error("--parts must name parts among 1,2,3,4,5")
+    quick = bool(args.quick)
+    duration = args.duration if args.duration is not None else (1.0 if quick else 5.0)
+    warmup = args.warmup if args.warmup is not None else (0.3 if quick else 1.0)
+    if duration <= 0 or warmup < 0:
+        parser.error("--duration must be > 0 and --warmup >= 0")
+    return Settings(
+        parts=parts,
+        quick=quick,
+        duration_s=duration,
+        warmup_s=warmup,
+        hitl_in_flight=[1, 16] if quick else [1, 16, 64],
+        hitl_workers=[1] if quick else [1, 2],
+        steps_in_flight=[16] if quick else [16, 64],
+        steps_workers=[1] if quick else [1, 2],
+        history_sizes=[100, 1_000] if quick else [1_000, 10_000, 50_000],
+        recovery_count=20 if quick else 200,
+        latency_samples=20 if quick else 200,
+        keep=args.keep,
+        json=args.json,
+    )
+
+
+# --------------------------------------------------------------------------- results
+
+
+@dataclass
+class ThroughputRow:
+    part: int
+    workload: str
+    workers: int
+    in_flight: int
+    completed: int
+    errors: int
+    elapsed_s: float
+    per_s: float
+    p50_ms: float | None
+    p99_ms: float | None
+    client_cpu: float | None
+    worker_cpu: float | None
+    server_cpu: float | None
+    other_cpu: float | None
+    commits_per_s: float | None
+    first_error: str | None = None
+
+
+@dataclass
+class RpcLine:
+    side: str  # "client" or "worker"
+    method: str
+    promise_id: str | None
+    server_ms: float | None
+
+
+@dataclass
+class ResumeRow:
+    steps: int
+    server: str
+    build_s: float | None
+    build_per_s: float | None
+    first_resume_s: float | None
+    resumes_s: list[float]
+    median_s: float | None
+    per_1k_steps_ms: float | None
+    worker_cpu_s: float | None
+    server_cpu_s: float | None
+    error: str | None = None
+
+
+@dataclass
+class RecoveryRow:
+    signal: str
+    workflows: int
+    lease_s: float
+    recovered: int
+    p50_s: float | None
+    p99_s: float | None
+    max_s: float | None
+    completed: int
+    assignments: float | None = None
+    """Mean times each task was leased (the task counter, from the server's SQLite file)."""
+    error: str | None = None
+
+
+@dataclass
+class LatencyRow:
+    samples: int
+    p50_ms: float | None
+    p99_ms: float | None
+    max_ms: float | None
+    server_p50_ms: float | None
+    server_p99_ms: float | None
+    errors: int
+
+
+@dataclass
+class Verdict:
+    part: int
+    passed: bool | None
+    text: str
+
+
+@dataclass
+class Results:
+    throughput: list[ThroughputRow] = field(default_factory=list)
+    rpcs: list[RpcLine] = field(default_factory=list)
+    resume: list[ResumeRow] = field(default_factory=list)
+    recovery: list[RecoveryRow] = field(default_factory=list)
+    latency: list[LatencyRow] = field(default_factory=list)
+    failures: dict[str, str] = field(default_factory=dict)
+
+
+class Raw:
+    """What a throughput phase collected."""
+
+    def __init__(self) -> None:
+        self.latencies_ns: list[int] = []
+        self.errors = 0
+        self.first_error: str | None = None
+        self.elapsed_s = 0.0
+        self.client_cpu_s = 0.0
+        self._lock = threading.Lock()
+
+    def error(self, exc: BaseException) -> None:
+        with self._lock:
+            self.errors += 1
+            if self.first_error is None:
+                self.first_error = f"{type(exc).__name__}: {exc}"
+
+
+# --------------------------------------------------------------------------- processes
+
+
+def proc_cpu_seconds(pid: int) -> float | None:
+    """User + system CPU time of a process so far (Linux /proc)."""
+    try:
+        data = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = data[data.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class LogTail:
+    """The JSON lines a server wrote to its log since the last read."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = path.stat().st_size if path.exists() else 0
+        self._pending = b""
+
+    def skip(self) -> None:
+        self.read()
+
+    def read(self) -> list[dict[str, Any]]:
+        with self.path.open("rb") as f:
+            f.seek(self.offset)
+            chunk = f.read()
+        self.offset += len(chunk)
+        *lines, self._pending = (self._pending + chunk).split(b"\n")
+        records = []
+        for line in lines:
+            if not line.startswith(b"{"):
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict):
+                records.append(record)
+        return records
+
+
+class Notifications:
+    """The datagrams the workers send (`<event> <workflow id> <monotonic> <pid>`)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 * 1024 * 1024)
+        self._sock.bind(str(path))
+        self._lock = threading.Condition()
+        self._waiters: dict[str, threading.Event] = {}
+        self.entered: list[tuple[str, float, int]] = []
+        self._thread = threading.Thread(target=self._loop, name="notifications", daemon=True)
+        self._thread.start()
+
+    def expect(self, workflow_id: str) -> threading.Event:
+        """An event set by the next `suspended` report for this workflow."""
+        event = threading.Event()
+        with self._lock:
+            self._waiters[workflow_id] = event
+        return event
+
+    def forget(self, workflow_id: str) -> None:
+        with self._lock:
+            self._waiters.pop(workflow_id, None)
+
+    def _loop(self) -> None:
+        while True:
+            try:
+                data = self._sock.recv(4096)
+            except OSError:
+                return
+            parts = data.decode().split()
+            if len(parts) != 4:
+                continue
+            event, workflow_id, at, pid = parts
+            with self._lock:
+                if event == "suspended":
+                    waiter = self._waiters.pop(workflow_id, None)
+                    if waiter is not None:
+                        waiter.set()
+                elif event == "enter":
+                    self.entered.append((workflow_id, float(at), int(pid)))
+                    self._lock.notify_all()
+
+    def wait_entered(self, pid: int, ids: set[str], timeout: float) -> dict[str, float]:
+        """Wait until every workflow in `ids` entered its step in process `pid`."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            while True:
+                seen = {wf: at for wf, at, p in self.entered if p == pid and wf in ids}
+                remaining = deadline - time.monotonic()
+                if len(seen) == len(ids) or remaining <= 0:
+                    return seen
+                self._lock.wait(min(remaining, 0.5))
+
+    def close(self) -> None:
+        self._sock.close()
+
+
+class WorkerProcess:
+    """A `bench/_workflow_worker.py` subprocess."""
+
+    def __init__(self, workdir: Path, worker_id: str, argv: list[str]) -> None:
+        self.name = self.worker_id = worker_id
+        self.log_path = workdir / f"{worker_id}.log"
+        self._log = self.log_path.open("wb")
+        self.proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=self._log,
+            env=dict(os.environ, PYTHONUNBUFFERED="1"),
+            cwd=workdir,
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def cpu_seconds(self) -> float | None:
+        return proc_cpu_seconds(self.proc.pid)
+
+    def check_alive(self) -> None:
+        if self.proc.poll() is not None:
+            raise ServerError(
+                f"worker {self.name} exited with {self.proc.returncode}:\n{self.log_tail()}"
+            )
+
+    def log_tail(self, lines: int = 15) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def signal(self, signum: int) -> None:
+        self.proc.send_signal(signum)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        self._log.close()
+
+
+class Harness:
+    """One server (fresh database) per part, its workers, and the notification socket."""
+
+    def __init__(
+        self, root: Path, notes: Notifications, name: str, server_args: tuple[str, ...] = ()
+    ) -> None:
+        self.root = root
+        self.notes = notes
+        self.workdir = root / name
+        self.workdir.mkdir()
+        self.db_path = self.workdir / "bench.db"
+        port_file = self.workdir / "port"
+        argv = [
+            sys.executable, "-m", "troth_server", "serve",
+            "--listen", "127.0.0.1:0",
+            "--db", f"sqlite:///{self.db_path}",
+            "--port-file", str(port_file),
+            *server_args,
+        ]  # fmt: skip
+        self.server = ServerProcess(f"server-{name}", argv, self.workdir, port_file)
+        self.workers: list[WorkerProcess] = []
+        self.client: Client | None = None
+        try:
+            self.address = self.server.wait_ready()
+            self.tail = LogTail(self.server.stderr_path)
+            self.client = Client(self.address, timeout=CYCLE_TIMEOUT_S)
+        except BaseException:
+            self.close()
+            raise
+
+    def start_workers(
+        self,
+        group: str,
+        count: int,
+        *,
+        concurrency: int = WORKER_CONCURRENCY,
+        lease_s: float = DEFAULT_LEASE_S,
+        cache_size: int = 256,
+        block: bool = False,
+    ) -> list[WorkerProcess]:
+        """Start `count` worker processes of `group` and wait until each has its Poll stream."""
+        started = []
+        for _ in range(count):
+            worker_id = f"{group}-w{len(self.workers)}-{uuid.uuid4().hex[:6]}"
+            argv = [
+                sys.executable, str(WORKER_SCRIPT),
+                "--address", self.address, "--group", group, "--worker-id", worker_id,
+                "--concurrency", str(concurrency), "--lease", str(lease_s),
+                "--cache-size", str(cache_size), "--notify", str(self.notes.path),
+            ]  # fmt: skip
+            if block:
+                argv.append("--block")
+            worker = WorkerProcess(self.workdir, worker_id, argv)
+            self.workers.append(worker)
+            started.append(worker)
+        self.wait_connected({w.worker_id for w in started}, started)
+        return started
+
+    def wait_connected(self, worker_ids: set[str], workers: list[WorkerProcess]) -> None:
+        deadline = time.monotonic() + CONNECT_TIMEOUT_S
+        missing = set(worker_ids)
+        while missing:
+            for record in self.tail.read():
+                if record.get("event") == "worker.connected":
+                    missing.discard(str(record.get("worker_id")))
+            if not missing:
+                return
+            for worker in workers:
+                worker.check_alive()
+            self.server.check_alive()
+            if time.monotonic() > deadline:
+                raise ServerError(f"workers {sorted(missing)} never opened their Poll stream")
+            time.sleep(0.05)
+
+    def stop_workers(self, workers: list[WorkerProcess] | None = None) -> None:
+        for worker in list(workers if workers is not None else self.workers):
+            worker.stop()
+            if worker in self.workers:
+                self.workers.remove(worker)
+
+    def close(self) -> None:
+        for worker in self.workers:
+            worker.kill()
+        self.workers.clear()
+        if self.client is not None:
+            self.client.close()
+        self.server.stop()
+
+
+# --------------------------------------------------------------------------- throughput
+
+
+class CpuMeter:
+    """CPU of this process, the server, the workers and the rest of the machine over a phase."""
+
+    def __init__(self, harness: Harness, workers: list[WorkerProcess]) -> None:
+        self._harness = harness
+        self._workers = workers
+        self._start = self._sample()
+
+    def _sample(self) -> tuple[float, float | None, float | None, float | None]:
+        worker_times = [w.cpu_seconds() for w in self._workers]
+        workers = (
+            None if any(t is None for t in worker_times) else sum(t or 0 for t in worker_times)
+        )
+        return (
+            time.process_time(),
+            self._harness.server.cpu_seconds(),
+            workers,
+            machine_busy_seconds(),
+        )
+
+    def stop(self, elapsed: float) -> tuple[float | None, float | None, float | None, float | None]:
+        """(client, worker, server, other) CPU, in cores (1.0 = one core busy)."""
+        end = self._sample()
+        client = (end[0] - self._start[0]) / elapsed
+
+        def delta(i: int) -> float | None:
+            a, b = self._start[i], end[i]
+            return None if a is None or b is None else (b - a) / elapsed
+
+        server, workers, busy = delta(1), delta(2), delta(3)
+        other = (
+            None
+            if busy is None or server is None or workers is None
+            else max(0.0, busy - server - workers - client)
+        )
+        return client, workers, server, other
+
+
+def run_loops(cycle: Callable[[str], None], prefix: str, in_flight: int, duration: float) -> Raw:
+    """`in_flight` threads each running cycles (`cycle(workflow_id)`) until the deadline."""
+    raw = Raw()
+    counter = itertools.count()
+    clock = time.perf_counter_ns
+    deadline = clock() + int(duration * 1e9)
+    latencies = raw.latencies_ns
+
+    def loop() -> None:
+        while clock() < deadline:
+            workflow_id = f"{prefix}-{next(counter)}"
+            start = clock()
+            try:
+                cycle(workflow_id)
+            except Exception as exc:
+                raw.error(exc)
+                continue
+            latencies.append(clock() - start)
+
+    threads = [threading.Thread(target=loop, daemon=True) for _ in range(in_flight)]
+    t0 = clock()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    raw.elapsed_s = (clock() - t0) / 1e9
+    return raw
+
+
+def hitl_cycle(client: Client, notes: Notifications, group: str) -> Callable[[str], None]:
+    def cycle(workflow_id: str) -> None:
+        suspended = notes.expect(workflow_id)
+        try:
+            handle = client.start("hitl", id=workflow_id, group=group)
+            if not suspended.wait(CYCLE_TIMEOUT_S):
+                raise TimeoutError(f"{workflow_id} never reached its wait")
+        finally:
+            notes.forget(workflow_id)
+        client.resolve(f"{workflow_id}.0", {"approved": True})
+        if handle.result(timeout=CYCLE_TIMEOUT_S) != {"approved": True}:
+            raise AssertionError(f"{workflow_id}: unexpected result")
+
+    return cycle
+
+
+def ten_step_cycle(client: Client, group: str) -> Callable[[str], None]:
+    def cycle(workflow_id: str) -> None:
+        handle = client.start("ten_steps", id=workflow_id, group=group)
+        if handle.result(timeout=CYCLE_TIMEOUT_S) != "done":
+            raise AssertionError(f"{workflow_id}: unexpected result")
+
+    return cycle
+
+
+def measure_phase(
+    harness: Harness,
+    workers: list[WorkerProcess],
+    cycle: Callable[[str], None],
+    *,
+    part: int,
+    workload: str,
+    prefix: str,
+    in_flight: int,
+    settings: Settings,
+) -> ThroughputRow:
+    if settings.warmup_s > 0:
+        run_loops(cycle, f"{prefix}-warm", in_flight, settings.warmup_s)
+    stats0 = harness.server.stats()
+    meter = CpuMeter(harness, workers)
+    raw = run_loops(cycle, prefix, in_flight, settings.duration_s)
+    elapsed = raw.elapsed_s or float("nan")
+    client_cpu, worker_cpu, server_cpu, other_cpu = meter.stop(elapsed)
+    stats1 = harness.server.stats()
+    harness.server.check_alive()
+    for worker in workers:
+        worker.check_alive()
+    latencies = sorted(raw.latencies_ns)
+    row = ThroughputRow(
+        part=part,
+        workload=workload,
+        workers=len(workers),
+        in_flight=in_flight,
+        completed=len(latencies),
+        errors=raw.errors,
+        elapsed_s=round(raw.elapsed_s, 3),
+        per_s=len(latencies) / elapsed,
+        p50_ms=percentile_ms(latencies, 50),
+        p99_ms=percentile_ms(latencies, 99),
+        client_cpu=client_cpu,
+        worker_cpu=worker_cpu,
+        server_cpu=server_cpu,
+        other_cpu=other_cpu,
+        commits_per_s=(stats1[0] - stats0[0]) / elapsed,
+        first_error=raw.first_error,
+    )
+    log(
+        f"  {workload} {len(workers)}w x{in_flight}: {row.completed} in {row.elapsed_s:.2f} s "
+        f"= {row.per_s:,.0f}/s, p50 {fmt(row.p50_ms, '.1f')} ms, p99 {fmt(row.p99_ms, '.1f')} "
+        f"ms, errors {row.errors}"
+    )
+    if raw.first_error:
+        log(f"    first error: {raw.first_error}")
+    return row
+
+
+def count_cycle_rpcs(harness: Harness, group: str, run_id: str) -> list[RpcLine]:
+    """One cycle alone on an idle server; the server's `rpc` log lines it caused."""
+    assert harness.client is not None
+    cycle = hitl_cycle(harness.client, harness.notes, group)
+    cycle(f"rpc-warm-{run_id}")
+    time.sleep(0.5)
+    harness.tail.skip()
+    workflow_id = f"rpc-{run_id}"
+    cycle(workflow_id)
+    time.sleep(0.5)  # the watch's line is written when its stream ends
+    lines = []
+    for record in harness.tail.read():
+        if record.get("event") != "rpc":
+            continue
+        method = str(record.get("method"))
+        promise_id = record.get("promise_id")
+        if method in ("Poll", "Heartbeat"):
+            continue  # the stream stays open; heartbeats are per worker, not per cycle
+        client_side = method in ("ResolvePromise", "WatchPromise", "GetPromise") or (
+            method == "CreatePromise" and promise_id == workflow_id
+        )
+        duration = record.get("duration_ms")
+        lines.append(
+            RpcLine(
+                side="client" if client_side else "worker",
+                method=method,
+                promise_id=str(promise_id) if promise_id else None,
+                server_ms=float(duration) if isinstance(duration, int | float) else None,
+            )
+        )
+    return lines
+
+
+def part_throughput(
+    part: int, settings: Settings, root: Path, notes: Notifications, run_id: str, out: Results
+) -> None:
+    name = "hitl" if part == 1 else "ten-steps"
+    harness = Harness(root, notes, f"part{part}")
+    try:
+        worker_counts = settings.hitl_workers if part == 1 else settings.steps_workers
+        levels = settings.hitl_in_flight if part == 1 else settings.steps_in_flight
+        assert harness.client is not None
+        for count in worker_counts:
+            group = f"{name}-{count}w-{run_id}"
+            workers = harness.start_workers(group, count)
+            cycle = (
+                hitl_cycle(harness.client, notes, group)
+                if part == 1
+                else ten_step_cycle(harness.client, group)
+            )
+            for in_flight in levels:
+                out.throughput.append(
+                    measure_phase(
+                        harness,
+                        workers,
+                        cycle,
+                        part=part,
+                        workload=name,
+                        prefix=f"{group}-x{in_flight}",
+                        in_flight=in_flight,
+                        settings=settings,
+                    )
+                )
+            if part == 1 and count == 1:
+                out.rpcs = count_cycle_rpcs(harness, group, run_id)
+            harness.stop_workers(workers)
+    finally:
+        harness.close()
+
+
+# --------------------------------------------------------------------------- part 3: resume
+
+
+async def create_settled_steps(address: str, workflow_id: str, first: int, last: int) -> None:
+    """Steps `<id>.first..last` as `long_history`'s `ctx.run(cheap_step, n)` records them."""
+    tags = {TAG_KIND: str(Kind.RUN), TAG_FUNC: "cheap_step"}
+    positions = iter(range(first, last + 1))
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = PromisesStub(channel)
+
+        async def loop() -> None:
+            for position in positions:
+                request = promises_pb2.CreatePromiseRequest(
+                    id=f"{workflow_id}.{position}",
+                    param=types_pb2.Payload(),
+                    tags=tags,
+                    resolved_with=types_pb2.Payload(
+                        headers=JSON_HEADERS, data=str(position - first).encode()
+                    ),
+                )
+                await stub.CreatePromise(request, timeout=CYCLE_TIMEOUT_S)
+
+        await asyncio.gather(*(loop() for _ in range(64)))
+
+
+def part_resume(settings: Settings, root: Path, notes: Notifications, out: Results) -> None:
+    harness = Harness(root, notes, "part3")
+    raised: Harness | None = None
+    try:
+        for steps in settings.history_sizes:
+            row = resume_one(harness, steps, "default")
+            out.resume.append(row)
+            if row.error and MESSAGE_TOO_LARGE in row.error:
+                # The task cannot be delivered under the server's default message limit;
+                # measure the same history on a server whose limit is raised.
+                if raised is None:
+                    log(f"  again on a server with {' '.join(RAISED_LIMIT_ARGS)}")
+                    raised = Harness(root, notes, "part3-raised", RAISED_LIMIT_ARGS)
+                out.resume.append(resume_one(raised, steps, " ".join(RAISED_LIMIT_ARGS)))
+    finally:
+        harness.close()
+        if raised is not None:
+            raised.close()
+
+
+def wait_resumed(event: threading.Event, worker: WorkerProcess, timeout: float) -> str | None:
+    """Wait for a `suspended` report; the reason it will not come, if the worker says so."""
+    deadline = time.monotonic() + timeout
+    while not event.wait(0.2):
+        tail = worker.log_tail(20)
+        if MESSAGE_TOO_LARGE in tail:
+            line = next(ln for ln in reversed(tail.splitlines()) if MESSAGE_TOO_LARGE in ln)
+            detail = line[line.find("RESOURCE_EXHAUSTED") :].split(");")[0]
+            return f"task never delivered: Poll stream broke with {detail}"
+        worker.check_alive()
+        if time.monotonic() > deadline:
+            return f"no resume within {timeout:.0f} s" + worker_hint(worker)
+    return None
+
+
+def resume_one(harness: Harness, steps: int, server: str) -> ResumeRow:
+    """One workflow with a `steps`-step history, on its own worker (and group)."""
+    group = f"resume-{steps}"
+    # No cache: every resume replays the whole history, as on a worker that did not
+    # suspend the workflow (or after a restart).
+    (worker,) = harness.start_workers(group, 1, concurrency=4, cache_size=0)
+    try:
+        return resume_measure(harness, worker, group, steps, server)
+    finally:
+        worker.kill()  # a task it cannot receive would keep it busy
+        harness.workers.remove(worker)
+
+
+def resume_measure(
+    harness: Harness, worker: WorkerProcess, group: str, steps: int, server: str
+) -> ResumeRow:
+    client = harness.client
+    assert client is not None
+    notes = harness.notes
+    workflow_id = f"long-{steps}-{uuid.uuid4().hex[:6]}"
+    row = ResumeRow(steps, server, None, None, None, [], None, None, None, None)
+    suspended = notes.expect(workflow_id)
+    client.start("long_history", steps, RESUME_APPROVALS, id=workflow_id, group=group)
+    if not suspended.wait(CYCLE_TIMEOUT_S):
+        row.error = "the workflow never reached its gate"
+        return row
+    t0 = time.perf_counter()
+    asyncio.run(create_settled_steps(harness.address, workflow_id, 1, steps))
+    row.build_s = time.perf_counter() - t0
+    row.build_per_s = steps / row.build_s
+    log(f"  history of {steps:,} steps created in {row.build_s:.1f} s")
+
+    cpu0 = (worker.cpu_seconds(), harness.server.cpu_seconds())
+    suspended = notes.expect(workflow_id)
+    t0 = time.perf_counter()
+    client.resolve(f"{workflow_id}.0", "open")
+    error = wait_resumed(suspended, worker, RESUME_TIMEOUT_S)
+    if error is not None:
+        notes.forget(workflow_id)
+        row.error = error
+        log(f"  {steps:,} steps: {row.error}")
+        return row
+    row.first_resume_s = time.perf_counter() - t0
+    for k in range(RESUME_APPROVALS):
+        approval = f"{workflow_id}.{steps + 1 + k}"
+        last = k == RESUME_APPROVALS - 1
+        watch = client.watch(workflow_id, timeout=RESUME_TIMEOUT_S)
+        next(watch)  # pending
+        suspended = notes.expect(workflow_id)
+        t0 = time.perf_counter()
+        client.resolve(approval, k)
+        if last:
+            done = next(watch)
+            elapsed = time.perf_counter() - t0
+            if not done.is_settled:
+                row.error = "the workflow did not finish"
+        else:
+            error = wait_resumed(suspended, worker, RESUME_TIMEOUT_S)
+            elapsed = time.perf_counter() - t0
+            if error is not None:
+                row.error = f"resume {k}: {error}"
+        notes.forget(workflow_id)
+        close_iterator(watch)
+        if row.error:
+            break
+        row.resumes_s.append(elapsed)
+    cpu1 = (worker.cpu_seconds(), harness.server.cpu_seconds())
+    if cpu0[0] is not None and cpu1[0] is not None:
+        row.worker_cpu_s = cpu1[0] - cpu0[0]
+    if cpu0[1] is not None and cpu1[1] is not None:
+        row.server_cpu_s = cpu1[1] - cpu0[1]
+    if row.resumes_s:
+        row.median_s = statistics.median(row.resumes_s)
+        row.per_1k_steps_ms = row.median_s / steps * 1e6
+    log(
+        f"  {steps:,} steps: first resume {fmt(row.first_resume_s, '.3f')} s, resumes "
+        f"{', '.join(f'{s:.3f}' for s in row.resumes_s)} s"
+        + (f" ({row.error})" if row.error else "")
+    )
+    return row
+
+
+def close_iterator(iterator: object) -> None:
+    """End a watch early (`Client.watch` is a generator; closing it cancels the stream)."""
+    close = getattr(iterator, "close", None)
+    if callable(close):
+        close()
+
+
+def worker_hint(worker: WorkerProcess) -> str:
+    tail = worker.log_tail(5)
+    return f"; worker log: {tail.splitlines()[-1]}" if tail else ""
+
+
+# --------------------------------------------------------------------------- part 4: recovery
+
+
+def part_recovery(
+    settings: Settings, root: Path, notes: Notifications, run_id: str, out: Results
+) -> None:
+    harness = Harness(root, notes, "part4")
+    try:
+        for signum, lease in (
+            (signal.SIGKILL, DEFAULT_LEASE_S),
+            (signal.SIGSTOP, RECOVERY_LEASE_S),
+        ):
+            out.recovery.append(
+                recover_one(harness, signum, lease, settings.recovery_count, run_id)
+            )
+    finally:
+        harness.close()
+
+
+def recover_one(
+    harness: Harness, signum: int, lease_s: float, count: int, run_id: str
+) -> RecoveryRow:
+    client = harness.client
+    assert client is not None
+    name = signal.Signals(signum).name
+    group = f"recover-{name.lower()}-{run_id}"
+    row = RecoveryRow(name, count, lease_s, 0, None, None, None, 0)
+    capacity = count
+    (first,) = harness.start_workers(group, 1, concurrency=capacity, lease_s=lease_s, block=True)
+    ids = {f"{group}-{i}" for i in range(count)}
+    for workflow_id in sorted(ids):
+        client.start("held", id=workflow_id, group=group)
+    entered = harness.notes.wait_entered(first.pid, ids, CYCLE_TIMEOUT_S)
+    if len(entered) < count:
+        row.error = (
+            f"only {len(entered)} of {count} workflows entered their step on the first worker"
+        )
+        return row
+    (second,) = harness.start_workers(group, 1, concurrency=capacity, lease_s=lease_s)
+    time.sleep(0.2)
+    log(f"  {name}: {count} workflows inside a step on worker pid {first.pid}; signalling it")
+    t0 = time.monotonic()
+    first.signal(signum)
+    again = harness.notes.wait_entered(second.pid, ids, RECOVERY_TIMEOUT_S)
+    waits = sorted(at - t0 for at in again.values())
+    row.recovered = len(waits)
+    if waits:
+        row.p50_s = waits[max(0, math.ceil(0.5 * len(waits)) - 1)]
+        row.p99_s = waits[max(0, math.ceil(0.99 * len(waits)) - 1)]
+        row.max_s = waits[-1]
+    if len(waits) < count:
+        row.error = f"only {len(waits)} of {count} ran again within {RECOVERY_TIMEOUT_S:.0f} s"
+    completed = 0
+    for workflow_id in sorted(again):
+        try:
+            client.handle(workflow_id).result(timeout=CYCLE_TIMEOUT_S)
+            completed += 1
+        except Exception as exc:
+            row.error = row.error or f"{workflow_id}: {type(exc).__name__}: {exc}"
+    row.completed = completed
+    row.assignments = task_assignments(harness, f"{group}-")
+    log(
+        f"  {name}: {row.recovered}/{count} running again on pid {second.pid}: "
+        f"p50 {fmt(row.p50_s, '.3f')} s, p99 {fmt(row.p99_s, '.3f')} s, "
+        f"max {fmt(row.max_s, '.3f')} s; {completed} completed"
+    )
+    first.kill()  # SIGKILL also ends a stopped process
+    harness.workers.remove(first)
+    harness.stop_workers([second])
+    return row
+
+
+def task_assignments(harness: Harness, root_prefix: str) -> float | None:
+    """Mean task counter (leases handed out) of the roots with this prefix, read-only."""
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{harness.db_path}?mode=ro", uri=True)) as db:
+            counters = [
+                int(c)
+                for (c,) in db.execute(
+                    "SELECT counter FROM tasks WHERE root_promise_id LIKE ?", (root_prefix + "%",)
+                )
+            ]
+    except sqlite3.Error as exc:
+        log(f"  could not read task counters: {exc}")
+        return None
+    return statistics.mean(counters) if counters else None
+
+
+# --------------------------------------------------------------------------- part 5: latency
+
+
+def part_latency(settings: Settings, root: Path, notes: Notifications, out: Results) -> None:
+    harness = Harness(root, notes, "part5")
+    try:
+        client = harness.client
+        assert client is not None
+        group = "latency"
+        harness.start_workers(group, 1)
+        ids = [f"lat-{i}" for i in range(settings.latency_samples)]
+        events = {i: notes.expect(i) for i in ids}
+        for workflow_id in ids:
+            client.start("hitl", id=workflow_id, group=group)
+        for workflow_id, event in events.items():
+            if not event.wait(CYCLE_TIMEOUT_S):
+                raise ServerError(f"{workflow_id} never suspended")
+        time.sleep(0.5)
+        samples: list[int] = []
+        server_ms: list[float] = []
+        errors = 0
+        for workflow_id in ids:
+            watch = client.watch(workflow_id, timeout=CYCLE_TIMEOUT_S)
+            try:
+                next(watch)  # pending
+                t0 = time.perf_counter_ns()
+                settled = client.resolve(f"{workflow_id}.0", {"approved": True}).promise
+                done = next(watch)
+                samples.append(time.perf_counter_ns() - t0)
+            except Exception:
+                errors += 1
+                continue
+            finally:
+                close_iterator(watch)
+            if done.settle_time is not None and settled.settle_time is not None:
+                server_ms.append((done.settle_time - settled.settle_time).total_seconds() * 1e3)
+        samples.sort()
+        server_ms.sort()
+        out.latency.append(
+            LatencyRow(
+                samples=len(samples),
+                p50_ms=percentile_ms(samples, 50),
+                p99_ms=percentile_ms(samples, 99),
+                max_ms=samples[-1] / 1e6 if samples else None,
+                server_p50_ms=_pct(server_ms, 50),
+                server_p99_ms=_pct(server_ms, 99),
+                errors=errors,
+            )
+        )
+        r = out.latency[-1]
+        log(
+            f"  settle to completion: p50 {fmt(r.p50_ms, '.2f')} ms, p99 {fmt(r.p99_ms, '.2f')} "
+            f"ms over {r.samples}"
+        )
+        harness.stop_workers()
+    finally:
+        harness.close()
+
+
+def _pct(values: list[float], pct: float) -> float | None:
+    if not values:
+        return None
+    return values[max(0, math.ceil(pct / 100 * len(values)) - 1)]
+
+
+# --------------------------------------------------------------------------- verdicts
+
+
+def verdicts(results: Results, settings: Settings) -> list[Verdict]:
+    out: list[Verdict] = []
+    for part, workload, target in (
+        (1, "hitl", TARGET_HITL_PER_S),
+        (2, "ten-steps", TARGET_TEN_STEP_PER_S),
+    ):
+        if part not in settings.parts:
+            continue
+        rows = [
+            r
+            for r in results.throughput
+            if r.workload == workload and r.in_flight == TARGET_IN_FLIGHT
+        ]
+        what = "HITL cycles/s" if part == 1 else "10-step workflows/s"
+        if not rows:
+            text = f"N/A ({part}) {what}: not measured at {TARGET_IN_FLIGHT} in flight"
+            out.append(Verdict(part, None, text))
+            continue
+        for r in rows:
+            ok = r.per_s >= target and r.errors == 0
+            out.append(
+                Verdict(
+                    part,
+                    ok,
+                    f"{'PASS' if ok else 'MISS'} ({part}) {what}, {r.workers} worker "
+                    f"process(es), {r.in_flight} in flight: {r.per_s:,.0f}/s (target >= "
+                    f"{target:,.0f}/s), errors {r.errors}",
+                )
+            )
+    if 3 in settings.parts:
+        out.extend(resume_verdicts(results.resume))
+    if 4 in settings.parts:
+        for rec in results.recovery:
+            limit = (
+                TARGET_KILL_P99_S if rec.signal == "SIGKILL" else rec.lease_s + TARGET_STOP_SLACK_S
+            )
+            ok = rec.p99_s is not None and rec.p99_s < limit and rec.error is None
+            how = (
+                "by stream break"
+                if rec.signal == "SIGKILL"
+                else f"frozen, lease {rec.lease_s:g} s + {TARGET_STOP_SLACK_S:g} s"
+            )
+            extra = f"; {rec.error}" if rec.error else ""
+            out.append(
+                Verdict(
+                    4,
+                    ok,
+                    f"{'PASS' if ok else 'MISS'} (4) recovery after {rec.signal} of a worker "
+                    f"holding {rec.workflows}: p99 {fmt(rec.p99_s, '.3f')} s, max "
+                    f"{fmt(rec.max_s, '.3f')} s (target p99 < {limit:g} s, {how}){extra}",
+                )
+            )
+        if not results.recovery:
+            out.append(Verdict(4, None, "N/A (4) recovery: not measured"))
+    if 5 in settings.parts:
+        if not results.latency or results.latency[0].p50_ms is None:
+            out.append(Verdict(5, None, "N/A (5) settle-to-completion latency: not measured"))
+        else:
+            r5 = results.latency[0]
+            ok = (r5.p50_ms or 0) < TARGET_LATENCY_P50_MS and r5.errors == 0
+            out.append(
+                Verdict(
+                    5,
+                    ok,
+                    f"{'PASS' if ok else 'MISS'} (5) settle-to-completion latency of a suspended "
+                    f"workflow: p50 {r5.p50_ms:.2f} ms, p99 {fmt(r5.p99_ms, '.2f')} ms "
+                    f"(target p50 < {TARGET_LATENCY_P50_MS:g} ms)",
+                )
+            )
+    for name, message in results.failures.items():
+        out.append(Verdict(0, False, f"FAILED {name}: {message.splitlines()[0]}"))
+    return out
+
+
+def resume_verdicts(rows: list[ResumeRow]) -> list[Verdict]:
+    out: list[Verdict] = []
+    r10 = next((r for r in rows if r.steps == TARGET_RESUME_STEPS and r.server == "default"), None)
+    if r10 is None or r10.median_s is None:
+        why = "not measured" if r10 is None else r10.error
+        out.append(Verdict(3, None, f"N/A (3) resume at {TARGET_RESUME_STEPS:,} steps: {why}"))
+    else:
+        ok = r10.median_s < TARGET_RESUME_S and r10.error is None
+        out.append(
+            Verdict(
+                3,
+                ok,
+                f"{'PASS' if ok else 'MISS'} (3) resume with a {TARGET_RESUME_STEPS:,}-step "
+                f"history, settle to completion: median {r10.median_s:.3f} s (target < "
+                f"{TARGET_RESUME_S:g} s)",
+            )
+        )
+    measured = [r for r in rows if r.per_1k_steps_ms is not None]
+    if r10 is not None and r10.per_1k_steps_ms is not None and len(measured) >= 2:
+        biggest = max(measured, key=lambda r: r.steps)
+        ratio = (biggest.per_1k_steps_ms or 0) / r10.per_1k_steps_ms
+        ok = ratio <= LINEARITY_MAX_RATIO
+        per = ", ".join(
+            f"{r.steps:,}: {r.per_1k_steps_ms:.1f} ms"
+            + ("" if r.server == "default" else f" (server {r.server})")
+            for r in measured
+        )
+        out.append(
+            Verdict(
+                3,
+                ok,
+                f"{'PASS' if ok else 'MISS'} (3) linearity, resume time per 1k steps: {per}; "
+                f"{biggest.steps:,} vs {TARGET_RESUME_STEPS:,}: x{ratio:.2f} "
+                f"(<= x{LINEARITY_MAX_RATIO:g} counts as linear)",
+            )
+        )
+    for r in rows:
+        if r.error is not None:
+            out.append(
+                Verdict(
+                    3,
+                    False,
+                    f"MISS (3) resume with a {r.steps:,}-step history (server {r.server}): "
+                    f"{r.error}",
+                )
+            )
+    return out
+
+
+# --------------------------------------------------------------------------- output
+
+
+def fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None or math.isnan(value) else format(value, spec)
+
+
+def short(error: str | None, width: int = 60) -> str:
+    """An error for a table cell; the verdicts carry it whole."""
+    if not error:
+        return ""
+    return error if len(error) <= width else error[: width - 3] + "..."
+
+
+def table(header: list[str], rows: list[list[str]], left: int = 1) -> str:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    lines = []
+    for n, row in enumerate([header, *rows]):
+        cells = [
+            c.ljust(w) if i < left else c.rjust(w)
+            for i, (c, w) in enumerate(zip(row, widths, strict=True))
+        ]
+        lines.append("  ".join(cells).rstrip())
+        if n == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def render(results: Results) -> str:
+    blocks = []
+    if results.throughput:
+        rows = [
+            [
+                r.workload,
+                str(r.workers),
+                str(r.in_flight),
+                f"{r.per_s:,.0f}",
+                fmt(r.p50_ms, ".1f"),
+                fmt(r.p99_ms, ".1f"),
+                str(r.errors),
+                fmt(r.commits_per_s, ",.0f"),
+                fmt(r.client_cpu, ".0%"),
+                fmt(r.worker_cpu, ".0%"),
+                fmt(r.server_cpu, ".0%"),
+                fmt(r.other_cpu, ".0%"),
+            ]
+            for r in results.throughput
+        ]
+        header = ["workload", "workers", "in-flight", "per s", "p50 ms", "p99 ms", "errors",
+                  "commits/s", "cli cpu", "wrk cpu", "srv cpu", "other cpu"]  # fmt: skip
+        blocks.append("(1, 2) throughput (per s = completed workflows per second)\n"
+                      + table(header, rows))  # fmt: skip
+        per_cycle = []
+        for r in results.throughput:
+            if not r.completed or not r.elapsed_s:
+                continue
+            scale = r.elapsed_s / r.completed * 1e6
+            per_cycle.append(
+                [
+                    r.workload,
+                    str(r.workers),
+                    str(r.in_flight),
+                    fmt(None if r.client_cpu is None else r.client_cpu * scale, ",.0f"),
+                    fmt(None if r.worker_cpu is None else r.worker_cpu * scale, ",.0f"),
+                    fmt(None if r.server_cpu is None else r.server_cpu * scale, ",.0f"),
+                ]
+            )
+        blocks.append(
+            "CPU per completed workflow (µs)\n"
+            + table(["workload", "workers", "in-flight", "client", "workers", "server"], per_cycle)
+        )
+    if results.rpcs:
+        counts: collections.Counter[tuple[str, str]] = collections.Counter()
+        server_ms: dict[tuple[str, str], float] = collections.defaultdict(float)
+        for line in results.rpcs:
+            counts[(line.side, line.method)] += 1
+            server_ms[(line.side, line.method)] += line.server_ms or 0.0
+        rows = [
+            [side, method, str(n), f"{server_ms[(side, method)]:.2f}"]
+            for (side, method), n in sorted(counts.items())
+        ]
+        client_n = sum(n for (side, _), n in counts.items() if side == "client")
+        worker_n = sum(n for (side, _), n in counts.items() if side == "worker")
+        completes = counts[("worker", "CompleteTask")]
+        rows.append(["total", "", str(client_n + worker_n), ""])
+        blocks.append(
+            "(1) RPCs of one human-in-the-loop cycle (server `rpc` log lines; WatchPromise is "
+            "a stream)\n"
+            + table(["side", "method", "calls", "server ms"], rows, left=2)
+            + f"\nclient {client_n}, worker {worker_n}; plus {completes} task deliveries on "
+            "the worker's open Poll stream (one per CompleteTask)"
+        )
+    if results.resume:
+        rows = [
+            [
+                f"{r.steps:,}",
+                r.server,
+                fmt(r.build_s, ".1f"),
+                fmt(r.build_per_s, ",.0f"),
+                fmt(r.first_resume_s, ".3f"),
+                ", ".join(f"{s:.3f}" for s in r.resumes_s) or "-",
+                fmt(r.median_s, ".3f"),
+                fmt(r.per_1k_steps_ms, ".1f"),
+                fmt(r.worker_cpu_s, ".2f"),
+                fmt(r.server_cpu_s, ".2f"),
+                short(r.error),
+            ]
+            for r in results.resume
+        ]
+        header = ["steps", "server", "build s", "build/s", "1st resume s", "resumes s", "median s",
+                  "ms/1k steps", "wrk cpu s", "srv cpu s", "error"]  # fmt: skip
+        blocks.append(
+            "(3) resume of a long history (settle to completion, no worker cache: full replay)\n"
+            + table(header, rows, left=2)
+        )
+    if results.recovery:
+        rows = [
+            [
+                r.signal,
+                str(r.workflows),
+                f"{r.lease_s:g}",
+                str(r.recovered),
+                fmt(r.p50_s, ".3f"),
+                fmt(r.p99_s, ".3f"),
+                fmt(r.max_s, ".3f"),
+                str(r.completed),
+                fmt(r.assignments, ".1f"),
+                short(r.error),
+            ]
+            for r in results.recovery
+        ]
+        header = ["signal", "held", "lease s", "running again", "p50 s", "p99 s", "max s",
+                  "completed", "leases/task", "error"]  # fmt: skip
+        blocks.append(
+            "(4) recovery: signal to the step running again on the other worker\n"
+            + table(header, rows)
+        )
+    if results.latency:
+        rows = [
+            [
+                str(r.samples),
+                fmt(r.p50_ms, ".2f"),
+                fmt(r.p99_ms, ".2f"),
+                fmt(r.max_ms, ".2f"),
+                fmt(r.server_p50_ms, ".2f"),
+                fmt(r.server_p99_ms, ".2f"),
+                str(r.errors),
+            ]
+            for r in results.latency
+        ]
+        header = ["samples", "p50 ms", "p99 ms", "max ms", "server p50 ms", "server p99 ms",
+                  "errors"]  # fmt: skip
+        blocks.append(
+            "(5) settle to completion of a suspended workflow (resolve call to the watch "
+            "seeing the root settled; server = root settle_time - step settle_time)\n"
+            + table(header, rows, left=0)
+        )
+    return "\n\n".join(blocks)
+
+
+# --------------------------------------------------------------------------- main
+
+
+def main(argv: list[str] | None = None) -> int:
+    settings = parse_args(argv)
+    run_id = uuid.uuid4().hex[:6]
+    root = Path(tempfile.mkdtemp(prefix="troth-wfbench-"))
+    machine = {
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "grpcio": grpc.__version__,
+        "platform": platform.platform(),
+    }
+    log(
+        f"troth workflow bench {run_id}: parts {settings.parts}, {settings.duration_s:g} s per "
+        f"phase (+{settings.warmup_s:g} s warm-up){' (quick)' if settings.quick else ''}, "
+        f"{machine['cpus']} cpus, python {machine['python']}, grpcio {machine['grpcio']}"
+    )
+    notes = Notifications(root / "notify.sock")
+    results = Results()
+    runners: dict[int, Callable[[], None]] = {
+        1: lambda: part_throughput(1, settings, root, notes, run_id, results),
+        2: lambda: part_throughput(2, settings, root, notes, run_id, results),
+        3: lambda: part_resume(settings, root, notes, results),
+        4: lambda: part_recovery(settings, root, notes, run_id, results),
+        5: lambda: part_latency(settings, root, notes, results),
+    }
+    titles = {
+        1: "human-in-the-loop cycles",
+        2: "10-step workflows",
+        3: "resume of a long history",
+        4: "recovery after SIGKILL / SIGSTOP",
+        5: "settle-to-completion latency",
+    }
+    started = time.monotonic()
+    for part in settings.parts:
+        log(f"part {part}: {titles[part]}")
+        try:
+            runners[part]()
+        except (ServerError, OSError, TimeoutError) as exc:
+            results.failures[f"part {part}"] = str(exc)
+            log(f"part {part}: FAILED: {exc}")
+    notes.close()
+    verdict_list = verdicts(results, settings)
+    wall = time.monotonic() - started
+
+    if settings.json:
+        document = {
+            "run_id": run_id,
+            "machine": machine,
+            "settings": asdict(settings),
+            "wall_s": round(wall, 1),
+            "results": asdict(results),
+            "verdicts": [asdict(v) for v in verdict_list],
+        }
+        print(json.dumps(document, indent=2))
+    else:
+        print(
+            f"\ntroth workflows, {settings.duration_s:g} s per throughput phase, "
+            f"{machine['cpus']} cpus, python {machine['python']}, grpcio {machine['grpcio']}, "
+            f"{wall:.0f} s in all\n"
+        )
+        print(render(results) or "(no results)")
+        print()
+        for v in verdict_list:
+            print(v.text)
+
+    if results.failures or settings.keep:
+        log(f"work directory kept: {root}")
+    else:
+        shutil.rmtree(root, ignore_errors=True)
+    return 1 if results.failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
