@@ -235,11 +235,12 @@ class Dispatcher:
                 candidates = [s for s in self._streams.get(group, []) if s.room > 0]
             if not candidates:
                 return
-            delivered = 0
+            exhausted = False
             for stream in sorted(candidates, key=lambda s: -s.room):
-                for claimed in self._tasks.claim(group, stream.worker_id, stream.room,
-                                                 stream.lease_ms):  # fmt: skip
-                    task = claimed.task
+                wanted = stream.room
+                claimed = self._tasks.claim(group, stream.worker_id, wanted, stream.lease_ms)
+                for item in claimed:
+                    task = item.task
                     if stream.closed:
                         # It went away between the claim and now: give the task back.
                         self._tasks.release(task.id, task.counter, stream.worker_id)
@@ -248,8 +249,12 @@ class Dispatcher:
                     with self._lock:
                         stream.held.add(task.id)
                     stream.deliver(Delivery(task, root, history))
-                    delivered += 1
-            if not delivered:
+                if len(claimed) < wanted:
+                    # Fewer PENDING tasks than room: the group is drained for now,
+                    # and another claim would be an empty write transaction.
+                    exhausted = True
+                    break
+            if exhausted:
                 return
 
 
