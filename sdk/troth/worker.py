@@ -441,6 +441,7 @@ class Worker:
                     self._accept(response)
             except grpc.RpcError as exc:
                 rpc = as_call(exc)
+                code = rpc.code() if rpc is not None else None
                 why = f"{rpc.code().name}: {rpc.details()}" if rpc is not None else f"{exc!r}"
             except Exception:
                 _log.exception("worker %s: error reading the task stream", self.worker_id)

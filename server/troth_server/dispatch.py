@@ -97,6 +97,7 @@ class Dispatcher:
         self._streams: dict[str, list[PollStream]] = {}
         self._wanted: set[str] = set()
         self._gone: list[PollStream] = []
+        self._stalled_workers: set[str] = set()
         self._stopping = False
         self._thread = threading.Thread(target=self._loop, name="troth-dispatch", daemon=True)
 
@@ -178,12 +179,17 @@ class Dispatcher:
                     if task.id in stream.held:
                         stream.held.discard(task.id)
                         stream.stalled = True
+                        self._stalled_workers.add(stream.worker_id)
         self.wake(groups)
 
     def alive(self, worker_id: str) -> None:
-        """The worker heartbeated: its stalled streams may take tasks again."""
+        """The worker made a call (a heartbeat, a completion...): its stalled streams
+        may take tasks again. Cheap when nothing is stalled: every task call runs it."""
+        if worker_id not in self._stalled_workers:
+            return
         groups = set()
         with self._lock:
+            self._stalled_workers.discard(worker_id)
             for group, streams in self._streams.items():
                 for stream in streams:
                     if stream.worker_id == worker_id and stream.stalled:

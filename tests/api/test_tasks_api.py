@@ -212,6 +212,34 @@ def test_a_frozen_worker_loses_its_task_and_gets_nothing_until_it_heartbeats(
     assert frozen.next().task.worker_id == "w-frozen"
 
 
+def test_any_call_from_a_stalled_worker_makes_it_eligible_again(
+    stubs: tuple[promises_pb2_grpc.PromisesStub, tasks_pb2_grpc.TasksStub],
+    group: str,
+    pollers: list[Poller],
+) -> None:
+    promises, tasks = stubs
+    frozen = Poller(tasks, group, "w-blip", capacity=1, lease_seconds=1)
+    pollers.append(frozen)
+    start(promises, f"wf-{uuid.uuid4().hex[:8]}", group)
+    task = frozen.next().task
+    other = Poller(tasks, group, "w-other", capacity=1, lease_seconds=30)
+    pollers.append(other)
+    moved = other.next().task  # the lease ran out (a network blip, say)
+    # The worker, back, finishes its task late: refused, but it is evidently alive,
+    # and it holds nothing, so it would never heartbeat again. It gets new work.
+    with pytest.raises(grpc.RpcError) as caught:
+        tasks.CompleteTask(
+            tasks_pb2.CompleteTaskRequest(task_id=task.id, counter=task.counter, worker_id="w-blip")
+        )
+    assert error_info(caught.value).reason == "STALE_COUNTER"
+    tasks.CompleteTask(
+        tasks_pb2.CompleteTaskRequest(task_id=moved.id, counter=moved.counter, worker_id="w-other")
+    )
+    other.cancel()
+    start(promises, f"wf-{uuid.uuid4().hex[:8]}", group)
+    assert frozen.next().task.worker_id == "w-blip"
+
+
 def test_release_hands_the_task_back(
     stubs: tuple[promises_pb2_grpc.PromisesStub, tasks_pb2_grpc.TasksStub],
     group: str,

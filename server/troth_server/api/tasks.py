@@ -123,6 +123,7 @@ class TasksServicer(_Handlers, tasks_pb2_grpc.TasksServicer):
         self, request: tasks_pb2.CompleteTaskRequest, context: grpc.ServicerContext
     ) -> tasks_pb2.CompleteTaskResponse:
         task_id, counter, worker, outcome = self._complete_args(request)
+        self._dispatcher.alive(worker)
         result = self._tasks.complete(task_id, counter, worker, outcome)
         self._dispatcher.done(worker, task_id)
         return _completed(result)
@@ -141,6 +142,7 @@ class TasksServicer(_Handlers, tasks_pb2_grpc.TasksServicer):
         self, request: tasks_pb2.ReleaseTaskRequest, context: grpc.ServicerContext
     ) -> tasks_pb2.ReleaseTaskResponse:
         task_id, counter, worker = self._held_args(request)
+        self._dispatcher.alive(worker)
         task = self._tasks.release(task_id, counter, worker)
         self._dispatcher.done(worker, task_id)
         self._dispatcher.wake([task.group])
@@ -150,8 +152,10 @@ class TasksServicer(_Handlers, tasks_pb2_grpc.TasksServicer):
     def RegisterCallbacks(
         self, request: tasks_pb2.RegisterCallbacksRequest, context: grpc.ServicerContext
     ) -> tasks_pb2.RegisterCallbacksResponse:
+        task_id, counter, worker = self._held_args(request)
+        self._dispatcher.alive(worker)
         settled = self._tasks.register_callbacks(
-            *self._held_args(request), self._promise_ids(request)
+            task_id, counter, worker, self._promise_ids(request)
         )
         return tasks_pb2.RegisterCallbacksResponse(settled=[convert.to_pb(p) for p in settled])
 
@@ -180,6 +184,7 @@ class AioTasksServicer(_Handlers, tasks_pb2_grpc.TasksServicer):
         self, request: tasks_pb2.CompleteTaskRequest, context: AioContext
     ) -> tasks_pb2.CompleteTaskResponse:
         task_id, counter, worker, outcome = self._complete_args(request)
+        self._dispatcher.alive(worker)
         result = await self._tasks.complete_async(task_id, counter, worker, outcome)
         self._dispatcher.done(worker, task_id)
         return _completed(result)
@@ -198,6 +203,7 @@ class AioTasksServicer(_Handlers, tasks_pb2_grpc.TasksServicer):
         self, request: tasks_pb2.ReleaseTaskRequest, context: AioContext
     ) -> tasks_pb2.ReleaseTaskResponse:
         task_id, counter, worker = self._held_args(request)
+        self._dispatcher.alive(worker)
         task = await self._tasks.release_async(task_id, counter, worker)
         self._dispatcher.done(worker, task_id)
         self._dispatcher.wake([task.group])
@@ -207,7 +213,9 @@ class AioTasksServicer(_Handlers, tasks_pb2_grpc.TasksServicer):
     async def RegisterCallbacks(
         self, request: tasks_pb2.RegisterCallbacksRequest, context: AioContext
     ) -> tasks_pb2.RegisterCallbacksResponse:
+        task_id, counter, worker = self._held_args(request)
+        self._dispatcher.alive(worker)
         settled = await self._tasks.register_callbacks_async(
-            *self._held_args(request), self._promise_ids(request)
+            task_id, counter, worker, self._promise_ids(request)
         )
         return tasks_pb2.RegisterCallbacksResponse(settled=[convert.to_pb(p) for p in settled])
