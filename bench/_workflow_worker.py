@@ -17,7 +17,7 @@ own). The reports cost no troth RPC:
   ``--block`` the step then blocks for an hour: the benchmark kills or
   freezes the process while every one of its tasks is inside this step.
 
-The ``suspended`` report hooks ``Worker._complete`` (a private method of the
+The ``suspended`` report hooks ``Worker._suspend`` (a private method of the
 SDK) of this process only; it adds one ``sendto`` per suspension and nothing
 else to a task. The worker stops gracefully on SIGTERM/SIGINT (``Worker.run``).
 """
@@ -117,14 +117,15 @@ WORKFLOWS = (hitl, ten_steps, long_history, held)
 
 def install_suspend_report(worker: Worker) -> None:
     """Report ``suspended <root>`` once a task that suspended its workflow is completed."""
-    original = worker._complete
+    original = worker._suspend
 
-    def complete(held: Any, *, resolve: Any = None, reject: Any = None) -> None:
-        original(held, resolve=resolve, reject=reject)
-        if resolve is None and reject is None:
+    def suspend(held: Any, awaiting: Any) -> Any:
+        settled = original(held, awaiting)
+        if not settled:
             notify("suspended", held.root_id)
+        return settled
 
-    worker._complete = complete  # type: ignore[method-assign]
+    worker._suspend = suspend  # type: ignore[method-assign]
 
 
 def main(argv: list[str] | None = None) -> None:

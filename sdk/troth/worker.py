@@ -629,11 +629,12 @@ class Worker:
                     self._check(held)
                     outcome = engine.advance(self._step(outcome))
                 elif isinstance(outcome, Suspend):
-                    settled = self._register_callbacks(held, outcome.awaiting)
+                    # One call registers the callbacks and completes the task,
+                    # unless something it waits on settled meanwhile.
+                    settled = self._suspend(held, outcome.awaiting)
                     if settled:
                         outcome = engine.advance(settled)
                         continue
-                    self._complete(held)
                     keep = True
                     return
                 elif isinstance(outcome, Done):
@@ -768,15 +769,17 @@ class Worker:
     def _call_timeout(self) -> float:
         return self.client._timeout
 
-    def _register_callbacks(self, held: _Held, awaiting: Iterable[str]) -> list[Promise]:
-        request = tasks_pb2.RegisterCallbacksRequest(
+    def _suspend(self, held: _Held, awaiting: Iterable[str]) -> list[Promise]:
+        """Suspend the task on `awaiting`; returns those already settled (then the
+        task is still ours and the workflow goes on), or [] once suspended."""
+        request = tasks_pb2.CompleteTaskRequest(
             task_id=held.task_id,
             counter=held.counter,
             worker_id=self.worker_id,
-            promise_ids=list(awaiting),
+            suspend_on=list(awaiting),
         )
         response = self._transport.call(
-            self._stub.RegisterCallbacks, request, timeout=self._call_timeout()
+            self._stub.CompleteTask, request, timeout=self._call_timeout()
         )
         return [promise_from_proto(p) for p in response.settled]
 

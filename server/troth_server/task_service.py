@@ -115,6 +115,29 @@ class _CompleteOp:
 
 
 @dataclass(frozen=True, slots=True)
+class _SuspendOp:
+    """RegisterCallbacks and CompleteTask in one transaction, unless a promise the
+    workflow waits on has settled meanwhile (then nothing changes)."""
+
+    task_id: str
+    counter: int
+    worker_id: str
+    promise_ids: tuple[str, ...]
+
+    def keys(self, tx: WriteTx, now: int) -> Keys:
+        return Keys(promises=self.promise_ids, tasks=_read_task(tx, self.task_id))
+
+    def apply(self, batch: Batch) -> tuple[Task, list[Promise]]:
+        settled = _RegisterCallbacksOp(
+            self.task_id, self.counter, self.worker_id, self.promise_ids
+        ).apply(batch)
+        if settled:
+            return _held(batch, self.task_id), settled
+        done, _ = _CompleteOp(self.task_id, self.counter, self.worker_id, None).apply(batch)
+        return done, []
+
+
+@dataclass(frozen=True, slots=True)
 class _ReleaseOp:
     task_id: str
     counter: int
@@ -211,6 +234,18 @@ class TaskService:
         """Complete the task, settling its root in the same transaction when given
         (the outcome's id is ignored: it is always the task's root)."""
         return self._committer.submit(_CompleteOp(task_id, counter, worker_id, root_outcome))
+
+    def suspend(
+        self, task_id: str, counter: int, worker_id: str, promise_ids: Sequence[str]
+    ) -> tuple[Task, list[Promise]]:
+        """Register callbacks and complete, or answer the promises already settled."""
+        return self._committer.submit(_SuspendOp(task_id, counter, worker_id, tuple(promise_ids)))
+
+    async def suspend_async(
+        self, task_id: str, counter: int, worker_id: str, promise_ids: Sequence[str]
+    ) -> tuple[Task, list[Promise]]:
+        op = _SuspendOp(task_id, counter, worker_id, tuple(promise_ids))
+        return await self._committer.submit_async(op)
 
     def release(self, task_id: str, counter: int, worker_id: str) -> Task:
         return self._committer.submit(_ReleaseOp(task_id, counter, worker_id))

@@ -144,6 +144,43 @@ def test_a_workflow_runs_suspends_resumes_and_completes(
     assert error_info(caught.value).reason == "STALE_COUNTER"
 
 
+def test_suspend_registers_and_completes_in_one_call(
+    stubs: tuple[promises_pb2_grpc.PromisesStub, tasks_pb2_grpc.TasksStub],
+    group: str,
+    pollers: list[Poller],
+) -> None:
+    promises, tasks = stubs
+    poller = Poller(tasks, group, "w1")
+    pollers.append(poller)
+    root = f"wf-{uuid.uuid4().hex[:8]}"
+    start(promises, root, group)
+    task = poller.next().task
+    held = dict(task_id=task.id, counter=task.counter, worker_id="w1")
+    for n in range(2):
+        promises.CreatePromise(pb.CreatePromiseRequest(id=f"{root}.{n}"))
+    promises.ResolvePromise(pb.ResolvePromiseRequest(id=f"{root}.1"))
+
+    # One of the awaited promises settled meanwhile: not suspended, told which.
+    answer = tasks.CompleteTask(
+        tasks_pb2.CompleteTaskRequest(**held, suspend_on=[f"{root}.0", f"{root}.1"])
+    )
+    assert [p.id for p in answer.settled] == [f"{root}.1"]
+    assert answer.task.state == tasks_pb2.TASK_CLAIMED
+    # Waiting on the pending one only: callbacks registered and the task completed.
+    done = tasks.CompleteTask(tasks_pb2.CompleteTaskRequest(**held, suspend_on=[f"{root}.0"]))
+    assert done.task.state == tasks_pb2.TASK_COMPLETED and list(done.settled) == []
+    promises.ResolvePromise(pb.ResolvePromiseRequest(id=f"{root}.0"))
+    assert poller.next().task.kind == tasks_pb2.RESUME
+
+    with pytest.raises(grpc.RpcError) as caught:
+        tasks.CompleteTask(
+            tasks_pb2.CompleteTaskRequest(
+                **held, suspend_on=[f"{root}.0"], resolve_root=types.Payload(data=b"1")
+            )
+        )
+    assert error_info(caught.value).metadata["field"] == "suspend_on"
+
+
 def test_register_callbacks_answers_promises_already_settled(
     stubs: tuple[promises_pb2_grpc.PromisesStub, tasks_pb2_grpc.TasksStub],
     group: str,

@@ -88,7 +88,7 @@ class TasksServicer:
     def CompleteTask(self, request, context):
         """Completes the task; with a root result, settles the root in the same
         transaction (the workflow returned or raised). Without one, the workflow
-        suspended: call RegisterCallbacks first.
+        suspended: name what it waits on in `suspend_on` (or call RegisterCallbacks first).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

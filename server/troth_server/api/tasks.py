@@ -58,6 +58,14 @@ class _Handlers:
             outcome = SettleRequest(id="", state=state, value=value, principal=worker)
         return task_id, convert.counter(request.counter), worker, outcome
 
+    def _suspend_on(self, request: tasks_pb2.CompleteTaskRequest) -> list[str]:
+        if request.suspend_on and request.WhichOneof("root_result") is not None:
+            raise InvalidArgument(
+                "suspend_on",
+                "cannot go with a root result: a workflow that finished waits on nothing",
+            )
+        return [convert.promise_id(p, self._limits, "suspend_on") for p in request.suspend_on]
+
     def _held_args(
         self, request: tasks_pb2.ReleaseTaskRequest | tasks_pb2.RegisterCallbacksRequest
     ) -> tuple[str, int, str]:
@@ -97,6 +105,12 @@ def _completed(result: tuple[Any, Any]) -> tasks_pb2.CompleteTaskResponse:
     return response
 
 
+def _not_suspended(task: Any, settled: list[Any]) -> tasks_pb2.CompleteTaskResponse:
+    return tasks_pb2.CompleteTaskResponse(
+        task=convert.task_to_pb(task), settled=[convert.to_pb(p) for p in settled]
+    )
+
+
 class TasksServicer(_Handlers, tasks_pb2_grpc.TasksServicer):
     """For the thread-pool server: each Poll stream holds a thread."""
 
@@ -123,8 +137,15 @@ class TasksServicer(_Handlers, tasks_pb2_grpc.TasksServicer):
         self, request: tasks_pb2.CompleteTaskRequest, context: grpc.ServicerContext
     ) -> tasks_pb2.CompleteTaskResponse:
         task_id, counter, worker, outcome = self._complete_args(request)
+        suspend_on = self._suspend_on(request)
         self._dispatcher.alive(worker)
-        result = self._tasks.complete(task_id, counter, worker, outcome)
+        if suspend_on:
+            task, settled = self._tasks.suspend(task_id, counter, worker, suspend_on)
+            if settled:
+                return _not_suspended(task, settled)
+            result: tuple[Any, Any] = (task, None)
+        else:
+            result = self._tasks.complete(task_id, counter, worker, outcome)
         self._dispatcher.done(worker, task_id)
         return _completed(result)
 
@@ -184,8 +205,15 @@ class AioTasksServicer(_Handlers, tasks_pb2_grpc.TasksServicer):
         self, request: tasks_pb2.CompleteTaskRequest, context: AioContext
     ) -> tasks_pb2.CompleteTaskResponse:
         task_id, counter, worker, outcome = self._complete_args(request)
+        suspend_on = self._suspend_on(request)
         self._dispatcher.alive(worker)
-        result = await self._tasks.complete_async(task_id, counter, worker, outcome)
+        if suspend_on:
+            task, settled = await self._tasks.suspend_async(task_id, counter, worker, suspend_on)
+            if settled:
+                return _not_suspended(task, settled)
+            result: tuple[Any, Any] = (task, None)
+        else:
+            result = await self._tasks.complete_async(task_id, counter, worker, outcome)
         self._dispatcher.done(worker, task_id)
         return _completed(result)
 
