@@ -67,6 +67,7 @@ class Keys:
     roots: Collection[str] = ()
     """Roots whose active (PENDING or CLAIMED) task the op reads."""
     task_ids: Collection[str] = ()
+    """Tasks to load by id (with one query for the whole batch), and their roots."""
     tasks: Collection[Task] = ()
     """Tasks the op already read inside this transaction (e.g. a claim's candidates)."""
 
@@ -442,12 +443,13 @@ def _fold(
         root_ids.update(keys.roots)
         task_ids.update(keys.task_ids)
         queried.extend(keys.tasks)
+    loaded = {t.id: t for t in queried}
+    loaded.update(tx.get_tasks(task_ids - loaded.keys()))
+    promise_ids.update(loaded[t].root_promise_id for t in task_ids if t in loaded)
     promises = tx.get_promises(promise_ids)
     # Only a promise that exists can have callbacks: a batch of creates asks nothing.
     callbacks = tx.get_callbacks(promises.keys())
     root_ids.update(c.root_promise_id for c in callbacks)
-    loaded = {t.id: t for t in queried}
-    loaded.update(tx.get_tasks(task_ids - loaded.keys()))
     loaded.update({t.id: t for t in tx.get_active_tasks(root_ids).values()})
     batch = Batch(promises, now, callbacks, loaded.values())
     outcomes: list[tuple[bool, Any]] = []

@@ -38,10 +38,6 @@ def _held(batch: Batch, task_id: str) -> Task:
     return task
 
 
-def _read_task(tx: WriteTx, task_id: str) -> list[Task]:
-    return list(tx.get_tasks([task_id]).values())
-
-
 @dataclass(frozen=True, slots=True)
 class _ClaimOp:
     group: str
@@ -87,8 +83,7 @@ class _CompleteOp:
     root_outcome: SettleRequest | None
 
     def keys(self, tx: WriteTx, now: int) -> Keys:
-        found = _read_task(tx, self.task_id)
-        return Keys(promises=[t.root_promise_id for t in found], tasks=found)
+        return Keys(task_ids=(self.task_id,))
 
     def apply(self, batch: Batch) -> tuple[Task, Promise | None]:
         task = _held(batch, self.task_id)
@@ -125,7 +120,7 @@ class _SuspendOp:
     promise_ids: tuple[str, ...]
 
     def keys(self, tx: WriteTx, now: int) -> Keys:
-        return Keys(promises=self.promise_ids, tasks=_read_task(tx, self.task_id))
+        return Keys(promises=self.promise_ids, task_ids=(self.task_id,))
 
     def apply(self, batch: Batch) -> tuple[Task, list[Promise]]:
         settled = _RegisterCallbacksOp(
@@ -144,7 +139,7 @@ class _ReleaseOp:
     worker_id: str
 
     def keys(self, tx: WriteTx, now: int) -> Keys:
-        return Keys(tasks=_read_task(tx, self.task_id))
+        return Keys(task_ids=(self.task_id,))
 
     def apply(self, batch: Batch) -> Task:
         released = tasks.release(_held(batch, self.task_id), self.worker_id, self.counter)
@@ -160,7 +155,7 @@ class _RegisterCallbacksOp:
     promise_ids: tuple[str, ...]
 
     def keys(self, tx: WriteTx, now: int) -> Keys:
-        return Keys(promises=self.promise_ids, tasks=_read_task(tx, self.task_id))
+        return Keys(promises=self.promise_ids, task_ids=(self.task_id,))
 
     def apply(self, batch: Batch) -> list[Promise]:
         task = _held(batch, self.task_id)
