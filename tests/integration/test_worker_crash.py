@@ -10,13 +10,12 @@ from __future__ import annotations
 import collections
 import logging
 import os
-import signal
 import subprocess
 import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Generator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -29,15 +28,9 @@ from troth.errors import NotFoundError
 sys.path.insert(0, str(Path(__file__).parent.parent))
 
 from _support import ServerProcess, start_server
+from _workers import EFFECTS_ENV, WorkerFleet, effect
 
 BLOCK_ENV = "TROTH_TEST_BLOCK_IN_STEP"
-EFFECTS_ENV = "TROTH_TEST_EFFECTS"
-
-
-def effect(line: str) -> str:
-    with open(os.environ[EFFECTS_ENV], "a", encoding="utf-8") as file:
-        file.write(line + "\n")
-    return line
 
 
 def slow_step(workflow_id: str) -> str:
@@ -74,71 +67,8 @@ def main(address: str) -> None:
 # -- the tests -----------------------------------------------------------------
 
 
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[ServerProcess]:
-    proc = start_server(tmp_path / "server", "--sweep-interval", "200ms")
-    yield proc
-    proc.stop()
-
-
-class Workers:
-    def __init__(self, tmp_path: Path, address: str) -> None:
-        self.tmp_path = tmp_path
-        self.address = address
-        self.effects = tmp_path / "effects"
-        self.procs: list[subprocess.Popen[bytes]] = []
-
-    def start(self, *, block_in_step: bool) -> subprocess.Popen[bytes]:
-        log = self.tmp_path / f"worker-{len(self.procs)}.log"
-        env = {
-            **os.environ,
-            BLOCK_ENV: "1" if block_in_step else "0",
-            EFFECTS_ENV: str(self.effects),
-        }
-        with log.open("wb") as out:
-            proc = subprocess.Popen(
-                [sys.executable, __file__, self.address], stdout=out, stderr=out, env=env
-            )
-        self.procs.append(proc)
-        return proc
-
-    def counts(self) -> collections.Counter[str]:
-        text = self.effects.read_text(encoding="utf-8") if self.effects.exists() else ""
-        return collections.Counter(text.splitlines())
-
-    def logs(self) -> str:
-        return "\n".join(p.read_text(errors="replace") for p in self.tmp_path.glob("worker-*.log"))
-
-    def terminate(self, proc: subprocess.Popen[bytes]) -> int:
-        """SIGTERM: the worker stops gracefully and exits."""
-        proc.send_signal(signal.SIGTERM)
-        return proc.wait(15)
-
-    def stop_all(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait(10)
-
-
-@pytest.fixture
-def workers(tmp_path: Path, server: ServerProcess) -> Iterator[Workers]:
-    fleet = Workers(tmp_path, server.address)
-    yield fleet
-    fleet.stop_all()
-
-
-def eventually(check: Callable[[], bool], timeout: float, what: str, logs: Workers) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}\n{logs.logs()[-4000:]}")
-        time.sleep(0.05)
-
-
-def kill(proc: subprocess.Popen[bytes]) -> None:
-    proc.send_signal(signal.SIGKILL)
-    proc.wait(10)
+def start_worker(fleet: WorkerFleet, *, block_in_step: bool) -> subprocess.Popen[bytes]:
+    return fleet.start(env={BLOCK_ENV: "1" if block_in_step else "0"})
 
 
 def exists(client: Client, promise_id: str) -> bool:
@@ -150,24 +80,23 @@ def exists(client: Client, promise_id: str) -> bool:
 
 
 @pytest.mark.slow
-def test_sigkill_inside_a_step(server: ServerProcess, workers: Workers) -> None:
+def test_sigkill_inside_a_step(own_server: ServerProcess, fleet: WorkerFleet) -> None:
     ids = [f"in-step-{i}-{uuid.uuid4().hex[:6]}" for i in range(5)]
-    with Client(server.address) as client:
-        first = workers.start(block_in_step=True)
+    with Client(own_server.address) as client:
+        first = start_worker(fleet, block_in_step=True)
         handles = [client.start("step_flow", id=i, group="crash") for i in ids]
-        eventually(
-            lambda: all(workers.counts()[f"{i} slow"] == 1 for i in ids),
+        fleet.eventually(
+            lambda: all(fleet.counts()[f"{i} slow"] == 1 for i in ids),
             15,
             "every workflow to be inside its slow step",
-            workers,
         )
-        kill(first)
-        second = workers.start(block_in_step=False)
+        fleet.kill(first)
+        second = start_worker(fleet, block_in_step=False)
         assert [h.result(timeout=15) for h in handles] == ["done"] * len(ids)
-        assert workers.terminate(second) == 0
-    assert "Traceback" not in workers.logs()
-    assert "stopped" in workers.logs()
-    counts = workers.counts()
+        assert fleet.terminate(second) == 0
+    assert "Traceback" not in fleet.logs()
+    assert "stopped" in fleet.logs()
+    counts = fleet.counts()
     for i in ids:
         assert counts[f"{i} before"] == 1, counts  # settled before the kill: never again
         assert counts[f"{i} slow"] == 2, counts  # pending at the kill: run again, once
@@ -175,25 +104,24 @@ def test_sigkill_inside_a_step(server: ServerProcess, workers: Workers) -> None:
 
 
 @pytest.mark.slow
-def test_sigkill_while_suspended(server: ServerProcess, workers: Workers) -> None:
+def test_sigkill_while_suspended(own_server: ServerProcess, fleet: WorkerFleet) -> None:
     ids = [f"suspended-{i}-{uuid.uuid4().hex[:6]}" for i in range(5)]
-    with Client(server.address) as client:
-        first = workers.start(block_in_step=False)
+    with Client(own_server.address) as client:
+        first = start_worker(fleet, block_in_step=False)
         handles = [client.start("suspended_flow", id=i, group="crash") for i in ids]
-        eventually(
+        fleet.eventually(
             lambda: all(exists(client, f"{i}.1") for i in ids),
             15,
             "every workflow to wait on its approval",
-            workers,
         )
-        kill(first)
+        fleet.kill(first)
         for i in ids:
             client.resolve(f"{i}.1", f"approved {i}")
-        second = workers.start(block_in_step=False)
+        second = start_worker(fleet, block_in_step=False)
         assert [h.result(timeout=15) for h in handles] == [f"approved {i}" for i in ids]
-        assert workers.terminate(second) == 0
-    assert "Traceback" not in workers.logs()
-    counts = workers.counts()
+        assert fleet.terminate(second) == 0
+    assert "Traceback" not in fleet.logs()
+    counts = fleet.counts()
     for i in ids:
         assert counts[f"{i} before"] == 1, counts
         assert counts[f"{i} after"] == 1, counts

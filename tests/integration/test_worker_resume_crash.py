@@ -16,10 +16,10 @@ import os
 import sys
 import threading
 import uuid
-from collections.abc import Generator, Iterator
+from collections.abc import Generator
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -27,8 +27,10 @@ from troth import Client, Context, PromiseState, Worker
 
 sys.path.insert(0, str(Path(__file__).parent.parent))
 
-from _support import ServerProcess, start_server
 from _workers import WorkerFleet, effect, suspended
+
+if TYPE_CHECKING:
+    from _support import ServerProcess
 
 GROUP = "resume-crash"
 BLOCK_ENV = "TROTH_TEST_BLOCK_AFTER_RESUME"
@@ -58,20 +60,6 @@ def main(address: str, cache_size: str) -> None:
         worker.run()
 
 
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[ServerProcess]:
-    proc = start_server(tmp_path / "server", "--sweep-interval", "200ms")
-    yield proc
-    proc.stop()
-
-
-@pytest.fixture
-def fleet(tmp_path: Path, server: ServerProcess) -> Iterator[WorkerFleet]:
-    workers = WorkerFleet(tmp_path, __file__, server.address)
-    yield workers
-    workers.stop_all()
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "cache_size",
@@ -81,15 +69,15 @@ def fleet(tmp_path: Path, server: ServerProcess) -> Iterator[WorkerFleet]:
     ],
 )
 def test_sigkill_right_after_a_resume_was_delivered(
-    server: ServerProcess, fleet: WorkerFleet, cache_size: int
+    own_server: ServerProcess, fleet: WorkerFleet, cache_size: int
 ) -> None:
     prefix = f"resume-{uuid.uuid4().hex[:6]}-"
     ids = [f"{prefix}{i}" for i in range(5)]
-    with Client(server.address) as client:
+    with Client(own_server.address) as client:
         first = fleet.start(str(cache_size), env={BLOCK_ENV: "1"})
         handles = [client.start(resumed_flow, id=i, group=GROUP) for i in ids]
         fleet.eventually(
-            lambda: suspended(server.db_url, prefix) == len(ids),
+            lambda: suspended(own_server.db_url, prefix) == len(ids),
             15,
             "every workflow to suspend on its approval",
         )

@@ -16,10 +16,10 @@ from __future__ import annotations
 import logging
 import sys
 import uuid
-from collections.abc import Generator, Iterator
+from collections.abc import Generator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -27,8 +27,10 @@ from troth import Client, Context, Worker
 
 sys.path.insert(0, str(Path(__file__).parent.parent))
 
-from _support import ServerProcess, start_server
 from _workers import WorkerFleet, rss_kib, suspended
+
+if TYPE_CHECKING:
+    from _support import ServerProcess
 
 GROUP = "scale"
 CACHE_SIZE = 50
@@ -64,41 +66,31 @@ def main(address: str, group: str, cache_size: str) -> None:
         worker.run()
 
 
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[ServerProcess]:
-    proc = start_server(tmp_path / "server", "--sweep-interval", "200ms")
-    yield proc
-    proc.stop()
-
-
-@pytest.fixture
-def fleet(tmp_path: Path, server: ServerProcess) -> Iterator[WorkerFleet]:
-    workers = WorkerFleet(tmp_path, __file__, server.address)
-    yield workers
-    workers.stop_all()
-
-
 @pytest.mark.slow
 def test_a_thousand_suspended_workflows_cost_the_worker_no_memory_beyond_its_cache(
-    server: ServerProcess, fleet: WorkerFleet
+    own_server: ServerProcess, fleet: WorkerFleet
 ) -> None:
     prefix = f"scale-{uuid.uuid4().hex[:6]}-"
     ids = [f"{prefix}{n:04d}" for n in range(TOTAL)]
     worker = fleet.start(GROUP, str(CACHE_SIZE))
-    with Client(server.address, timeout=30) as client, ThreadPoolExecutor(16) as pool:
+    with Client(own_server.address, timeout=30) as client, ThreadPoolExecutor(16) as pool:
 
         def start(n: int) -> None:
             client.start(waiting, n, id=ids[n], group=GROUP)
 
         list(pool.map(start, range(FIRST)))
         fleet.eventually(
-            lambda: suspended(server.db_url, prefix) == FIRST, 30, f"{FIRST} suspended workflows"
+            lambda: suspended(own_server.db_url, prefix) == FIRST,
+            30,
+            f"{FIRST} suspended workflows",
         )
         rss_first = rss_kib(worker.pid)
 
         list(pool.map(start, range(FIRST, TOTAL)))
         fleet.eventually(
-            lambda: suspended(server.db_url, prefix) == TOTAL, 60, f"{TOTAL} suspended workflows"
+            lambda: suspended(own_server.db_url, prefix) == TOTAL,
+            60,
+            f"{TOTAL} suspended workflows",
         )
         rss_all = rss_kib(worker.pid)
         print(f"worker RSS: {rss_first} KiB at {FIRST}, {rss_all} KiB at {TOTAL} suspended")
