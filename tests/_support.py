@@ -95,7 +95,7 @@ def promises_stub(channel: grpc.Channel) -> promises_pb2_grpc.PromisesStub:
 
 def error_info(error: grpc.RpcError) -> error_details_pb2.ErrorInfo:
     """The ErrorInfo detail of a failed call (fails the test if there is none)."""
-    status = rpc_status.from_call(error)  # type: ignore[arg-type]
+    status = rpc_status.from_call(error)
     assert status is not None, f"no rich status on {error}"
     for detail in status.details:
         info = error_details_pb2.ErrorInfo()

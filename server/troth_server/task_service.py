@@ -192,12 +192,7 @@ class _ReclaimOp:
 
     def apply(self, batch: Batch) -> list[Task]:
         returned = []
-        candidates = (
-            batch.claimed_by(self.worker_id)
-            if self.worker_id is not None
-            else batch.claimed_by(None)
-        )
-        for task in candidates:
+        for task in batch.claimed_by(self.worker_id):
             back = (
                 tasks.worker_gone(task, self.worker_id)
                 if self.worker_id is not None
