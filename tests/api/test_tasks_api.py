@@ -11,6 +11,7 @@ from collections.abc import Iterator
 import grpc
 import pytest
 from _support import ServerProcess, error_info
+from google.protobuf.duration_pb2 import Duration
 
 from troth.v1 import promises_pb2 as pb
 from troth.v1 import promises_pb2_grpc, tasks_pb2, tasks_pb2_grpc
@@ -328,13 +329,25 @@ def test_bad_task_calls_are_refused_naming_the_field(
         assert error_info(caught.value).metadata["field"] == field
 
 
-def test_poll_without_a_worker_id_is_refused(
+@pytest.mark.parametrize(
+    ("request_", "field"),
+    [
+        (tasks_pb2.PollRequest(group="g"), "worker_id"),
+        (tasks_pb2.PollRequest(worker_id="w"), "group"),
+        (tasks_pb2.PollRequest(group="g", worker_id="w", capacity=5000), "capacity"),
+        (tasks_pb2.PollRequest(group="g", worker_id="w", lease=Duration(nanos=500_000_000)),
+         "lease"),
+    ],
+)  # fmt: skip
+def test_bad_polls_are_refused_naming_the_field(
     stubs: tuple[promises_pb2_grpc.PromisesStub, tasks_pb2_grpc.TasksStub],
+    request_: tasks_pb2.PollRequest,
+    field: str,
 ) -> None:
     with pytest.raises(grpc.RpcError) as caught:
-        next(iter(stubs[1].Poll(tasks_pb2.PollRequest(group="g"), timeout=10)))
+        next(iter(stubs[1].Poll(request_, timeout=10)))
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert error_info(caught.value).metadata["field"] == "worker_id"
+    assert error_info(caught.value).metadata["field"] == field
 
 
 def test_reflection_lists_the_tasks_service(server: ServerProcess) -> None:
