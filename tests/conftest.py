@@ -9,8 +9,10 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from contextlib import ExitStack
 from typing import TYPE_CHECKING
 
+from _pg import fresh_schema
 from _support import ServerProcess, promises_stub, start_server
 
 if TYPE_CHECKING:
@@ -21,20 +23,25 @@ if TYPE_CHECKING:
     from troth.v1 import promises_pb2_grpc
 
 
-@pytest.fixture(scope="module", params=["aio", "thread"])
+@pytest.fixture(scope="module", params=["aio", "thread", "aio-postgres"])
 def server(
     tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
 ) -> Iterator[ServerProcess]:
-    """One real server per test module and gRPC mode, on its own SQLite file."""
-    proc = start_server(
-        tmp_path_factory.mktemp("server"),
-        "--sweep-interval",
-        "200ms",
-        "--grpc-mode",
-        request.param,
-    )
-    yield proc
-    assert proc.stop() == 0, f"unclean shutdown:\n{proc.log()[-3000:]}"
+    """One real server per test module, gRPC mode and back end: its own SQLite
+    file, or its own schema of the machine's PostgreSQL."""
+    mode, _, backend = request.param.partition("-")
+    with ExitStack() as stack:
+        db_url = stack.enter_context(fresh_schema()) if backend == "postgres" else None
+        proc = start_server(
+            tmp_path_factory.mktemp("server"),
+            "--sweep-interval",
+            "200ms",
+            "--grpc-mode",
+            mode,
+            db_url=db_url,
+        )
+        yield proc
+        assert proc.stop() == 0, f"unclean shutdown:\n{proc.log()[-3000:]}"
 
 
 @pytest.fixture(scope="module")

@@ -29,7 +29,7 @@ from troth_server.config import Settings, settings_from
 from troth_server.dispatch import Dispatcher
 from troth_server.group_commit import GroupCommitter, wall_clock_ms
 from troth_server.service import PromiseService
-from troth_server.store import StoreError, open_store
+from troth_server.store import StoreError, StoreEvent, open_store
 from troth_server.sweeper import Sweeper
 from troth_server.task_service import TaskService
 from troth_server.watch import WatchHub
@@ -69,7 +69,12 @@ class Core:
 
     def __init__(self, settings: Settings, clock: Callable[[], int] = wall_clock_ms) -> None:
         self.settings = settings
-        self.store = open_store(settings.db, sqlite_synchronous=settings.sqlite_synchronous)
+        self.store = open_store(
+            settings.db,
+            sqlite_synchronous=settings.sqlite_synchronous,
+            migrate=settings.migrate,
+            application_name=f"troth-server {settings.listen} pid {os.getpid()}",
+        )
         self.committer = GroupCommitter(
             self.store,
             clock,
@@ -89,12 +94,28 @@ class Core:
 
     def _tick(self) -> None:
         self.dispatcher.lost(self.tasks.expire_leases(self.settings.sweep_batch))
-        self.dispatcher.wake_all()  # the fallback: a missed wake-up only delays a task
+        # The fallbacks: a missed wake-up (or announcement from another replica)
+        # only delays a task or a watcher by one tick, never loses it.
+        self.dispatcher.wake_all()
+        if self.store.shared:
+            self.service.on_remote_settled(None)
+
+    def _on_store_event(self, event: StoreEvent) -> None:
+        """Another replica committed: wake what waits here for it."""
+        if event.resync:
+            self.dispatcher.wake_all()
+            self.service.on_remote_settled(None)
+            return
+        if event.groups:
+            self.dispatcher.wake(event.groups)
+        if event.settled_ids:
+            self.service.on_remote_settled(event.settled_ids)
 
     def start(self) -> None:
         self.committer.start()
         self.dispatcher.start()
         self.sweeper.start()
+        self.store.listen(self._on_store_event)
 
     def stop(self) -> None:
         """After the gRPC server stopped: queued writes commit, then the store closes."""

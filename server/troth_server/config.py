@@ -47,6 +47,7 @@ class Limits:
 class Settings:
     listen: str = "127.0.0.1:7070"
     db: str = "sqlite:///troth.db"
+    migrate: bool = False
     sqlite_synchronous: str = "FULL"
     grpc_mode: str = "aio"
     grpc_workers: int = 128
@@ -64,6 +65,11 @@ class Settings:
 _OPTIONS: dict[str, tuple[str, type | None, str]] = {
     "listen": ("listen", str, "address to serve gRPC on, HOST:PORT (port 0 picks a free one)"),
     "db": ("db", str, "database URL; the embedded default is a SQLite file"),
+    "migrate": (
+        "migrate",
+        bool,
+        "upgrade a PostgreSQL schema that is behind before serving (SQLite always is)",
+    ),
     "sqlite-synchronous": (
         "sqlite_synchronous",
         str,
@@ -115,7 +121,10 @@ def settings_from(argv: Sequence[str], environ: Mapping[str, str] = os.environ) 
         if raw is None:
             continue
         try:
-            values[name] = parse_duration_ms(raw) if kind is None else kind(raw)
+            if kind is bool:
+                values[name] = raw if isinstance(raw, bool) else _parse_bool(raw)
+            else:
+                values[name] = parse_duration_ms(raw) if kind is None else kind(raw)
         except ValueError as exc:
             parser.error(f"{source}: {exc}")
     limit_values = {k: v for k, v in values.items() if k in _LIMIT_FIELDS}
@@ -123,6 +132,15 @@ def settings_from(argv: Sequence[str], environ: Mapping[str, str] = os.environ) 
     settings = Settings(**other, limits=Limits(**limit_values))  # type: ignore[arg-type]
     _check(settings, parser)
     return settings
+
+
+def _parse_bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(f"{text!r} is not a yes/no value; write true or false")
 
 
 def _check(settings: Settings, parser: argparse.ArgumentParser) -> None:
@@ -153,6 +171,9 @@ def build_parser() -> argparse.ArgumentParser:
     for flag, (name, kind, help_text) in _OPTIONS.items():
         source = defaults.limits if name in _LIMIT_FIELDS else defaults
         default = getattr(source, name)
+        if kind is bool:
+            parser.add_argument(f"--{flag}", action="store_true", default=None, help=help_text)
+            continue
         shown = f"{default}ms" if kind is None else default
         parser.add_argument(f"--{flag}", default=None, help=f"{help_text} (default: {shown})")
     return parser

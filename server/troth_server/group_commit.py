@@ -471,6 +471,7 @@ def _fold(
     tx.insert_tasks(list(batch.task_inserts.values()), now)
     tx.delete_callbacks(batch.fired, batch.finished_roots)
     tx.insert_callbacks([c for c in batch.new_callbacks if c.promise_id not in batch.fired], now)
+    tx.announce(batch.pending_groups, [c.promise.id for c in batch.changes if c.promise.is_settled])
     return outcomes, batch.changes, batch.pending_groups
 
 

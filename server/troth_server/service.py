@@ -14,7 +14,7 @@ import binascii
 import hashlib
 import json
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import structlog
@@ -27,7 +27,7 @@ from troth_server.store import PromiseQuery, Store, WriteTx
 from troth_server.watch import AsyncSubscription
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable, Iterator
+    from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 
     from troth_server.domain.promise import CreateRequest, Promise
     from troth_server.group_commit import Batch, GroupCommitter, StateChange
@@ -103,14 +103,18 @@ class _SettleOp:
 
 @dataclass(frozen=True, slots=True)
 class _ExpireOp:
-    ids: list[str]
     now: int
+    limit: int
+    ids: list[str] = field(default_factory=list)
+    """Chosen (and locked) inside the transaction, each time it runs."""
 
     def keys(self, tx: WriteTx, now: int) -> Keys:
+        # Another replica's sweep holds the rows it is expiring: skipped, not waited for.
+        self.ids[:] = tx.expired_promise_ids(self.now, self.limit)
         return Keys(promises=self.ids)
 
     def apply(self, batch: Batch) -> int:
-        # Re-checked inside the transaction: a settle may have won meanwhile.
+        # Re-checked on the batch's view: a settle of the same batch may have won.
         return sum(batch.expire_if_due(promise_id, self.now) for promise_id in self.ids)
 
 
@@ -161,10 +165,10 @@ class PromiseService:
         """Settle up to `limit` promises overdue at `now` (default: the clock) in one
         transaction; returns how many it settled."""
         now = self._clock() if now is None else now
-        ids = self._store.expired_promise_ids(now, limit)
-        if not ids:
+        # A read first: a quiet sweep costs no write transaction.
+        if not self._store.expired_promise_ids(now, 1):
             return 0
-        return self._committer.submit(_ExpireOp(ids, now))
+        return self._committer.submit(_ExpireOp(now, limit))
 
     def now(self) -> int:
         return self._clock()
@@ -209,6 +213,14 @@ class PromiseService:
         """End every open watch stream (server shutdown)."""
         self.stopping.set()
         self._hub.wake_all()
+
+    def on_remote_settled(self, promise_ids: Iterable[str] | None) -> None:
+        """Another replica settled these promises (None: it may have settled any):
+        watchers here read them from the store and hear of those now settled."""
+        watched = self._hub.watched_ids()
+        wanted = watched if promise_ids is None else watched.intersection(promise_ids)
+        if wanted:
+            self._hub.publish(p for p in self._store.get_promises(wanted) if p.is_settled)
 
     def on_commit(self, changes: list[StateChange]) -> None:
         """Tell watchers, then log every state change (after commit, never before)."""

@@ -87,6 +87,10 @@ class WatchHub:
                 if not subs:
                     del self._subscriptions[subscription.promise_id]
 
+    def watched_ids(self) -> set[str]:
+        with self._lock:
+            return set(self._subscriptions)
+
     def publish(self, settled: Iterable[Promise]) -> None:
         if not self._subscriptions:
             return

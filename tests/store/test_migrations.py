@@ -7,24 +7,37 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from _pg import fresh_schema
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 
-from troth_server.store import SchemaTooNew, open_store
+from troth_server.store import SchemaBehind, SchemaTooNew, open_store
 from troth_server.store._migrate import alembic_config, upgrade_to_head
 from troth_server.store._tables import metadata
 
 
-@pytest.fixture
-def db(tmp_path: Path) -> Path:
-    return tmp_path / "m.db"
+@pytest.fixture(params=["sqlite", "postgres"])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """An empty database of each dialect: a new SQLite file, a new PostgreSQL schema."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'm.db'}"
+    else:
+        with fresh_schema(migrate=False) as url:
+            yield url
 
 
 @pytest.fixture
-def engine(db: Path) -> Iterator[sa.Engine]:
-    eng = sa.create_engine(f"sqlite:///{db}")
+def engine(db_url: str) -> Iterator[sa.Engine]:
+    eng = sa.create_engine(db_url)
+    yield eng
+    eng.dispose()
+
+
+@pytest.fixture
+def sqlite_engine(tmp_path: Path) -> Iterator[sa.Engine]:
+    eng = sa.create_engine(f"sqlite:///{tmp_path / 'm.db'}")
     yield eng
     eng.dispose()
 
@@ -72,7 +85,16 @@ def test_migrated_schema_matches_the_tables(engine: sa.Engine) -> None:
         assert compare_metadata(context, metadata) == []
 
 
-def test_migrated_schema_has_the_sweeper_index(engine: sa.Engine) -> None:
+def test_alembic_check_finds_no_drift(engine: sa.Engine) -> None:
+    """`alembic check`: autogenerate against the migrated schema finds nothing to add."""
+    with engine.begin() as conn:
+        upgrade_to_head(conn)
+    with engine.connect() as conn:
+        command.check(alembic_config(conn))
+
+
+def test_migrated_schema_has_the_sweeper_index(sqlite_engine: sa.Engine) -> None:
+    engine = sqlite_engine
     with engine.begin() as conn:
         upgrade_to_head(conn)
     with engine.connect() as conn:
@@ -94,13 +116,13 @@ def test_downgrade_to_base_and_up_again(engine: sa.Engine) -> None:
         assert "promises" in sa.inspect(conn).get_table_names()
 
 
-def test_a_newer_schema_is_refused_with_what_to_do(db: Path, engine: sa.Engine) -> None:
-    open_store(f"sqlite:///{db}").close()
+def test_a_newer_schema_is_refused_with_what_to_do(db_url: str, engine: sa.Engine) -> None:
+    open_store(db_url, migrate=True).close()
     with engine.begin() as conn:
         conn.execute(sa.text("UPDATE alembic_version SET version_num = '9999_from_the_future'"))
 
     with pytest.raises(SchemaTooNew) as caught:
-        open_store(f"sqlite:///{db}")
+        open_store(db_url, migrate=True)
     message = str(caught.value)
     assert "'9999_from_the_future'" in message
     assert repr(_head()) in message
@@ -111,20 +133,20 @@ def test_a_newer_schema_is_refused_with_what_to_do(db: Path, engine: sa.Engine) 
 
 
 def test_reopening_an_up_to_date_database_runs_no_migration(
-    db: Path, monkeypatch: pytest.MonkeyPatch
+    db_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    open_store(f"sqlite:///{db}").close()
+    open_store(db_url, migrate=True).close()
 
     def refuse(*args: object, **kwargs: object) -> None:
         raise AssertionError("migrations ran against an up-to-date database")
 
     monkeypatch.setattr(command, "upgrade", refuse)
-    store = open_store(f"sqlite:///{db}")
+    store = open_store(db_url, migrate=True)
     store.close()
 
 
-def test_opening_an_empty_file_runs_the_migrations(
-    db: Path, engine: sa.Engine, monkeypatch: pytest.MonkeyPatch
+def test_opening_an_empty_database_with_migrate_runs_the_migrations(
+    db_url: str, engine: sa.Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     calls: list[str] = []
     real_upgrade = command.upgrade
@@ -134,7 +156,30 @@ def test_opening_an_empty_file_runs_the_migrations(
         real_upgrade(config, revision, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(command, "upgrade", counting)
-    open_store(f"sqlite:///{db}").close()
-    open_store(f"sqlite:///{db}").close()
+    open_store(db_url, migrate=True).close()
+    open_store(db_url, migrate=True).close()
     assert calls == ["head"]
     assert _revision(engine) == _head()
+
+
+def test_sqlite_the_embedded_default_always_migrates(sqlite_engine: sa.Engine) -> None:
+    open_store(str(sqlite_engine.url)).close()
+    assert _revision(sqlite_engine) == _head()
+
+
+@pytest.mark.parametrize("behind", [None, "0001"])
+def test_postgres_behind_schema_is_refused_without_migrate(behind: str | None) -> None:
+    with fresh_schema(migrate=False) as url:
+        if behind is not None:
+            eng = sa.create_engine(url)
+            with eng.begin() as conn:
+                command.upgrade(alembic_config(conn), behind)
+            eng.dispose()
+        with pytest.raises(SchemaBehind) as caught:
+            open_store(url)
+        message = str(caught.value)
+        assert ("empty" if behind is None else repr(behind)) in message
+        assert "troth db upgrade --db postgresql+psycopg://" in message
+        assert "--migrate" in message
+        # Refusing changed nothing; --migrate then brings it to head.
+        open_store(url, migrate=True).close()

@@ -1,17 +1,19 @@
 """The `Store` conformance suite: every dialect must pass every test here.
 
-Each test gets a fresh database from the `store_url` fixture. Only SQLite
-exists today; a new dialect is one more entry in `BACKENDS` (a function from
-the test's tmp_path to a database URL).
+Each test gets a fresh database from the `store_url` fixture: a SQLite file,
+or a new schema of the machine's PostgreSQL. A new dialect is one more entry in
+`BACKENDS` (a context manager from the test's tmp_path to a database URL).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from _pg import fresh_schema
 
 from troth_server.domain import promise as domain
 from troth_server.domain.promise import TIMEOUT_PRINCIPAL, Payload, Promise, PromiseState
@@ -26,16 +28,28 @@ def _sqlite(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path}/t.db"
 
 
+@contextmanager
+def _sqlite_file(tmp_path: Path) -> Iterator[str]:
+    yield _sqlite(tmp_path)
+
+
+@contextmanager
+def _postgres_schema(tmp_path: Path) -> Iterator[str]:
+    with fresh_schema() as url:
+        yield url
+
+
 BACKENDS: list[object] = [
-    pytest.param(_sqlite, id="sqlite"),
-    # pytest.param(_postgres, id="postgres", marks=pytest.mark.postgres),  # coming next
+    pytest.param(_sqlite_file, id="sqlite"),
+    pytest.param(_postgres_schema, id="postgres"),
 ]
 
 
 @pytest.fixture(params=BACKENDS)
-def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    make_url: Callable[[Path], str] = request.param
-    return make_url(tmp_path)
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    make_url: Callable[[Path], AbstractContextManager[str]] = request.param
+    with make_url(tmp_path) as url:
+        yield url
 
 
 @pytest.fixture

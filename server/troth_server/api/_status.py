@@ -19,7 +19,7 @@ from troth_server.domain.errors import (
 )
 from troth_server.domain.task import StaleCounter, TaskNotClaimable, TaskNotFound
 from troth_server.group_commit import ShuttingDown
-from troth_server.store import SchemaTooNew, StoreError, StoreUnavailable
+from troth_server.store import SchemaBehind, SchemaTooNew, StoreError, StoreUnavailable
 
 # Exhaustive: tests walk every DomainError subclass and require an entry.
 STATUS_CODES: dict[type[Exception], grpc.StatusCode] = {
@@ -33,6 +33,7 @@ STATUS_CODES: dict[type[Exception], grpc.StatusCode] = {
     StoreUnavailable: grpc.StatusCode.UNAVAILABLE,
     StoreError: grpc.StatusCode.UNAVAILABLE,
     SchemaTooNew: grpc.StatusCode.UNAVAILABLE,
+    SchemaBehind: grpc.StatusCode.UNAVAILABLE,
     StaleCounter: grpc.StatusCode.FAILED_PRECONDITION,
     TaskNotClaimable: grpc.StatusCode.FAILED_PRECONDITION,
     TaskNotFound: grpc.StatusCode.NOT_FOUND,

@@ -27,6 +27,10 @@ class StoreUnavailable(StoreError):
     """The database cannot be reached or refused the write; retrying later may work."""
 
 
+class SchemaBehind(StoreError):
+    """The database schema is older than this server's: `troth db upgrade` first."""
+
+
 class SchemaTooNew(StoreError):
     """The database was migrated by a newer troth-server than this one."""
 
@@ -57,6 +61,14 @@ class WriteTx(Protocol):
 
     def update_promises(self, promises: Sequence[Promise]) -> None:
         """Write the settle fields (state, value, settle_time, key, settled_by)."""
+
+    def expired_promise_ids(self, now: int, limit: int) -> list[str]:
+        """Up to `limit` PENDING promises overdue at `now`, locked for this transaction;
+        rows another transaction holds are skipped (its replica is expiring them)."""
+
+    def announce(self, groups: Collection[str], settled_ids: Collection[str]) -> None:
+        """Tell the other replicas, when this transaction commits, which groups have
+        new PENDING tasks and which promises settled (nothing to do on SQLite)."""
 
     def pending_descendant_ids(self, root_id: str) -> list[str]:
         """Ids `<root>.*` of promises still PENDING (a cancelled root takes them along)."""
@@ -101,13 +113,48 @@ class Store(Protocol):
     def promise_tree(self, root_id: str) -> tuple[Promise | None, list[Promise]]:
         """The root promise and all its descendants (ids `<root>.*`), in creation order."""
 
+    def get_promises(self, ids: Collection[str]) -> list[Promise]:
+        """The promises among `ids` that exist (no lock, no transaction)."""
+
+    @property
+    def shared(self) -> bool:
+        """Whether other server processes may write to this database (replicas)."""
+
+    def listen(self, on_event: Callable[[StoreEvent], None]) -> None:
+        """Call `on_event` (from a thread of the store's) for every `announce` that
+        another replica commits; a `StoreEvent` with `resync` set after a gap in which
+        announcements may have been missed. Does nothing where `shared` is False."""
+
     def close(self) -> None: ...
 
 
-def open_store(url: str, *, sqlite_synchronous: str = "FULL", read_pool_size: int = 8) -> Store:
-    """Open (and migrate) the store at `url`: `sqlite:///path.db` for now."""
+@dataclass(frozen=True, slots=True)
+class StoreEvent:
+    """What another replica committed: see `WriteTx.announce`."""
+
+    groups: frozenset[str] = frozenset()
+    settled_ids: tuple[str, ...] = ()
+    resync: bool = False
+    """Announcements may have been lost (the listener reconnected): recheck everything."""
+
+
+def open_store(
+    url: str,
+    *,
+    sqlite_synchronous: str = "FULL",
+    read_pool_size: int = 8,
+    migrate: bool = False,
+    application_name: str = "troth-server",
+) -> Store:
+    """Open the store at `url`: `sqlite:///PATH` (embedded; always migrated to this
+    server's schema) or `postgresql+psycopg://...` (migrated only with `migrate`;
+    otherwise a schema that is behind raises `SchemaBehind`)."""
     from troth_server.store import _sql
 
     return _sql.open_sql_store(
-        url, sqlite_synchronous=sqlite_synchronous, read_pool_size=read_pool_size
+        url,
+        sqlite_synchronous=sqlite_synchronous,
+        read_pool_size=read_pool_size,
+        migrate=migrate,
+        application_name=application_name,
     )

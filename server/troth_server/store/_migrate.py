@@ -11,7 +11,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from alembic.util import CommandError
 
-from troth_server.store import SchemaTooNew
+from troth_server.store import SchemaBehind, SchemaTooNew
 
 if TYPE_CHECKING:
     from sqlalchemy import Connection
@@ -27,19 +27,53 @@ def alembic_config(connection: Connection | None = None) -> Config:
     return config
 
 
+# Any fixed key: replicas started together with --migrate take turns.
+_MIGRATION_LOCK = 0x7472_6F74_6800  # "troth"
+
+
+def current_revision(connection: Connection) -> str | None:
+    return MigrationContext.configure(connection).get_current_revision()
+
+
+def head_revision() -> str:
+    head = ScriptDirectory.from_config(alembic_config()).get_current_head()
+    assert head is not None
+    return head
+
+
+def check_at_head(connection: Connection, url: str) -> None:
+    """Refuse a schema that is behind (or ahead of) this server: migrating is an
+    operator's decision when the database is shared."""
+    current = current_revision(connection)
+    _refuse_unknown(ScriptDirectory.from_config(alembic_config()), current)
+    head = head_revision()
+    if current != head:
+        where = "empty" if current is None else f"at revision {current!r}"
+        raise SchemaBehind(
+            f"the database schema is {where}, and this troth-server needs {head!r}: run "
+            f"`troth db upgrade --db {_shown(url)}` first, or start the server with --migrate"
+        )
+
+
 def upgrade_to_head(connection: Connection) -> None:
     """Bring the schema to this server's head; refuse a schema from a newer server."""
+    if connection.dialect.name == "postgresql":
+        connection.exec_driver_sql(f"SELECT pg_advisory_xact_lock({_MIGRATION_LOCK})")
     config = alembic_config(connection)
     scripts = ScriptDirectory.from_config(config)
-    current = MigrationContext.configure(connection).get_current_revision()
+    current = current_revision(connection)
+    _refuse_unknown(scripts, current)
+    if current != scripts.get_current_head():
+        command.upgrade(config, "head")
+
+
+def _refuse_unknown(scripts: ScriptDirectory, current: str | None) -> None:
     if current is not None and not _known(scripts, current):
         raise SchemaTooNew(
             f"the database schema is at revision {current!r}, which this troth-server "
             f"does not know (its newest is {scripts.get_current_head()!r}): it was "
             "migrated by a newer version. Run that version or upgrade troth-server"
         )
-    if current != scripts.get_current_head():
-        command.upgrade(config, "head")
 
 
 def _known(scripts: ScriptDirectory, revision: str) -> bool:
@@ -47,3 +81,9 @@ def _known(scripts: ScriptDirectory, revision: str) -> bool:
         return scripts.get_revision(revision) is not None
     except CommandError:
         return False
+
+
+def _shown(url: str) -> str:
+    from sqlalchemy.engine import make_url
+
+    return make_url(url).render_as_string(hide_password=True)

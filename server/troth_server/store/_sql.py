@@ -7,7 +7,7 @@ writer), reads on a small pool: in WAL mode readers never block the writer.
 from __future__ import annotations
 
 import threading
-from contextlib import contextmanager
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -28,26 +28,39 @@ from sqlalchemy import (
     select,
     true,
 )
+from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-from sqlalchemy.engine import Dialect, make_url
+from sqlalchemy.engine import URL, Dialect, make_url
 from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
 from sqlalchemy.pool import QueuePool, StaticPool
 
 from troth_server.domain.promise import Payload, Promise, PromiseState
 from troth_server.domain.task import Callback, Task, TaskKind, TaskState
-from troth_server.store import PromiseQuery, SearchRow, StoreError, StoreUnavailable
-from troth_server.store._migrate import upgrade_to_head
+from troth_server.store import (
+    PromiseQuery,
+    SearchRow,
+    StoreError,
+    StoreEvent,
+    StoreUnavailable,
+)
+from troth_server.store._listen import Announcer
+from troth_server.store._migrate import check_at_head, upgrade_to_head
 from troth_server.store._tables import callbacks, promises, tasks
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+    from collections.abc import Callable, Collection, Mapping, Sequence
 
 T = TypeVar("T")
 log = structlog.get_logger("troth.store")
 
 _SYNCHRONOUS = {"OFF", "NORMAL", "FULL", "EXTRA"}
-_WRITE_ATTEMPTS = 3
+_WRITE_ATTEMPTS = 5
+_RECONNECT_DELAY = 0.05
+_READ_ATTEMPTS = 2
+# PostgreSQL SQLSTATEs after which the whole transaction can simply run again.
+_SERIALIZATION_FAILURE = "40001"
+_DEADLOCK_DETECTED = "40P01"
 
 _select_by_id = select(promises).where(promises.c.id == bindparam("id"))
 _select_expired = (
@@ -57,6 +70,7 @@ _select_expired = (
     .order_by(promises.c.expire_time)
     .limit(bindparam("limit"))
 )
+_select_expired_locked = _select_expired.with_for_update(skip_locked=True)
 _COLUMNS = [c.name for c in promises.c]
 _INSERTED = [name for name in _COLUMNS if name != "seq"]
 _SETTLE_FIELDS = [
@@ -94,8 +108,13 @@ class _Compiled:
         size = 1 << max(0, count - 1).bit_length()
         found = self._select.get(size)
         if found is None:
-            stmt = select(promises).where(
-                promises.c.id.in_([bindparam(f"id{i}") for i in range(size)])
+            # Locked in id order: replicas batching the same promises queue up
+            # instead of deadlocking (SQLite, with one writer, renders no FOR UPDATE).
+            stmt = (
+                select(promises)
+                .where(promises.c.id.in_([bindparam(f"id{i}") for i in range(size)]))
+                .order_by(promises.c.id)
+                .with_for_update()
             )
             found = self._select[size] = self._compile(stmt)
         return found, size
@@ -119,10 +138,24 @@ class _Statement:
 class _TaskStatements:
     """Task and callback statements: Core, executed as they are (not on the promise hot path)."""
 
-    get = select(tasks).where(tasks.c.id.in_(bindparam("ids", expanding=True)))
-    active = select(tasks).where(
-        tasks.c.root_promise_id.in_(bindparam("roots", expanding=True)),
-        tasks.c.state.in_([TaskState.PENDING.value, TaskState.CLAIMED.value]),
+    # Rows a write transaction reads it also locks (FOR UPDATE on PostgreSQL), so a
+    # second replica's transaction waits and then sees the first one's outcome.
+    # Candidates for a claim or a sweep are taken with SKIP LOCKED: replicas
+    # share the work instead of queueing for the same rows.
+    get = (
+        select(tasks)
+        .where(tasks.c.id.in_(bindparam("ids", expanding=True)))
+        .order_by(tasks.c.id)
+        .with_for_update()
+    )
+    active = (
+        select(tasks)
+        .where(
+            tasks.c.root_promise_id.in_(bindparam("roots", expanding=True)),
+            tasks.c.state.in_([TaskState.PENDING.value, TaskState.CLAIMED.value]),
+        )
+        .order_by(tasks.c.id)
+        .with_for_update()
     )
     pending = (
         select(tasks)
@@ -138,9 +171,13 @@ class _TaskStatements:
             tasks.c.create_time,
         )
         .limit(bindparam("limit"))
+        .with_for_update(skip_locked=True)
     )
-    claimed = select(tasks).where(
-        tasks.c.worker_id == bindparam("worker"), tasks.c.state == TaskState.CLAIMED.value
+    claimed = (
+        select(tasks)
+        .where(tasks.c.worker_id == bindparam("worker"), tasks.c.state == TaskState.CLAIMED.value)
+        .order_by(tasks.c.id)
+        .with_for_update()
     )
     lease_expired = (
         select(tasks)
@@ -150,6 +187,7 @@ class _TaskStatements:
         )
         .order_by(tasks.c.lease_expire_time)
         .limit(bindparam("limit"))
+        .with_for_update(skip_locked=True)
     )
     update = (
         tasks.update()
@@ -293,9 +331,18 @@ def _to_task(row: Any) -> Task:
 
 
 class _WriteTx(_TaskTx):
-    def __init__(self, conn: Connection, compiled: _Compiled) -> None:
+    def __init__(self, conn: Connection, compiled: _Compiled, announcer: Announcer | None) -> None:
         self._conn = conn
         self._compiled = compiled
+        self._announcer = announcer
+
+    def announce(self, groups: Collection[str], settled_ids: Collection[str]) -> None:
+        if self._announcer is not None and (groups or settled_ids):
+            self._announcer.announce(self._conn, groups, settled_ids)
+
+    def expired_promise_ids(self, now: int, limit: int) -> list[str]:
+        params = {"now": now, "limit": limit}
+        return list(self._conn.execute(_select_expired_locked, params).scalars())
 
     def pending_descendant_ids(self, root_id: str) -> list[str]:
         stmt = select(promises.c.id).where(
@@ -339,32 +386,49 @@ class _WriteTx(_TaskTx):
 
 
 class SqlStore:
-    def __init__(self, write_engine: Engine, read_engine: Engine) -> None:
+    def __init__(
+        self, write_engine: Engine, read_engine: Engine, announcer: Announcer | None = None
+    ) -> None:
         self._write_engine = write_engine
         self._read_engine = read_engine
+        self._announcer = announcer
         self._write_lock = threading.Lock()
         self._compiled = _Compiled(write_engine.dialect)
+
+    @property
+    def shared(self) -> bool:
+        return self._announcer is not None
+
+    def listen(self, on_event: Callable[[StoreEvent], None]) -> None:
+        if self._announcer is not None:
+            self._announcer.listen(on_event)
 
     def write(self, work: Callable[[_WriteTx], T]) -> T:
         attempt = 0
         while True:
             attempt += 1
+            committing = False
             try:
-                with self._write_lock, self._write_engine.begin() as conn:
-                    return work(_WriteTx(conn, self._compiled))
-            except IntegrityError as exc:
-                # Only another writer on the same database (a second replica)
-                # can make an insert conflict; the retry reads its row.
-                if attempt >= _WRITE_ATTEMPTS:
-                    raise StoreError(f"write conflict persisted: {exc.orig}") from exc
+                with self._write_lock, self._write_engine.connect() as conn:
+                    with conn.begin() as tx:
+                        result = work(_WriteTx(conn, self._compiled, self._announcer))
+                        committing = True
+                        tx.commit()
+                    return result
             except DBAPIError as exc:
-                raise StoreUnavailable(f"database write failed: {exc.orig}") from exc
+                retry = _retryable(exc, committing)
+                if retry is None or attempt >= _WRITE_ATTEMPTS:
+                    if isinstance(exc, IntegrityError):
+                        raise StoreError(f"write conflict persisted: {exc.orig}") from exc
+                    raise StoreUnavailable(f"database write failed: {exc.orig}") from exc
+                log.info("store.write_retry", reason=retry, attempt=attempt)
+                if retry == "disconnected":
+                    time.sleep(_RECONNECT_DELAY * attempt)
             except SQLAlchemyError as exc:
                 raise StoreUnavailable(f"database write failed: {exc}") from exc
 
     def get_promise(self, promise_id: str) -> Promise | None:
-        with self._read() as conn:
-            row = conn.execute(_select_by_id, {"id": promise_id}).first()
+        row = self._read(lambda conn: conn.execute(_select_by_id, {"id": promise_id}).first())
         return None if row is None else _to_promise(row)
 
     def search_promises(self, query: PromiseQuery, now: int) -> list[SearchRow]:
@@ -373,42 +437,90 @@ class SqlStore:
             conditions.append(promises.c.id.like(_glob_to_like(query.id_glob), escape="\\"))
         if query.states:
             conditions.append(or_(*(_state_condition(s, now) for s in query.states)))
-        for key, value in sorted(query.tags.items()):
-            conditions.append(_has_tag(key, value))
+        if query.tags:
+            conditions.append(self._has_tags(query.tags))
         stmt = select(promises).where(and_(*conditions)).order_by(promises.c.seq)
         stmt = stmt.limit(query.limit)
-        with self._read() as conn:
-            rows = conn.execute(stmt).all()
+        rows = self._read(lambda conn: conn.execute(stmt).all())
         return [SearchRow(seq=row[0], promise=_to_promise(row)) for row in rows]
 
     def expired_promise_ids(self, now: int, limit: int) -> list[str]:
-        with self._read() as conn:
-            return list(conn.execute(_select_expired, {"now": now, "limit": limit}).scalars())
+        params = {"now": now, "limit": limit}
+        return self._read(lambda conn: list(conn.execute(_select_expired, params).scalars()))
 
     def promise_tree(self, root_id: str) -> tuple[Promise | None, list[Promise]]:
         # A range rather than LIKE 'root.%': exact prefix semantics, and an index
-        # range scan on every dialect ('/' is the character after '.').
+        # range scan on every dialect ('/' is the character after '.'; ids compare
+        # bytewise: COLLATE "C" on PostgreSQL).
         stmt = (
             select(promises)
             .where(promises.c.id >= root_id + ".", promises.c.id < root_id + "/")
             .order_by(promises.c.seq)
         )
-        with self._read() as conn:
-            root = conn.execute(_select_by_id, {"id": root_id}).first()
-            rows = conn.execute(stmt).all()
+
+        def read(conn: Connection) -> tuple[Any, list[Any]]:
+            return conn.execute(_select_by_id, {"id": root_id}).first(), list(conn.execute(stmt))
+
+        root, rows = self._read(read)
         return (None if root is None else _to_promise(root)), [_to_promise(r) for r in rows]
 
+    def get_promises(self, ids: Collection[str]) -> list[Promise]:
+        if not ids:
+            return []
+        stmt = select(promises).where(promises.c.id.in_(bindparam("ids", expanding=True)))
+        rows = self._read(lambda conn: conn.execute(stmt, {"ids": list(ids)}).all())
+        return [_to_promise(row) for row in rows]
+
     def close(self) -> None:
+        if self._announcer is not None:
+            self._announcer.close()
         self._write_engine.dispose()
         self._read_engine.dispose()
 
-    @contextmanager
-    def _read(self) -> Iterator[Connection]:
-        try:
-            with self._read_engine.connect() as conn:
-                yield conn
-        except DBAPIError as exc:
-            raise StoreUnavailable(f"database read failed: {exc.orig}") from exc
+    def _has_tags(self, tags: Mapping[str, str]) -> Any:
+        if self._read_engine.dialect.name == "postgresql":
+            # JSONB containment: one condition for every tag, and GIN-indexable.
+            return promises.c.tags.op("@>")(bindparam("tags", dict(tags), type_=JSONB))
+        # json_each rather than a JSON path: a path cannot quote every possible key.
+        conditions = []
+        for key, value in sorted(tags.items()):
+            each = func.json_each(promises.c.tags).table_valued("key", "value")
+            conditions.append(
+                select(each.c.key).where(each.c.key == key, each.c.value == value).exists()
+            )
+        return and_(*conditions)
+
+    def _read(self, read: Callable[[Connection], T]) -> T:
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                with self._read_engine.connect() as conn:
+                    return read(conn)
+            except DBAPIError as exc:
+                # A connection the database dropped (a restart): the pool has
+                # discarded it, and a read can always run again.
+                if not exc.connection_invalidated or attempt >= _READ_ATTEMPTS:
+                    raise StoreUnavailable(f"database read failed: {exc.orig}") from exc
+
+
+def _retryable(exc: DBAPIError, committing: bool) -> str | None:
+    """Why a failed write transaction may run again, or None when it may not.
+
+    Nothing of it was committed in each of these cases: the fold runs again on
+    what the database holds now. A connection lost during COMMIT is the
+    exception: the commit may have happened, so the caller must be told.
+    """
+    if isinstance(exc, IntegrityError):
+        # Only another writer on the same database (a second replica) can make an
+        # insert conflict; the retry reads its row.
+        return "conflict"
+    code = getattr(exc.orig, "sqlstate", None)
+    if code in (_SERIALIZATION_FAILURE, _DEADLOCK_DETECTED):
+        return "serialization" if code == _SERIALIZATION_FAILURE else "deadlock"
+    if exc.connection_invalidated and not committing:
+        return "disconnected"
+    return None
 
 
 def _state_condition(state: PromiseState, now: int) -> Any:
@@ -429,12 +541,6 @@ def _state_condition(state: PromiseState, now: int) -> Any:
     if state is PromiseState.REJECTED_TIMEDOUT:
         return or_(c.state == state.value, and_(expired, c.timer == false()))
     return c.state == state.value
-
-
-def _has_tag(key: str, value: str) -> Any:
-    # json_each rather than a JSON path: a path cannot quote every possible key.
-    each = func.json_each(promises.c.tags).table_valued("key", "value")
-    return select(each.c.key).where(each.c.key == key, each.c.value == value).exists()
 
 
 def _glob_to_like(glob: str) -> str:
@@ -492,13 +598,46 @@ def _to_promise(row: Sequence[Any]) -> Promise:
     )
 
 
-def open_sql_store(url: str, *, sqlite_synchronous: str, read_pool_size: int) -> SqlStore:
+def open_sql_store(
+    url: str,
+    *,
+    sqlite_synchronous: str,
+    read_pool_size: int,
+    migrate: bool,
+    application_name: str,
+) -> SqlStore:
     parsed = make_url(url)
-    if parsed.get_backend_name() != "sqlite":
+    backend = parsed.get_backend_name()
+    if backend == "sqlite":
+        write_engine, read_engine = _sqlite_engines(parsed, sqlite_synchronous, read_pool_size)
+        # The embedded default migrates itself: there is no one else to run it.
+        migrate = True
+    elif backend == "postgresql":
+        write_engine, read_engine = _postgresql_engines(parsed, read_pool_size, application_name)
+    else:
         raise StoreError(
             f"unsupported database URL {parsed.render_as_string(hide_password=True)!r}: "
-            "this server supports sqlite:///PATH (PostgreSQL support is planned)"
+            "use sqlite:///PATH or postgresql+psycopg://USER@HOST:PORT/DATABASE"
         )
+    store = SqlStore(write_engine, read_engine)
+    try:
+        with write_engine.begin() as conn:
+            if migrate:
+                upgrade_to_head(conn)
+            else:
+                check_at_head(conn, url)
+            if backend == "postgresql":
+                store = SqlStore(write_engine, read_engine, _announcer(conn, parsed))
+    except BaseException as exc:
+        store.close()
+        if isinstance(exc, DBAPIError):
+            where = parsed.render_as_string(hide_password=True)
+            raise StoreUnavailable(f"cannot open {where}: {exc.orig}") from exc
+        raise
+    return store
+
+
+def _sqlite_engines(parsed: URL, sqlite_synchronous: str, pool_size: int) -> tuple[Engine, Engine]:
     if not parsed.database or parsed.database == ":memory:":
         raise StoreError(
             "an in-memory SQLite database would lose every promise on restart; "
@@ -519,22 +658,48 @@ def open_sql_store(url: str, *, sqlite_synchronous: str, read_pool_size: int) ->
     read_engine = create_engine(
         plain,
         poolclass=QueuePool,
-        pool_size=read_pool_size,
-        max_overflow=read_pool_size,
+        pool_size=pool_size,
+        max_overflow=pool_size,
         connect_args={"check_same_thread": False},
     )
     _configure_sqlite(write_engine, synchronous, begin="BEGIN IMMEDIATE")
     _configure_sqlite(read_engine, synchronous, begin="BEGIN")
-    store = SqlStore(write_engine, read_engine)
-    try:
-        with write_engine.begin() as conn:
-            upgrade_to_head(conn)
-    except BaseException as exc:
-        store.close()
-        if isinstance(exc, DBAPIError):
-            raise StoreUnavailable(f"cannot open {parsed.database}: {exc.orig}") from exc
-        raise
-    return store
+    return write_engine, read_engine
+
+
+def _postgresql_engines(
+    parsed: URL, pool_size: int, application_name: str
+) -> tuple[Engine, Engine]:
+    if parsed.drivername not in ("postgresql", "postgresql+psycopg"):
+        raise StoreError(
+            f"PostgreSQL is reached through psycopg 3: write postgresql+psycopg://..., "
+            f"not {parsed.drivername}://..."
+        )
+    plain = parsed.set(drivername="postgresql+psycopg")
+    connect_args = {"connect_timeout": 5, "application_name": application_name}
+    # One connection writes (the group committer is this replica's only writer);
+    # a pool reads. Pre-ping: after a database restart, a stale pooled
+    # connection is replaced at checkout instead of failing a request.
+    write_engine = create_engine(
+        plain, pool_size=1, max_overflow=0, pool_pre_ping=True, connect_args=connect_args
+    )
+    read_engine = create_engine(
+        plain,
+        pool_size=pool_size,
+        max_overflow=pool_size,
+        pool_pre_ping=True,
+        connect_args=connect_args,
+    )
+    return write_engine, read_engine
+
+
+def _announcer(conn: Connection, parsed: URL) -> Announcer:
+    # Channels are per database, not per schema: two deployments sharing a
+    # database in different schemas must not wake each other.
+    schema = conn.exec_driver_sql("SELECT current_schema()").scalar_one()
+    channel = "troth" if schema == "public" else f"troth_{schema}"[:63]
+    conninfo = parsed.set(drivername="postgresql").render_as_string(hide_password=False)
+    return Announcer(conninfo, channel)
 
 
 def _configure_sqlite(engine: Engine, synchronous: str, *, begin: str) -> None:

@@ -22,6 +22,9 @@ metadata = MetaData()
 # JSON text, written and read by the store itself (orjson); JSONB on PostgreSQL so
 # that tag filters can use containment and a GIN index.
 _json = Text().with_variant(JSONB(), "postgresql")
+# Promise ids compare bytewise on every dialect: the `<root>.` prefix ranges of
+# a workflow's steps rely on it, whatever the PostgreSQL database's collation.
+_promise_id = String(1024).with_variant(String(1024, collation="C"), "postgresql")
 
 promises = Table(
     "promises",
@@ -34,7 +37,7 @@ promises = Table(
         primary_key=True,
         autoincrement=True,
     ),
-    Column("id", String(1024), nullable=False, unique=True),
+    Column("id", _promise_id, nullable=False, unique=True),
     Column("state", String(20), nullable=False),
     Column("param_headers", _json, nullable=False),
     Column("param_data", LargeBinary(), nullable=False),

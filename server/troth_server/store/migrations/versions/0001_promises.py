@@ -17,6 +17,9 @@ branch_labels = None
 depends_on = None
 
 _json = sa.Text().with_variant(postgresql.JSONB(), "postgresql")
+# PostgreSQL support came after this revision shipped for SQLite; the variant
+# changes nothing there, and gives PostgreSQL bytewise id ranges from the start.
+_promise_id = sa.String(1024).with_variant(sa.String(1024, collation="C"), "postgresql")
 
 
 def upgrade() -> None:
@@ -28,7 +31,7 @@ def upgrade() -> None:
             primary_key=True,
             autoincrement=True,
         ),
-        sa.Column("id", sa.String(1024), nullable=False),
+        sa.Column("id", _promise_id, nullable=False),
         sa.Column("state", sa.String(20), nullable=False),
         sa.Column("param_headers", _json, nullable=False),
         sa.Column("param_data", sa.LargeBinary(), nullable=False),

@@ -1,0 +1,127 @@
+"""Cross-replica announcements over PostgreSQL LISTEN/NOTIFY.
+
+A write transaction announces (with `pg_notify`, delivered only if it commits)
+the groups that got PENDING tasks and the promises that settled. Every replica
+listens on one dedicated connection and turns announcements from the others
+into dispatcher and watcher wake-ups. Notifications are a fast path only: a
+replica that was disconnected resyncs, and the periodic scans find anything a
+lost notification would have announced.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from typing import TYPE_CHECKING, Any
+
+import orjson
+import psycopg
+import structlog
+from psycopg import sql
+
+from troth_server.store import StoreEvent
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Collection
+
+    from sqlalchemy import Connection
+
+log = structlog.get_logger("troth.store.listen")
+
+# PostgreSQL's limit is 8000 bytes per payload; stay clear of it.
+_MAX_PAYLOAD = 7000
+_RECONNECT_DELAYS = (0.1, 0.25, 0.5, 1.0, 2.0)
+
+
+class Announcer:
+    """One store's side of the channel: what it sends, and its listener thread."""
+
+    def __init__(self, conninfo: str, channel: str) -> None:
+        self.channel = channel
+        self._conninfo = conninfo
+        self._origin = uuid.uuid4().hex[:12]
+        """Marks this replica's own announcements, which it ignores."""
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._conn: psycopg.Connection[Any] | None = None
+
+    def announce(self, conn: Connection, groups: Collection[str], settled: Collection[str]) -> None:
+        for payload in self._payloads(sorted(groups), list(settled)):
+            conn.exec_driver_sql("SELECT pg_notify(%(channel)s, %(payload)s)",
+                                 {"channel": self.channel, "payload": payload})  # fmt: skip
+
+    def _payloads(self, groups: list[str], settled: list[str]) -> list[str]:
+        payloads = []
+        chunk: list[str] = []
+        size = 0
+        for promise_id in settled:
+            if chunk and size + len(promise_id) + 4 > _MAX_PAYLOAD // 2:
+                payloads.append(self._encode(groups, chunk))
+                groups, chunk, size = [], [], 0
+            chunk.append(promise_id)
+            size += len(promise_id.encode()) + 4
+        if chunk or groups:
+            payloads.append(self._encode(groups, chunk))
+        return payloads
+
+    def _encode(self, groups: list[str], settled: list[str]) -> str:
+        return orjson.dumps({"o": self._origin, "g": groups, "s": settled}).decode()
+
+    def listen(self, on_event: Callable[[StoreEvent], None]) -> None:
+        self._thread = threading.Thread(
+            target=self._run, args=(on_event,), name="troth-listen", daemon=True
+        )
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        conn = self._conn
+        if conn is not None:
+            try:
+                conn.cancel_safe()
+            except Exception:
+                pass
+        if self._thread is not None:
+            self._thread.join(5)
+
+    def _run(self, on_event: Callable[[StoreEvent], None]) -> None:
+        failures = 0
+        first = True
+        while not self._stop.is_set():
+            try:
+                with psycopg.connect(self._conninfo, autocommit=True, connect_timeout=5) as conn:
+                    self._conn = conn
+                    conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
+                    if not first:
+                        log.info("listen.reconnected", channel=self.channel)
+                        on_event(StoreEvent(resync=True))
+                    first = False
+                    failures = 0
+                    while not self._stop.is_set():
+                        for notify in conn.notifies(timeout=1.0):
+                            event = self._decode(notify.payload)
+                            if event is not None:
+                                on_event(event)
+            except psycopg.Error as exc:
+                if self._stop.is_set():
+                    return
+                first = False
+                delay = _RECONNECT_DELAYS[min(failures, len(_RECONNECT_DELAYS) - 1)]
+                failures += 1
+                log.warning("listen.disconnected", error=str(exc).strip(), retry_in=delay)
+                self._stop.wait(delay)
+            except Exception:
+                log.exception("listen.failed")
+                self._stop.wait(1.0)
+            finally:
+                self._conn = None
+
+    def _decode(self, payload: str) -> StoreEvent | None:
+        try:
+            message = orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            log.warning("listen.bad_payload", payload=payload[:200])
+            return None
+        if message.get("o") == self._origin:
+            return None
+        return StoreEvent(frozenset(message.get("g", ())), tuple(message.get("s", ())))
