@@ -1,14 +1,16 @@
-"""`python -m troth_server serve ...` (the same as `troth serve ...`)."""
+"""`python -m troth_server serve|db ...` (the same as `troth serve|db ...`)."""
 
 from __future__ import annotations
 
 import sys
 
-from troth_server.cli import serve
+from troth_server.cli import db, serve
 
 
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["db"]:
+        return db(args[1:])
     if args[:1] == ["serve"]:
         args = args[1:]
     return serve(args)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -11,9 +12,11 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from alembic.util import CommandError
 
-from troth_server.store import SchemaBehind, SchemaTooNew
+from troth_server.store import SchemaBehind, SchemaTooNew, StoreError, StoreUnavailable
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     from sqlalchemy import Connection
 
 MIGRATIONS = Path(__file__).parent / "migrations"
@@ -87,3 +90,40 @@ def _shown(url: str) -> str:
     from sqlalchemy.engine import make_url
 
     return make_url(url).render_as_string(hide_password=True)
+
+
+def upgrade_database(url: str) -> tuple[str | None, str]:
+    """`troth db upgrade`: (revision before, revision after)."""
+    with _connection(url) as conn:
+        before = current_revision(conn)
+        upgrade_to_head(conn)
+        return before, head_revision()
+
+
+def schema_status(url: str) -> tuple[str | None, str]:
+    """`troth db current`: (the database's revision, this server's head)."""
+    with _connection(url) as conn:
+        revision = current_revision(conn)
+        _refuse_unknown(ScriptDirectory.from_config(alembic_config()), revision)
+        return revision, head_revision()
+
+
+@contextmanager
+def _connection(url: str) -> Iterator[Connection]:
+    from sqlalchemy import create_engine
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import DBAPIError
+
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "postgresql":
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    elif parsed.get_backend_name() != "sqlite":
+        raise StoreError(f"unsupported database URL {_shown(url)!r}")
+    engine = create_engine(parsed)
+    try:
+        with engine.begin() as conn:
+            yield conn
+    except DBAPIError as exc:
+        raise StoreUnavailable(f"cannot open {_shown(url)}: {exc.orig}") from exc
+    finally:
+        engine.dispose()
