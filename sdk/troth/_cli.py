@@ -8,6 +8,7 @@ troth promises create ID [--param JSON] [--tag k=v ...] [--ttl 30s|5m|2h|3d] [--
 troth promises resolve|reject|cancel ID [--value JSON] [--idempotency-key K] [--strict]
 troth promises watch ID [--max-wait DURATION]
 troth serve ...          (forwarded to troth_server.cli.serve; needs troth-server)
+troth db upgrade|current [--db URL]   (forwarded to troth_server.cli.db; needs troth-server)
 ```
 
 Exit codes: 0 success, 1 the server refused or could not be reached (the
@@ -37,7 +38,7 @@ from troth.errors import TrothError
 if TYPE_CHECKING:
     from troth.codec import Payload
 
-_SERVE_MISSING = "troth serve needs the server: pip install troth-server"
+_SERVER_MISSING = "troth {command} needs the server: pip install troth-server"
 
 _DEFAULT_LIMIT = 100
 _PREVIEW_WIDTH = 40
@@ -132,7 +133,8 @@ def _global_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
         "--server",
         metavar="ADDR",
         default=default(os.environ.get("TROTH_SERVER", DEFAULT_ADDRESS)),
-        help="server host:port (env TROTH_SERVER; default %(default)s)"
+        help="server host:port, or replicas' as host:port,host:port "
+        "(env TROTH_SERVER; default %(default)s)"
         if not suppress
         else argparse.SUPPRESS,
     )
@@ -247,6 +249,11 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_parser(
         "serve", help="start a troth server (needs troth-server; see `troth serve --help`)"
     ).add_argument("serve_args", nargs=argparse.REMAINDER)
+    commands.add_parser(
+        "db",
+        help="migrate the server's database or show its schema revision "
+        "(needs troth-server; see `troth db --help`)",
+    ).add_argument("db_args", nargs=argparse.REMAINDER)
     return parser
 
 
@@ -256,15 +263,17 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run the `troth` command; return its exit status."""
     args_list = sys.argv[1:] if argv is None else list(argv)
-    if args_list[:1] == ["serve"]:
-        return _serve(args_list[1:])
+    if args_list[:1] in (["serve"], ["db"]):
+        return _server_command(args_list[0], args_list[1:])
     parser = build_parser()
     try:
         args = parser.parse_args(args_list)
     except SystemExit as exc:  # --help (0) or a usage error (2), already printed
         return exc.code if isinstance(exc.code, int) else 2
     if args.command == "serve":
-        return _serve(list(args.serve_args))
+        return _server_command("serve", list(args.serve_args))
+    if args.command == "db":
+        return _server_command("db", list(args.db_args))
     handler: Handler = args.handler
     out = sys.stdout
     try:
@@ -283,7 +292,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
-def _serve(argv: list[str]) -> int:
+def _server_command(command: str, argv: list[str]) -> int:
+    """`troth serve` and `troth db`, which troth_server.cli implements."""
     # Imported by name, lazily: the SDK must not depend on troth_server (it
     # brings SQLAlchemy), and a static import would put it in troth's import graph.
     try:
@@ -291,10 +301,10 @@ def _serve(argv: list[str]) -> int:
     except ModuleNotFoundError as exc:
         if exc.name not in ("troth_server", "troth_server.cli"):
             raise  # troth-server is installed but broken: show the real problem
-        print(_SERVE_MISSING, file=sys.stderr)
+        print(_SERVER_MISSING.format(command=command), file=sys.stderr)
         return 1
-    serve = cast("Callable[[list[str]], int]", module.serve)
-    return serve(argv)
+    entry = cast("Callable[[list[str]], int]", getattr(module, command))
+    return entry(argv)
 
 
 # --- commands ---------------------------------------------------------------

@@ -3,7 +3,9 @@
 This module owns everything that knows about gRPC on the SDK side:
 
 - one channel per `Client`, with keepalive tuned for long `WatchPromise` streams
-  and generous message limits (the server enforces its own payload limits);
+  and generous message limits (the server enforces its own payload limits); a
+  client of several replicas has one channel to all of them, which fails over
+  by itself (`troth._addresses`);
 - the principal sent as `troth-principal` metadata on every call;
 - retries with capped, jittered exponential backoff of `UNAVAILABLE` and
   `DEADLINE_EXCEEDED`, for idempotent calls only, within the call's deadline;
@@ -18,7 +20,7 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -26,6 +28,7 @@ import grpc
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
+from troth._addresses import Resolver, channel_target, parse_addresses
 from troth.errors import (
     ERROR_DOMAIN,
     AlreadyExistsError,
@@ -77,6 +80,10 @@ CHANNEL_OPTIONS: tuple[tuple[str, Any], ...] = (
     # payload limit is what bounds a single promise.
     ("grpc.max_receive_message_length", 64 * _MiB),
     ("grpc.max_send_message_length", 64 * _MiB),
+    # gRPC's default, stated because failover between replicas relies on it:
+    # use the first address that answers; when it goes away, the next call
+    # connects to the first that answers again (troth._addresses).
+    ("grpc.lb_policy_name", "pick_first"),
 )
 
 _R = TypeVar("_R")
@@ -138,46 +145,49 @@ class PromisesStub(Protocol):
 
 
 class Transport:
-    """One channel to one troth server, its stubs, and the retry loop around calls.
+    """One channel to a troth server (or its replicas), its stubs, and the retry loop.
 
     Thread-safe, as the underlying gRPC channel is. Connecting is lazy: nothing
-    touches the network until the first call.
+    touches the network until the first call (but the host names of several
+    addresses are resolved here, once).
 
     Args:
-        address: `host:port` of the server (any gRPC target string).
+        address: `host:port` of the server (any gRPC target string); or
+            several replicas' `host:port`, as a sequence or comma-separated.
         principal: Sent as `troth-principal` metadata on every call, if given.
         retry: How idempotent calls are retried.
         sleep: Replaced in tests, so retries take no time.
         clock: Monotonic clock for deadlines; replaced in tests.
+        resolve: Host name and port to IP addresses, for several addresses;
+            replaced in tests.
     """
 
     def __init__(
         self,
-        address: str,
+        address: str | Sequence[str],
         *,
         principal: str | None = None,
         retry: RetryPolicy | None = None,
         sleep: Callable[[float], None] = time.sleep,
         clock: Callable[[], float] = time.monotonic,
+        resolve: Resolver | None = None,
     ) -> None:
-        if not address or address != address.strip():
-            raise ConfigurationError(
-                f"server address {address!r} is empty or has surrounding spaces; "
-                "pass host:port, e.g. '127.0.0.1:7070'"
-            )
+        self.addresses = parse_addresses(address)
         if principal is not None and (not principal or not principal.isprintable()):
             raise ConfigurationError(
                 f"principal {principal!r} must be a non-empty printable string "
                 "(it travels as gRPC metadata); pass None to send none"
             )
-        self.address = address
+        target = channel_target(self.addresses, resolve=resolve)
+        self.address = ",".join(self.addresses)
+        """The addresses, comma-separated: what the user gave, and error messages name."""
         self.retry = retry or RetryPolicy()
         self.metadata: tuple[tuple[str, str], ...] = (
             ((PRINCIPAL_METADATA_KEY, principal),) if principal is not None else ()
         )
         self._sleep = sleep
         self._clock = clock
-        self._channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self._channel = grpc.insecure_channel(target, options=CHANNEL_OPTIONS)
         # The generated stub is unannotated; PromisesStub gives its methods their types.
         stub = promises_pb2_grpc.PromisesStub(self._channel)  # type: ignore[no-untyped-call,unused-ignore]
         self.promises: PromisesStub = stub
@@ -361,7 +371,7 @@ def _to_troth_error(exc: grpc.RpcError, address: str | None) -> RpcError:
     if not reason:
         # No troth ErrorInfo: the answer came from gRPC itself, not the server's
         # code, so its message rarely says what to do. Say it.
-        where = f" at {address}" if address else ""
+        where = (f" at any of {address}" if "," in address else f" at {address}") if address else ""
         if code is grpc.StatusCode.UNAVAILABLE:
             message = (
                 f"cannot reach the troth server{where} ({message or 'no details'}); check the "

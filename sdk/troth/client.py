@@ -27,7 +27,7 @@ import hashlib
 import logging
 import math
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime, timedelta
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
@@ -81,7 +81,13 @@ class Client:
     manager, or call `close()`, to release the channel.
 
     Args:
-        address: `host:port` of the server.
+        address: `host:port` of the server; or of several replicas of one
+            server (sharing one database), as a list or one comma-separated
+            string, e.g. "10.0.0.1:7070,10.0.0.2:7070". The client uses the
+            first that answers and, when that one stops answering, moves to
+            another by itself; calls cut off by the failover are retried
+            there (every call is idempotent; see the module docstring).
+            Host names in a list are resolved once, here.
         codec: Encodes params and values; default `JsonCodec`.
         timeout: Seconds each call may take, retries included (not `watch`/`wait`,
             which take their own).
@@ -89,7 +95,7 @@ class Client:
             the server records it as `settled_by`.
 
     Raises:
-        ConfigurationError: An argument is unusable.
+        ConfigurationError: An argument is unusable (the message names a bad address).
 
     Example:
         >>> with Client("127.0.0.1:7070") as client:  # doctest: +SKIP
@@ -101,7 +107,7 @@ class Client:
 
     def __init__(
         self,
-        address: str = DEFAULT_ADDRESS,
+        address: str | Sequence[str] = DEFAULT_ADDRESS,
         *,
         codec: Codec | None = None,
         timeout: float = 10.0,
@@ -126,7 +132,7 @@ class Client:
 
     @property
     def address(self) -> str:
-        """The server address this client talks to."""
+        """The server address this client talks to; several are comma-separated."""
         return self._transport.address
 
     @property

@@ -28,8 +28,16 @@ cache); when it returns or raises, one `CompleteTask` settles the root.
 Leases. Every task is leased to this worker; one heartbeat thread extends
 all the leases every `lease / 3`, on its own thread, so a step that keeps the
 CPU busy does not lose its task. A task whose lease is gone (the server says
-`STALE_COUNTER`, the heartbeat no longer lists it, or the stream broke) is
-dropped quietly: another worker replays it from the checkpoints.
+`STALE_COUNTER`, the heartbeat no longer lists it, or no heartbeat got
+through for a whole lease) is dropped quietly: another worker replays it from
+the checkpoints.
+
+Failover. A broken stream does not end the leases by itself: a server that
+died (or a replica of several, see `Client`) could not end them. The worker
+reopens the stream at once, through the client's channel, which moves to
+another replica when the one it used stops answering, and heartbeats at
+once; the answer says which tasks are still this worker's (a server that saw
+the stream break while it stayed up has given them back to the group).
 
 Stopping. `stop()` lets every running task reach its next step boundary (a
 step function already running finishes and its result is recorded), for at
@@ -141,8 +149,10 @@ class _Held:
     task_id: str
     counter: int
     root_id: str
+    expires: float = 0.0
+    """The monotonic time its lease surely ends by, unless a heartbeat extends it."""
     lost: bool = False
-    """The server moved it on (stale counter, missing from a heartbeat, stream broke)."""
+    """The server moved it on (stale counter, missing from a heartbeat, lease ran out)."""
     abandoned: bool = False
     """Its runner gave up on it but could not release it yet; the heartbeater retries."""
 
@@ -159,7 +169,8 @@ class Worker:
     """Runs the workflows registered on it for one group; see the module docstring.
 
     Args:
-        client: The connection to the server (its codec encodes values).
+        client: The connection to the server (its codec encodes values); a
+            client of several replicas' addresses makes the worker fail over.
         group: The group whose tasks this worker runs.
         worker_id: Unique per worker process; default `<host>-<pid>-<random>`.
         concurrency: Most tasks run (and held) at once.
@@ -220,6 +231,7 @@ class Worker:
         self._stopping = threading.Event()
         self._stopped = threading.Event()
         self._heartbeat_stop = threading.Event()
+        self._heartbeat_now = threading.Event()  # heartbeat at once (the stream broke)
         self._poll_call: _Cancellable | None = None
         self._pool: ThreadPoolExecutor | None = None
         self._poller: threading.Thread | None = None
@@ -362,6 +374,7 @@ class Worker:
         if self._poller is not None:
             self._poller.join()
         self._heartbeat_stop.set()
+        self._heartbeat_now.set()
         if self._heartbeater is not None:
             self._heartbeater.join()
         if self._pool is not None:
@@ -453,8 +466,11 @@ class Worker:
                         self._poll_call = None
             if self._stopping.is_set():
                 return
-            # The server ends our leases when the stream breaks: every task is gone.
-            self._lose_all()
+            # Leases outlive the stream: a server that died could not end them
+            # (and its replicas still honour them); one that stayed up gave the
+            # tasks back to the group. A heartbeat now, through whichever
+            # server answers, tells which it is, for each task we hold.
+            self._heartbeat_now.set()
             if received or time.monotonic() - opened > _STABLE_STREAM:
                 failures = 0
             failures += 1
@@ -476,7 +492,8 @@ class Worker:
 
     def _accept(self, response: tasks_pb2.PollResponse) -> None:
         task = response.task
-        held = _Held(task.id, task.counter, task.root_promise_id)
+        expires = time.monotonic() + self.lease.total_seconds()
+        held = _Held(task.id, task.counter, task.root_promise_id, expires)
         with self._lock:
             self._held[task.id] = held
             if self._stopping.is_set():
@@ -489,29 +506,24 @@ class Worker:
         except RuntimeError:  # the pool is shutting down
             self._finished_running()
 
-    def _lose_all(self) -> None:
-        with self._lock:
-            for held in self._held.values():
-                held.lost = True
-                # A server that restarted meanwhile may still count it as ours,
-                # and our heartbeats would keep it so: remember it to release.
-                self._dropped[held.task_id] = held
-                while len(self._dropped) > _MAX_DROPPED:
-                    self._dropped.popitem(last=False)
-            self._held.clear()
-
     # -- heartbeats --------------------------------------------------------
 
     def _heartbeat_loop(self) -> None:
-        interval = self.lease.total_seconds() / 3
+        seconds = self.lease.total_seconds()
+        interval = seconds / 3
         lease = timedelta_to_proto(self.lease)
-        while not self._heartbeat_stop.wait(interval):
+        while True:
+            self._heartbeat_now.wait(interval)
+            self._heartbeat_now.clear()
+            if self._heartbeat_stop.is_set():
+                return
             with self._lock:
                 before = dict(self._held)
                 idle = not before and not self._dropped
             if idle:
                 continue
             request = tasks_pb2.HeartbeatRequest(worker_id=self.worker_id, lease=lease)
+            sent = time.monotonic()
             try:
                 response = self._transport.call(
                     self._stub.Heartbeat, request, timeout=interval, idempotent=True
@@ -524,18 +536,21 @@ class Worker:
                     self.lease,
                     extra={"worker_id": self.worker_id},
                 )
+                self._expire(time.monotonic())
                 continue
             still = set(response.task_ids)
             with self._lock:
                 for task_id, held in before.items():
-                    if task_id not in still:
-                        held.lost = True
-                        if self._held.get(task_id) is held:
-                            del self._held[task_id]
+                    if task_id in still:
+                        held.expires = sent + seconds
+                        continue
+                    held.lost = True
+                    if self._held.get(task_id) is held:
+                        del self._held[task_id]
                 abandoned = [h for h in self._held.values() if h.abandoned]
-                # Tasks we dropped when the stream broke that the server still
-                # counts as ours (it restarted): give them back, or they would
-                # wait for as long as this worker heartbeats.
+                # Tasks we dropped (their leases ran out unheard, or a release
+                # failed) that the server still counts as ours: give them
+                # back, or they would wait for as long as this worker heartbeats.
                 stale = [
                     self._dropped.pop(task_id)
                     for task_id in still
@@ -543,6 +558,28 @@ class Worker:
                 ]
             for held in [*abandoned, *stale]:
                 self._release(held)
+
+    def _expire(self, now: float) -> None:
+        """Drop the tasks whose leases ran out with no heartbeat getting through."""
+        with self._lock:
+            expired = [held for held in self._held.values() if held.expires <= now]
+            for held in expired:
+                held.lost = True
+                del self._held[held.task_id]
+                # If the server still counts it as ours when heartbeats get
+                # through again, the heartbeater gives it back.
+                self._dropped[held.task_id] = held
+                while len(self._dropped) > _MAX_DROPPED:
+                    self._dropped.popitem(last=False)
+        if expired:
+            _log.warning(
+                "worker %s: no heartbeat got through for %s; dropping %d task(s) whose "
+                "leases ran out",
+                self.worker_id,
+                self.lease,
+                len(expired),
+                extra={"worker_id": self.worker_id},
+            )
 
     # -- running a task ----------------------------------------------------
 

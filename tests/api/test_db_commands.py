@@ -12,10 +12,13 @@ from _support import start_server
 
 from troth_server.store._migrate import head_revision
 
+TROTH = str(Path(sys.executable).parent / "troth")
+
 
 def troth_db(*args: str) -> subprocess.CompletedProcess[str]:
+    """`troth db ...`, the command the README gives operators."""
     return subprocess.run(
-        [sys.executable, "-m", "troth_server", "db", *args],
+        [TROTH, "db", *args],
         capture_output=True,
         text=True,
         timeout=60,
