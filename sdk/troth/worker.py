@@ -227,6 +227,8 @@ class Worker:
         self._running = 0  # tasks submitted to the pool and not yet finished
         self._cache: collections.OrderedDict[str, Engine] = collections.OrderedDict()
         self._dropped: collections.OrderedDict[str, _Held] = collections.OrderedDict()
+        self._unknown: dict[str, int] = {}
+        """Tasks the last heartbeat named that this worker never received, by counter."""
         self._state = "new"
         self._stopping = threading.Event()
         self._stopped = threading.Event()
@@ -556,7 +558,27 @@ class Worker:
                     for task_id in still
                     if task_id not in self._held and task_id in self._dropped
                 ]
-            for held in [*abandoned, *stale]:
+                # Tasks leased to us that we never received: a replica claimed
+                # them for our stream and died before delivering them. Named by
+                # two heartbeats in a row at one counter, they are not merely in
+                # flight on the stream: give them back, or our heartbeats would
+                # keep them leased for as long as we hold anything else.
+                unknown = {
+                    task_id: response.counters.get(task_id, 0)
+                    for task_id in still
+                    if task_id not in self._held and task_id not in self._dropped
+                }
+                orphans = [
+                    _Held(task_id, counter, root_id="")
+                    for task_id, counter in unknown.items()
+                    if self._unknown.get(task_id) == counter
+                ]
+                self._unknown = {
+                    task_id: counter
+                    for task_id, counter in unknown.items()
+                    if self._unknown.get(task_id) != counter
+                }
+            for held in [*abandoned, *stale, *orphans]:
                 self._release(held)
 
     def _expire(self, now: float) -> None:

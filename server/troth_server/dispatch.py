@@ -245,13 +245,20 @@ class Dispatcher:
             for stream in sorted(candidates, key=lambda s: -s.room):
                 wanted = stream.room
                 claimed = self._tasks.claim(group, stream.worker_id, wanted, stream.lease_ms)
-                for item in claimed:
+                for n, item in enumerate(claimed):
                     task = item.task
                     if stream.closed:
                         # It went away between the claim and now: give the task back.
                         self._tasks.release(task.id, task.counter, stream.worker_id)
                         continue
-                    root, history = self._store.promise_tree(task.root_promise_id)
+                    try:
+                        root, history = self._store.promise_tree(task.root_promise_id)
+                    except StoreError:
+                        # Leased but undeliverable: give back what this claim took
+                        # and has not delivered, rather than leave it to the
+                        # worker's heartbeats (the worker would release it, later).
+                        self._give_back([c.task for c in claimed[n:]], stream.worker_id)
+                        raise
                     with self._lock:
                         stream.held.add(task.id)
                     stream.deliver(Delivery(task, root, history))
@@ -262,6 +269,15 @@ class Dispatcher:
                     break
             if exhausted:
                 return
+
+    def _give_back(self, undelivered: list[Task], worker_id: str) -> None:
+        for task in undelivered:
+            try:
+                self._tasks.release(task.id, task.counter, worker_id)
+            except StoreError:
+                return  # the worker releases what it never received, or the lease runs out
+            except Exception:
+                log.exception("dispatch.give_back_failed", task_id=task.id)
 
 
 __all__ = ["Delivery", "Dispatcher", "PollStream", "TaskState"]

@@ -123,6 +123,9 @@ class _SuspendOp:
         return Keys(promises=self.promise_ids, task_ids=(self.task_id,))
 
     def apply(self, batch: Batch) -> tuple[Task, list[Promise]]:
+        task = _held(batch, self.task_id)
+        if tasks.completed_by(task, self.worker_id, self.counter):
+            return task, []  # a retry: this worker's suspension already committed
         settled = _RegisterCallbacksOp(
             self.task_id, self.counter, self.worker_id, self.promise_ids
         ).apply(batch)

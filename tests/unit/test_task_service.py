@@ -242,3 +242,32 @@ def test_a_step_never_outlives_its_workflow(env: Env) -> None:
     env.promises.create(CreateRequest("order", EMPTY, {}, ttl=60_000))
     other, _ = env.promises.create(CreateRequest("order.7", EMPTY, {}, ttl=HOUR))
     assert other.expire_time == env.clock.now + HOUR
+
+
+def test_a_repeated_completion_is_answered_and_changes_nothing(env: Env) -> None:
+    """A CompleteTask retried through another replica after its first reply was lost."""
+    env.start("wf-again")
+    (task,) = env.claim("w1")
+    outcome = SettleRequest("wf-again", PromiseState.RESOLVED, Payload({}, b'"first"'))
+    done, root = env.tasks.complete(task.id, task.counter, "w1", outcome)
+    again = SettleRequest("wf-again", PromiseState.RESOLVED, Payload({}, b'"second"'))
+    repeated, root_again = env.tasks.complete(task.id, task.counter, "w1", again)
+    assert repeated == done
+    assert root_again is not None and root_again.value.data == b'"first"'
+    assert env.claim("w2") == []  # no second RESUME or INVOKE came of it
+    with pytest.raises(StaleCounter):  # another worker, or another counter, is refused
+        env.tasks.complete(task.id, task.counter, "w2", None)
+    with pytest.raises(StaleCounter):
+        env.tasks.complete(task.id, task.counter + 1, "w1", None)
+
+
+def test_a_repeated_suspension_is_answered_and_changes_nothing(env: Env) -> None:
+    env.start("wf-park")
+    (task,) = env.claim("w1")
+    env.latent("wf-park.0")
+    first = env.tasks.suspend(task.id, task.counter, "w1", ["wf-park.0"])
+    assert first[0].state is TaskState.COMPLETED and first[1] == []
+    assert env.tasks.suspend(task.id, task.counter, "w1", ["wf-park.0"]) == first
+    env.resolve("wf-park.0")
+    (resume,) = env.claim("w1")
+    assert (resume.kind, resume.root_promise_id) == (TaskKind.RESUME, "wf-park")

@@ -27,17 +27,19 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from troth.v1 import types_pb2 as troth_dot_v1_dot_types__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14troth/v1/tasks.proto\x12\x08troth.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x14troth/v1/types.proto\"\xdb\x01\n\x04Task\x12\n\n\x02id\x18\x01 \x01(\t\x12\x17\n\x0froot_promise_id\x18\x02 \x01(\t\x12\r\n\x05group\x18\x03 \x01(\t\x12 \n\x04kind\x18\x04 \x01(\x0e\x32\x12.troth.v1.TaskKind\x12\"\n\x05state\x18\x05 \x01(\x0e\x32\x13.troth.v1.TaskState\x12\x0f\n\x07\x63ounter\x18\x06 \x01(\x03\x12\x11\n\tworker_id\x18\x07 \x01(\t\x12\x35\n\x11lease_expire_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"k\n\x0bPollRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\x10\n\x08\x63\x61pacity\x18\x03 \x01(\x05\x12(\n\x05lease\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\"q\n\x0cPollResponse\x12\x1c\n\x04task\x18\x01 \x01(\x0b\x32\x0e.troth.v1.Task\x12\x1f\n\x04root\x18\x02 \x01(\x0b\x32\x11.troth.v1.Promise\x12\"\n\x07history\x18\x03 \x03(\x0b\x32\x11.troth.v1.Promise\"\xc2\x01\n\x13\x43ompleteTaskRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63ounter\x18\x02 \x01(\x03\x12\x11\n\tworker_id\x18\x03 \x01(\t\x12)\n\x0cresolve_root\x18\x04 \x01(\x0b\x32\x11.troth.v1.PayloadH\x00\x12(\n\x0breject_root\x18\x05 \x01(\x0b\x32\x11.troth.v1.PayloadH\x00\x12\x12\n\nsuspend_on\x18\x06 \x03(\tB\r\n\x0broot_result\"y\n\x14\x43ompleteTaskResponse\x12\x1c\n\x04task\x18\x01 \x01(\x0b\x32\x0e.troth.v1.Task\x12\x1f\n\x04root\x18\x02 \x01(\x0b\x32\x11.troth.v1.Promise\x12\"\n\x07settled\x18\x03 \x03(\x0b\x32\x11.troth.v1.Promise\"O\n\x10HeartbeatRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12(\n\x05lease\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\"%\n\x11HeartbeatResponse\x12\x10\n\x08task_ids\x18\x01 \x03(\t\"I\n\x12ReleaseTaskRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63ounter\x18\x02 \x01(\x03\x12\x11\n\tworker_id\x18\x03 \x01(\t\"3\n\x13ReleaseTaskResponse\x12\x1c\n\x04task\x18\x01 \x01(\x0b\x32\x0e.troth.v1.Task\"d\n\x18RegisterCallbacksRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63ounter\x18\x02 \x01(\x03\x12\x11\n\tworker_id\x18\x03 \x01(\t\x12\x13\n\x0bpromise_ids\x18\x04 \x03(\t\"?\n\x19RegisterCallbacksResponse\x12\"\n\x07settled\x18\x01 \x03(\x0b\x32\x11.troth.v1.Promise*=\n\x08TaskKind\x12\x19\n\x15TASK_KIND_UNSPECIFIED\x10\x00\x12\n\n\x06INVOKE\x10\x01\x12\n\n\x06RESUME\x10\x02*_\n\tTaskState\x12\x1a\n\x16TASK_STATE_UNSPECIFIED\x10\x00\x12\x10\n\x0cTASK_PENDING\x10\x01\x12\x10\n\x0cTASK_CLAIMED\x10\x02\x12\x12\n\x0eTASK_COMPLETED\x10\x03\x32\xff\x02\n\x05Tasks\x12\x37\n\x04Poll\x12\x15.troth.v1.PollRequest\x1a\x16.troth.v1.PollResponse0\x01\x12M\n\x0c\x43ompleteTask\x12\x1d.troth.v1.CompleteTaskRequest\x1a\x1e.troth.v1.CompleteTaskResponse\x12\x44\n\tHeartbeat\x12\x1a.troth.v1.HeartbeatRequest\x1a\x1b.troth.v1.HeartbeatResponse\x12J\n\x0bReleaseTask\x12\x1c.troth.v1.ReleaseTaskRequest\x1a\x1d.troth.v1.ReleaseTaskResponse\x12\\\n\x11RegisterCallbacks\x12\".troth.v1.RegisterCallbacksRequest\x1a#.troth.v1.RegisterCallbacksResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14troth/v1/tasks.proto\x12\x08troth.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x14troth/v1/types.proto\"\xdb\x01\n\x04Task\x12\n\n\x02id\x18\x01 \x01(\t\x12\x17\n\x0froot_promise_id\x18\x02 \x01(\t\x12\r\n\x05group\x18\x03 \x01(\t\x12 \n\x04kind\x18\x04 \x01(\x0e\x32\x12.troth.v1.TaskKind\x12\"\n\x05state\x18\x05 \x01(\x0e\x32\x13.troth.v1.TaskState\x12\x0f\n\x07\x63ounter\x18\x06 \x01(\x03\x12\x11\n\tworker_id\x18\x07 \x01(\t\x12\x35\n\x11lease_expire_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"k\n\x0bPollRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\x10\n\x08\x63\x61pacity\x18\x03 \x01(\x05\x12(\n\x05lease\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\"q\n\x0cPollResponse\x12\x1c\n\x04task\x18\x01 \x01(\x0b\x32\x0e.troth.v1.Task\x12\x1f\n\x04root\x18\x02 \x01(\x0b\x32\x11.troth.v1.Promise\x12\"\n\x07history\x18\x03 \x03(\x0b\x32\x11.troth.v1.Promise\"\xc2\x01\n\x13\x43ompleteTaskRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63ounter\x18\x02 \x01(\x03\x12\x11\n\tworker_id\x18\x03 \x01(\t\x12)\n\x0cresolve_root\x18\x04 \x01(\x0b\x32\x11.troth.v1.PayloadH\x00\x12(\n\x0breject_root\x18\x05 \x01(\x0b\x32\x11.troth.v1.PayloadH\x00\x12\x12\n\nsuspend_on\x18\x06 \x03(\tB\r\n\x0broot_result\"y\n\x14\x43ompleteTaskResponse\x12\x1c\n\x04task\x18\x01 \x01(\x0b\x32\x0e.troth.v1.Task\x12\x1f\n\x04root\x18\x02 \x01(\x0b\x32\x11.troth.v1.Promise\x12\"\n\x07settled\x18\x03 \x03(\x0b\x32\x11.troth.v1.Promise\"O\n\x10HeartbeatRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12(\n\x05lease\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\"\x93\x01\n\x11HeartbeatResponse\x12\x10\n\x08task_ids\x18\x01 \x03(\t\x12;\n\x08\x63ounters\x18\x02 \x03(\x0b\x32).troth.v1.HeartbeatResponse.CountersEntry\x1a/\n\rCountersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"I\n\x12ReleaseTaskRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63ounter\x18\x02 \x01(\x03\x12\x11\n\tworker_id\x18\x03 \x01(\t\"3\n\x13ReleaseTaskResponse\x12\x1c\n\x04task\x18\x01 \x01(\x0b\x32\x0e.troth.v1.Task\"d\n\x18RegisterCallbacksRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63ounter\x18\x02 \x01(\x03\x12\x11\n\tworker_id\x18\x03 \x01(\t\x12\x13\n\x0bpromise_ids\x18\x04 \x03(\t\"?\n\x19RegisterCallbacksResponse\x12\"\n\x07settled\x18\x01 \x03(\x0b\x32\x11.troth.v1.Promise*=\n\x08TaskKind\x12\x19\n\x15TASK_KIND_UNSPECIFIED\x10\x00\x12\n\n\x06INVOKE\x10\x01\x12\n\n\x06RESUME\x10\x02*_\n\tTaskState\x12\x1a\n\x16TASK_STATE_UNSPECIFIED\x10\x00\x12\x10\n\x0cTASK_PENDING\x10\x01\x12\x10\n\x0cTASK_CLAIMED\x10\x02\x12\x12\n\x0eTASK_COMPLETED\x10\x03\x32\xff\x02\n\x05Tasks\x12\x37\n\x04Poll\x12\x15.troth.v1.PollRequest\x1a\x16.troth.v1.PollResponse0\x01\x12M\n\x0c\x43ompleteTask\x12\x1d.troth.v1.CompleteTaskRequest\x1a\x1e.troth.v1.CompleteTaskResponse\x12\x44\n\tHeartbeat\x12\x1a.troth.v1.HeartbeatRequest\x1a\x1b.troth.v1.HeartbeatResponse\x12J\n\x0bReleaseTask\x12\x1c.troth.v1.ReleaseTaskRequest\x1a\x1d.troth.v1.ReleaseTaskResponse\x12\\\n\x11RegisterCallbacks\x12\".troth.v1.RegisterCallbacksRequest\x1a#.troth.v1.RegisterCallbacksResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'troth.v1.tasks_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_TASKKIND']._serialized_start=1302
-  _globals['_TASKKIND']._serialized_end=1363
-  _globals['_TASKSTATE']._serialized_start=1365
-  _globals['_TASKSTATE']._serialized_end=1460
+  _globals['_HEARTBEATRESPONSE_COUNTERSENTRY']._loaded_options = None
+  _globals['_HEARTBEATRESPONSE_COUNTERSENTRY']._serialized_options = b'8\001'
+  _globals['_TASKKIND']._serialized_start=1413
+  _globals['_TASKKIND']._serialized_end=1474
+  _globals['_TASKSTATE']._serialized_start=1476
+  _globals['_TASKSTATE']._serialized_end=1571
   _globals['_TASK']._serialized_start=122
   _globals['_TASK']._serialized_end=341
   _globals['_POLLREQUEST']._serialized_start=343
@@ -50,16 +52,18 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_COMPLETETASKRESPONSE']._serialized_end=885
   _globals['_HEARTBEATREQUEST']._serialized_start=887
   _globals['_HEARTBEATREQUEST']._serialized_end=966
-  _globals['_HEARTBEATRESPONSE']._serialized_start=968
-  _globals['_HEARTBEATRESPONSE']._serialized_end=1005
-  _globals['_RELEASETASKREQUEST']._serialized_start=1007
-  _globals['_RELEASETASKREQUEST']._serialized_end=1080
-  _globals['_RELEASETASKRESPONSE']._serialized_start=1082
-  _globals['_RELEASETASKRESPONSE']._serialized_end=1133
-  _globals['_REGISTERCALLBACKSREQUEST']._serialized_start=1135
-  _globals['_REGISTERCALLBACKSREQUEST']._serialized_end=1235
-  _globals['_REGISTERCALLBACKSRESPONSE']._serialized_start=1237
-  _globals['_REGISTERCALLBACKSRESPONSE']._serialized_end=1300
-  _globals['_TASKS']._serialized_start=1463
-  _globals['_TASKS']._serialized_end=1846
+  _globals['_HEARTBEATRESPONSE']._serialized_start=969
+  _globals['_HEARTBEATRESPONSE']._serialized_end=1116
+  _globals['_HEARTBEATRESPONSE_COUNTERSENTRY']._serialized_start=1069
+  _globals['_HEARTBEATRESPONSE_COUNTERSENTRY']._serialized_end=1116
+  _globals['_RELEASETASKREQUEST']._serialized_start=1118
+  _globals['_RELEASETASKREQUEST']._serialized_end=1191
+  _globals['_RELEASETASKRESPONSE']._serialized_start=1193
+  _globals['_RELEASETASKRESPONSE']._serialized_end=1244
+  _globals['_REGISTERCALLBACKSREQUEST']._serialized_start=1246
+  _globals['_REGISTERCALLBACKSREQUEST']._serialized_end=1346
+  _globals['_REGISTERCALLBACKSRESPONSE']._serialized_start=1348
+  _globals['_REGISTERCALLBACKSRESPONSE']._serialized_end=1411
+  _globals['_TASKS']._serialized_start=1574
+  _globals['_TASKS']._serialized_end=1957
 # @@protoc_insertion_point(module_scope)

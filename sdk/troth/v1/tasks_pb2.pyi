@@ -109,10 +109,19 @@ class HeartbeatRequest(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., lease: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
-    __slots__ = ("task_ids",)
+    __slots__ = ("task_ids", "counters")
+    class CountersEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     TASK_IDS_FIELD_NUMBER: _ClassVar[int]
+    COUNTERS_FIELD_NUMBER: _ClassVar[int]
     task_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, task_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    counters: _containers.ScalarMap[str, int]
+    def __init__(self, task_ids: _Optional[_Iterable[str]] = ..., counters: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class ReleaseTaskRequest(_message.Message):
     __slots__ = ("task_id", "counter", "worker_id")

@@ -19,7 +19,13 @@ from troth_server.domain.errors import (
 )
 from troth_server.domain.task import StaleCounter, TaskNotClaimable, TaskNotFound
 from troth_server.group_commit import ShuttingDown
-from troth_server.store import SchemaBehind, SchemaTooNew, StoreError, StoreUnavailable
+from troth_server.store import (
+    CommitOutcomeUnknown,
+    SchemaBehind,
+    SchemaTooNew,
+    StoreError,
+    StoreUnavailable,
+)
 
 # Exhaustive: tests walk every DomainError subclass and require an entry.
 STATUS_CODES: dict[type[Exception], grpc.StatusCode] = {
@@ -34,6 +40,7 @@ STATUS_CODES: dict[type[Exception], grpc.StatusCode] = {
     StoreError: grpc.StatusCode.UNAVAILABLE,
     SchemaTooNew: grpc.StatusCode.UNAVAILABLE,
     SchemaBehind: grpc.StatusCode.UNAVAILABLE,
+    CommitOutcomeUnknown: grpc.StatusCode.UNAVAILABLE,
     StaleCounter: grpc.StatusCode.FAILED_PRECONDITION,
     TaskNotClaimable: grpc.StatusCode.FAILED_PRECONDITION,
     TaskNotFound: grpc.StatusCode.NOT_FOUND,
@@ -51,6 +58,14 @@ def status_for(exc: Exception) -> grpc.Status:
     """The rich status (code, message, ErrorInfo) that answers `exc`."""
     if isinstance(exc, DomainError):
         return _status(_code(exc), exc.message, exc.reason, exc.metadata)
+    if isinstance(exc, CommitOutcomeUnknown):
+        return _status(
+            _code(exc),
+            f"the store is unavailable ({exc}); the change may or may not have been made: "
+            "retry the same call (with the same id and idempotency key) to find out",
+            Reason.STORE_UNAVAILABLE,
+            {},
+        )
     if isinstance(exc, StoreError):
         return _status(
             _code(exc),

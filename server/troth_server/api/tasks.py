@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 
     from troth_server.config import Limits
     from troth_server.dispatch import Dispatcher
+    from troth_server.domain.task import Task
     from troth_server.task_service import TaskService
 
     AioContext: TypeAlias = grpc.aio.ServicerContext[Any, Any]
@@ -156,7 +157,7 @@ class TasksServicer(_Handlers, tasks_pb2_grpc.TasksServicer):
         worker, lease = self._heartbeat_args(request)
         held = self._tasks.heartbeat(worker, lease)
         self._dispatcher.alive(worker)
-        return tasks_pb2.HeartbeatResponse(task_ids=[t.id for t in held])
+        return _heartbeat_response(held)
 
     @unary("ReleaseTask")
     def ReleaseTask(
@@ -224,7 +225,7 @@ class AioTasksServicer(_Handlers, tasks_pb2_grpc.TasksServicer):
         worker, lease = self._heartbeat_args(request)
         held = await self._tasks.heartbeat_async(worker, lease)
         self._dispatcher.alive(worker)
-        return tasks_pb2.HeartbeatResponse(task_ids=[t.id for t in held])
+        return _heartbeat_response(held)
 
     @aio_unary("ReleaseTask")
     async def ReleaseTask(
@@ -247,3 +248,9 @@ class AioTasksServicer(_Handlers, tasks_pb2_grpc.TasksServicer):
             task_id, counter, worker, self._promise_ids(request)
         )
         return tasks_pb2.RegisterCallbacksResponse(settled=[convert.to_pb(p) for p in settled])
+
+
+def _heartbeat_response(held: list[Task]) -> tasks_pb2.HeartbeatResponse:
+    return tasks_pb2.HeartbeatResponse(
+        task_ids=[t.id for t in held], counters={t.id: t.counter for t in held}
+    )

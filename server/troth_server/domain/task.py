@@ -157,8 +157,21 @@ def heartbeat(task: Task, worker_id: str, counter: int, now: int, lease_ms: int)
     return replace(task, lease_expire_time=now + lease_ms)
 
 
+def completed_by(task: Task, worker_id: str, counter: int) -> bool:
+    """Whether this worker already completed the task at this counter: a repeated
+    CompleteTask whose first reply was lost (say, with the replica that sent it)."""
+    return (
+        task.state is TaskState.COMPLETED
+        and task.counter == counter
+        and task.worker_id == worker_id
+    )
+
+
 def complete(task: Task, worker_id: str, counter: int) -> tuple[Task, bool]:
-    """Complete the task; the flag says whether the root must be resumed again."""
+    """Complete the task; the flag says whether the root must be resumed again.
+    Completing it again, as the same worker at the same counter, changes nothing."""
+    if completed_by(task, worker_id, counter):
+        return task, False
     check_holder(task, worker_id, counter)
     done = replace(task, state=TaskState.COMPLETED, lease_expire_time=None)
     return done, task.resume_pending

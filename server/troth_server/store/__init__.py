@@ -27,6 +27,10 @@ class StoreUnavailable(StoreError):
     """The database cannot be reached or refused the write; retrying later may work."""
 
 
+class CommitOutcomeUnknown(StoreUnavailable):
+    """The connection was lost during COMMIT: the write may or may not have happened."""
+
+
 class SchemaBehind(StoreError):
     """The database schema is older than this server's: `troth db upgrade` first."""
 

@@ -38,6 +38,7 @@ from sqlalchemy.pool import QueuePool, StaticPool
 from troth_server.domain.promise import Payload, Promise, PromiseState
 from troth_server.domain.task import Callback, Task, TaskKind, TaskState
 from troth_server.store import (
+    CommitOutcomeUnknown,
     PromiseQuery,
     SearchRow,
     StoreError,
@@ -420,6 +421,10 @@ class SqlStore:
                 if retry is None or attempt >= _WRITE_ATTEMPTS:
                     if isinstance(exc, IntegrityError):
                         raise StoreError(f"write conflict persisted: {exc.orig}") from exc
+                    if committing and exc.connection_invalidated:
+                        raise CommitOutcomeUnknown(
+                            f"the connection was lost while committing: {exc.orig}"
+                        ) from exc
                     raise StoreUnavailable(f"database write failed: {exc.orig}") from exc
                 log.info("store.write_retry", reason=retry, attempt=attempt)
                 if retry == "disconnected":

@@ -1,0 +1,477 @@
+"""PostgreSQL goes away under a running server: calls answer UNAVAILABLE
+(STORE_UNAVAILABLE) meanwhile, the same server carries on by itself once the
+database is back, and nothing it acknowledged is lost.
+
+The database is a private cluster (initdb into a temporary directory, its own
+port and socket directory), never the machine's shared PostgreSQL: these
+tests stop and start it.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import queue
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+import psycopg
+import pytest
+from _support import ServerProcess, error_info, start_server
+
+from troth.v1 import promises_pb2 as pb
+from troth.v1 import promises_pb2_grpc, tasks_pb2, tasks_pb2_grpc
+from troth.v1 import types_pb2 as types
+from troth_server.store import open_store
+
+RECOVERY_SECONDS = 5.0
+"""How soon after the database is back the same server must answer again."""
+
+
+# --- a private PostgreSQL cluster ----------------------------------------------------------
+
+
+def _pg_bin() -> Path | None:
+    """The directory of initdb and pg_ctl: $TROTH_PG_BIN, pg_config's, or the newest installed."""
+    candidates: list[Path] = []
+    if os.environ.get("TROTH_PG_BIN"):
+        candidates.append(Path(os.environ["TROTH_PG_BIN"]))
+    if shutil.which("pg_config"):
+        done = subprocess.run(["pg_config", "--bindir"], capture_output=True, text=True)
+        if done.returncode == 0:
+            candidates.append(Path(done.stdout.strip()))
+    versions = Path("/usr/lib/postgresql").glob("*/bin")
+    candidates += sorted(versions, key=lambda p: int(re.sub(r"\D", "", p.parent.name) or 0))[::-1]
+    for directory in candidates:
+        if (directory / "initdb").is_file() and (directory / "pg_ctl").is_file():
+            return directory
+    return None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@dataclass
+class Cluster:
+    """A PostgreSQL of this module's own: trust auth, 127.0.0.1:`port`, user postgres."""
+
+    bindir: Path
+    root: Path
+    port: int
+    as_user: list[str]
+    """Command prefix that runs as the cluster's owner (initdb refuses root)."""
+
+    @property
+    def data(self) -> Path:
+        return self.root / "data"
+
+    def _run(self, tool: str, *args: str) -> None:
+        done = subprocess.run(
+            [*self.as_user, str(self.bindir / tool), *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"{tool} {' '.join(args)} failed:\n{done.stdout}{done.stderr}")
+
+    def init(self) -> None:
+        self._run("initdb", "-D", str(self.data), "-A", "trust", "-U", "postgres", "-N")
+
+    def start(self) -> None:
+        """Returns once the database accepts connections."""
+        options = f"-k {self.root} -p {self.port} -c listen_addresses=127.0.0.1"
+        log = str(self.root / "postgres.log")
+        self._run(
+            "pg_ctl", "start", "-D", str(self.data), "-l", log, "-w", "-t", "30", "-o", options
+        )
+
+    def stop(self, mode: str = "immediate") -> None:
+        """`immediate`: every backend killed at once, as in a crash (recovery at start)."""
+        self._run("pg_ctl", "stop", "-D", str(self.data), "-m", mode, "-w", "-t", "30")
+
+    def log(self) -> str:
+        return (self.root / "postgres.log").read_text(errors="replace")
+
+    def url(self, database: str, driver: str = "postgresql+psycopg") -> str:
+        return f"{driver}://postgres@127.0.0.1:{self.port}/{database}"
+
+    def new_database(self) -> str:
+        """A fresh database; returns the server's `--db` URL for it."""
+        name = f"t_{uuid.uuid4().hex[:8]}"
+        with psycopg.connect(self.url("postgres", "postgresql"), autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+        return self.url(name)
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    bindir = _pg_bin()
+    if bindir is None:
+        pytest.skip(
+            "needs the PostgreSQL server binaries (initdb, pg_ctl): install postgresql, "
+            "or point TROTH_PG_BIN at their directory"
+        )
+    as_user: list[str] = []
+    owner: int | None = None
+    if os.geteuid() == 0:  # initdb refuses to run as root: run the cluster as postgres
+        try:
+            owner = pwd.getpwnam("postgres").pw_uid
+        except KeyError:
+            pytest.skip("running as root needs a `postgres` OS user to own the private cluster")
+        as_user = ["runuser", "-u", "postgres", "--"]
+    # Under /tmp, not pytest's tmp_path: the cluster's owner must reach it (root's
+    # pytest directories are private), and the socket path must stay short.
+    root = Path(tempfile.mkdtemp(prefix="troth-pg-"))
+    if owner is not None:
+        os.chown(root, owner, -1)
+    made = Cluster(bindir, root, _free_port(), as_user)
+    try:
+        made.init()
+        for attempt in range(3):  # the free port may be taken meanwhile
+            try:
+                made.start()
+                break
+            except RuntimeError:
+                if attempt == 2:
+                    raise
+                made.port = _free_port()
+        yield made
+    finally:
+        try:
+            made.stop("immediate")
+        except (RuntimeError, subprocess.TimeoutExpired):
+            pass
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def db_url(cluster: Cluster) -> str:
+    return cluster.new_database()
+
+
+# --- helpers --------------------------------------------------------------------------------
+
+
+def assert_store_unavailable(error: grpc.RpcError) -> None:
+    assert error.code() == grpc.StatusCode.UNAVAILABLE, error
+    assert error_info(error).reason == "STORE_UNAVAILABLE"
+    details = error.details() or ""
+    assert "store is unavailable" in details and "retry later" in details, details
+
+
+CRASH_MARKERS = ('"exception"', "Traceback", "crashed")
+"""Log lines of a bug: a traceback logged, as opposed to a store failure the server
+expects and handles (`store.write_failed`, `listen.disconnected`...)."""
+
+
+def assert_no_crash(server: ServerProcess) -> None:
+    assert server.proc.poll() is None, f"the server died:\n{server.log()[-3000:]}"
+    log = server.log()
+    crashes = [line for line in log.splitlines() if any(m in line for m in CRASH_MARKERS)]
+    assert crashes == [], "\n".join(crashes[:10])
+
+
+def wait_until_answering(stub: promises_pb2_grpc.PromisesStub, timeout: float) -> float:
+    """Seconds until a create succeeds again (each failure must be STORE_UNAVAILABLE)."""
+    started = time.monotonic()
+    while True:
+        try:
+            stub.CreatePromise(pb.CreatePromiseRequest(id=f"probe-{uuid.uuid4().hex}"), timeout=10)
+            return time.monotonic() - started
+        except grpc.RpcError as exc:
+            assert_store_unavailable(exc)
+            if time.monotonic() - started > timeout:
+                raise AssertionError(
+                    f"still unavailable after {timeout} s: {exc.details()}"
+                ) from exc
+            time.sleep(0.05)
+
+
+@dataclass
+class Outcome:
+    started: float
+    ended: float
+    method: str
+    code: grpc.StatusCode
+    reason: str | None = None
+    details: str = ""
+
+
+@dataclass
+class Load:
+    """Clients creating and resolving promises with unique ids, no retries."""
+
+    address: str
+    clients: int = 6
+    acknowledged: dict[str, int] = field(default_factory=dict)
+    outcomes: list[Outcome] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    stop: threading.Event = field(default_factory=threading.Event)
+    threads: list[threading.Thread] = field(default_factory=list)
+
+    def start(self) -> None:
+        for client in range(self.clients):
+            thread = threading.Thread(target=self._run, args=(client,), daemon=True)
+            thread.start()
+            self.threads.append(thread)
+
+    def finish(self) -> None:
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(30)
+        assert not any(t.is_alive() for t in self.threads), "a load client hangs"
+
+    def successes_after(self, moment: float) -> list[Outcome]:
+        """Successful calls started after `moment`, in the order they ended."""
+        with self.lock:
+            ok = [o for o in self.outcomes if o.code == grpc.StatusCode.OK and o.started > moment]
+        return sorted(ok, key=lambda o: o.ended)
+
+    def _call(self, method: str, rpc: Callable[..., object], request: object) -> bool:
+        started = time.monotonic()
+        try:
+            rpc(request, timeout=15)
+        except grpc.RpcError as exc:
+            try:
+                reason: str | None = error_info(exc).reason
+            except AssertionError:  # no rich status: not an answer of the troth server
+                reason = None
+            outcome = Outcome(
+                started, time.monotonic(), method, exc.code(), reason, exc.details() or ""
+            )
+            with self.lock:
+                self.outcomes.append(outcome)
+            time.sleep(0.02)  # failures are immediate while the database is down
+            return False
+        with self.lock:
+            self.outcomes.append(Outcome(started, time.monotonic(), method, grpc.StatusCode.OK))
+        return True
+
+    def _run(self, client: int) -> None:
+        run = uuid.uuid4().hex[:6]
+        with grpc.insecure_channel(self.address) as channel:
+            stub = promises_pb2_grpc.PromisesStub(channel)
+            n = 0
+            while not self.stop.is_set():
+                pid = f"load-{run}-c{client}-{n}"
+                n += 1
+                if not self._call("create", stub.CreatePromise, pb.CreatePromiseRequest(id=pid)):
+                    continue
+                with self.lock:
+                    self.acknowledged[pid] = types.PENDING
+                # With an idempotency key, a settle the store committed but whose
+                # reply was lost is recognised when the group committer runs it again.
+                resolve = pb.ResolvePromiseRequest(
+                    id=pid, value=types.Payload(data=pid.encode()), idempotency_key=pid
+                )
+                if self._call("resolve", stub.ResolvePromise, resolve):
+                    with self.lock:
+                        self.acknowledged[pid] = types.RESOLVED
+
+
+def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> float:
+    """Seconds until `condition` holds (fails the test after `timeout`)."""
+    started = time.monotonic()
+    while not condition():
+        if time.monotonic() - started > timeout:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.02)
+    return time.monotonic() - started
+
+
+# --- the tests -------------------------------------------------------------------------------
+
+
+def test_restart_under_load_loses_nothing_acknowledged(
+    cluster: Cluster, db_url: str, tmp_path: Path
+) -> None:
+    server = start_server(tmp_path, "--migrate", db_url=db_url)
+    load = Load(server.address)
+    try:
+        load.start()
+        wait_for(lambda: len(load.acknowledged) >= 200, 15, "the load to get going")
+
+        down = time.monotonic()
+        cluster.stop("immediate")  # every connection cut, mid-transaction or mid-commit
+        wait_for(
+            lambda: any(o.code != grpc.StatusCode.OK and o.started > down for o in load.outcomes),
+            10,
+            "a call to fail while the database is down",
+        )
+        time.sleep(0.5)
+        cluster.start()
+        up = time.monotonic()
+        wait_for(lambda: bool(load.successes_after(up)), RECOVERY_SECONDS, "a call to succeed")
+        recovered = load.successes_after(up)[0].ended
+        recovery = recovered - up
+        wait_for(lambda: len(load.successes_after(recovered)) >= 200, 15, "the load to carry on")
+        load.finish()
+
+        failures = [o for o in load.outcomes if o.code != grpc.StatusCode.OK]
+        assert failures, "no call failed: the restart was not observed"
+        early = [o for o in failures if o.ended < down]
+        assert early == [], f"failures before the database went down: {early[:5]}"
+        wrong = [o for o in failures if (o.code, o.reason) != (grpc.StatusCode.UNAVAILABLE,
+                                                              "STORE_UNAVAILABLE")]  # fmt: skip
+        assert wrong == [], f"failures other than UNAVAILABLE/STORE_UNAVAILABLE: {wrong[:5]}"
+        assert all("retry later" in o.details for o in failures)
+        # Once calls succeed again they keep succeeding: no stale connection left over.
+        late = [o for o in failures if o.started > recovered]
+        assert late == [], f"failures after recovery: {late[:5]}"
+        slowest = max(o.ended - o.started for o in failures)
+        assert slowest < 5, f"a failing call took {slowest:.1f} s: it should fail fast"
+        unavailable_for = max(o.ended for o in failures) - min(o.started for o in failures)
+        print(
+            f"\nfailed calls: {len(failures)} over {unavailable_for:.2f} s (slowest "
+            f"{slowest:.2f} s); database down for {up - down:.2f} s; answering again "
+            f"{recovery:.2f} s after it was back; acknowledged: {len(load.acknowledged)}"
+        )
+        assert_no_crash(server)
+
+        # Every acknowledged write, asked of the same server that lived through it.
+        with server.channel() as channel:
+            stub = promises_pb2_grpc.PromisesStub(channel)
+            missing, wrong_state = [], []
+            for pid, state in load.acknowledged.items():
+                try:
+                    got = stub.GetPromise(pb.GetPromiseRequest(id=pid), timeout=10).promise
+                except grpc.RpcError as exc:
+                    missing.append((pid, exc.code()))
+                    continue
+                if state == types.RESOLVED and (
+                    got.state != types.RESOLVED or got.value.data != pid.encode()
+                ):
+                    wrong_state.append(pid)
+            assert missing == [] and wrong_state == []
+    finally:
+        load.stop.set()
+        server.stop()
+
+
+class Poller:
+    """A Poll stream read on a thread."""
+
+    def __init__(self, stub: tasks_pb2_grpc.TasksStub, group: str, worker: str) -> None:
+        self._call = stub.Poll(tasks_pb2.PollRequest(group=group, worker_id=worker, capacity=4))
+        self.got: queue.Queue[tasks_pb2.PollResponse | Exception] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        try:
+            for response in self._call:
+                self.got.put(response)
+        except grpc.RpcError as exc:
+            self.got.put(exc)
+
+    def next(self, timeout: float) -> tasks_pb2.PollResponse:
+        got = self.got.get(timeout=timeout)
+        assert isinstance(got, tasks_pb2.PollResponse), got
+        return got
+
+    def cancel(self) -> None:
+        self._call.cancel()
+
+
+def _start_workflow(stub: promises_pb2_grpc.PromisesStub, root: str, group: str) -> None:
+    tags = {"troth:invoke": group, "troth:func": "f"}
+    stub.CreatePromise(pb.CreatePromiseRequest(id=root, param=types.Payload(data=b"[]"), tags=tags))
+
+
+def test_database_down_answers_unavailable_and_recovers_by_itself(
+    cluster: Cluster, db_url: str, tmp_path: Path
+) -> None:
+    """Two replicas with a sweep far in the future: what reaches a replica from the
+    other one after the outage can only have come through its LISTEN connection,
+    reconnected on its own."""
+    slow_sweep = ("--sweep-interval", "5m")
+    servers: list[ServerProcess] = []
+    pollers: list[Poller] = []
+    try:
+        open_store(db_url, migrate=True).close()
+        with ThreadPoolExecutor(2) as pool:  # side by side: starting a server takes a while
+            started = [pool.submit(start_server, tmp_path / n, *slow_sweep, db_url=db_url)
+                       for n in ("a", "b")]  # fmt: skip
+        servers += [f.result() for f in started if f.exception() is None]
+        for f in started:
+            f.result()  # raises the failure, if one failed, after the other is in `servers`
+        a_channel, b_channel = servers[0].channel(), servers[1].channel()
+        a, b = promises_pb2_grpc.PromisesStub(a_channel), promises_pb2_grpc.PromisesStub(b_channel)
+        a_tasks = tasks_pb2_grpc.TasksStub(a_channel)
+        group = f"g-{uuid.uuid4().hex[:8]}"
+
+        kept = f"kept-{uuid.uuid4().hex[:6]}"
+        b.CreatePromise(pb.CreatePromiseRequest(id=kept))
+        b.ResolvePromise(pb.ResolvePromiseRequest(id=kept, value=types.Payload(data=b"1")))
+        watched = f"watched-{uuid.uuid4().hex[:6]}"
+        b.CreatePromise(pb.CreatePromiseRequest(id=watched))
+        watch = a.WatchPromise(pb.WatchPromiseRequest(id=watched), timeout=30)
+        assert next(watch).promise.state == types.PENDING
+        pollers.append(Poller(a_tasks, group, "before"))
+        # The poller is connected once a task reaches it (from the other replica).
+        _start_workflow(b, f"wf-{uuid.uuid4().hex[:8]}", group)
+        assert pollers[0].next(10).task.kind == tasks_pb2.INVOKE
+
+        cluster.stop("fast")
+        down = time.monotonic()
+        for stub in (a, b):
+            with pytest.raises(grpc.RpcError) as caught:
+                stub.GetPromise(pb.GetPromiseRequest(id=kept), timeout=10)
+            assert_store_unavailable(caught.value)
+            with pytest.raises(grpc.RpcError) as caught:
+                stub.CreatePromise(pb.CreatePromiseRequest(id=f"down-{uuid.uuid4().hex}"))
+            assert_store_unavailable(caught.value)
+        with pytest.raises(grpc.RpcError) as caught:
+            b.ResolvePromise(pb.ResolvePromiseRequest(id=watched))
+        assert_store_unavailable(caught.value)
+        assert time.monotonic() - down < 5, "calls hang instead of failing fast"
+        for server in servers:
+            assert server.proc.poll() is None, f"the server died:\n{server.log()[-3000:]}"
+
+        cluster.start()
+        recovery = [wait_until_answering(stub, RECOVERY_SECONDS) for stub in (a, b)]
+        print(f"\nanswering again {max(recovery):.2f} s after the database was back")
+        assert a.GetPromise(pb.GetPromiseRequest(id=kept)).promise.value.data == b"1"
+        wait_for(lambda: "listen.reconnected" in servers[0].log(), 10, "A's LISTEN to reconnect")
+        wait_for(lambda: "listen.reconnected" in servers[1].log(), 10, "B's LISTEN to reconnect")
+
+        # A settle on B reaches the watch opened on A before the outage.
+        b.ResolvePromise(pb.ResolvePromiseRequest(id=watched, value=types.Payload(data=b"7")))
+        settled = next(watch).promise
+        assert settled.state == types.RESOLVED and settled.value.data == b"7"
+
+        # A workflow started on B reaches the Poll stream opened on A before the
+        # outage, and one opened after it.
+        _start_workflow(b, f"wf-{uuid.uuid4().hex[:8]}", group)
+        assert pollers[0].next(10).task.kind == tasks_pb2.INVOKE
+        pollers.append(Poller(a_tasks, f"{group}-after", "after"))
+        _start_workflow(b, f"wf-{uuid.uuid4().hex[:8]}", f"{group}-after")
+        assert pollers[1].next(10).task.kind == tasks_pb2.INVOKE
+
+        for server in servers:
+            assert_no_crash(server)
+        a_channel.close()
+        b_channel.close()
+    finally:
+        for poller in pollers:
+            poller.cancel()
+        for server in servers:  # both shut down side by side
+            server.proc.send_signal(signal.SIGTERM)
+        for server in servers:
+            server.stop()
