@@ -25,7 +25,6 @@ from collections.abc import Callable, Generator, Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 import pytest
 
@@ -33,6 +32,7 @@ from troth import Client, Context, Worker
 
 sys.path.insert(0, str(Path(__file__).parent.parent))
 
+from _pg import fresh_schema
 from _support import ServerProcess, start_server
 from _workers import WorkerFleet, effect
 
@@ -40,7 +40,6 @@ RELEASE_ENV = "TROTH_TEST_RELEASE"
 """A file whose appearance lets the worker process's blocking step finish."""
 
 LEASE = timedelta(seconds=3)
-PG_ADMIN_URL = os.environ.get("TROTH_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
 
 
 # -- the worker process (run as a script) ------------------------------------------------
@@ -179,27 +178,9 @@ def test_a_step_in_flight_keeps_its_task_through_a_server_restart(tmp_path: Path
 
 @pytest.fixture
 def pg_url() -> Iterator[str]:
-    """A fresh schema in PostgreSQL, as a `--db` URL; skipped until the server supports PG."""
-    psycopg = pytest.importorskip("psycopg")
-    from troth_server.store import StoreError, open_store
-
-    schema = f"failover_{os.getpid()}_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as admin:
-        admin.execute(f'CREATE SCHEMA "{schema}"')
-    base = PG_ADMIN_URL.replace("postgresql://", "postgresql+psycopg://", 1)
-    url = f"{base}{'&' if '?' in base else '?'}options={quote(f'-csearch_path={schema}')}"
-    try:
-        try:
-            # Migrates the schema, so the replicas start on it as they are.
-            open_store(url, migrate=True).close()
-        except StoreError as exc:
-            if "unsupported database" in str(exc):
-                pytest.skip("PostgreSQL store not built yet")
-            raise
+    """A fresh, migrated schema in PostgreSQL, as a `--db` URL."""
+    with fresh_schema() as url:
         yield url
-    finally:
-        with psycopg.connect(PG_ADMIN_URL, autocommit=True) as admin:
-            admin.execute(f'DROP SCHEMA "{schema}" CASCADE')
 
 
 @pytest.mark.slow
