@@ -249,7 +249,7 @@ def test_a_repeated_completion_is_answered_and_changes_nothing(env: Env) -> None
     env.start("wf-again")
     (task,) = env.claim("w1")
     outcome = SettleRequest("wf-again", PromiseState.RESOLVED, Payload({}, b'"first"'))
-    done, root = env.tasks.complete(task.id, task.counter, "w1", outcome)
+    done, _ = env.tasks.complete(task.id, task.counter, "w1", outcome)
     again = SettleRequest("wf-again", PromiseState.RESOLVED, Payload({}, b'"second"'))
     repeated, root_again = env.tasks.complete(task.id, task.counter, "w1", again)
     assert repeated == done
