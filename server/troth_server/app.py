@@ -98,6 +98,7 @@ class Core:
         # only delays a task or a watcher by one tick, never loses it.
         self.dispatcher.wake_all()
         if self.store.shared:
+            self.dispatcher.reconcile()
             self.service.on_remote_settled(None)
 
     def _on_store_event(self, event: StoreEvent) -> None:

@@ -197,6 +197,33 @@ class Dispatcher:
                         groups.add(group)
         self.wake(groups)
 
+    def reconcile(self) -> None:
+        """Forget held tasks the database no longer shows as the stream's worker's.
+
+        With replicas, a task delivered here may be completed or released through
+        another replica, which cannot tell this one; the stream would count it
+        against its capacity for good. Run on the sweeper's beat."""
+        # Only what was held before the read counts: a task is claimed (committed)
+        # before it is held, so one held now and missing from the read has moved on.
+        with self._lock:
+            before = [
+                (stream, set(stream.held))
+                for group in self._streams.values()
+                for stream in group
+                if stream.held
+            ]
+        if not before:
+            return
+        claimed = self._store.claimed_task_ids({stream.worker_id for stream, _ in before})
+        groups = set()
+        with self._lock:
+            for stream, held in before:
+                gone = {t for t in held if (stream.worker_id, t) not in claimed}
+                if gone & stream.held:
+                    stream.held -= gone
+                    groups.add(stream.group)
+        self.wake(groups)
+
     # -- dispatching ----------------------------------------------------------------------
 
     def wake(self, groups: Iterable[str]) -> None:

@@ -444,9 +444,16 @@ def _fold(
         task_ids.update(keys.task_ids)
         queried.extend(keys.tasks)
     loaded = {t.id: t for t in queried}
-    loaded.update(tx.get_tasks(task_ids - loaded.keys()))
+    wanted = task_ids - loaded.keys()
+    # One lock order for every write, promises before tasks, so that replicas
+    # writing the same workflow queue up instead of deadlocking: learn the
+    # tasks' roots unlocked, lock the promises, then lock and re-read the tasks.
+    # (Claims and lease sweeps take their tasks first, but with SKIP LOCKED.)
+    peeked = tx.get_tasks(wanted, lock=False) if tx.row_locks else tx.get_tasks(wanted)
+    promise_ids.update(t.root_promise_id for t in peeked.values())
     promise_ids.update(loaded[t].root_promise_id for t in task_ids if t in loaded)
     promises = tx.get_promises(promise_ids)
+    loaded.update(tx.get_tasks(peeked.keys()) if tx.row_locks else peeked)
     # Only a promise that exists can have callbacks: a batch of creates asks nothing.
     callbacks = tx.get_callbacks(promises.keys())
     root_ids.update(c.root_promise_id for c in callbacks)

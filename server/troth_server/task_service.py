@@ -38,6 +38,13 @@ def _held(batch: Batch, task_id: str) -> Task:
     return task
 
 
+def _claimed_keys(tx: WriteTx, worker_id: str) -> Keys:
+    """A worker's CLAIMED tasks, to lock in the one lock order (after promises)."""
+    if tx.row_locks:
+        return Keys(task_ids=[t.id for t in tx.claimed_tasks(worker_id, lock=False)])
+    return Keys(tasks=tx.claimed_tasks(worker_id))
+
+
 @dataclass(frozen=True, slots=True)
 class _ClaimOp:
     group: str
@@ -64,7 +71,7 @@ class _HeartbeatOp:
     lease_ms: int
 
     def keys(self, tx: WriteTx, now: int) -> Keys:
-        return Keys(tasks=tx.claimed_tasks(self.worker_id))
+        return _claimed_keys(tx, self.worker_id)
 
     def apply(self, batch: Batch) -> list[Task]:
         extended = []
@@ -190,7 +197,7 @@ class _ReclaimOp:
 
     def keys(self, tx: WriteTx, now: int) -> Keys:
         if self.worker_id is not None:
-            return Keys(tasks=tx.claimed_tasks(self.worker_id))
+            return _claimed_keys(tx, self.worker_id)
         return Keys(tasks=tx.lease_expired_tasks(self.now, self.limit))
 
     def apply(self, batch: Batch) -> list[Task]:

@@ -57,7 +57,14 @@ class SearchRow:
 
 
 class WriteTx(Protocol):
-    """Statements available inside one write transaction."""
+    """Statements available inside one write transaction.
+
+    On a dialect with `row_locks`, every row read through it is locked for the
+    transaction (another replica's transaction on it waits), except where a
+    method says otherwise.
+    """
+
+    row_locks: bool
 
     def get_promises(self, ids: Collection[str]) -> dict[str, Promise]: ...
 
@@ -85,7 +92,9 @@ class WriteTx(Protocol):
     def delete_callbacks(self, promise_ids: Collection[str], root_ids: Collection[str]) -> None:
         """Drop the callbacks of settled promises and of finished roots."""
 
-    def get_tasks(self, task_ids: Collection[str]) -> dict[str, Task]: ...
+    def get_tasks(self, task_ids: Collection[str], *, lock: bool = True) -> dict[str, Task]:
+        """The tasks by id; with `lock=False` unlocked (to learn their roots, which
+        are locked first: promises before tasks, the one lock order of every write)."""
 
     def get_active_tasks(self, root_ids: Collection[str]) -> dict[str, Task]:
         """The PENDING or CLAIMED task of each root that has one, by root id."""
@@ -94,7 +103,7 @@ class WriteTx(Protocol):
         """The group's PENDING tasks: preferring `prefer_worker`, then preferring nobody,
         then preferring another worker; oldest first within each."""
 
-    def claimed_tasks(self, worker_id: str) -> list[Task]: ...
+    def claimed_tasks(self, worker_id: str, *, lock: bool = True) -> list[Task]: ...
 
     def lease_expired_tasks(self, now: int, limit: int) -> list[Task]: ...
 
@@ -119,6 +128,9 @@ class Store(Protocol):
 
     def get_promises(self, ids: Collection[str]) -> list[Promise]:
         """The promises among `ids` that exist (no lock, no transaction)."""
+
+    def claimed_task_ids(self, worker_ids: Collection[str]) -> set[tuple[str, str]]:
+        """(worker id, task id) of every task CLAIMED by one of these workers."""
 
     @property
     def shared(self) -> bool:

@@ -143,12 +143,8 @@ class _TaskStatements:
     # second replica's transaction waits and then sees the first one's outcome.
     # Candidates for a claim or a sweep are taken with SKIP LOCKED: replicas
     # share the work instead of queueing for the same rows.
-    get = (
-        select(tasks)
-        .where(tasks.c.id.in_(bindparam("ids", expanding=True)))
-        .order_by(tasks.c.id)
-        .with_for_update()
-    )
+    peek = select(tasks).where(tasks.c.id.in_(bindparam("ids", expanding=True)))
+    get = peek.order_by(tasks.c.id).with_for_update()
     active = (
         select(tasks)
         .where(
@@ -174,12 +170,10 @@ class _TaskStatements:
         .limit(bindparam("limit"))
         .with_for_update(skip_locked=True)
     )
-    claimed = (
-        select(tasks)
-        .where(tasks.c.worker_id == bindparam("worker"), tasks.c.state == TaskState.CLAIMED.value)
-        .order_by(tasks.c.id)
-        .with_for_update()
+    claimed_peek = select(tasks).where(
+        tasks.c.worker_id == bindparam("worker"), tasks.c.state == TaskState.CLAIMED.value
     )
+    claimed = claimed_peek.order_by(tasks.c.id).with_for_update()
     lease_expired = (
         select(tasks)
         .where(
@@ -250,10 +244,11 @@ class _TaskTx:
                 {"ids": list(promise_ids), "roots": list(root_ids)},
             )
 
-    def get_tasks(self, task_ids: Collection[str]) -> dict[str, Task]:
+    def get_tasks(self, task_ids: Collection[str], *, lock: bool = True) -> dict[str, Task]:
         if not task_ids:
             return {}
-        rows = self._conn.execute(_TaskStatements.get, {"ids": list(task_ids)}).mappings()
+        stmt = _TaskStatements.get if lock else _TaskStatements.peek
+        rows = self._conn.execute(stmt, {"ids": list(task_ids)}).mappings()
         return {row["id"]: _to_task(row) for row in rows}
 
     def get_active_tasks(self, root_ids: Collection[str]) -> dict[str, Task]:
@@ -266,8 +261,9 @@ class _TaskTx:
         params = {"group": group, "worker": prefer_worker, "limit": limit}
         return [_to_task(r) for r in self._conn.execute(_TaskStatements.pending, params).mappings()]
 
-    def claimed_tasks(self, worker_id: str) -> list[Task]:
-        rows = self._conn.execute(_TaskStatements.claimed, {"worker": worker_id}).mappings()
+    def claimed_tasks(self, worker_id: str, *, lock: bool = True) -> list[Task]:
+        stmt = _TaskStatements.claimed if lock else _TaskStatements.claimed_peek
+        rows = self._conn.execute(stmt, {"worker": worker_id}).mappings()
         return [_to_task(r) for r in rows]
 
     def lease_expired_tasks(self, now: int, limit: int) -> list[Task]:
@@ -336,6 +332,8 @@ class _WriteTx(_TaskTx):
         self._conn = conn
         self._compiled = compiled
         self._announcer = announcer
+        # SQLite has one writer at a time and renders no FOR UPDATE.
+        self.row_locks = conn.dialect.name == "postgresql"
 
     def announce(self, groups: Collection[str], settled_ids: Collection[str]) -> None:
         if self._announcer is not None and (groups or settled_ids):
@@ -475,6 +473,16 @@ class SqlStore:
         stmt = select(promises).where(promises.c.id.in_(bindparam("ids", expanding=True)))
         rows = self._read(lambda conn: conn.execute(stmt, {"ids": list(ids)}).all())
         return [_to_promise(row) for row in rows]
+
+    def claimed_task_ids(self, worker_ids: Collection[str]) -> set[tuple[str, str]]:
+        if not worker_ids:
+            return set()
+        stmt = select(tasks.c.worker_id, tasks.c.id).where(
+            tasks.c.state == TaskState.CLAIMED.value,
+            tasks.c.worker_id.in_(bindparam("workers", expanding=True)),
+        )
+        rows = self._read(lambda conn: conn.execute(stmt, {"workers": list(worker_ids)}).all())
+        return {(row[0], row[1]) for row in rows}
 
     def close(self) -> None:
         if self._announcer is not None:
