@@ -229,8 +229,14 @@ def serve(argv: list[str]) -> int:
     _logging.configure(settings.log_level, settings.log_format)
     try:
         if settings.grpc_mode == "aio":
-            return asyncio.run(_serve_aio(settings))
-        return _serve_threads(settings)
+            code = asyncio.run(_serve_aio(settings))
+        else:
+            code = _serve_threads(settings)
+        # Stopped cleanly: a repeated SIGTERM or Ctrl-C must not turn the exit into
+        # a death by signal while the interpreter winds down.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        return code
     except StoreError as exc:
         log.error("server.cannot_start", error=str(exc))
         _logging.flush()
