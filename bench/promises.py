@@ -26,8 +26,6 @@ import os
 import platform
 import shlex
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -40,8 +38,18 @@ from typing import Any, TypeAlias
 
 import grpc
 import grpc.aio
+from _servers import (
+    BACKENDS,
+    Cluster,
+    ServerError,
+    ServerProcess,
+    log,
+    machine_busy_seconds,
+    percentile_ms,
+    postgres_cpu_delta,
+    postgres_cpu_seconds,
+)
 from google.protobuf import duration_pb2
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from troth.v1 import promises_pb2, promises_pb2_grpc, types_pb2
 
@@ -50,20 +58,21 @@ ECHO_SCRIPT = BENCH_DIR / "_echo.py"
 
 # Echo variants: target name -> `_echo.py --mode`.
 ECHO_TARGETS: dict[str, str] = {"echo-sync": "sync", "echo-aio": "aio"}
-# troth variants: target name -> extra arguments to `troth_server serve`. If the
-# server offers a choice of gRPC server (thread pool or grpc.aio), add one
-# entry per choice here so both are measured in the same run.
-TROTH_TARGETS: dict[str, list[str]] = {
-    "troth": ["--grpc-mode", "thread"],
-    "troth-aio": ["--grpc-mode", "aio"],
+# troth variants: target name -> (backend, extra arguments to `troth_server
+# serve`). The backend (`_servers.BACKENDS`) is a fresh SQLite file, or a fresh
+# PostgreSQL schema served by 1 or 2 replicas; the load client spreads its
+# in-flight calls evenly over the replicas' addresses.
+TROTH_TARGETS: dict[str, tuple[str, list[str]]] = {
+    "troth": ("sqlite", ["--grpc-mode", "thread"]),
+    "troth-aio": ("sqlite", ["--grpc-mode", "aio"]),
+    "troth-pg": ("pg", ["--grpc-mode", "aio"]),
+    "troth-pg2": ("pg2", ["--grpc-mode", "aio"]),
 }
-DEFAULT_TARGETS = "echo-sync,echo-aio,troth,troth-aio"
+DEFAULT_TARGETS = "echo-sync,echo-aio,troth,troth-aio,troth-pg,troth-pg2"
 
 CLIENT_OPTIONS: list[tuple[str, int | str]] = []
 CALL_TIMEOUT_S = 30.0
 START_TIMEOUT_S = 60.0
-STATS_TIMEOUT_S = 10.0
-STOP_TIMEOUT_S = 15.0
 
 # The issue's target, checked at VERDICT_IN_FLIGHT for each troth target.
 VERDICT_IN_FLIGHT = 64
@@ -83,10 +92,6 @@ Request: TypeAlias = promises_pb2.CreatePromiseRequest | promises_pb2.ResolvePro
 NextRequest: TypeAlias = Callable[[], Request | None]
 
 
-def log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
 # --------------------------------------------------------------------------- results
 
 
@@ -104,6 +109,7 @@ class PhaseResult:
     client_cpu: float
     server_cpu: float | None
     other_cpu: float | None
+    db_cpu: float | None = None
     commits: int | None = None
     write_requests: int | None = None
     commits_per_s: float | None = None
@@ -130,26 +136,6 @@ class RawPhase:
                 self.first_error = f"{code().name}: {details()}"
             else:
                 self.first_error = repr(exc)
-
-
-def machine_busy_seconds() -> float | None:
-    """CPU time all cores have spent busy since boot, steal included (Linux /proc)."""
-    try:
-        with open("/proc/stat") as f:
-            fields = f.readline().split()
-    except OSError:
-        return None
-    # cpu user nice system idle iowait irq softirq steal ...
-    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in fields[1:9])
-    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
-
-
-def percentile_ms(sorted_ns: list[int], pct: float) -> float | None:
-    """Nearest-rank percentile of sorted nanosecond latencies, in milliseconds."""
-    if not sorted_ns:
-        return None
-    rank = max(1, math.ceil(pct / 100 * len(sorted_ns)))
-    return sorted_ns[rank - 1] / 1e6
 
 
 # --------------------------------------------------------------------------- requests
@@ -186,23 +172,29 @@ def resolve_requests(ids: list[str]) -> NextRequest:
 
 # --------------------------------------------------------------------------- clients
 #
-# Each client keeps `in_flight` calls outstanding on one channel until the
-# deadline passes or the requests run out, and times each call from just before
-# it is issued to its reply. The request is built before the clock starts.
+# Each client keeps `in_flight` calls outstanding until the deadline passes or
+# the requests run out, and times each call from just before it is issued to its
+# reply. It opens one channel per server address (one for a single server, one
+# per replica) and gives the in-flight slots to the channels in turn, so the load
+# is spread evenly over the replicas. The request is built before the clock starts.
 # next() on itertools.count and on a list iterator is atomic under the GIL, so
 # the request factories need no lock.
 
 
 class AioClient:
-    """grpc.aio channel; `in_flight` coroutines each loop: send, await the reply."""
+    """grpc.aio channels; `in_flight` coroutines each loop: send, await the reply."""
 
     name = "aio"
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, addresses: list[str]) -> None:
         self._runner = asyncio.Runner()
-        self._channel: grpc.aio.Channel = self._runner.run(self._open(address))
-        stub = PromisesStub(self._channel)
-        self._calls: dict[str, Any] = {op: getattr(stub, RPC_NAMES[op]) for op in OPS}
+        self._channels: list[grpc.aio.Channel] = [
+            self._runner.run(self._open(address)) for address in addresses
+        ]
+        stubs = [PromisesStub(channel) for channel in self._channels]
+        self._calls: dict[str, list[Any]] = {
+            op: [getattr(stub, RPC_NAMES[op]) for stub in stubs] for op in OPS
+        }
 
     @staticmethod
     async def _open(address: str) -> grpc.aio.Channel:
@@ -217,14 +209,14 @@ class AioClient:
 
     @staticmethod
     async def _run(
-        call: Any, next_request: NextRequest, in_flight: int, duration_s: float
+        calls: list[Any], next_request: NextRequest, in_flight: int, duration_s: float
     ) -> RawPhase:
         raw = RawPhase()
         clock = time.perf_counter_ns
         deadline = clock() + int(duration_s * 1e9)
         latencies, ok_ids = raw.latencies_ns, raw.ok_ids
 
-        async def worker() -> None:
+        async def worker(call: Any) -> None:
             while clock() < deadline:
                 request = next_request()
                 if request is None:
@@ -239,13 +231,14 @@ class AioClient:
                 ok_ids.append(request.id)
 
         cpu0, t0 = time.process_time(), clock()
-        await asyncio.gather(*(worker() for _ in range(in_flight)))
+        await asyncio.gather(*(worker(calls[i % len(calls)]) for i in range(in_flight)))
         raw.elapsed_s = (clock() - t0) / 1e9
         raw.client_cpu_s = time.process_time() - cpu0
         return raw
 
     def close(self) -> None:
-        self._runner.run(self._channel.close())
+        for channel in self._channels:
+            self._runner.run(channel.close())
         self._runner.close()
 
 
@@ -254,16 +247,17 @@ class FutureClient:
 
     name = "future"
 
-    def __init__(self, address: str) -> None:
-        self._channel = grpc.insecure_channel(address, options=CLIENT_OPTIONS)
-        grpc.channel_ready_future(self._channel).result(timeout=START_TIMEOUT_S)
-        stub = PromisesStub(self._channel)
-        self._calls: dict[str, Any] = {op: getattr(stub, RPC_NAMES[op]) for op in OPS}
+    def __init__(self, addresses: list[str]) -> None:
+        self._channels = [sync_channel(address) for address in addresses]
+        stubs = [PromisesStub(channel) for channel in self._channels]
+        self._calls: dict[str, list[Any]] = {
+            op: [getattr(stub, RPC_NAMES[op]) for stub in stubs] for op in OPS
+        }
 
     def run(
         self, op: str, next_request: NextRequest, in_flight: int, duration_s: float
     ) -> RawPhase:
-        call = self._calls[op]
+        calls = self._calls[op]
         raw = RawPhase()
         clock = time.perf_counter_ns
         deadline = clock() + int(duration_s * 1e9)
@@ -278,7 +272,7 @@ class FutureClient:
                 if remaining[0] == 0:
                     done.set()
 
-        def launch() -> None:
+        def launch(call: Any) -> None:
             while True:
                 request = next_request() if clock() < deadline else None
                 if request is None:
@@ -290,10 +284,12 @@ class FutureClient:
                 except Exception as exc:  # the channel refused the call outright
                     raw.error(exc)
                     continue
-                future.add_done_callback(functools.partial(finished, request=request, start=start))
+                future.add_done_callback(
+                    functools.partial(finished, call=call, request=request, start=start)
+                )
                 return
 
-        def finished(future: Any, request: Request, start: int) -> None:
+        def finished(future: Any, call: Any, request: Request, start: int) -> None:
             end = clock()
             exc = future.exception()
             if exc is None:
@@ -301,11 +297,11 @@ class FutureClient:
                 ok_ids.append(request.id)
             else:
                 raw.error(exc)
-            launch()
+            launch(call)
 
         cpu0, t0 = time.process_time(), clock()
-        for _ in range(in_flight):
-            launch()
+        for i in range(in_flight):
+            launch(calls[i % len(calls)])
         if not done.wait(duration_s + CALL_TIMEOUT_S + 10):
             raise ServerError(f"load generator stalled: {remaining[0]} call chains never ended")
         raw.elapsed_s = (clock() - t0) / 1e9
@@ -313,7 +309,8 @@ class FutureClient:
         return raw
 
     def close(self) -> None:
-        self._channel.close()
+        for channel in self._channels:
+            channel.close()
 
 
 class ThreadsClient:
@@ -321,22 +318,23 @@ class ThreadsClient:
 
     name = "threads"
 
-    def __init__(self, address: str) -> None:
-        self._channel = grpc.insecure_channel(address, options=CLIENT_OPTIONS)
-        grpc.channel_ready_future(self._channel).result(timeout=START_TIMEOUT_S)
-        stub = PromisesStub(self._channel)
-        self._calls: dict[str, Any] = {op: getattr(stub, RPC_NAMES[op]) for op in OPS}
+    def __init__(self, addresses: list[str]) -> None:
+        self._channels = [sync_channel(address) for address in addresses]
+        stubs = [PromisesStub(channel) for channel in self._channels]
+        self._calls: dict[str, list[Any]] = {
+            op: [getattr(stub, RPC_NAMES[op]) for stub in stubs] for op in OPS
+        }
 
     def run(
         self, op: str, next_request: NextRequest, in_flight: int, duration_s: float
     ) -> RawPhase:
-        call = self._calls[op]
+        calls = self._calls[op]
         raw = RawPhase()
         clock = time.perf_counter_ns
         deadline = clock() + int(duration_s * 1e9)
         latencies, ok_ids = raw.latencies_ns, raw.ok_ids
 
-        def worker() -> None:
+        def worker(call: Any) -> None:
             while clock() < deadline:
                 request = next_request()
                 if request is None:
@@ -350,7 +348,10 @@ class ThreadsClient:
                 latencies.append(clock() - start)
                 ok_ids.append(request.id)
 
-        threads = [threading.Thread(target=worker, daemon=True) for _ in range(in_flight)]
+        threads = [
+            threading.Thread(target=worker, args=(calls[i % len(calls)],), daemon=True)
+            for i in range(in_flight)
+        ]
         cpu0, t0 = time.process_time(), clock()
         for thread in threads:
             thread.start()
@@ -361,11 +362,18 @@ class ThreadsClient:
         return raw
 
     def close(self) -> None:
-        self._channel.close()
+        for channel in self._channels:
+            channel.close()
+
+
+def sync_channel(address: str) -> grpc.Channel:
+    channel = grpc.insecure_channel(address, options=CLIENT_OPTIONS)
+    grpc.channel_ready_future(channel).result(timeout=START_TIMEOUT_S)
+    return channel
 
 
 Client = AioClient | FutureClient | ThreadsClient
-CLIENTS: dict[str, Callable[[str], Client]] = {
+CLIENTS: dict[str, Callable[[list[str]], Client]] = {
     "aio": AioClient,
     "future": FutureClient,
     "threads": ThreadsClient,
@@ -378,175 +386,44 @@ DEFAULT_CLIENT = "future"
 # --------------------------------------------------------------------------- servers
 
 
-class ServerError(RuntimeError):
-    pass
+class EchoServer:
+    """An echo server (`_echo.py`) behind the same interface as `_servers.Cluster`."""
 
-
-class ServerProcess:
-    """A server subprocess: started, awaited until healthy, asked for stats, stopped."""
-
-    def __init__(self, name: str, argv: list[str], workdir: Path, port_file: Path) -> None:
-        self.name = name
-        self.argv = argv
-        self.port_file = port_file
-        self.stderr_path = workdir / f"{name}.stderr.log"
-        self._stderr = self.stderr_path.open("wb")
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
-        self.proc = subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=self._stderr,
-            stderr=self._stderr,
-            env=env,
-            cwd=workdir,
-        )
-        self.address = ""
-        self._stats_offset = 0
-        self._stats_pending = b""
-        self._stats_seen = 0
-        self._stats_latest: tuple[int, int] | None = None
-
-    def stderr_tail(self, lines: int = 20) -> str:
+    def __init__(self, target: str, workdir: Path) -> None:
+        port_file = workdir / "port"
+        argv = [
+            sys.executable, str(ECHO_SCRIPT), "--mode", ECHO_TARGETS[target],
+            "--listen", "127.0.0.1:0", "--port-file", str(port_file),
+        ]  # fmt: skip
+        log(f"{target}: starting {shlex.join(argv)}")
+        self.server = ServerProcess(target, argv, workdir, port_file)
         try:
-            text = self.stderr_path.read_text(errors="replace")
-        except OSError:
-            return ""
-        return "\n".join(text.splitlines()[-lines:])
-
-    def check_alive(self) -> None:
-        if self.proc.poll() is not None:
-            raise ServerError(
-                f"{self.name} exited with {self.proc.returncode}; "
-                f"stderr ({self.stderr_path}):\n{self.stderr_tail()}"
-            )
-
-    def wait_ready(self) -> str:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        port = None
-        while port is None:
-            self.check_alive()
-            if time.monotonic() > deadline:
-                raise ServerError(f"{self.name}: no port file after {START_TIMEOUT_S:.0f} s")
-            try:
-                text = self.port_file.read_text().strip()
-                port = int(text.rsplit(":", 1)[-1]) if text else None
-            except (OSError, ValueError):
-                port = None
-            if port is None:
-                time.sleep(0.05)
-        self.address = f"127.0.0.1:{port}"
-        with grpc.insecure_channel(self.address) as channel:
-            health = health_pb2_grpc.HealthStub(channel)
-            while True:
-                self.check_alive()
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise ServerError(f"{self.name}: not SERVING after {START_TIMEOUT_S:.0f} s")
-                try:
-                    reply = health.Check(
-                        health_pb2.HealthCheckRequest(service=""), timeout=min(2.0, remaining)
-                    )
-                    if reply.status == health_pb2.HealthCheckResponse.SERVING:
-                        return self.address
-                except grpc.RpcError:
-                    pass
-                time.sleep(0.1)
+            self.addresses = [self.server.wait_ready()]
+        except BaseException:
+            self.server.stop()
+            raise
 
     def cpu_seconds(self) -> float | None:
-        """User + system CPU time of the server process so far (Linux /proc)."""
-        try:
-            data = Path(f"/proc/{self.proc.pid}/stat").read_text()
-        except OSError:
-            return None
-        fields = data[data.rindex(")") + 2 :].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return self.server.cpu_seconds()
 
-    def catches_sigusr1(self) -> bool:
-        """True if the process has a SIGUSR1 handler (else the signal would kill it)."""
-        try:
-            status = Path(f"/proc/{self.proc.pid}/status").read_text()
-        except OSError:
-            return False
-        for line in status.splitlines():
-            if line.startswith("SigCgt:"):
-                return bool(int(line.split()[1], 16) >> (signal.SIGUSR1 - 1) & 1)
-        return False
-
-    def _read_stats_lines(self) -> None:
-        with self.stderr_path.open("rb") as f:
-            f.seek(self._stats_offset)
-            chunk = f.read()
-        self._stats_offset += len(chunk)
-        data = self._stats_pending + chunk
-        *lines, self._stats_pending = data.split(b"\n")
-        for line in lines:
-            if b'"stats"' not in line:
-                continue
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue
-            if not isinstance(record, dict) or record.get("event") != "stats":
-                continue
-            commits, requests = record.get("commits"), record.get("requests")
-            if isinstance(commits, int) and isinstance(requests, int):
-                self._stats_seen += 1
-                self._stats_latest = (commits, requests)
+    def check_alive(self) -> None:
+        self.server.check_alive()
 
     def stats(self) -> tuple[int, int]:
-        """Send SIGUSR1 and return the (commits, requests) the server logs in reply."""
-        self.check_alive()
-        self._read_stats_lines()
-        seen = self._stats_seen
-        self.proc.send_signal(signal.SIGUSR1)
-        deadline = time.monotonic() + STATS_TIMEOUT_S
-        while True:
-            time.sleep(0.02)
-            self._read_stats_lines()
-            if self._stats_seen > seen and self._stats_latest is not None:
-                return self._stats_latest
-            self.check_alive()
-            if time.monotonic() > deadline:
-                raise ServerError(f"{self.name}: no stats line within {STATS_TIMEOUT_S:.0f} s")
+        raise ServerError("echo servers keep no commit statistics")
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                log(f"  {self.name}: still running {STOP_TIMEOUT_S:.0f} s after SIGTERM; killing")
-                self.proc.kill()
-                self.proc.wait()
-        self._stderr.close()
+        self.server.stop()
 
 
-def server_argv(target: str, workdir: Path, port_file: Path, troth_args: list[str]) -> list[str]:
+def start_target(target: str, workdir: Path, troth_args: list[str]) -> EchoServer | Cluster:
     if target in ECHO_TARGETS:
-        return [
-            sys.executable,
-            str(ECHO_SCRIPT),
-            "--mode",
-            ECHO_TARGETS[target],
-            "--listen",
-            "127.0.0.1:0",
-            "--port-file",
-            str(port_file),
-        ]
-    return [
-        sys.executable,
-        "-m",
-        "troth_server",
-        "serve",
-        "--listen",
-        "127.0.0.1:0",
-        "--db",
-        f"sqlite:///{workdir}/bench.db",
-        "--port-file",
-        str(port_file),
-        *TROTH_TARGETS[target],
-        *troth_args,
-    ]
+        return EchoServer(target, workdir)
+    backend, args = TROTH_TARGETS[target]
+    log(f"{target}: starting {BACKENDS[backend].replicas} troth server(s) on {backend}")
+    cluster = Cluster(target, BACKENDS[backend], workdir, [*args, *troth_args])
+    log(f"  {shlex.join(cluster.argv)}")
+    return cluster
 
 
 # --------------------------------------------------------------------------- running
@@ -572,6 +449,7 @@ def summarize(
     server_cpu_s: float | None,
     busy_s: float | None,
     stats: tuple[tuple[int, int], tuple[int, int]] | None,
+    db_cpu_s: float | None = None,
 ) -> PhaseResult:
     latencies = sorted(raw.latencies_ns)
     elapsed = raw.elapsed_s or float("nan")
@@ -589,7 +467,8 @@ def summarize(
         server_cpu=None if server_cpu_s is None else server_cpu_s / elapsed,
         other_cpu=None
         if busy_s is None or server_cpu_s is None
-        else max(0.0, busy_s - server_cpu_s - raw.client_cpu_s) / elapsed,
+        else max(0.0, busy_s - server_cpu_s - raw.client_cpu_s - (db_cpu_s or 0.0)) / elapsed,
+        db_cpu=None if db_cpu_s is None else db_cpu_s / elapsed,
         first_error=raw.first_error,
     )
     if stats is not None:
@@ -607,26 +486,26 @@ def run_target(
 ) -> list[PhaseResult]:
     workdir = root / target
     workdir.mkdir()
-    port_file = workdir / "port"
-    argv = server_argv(target, workdir, port_file, settings.troth_args)
-    log(f"{target}: starting {shlex.join(argv)}")
-    server = ServerProcess(target, argv, workdir, port_file)
+    server = start_target(target, workdir, settings.troth_args)
     results: list[PhaseResult] = []
     client: Client | None = None
     try:
-        address = server.wait_ready()
-        use_stats = target in TROTH_TARGETS
-        if use_stats and not server.catches_sigusr1():
+        use_stats = isinstance(server, Cluster)
+        if isinstance(server, Cluster) and not server.catches_sigusr1():
             log(f"  {target}: the server has no SIGUSR1 handler; commit stats not collected")
             use_stats = False
-        client = CLIENTS[settings.client](address)
+        client = CLIENTS[settings.client](server.addresses)
+        on_pg = isinstance(server, Cluster) and server.backend.kind == "postgresql"
+
+        def db_cpu() -> dict[int, float] | None:
+            return postgres_cpu_seconds() if on_pg else None
 
         def phase(op: str, make: NextRequest, in_flight: int, measured: bool) -> RawPhase:
             duration = settings.duration_s if measured else settings.warmup_s
             before = server.stats() if measured and use_stats else None
-            cpu0, busy0 = server.cpu_seconds(), machine_busy_seconds()
+            cpu0, busy0, db0 = server.cpu_seconds(), machine_busy_seconds(), db_cpu()
             raw = client.run(op, make, in_flight, duration)
-            cpu1, busy1 = server.cpu_seconds(), machine_busy_seconds()
+            cpu1, busy1, db1 = server.cpu_seconds(), machine_busy_seconds(), db_cpu()
             server.check_alive()
             if measured:
                 after = server.stats() if use_stats else None
@@ -638,6 +517,7 @@ def run_target(
                     None if cpu0 is None or cpu1 is None else cpu1 - cpu0,
                     None if busy0 is None or busy1 is None else busy1 - busy0,
                     None if before is None or after is None else (before, after),
+                    postgres_cpu_delta(db0, db1),
                 )
                 results.append(result)
                 log(f"  {format_progress(result)}")
@@ -755,6 +635,7 @@ def render_table(results: list[PhaseResult]) -> str:
         "req/commit",
         "srv cpu",
         "cli cpu",
+        "db cpu",
         "other cpu",
     ]
     rows = [header]
@@ -774,6 +655,7 @@ def render_table(results: list[PhaseResult]) -> str:
                 fmt(r.requests_per_commit, ".1f"),
                 fmt(r.server_cpu, ".0%"),
                 fmt(r.client_cpu, ".0%"),
+                fmt(r.db_cpu, ".0%"),
                 fmt(r.other_cpu, ".0%"),
             ]
         )

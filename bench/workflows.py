@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
-import contextlib
 import itertools
 import json
 import math
@@ -38,7 +37,6 @@ import platform
 import shutil
 import signal
 import socket
-import sqlite3
 import statistics
 import subprocess
 import sys
@@ -53,7 +51,17 @@ from typing import Any
 
 import grpc
 import grpc.aio
-from promises import ServerError, ServerProcess, log, machine_busy_seconds, percentile_ms
+from _servers import (
+    BACKENDS,
+    Cluster,
+    ServerError,
+    log,
+    machine_busy_seconds,
+    percentile_ms,
+    postgres_cpu_delta,
+    postgres_cpu_seconds,
+    proc_cpu_seconds,
+)
 
 from troth import Client
 from troth._commands import TAG_FUNC, TAG_KIND, Kind
@@ -89,6 +97,7 @@ TARGET_STOP_SLACK_S = 1.0  # frozen: within lease + this
 TARGET_LATENCY_P50_MS = 10.0
 
 PromisesStub: Any = promises_pb2_grpc.PromisesStub
+DEFAULT_TARGETS = "sqlite,pg,pg2"
 
 
 # --------------------------------------------------------------------------- settings
@@ -96,6 +105,7 @@ PromisesStub: Any = promises_pb2_grpc.PromisesStub
 
 @dataclass
 class Settings:
+    targets: list[str]
     parts: list[int]
     quick: bool
     duration_s: float
@@ -118,6 +128,12 @@ def parse_args(argv: list[str] | None = None) -> Settings:
     )
     parser.add_argument("--quick", action="store_true", help="small counts, for a smoke run")
     parser.add_argument("--parts", default="1,2,3,4,5", help="which parts to run (default all)")
+    parser.add_argument(
+        "--targets",
+        default=DEFAULT_TARGETS,
+        help=f"comma-separated, from {', '.join(BACKENDS)}: a fresh SQLite file, or a fresh "
+        f"PostgreSQL schema with 1 or 2 server replicas (default {DEFAULT_TARGETS})",
+    )
     parser.add_argument("--duration", type=float, default=None, help="seconds per measured phase")
     parser.add_argument("--warmup", type=float, default=None, help="seconds of warm-up per phase")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
@@ -131,12 +147,16 @@ def parse_args(argv: list[str] | None = None) -> Settings:
         parser.error("--parts takes comma-separated part numbers, e.g. 1,2")
     if not parts or not set(parts) <= {1, 2, 3, 4, 5}:
         parser.error("--parts must name parts among 1,2,3,4,5")
+    targets = [t.strip() for t in args.targets.split(",") if t.strip()]
+    if not targets or not set(targets) <= set(BACKENDS):
+        parser.error(f"--targets must name targets among {', '.join(BACKENDS)}")
     quick = bool(args.quick)
     duration = args.duration if args.duration is not None else (1.0 if quick else 5.0)
     warmup = args.warmup if args.warmup is not None else (0.3 if quick else 1.0)
     if duration <= 0 or warmup < 0:
         parser.error("--duration must be > 0 and --warmup >= 0")
     return Settings(
+        targets=targets,
         parts=parts,
         quick=quick,
         duration_s=duration,
@@ -174,6 +194,8 @@ class ThroughputRow:
     other_cpu: float | None
     commits_per_s: float | None
     first_error: str | None = None
+    db_cpu: float | None = None
+    target: str = ""
 
 
 @dataclass
@@ -197,6 +219,7 @@ class ResumeRow:
     worker_cpu_s: float | None
     server_cpu_s: float | None
     error: str | None = None
+    target: str = ""
 
 
 @dataclass
@@ -210,8 +233,9 @@ class RecoveryRow:
     max_s: float | None
     completed: int
     assignments: float | None = None
-    """Mean times each task was leased (the task counter, from the server's SQLite file)."""
+    """Mean times each task was leased (the task counter, read from the database)."""
     error: str | None = None
+    target: str = ""
 
 
 @dataclass
@@ -223,6 +247,7 @@ class LatencyRow:
     server_p50_ms: float | None
     server_p99_ms: float | None
     errors: int
+    target: str = ""
 
 
 @dataclass
@@ -261,16 +286,6 @@ class Raw:
 
 
 # --------------------------------------------------------------------------- processes
-
-
-def proc_cpu_seconds(pid: int) -> float | None:
-    """User + system CPU time of a process so far (Linux /proc)."""
-    try:
-        data = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = data[data.rindex(")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 class LogTail:
@@ -418,34 +433,47 @@ class WorkerProcess:
 
 
 class Harness:
-    """One server (fresh database) per part, its workers, and the notification socket."""
+    """One target's server replicas (fresh database) per part, its workers, and the
+    notification socket.
+
+    With several replicas, the workers connect to them in turn (worker i to
+    replica i mod n), and there is one `Client` per replica: cycle thread i
+    uses `clients[i mod n]`.
+    """
 
     def __init__(
-        self, root: Path, notes: Notifications, name: str, server_args: tuple[str, ...] = ()
+        self,
+        root: Path,
+        notes: Notifications,
+        name: str,
+        target: str,
+        server_args: tuple[str, ...] = (),
     ) -> None:
         self.root = root
         self.notes = notes
-        self.workdir = root / name
+        self.target = target
+        self.workdir = root / f"{name}-{target}"
         self.workdir.mkdir()
-        self.db_path = self.workdir / "bench.db"
-        port_file = self.workdir / "port"
-        argv = [
-            sys.executable, "-m", "troth_server", "serve",
-            "--listen", "127.0.0.1:0",
-            "--db", f"sqlite:///{self.db_path}",
-            "--port-file", str(port_file),
-            *server_args,
-        ]  # fmt: skip
-        self.server = ServerProcess(f"server-{name}", argv, self.workdir, port_file)
         self.workers: list[WorkerProcess] = []
+        self.clients: list[Client] = []
         self.client: Client | None = None
+        self.server = Cluster(f"server-{name}", BACKENDS[target], self.workdir, server_args)
         try:
-            self.address = self.server.wait_ready()
-            self.tail = LogTail(self.server.stderr_path)
-            self.client = Client(self.address, timeout=CYCLE_TIMEOUT_S)
+            self.addresses = self.server.addresses
+            self.address = self.addresses[0]
+            self.tails = [LogTail(server.stderr_path) for server in self.server.servers]
+            self.clients = [Client(a, timeout=CYCLE_TIMEOUT_S) for a in self.addresses]
+            self.client = self.clients[0]
         except BaseException:
             self.close()
             raise
+
+    def read_logs(self) -> list[dict[str, Any]]:
+        """The JSON lines every replica logged since the last read."""
+        return [record for tail in self.tails for record in tail.read()]
+
+    def db_cpu_seconds(self) -> dict[int, float] | None:
+        return postgres_cpu_seconds() if self.server.backend.kind == "postgresql" else None
 
     def start_workers(
         self,
@@ -461,9 +489,10 @@ class Harness:
         started = []
         for _ in range(count):
             worker_id = f"{group}-w{len(self.workers)}-{uuid.uuid4().hex[:6]}"
+            address = self.addresses[len(self.workers) % len(self.addresses)]
             argv = [
                 sys.executable, str(WORKER_SCRIPT),
-                "--address", self.address, "--group", group, "--worker-id", worker_id,
+                "--address", address, "--group", group, "--worker-id", worker_id,
                 "--concurrency", str(concurrency), "--lease", str(lease_s),
                 "--cache-size", str(cache_size), "--notify", str(self.notes.path),
             ]  # fmt: skip
@@ -479,7 +508,7 @@ class Harness:
         deadline = time.monotonic() + CONNECT_TIMEOUT_S
         missing = set(worker_ids)
         while missing:
-            for record in self.tail.read():
+            for record in self.read_logs():
                 if record.get("event") == "worker.connected":
                     missing.discard(str(record.get("worker_id")))
             if not missing:
@@ -501,9 +530,10 @@ class Harness:
         for worker in self.workers:
             worker.kill()
         self.workers.clear()
-        if self.client is not None:
-            self.client.close()
-        self.server.stop()
+        for client in self.clients:
+            client.close()
+        if hasattr(self, "server"):
+            self.server.stop()
 
 
 # --------------------------------------------------------------------------- throughput
@@ -517,7 +547,9 @@ class CpuMeter:
         self._workers = workers
         self._start = self._sample()
 
-    def _sample(self) -> tuple[float, float | None, float | None, float | None]:
+    def _sample(
+        self,
+    ) -> tuple[float, float | None, float | None, float | None, dict[int, float] | None]:
         worker_times = [w.cpu_seconds() for w in self._workers]
         workers = (
             None if any(t is None for t in worker_times) else sum(t or 0 for t in worker_times)
@@ -527,10 +559,16 @@ class CpuMeter:
             self._harness.server.cpu_seconds(),
             workers,
             machine_busy_seconds(),
+            self._harness.db_cpu_seconds(),
         )
 
-    def stop(self, elapsed: float) -> tuple[float | None, float | None, float | None, float | None]:
-        """(client, worker, server, other) CPU, in cores (1.0 = one core busy)."""
+    def stop(
+        self, elapsed: float
+    ) -> tuple[float | None, float | None, float | None, float | None, float | None]:
+        """(client, worker, server, other, db) CPU, in cores (1.0 = one core busy).
+
+        `db` is every postgres process on the machine (None on SQLite); `other`
+        excludes it."""
         end = self._sample()
         client = (end[0] - self._start[0]) / elapsed
 
@@ -539,34 +577,39 @@ class CpuMeter:
             return None if a is None or b is None else (b - a) / elapsed
 
         server, workers, busy = delta(1), delta(2), delta(3)
+        db_s = postgres_cpu_delta(self._start[4], end[4])
+        db = None if db_s is None else db_s / elapsed
         other = (
             None
             if busy is None or server is None or workers is None
-            else max(0.0, busy - server - workers - client)
+            else max(0.0, busy - server - workers - client - (db or 0.0))
         )
-        return client, workers, server, other
+        return client, workers, server, other, db
 
 
-def run_loops(cycle: Callable[[str], None], prefix: str, in_flight: int, duration: float) -> Raw:
-    """`in_flight` threads each running cycles (`cycle(workflow_id)`) until the deadline."""
+def run_loops(
+    cycle: Callable[[str, int], None], prefix: str, in_flight: int, duration: float
+) -> Raw:
+    """`in_flight` threads each running cycles (`cycle(workflow_id, thread index)`) until
+    the deadline."""
     raw = Raw()
     counter = itertools.count()
     clock = time.perf_counter_ns
     deadline = clock() + int(duration * 1e9)
     latencies = raw.latencies_ns
 
-    def loop() -> None:
+    def loop(slot: int) -> None:
         while clock() < deadline:
             workflow_id = f"{prefix}-{next(counter)}"
             start = clock()
             try:
-                cycle(workflow_id)
+                cycle(workflow_id, slot)
             except Exception as exc:
                 raw.error(exc)
                 continue
             latencies.append(clock() - start)
 
-    threads = [threading.Thread(target=loop, daemon=True) for _ in range(in_flight)]
+    threads = [threading.Thread(target=loop, args=(i,), daemon=True) for i in range(in_flight)]
     t0 = clock()
     for thread in threads:
         thread.start()
@@ -576,8 +619,11 @@ def run_loops(cycle: Callable[[str], None], prefix: str, in_flight: int, duratio
     return raw
 
 
-def hitl_cycle(client: Client, notes: Notifications, group: str) -> Callable[[str], None]:
-    def cycle(workflow_id: str) -> None:
+def hitl_cycle(
+    clients: list[Client], notes: Notifications, group: str
+) -> Callable[[str, int], None]:
+    def cycle(workflow_id: str, slot: int) -> None:
+        client = clients[slot % len(clients)]
         suspended = notes.expect(workflow_id)
         try:
             handle = client.start("hitl", id=workflow_id, group=group)
@@ -592,8 +638,9 @@ def hitl_cycle(client: Client, notes: Notifications, group: str) -> Callable[[st
     return cycle
 
 
-def ten_step_cycle(client: Client, group: str) -> Callable[[str], None]:
-    def cycle(workflow_id: str) -> None:
+def ten_step_cycle(clients: list[Client], group: str) -> Callable[[str, int], None]:
+    def cycle(workflow_id: str, slot: int) -> None:
+        client = clients[slot % len(clients)]
         handle = client.start("ten_steps", id=workflow_id, group=group)
         if handle.result(timeout=CYCLE_TIMEOUT_S) != "done":
             raise AssertionError(f"{workflow_id}: unexpected result")
@@ -604,7 +651,7 @@ def ten_step_cycle(client: Client, group: str) -> Callable[[str], None]:
 def measure_phase(
     harness: Harness,
     workers: list[WorkerProcess],
-    cycle: Callable[[str], None],
+    cycle: Callable[[str, int], None],
     *,
     part: int,
     workload: str,
@@ -618,7 +665,7 @@ def measure_phase(
     meter = CpuMeter(harness, workers)
     raw = run_loops(cycle, prefix, in_flight, settings.duration_s)
     elapsed = raw.elapsed_s or float("nan")
-    client_cpu, worker_cpu, server_cpu, other_cpu = meter.stop(elapsed)
+    client_cpu, worker_cpu, server_cpu, other_cpu, db_cpu = meter.stop(elapsed)
     stats1 = harness.server.stats()
     harness.server.check_alive()
     for worker in workers:
@@ -641,9 +688,12 @@ def measure_phase(
         other_cpu=other_cpu,
         commits_per_s=(stats1[0] - stats0[0]) / elapsed,
         first_error=raw.first_error,
+        db_cpu=db_cpu,
+        target=harness.target,
     )
     log(
-        f"  {workload} {len(workers)}w x{in_flight}: {row.completed} in {row.elapsed_s:.2f} s "
+        f"  [{harness.target}] {workload} {len(workers)}w x{in_flight}: {row.completed} in "
+        f"{row.elapsed_s:.2f} s "
         f"= {row.per_s:,.0f}/s, p50 {fmt(row.p50_ms, '.1f')} ms, p99 {fmt(row.p99_ms, '.1f')} "
         f"ms, errors {row.errors}"
     )
@@ -654,16 +704,15 @@ def measure_phase(
 
 def count_cycle_rpcs(harness: Harness, group: str, run_id: str) -> list[RpcLine]:
     """One cycle alone on an idle server; the server's `rpc` log lines it caused."""
-    assert harness.client is not None
-    cycle = hitl_cycle(harness.client, harness.notes, group)
-    cycle(f"rpc-warm-{run_id}")
+    cycle = hitl_cycle(harness.clients, harness.notes, group)
+    cycle(f"rpc-warm-{run_id}", 0)
     time.sleep(0.5)
-    harness.tail.skip()
+    harness.read_logs()
     workflow_id = f"rpc-{run_id}"
-    cycle(workflow_id)
+    cycle(workflow_id, 0)
     time.sleep(0.5)  # the watch's line is written when its stream ends
     lines = []
-    for record in harness.tail.read():
+    for record in harness.read_logs():
         if record.get("event") != "rpc":
             continue
         method = str(record.get("method"))
@@ -686,21 +735,26 @@ def count_cycle_rpcs(harness: Harness, group: str, run_id: str) -> list[RpcLine]
 
 
 def part_throughput(
-    part: int, settings: Settings, root: Path, notes: Notifications, run_id: str, out: Results
+    part: int,
+    target: str,
+    settings: Settings,
+    root: Path,
+    notes: Notifications,
+    run_id: str,
+    out: Results,
 ) -> None:
     name = "hitl" if part == 1 else "ten-steps"
-    harness = Harness(root, notes, f"part{part}")
+    harness = Harness(root, notes, f"part{part}", target)
     try:
         worker_counts = settings.hitl_workers if part == 1 else settings.steps_workers
         levels = settings.hitl_in_flight if part == 1 else settings.steps_in_flight
-        assert harness.client is not None
         for count in worker_counts:
-            group = f"{name}-{count}w-{run_id}"
+            group = f"{name}-{target}-{count}w-{run_id}"
             workers = harness.start_workers(group, count)
             cycle = (
-                hitl_cycle(harness.client, notes, group)
+                hitl_cycle(harness.clients, notes, group)
                 if part == 1
-                else ten_step_cycle(harness.client, group)
+                else ten_step_cycle(harness.clients, group)
             )
             for in_flight in levels:
                 out.throughput.append(
@@ -715,7 +769,7 @@ def part_throughput(
                         settings=settings,
                     )
                 )
-            if part == 1 and count == 1:
+            if part == 1 and count == 1 and not out.rpcs:
                 out.rpcs = count_cycle_rpcs(harness, group, run_id)
             harness.stop_workers(workers)
     finally:
@@ -747,8 +801,10 @@ async def create_settled_steps(address: str, workflow_id: str, first: int, last:
         await asyncio.gather(*(loop() for _ in range(64)))
 
 
-def part_resume(settings: Settings, root: Path, notes: Notifications, out: Results) -> None:
-    harness = Harness(root, notes, "part3")
+def part_resume(
+    target: str, settings: Settings, root: Path, notes: Notifications, out: Results
+) -> None:
+    harness = Harness(root, notes, "part3", target)
     raised: Harness | None = None
     try:
         for steps in settings.history_sizes:
@@ -759,7 +815,7 @@ def part_resume(settings: Settings, root: Path, notes: Notifications, out: Resul
                 # measure the same history on a server whose limit is raised.
                 if raised is None:
                     log(f"  again on a server with {' '.join(RAISED_LIMIT_ARGS)}")
-                    raised = Harness(root, notes, "part3-raised", RAISED_LIMIT_ARGS)
+                    raised = Harness(root, notes, "part3-raised", target, RAISED_LIMIT_ARGS)
                 out.resume.append(resume_one(raised, steps, " ".join(RAISED_LIMIT_ARGS)))
     finally:
         harness.close()
@@ -803,6 +859,7 @@ def resume_measure(
     notes = harness.notes
     workflow_id = f"long-{steps}-{uuid.uuid4().hex[:6]}"
     row = ResumeRow(steps, server, None, None, None, [], None, None, None, None)
+    row.target = harness.target
     suspended = notes.expect(workflow_id)
     client.start("long_history", steps, RESUME_APPROVALS, id=workflow_id, group=group)
     if not suspended.wait(CYCLE_TIMEOUT_S):
@@ -880,9 +937,9 @@ def worker_hint(worker: WorkerProcess) -> str:
 
 
 def part_recovery(
-    settings: Settings, root: Path, notes: Notifications, run_id: str, out: Results
+    target: str, settings: Settings, root: Path, notes: Notifications, run_id: str, out: Results
 ) -> None:
-    harness = Harness(root, notes, "part4")
+    harness = Harness(root, notes, "part4", target)
     try:
         for signum, lease in (
             (signal.SIGKILL, DEFAULT_LEASE_S),
@@ -901,8 +958,8 @@ def recover_one(
     client = harness.client
     assert client is not None
     name = signal.Signals(signum).name
-    group = f"recover-{name.lower()}-{run_id}"
-    row = RecoveryRow(name, count, lease_s, 0, None, None, None, 0)
+    group = f"recover-{name.lower()}-{harness.target}-{run_id}"
+    row = RecoveryRow(name, count, lease_s, 0, None, None, None, 0, target=harness.target)
     capacity = count
     (first,) = harness.start_workers(group, 1, concurrency=capacity, lease_s=lease_s, block=True)
     ids = {f"{group}-{i}" for i in range(count)}
@@ -951,14 +1008,11 @@ def recover_one(
 def task_assignments(harness: Harness, root_prefix: str) -> float | None:
     """Mean task counter (leases handed out) of the roots with this prefix, read-only."""
     try:
-        with contextlib.closing(sqlite3.connect(f"file:{harness.db_path}?mode=ro", uri=True)) as db:
-            counters = [
-                int(c)
-                for (c,) in db.execute(
-                    "SELECT counter FROM tasks WHERE root_promise_id LIKE ?", (root_prefix + "%",)
-                )
-            ]
-    except sqlite3.Error as exc:
+        rows = harness.server.database.query(
+            "SELECT counter FROM tasks WHERE root_promise_id LIKE ?", (root_prefix + "%",)
+        )
+        counters = [int(c) for (c,) in rows]
+    except Exception as exc:
         log(f"  could not read task counters: {exc}")
         return None
     return statistics.mean(counters) if counters else None
@@ -967,14 +1021,19 @@ def task_assignments(harness: Harness, root_prefix: str) -> float | None:
 # --------------------------------------------------------------------------- part 5: latency
 
 
-def part_latency(settings: Settings, root: Path, notes: Notifications, out: Results) -> None:
-    harness = Harness(root, notes, "part5")
+def part_latency(
+    target: str, settings: Settings, root: Path, notes: Notifications, out: Results
+) -> None:
+    harness = Harness(root, notes, "part5", target)
     try:
         client = harness.client
         assert client is not None
         group = "latency"
         harness.start_workers(group, 1)
-        ids = [f"lat-{i}" for i in range(settings.latency_samples)]
+        # The settle goes to the last replica, the worker and the watch use the first:
+        # with 2 replicas the wake-up crosses replicas (LISTEN/NOTIFY).
+        settler = harness.clients[-1]
+        ids = [f"lat-{target}-{i}" for i in range(settings.latency_samples)]
         events = {i: notes.expect(i) for i in ids}
         for workflow_id in ids:
             client.start("hitl", id=workflow_id, group=group)
@@ -990,7 +1049,7 @@ def part_latency(settings: Settings, root: Path, notes: Notifications, out: Resu
             try:
                 next(watch)  # pending
                 t0 = time.perf_counter_ns()
-                settled = client.resolve(f"{workflow_id}.0", {"approved": True}).promise
+                settled = settler.resolve(f"{workflow_id}.0", {"approved": True}).promise
                 done = next(watch)
                 samples.append(time.perf_counter_ns() - t0)
             except Exception:
@@ -1011,6 +1070,7 @@ def part_latency(settings: Settings, root: Path, notes: Notifications, out: Resu
                 server_p50_ms=_pct(server_ms, 50),
                 server_p99_ms=_pct(server_ms, 99),
                 errors=errors,
+                target=target,
             )
         )
         r = out.latency[-1]
@@ -1056,13 +1116,16 @@ def verdicts(results: Results, settings: Settings) -> list[Verdict]:
                 Verdict(
                     part,
                     ok,
-                    f"{'PASS' if ok else 'MISS'} ({part}) {what}, {r.workers} worker "
+                    f"{'PASS' if ok else 'MISS'} ({part}) [{r.target}] {what}, {r.workers} worker "
                     f"process(es), {r.in_flight} in flight: {r.per_s:,.0f}/s (target >= "
                     f"{target:,.0f}/s), errors {r.errors}",
                 )
             )
     if 3 in settings.parts:
-        out.extend(resume_verdicts(results.resume))
+        for t in settings.targets:
+            rows_t = [r for r in results.resume if r.target == t]
+            if rows_t:
+                out.extend(resume_verdicts(t, rows_t))
     if 4 in settings.parts:
         for rec in results.recovery:
             limit = (
@@ -1079,7 +1142,8 @@ def verdicts(results: Results, settings: Settings) -> list[Verdict]:
                 Verdict(
                     4,
                     ok,
-                    f"{'PASS' if ok else 'MISS'} (4) recovery after {rec.signal} of a worker "
+                    f"{'PASS' if ok else 'MISS'} (4) [{rec.target}] recovery after {rec.signal} "
+                    "of a worker "
                     f"holding {rec.workflows}: p99 {fmt(rec.p99_s, '.3f')} s, max "
                     f"{fmt(rec.max_s, '.3f')} s (target p99 < {limit:g} s, {how}){extra}",
                 )
@@ -1087,16 +1151,19 @@ def verdicts(results: Results, settings: Settings) -> list[Verdict]:
         if not results.recovery:
             out.append(Verdict(4, None, "N/A (4) recovery: not measured"))
     if 5 in settings.parts:
-        if not results.latency or results.latency[0].p50_ms is None:
+        if not results.latency:
             out.append(Verdict(5, None, "N/A (5) settle-to-completion latency: not measured"))
-        else:
-            r5 = results.latency[0]
+        for r5 in results.latency:
+            if r5.p50_ms is None:
+                out.append(Verdict(5, None, f"N/A (5) [{r5.target}] latency: no sample"))
+                continue
             ok = (r5.p50_ms or 0) < TARGET_LATENCY_P50_MS and r5.errors == 0
             out.append(
                 Verdict(
                     5,
                     ok,
-                    f"{'PASS' if ok else 'MISS'} (5) settle-to-completion latency of a suspended "
+                    f"{'PASS' if ok else 'MISS'} (5) [{r5.target}] settle-to-completion latency "
+                    "of a suspended "
                     f"workflow: p50 {r5.p50_ms:.2f} ms, p99 {fmt(r5.p99_ms, '.2f')} ms "
                     f"(target p50 < {TARGET_LATENCY_P50_MS:g} ms)",
                 )
@@ -1106,20 +1173,23 @@ def verdicts(results: Results, settings: Settings) -> list[Verdict]:
     return out
 
 
-def resume_verdicts(rows: list[ResumeRow]) -> list[Verdict]:
+def resume_verdicts(target: str, rows: list[ResumeRow]) -> list[Verdict]:
     out: list[Verdict] = []
     r10 = next((r for r in rows if r.steps == TARGET_RESUME_STEPS and r.server == "default"), None)
     if r10 is None or r10.median_s is None:
         why = "not measured" if r10 is None else r10.error
-        out.append(Verdict(3, None, f"N/A (3) resume at {TARGET_RESUME_STEPS:,} steps: {why}"))
+        out.append(
+            Verdict(3, None, f"N/A (3) [{target}] resume at {TARGET_RESUME_STEPS:,} steps: {why}")
+        )
     else:
         ok = r10.median_s < TARGET_RESUME_S and r10.error is None
         out.append(
             Verdict(
                 3,
                 ok,
-                f"{'PASS' if ok else 'MISS'} (3) resume with a {TARGET_RESUME_STEPS:,}-step "
-                f"history, settle to completion: median {r10.median_s:.3f} s (target < "
+                f"{'PASS' if ok else 'MISS'} (3) [{target}] resume with a "
+                f"{TARGET_RESUME_STEPS:,}-step history, settle to completion: median "
+                f"{r10.median_s:.3f} s (target < "
                 f"{TARGET_RESUME_S:g} s)",
             )
         )
@@ -1137,7 +1207,8 @@ def resume_verdicts(rows: list[ResumeRow]) -> list[Verdict]:
             Verdict(
                 3,
                 ok,
-                f"{'PASS' if ok else 'MISS'} (3) linearity, resume time per 1k steps: {per}; "
+                f"{'PASS' if ok else 'MISS'} (3) [{target}] linearity, resume time per 1k "
+                f"steps: {per}; "
                 f"{biggest.steps:,} vs {TARGET_RESUME_STEPS:,}: x{ratio:.2f} "
                 f"(<= x{LINEARITY_MAX_RATIO:g} counts as linear)",
             )
@@ -1148,8 +1219,8 @@ def resume_verdicts(rows: list[ResumeRow]) -> list[Verdict]:
                 Verdict(
                     3,
                     False,
-                    f"MISS (3) resume with a {r.steps:,}-step history (server {r.server}): "
-                    f"{r.error}",
+                    f"MISS (3) [{target}] resume with a {r.steps:,}-step history (server "
+                    f"{r.server}): {r.error}",
                 )
             )
     return out
@@ -1188,6 +1259,7 @@ def render(results: Results) -> str:
     if results.throughput:
         rows = [
             [
+                r.target,
                 r.workload,
                 str(r.workers),
                 str(r.in_flight),
@@ -1199,14 +1271,17 @@ def render(results: Results) -> str:
                 fmt(r.client_cpu, ".0%"),
                 fmt(r.worker_cpu, ".0%"),
                 fmt(r.server_cpu, ".0%"),
+                fmt(r.db_cpu, ".0%"),
                 fmt(r.other_cpu, ".0%"),
             ]
             for r in results.throughput
         ]
-        header = ["workload", "workers", "in-flight", "per s", "p50 ms", "p99 ms", "errors",
-                  "commits/s", "cli cpu", "wrk cpu", "srv cpu", "other cpu"]  # fmt: skip
-        blocks.append("(1, 2) throughput (per s = completed workflows per second)\n"
-                      + table(header, rows))  # fmt: skip
+        header = ["target", "workload", "workers", "in-flight", "per s", "p50 ms", "p99 ms",
+                  "errors", "commits/s", "cli cpu", "wrk cpu", "srv cpu", "db cpu",
+                  "other cpu"]  # fmt: skip
+        blocks.append("(1, 2) throughput (per s = completed workflows per second; srv cpu = "
+                      "all replicas; db cpu = every postgres process)\n"
+                      + table(header, rows, left=2))  # fmt: skip
         per_cycle = []
         for r in results.throughput:
             if not r.completed or not r.elapsed_s:
@@ -1214,17 +1289,23 @@ def render(results: Results) -> str:
             scale = r.elapsed_s / r.completed * 1e6
             per_cycle.append(
                 [
+                    r.target,
                     r.workload,
                     str(r.workers),
                     str(r.in_flight),
                     fmt(None if r.client_cpu is None else r.client_cpu * scale, ",.0f"),
                     fmt(None if r.worker_cpu is None else r.worker_cpu * scale, ",.0f"),
                     fmt(None if r.server_cpu is None else r.server_cpu * scale, ",.0f"),
+                    fmt(None if r.db_cpu is None else r.db_cpu * scale, ",.0f"),
                 ]
             )
         blocks.append(
             "CPU per completed workflow (µs)\n"
-            + table(["workload", "workers", "in-flight", "client", "workers", "server"], per_cycle)
+            + table(
+                ["target", "workload", "workers", "in-flight", "client", "workers", "server", "db"],
+                per_cycle,
+                left=2,
+            )
         )
     if results.rpcs:
         counts: collections.Counter[tuple[str, str]] = collections.Counter()
@@ -1250,6 +1331,7 @@ def render(results: Results) -> str:
     if results.resume:
         rows = [
             [
+                r.target,
                 f"{r.steps:,}",
                 r.server,
                 fmt(r.build_s, ".1f"),
@@ -1264,15 +1346,16 @@ def render(results: Results) -> str:
             ]
             for r in results.resume
         ]
-        header = ["steps", "server", "build s", "build/s", "1st resume s", "resumes s", "median s",
-                  "ms/1k steps", "wrk cpu s", "srv cpu s", "error"]  # fmt: skip
+        header = ["target", "steps", "server", "build s", "build/s", "1st resume s", "resumes s",
+                  "median s", "ms/1k steps", "wrk cpu s", "srv cpu s", "error"]  # fmt: skip
         blocks.append(
             "(3) resume of a long history (settle to completion, no worker cache: full replay)\n"
-            + table(header, rows, left=2)
+            + table(header, rows, left=1)
         )
     if results.recovery:
         rows = [
             [
+                r.target,
                 r.signal,
                 str(r.workflows),
                 f"{r.lease_s:g}",
@@ -1286,15 +1369,16 @@ def render(results: Results) -> str:
             ]
             for r in results.recovery
         ]
-        header = ["signal", "held", "lease s", "running again", "p50 s", "p99 s", "max s",
+        header = ["target", "signal", "held", "lease s", "running again", "p50 s", "p99 s", "max s",
                   "completed", "leases/task", "error"]  # fmt: skip
         blocks.append(
             "(4) recovery: signal to the step running again on the other worker\n"
-            + table(header, rows)
+            + table(header, rows, left=2)
         )
     if results.latency:
         rows = [
             [
+                r.target,
                 str(r.samples),
                 fmt(r.p50_ms, ".2f"),
                 fmt(r.p99_ms, ".2f"),
@@ -1305,12 +1389,12 @@ def render(results: Results) -> str:
             ]
             for r in results.latency
         ]
-        header = ["samples", "p50 ms", "p99 ms", "max ms", "server p50 ms", "server p99 ms",
-                  "errors"]  # fmt: skip
+        header = ["target", "samples", "p50 ms", "p99 ms", "max ms", "server p50 ms",
+                  "server p99 ms", "errors"]  # fmt: skip
         blocks.append(
             "(5) settle to completion of a suspended workflow (resolve call to the watch "
             "seeing the root settled; server = root settle_time - step settle_time)\n"
-            + table(header, rows, left=0)
+            + table(header, rows, left=1)
         )
     return "\n\n".join(blocks)
 
@@ -1335,12 +1419,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     notes = Notifications(root / "notify.sock")
     results = Results()
-    runners: dict[int, Callable[[], None]] = {
-        1: lambda: part_throughput(1, settings, root, notes, run_id, results),
-        2: lambda: part_throughput(2, settings, root, notes, run_id, results),
-        3: lambda: part_resume(settings, root, notes, results),
-        4: lambda: part_recovery(settings, root, notes, run_id, results),
-        5: lambda: part_latency(settings, root, notes, results),
+    runners: dict[int, Callable[[str], None]] = {
+        1: lambda t: part_throughput(1, t, settings, root, notes, run_id, results),
+        2: lambda t: part_throughput(2, t, settings, root, notes, run_id, results),
+        3: lambda t: part_resume(t, settings, root, notes, results),
+        4: lambda t: part_recovery(t, settings, root, notes, run_id, results),
+        5: lambda t: part_latency(t, settings, root, notes, results),
     }
     titles = {
         1: "human-in-the-loop cycles",
@@ -1351,12 +1435,13 @@ def main(argv: list[str] | None = None) -> int:
     }
     started = time.monotonic()
     for part in settings.parts:
-        log(f"part {part}: {titles[part]}")
-        try:
-            runners[part]()
-        except (ServerError, OSError, TimeoutError) as exc:
-            results.failures[f"part {part}"] = str(exc)
-            log(f"part {part}: FAILED: {exc}")
+        for target in settings.targets:
+            log(f"part {part} [{target}]: {titles[part]}")
+            try:
+                runners[part](target)
+            except (ServerError, OSError, TimeoutError) as exc:
+                results.failures[f"part {part} [{target}]"] = str(exc)
+                log(f"part {part} [{target}]: FAILED: {exc}")
     notes.close()
     verdict_list = verdicts(results, settings)
     wall = time.monotonic() - started

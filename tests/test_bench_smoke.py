@@ -1,7 +1,10 @@
-"""Smoke run of the workflow benchmark: `bench/workflows.py --quick --parts 1,2` works."""
+"""Smoke runs of the benchmarks: `bench/workflows.py --quick --parts 1,2` and a tiny
+`bench/sweep.py` work, on SQLite and (when the machine's PostgreSQL answers) on two
+PostgreSQL replicas."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -9,23 +12,36 @@ from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parent.parent / "bench" / "workflows.py"
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+PG_URL = os.environ.get("TROTH_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/test")
+
+
+def _pg_available() -> bool:
+    try:
+        import psycopg
+
+        with psycopg.connect(PG_URL, connect_timeout=2):
+            return True
+    except Exception:
+        return False
+
+
+def _run(*args: str, timeout: float) -> str:
+    run = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout)
+    assert run.returncode == 0, f"stdout:\n{run.stdout}\nstderr:\n{run.stderr[-3000:]}"
+    assert "Traceback" not in run.stderr, run.stderr[-3000:]
+    return run.stdout
 
 
 @pytest.mark.slow
 def test_workflow_bench_quick_run_prints_figures() -> None:
-    run = subprocess.run(
-        [sys.executable, str(BENCH), "--quick", "--parts", "1,2"],
-        capture_output=True,
-        text=True,
-        timeout=50,
-    )
-    assert run.returncode == 0, f"stdout:\n{run.stdout}\nstderr:\n{run.stderr[-3000:]}"
-    out = run.stdout
-    assert "Traceback" not in run.stderr, run.stderr[-3000:]
+    out = _run(str(BENCH / "workflows.py"), "--quick", "--parts", "1,2", "--targets", "sqlite",
+               timeout=50)  # fmt: skip
     # A throughput row per workload, with a completed-per-second figure and no errors.
     for workload in ("hitl", "ten-steps"):
-        rows = re.findall(rf"^{workload}\s+(\d+)\s+(\d+)\s+([\d,]+)\s+.*$", out, re.MULTILINE)
+        rows = re.findall(
+            rf"^sqlite\s+{workload}\s+(\d+)\s+(\d+)\s+([\d,]+)\s+.*$", out, re.MULTILINE
+        )
         assert rows, f"no {workload} row in:\n{out}"
         assert all(int(per_s.replace(",", "")) > 0 for _, _, per_s in rows), out
     # The RPC breakdown of one cycle, and a verdict line per target part.
@@ -33,3 +49,15 @@ def test_workflow_bench_quick_run_prints_figures() -> None:
     assert "client " in out and "worker " in out
     assert re.search(r"^(PASS|MISS|N/A) \(1\)", out, re.MULTILINE), out
     assert re.search(r"^(PASS|MISS|N/A) \(2\)", out, re.MULTILINE), out
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _pg_available(), reason="no PostgreSQL at TROTH_BENCH_PG")
+def test_sweep_bench_tiny_run_on_two_pg_replicas() -> None:
+    out = _run(str(BENCH / "sweep.py"), "--targets", "pg2", "--count", "300", "--window", "0.5",
+               "--warmup", "0", "--in-flight", "8", "--troth-arg=--sweep-interval=100ms",
+               timeout=40)  # fmt: skip
+    row = re.search(r"^pg2\s+([\d,]+)\s+([\d,]+)\s+\S+\s+([\d.]+)\s", out, re.MULTILINE)
+    assert row, out
+    assert float(row.group(3)) < 30, out  # drained
+    assert re.search(r"^(PASS|MISS) pg2 ", out, re.MULTILINE), out
