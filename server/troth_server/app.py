@@ -90,6 +90,7 @@ class Core:
             interval=settings.sweep_interval_ms / 1000,
             batch_size=settings.sweep_batch,
             on_tick=self._tick,
+            others_waiting=self.committer.busy,
         )
 
     def _tick(self) -> None:

@@ -321,6 +321,10 @@ class GroupCommitter:
             self._queue.put(None)
         self._thread.join()
 
+    def busy(self) -> bool:
+        """Whether requests are queued for the writer right now."""
+        return not self._queue.empty() or bool(self._loop_groups)
+
     def submit(self, op: WriteOp[R]) -> R:
         """Queue `op`, wait until its batch is committed, and return its result."""
         item = _BlockingItem(op)

@@ -7,6 +7,7 @@ stored state and `WatchPromise` streams follow within one interval.
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -38,6 +39,7 @@ class Sweeper:
         interval: float,
         batch_size: int,
         on_tick: Callable[[], None] | None = None,
+        others_waiting: Callable[[], bool] = lambda: False,
     ) -> None:
         if interval <= 0 or batch_size <= 0:
             raise ValueError("sweeper interval and batch size must be positive")
@@ -45,6 +47,8 @@ class Sweeper:
         self._interval = interval
         self._batch_size = batch_size
         self._on_tick = on_tick
+        self._others_waiting = others_waiting
+        """Whether requests wait for the writer: a long sweep then takes turns with them."""
         """More periodic work on the same beat (task leases, the dispatch fallback)."""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="troth-sweeper", daemon=True)
@@ -55,12 +59,18 @@ class Sweeper:
         """Expire everything overdue at `now` (default: the clock), a batch per transaction."""
         expired = batches = 0
         while True:
+            started = time.monotonic()
             n = self._service.expire_overdue(self._batch_size, now)
             if n:
                 batches += 1
                 expired += n
             if n < self._batch_size:
                 break
+            if self._others_waiting():
+                # A mass expiry (a deadline thousands of promises share) must not
+                # starve the requests queued behind it on the one writer: after
+                # each full batch, give them as long as the batch took.
+                self._stop.wait(time.monotonic() - started)
         if expired:
             log.info("sweeper.expired", expired=expired, batches=batches)
         return SweepCounts(expired=expired, batches=batches)
