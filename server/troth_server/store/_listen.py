@@ -94,14 +94,14 @@ class Announcer:
                     conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
                     if not first:
                         log.info("listen.reconnected", channel=self.channel)
-                        on_event(StoreEvent(resync=True))
+                        _deliver(on_event, StoreEvent(resync=True))
                     first = False
                     failures = 0
                     while not self._stop.is_set():
                         for notify in conn.notifies(timeout=1.0):
                             event = self._decode(notify.payload)
                             if event is not None:
-                                on_event(event)
+                                _deliver(on_event, event)
             except psycopg.Error as exc:
                 if self._stop.is_set():
                     return
@@ -125,3 +125,12 @@ class Announcer:
         if message.get("o") == self._origin:
             return None
         return StoreEvent(frozenset(message.get("g", ())), tuple(message.get("s", ())))
+
+
+def _deliver(on_event: Callable[[StoreEvent], None], event: StoreEvent) -> None:
+    # A wake-up that fails (the database went away while a watcher's promise was
+    # read) is caught up by the next tick's rescan; the listener carries on.
+    try:
+        on_event(event)
+    except Exception as exc:
+        log.warning("listen.handler_failed", error=str(exc))
