@@ -183,3 +183,20 @@ def test_postgres_behind_schema_is_refused_without_migrate(behind: str | None) -
         assert "--migrate" in message
         # Refusing changed nothing; --migrate then brings it to head.
         open_store(url, migrate=True).close()
+
+
+def test_postgres_hot_tables_are_analyzed_early() -> None:
+    with fresh_schema() as url:
+        eng = sa.create_engine(url)
+        with eng.connect() as conn:
+            options = dict(
+                conn.execute(
+                    sa.text(
+                        "SELECT relname, reloptions FROM pg_class "
+                        "WHERE relnamespace = current_schema()::regnamespace AND relkind = 'r'"
+                    )
+                ).all()
+            )
+        eng.dispose()
+    for table in ("promises", "tasks", "callbacks"):
+        assert "autovacuum_analyze_scale_factor=0.02" in options[table], options
