@@ -703,6 +703,16 @@ def _postgresql_engines(
         pool_pre_ping=True,
         connect_args=connect_args,
     )
+
+    @event.listens_for(write_engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        # Every write statement is an index lookup by design. Without this, a young
+        # table that grew faster than autovacuum analyzes it is planned as if it
+        # were tiny, and each batch's id lookup became a sequential scan (measured:
+        # 30 ms instead of 0.3 ms at 60k rows, which halved throughput).
+        dbapi_conn.execute("SET enable_seqscan = off")
+        dbapi_conn.commit()
+
     return write_engine, read_engine
 
 
