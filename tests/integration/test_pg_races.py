@@ -307,6 +307,30 @@ def pollers() -> Iterator[list[Poller]]:
         poller.cancel()
 
 
+def sweeps_wait(
+    cluster: Cluster,
+    activity: psycopg.Connection[tuple[Any, ...]],
+    steps: list[str],
+    what: str,
+) -> dict[str, list[tuple[int, list[int]]]]:
+    """Both replicas' sweeps blocked on `what`, which the test holds; the steps must
+    not have expired before the test took hold of it, or the race was not forced."""
+    with closing(cluster.connect(autocommit=True)) as probe:
+        pending = probe.execute(
+            "SELECT count(*) FROM promises WHERE id = ANY(%s) AND state = 'PENDING'"
+            " AND expire_time > %s",
+            (steps, int(time.time() * 1000)),
+        ).fetchone()
+    assert pending == (len(steps),), f"the steps expired before the test held {what}"
+    return {
+        r.name: wait_until(
+            f"replica {r.name}'s sweep to wait on {what}",
+            lambda r=r: lock_waits(activity, r),
+        )
+        for r in cluster.replicas
+    }
+
+
 def start_workflow(replica: Replica, root: str, group: str) -> str:
     """Create the root promise that starts a workflow (with its PENDING INVOKE task)."""
     replica.promises.CreatePromise(
@@ -524,24 +548,11 @@ def test_two_replicas_sweep_the_same_expired_promises(
     # root whose callbacks it fires: that task row is ours.
     task_lock = locks()
     task_lock.execute("SELECT id FROM tasks WHERE id = %s FOR UPDATE", (invoke.id,))
+    # Each replica's sweep takes an expired step (SKIP LOCKED: not the one the
+    # other replica holds) and waits on the task row; only we block them.
+    waits = sweeps_wait(cluster, activity, steps, "the task row")
+    queued_on(waits, task_lock.info.backend_pid)
     with closing(cluster.connect(autocommit=True)) as probe:
-        pending = probe.execute(
-            "SELECT count(*) FROM promises WHERE id = ANY(%s) AND state = 'PENDING'"
-            " AND expire_time > %s",
-            (steps, int(time.time() * 1000)),
-        ).fetchone()
-        assert pending == (2,), "the steps expired before the test held the task row"
-
-        # Each replica's sweep takes an expired step (SKIP LOCKED: not the one the
-        # other replica holds) and waits on the task row; only we block them.
-        waits = {
-            r.name: wait_until(
-                f"replica {r.name}'s sweep to wait on the task row",
-                lambda r=r: lock_waits(activity, r),
-            )
-            for r in cluster.replicas
-        }
-        queued_on(waits, task_lock.info.backend_pid)
         # Both steps are held, one by each replica's sweep.
         free = probe.execute(
             "SELECT id FROM promises WHERE id = ANY(%s) FOR UPDATE SKIP LOCKED", (steps,)
@@ -644,21 +655,8 @@ def test_two_replicas_resume_the_same_suspended_workflow(
         " resume_pending, create_time) VALUES (%s, %s, %s, 'RESUME', 'PENDING', 0, false, 0)",
         (f"test-{uuid.uuid4().hex}", root, group),
     )
+    waits = sweeps_wait(cluster, activity, steps, "the active-task index")
     with closing(cluster.connect(autocommit=True)) as probe:
-        pending = probe.execute(
-            "SELECT count(*) FROM promises WHERE id = ANY(%s) AND state = 'PENDING'"
-            " AND expire_time > %s",
-            (steps, int(time.time() * 1000)),
-        ).fetchone()
-        assert pending == (2,), "the steps expired before the test held the index entry"
-
-        waits = {
-            r.name: wait_until(
-                f"replica {r.name}'s sweep to wait on the active-task index",
-                lambda r=r: lock_waits(activity, r),
-            )
-            for r in cluster.replicas
-        }
         for found in waits.values():  # both inserts wait for our transaction's outcome
             assert [blockers for _, blockers in found] == [[blocker.info.backend_pid]], waits
         free = probe.execute(
