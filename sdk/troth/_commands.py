@@ -16,7 +16,8 @@ id `<root>.<n>` unless an explicit id is given):
 | `Random`        | `ctx.random()`          | the recorded float in [0, 1)               |
 
 Commands that only wait, so they create no promise and shift no id: a
-`PromiseHandle` itself (yield it to await it), `AwaitAll` and `AwaitAny`.
+`PromiseHandle` itself (yield it to await it), `AwaitAll`, `AwaitAny` and
+`AwaitAtLeast`.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ __all__ = [
     "TAG_TIMER",
     "AwaitAll",
     "AwaitAny",
+    "AwaitAtLeast",
     "Command",
     "CreatePromise",
     "Kind",
@@ -259,6 +261,21 @@ class AwaitAny(Command[Any]):
     that sees more of them settled picks the same one as the first execution.
     """
 
+    handles: tuple[PromiseHandle, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class AwaitAtLeast(Command[list[Any]]):
+    """Wait until `count` of the handles are resolved (a quorum: "2 of 3 approvers");
+    the yield returns those values, in the order they were settled.
+
+    Settles are taken in the server's settle order (ties: handle order). Once
+    so many are rejected that `count` can no longer be reached, the yield raises
+    the rejection that made it so. A replay that sees more of them settled
+    decides the same way.
+    """
+
+    count: int
     handles: tuple[PromiseHandle, ...]
 
 

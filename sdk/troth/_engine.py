@@ -28,7 +28,7 @@ sent into the generator (or its error thrown) without running anything, so a
 function whose step is settled is never called again. A recorded step the
 code never reaches before it finishes or blocks is non-determinism too.
 
-Awaiting. Yielding a `PromiseHandle`, `AwaitAll` or `AwaitAny` creates no
+Awaiting. Yielding a `PromiseHandle`, `AwaitAll`, `AwaitAny` or `AwaitAtLeast` creates no
 promise and shifts no id. Where several awaited promises are settled,
 `AwaitAny` (and `AwaitAll`'s fail-fast) pick the earliest by the server's
 settle time, not by what this process happened to see first, so a replay that
@@ -72,6 +72,7 @@ from troth._commands import (
     TAG_TIMER,
     AwaitAll,
     AwaitAny,
+    AwaitAtLeast,
     Command,
     CreatePromise,
     Kind,
@@ -112,7 +113,7 @@ Workflow = Callable[..., Generator[Any, Any, Any]]
 """A workflow: a generator function `def wf(ctx, *args)`."""
 
 _STEP_TYPES = (CreatePromise, RunStep, Sleep, StartWorkflow, Now, Random)
-_AWAIT_TYPES = (PromiseHandle, AwaitAll, AwaitAny)
+_AWAIT_TYPES = (PromiseHandle, AwaitAll, AwaitAny, AwaitAtLeast)
 _CLOSE_ATTEMPTS = 5
 
 
@@ -380,6 +381,8 @@ class Engine:
             return self._await_all(command.handles, single=False)
         if isinstance(command, AwaitAny):
             return self._await_any(command.handles)
+        if isinstance(command, AwaitAtLeast):
+            return self._await_at_least(command.count, command.handles)
         assert isinstance(command, _STEP_TYPES), f"engine bug: no command to resolve ({command})"
         return self._resolve_step(command)
 
@@ -466,6 +469,32 @@ class Engine:
             return self._suspend(tuple(dict.fromkeys(h.id for h in handles)))
         _, first = min(settled, key=lambda item: _settle_order(item[1], item[0]))
         return self._result(first)
+
+    def _await_at_least(
+        self, count: int, handles: Sequence[PromiseHandle]
+    ) -> _Resolution | Outcome:
+        settled = [
+            (i, p)
+            for i, p in enumerate(self._known.get(h.id) for h in handles)
+            if p is not None and p.is_settled
+        ]
+        # Replayed in settle order, so that the decision is the one the first
+        # execution made, however many more have settled since.
+        values: list[Any] = []
+        rejected = 0
+        for _, promise in sorted(settled, key=lambda item: _settle_order(item[1], item[0])):
+            result = self._result(promise)
+            if isinstance(result, _Send):
+                values.append(result.value)
+                if len(values) == count:
+                    return _Send(values)
+            else:
+                rejected += 1
+                if len(handles) - rejected < count:
+                    return result
+        settled_ids = {p.id for _, p in settled}
+        pending = [h.id for h in handles if h.id not in settled_ids]
+        return self._suspend(tuple(dict.fromkeys(pending)))
 
     def _suspend(self, awaiting: tuple[str, ...]) -> _Resolution | Outcome:
         if self._root_cancelled:

@@ -26,6 +26,7 @@ from typing import Any
 from troth._commands import (
     AwaitAll,
     AwaitAny,
+    AwaitAtLeast,
     CreatePromise,
     Now,
     PromiseHandle,
@@ -177,6 +178,19 @@ class Context:
         if not found:
             raise ValueError("ctx.any() needs at least one handle")
         return AwaitAny(handles=found)
+
+    def at_least(self, count: int, handles: Iterable[PromiseHandle]) -> AwaitAtLeast:
+        """Wait until `count` of the handles are resolved: `yield` it for their values,
+        in settle order. Raises the deciding rejection once `count` is out of reach."""
+        found = _handles(handles)
+        if isinstance(count, bool) or not isinstance(count, int):
+            raise TypeError(f"ctx.at_least() takes a whole number, not {count!r}")
+        if not 1 <= count <= len(found):
+            raise ValueError(
+                f"ctx.at_least({count}, ...) needs between 1 and {len(found)} "
+                f"(the number of handles given)"
+            )
+        return AwaitAtLeast(count=count, handles=found)
 
     def now(self) -> Now:
         """The current time, recorded: `yield` it for an aware UTC datetime that replays."""

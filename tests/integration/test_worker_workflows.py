@@ -134,7 +134,20 @@ def child(ctx: Context, i: int) -> Generator[Any, Any, int]:
     return (yield ctx.run(lambda x: x * 2, i))
 
 
-WORKFLOWS = [approval_flow, timed_out, compensating, failing, waits_forever, sleeper, parent, child]
+def quorum(ctx: Context) -> Generator[Any, Any, Any]:
+    """Two of three approvers must say yes."""
+    approvals = []
+    for _ in range(3):
+        approvals.append((yield ctx.promise(timeout=timedelta(seconds=30))))
+    try:
+        return {"approved_by": (yield ctx.at_least(2, approvals))}
+    except PromiseRejectedError as exc:
+        return {"declined": exc.value}
+
+
+WORKFLOWS = [
+    approval_flow, timed_out, compensating, failing, waits_forever, sleeper, parent, child, quorum,
+]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -168,6 +181,32 @@ def test_human_in_the_loop(client: Client, worker: Worker, tmp_path: Path) -> No
     client.resolve(approval_id, {"approved": True})
     assert handle.result(timeout=10) == {"post": "post-7", "decision": {"approved": True}}
     assert lines(effects) == [f"notify post-7 {approval_id}"]  # replay ran nothing again
+
+
+def test_two_of_three_approvers_are_a_quorum(client: Client, worker: Worker) -> None:
+    handle = client.start("quorum", id=new_id("quorum"))
+    approvals = [f"{handle.id}.{n}" for n in range(3)]
+    eventually(lambda: all(exists(client, a) for a in approvals), what="the three approvals")
+    client.resolve(approvals[2], "carol")
+    with pytest.raises(DeadlineExceededError):
+        handle.result(timeout=0.3)  # one yes is not a quorum
+    client.resolve(approvals[0], "alice")
+    assert handle.result(timeout=10) == {"approved_by": ["carol", "alice"]}
+    assert client.get(approvals[1]).state is PromiseState.PENDING  # nobody waits for bob
+
+
+def test_a_quorum_out_of_reach_raises_the_deciding_rejection(
+    client: Client, worker: Worker
+) -> None:
+    handle = client.start("quorum", id=new_id("quorum"))
+    approvals = [f"{handle.id}.{n}" for n in range(3)]
+    eventually(lambda: all(exists(client, a) for a in approvals), what="the three approvals")
+    client.reject(approvals[0], "alice says no")
+    client.resolve(approvals[1], "bob")
+    with pytest.raises(DeadlineExceededError):
+        handle.result(timeout=0.3)  # 1 yes, 1 no: carol can still make it 2
+    client.reject(approvals[2], "carol says no")
+    assert handle.result(timeout=10) == {"declined": "carol says no"}
 
 
 def test_starting_the_same_id_twice_concurrently_runs_once(

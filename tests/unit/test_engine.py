@@ -646,6 +646,57 @@ def test_any_picks_the_earliest_settled_not_the_first_listed() -> None:
     assert replay(wf, [], pending, root_id="r") == Suspend(("r.0", "r.1", "r.2"))
 
 
+def test_at_least_returns_the_first_resolved_in_settle_order() -> None:
+    def wf(ctx: Context) -> Gen:
+        handles = yield from _three(ctx)
+        return (yield ctx.at_least(2, handles))
+
+    pending = [make(f"r.{i}", PromiseState.PENDING) for i in range(3)]
+    assert replay(wf, [], pending, root_id="r") == Suspend(("r.0", "r.1", "r.2"))
+    one = [make("r.0", PromiseState.PENDING), make("r.1", value="b"), pending[2]]
+    assert replay(wf, [], one, root_id="r") == Suspend(("r.0", "r.2"))
+    two = [make("r.0", PromiseState.PENDING), make("r.1", value="b", settled_at=20),
+           make("r.2", value="c", settled_at=10)]  # fmt: skip
+    assert replay(wf, [], two, root_id="r") == Done(["c", "b"])
+    # A rejection does not end the wait while the quorum can still be reached...
+    rejected_one = [make("r.0", PromiseState.REJECTED, "no", settled_at=5),
+                    make("r.1", value="b", settled_at=20), pending[2]]  # fmt: skip
+    assert replay(wf, [], rejected_one, root_id="r") == Suspend(("r.2",))
+    # ...and a replay that sees the third settled too decides as the first run did.
+    later = [make("r.0", PromiseState.REJECTED, "no", settled_at=5),
+             make("r.1", value="b", settled_at=20), make("r.2", value="c", settled_at=30),
+             ]  # fmt: skip
+    assert replay(wf, [], later, root_id="r") == Done(["b", "c"])
+    decided = [make("r.0", value="a", settled_at=1), make("r.1", value="b", settled_at=2),
+               make("r.2", PromiseState.REJECTED, "late no", settled_at=3)]  # fmt: skip
+    assert replay(wf, [], decided, root_id="r") == Done(["a", "b"])
+
+
+def test_at_least_raises_the_rejection_that_puts_the_quorum_out_of_reach() -> None:
+    def wf(ctx: Context) -> Gen:
+        handles = yield from _three(ctx)
+        try:
+            return (yield ctx.at_least(2, handles))
+        except PromiseRejectedError as exc:
+            return f"declined: {exc.value}"
+
+    failing = [make("r.0", PromiseState.REJECTED, "first no", settled_at=5),
+               make("r.1", PromiseState.PENDING),
+               make("r.2", PromiseState.REJECTED, "second no", settled_at=7)]  # fmt: skip
+    assert replay(wf, [], failing, root_id="r") == Done("declined: second no")
+
+
+def test_at_least_checks_its_count() -> None:
+    ctx = Context("r")
+    handles = [PromiseHandle("r.0"), PromiseHandle("r.1")]
+    with pytest.raises(ValueError, match="between 1 and 2"):
+        ctx.at_least(3, handles)
+    with pytest.raises(ValueError, match="between 1 and 2"):
+        ctx.at_least(0, handles)
+    with pytest.raises(TypeError, match="whole number"):
+        ctx.at_least(True, handles)
+
+
 def test_all_returns_values_in_order_and_fails_fast_on_the_earliest_rejection() -> None:
     def wf(ctx: Context) -> Gen:
         handles = yield from _three(ctx)
