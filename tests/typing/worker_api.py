@@ -94,9 +94,10 @@ def fan_out(ctx: Context, orders: list[str]) -> Generator[Any, Any, list[Any]]:
     by_function: PromiseHandle = yield ctx.start(publish, "post-1", id=f"{ctx.id}.publish")
     every: list[Any] = yield ctx.all(children)
     first: Any = yield ctx.any([by_function, *children])
+    quorum: list[Any] = yield ctx.at_least(2, children)
     direct: str = yield ctx.rpc(checkout_v2, "order-0", 1, group="payments")
     named: dict[str, Any] = yield ctx.rpc("publish", "post-2", id=f"{ctx.id}.rpc")
-    return [*every, first, direct, named]
+    return [*every, first, *quorum, direct, named]
 
 
 @worker.workflow
