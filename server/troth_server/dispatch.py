@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 import structlog
 
+from troth_server.domain.errors import DomainError
 from troth_server.domain.task import TaskState
 from troth_server.store import StoreError
 
@@ -275,9 +276,9 @@ class Dispatcher:
                 for n, item in enumerate(claimed):
                     task = item.task
                     if stream.closed:
-                        # It went away between the claim and now: give the task back.
-                        self._tasks.release(task.id, task.counter, stream.worker_id)
-                        continue
+                        # It went away between the claim and now: give the rest back.
+                        self._give_back([c.task for c in claimed[n:]], stream.worker_id)
+                        break
                     try:
                         root, history = self._store.promise_tree(task.root_promise_id)
                     except StoreError:
@@ -303,8 +304,8 @@ class Dispatcher:
                 self._tasks.release(task.id, task.counter, worker_id)
             except StoreError:
                 return  # the worker releases what it never received, or the lease runs out
-            except Exception:
-                log.exception("dispatch.give_back_failed", task_id=task.id)
+            except DomainError:
+                continue  # it moved on already (its lease ran out meanwhile)
 
 
 __all__ = ["Delivery", "Dispatcher", "PollStream", "TaskState"]

@@ -70,6 +70,8 @@ class Keys:
     """Tasks to load by id (with one query for the whole batch), and their roots."""
     tasks: Collection[Task] = ()
     """Tasks the op already read inside this transaction (e.g. a claim's candidates)."""
+    unlocked: Collection[Task] = ()
+    """Tasks the op read without a lock, to be locked and re-read after the promises."""
 
 
 class Batch:
@@ -441,14 +443,16 @@ def _fold(
     root_ids: set[str] = set()
     task_ids: set[str] = set()
     queried: list[Task] = []
+    unlocked: dict[str, Task] = {}
     for item in items:
         keys = item.op.keys(tx, now)
         promise_ids.update(keys.promises)
         root_ids.update(keys.roots)
         task_ids.update(keys.task_ids)
         queried.extend(keys.tasks)
+        unlocked.update((t.id, t) for t in keys.unlocked)
     loaded = {t.id: t for t in queried}
-    wanted = task_ids - loaded.keys()
+    wanted = task_ids - loaded.keys() - unlocked.keys()
     # One lock order for every write, promises before tasks, so that replicas
     # writing the same workflow queue up instead of deadlocking: learn the
     # tasks' roots unlocked, lock the promises, then lock and re-read the tasks.
@@ -457,7 +461,10 @@ def _fold(
     promise_ids.update(t.root_promise_id for t in peeked.values())
     promise_ids.update(loaded[t].root_promise_id for t in task_ids if t in loaded)
     promises = tx.get_promises(promise_ids)
-    loaded.update(tx.get_tasks(peeked.keys()) if tx.row_locks else peeked)
+    if tx.row_locks:
+        loaded.update(tx.get_tasks(peeked.keys() | unlocked.keys()))
+    else:
+        loaded.update({**unlocked, **peeked})
     # Only a promise that exists can have callbacks: a batch of creates asks nothing.
     callbacks = tx.get_callbacks(promises.keys())
     root_ids.update(c.root_promise_id for c in callbacks)

@@ -39,9 +39,9 @@ def _held(batch: Batch, task_id: str) -> Task:
 
 
 def _claimed_keys(tx: WriteTx, worker_id: str) -> Keys:
-    """A worker's CLAIMED tasks, to lock in the one lock order (after promises)."""
+    """A worker's CLAIMED tasks, locked in the one lock order (after promises)."""
     if tx.row_locks:
-        return Keys(task_ids=[t.id for t in tx.claimed_tasks(worker_id, lock=False)])
+        return Keys(unlocked=tx.claimed_tasks(worker_id, lock=False))
     return Keys(tasks=tx.claimed_tasks(worker_id))
 
 

@@ -632,7 +632,7 @@ def open_sql_store(
             f"unsupported database URL {parsed.render_as_string(hide_password=True)!r}: "
             "use sqlite:///PATH or postgresql+psycopg://USER@HOST:PORT/DATABASE"
         )
-    store = SqlStore(write_engine, read_engine)
+    announcer: Announcer | None = None
     try:
         with write_engine.begin() as conn:
             if migrate:
@@ -640,14 +640,15 @@ def open_sql_store(
             else:
                 check_at_head(conn, url)
             if backend == "postgresql":
-                store = SqlStore(write_engine, read_engine, _announcer(conn, parsed))
+                announcer = _announcer(conn, parsed)
     except BaseException as exc:
-        store.close()
+        write_engine.dispose()
+        read_engine.dispose()
         if isinstance(exc, DBAPIError):
             where = parsed.render_as_string(hide_password=True)
             raise StoreUnavailable(f"cannot open {where}: {exc.orig}") from exc
         raise
-    return store
+    return SqlStore(write_engine, read_engine, announcer)
 
 
 def _sqlite_engines(parsed: URL, sqlite_synchronous: str, pool_size: int) -> tuple[Engine, Engine]:
