@@ -8,6 +8,7 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from _pg import fresh_schema
@@ -101,3 +102,26 @@ def test_a_sweep_skips_expired_promises_another_transaction_holds(
         holder.join()
     assert held == ["e1", "e2"]
     assert other == ["e3", "e4"]
+
+
+def test_writes_never_plan_a_sequential_scan(replicas: tuple[Store, Store]) -> None:
+    """A young table that grew faster than autovacuum analyzes it must not turn each
+    batch's id lookup into a sequential scan (it halved throughput in bench/sweep.py)."""
+    a, _ = replicas
+    ids = ", ".join(f"'new-{n}'" for n in range(256))  # a batch's worth of creates
+    lookup = f"EXPLAIN SELECT * FROM promises WHERE id = ANY(ARRAY[{ids}]) ORDER BY id FOR UPDATE"
+    a.write(
+        lambda tx: tx._conn.exec_driver_sql(  # type: ignore[attr-defined]
+            "INSERT INTO promises (id, state, param_headers, param_data, value_headers,"
+            " value_data, tags, timer, create_time) SELECT 'bulk-' || g, 'PENDING', '{}',"
+            " '', '{}', '', '{}', false, 1 FROM generate_series(1, 60000) g"
+        )
+    )
+
+    def plan(conn: Any) -> str:
+        return "\n".join(row[0] for row in conn.exec_driver_sql(lookup).all())
+
+    with a._read_engine.connect() as conn:  # type: ignore[attr-defined]
+        assert "Seq Scan" in plan(conn)  # the planner, left to itself, on this table
+    written = a.write(lambda tx: plan(tx._conn))  # type: ignore[attr-defined]
+    assert "Seq Scan" not in written, written

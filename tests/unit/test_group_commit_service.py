@@ -487,6 +487,24 @@ def test_sweeper_expires_overdue_promises_in_batches(wired: Wired) -> None:
     assert store.expired_promise_ids(10**15, 100) == []
 
 
+def test_a_long_sweep_takes_turns_with_waiting_requests(wired: Wired) -> None:
+    for n in range(7):
+        create(wired.service, f"due-{n}", ttl=1_000)
+    asked: list[int] = []
+
+    def others_waiting() -> bool:
+        asked.append(wired.committer.stats.commits)
+        return True
+
+    sweeper = Sweeper(wired.service, interval=60, batch_size=3, others_waiting=others_waiting)
+    commits = wired.committer.stats.commits
+    assert sweeper.run_once(T0 + 2_000) == SweepCounts(expired=7, batches=3)
+    # Asked after each full batch (then it paused as long as the batch took), not
+    # after the last one: the sweep was over.
+    assert asked == [commits + 1, commits + 2]
+    assert not wired.committer.busy()
+
+
 def test_sweeper_config_is_validated(wired: Wired) -> None:
     with pytest.raises(ValueError, match="positive"):
         Sweeper(wired.service, interval=0, batch_size=3)

@@ -65,3 +65,14 @@ def test_unexpected_errors_are_internal_and_say_so() -> None:
     _, info = _decode(status)
     assert info.reason == Reason.INTERNAL
     assert "boom" not in status.details
+
+
+def test_a_commit_of_unknown_outcome_says_to_retry_the_same_call() -> None:
+    from troth_server.store import CommitOutcomeUnknown
+
+    status = status_for(CommitOutcomeUnknown("the connection was lost while committing"))
+    assert status.code == grpc.StatusCode.UNAVAILABLE
+    message = status.details
+    assert "may or may not have been made" in message
+    assert "retry the same call" in message
+    assert "nothing was changed" not in message
