@@ -46,6 +46,21 @@ def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+def machine_info() -> dict[str, Any]:
+    """What every script prints and records about the machine a run was on."""
+    import platform
+
+    import grpc
+
+    return {
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "grpcio": grpc.__version__,
+        "platform": platform.platform(),
+        "loadavg": os.getloadavg(),
+    }
+
+
 def machine_busy_seconds() -> float | None:
     """CPU time all cores have spent busy since boot, steal included (Linux /proc)."""
     try:

@@ -22,8 +22,6 @@ import functools
 import itertools
 import json
 import math
-import os
-import platform
 import shlex
 import shutil
 import sys
@@ -45,6 +43,7 @@ from _servers import (
     ServerProcess,
     log,
     machine_busy_seconds,
+    machine_info,
     percentile_ms,
     postgres_cpu_delta,
     postgres_cpu_seconds,
@@ -739,12 +738,7 @@ def main(argv: list[str] | None = None) -> int:
     run_id = uuid.uuid4().hex[:8]
     counter = itertools.count()
     root = Path(tempfile.mkdtemp(prefix="troth-bench-"))
-    machine = {
-        "cpus": os.cpu_count(),
-        "python": platform.python_version(),
-        "grpcio": grpc.__version__,
-        "platform": platform.platform(),
-    }
+    machine = machine_info()
     log(
         f"troth bench {run_id}: client {settings.client}, {settings.duration_s:g} s per phase "
         f"(+{settings.warmup_s:g} s warm-up), in flight {settings.concurrency}, "

@@ -33,8 +33,6 @@ import asyncio
 import itertools
 import json
 import math
-import os
-import platform
 import shutil
 import sys
 import tempfile
@@ -53,6 +51,7 @@ from _servers import (
     ServerError,
     log,
     machine_busy_seconds,
+    machine_info,
     percentile_ms,
     postgres_cpu_delta,
     postgres_cpu_seconds,
@@ -506,12 +505,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = parse_args(argv)
     run_id = uuid.uuid4().hex[:6]
     root = Path(tempfile.mkdtemp(prefix="troth-sweep-"))
-    machine = {
-        "cpus": os.cpu_count(),
-        "python": platform.python_version(),
-        "grpcio": grpc.__version__,
-        "loadavg": os.getloadavg(),
-    }
+    machine = machine_info()
     log(
         f"troth sweep {run_id}: {settings.count:,} promises, {settings.in_flight} in flight, "
         f"{settings.window_s:g} s windows, {machine['cpus']} cpus, load average "

@@ -33,7 +33,6 @@ import itertools
 import json
 import math
 import os
-import platform
 import shutil
 import signal
 import socket
@@ -57,6 +56,7 @@ from _servers import (
     ServerError,
     log,
     machine_busy_seconds,
+    machine_info,
     percentile_ms,
     postgres_cpu_delta,
     postgres_cpu_seconds,
@@ -1406,12 +1406,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = parse_args(argv)
     run_id = uuid.uuid4().hex[:6]
     root = Path(tempfile.mkdtemp(prefix="troth-wfbench-"))
-    machine = {
-        "cpus": os.cpu_count(),
-        "python": platform.python_version(),
-        "grpcio": grpc.__version__,
-        "platform": platform.platform(),
-    }
+    machine = machine_info()
     log(
         f"troth workflow bench {run_id}: parts {settings.parts}, {settings.duration_s:g} s per "
         f"phase (+{settings.warmup_s:g} s warm-up){' (quick)' if settings.quick else ''}, "
