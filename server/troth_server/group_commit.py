@@ -458,8 +458,8 @@ def _fold(
     # tasks' roots unlocked, lock the promises, then lock and re-read the tasks.
     # (Claims and lease sweeps take their tasks first, but with SKIP LOCKED.)
     peeked = tx.get_tasks(wanted, lock=False) if tx.row_locks else tx.get_tasks(wanted)
-    promise_ids.update(t.root_promise_id for t in peeked.values())
-    promise_ids.update(loaded[t].root_promise_id for t in task_ids if t in loaded)
+    for known in (peeked, unlocked, loaded):  # the roots of the tasks loaded by id
+        promise_ids.update(known[t].root_promise_id for t in task_ids if t in known)
     promises = tx.get_promises(promise_ids)
     if tx.row_locks:
         loaded.update(tx.get_tasks(peeked.keys() | unlocked.keys()))

@@ -125,3 +125,38 @@ def test_writes_never_plan_a_sequential_scan(replicas: tuple[Store, Store]) -> N
         assert "Seq Scan" in plan(conn)  # the planner, left to itself, on this table
     written = a.write(lambda tx: plan(tx._conn))  # type: ignore[attr-defined]
     assert "Seq Scan" not in written, written
+
+
+def test_a_heartbeat_and_a_completion_of_one_worker_share_a_batch() -> None:
+    """On PostgreSQL a heartbeat reads its worker's tasks unlocked and locks them after
+    the promises; a completion of one of them in the same batch still finds its root."""
+    from troth_server.domain.promise import EMPTY, CreateRequest, Payload, PromiseState
+    from troth_server.domain.promise import SettleRequest as Settle
+    from troth_server.group_commit import _fold, _Item
+    from troth_server.service import _CreateOp
+    from troth_server.task_service import _ClaimOp, _CompleteOp, _HeartbeatOp
+
+    with fresh_schema() as url:
+        store = open_store(url)
+        try:
+            now = T0
+
+            def run(*ops: Any) -> list[tuple[bool, Any]]:
+                items = [_Item(op) for op in ops]
+                return store.write(lambda tx: _fold(tx, items, now))[0]
+
+            tags = {"troth:invoke": "g", "troth:func": "f"}
+            run(_CreateOp(CreateRequest("wf", Payload({}, b"[]"), tags), None))
+            [(claim_ok, claimed)] = run(_ClaimOp("g", "w1", 1, 10_000))
+            assert claim_ok, claimed
+            task = claimed[0].task
+            done = Settle("wf", PromiseState.RESOLVED, EMPTY)
+            (beat_ok, beat), (done_ok, completed) = run(
+                _HeartbeatOp("w1", 10_000), _CompleteOp(task.id, task.counter, "w1", done)
+            )
+            assert beat_ok and [t.id for t in beat] == [task.id]
+            assert done_ok, completed
+            _, root = completed
+            assert root is not None and root.state is PromiseState.RESOLVED
+        finally:
+            store.close()
