@@ -269,6 +269,7 @@ class Transport:
         """
         deadline = self.deadline(timeout)
         attempt = 0
+        unreachable: grpc.RpcError | None = None
         with map_rpc_errors(self.address):
             while True:
                 attempt += 1
@@ -277,7 +278,17 @@ class Transport:
                 except grpc.RpcError as exc:
                     delay = self.retry_delay(exc, attempt, deadline, idempotent=idempotent)
                     if delay is None:
+                        if (
+                            unreachable is not None
+                            and _code(exc) is grpc.StatusCode.DEADLINE_EXCEEDED
+                        ):
+                            # The deadline ran out while still trying to connect:
+                            # "cannot reach the server" says what is wrong; a
+                            # bare timeout would point at a slow server.
+                            raise unreachable from exc
                         raise
+                    if _code(exc) is grpc.StatusCode.UNAVAILABLE:
+                        unreachable = exc
                     _log.debug(
                         "retrying after %s (attempt %d)",
                         exc.code().name,
@@ -355,6 +366,11 @@ def _error_info(call: grpc.Call) -> tuple[str, dict[str, str]]:
             if info.domain in ("", ERROR_DOMAIN):
                 return str(info.reason), {str(k): str(v) for k, v in info.metadata.items()}
     return "", {}
+
+
+def _code(exc: grpc.RpcError) -> grpc.StatusCode | None:
+    call = as_call(exc)
+    return None if call is None else call.code()
 
 
 def _to_troth_error(exc: grpc.RpcError, address: str | None) -> RpcError:

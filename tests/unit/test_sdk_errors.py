@@ -340,6 +340,22 @@ def test_retries_never_outlive_the_deadline(transport: Transport, clock: FakeClo
     assert clock.now - 100.0 < 0.25
 
 
+def test_deadline_spent_reconnecting_reads_as_unreachable(transport: Transport) -> None:
+    # Seen in CI: the first attempt is refused, the retry is still connecting
+    # when the deadline runs out. The user's problem is an unreachable server.
+    method = Scripted(
+        unavailable(), *(FakeCall(Code.DEADLINE_EXCEEDED, "Deadline Exceeded") for _ in range(20))
+    )
+    with pytest.raises(errors.UnavailableError, match="cannot reach the troth server"):
+        transport.call(method, object(), timeout=10.0)  # type: ignore[arg-type]
+
+
+def test_a_slow_server_still_reads_as_a_timeout(transport: Transport) -> None:
+    method = Scripted(*(FakeCall(Code.DEADLINE_EXCEEDED, "Deadline Exceeded") for _ in range(20)))
+    with pytest.raises(errors.DeadlineExceededError):
+        transport.call(method, object(), timeout=10.0)  # type: ignore[arg-type]
+
+
 def test_server_side_deadline_exceeded_is_retried(transport: Transport) -> None:
     method = Scripted(rich_error(Code.DEADLINE_EXCEEDED, "store slow", Reason.INTERNAL))
     assert transport.call(method, object(), timeout=10.0) == "ok"  # type: ignore[arg-type]
