@@ -6,6 +6,7 @@ field; `Client` and the CLI see `Promise`, `Payload`, `datetime` and `timedelta`
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 
 from google.protobuf import duration_pb2, timestamp_pb2
@@ -103,4 +104,9 @@ def promise_from_proto(message: types_pb2.Promise) -> Promise:
         idempotency_key_for_create=message.idempotency_key_for_create,
         idempotency_key_for_settle=message.idempotency_key_for_settle,
         settled_by=message.settled_by,
+        schema=json.loads(message.schema) if message.schema else None,
+        title=message.title,
+        message=message.message,
+        requested_by=message.requested_by,
+        workflow_version=message.workflow_version,
     )

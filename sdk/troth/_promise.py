@@ -10,7 +10,7 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from troth.codec import Payload
@@ -47,6 +47,11 @@ class Promise:
         idempotency_key_for_create: The key its create carried, or "".
         idempotency_key_for_settle: The key its winning settle carried, or "".
         settled_by: The principal that settled it ("troth:timeout" for expiry), or "".
+        schema: The JSON Schema (a dict) its resolve value must satisfy, or None.
+        title: For the human who settles it, or "".
+        message: For the human who settles it, or "".
+        requested_by: Who asked for it: a workflow, or the creator's principal; or "".
+        workflow_version: A workflow root's code version, once a worker took it; or "".
 
     .. versionadded:: 0.1.0
     """
@@ -62,6 +67,11 @@ class Promise:
     idempotency_key_for_create: str = ""
     idempotency_key_for_settle: str = ""
     settled_by: str = ""
+    schema: Mapping[str, Any] | None = None
+    title: str = ""
+    message: str = ""
+    requested_by: str = ""
+    workflow_version: str = ""
 
     @property
     def is_settled(self) -> bool:

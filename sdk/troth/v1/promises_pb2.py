@@ -27,7 +27,7 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from troth.v1 import types_pb2 as troth_dot_v1_dot_types__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17troth/v1/promises.proto\x12\x08troth.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x14troth/v1/types.proto\"\xb8\x03\n\x14\x43reatePromiseRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12 \n\x05param\x18\x02 \x01(\x0b\x32\x11.troth.v1.Payload\x12\x36\n\x04tags\x18\x03 \x03(\x0b\x32(.troth.v1.CreatePromiseRequest.TagsEntry\x12\x31\n\x0b\x65xpire_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.TimestampH\x00\x12(\n\x03ttl\x18\x05 \x01(\x0b\x32\x19.google.protobuf.DurationH\x00\x12\x15\n\rnever_expires\x18\x06 \x01(\x08\x12\x17\n\x0fidempotency_key\x18\x07 \x01(\t\x12\x0e\n\x06strict\x18\x08 \x01(\x08\x12*\n\rresolved_with\x18\t \x01(\x0b\x32\x11.troth.v1.PayloadH\x01\x12*\n\rrejected_with\x18\n \x01(\x0b\x32\x11.troth.v1.PayloadH\x01\x1a+\n\tTagsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x08\n\x06\x65xpiryB\x0e\n\x0csettled_with\"L\n\x15\x43reatePromiseResponse\x12\"\n\x07promise\x18\x01 \x01(\x0b\x32\x11.troth.v1.Promise\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"\x1f\n\x11GetPromiseRequest\x12\n\n\x02id\x18\x01 \x01(\t\"8\n\x12GetPromiseResponse\x12\"\n\x07promise\x18\x01 \x01(\x0b\x32\x11.troth.v1.Promise\"\xd8\x01\n\x15SearchPromisesRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12&\n\x06states\x18\x02 \x03(\x0e\x32\x16.troth.v1.PromiseState\x12\x37\n\x04tags\x18\x03 \x03(\x0b\x32).troth.v1.SearchPromisesRequest.TagsEntry\x12\x11\n\tpage_size\x18\x04 \x01(\x05\x12\x12\n\npage_token\x18\x05 \x01(\t\x1a+\n\tTagsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"V\n\x16SearchPromisesResponse\x12#\n\x08promises\x18\x01 \x03(\x0b\x32\x11.troth.v1.Promise\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"n\n\x15ResolvePromiseRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12 \n\x05value\x18\x02 \x01(\x0b\x32\x11.troth.v1.Payload\x12\x17\n\x0fidempotency_key\x18\x03 \x01(\t\x12\x0e\n\x06strict\x18\x04 \x01(\x08\"m\n\x14RejectPromiseRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12 \n\x05value\x18\x02 \x01(\x0b\x32\x11.troth.v1.Payload\x12\x17\n\x0fidempotency_key\x18\x03 \x01(\t\x12\x0e\n\x06strict\x18\x04 \x01(\x08\"m\n\x14\x43\x61ncelPromiseRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12 \n\x05value\x18\x02 \x01(\x0b\x32\x11.troth.v1.Payload\x12\x17\n\x0fidempotency_key\x18\x03 \x01(\t\x12\x0e\n\x06strict\x18\x04 \x01(\x08\"L\n\x15SettlePromiseResponse\x12\"\n\x07promise\x18\x01 \x01(\x0b\x32\x11.troth.v1.Promise\x12\x0f\n\x07\x61pplied\x18\x02 \x01(\x08\"!\n\x13WatchPromiseRequest\x12\n\n\x02id\x18\x01 \x01(\t\":\n\x14WatchPromiseResponse\x12\"\n\x07promise\x18\x01 \x01(\x0b\x32\x11.troth.v1.Promise2\xc3\x04\n\x08Promises\x12P\n\rCreatePromise\x12\x1e.troth.v1.CreatePromiseRequest\x1a\x1f.troth.v1.CreatePromiseResponse\x12G\n\nGetPromise\x12\x1b.troth.v1.GetPromiseRequest\x1a\x1c.troth.v1.GetPromiseResponse\x12S\n\x0eSearchPromises\x12\x1f.troth.v1.SearchPromisesRequest\x1a .troth.v1.SearchPromisesResponse\x12R\n\x0eResolvePromise\x12\x1f.troth.v1.ResolvePromiseRequest\x1a\x1f.troth.v1.SettlePromiseResponse\x12P\n\rRejectPromise\x12\x1e.troth.v1.RejectPromiseRequest\x1a\x1f.troth.v1.SettlePromiseResponse\x12P\n\rCancelPromise\x12\x1e.troth.v1.CancelPromiseRequest\x1a\x1f.troth.v1.SettlePromiseResponse\x12O\n\x0cWatchPromise\x12\x1d.troth.v1.WatchPromiseRequest\x1a\x1e.troth.v1.WatchPromiseResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17troth/v1/promises.proto\x12\x08troth.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x14troth/v1/types.proto\"\xfe\x03\n\x14\x43reatePromiseRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12 \n\x05param\x18\x02 \x01(\x0b\x32\x11.troth.v1.Payload\x12\x36\n\x04tags\x18\x03 \x03(\x0b\x32(.troth.v1.CreatePromiseRequest.TagsEntry\x12\x31\n\x0b\x65xpire_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.TimestampH\x00\x12(\n\x03ttl\x18\x05 \x01(\x0b\x32\x19.google.protobuf.DurationH\x00\x12\x15\n\rnever_expires\x18\x06 \x01(\x08\x12\x17\n\x0fidempotency_key\x18\x07 \x01(\t\x12\x0e\n\x06strict\x18\x08 \x01(\x08\x12*\n\rresolved_with\x18\t \x01(\x0b\x32\x11.troth.v1.PayloadH\x01\x12*\n\rrejected_with\x18\n \x01(\x0b\x32\x11.troth.v1.PayloadH\x01\x12\x0e\n\x06schema\x18\x0b \x01(\t\x12\r\n\x05title\x18\x0c \x01(\t\x12\x0f\n\x07message\x18\r \x01(\t\x12\x14\n\x0crequested_by\x18\x0e \x01(\t\x1a+\n\tTagsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x08\n\x06\x65xpiryB\x0e\n\x0csettled_with\"L\n\x15\x43reatePromiseResponse\x12\"\n\x07promise\x18\x01 \x01(\x0b\x32\x11.troth.v1.Promise\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"\x1f\n\x11GetPromiseRequest\x12\n\n\x02id\x18\x01 \x01(\t\"8\n\x12GetPromiseResponse\x12\"\n\x07promise\x18\x01 \x01(\x0b\x32\x11.troth.v1.Promise\"\xb3\x02\n\x15SearchPromisesRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12&\n\x06states\x18\x02 \x03(\x0e\x32\x16.troth.v1.PromiseState\x12\x37\n\x04tags\x18\x03 \x03(\x0b\x32).troth.v1.SearchPromisesRequest.TagsEntry\x12\x11\n\tpage_size\x18\x04 \x01(\x05\x12\x12\n\npage_token\x18\x05 \x01(\t\x12%\n\x05order\x18\x06 \x01(\x0e\x32\x16.troth.v1.PromiseOrder\x12\x32\n\x0e\x63reated_before\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x1a+\n\tTagsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"V\n\x16SearchPromisesResponse\x12#\n\x08promises\x18\x01 \x03(\x0b\x32\x11.troth.v1.Promise\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\x89\x01\n\x15ResolvePromiseRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12 \n\x05value\x18\x02 \x01(\x0b\x32\x11.troth.v1.Payload\x12\x17\n\x0fidempotency_key\x18\x03 \x01(\t\x12\x0e\n\x06strict\x18\x04 \x01(\x08\x12\x19\n\x11\x63reate_if_missing\x18\x05 \x01(\x08\"\x88\x01\n\x14RejectPromiseRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12 \n\x05value\x18\x02 \x01(\x0b\x32\x11.troth.v1.Payload\x12\x17\n\x0fidempotency_key\x18\x03 \x01(\t\x12\x0e\n\x06strict\x18\x04 \x01(\x08\x12\x19\n\x11\x63reate_if_missing\x18\x05 \x01(\x08\"m\n\x14\x43\x61ncelPromiseRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12 \n\x05value\x18\x02 \x01(\x0b\x32\x11.troth.v1.Payload\x12\x17\n\x0fidempotency_key\x18\x03 \x01(\t\x12\x0e\n\x06strict\x18\x04 \x01(\x08\"L\n\x15SettlePromiseResponse\x12\"\n\x07promise\x18\x01 \x01(\x0b\x32\x11.troth.v1.Promise\x12\x0f\n\x07\x61pplied\x18\x02 \x01(\x08\"!\n\x13WatchPromiseRequest\x12\n\n\x02id\x18\x01 \x01(\t\":\n\x14WatchPromiseResponse\x12\"\n\x07promise\x18\x01 \x01(\x0b\x32\x11.troth.v1.Promise\"\x87\x01\n\x14WatchPromisesRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\x36\n\x04tags\x18\x02 \x03(\x0b\x32(.troth.v1.WatchPromisesRequest.TagsEntry\x1a+\n\tTagsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"e\n\x15WatchPromisesResponse\x12(\n\x04type\x18\x01 \x01(\x0e\x32\x1a.troth.v1.PromiseEventType\x12\"\n\x07promise\x18\x02 \x01(\x0b\x32\x11.troth.v1.Promise*e\n\x0cPromiseOrder\x12\x1d\n\x19PROMISE_ORDER_UNSPECIFIED\x10\x00\x12\x0f\n\x0b\x43REATED_ASC\x10\x01\x12\x10\n\x0c\x43REATED_DESC\x10\x02\x12\x13\n\x0f\x45XPIRE_TIME_ASC\x10\x03*_\n\x10PromiseEventType\x12\"\n\x1ePROMISE_EVENT_TYPE_UNSPECIFIED\x10\x00\x12\x0b\n\x07\x43REATED\x10\x01\x12\x0b\n\x07SETTLED\x10\x02\x12\r\n\tTIMED_OUT\x10\x03\x32\x97\x05\n\x08Promises\x12P\n\rCreatePromise\x12\x1e.troth.v1.CreatePromiseRequest\x1a\x1f.troth.v1.CreatePromiseResponse\x12G\n\nGetPromise\x12\x1b.troth.v1.GetPromiseRequest\x1a\x1c.troth.v1.GetPromiseResponse\x12S\n\x0eSearchPromises\x12\x1f.troth.v1.SearchPromisesRequest\x1a .troth.v1.SearchPromisesResponse\x12R\n\x0eResolvePromise\x12\x1f.troth.v1.ResolvePromiseRequest\x1a\x1f.troth.v1.SettlePromiseResponse\x12P\n\rRejectPromise\x12\x1e.troth.v1.RejectPromiseRequest\x1a\x1f.troth.v1.SettlePromiseResponse\x12P\n\rCancelPromise\x12\x1e.troth.v1.CancelPromiseRequest\x1a\x1f.troth.v1.SettlePromiseResponse\x12O\n\x0cWatchPromise\x12\x1d.troth.v1.WatchPromiseRequest\x1a\x1e.troth.v1.WatchPromiseResponse0\x01\x12R\n\rWatchPromises\x12\x1e.troth.v1.WatchPromisesRequest\x1a\x1f.troth.v1.WatchPromisesResponse0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,34 +38,46 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CREATEPROMISEREQUEST_TAGSENTRY']._serialized_options = b'8\001'
   _globals['_SEARCHPROMISESREQUEST_TAGSENTRY']._loaded_options = None
   _globals['_SEARCHPROMISESREQUEST_TAGSENTRY']._serialized_options = b'8\001'
+  _globals['_WATCHPROMISESREQUEST_TAGSENTRY']._loaded_options = None
+  _globals['_WATCHPROMISESREQUEST_TAGSENTRY']._serialized_options = b'8\001'
+  _globals['_PROMISEORDER']._serialized_start=2008
+  _globals['_PROMISEORDER']._serialized_end=2109
+  _globals['_PROMISEEVENTTYPE']._serialized_start=2111
+  _globals['_PROMISEEVENTTYPE']._serialized_end=2206
   _globals['_CREATEPROMISEREQUEST']._serialized_start=125
-  _globals['_CREATEPROMISEREQUEST']._serialized_end=565
-  _globals['_CREATEPROMISEREQUEST_TAGSENTRY']._serialized_start=496
-  _globals['_CREATEPROMISEREQUEST_TAGSENTRY']._serialized_end=539
-  _globals['_CREATEPROMISERESPONSE']._serialized_start=567
-  _globals['_CREATEPROMISERESPONSE']._serialized_end=643
-  _globals['_GETPROMISEREQUEST']._serialized_start=645
-  _globals['_GETPROMISEREQUEST']._serialized_end=676
-  _globals['_GETPROMISERESPONSE']._serialized_start=678
-  _globals['_GETPROMISERESPONSE']._serialized_end=734
-  _globals['_SEARCHPROMISESREQUEST']._serialized_start=737
-  _globals['_SEARCHPROMISESREQUEST']._serialized_end=953
-  _globals['_SEARCHPROMISESREQUEST_TAGSENTRY']._serialized_start=496
-  _globals['_SEARCHPROMISESREQUEST_TAGSENTRY']._serialized_end=539
-  _globals['_SEARCHPROMISESRESPONSE']._serialized_start=955
-  _globals['_SEARCHPROMISESRESPONSE']._serialized_end=1041
-  _globals['_RESOLVEPROMISEREQUEST']._serialized_start=1043
-  _globals['_RESOLVEPROMISEREQUEST']._serialized_end=1153
-  _globals['_REJECTPROMISEREQUEST']._serialized_start=1155
-  _globals['_REJECTPROMISEREQUEST']._serialized_end=1264
-  _globals['_CANCELPROMISEREQUEST']._serialized_start=1266
-  _globals['_CANCELPROMISEREQUEST']._serialized_end=1375
-  _globals['_SETTLEPROMISERESPONSE']._serialized_start=1377
-  _globals['_SETTLEPROMISERESPONSE']._serialized_end=1453
-  _globals['_WATCHPROMISEREQUEST']._serialized_start=1455
-  _globals['_WATCHPROMISEREQUEST']._serialized_end=1488
-  _globals['_WATCHPROMISERESPONSE']._serialized_start=1490
-  _globals['_WATCHPROMISERESPONSE']._serialized_end=1548
-  _globals['_PROMISES']._serialized_start=1551
-  _globals['_PROMISES']._serialized_end=2130
+  _globals['_CREATEPROMISEREQUEST']._serialized_end=635
+  _globals['_CREATEPROMISEREQUEST_TAGSENTRY']._serialized_start=566
+  _globals['_CREATEPROMISEREQUEST_TAGSENTRY']._serialized_end=609
+  _globals['_CREATEPROMISERESPONSE']._serialized_start=637
+  _globals['_CREATEPROMISERESPONSE']._serialized_end=713
+  _globals['_GETPROMISEREQUEST']._serialized_start=715
+  _globals['_GETPROMISEREQUEST']._serialized_end=746
+  _globals['_GETPROMISERESPONSE']._serialized_start=748
+  _globals['_GETPROMISERESPONSE']._serialized_end=804
+  _globals['_SEARCHPROMISESREQUEST']._serialized_start=807
+  _globals['_SEARCHPROMISESREQUEST']._serialized_end=1114
+  _globals['_SEARCHPROMISESREQUEST_TAGSENTRY']._serialized_start=566
+  _globals['_SEARCHPROMISESREQUEST_TAGSENTRY']._serialized_end=609
+  _globals['_SEARCHPROMISESRESPONSE']._serialized_start=1116
+  _globals['_SEARCHPROMISESRESPONSE']._serialized_end=1202
+  _globals['_RESOLVEPROMISEREQUEST']._serialized_start=1205
+  _globals['_RESOLVEPROMISEREQUEST']._serialized_end=1342
+  _globals['_REJECTPROMISEREQUEST']._serialized_start=1345
+  _globals['_REJECTPROMISEREQUEST']._serialized_end=1481
+  _globals['_CANCELPROMISEREQUEST']._serialized_start=1483
+  _globals['_CANCELPROMISEREQUEST']._serialized_end=1592
+  _globals['_SETTLEPROMISERESPONSE']._serialized_start=1594
+  _globals['_SETTLEPROMISERESPONSE']._serialized_end=1670
+  _globals['_WATCHPROMISEREQUEST']._serialized_start=1672
+  _globals['_WATCHPROMISEREQUEST']._serialized_end=1705
+  _globals['_WATCHPROMISERESPONSE']._serialized_start=1707
+  _globals['_WATCHPROMISERESPONSE']._serialized_end=1765
+  _globals['_WATCHPROMISESREQUEST']._serialized_start=1768
+  _globals['_WATCHPROMISESREQUEST']._serialized_end=1903
+  _globals['_WATCHPROMISESREQUEST_TAGSENTRY']._serialized_start=566
+  _globals['_WATCHPROMISESREQUEST_TAGSENTRY']._serialized_end=609
+  _globals['_WATCHPROMISESRESPONSE']._serialized_start=1905
+  _globals['_WATCHPROMISESRESPONSE']._serialized_end=2006
+  _globals['_PROMISES']._serialized_start=2209
+  _globals['_PROMISES']._serialized_end=2872
 # @@protoc_insertion_point(module_scope)

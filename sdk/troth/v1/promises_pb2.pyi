@@ -4,6 +4,7 @@ from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from troth.v1 import types_pb2 as _types_pb2
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
@@ -11,8 +12,30 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class PromiseOrder(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PROMISE_ORDER_UNSPECIFIED: _ClassVar[PromiseOrder]
+    CREATED_ASC: _ClassVar[PromiseOrder]
+    CREATED_DESC: _ClassVar[PromiseOrder]
+    EXPIRE_TIME_ASC: _ClassVar[PromiseOrder]
+
+class PromiseEventType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PROMISE_EVENT_TYPE_UNSPECIFIED: _ClassVar[PromiseEventType]
+    CREATED: _ClassVar[PromiseEventType]
+    SETTLED: _ClassVar[PromiseEventType]
+    TIMED_OUT: _ClassVar[PromiseEventType]
+PROMISE_ORDER_UNSPECIFIED: PromiseOrder
+CREATED_ASC: PromiseOrder
+CREATED_DESC: PromiseOrder
+EXPIRE_TIME_ASC: PromiseOrder
+PROMISE_EVENT_TYPE_UNSPECIFIED: PromiseEventType
+CREATED: PromiseEventType
+SETTLED: PromiseEventType
+TIMED_OUT: PromiseEventType
+
 class CreatePromiseRequest(_message.Message):
-    __slots__ = ("id", "param", "tags", "expire_time", "ttl", "never_expires", "idempotency_key", "strict", "resolved_with", "rejected_with")
+    __slots__ = ("id", "param", "tags", "expire_time", "ttl", "never_expires", "idempotency_key", "strict", "resolved_with", "rejected_with", "schema", "title", "message", "requested_by")
     class TagsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -30,6 +53,10 @@ class CreatePromiseRequest(_message.Message):
     STRICT_FIELD_NUMBER: _ClassVar[int]
     RESOLVED_WITH_FIELD_NUMBER: _ClassVar[int]
     REJECTED_WITH_FIELD_NUMBER: _ClassVar[int]
+    SCHEMA_FIELD_NUMBER: _ClassVar[int]
+    TITLE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    REQUESTED_BY_FIELD_NUMBER: _ClassVar[int]
     id: str
     param: _types_pb2.Payload
     tags: _containers.ScalarMap[str, str]
@@ -40,7 +67,11 @@ class CreatePromiseRequest(_message.Message):
     strict: bool
     resolved_with: _types_pb2.Payload
     rejected_with: _types_pb2.Payload
-    def __init__(self, id: _Optional[str] = ..., param: _Optional[_Union[_types_pb2.Payload, _Mapping]] = ..., tags: _Optional[_Mapping[str, str]] = ..., expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., never_expires: _Optional[bool] = ..., idempotency_key: _Optional[str] = ..., strict: _Optional[bool] = ..., resolved_with: _Optional[_Union[_types_pb2.Payload, _Mapping]] = ..., rejected_with: _Optional[_Union[_types_pb2.Payload, _Mapping]] = ...) -> None: ...
+    schema: str
+    title: str
+    message: str
+    requested_by: str
+    def __init__(self, id: _Optional[str] = ..., param: _Optional[_Union[_types_pb2.Payload, _Mapping]] = ..., tags: _Optional[_Mapping[str, str]] = ..., expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., never_expires: _Optional[bool] = ..., idempotency_key: _Optional[str] = ..., strict: _Optional[bool] = ..., resolved_with: _Optional[_Union[_types_pb2.Payload, _Mapping]] = ..., rejected_with: _Optional[_Union[_types_pb2.Payload, _Mapping]] = ..., schema: _Optional[str] = ..., title: _Optional[str] = ..., message: _Optional[str] = ..., requested_by: _Optional[str] = ...) -> None: ...
 
 class CreatePromiseResponse(_message.Message):
     __slots__ = ("promise", "created")
@@ -63,7 +94,7 @@ class GetPromiseResponse(_message.Message):
     def __init__(self, promise: _Optional[_Union[_types_pb2.Promise, _Mapping]] = ...) -> None: ...
 
 class SearchPromisesRequest(_message.Message):
-    __slots__ = ("id", "states", "tags", "page_size", "page_token")
+    __slots__ = ("id", "states", "tags", "page_size", "page_token", "order", "created_before")
     class TagsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -76,12 +107,16 @@ class SearchPromisesRequest(_message.Message):
     TAGS_FIELD_NUMBER: _ClassVar[int]
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
     PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    ORDER_FIELD_NUMBER: _ClassVar[int]
+    CREATED_BEFORE_FIELD_NUMBER: _ClassVar[int]
     id: str
     states: _containers.RepeatedScalarFieldContainer[_types_pb2.PromiseState]
     tags: _containers.ScalarMap[str, str]
     page_size: int
     page_token: str
-    def __init__(self, id: _Optional[str] = ..., states: _Optional[_Iterable[_Union[_types_pb2.PromiseState, str]]] = ..., tags: _Optional[_Mapping[str, str]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+    order: PromiseOrder
+    created_before: _timestamp_pb2.Timestamp
+    def __init__(self, id: _Optional[str] = ..., states: _Optional[_Iterable[_Union[_types_pb2.PromiseState, str]]] = ..., tags: _Optional[_Mapping[str, str]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., order: _Optional[_Union[PromiseOrder, str]] = ..., created_before: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class SearchPromisesResponse(_message.Message):
     __slots__ = ("promises", "next_page_token")
@@ -92,28 +127,32 @@ class SearchPromisesResponse(_message.Message):
     def __init__(self, promises: _Optional[_Iterable[_Union[_types_pb2.Promise, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class ResolvePromiseRequest(_message.Message):
-    __slots__ = ("id", "value", "idempotency_key", "strict")
+    __slots__ = ("id", "value", "idempotency_key", "strict", "create_if_missing")
     ID_FIELD_NUMBER: _ClassVar[int]
     VALUE_FIELD_NUMBER: _ClassVar[int]
     IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
     STRICT_FIELD_NUMBER: _ClassVar[int]
+    CREATE_IF_MISSING_FIELD_NUMBER: _ClassVar[int]
     id: str
     value: _types_pb2.Payload
     idempotency_key: str
     strict: bool
-    def __init__(self, id: _Optional[str] = ..., value: _Optional[_Union[_types_pb2.Payload, _Mapping]] = ..., idempotency_key: _Optional[str] = ..., strict: _Optional[bool] = ...) -> None: ...
+    create_if_missing: bool
+    def __init__(self, id: _Optional[str] = ..., value: _Optional[_Union[_types_pb2.Payload, _Mapping]] = ..., idempotency_key: _Optional[str] = ..., strict: _Optional[bool] = ..., create_if_missing: _Optional[bool] = ...) -> None: ...
 
 class RejectPromiseRequest(_message.Message):
-    __slots__ = ("id", "value", "idempotency_key", "strict")
+    __slots__ = ("id", "value", "idempotency_key", "strict", "create_if_missing")
     ID_FIELD_NUMBER: _ClassVar[int]
     VALUE_FIELD_NUMBER: _ClassVar[int]
     IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
     STRICT_FIELD_NUMBER: _ClassVar[int]
+    CREATE_IF_MISSING_FIELD_NUMBER: _ClassVar[int]
     id: str
     value: _types_pb2.Payload
     idempotency_key: str
     strict: bool
-    def __init__(self, id: _Optional[str] = ..., value: _Optional[_Union[_types_pb2.Payload, _Mapping]] = ..., idempotency_key: _Optional[str] = ..., strict: _Optional[bool] = ...) -> None: ...
+    create_if_missing: bool
+    def __init__(self, id: _Optional[str] = ..., value: _Optional[_Union[_types_pb2.Payload, _Mapping]] = ..., idempotency_key: _Optional[str] = ..., strict: _Optional[bool] = ..., create_if_missing: _Optional[bool] = ...) -> None: ...
 
 class CancelPromiseRequest(_message.Message):
     __slots__ = ("id", "value", "idempotency_key", "strict")
@@ -146,3 +185,26 @@ class WatchPromiseResponse(_message.Message):
     PROMISE_FIELD_NUMBER: _ClassVar[int]
     promise: _types_pb2.Promise
     def __init__(self, promise: _Optional[_Union[_types_pb2.Promise, _Mapping]] = ...) -> None: ...
+
+class WatchPromisesRequest(_message.Message):
+    __slots__ = ("id", "tags")
+    class TagsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    ID_FIELD_NUMBER: _ClassVar[int]
+    TAGS_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    tags: _containers.ScalarMap[str, str]
+    def __init__(self, id: _Optional[str] = ..., tags: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class WatchPromisesResponse(_message.Message):
+    __slots__ = ("type", "promise")
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    PROMISE_FIELD_NUMBER: _ClassVar[int]
+    type: PromiseEventType
+    promise: _types_pb2.Promise
+    def __init__(self, type: _Optional[_Union[PromiseEventType, str]] = ..., promise: _Optional[_Union[_types_pb2.Promise, _Mapping]] = ...) -> None: ...

@@ -70,6 +70,11 @@ class PromisesStub:
                 request_serializer=troth_dot_v1_dot_promises__pb2.WatchPromiseRequest.SerializeToString,
                 response_deserializer=troth_dot_v1_dot_promises__pb2.WatchPromiseResponse.FromString,
                 _registered_method=True)
+        self.WatchPromises = channel.unary_stream(
+                '/troth.v1.Promises/WatchPromises',
+                request_serializer=troth_dot_v1_dot_promises__pb2.WatchPromisesRequest.SerializeToString,
+                response_deserializer=troth_dot_v1_dot_promises__pb2.WatchPromisesResponse.FromString,
+                _registered_method=True)
 
 
 class PromisesServicer:
@@ -122,6 +127,15 @@ class PromisesServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WatchPromises(self, request, context):
+        """Streams an event for every promise matching the filter that is created,
+        settled or times out from now on, until the caller ends the call: what an
+        inbox page listens to. Events of one promise arrive in order.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PromisesServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -159,6 +173,11 @@ def add_PromisesServicer_to_server(servicer, server):
                     servicer.WatchPromise,
                     request_deserializer=troth_dot_v1_dot_promises__pb2.WatchPromiseRequest.FromString,
                     response_serializer=troth_dot_v1_dot_promises__pb2.WatchPromiseResponse.SerializeToString,
+            ),
+            'WatchPromises': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchPromises,
+                    request_deserializer=troth_dot_v1_dot_promises__pb2.WatchPromisesRequest.FromString,
+                    response_serializer=troth_dot_v1_dot_promises__pb2.WatchPromisesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -351,6 +370,33 @@ class Promises:
             '/troth.v1.Promises/WatchPromise',
             troth_dot_v1_dot_promises__pb2.WatchPromiseRequest.SerializeToString,
             troth_dot_v1_dot_promises__pb2.WatchPromiseResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchPromises(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/troth.v1.Promises/WatchPromises',
+            troth_dot_v1_dot_promises__pb2.WatchPromisesRequest.SerializeToString,
+            troth_dot_v1_dot_promises__pb2.WatchPromisesResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -33,7 +33,7 @@ TASK_CLAIMED: TaskState
 TASK_COMPLETED: TaskState
 
 class Task(_message.Message):
-    __slots__ = ("id", "root_promise_id", "group", "kind", "state", "counter", "worker_id", "lease_expire_time")
+    __slots__ = ("id", "root_promise_id", "group", "kind", "state", "counter", "worker_id", "lease_expire_time", "workflow", "workflow_version", "create_time", "waiting_for")
     ID_FIELD_NUMBER: _ClassVar[int]
     ROOT_PROMISE_ID_FIELD_NUMBER: _ClassVar[int]
     GROUP_FIELD_NUMBER: _ClassVar[int]
@@ -42,6 +42,10 @@ class Task(_message.Message):
     COUNTER_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     LEASE_EXPIRE_TIME_FIELD_NUMBER: _ClassVar[int]
+    WORKFLOW_FIELD_NUMBER: _ClassVar[int]
+    WORKFLOW_VERSION_FIELD_NUMBER: _ClassVar[int]
+    CREATE_TIME_FIELD_NUMBER: _ClassVar[int]
+    WAITING_FOR_FIELD_NUMBER: _ClassVar[int]
     id: str
     root_promise_id: str
     group: str
@@ -50,19 +54,33 @@ class Task(_message.Message):
     counter: int
     worker_id: str
     lease_expire_time: _timestamp_pb2.Timestamp
-    def __init__(self, id: _Optional[str] = ..., root_promise_id: _Optional[str] = ..., group: _Optional[str] = ..., kind: _Optional[_Union[TaskKind, str]] = ..., state: _Optional[_Union[TaskState, str]] = ..., counter: _Optional[int] = ..., worker_id: _Optional[str] = ..., lease_expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    workflow: str
+    workflow_version: str
+    create_time: _timestamp_pb2.Timestamp
+    waiting_for: str
+    def __init__(self, id: _Optional[str] = ..., root_promise_id: _Optional[str] = ..., group: _Optional[str] = ..., kind: _Optional[_Union[TaskKind, str]] = ..., state: _Optional[_Union[TaskState, str]] = ..., counter: _Optional[int] = ..., worker_id: _Optional[str] = ..., lease_expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., workflow: _Optional[str] = ..., workflow_version: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., waiting_for: _Optional[str] = ...) -> None: ...
+
+class WorkflowVersion(_message.Message):
+    __slots__ = ("name", "version")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    version: str
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ...) -> None: ...
 
 class PollRequest(_message.Message):
-    __slots__ = ("group", "worker_id", "capacity", "lease")
+    __slots__ = ("group", "worker_id", "capacity", "lease", "workflows")
     GROUP_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
     LEASE_FIELD_NUMBER: _ClassVar[int]
+    WORKFLOWS_FIELD_NUMBER: _ClassVar[int]
     group: str
     worker_id: str
     capacity: int
     lease: _duration_pb2.Duration
-    def __init__(self, group: _Optional[str] = ..., worker_id: _Optional[str] = ..., capacity: _Optional[int] = ..., lease: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+    workflows: _containers.RepeatedCompositeFieldContainer[WorkflowVersion]
+    def __init__(self, group: _Optional[str] = ..., worker_id: _Optional[str] = ..., capacity: _Optional[int] = ..., lease: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., workflows: _Optional[_Iterable[_Union[WorkflowVersion, _Mapping]]] = ...) -> None: ...
 
 class PollResponse(_message.Message):
     __slots__ = ("task", "root", "history")
@@ -156,3 +174,17 @@ class RegisterCallbacksResponse(_message.Message):
     SETTLED_FIELD_NUMBER: _ClassVar[int]
     settled: _containers.RepeatedCompositeFieldContainer[_types_pb2.Promise]
     def __init__(self, settled: _Optional[_Iterable[_Union[_types_pb2.Promise, _Mapping]]] = ...) -> None: ...
+
+class SearchTasksRequest(_message.Message):
+    __slots__ = ("group", "page_size")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    page_size: int
+    def __init__(self, group: _Optional[str] = ..., page_size: _Optional[int] = ...) -> None: ...
+
+class SearchTasksResponse(_message.Message):
+    __slots__ = ("tasks",)
+    TASKS_FIELD_NUMBER: _ClassVar[int]
+    tasks: _containers.RepeatedCompositeFieldContainer[Task]
+    def __init__(self, tasks: _Optional[_Iterable[_Union[Task, _Mapping]]] = ...) -> None: ...

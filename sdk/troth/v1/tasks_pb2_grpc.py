@@ -64,6 +64,11 @@ class TasksStub:
                 request_serializer=troth_dot_v1_dot_tasks__pb2.RegisterCallbacksRequest.SerializeToString,
                 response_deserializer=troth_dot_v1_dot_tasks__pb2.RegisterCallbacksResponse.FromString,
                 _registered_method=True)
+        self.SearchTasks = channel.unary_unary(
+                '/troth.v1.Tasks/SearchTasks',
+                request_serializer=troth_dot_v1_dot_tasks__pb2.SearchTasksRequest.SerializeToString,
+                response_deserializer=troth_dot_v1_dot_tasks__pb2.SearchTasksResponse.FromString,
+                _registered_method=True)
 
 
 class TasksServicer:
@@ -116,6 +121,14 @@ class TasksServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SearchTasks(self, request, context):
+        """Lists a group's tasks that are not completed, oldest first, each saying
+        what it waits for (e.g. a worker with a given workflow version).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TasksServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -143,6 +156,11 @@ def add_TasksServicer_to_server(servicer, server):
                     servicer.RegisterCallbacks,
                     request_deserializer=troth_dot_v1_dot_tasks__pb2.RegisterCallbacksRequest.FromString,
                     response_serializer=troth_dot_v1_dot_tasks__pb2.RegisterCallbacksResponse.SerializeToString,
+            ),
+            'SearchTasks': grpc.unary_unary_rpc_method_handler(
+                    servicer.SearchTasks,
+                    request_deserializer=troth_dot_v1_dot_tasks__pb2.SearchTasksRequest.FromString,
+                    response_serializer=troth_dot_v1_dot_tasks__pb2.SearchTasksResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -285,6 +303,33 @@ class Tasks:
             '/troth.v1.Tasks/RegisterCallbacks',
             troth_dot_v1_dot_tasks__pb2.RegisterCallbacksRequest.SerializeToString,
             troth_dot_v1_dot_tasks__pb2.RegisterCallbacksResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SearchTasks(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/troth.v1.Tasks/SearchTasks',
+            troth_dot_v1_dot_tasks__pb2.SearchTasksRequest.SerializeToString,
+            troth_dot_v1_dot_tasks__pb2.SearchTasksResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -41,7 +41,7 @@ class Payload(_message.Message):
     def __init__(self, headers: _Optional[_Mapping[str, str]] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class Promise(_message.Message):
-    __slots__ = ("id", "state", "param", "value", "tags", "create_time", "settle_time", "expire_time", "idempotency_key_for_create", "idempotency_key_for_settle", "settled_by")
+    __slots__ = ("id", "state", "param", "value", "tags", "create_time", "settle_time", "expire_time", "idempotency_key_for_create", "idempotency_key_for_settle", "settled_by", "schema", "title", "message", "requested_by", "workflow_version")
     class TagsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -60,6 +60,11 @@ class Promise(_message.Message):
     IDEMPOTENCY_KEY_FOR_CREATE_FIELD_NUMBER: _ClassVar[int]
     IDEMPOTENCY_KEY_FOR_SETTLE_FIELD_NUMBER: _ClassVar[int]
     SETTLED_BY_FIELD_NUMBER: _ClassVar[int]
+    SCHEMA_FIELD_NUMBER: _ClassVar[int]
+    TITLE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    REQUESTED_BY_FIELD_NUMBER: _ClassVar[int]
+    WORKFLOW_VERSION_FIELD_NUMBER: _ClassVar[int]
     id: str
     state: PromiseState
     param: Payload
@@ -71,4 +76,9 @@ class Promise(_message.Message):
     idempotency_key_for_create: str
     idempotency_key_for_settle: str
     settled_by: str
-    def __init__(self, id: _Optional[str] = ..., state: _Optional[_Union[PromiseState, str]] = ..., param: _Optional[_Union[Payload, _Mapping]] = ..., value: _Optional[_Union[Payload, _Mapping]] = ..., tags: _Optional[_Mapping[str, str]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., settle_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., idempotency_key_for_create: _Optional[str] = ..., idempotency_key_for_settle: _Optional[str] = ..., settled_by: _Optional[str] = ...) -> None: ...
+    schema: str
+    title: str
+    message: str
+    requested_by: str
+    workflow_version: str
+    def __init__(self, id: _Optional[str] = ..., state: _Optional[_Union[PromiseState, str]] = ..., param: _Optional[_Union[Payload, _Mapping]] = ..., value: _Optional[_Union[Payload, _Mapping]] = ..., tags: _Optional[_Mapping[str, str]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., settle_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., idempotency_key_for_create: _Optional[str] = ..., idempotency_key_for_settle: _Optional[str] = ..., settled_by: _Optional[str] = ..., schema: _Optional[str] = ..., title: _Optional[str] = ..., message: _Optional[str] = ..., requested_by: _Optional[str] = ..., workflow_version: _Optional[str] = ...) -> None: ...

@@ -286,6 +286,11 @@ def to_pb(promise: Promise) -> types_pb2.Promise:
         idempotency_key_for_create=promise.idempotency_key_for_create or "",
         idempotency_key_for_settle=promise.idempotency_key_for_settle or "",
         settled_by=promise.settled_by or "",
+        schema=promise.schema or "",
+        title=promise.title or "",
+        message=promise.message or "",
+        requested_by=promise.requested_by or "",
+        workflow_version=promise.workflow_version or "",
     )
     if promise.settle_time is not None:
         message.settle_time.CopyFrom(_timestamp(promise.settle_time))

@@ -79,6 +79,13 @@ class Promise:
     idempotency_key_for_create: str | None = None
     idempotency_key_for_settle: str | None = None
     settled_by: str | None = None
+    schema: str | None = None
+    """JSON Schema text that a resolve value must satisfy."""
+    title: str | None = None
+    message: str | None = None
+    requested_by: str | None = None
+    workflow_version: str | None = None
+    """A root's workflow code version, recorded when a worker first takes it."""
 
     @property
     def is_timer(self) -> bool:

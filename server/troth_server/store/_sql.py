@@ -577,6 +577,11 @@ def _to_row(p: Promise) -> dict[str, Any]:
         "idempotency_key_for_create": p.idempotency_key_for_create,
         "idempotency_key_for_settle": p.idempotency_key_for_settle,
         "settled_by": p.settled_by,
+        "schema": p.schema,
+        "title": p.title,
+        "message": p.message,
+        "requested_by": p.requested_by,
+        "workflow_version": p.workflow_version,
     }
 
 
@@ -594,7 +599,8 @@ def _load_json(value: Any) -> dict[str, str]:
 # Rows in `promises.c` order, whether from a Core select or from the compiled
 # statements: seq, id, state, param_headers, param_data, value_headers,
 # value_data, tags, timer, create_time, settle_time, expire_time,
-# idempotency_key_for_create, idempotency_key_for_settle, settled_by.
+# idempotency_key_for_create, idempotency_key_for_settle, settled_by, schema,
+# title, message, requested_by, workflow_version.
 def _to_promise(row: Sequence[Any]) -> Promise:
     return Promise(
         id=row[1],
@@ -608,6 +614,11 @@ def _to_promise(row: Sequence[Any]) -> Promise:
         idempotency_key_for_create=row[12],
         idempotency_key_for_settle=row[13],
         settled_by=row[14],
+        schema=row[15],
+        title=row[16],
+        message=row[17],
+        requested_by=row[18],
+        workflow_version=row[19],
     )
 
 

@@ -52,6 +52,13 @@ promises = Table(
     Column("idempotency_key_for_create", String(1024), nullable=True),
     Column("idempotency_key_for_settle", String(1024), nullable=True),
     Column("settled_by", String(1024), nullable=True),
+    # JSON Schema text that resolve values must satisfy (revision 0004).
+    Column("schema", Text(), nullable=True),
+    Column("title", String(1024), nullable=True),
+    Column("message", Text(), nullable=True),
+    Column("requested_by", String(1024), nullable=True),
+    # A root's workflow code version, recorded when a worker first takes it.
+    Column("workflow_version", String(128), nullable=True),
 )
 
 # The sweeper's loop: pending promises by expiry. Partial, so settled rows cost nothing.
@@ -77,6 +84,9 @@ tasks = Table(
     Column("preferred_worker_id", String(256), nullable=True),
     Column("resume_pending", Boolean(), nullable=False),
     Column("create_time", BigInteger(), nullable=False),
+    # The root's workflow name and version, so routing needs no read of the root.
+    Column("workflow", String(256), nullable=True),
+    Column("workflow_version", String(128), nullable=True),
 )
 
 # The dispatcher's loop: the oldest PENDING tasks of a group.
