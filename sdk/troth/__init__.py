@@ -3,8 +3,17 @@
 from __future__ import annotations
 
 from troth._commands import RetryPolicy
-from troth._promise import CreateResult, Promise, PromiseState, SearchPage, SettleResult
-from troth.client import Client, Handle
+from troth._promise import (
+    CreateResult,
+    Promise,
+    PromiseEvent,
+    PromiseEventType,
+    PromiseOrder,
+    PromiseState,
+    SearchPage,
+    SettleResult,
+)
+from troth.client import Client, Handle, PromiseEventStream
 from troth.codec import Codec, JsonCodec, Payload
 from troth.context import Context, PromiseHandle
 from troth.errors import (
@@ -23,8 +32,10 @@ from troth.errors import (
     PromiseTimedOutError,
     Reason,
     RegistrationError,
+    Rejected,
     ResourceExhaustedError,
     RpcError,
+    TimedOut,
     TrothError,
     UnauthenticatedError,
     UnavailableError,
@@ -52,17 +63,23 @@ __all__ = [
     "Payload",
     "PermissionDeniedError",
     "Promise",
+    "PromiseEvent",
+    "PromiseEventStream",
+    "PromiseEventType",
     "PromiseHandle",
+    "PromiseOrder",
     "PromiseRejectedError",
     "PromiseState",
     "PromiseTimedOutError",
     "Reason",
     "RegistrationError",
+    "Rejected",
     "ResourceExhaustedError",
     "RetryPolicy",
     "RpcError",
     "SearchPage",
     "SettleResult",
+    "TimedOut",
     "TrothError",
     "UnauthenticatedError",
     "UnavailableError",

@@ -7,6 +7,9 @@ troth promises create ID [--param JSON] [--tag k=v ...] [--ttl 30s|5m|2h|3d] [--
                          [--idempotency-key K] [--strict]
 troth promises resolve|reject|cancel ID [--value JSON] [--idempotency-key K] [--strict]
 troth promises watch ID [--max-wait DURATION]
+troth export|replay ...  (recorded workflow histories; see _cli_replay)
+troth tasks list --group G [--limit N]   (see _cli_tasks)
+troth approvals list|approve|reject|watch ...   (the inbox; see _cli_approvals)
 troth serve ...          (forwarded to troth_server.cli.serve; needs troth-server)
 troth db upgrade|current [--db URL]   (forwarded to troth_server.cli.db; needs troth-server)
 ```
@@ -31,6 +34,7 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import IO, TYPE_CHECKING, Any, cast
 
+from troth._cli_tasks import add_tasks_command
 from troth._promise import CreateResult, Promise, PromiseState, SettleResult
 from troth.client import DEFAULT_ADDRESS, Client
 from troth.errors import TrothError
@@ -238,12 +242,29 @@ def build_parser() -> argparse.ArgumentParser:
             action="store_true",
             help="a repeat succeeds only if it asks for the state the promise was settled in",
         )
+        if name != "cancel":
+            settle.add_argument(
+                "--create-if-missing",
+                action="store_true",
+                help="settle before the wait exists: an unknown id is created already settled",
+            )
 
     watch = leaf("watch", "show a promise now, then again once it settles", _cmd_watch)
     watch.add_argument("id", metavar="ID")
     watch.add_argument(
         "--max-wait", type=parse_duration, metavar="DURATION", help="give up after this long"
     )
+
+    # `troth export` and `troth replay`; imported here, as that module imports this one.
+    from troth._cli_replay import add_commands as add_replay_commands
+
+    add_replay_commands(commands)
+
+    from troth._cli_approvals import add_commands as add_approvals_commands
+
+    add_approvals_commands(commands)
+
+    add_tasks_command(commands, lambda sub: _global_options(sub, suppress=True))
 
     # Listed for --help only: main() forwards `troth serve ...` before parsing.
     commands.add_parser(
@@ -358,10 +379,19 @@ def _cmd_create(client: Client, args: argparse.Namespace, out: IO[str]) -> int:
 
 def _settle_command(action: str) -> Handler:
     def run(client: Client, args: argparse.Namespace, out: IO[str]) -> int:
-        settle = {"resolve": client.resolve, "reject": client.reject, "cancel": client.cancel}
-        result = settle[action](
-            args.id, args.value, idempotency_key=args.idempotency_key, strict=args.strict
-        )
+        if action == "cancel":
+            result = client.cancel(
+                args.id, args.value, idempotency_key=args.idempotency_key, strict=args.strict
+            )
+        else:
+            settle = client.resolve if action == "resolve" else client.reject
+            result = settle(
+                args.id,
+                args.value,
+                idempotency_key=args.idempotency_key,
+                strict=args.strict,
+                create_if_missing=args.create_if_missing,
+            )
         _emit_result(result, args.json, out)
         return 0
 
@@ -446,6 +476,11 @@ def promise_to_json(promise: Promise) -> dict[str, Any]:
         "idempotency_key_for_create": promise.idempotency_key_for_create,
         "idempotency_key_for_settle": promise.idempotency_key_for_settle,
         "settled_by": promise.settled_by,
+        "schema": dict(promise.schema) if promise.schema is not None else None,
+        "title": promise.title,
+        "message": promise.message,
+        "requested_by": promise.requested_by,
+        "workflow_version": promise.workflow_version,
     }
 
 
@@ -495,6 +530,15 @@ def format_block(promise: Promise) -> str:
         ("create key", promise.idempotency_key_for_create or "-"),
         ("settle key", promise.idempotency_key_for_settle or "-"),
     ]
+    # Shown only when set: most promises are not waiting for a human.
+    extra = [
+        ("title", promise.title),
+        ("message", promise.message),
+        ("requested by", promise.requested_by),
+        ("schema", json.dumps(promise.schema, separators=(",", ":")) if promise.schema else ""),
+        ("version", promise.workflow_version),
+    ]
+    rows += [(label, value) for label, value in extra if value]
     width = max(len(label) for label, _ in rows) + 1
     return "".join(f"{label + ':':<{width}} {value}\n" for label, value in rows)
 

@@ -28,10 +28,14 @@ import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+if TYPE_CHECKING:
+    from troth._schema import DecisionSchema
 
 __all__ = [
     "TAG_FUNC",
+    "TAG_GROUP",
     "TAG_INVOKE",
     "TAG_KIND",
     "TAG_TIMER",
@@ -62,6 +66,8 @@ TAG_INVOKE = "troth:invoke"
 """Root tag: the group whose workers run the workflow."""
 TAG_TIMER = "troth:timer"
 """Tag `"true"` on a timer promise: it resolves (not times out) at its expire_time."""
+TAG_GROUP = "troth:group"
+"""Step tag on a `ctx.promise()` step: its workflow's group (what an approvals inbox filters on)."""
 
 
 class Kind(enum.StrEnum):
@@ -173,6 +179,10 @@ class CreatePromise(Command[PromiseHandle]):
     id: str | None = None
     timeout: timedelta | None = None
     tags: Mapping[str, str] = field(default_factory=dict)
+    schema: DecisionSchema | None = None
+    """What a resolve value must look like, and the type the `yield` returns."""
+    title: str = ""
+    message: str = ""
 
 
 @dataclass(frozen=True, slots=True)

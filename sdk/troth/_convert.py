@@ -11,9 +11,9 @@ from datetime import UTC, datetime, timedelta
 
 from google.protobuf import duration_pb2, timestamp_pb2
 
-from troth._promise import Promise, PromiseState
+from troth._promise import Promise, PromiseEvent, PromiseEventType, PromiseOrder, PromiseState
 from troth.codec import Payload
-from troth.v1 import types_pb2
+from troth.v1 import promises_pb2, types_pb2
 
 
 def payload_to_proto(payload: Payload) -> types_pb2.Payload:
@@ -110,3 +110,27 @@ def promise_from_proto(message: types_pb2.Promise) -> Promise:
         requested_by=message.requested_by,
         workflow_version=message.workflow_version,
     )
+
+
+_ORDER_TO_PROTO: dict[PromiseOrder, promises_pb2.PromiseOrder] = {
+    PromiseOrder.CREATED_ASC: promises_pb2.CREATED_ASC,
+    PromiseOrder.CREATED_DESC: promises_pb2.CREATED_DESC,
+    PromiseOrder.EXPIRE_TIME_ASC: promises_pb2.EXPIRE_TIME_ASC,
+}
+_EVENT_TYPE_FROM_PROTO: dict[int, PromiseEventType] = {
+    promises_pb2.CREATED: PromiseEventType.CREATED,
+    promises_pb2.SETTLED: PromiseEventType.SETTLED,
+    promises_pb2.TIMED_OUT: PromiseEventType.TIMED_OUT,
+}
+
+
+def order_to_proto(order: PromiseOrder) -> promises_pb2.PromiseOrder:
+    """Map an SDK search order to the proto enum (same names)."""
+    return _ORDER_TO_PROTO[order]
+
+
+def event_from_proto(message: promises_pb2.WatchPromisesResponse) -> PromiseEvent | None:
+    """Read a wire event; None for an event type this SDK does not know (a newer
+    server's), which a caller skips."""
+    kind = _EVENT_TYPE_FROM_PROTO.get(message.type)
+    return None if kind is None else PromiseEvent(kind, promise_from_proto(message.promise))

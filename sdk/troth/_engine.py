@@ -61,12 +61,13 @@ import logging
 from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 import grpc
 
 from troth._commands import (
     TAG_FUNC,
+    TAG_GROUP,
     TAG_INVOKE,
     TAG_KIND,
     TAG_TIMER,
@@ -94,6 +95,9 @@ from troth.errors import (
     PromiseTimedOutError,
     Reason,
 )
+
+if TYPE_CHECKING:
+    from troth._schema import DecisionSchema
 
 __all__ = [
     "CreateStep",
@@ -141,6 +145,8 @@ class CreateStep:
     param: Payload
     ttl: timedelta | None = None
     exists: bool = False
+    requested_by: str = ""
+    """Who asks, for a `ctx.promise` step: `workflow <root id>`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,7 +241,10 @@ class Engine:
         self._group = group
         self._prefix = f"{root_id}."
         self._known: dict[str, Promise] = {}
+        self._decisions: dict[str, DecisionSchema] = {}
+        """Typed `ctx.promise` steps: their values are decoded into the declared type."""
         self._root_cancelled = False
+        self._cancel_delivered = False
         for promise in history:
             self._record(promise)
         self._replay_until = max(
@@ -337,6 +346,8 @@ class Engine:
         self._current = None
         try:
             if isinstance(resolution, _Throw):
+                if isinstance(resolution.error, Cancelled) and self._root_cancelled:
+                    self._cancel_delivered = True
                 yielded = gen.throw(resolution.error)
             else:
                 yielded = gen.send(resolution.value)
@@ -389,6 +400,8 @@ class Engine:
     def _resolve_step(self, command: StepCommand) -> _Resolution | Outcome:
         step_id, position = self._current_id, self._current_position
         tags = self._tags(command)
+        if isinstance(command, CreatePromise) and command.schema is not None:
+            self._decisions[step_id] = command.schema
         recorded = self._known.get(step_id)
         if recorded is None:
             return self._create(command, step_id, position, tags)
@@ -421,7 +434,9 @@ class Engine:
         *,
         exists: bool = False,
     ) -> _Resolution | Outcome:
-        if self._root_cancelled:
+        if self._root_cancelled and not self._cancel_delivered:
+            # Once the workflow has been told, it may run compensation steps
+            # (checkpointed like any other) before it ends; it may not wait again.
             return _Throw(Cancelled(self.root_id))
         param = Payload()
         ttl: timedelta | None = None
@@ -435,7 +450,8 @@ class Engine:
         elif isinstance(command, Sleep):
             ttl = command.duration
         self._live = True
-        return CreateStep(step_id, position, command, tags, param, ttl, exists)
+        requested_by = f"workflow {self.root_id}" if isinstance(command, CreatePromise) else ""
+        return CreateStep(step_id, position, command, tags, param, ttl, exists, requested_by)
 
     def _consume(self, resolution: _Resolution) -> _Resolution:
         self._last_consumed = max(self._last_consumed, self._current_position)
@@ -556,7 +572,10 @@ class Engine:
 
     def _tags(self, command: StepCommand) -> dict[str, str]:
         if isinstance(command, CreatePromise):
-            return {**command.tags, TAG_KIND: Kind.PROMISE}
+            tags = {**command.tags, TAG_KIND: Kind.PROMISE}
+            if self._group:
+                tags[TAG_GROUP] = self._group
+            return tags
         if isinstance(command, RunStep):
             return {TAG_KIND: Kind.RUN, TAG_FUNC: command.name}
         if isinstance(command, Sleep):
@@ -585,6 +604,17 @@ class Engine:
                     value = float(value)
             except Exception as exc:  # a value this codec cannot read, raised at the yield
                 return _Throw(exc)
+            decision = self._decisions.get(promise.id)
+            if decision is not None and decision.decode is not None:
+                try:
+                    value = decision.decode(value)
+                except Exception as exc:  # e.g. settled early, before its schema was known
+                    return _Throw(
+                        TypeError(
+                            f"the value of promise {promise.id!r} does not fit "
+                            f"{decision.name}: {exc}"
+                        )
+                    )
             return _Send(value)
         if state is PromiseState.REJECTED:
             try:

@@ -111,12 +111,56 @@ class SettleResult:
     applied: bool
 
 
+class PromiseOrder(enum.StrEnum):
+    """The order of `Client.search` results. Values match the proto enum names.
+
+    .. versionadded:: 0.2.0
+    """
+
+    CREATED_ASC = "CREATED_ASC"
+    """Oldest first (the default)."""
+    CREATED_DESC = "CREATED_DESC"
+    """Newest first."""
+    EXPIRE_TIME_ASC = "EXPIRE_TIME_ASC"
+    """Soonest deadline first; promises that never expire come last."""
+
+
+class PromiseEventType(enum.StrEnum):
+    """What happened to a promise, in a `Client.watch_promises` event.
+
+    .. versionadded:: 0.2.0
+    """
+
+    CREATED = "CREATED"
+    SETTLED = "SETTLED"
+    """Resolved, rejected or cancelled by someone (`promise.settled_by` says who)."""
+    TIMED_OUT = "TIMED_OUT"
+    """Reached its `expire_time`: `REJECTED_TIMEDOUT` (or `RESOLVED`, for a timer)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PromiseEvent:
+    """One event of `Client.watch_promises`.
+
+    Attributes:
+        type: What happened.
+        promise: The promise as the server saw it when it sent the event (for
+            a change made through another replica, possibly already later:
+            a CREATED event may show it settled, with its SETTLED event next).
+
+    .. versionadded:: 0.2.0
+    """
+
+    type: PromiseEventType
+    promise: Promise
+
+
 @dataclass(frozen=True, slots=True)
 class SearchPage:
     """One page of `Client.search` results.
 
     Attributes:
-        promises: The matching promises, in creation order.
+        promises: The matching promises, in the order asked for.
         next_page_token: Pass to `search(page_token=...)` for the next page;
             None when there are no more.
 

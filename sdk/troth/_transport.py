@@ -142,6 +142,9 @@ class PromisesStub(Protocol):
     WatchPromise: grpc.UnaryStreamMultiCallable[
         promises_pb2.WatchPromiseRequest, promises_pb2.WatchPromiseResponse
     ]
+    WatchPromises: grpc.UnaryStreamMultiCallable[
+        promises_pb2.WatchPromisesRequest, promises_pb2.WatchPromisesResponse
+    ]
 
 
 class Transport:

@@ -24,11 +24,13 @@ every call is idempotent:
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import math
+import threading
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
@@ -37,12 +39,23 @@ import grpc
 from troth._commands import TAG_FUNC, TAG_INVOKE
 from troth._convert import (
     datetime_to_proto,
+    event_from_proto,
+    order_to_proto,
     payload_to_proto,
     promise_from_proto,
     state_to_proto,
     timedelta_to_proto,
 )
-from troth._promise import CreateResult, Promise, PromiseState, SearchPage, SettleResult
+from troth._promise import (
+    CreateResult,
+    Promise,
+    PromiseEvent,
+    PromiseOrder,
+    PromiseState,
+    SearchPage,
+    SettleResult,
+)
+from troth._schema import decision_schema
 from troth._transport import Transport, as_call, map_rpc_errors
 from troth.codec import Codec, JsonCodec, Payload
 from troth.errors import (
@@ -60,7 +73,9 @@ from troth.v1 import promises_pb2
 if TYPE_CHECKING:
     from troth._transport import PromisesStub
 
-__all__ = ["DEFAULT_ADDRESS", "Client", "Handle"]
+    _EventCall = grpc._CallIterator[promises_pb2.WatchPromisesResponse]
+
+__all__ = ["DEFAULT_ADDRESS", "Client", "Handle", "PromiseEventStream"]
 
 _log = logging.getLogger("troth.client")
 
@@ -186,6 +201,10 @@ class Client:
         never_expires: bool = False,
         idempotency_key: str | None = None,
         strict: bool = False,
+        schema: Mapping[str, Any] | type | None = None,
+        title: str = "",
+        message: str = "",
+        requested_by: str = "",
     ) -> CreateResult:
         """Create a pending promise, or get the existing one if this is a repeat.
 
@@ -203,6 +222,12 @@ class Client:
             never_expires: Keep it pending until someone settles it.
             idempotency_key: Makes repeats of this create recognisable as such.
             strict: Answer a repeat with the existing promise only while it is pending.
+            schema: What a resolve value must look like: a JSON Schema dict, a
+                dataclass or a pydantic model class; the server refuses values
+                that do not match, naming the field.
+            title: A short line for the human who settles it.
+            message: The longer text for that human.
+            requested_by: Who asks; default the caller's principal.
 
         Returns:
             The promise, with the effective `expire_time`, and whether this call created it.
@@ -225,6 +250,10 @@ class Client:
             never_expires=never_expires,
             idempotency_key=idempotency_key or "",
             strict=strict,
+            schema=_schema_text(None if schema is None else decision_schema(schema).json_schema),
+            title=title,
+            message=message,
+            requested_by=requested_by,
         )
         if ttl is not None:
             request.ttl.CopyFrom(timedelta_to_proto(ttl))
@@ -251,8 +280,11 @@ class Client:
         tags: Mapping[str, str] | None = None,
         page_size: int | None = None,
         page_token: str | None = None,
+        order: PromiseOrder | str = PromiseOrder.CREATED_ASC,
+        created_before: datetime | None = None,
+        older_than: timedelta | None = None,
     ) -> SearchPage:
-        """Read one page of the promises matching a query, in creation order.
+        """Read one page of the promises matching a query, in creation order by default.
 
         Args:
             id: Glob over ids; `*` matches any run of characters.
@@ -261,18 +293,37 @@ class Client:
             page_size: Results per page; None for the server's default (100).
             page_token: `next_page_token` of the previous page; keep the rest
                 of the query unchanged.
+            order: `CREATED_ASC` (oldest first), `CREATED_DESC` (newest first)
+                or `EXPIRE_TIME_ASC` (soonest deadline first, never-expiring last).
+            created_before: Only promises created before this aware datetime.
+            older_than: Only promises created more than this long ago (by this
+                machine's clock): `created_before=now - older_than`. As it moves
+                with the clock, a page token cannot follow it: page with
+                `created_before`, or use `search_all`.
 
         Raises:
             InvalidArgumentError: Bad glob, page size or page token.
-            ValueError: A state that is not a `PromiseState` name.
+            ValueError: A state or order that is not a known name; a naive
+                datetime; `created_before` with `older_than`, or `older_than`
+                with `page_token`.
         """
+        if older_than is not None and page_token:
+            raise ValueError(
+                "older_than is relative to now, so the next page would be another search; "
+                "pass created_before=<the first page's cut-off> with page_token, or use "
+                "search_all(older_than=...)"
+            )
         request = promises_pb2.SearchPromisesRequest(
             id=id,
             states=[state_to_proto(_state(state)) for state in states],
             tags=dict(tags or {}),
             page_size=page_size or 0,
             page_token=page_token or "",
+            order=order_to_proto(_order(order)),
         )
+        cut_off = _created_before(created_before, older_than)
+        if cut_off is not None:
+            request.created_before.CopyFrom(datetime_to_proto(cut_off))
         response = self._transport.call(self._stub.SearchPromises, request, timeout=self._timeout)
         return SearchPage(
             promises=tuple(promise_from_proto(message) for message in response.promises),
@@ -286,16 +337,29 @@ class Client:
         states: Iterable[PromiseState | str] = (),
         tags: Mapping[str, str] | None = None,
         page_size: int | None = None,
+        order: PromiseOrder | str = PromiseOrder.CREATED_ASC,
+        created_before: datetime | None = None,
+        older_than: timedelta | None = None,
     ) -> Iterator[Promise]:
         """Iterate over every matching promise, fetching pages as needed.
 
-        Takes the arguments of `search` (except `page_token`). Each page is one
-        call with the client's timeout.
+        Takes the arguments of `search` (except `page_token`); `older_than` is
+        turned into `created_before` once, when iteration starts. Each page is
+        one call with the client's timeout.
         """
         states = tuple(states)
+        cut_off = _created_before(created_before, older_than)
         token: str | None = None
         while True:
-            page = self.search(id, states=states, tags=tags, page_size=page_size, page_token=token)
+            page = self.search(
+                id,
+                states=states,
+                tags=tags,
+                page_size=page_size,
+                page_token=token,
+                order=order,
+                created_before=cut_off,
+            )
             yield from page.promises
             if page.next_page_token is None:
                 return
@@ -308,16 +372,24 @@ class Client:
         *,
         idempotency_key: str | None = None,
         strict: bool = False,
+        create_if_missing: bool = False,
     ) -> SettleResult:
         """Settle a pending promise as `RESOLVED` with `value`.
 
         Args:
             id: The promise id.
-            value: Any value the codec can encode; None sends no value.
+            value: Any value the codec can encode (dataclasses and pydantic
+                models too); None sends no value.
             idempotency_key: Identifies this settle so that repeats of it
                 succeed with `applied=False`; a random one is used if None.
             strict: A repeat succeeds only if it asks for the state the promise
                 was settled in.
+            create_if_missing: Settle before the wait exists: if no promise has
+                this id yet, create it settled; the workflow's later
+                `ctx.promise(id=...)` finds it so and goes on at once. Without
+                it an unknown id is `NotFoundError`. A schema the workflow gives
+                later is not checked by the server against an early value; the
+                workflow's typed decode still is.
 
         Returns:
             The settled promise, and whether this call's settlement counted.
@@ -334,6 +406,7 @@ class Client:
             value,
             idempotency_key,
             strict,
+            create_if_missing=create_if_missing,
         )
 
     def reject(
@@ -343,6 +416,7 @@ class Client:
         *,
         idempotency_key: str | None = None,
         strict: bool = False,
+        create_if_missing: bool = False,
     ) -> SettleResult:
         """Settle a pending promise as `REJECTED` with `value` (e.g. an error description).
 
@@ -355,6 +429,7 @@ class Client:
             value,
             idempotency_key,
             strict,
+            create_if_missing=create_if_missing,
         )
 
     def cancel(
@@ -387,12 +462,18 @@ class Client:
         value: Any,
         idempotency_key: str | None,
         strict: bool,
+        *,
+        create_if_missing: bool = False,
     ) -> SettleResult:
         generated = not idempotency_key
         key = uuid.uuid4().hex if generated else idempotency_key
         request = request_type(
             id=id, value=payload_to_proto(self.encode(value)), idempotency_key=key, strict=strict
         )
+        if create_if_missing:
+            if isinstance(request, promises_pb2.CancelPromiseRequest):
+                raise ValueError("create_if_missing applies to resolve and reject, not cancel")
+            request.create_if_missing = True
         response = self._transport.call(method, request, timeout=self._timeout)
         promise = promise_from_proto(response.promise)
         # A generated key is unique to this call, so a promise settled with it
@@ -493,6 +574,49 @@ class Client:
                     )
                 transport.sleep(transport.retry.backoff(failures))
 
+    def watch_promises(
+        self,
+        id: str = "*",
+        *,
+        tags: Mapping[str, str] | None = None,
+        on_reconnect: Callable[[], None] | None = None,
+    ) -> PromiseEventStream:
+        """Watch every promise matching a filter: an event each time one is created,
+        settled or times out, from now on (what an inbox page listens to).
+
+        Returns once the server has the watch in place, so everything committed
+        after this call returns is seen. To show a live list, call this first,
+        then list what is there with `search_all`, then apply the events (by
+        promise id: an event may repeat what the listing already showed).
+
+        The stream runs until `close()` (or the end of a `with` block, or a
+        `break` out of the loop followed by `close()`). When it breaks (the
+        server restarts, a failover, or this client read too slowly and the
+        server ended the watch), it reconnects with backoff, as `watch` does,
+        and resumes from *now*: events in between are not replayed. So
+        `on_reconnect` is called each time, after the watch is in place again;
+        re-list there (with `search_all`) to catch up.
+
+        Args:
+            id: Glob over ids; `*` matches any run of characters.
+            tags: Every tag given must be present on the promise with this value.
+            on_reconnect: Called (in the iterating thread) after each reconnect.
+
+        Raises:
+            InvalidArgumentError: Bad glob or tags.
+            UnavailableError: The server could not be reached.
+
+        Example:
+            >>> inbox = {"troth:kind": "promise"}
+            >>> with client.watch_promises(tags=inbox) as events:  # doctest: +SKIP
+            ...     for event in events:
+            ...         print(event.type, event.promise.id)
+
+        .. versionadded:: 0.2.0
+        """
+        request = promises_pb2.WatchPromisesRequest(id=id, tags=dict(tags or {}))
+        return PromiseEventStream(self._transport, request, on_reconnect)
+
     def wait(self, id: str, timeout: float | None = None) -> Promise:
         """Block until the promise settles, and return it settled.
 
@@ -570,6 +694,10 @@ class Client:
         idempotency_key: str | None = None,
         resolved_with: Payload | None = None,
         rejected_with: Payload | None = None,
+        schema: Mapping[str, Any] | None = None,
+        title: str = "",
+        message: str = "",
+        requested_by: str = "",
     ) -> CreateResult:
         """`create` with a param already encoded (the worker's step promises); with
         `resolved_with`/`rejected_with` the promise is created already settled."""
@@ -578,6 +706,10 @@ class Client:
             param=payload_to_proto(param),
             tags=dict(tags),
             idempotency_key=idempotency_key or "",
+            schema=_schema_text(schema),
+            title=title,
+            message=message,
+            requested_by=requested_by,
         )
         if ttl is not None:
             request.ttl.CopyFrom(timedelta_to_proto(ttl))
@@ -587,6 +719,138 @@ class Client:
             request.rejected_with.CopyFrom(payload_to_proto(rejected_with))
         response = self._transport.call(self._stub.CreatePromise, request, timeout=self._timeout)
         return CreateResult(promise=promise_from_proto(response.promise), created=response.created)
+
+
+WATCH_READY_METADATA = ("troth-watch", "started")
+"""Initial metadata a server sends once a `WatchPromises` stream is in place."""
+
+
+class PromiseEventStream:
+    """The events of `Client.watch_promises`: iterate it; `close()` ends it.
+
+    Thread-safe to close from another thread (a blocked iteration then ends).
+    Reconnects by itself (see `Client.watch_promises`).
+
+    .. versionadded:: 0.2.0
+    """
+
+    def __init__(
+        self,
+        transport: Transport,
+        request: promises_pb2.WatchPromisesRequest,
+        on_reconnect: Callable[[], None] | None,
+    ) -> None:
+        self._transport = transport
+        self._request = request
+        self._on_reconnect = on_reconnect
+        self._closed = threading.Event()
+        self._lock = threading.Lock()
+        self._stream: _EventCall | None = None
+        self._stream = self._open(reconnecting=False)
+
+    def __iter__(self) -> Self:
+        return self
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """End the watch and release its stream. Safe to call twice, from any thread."""
+        self._closed.set()
+        with self._lock:
+            stream, self._stream = self._stream, None
+        if stream is not None:
+            stream.cancel()
+
+    def __next__(self) -> PromiseEvent:
+        while True:
+            with self._lock:
+                stream = self._stream
+            if self._closed.is_set() or stream is None:
+                raise StopIteration
+            try:
+                response = next(stream)
+            except StopIteration:
+                why = "the server ended it (shutting down?)"
+            except grpc.RpcError as exc:
+                if self._closed.is_set():
+                    raise StopIteration from None
+                call = as_call(exc)
+                code = call.code() if call is not None else None
+                if code not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED):
+                    with map_rpc_errors(self._transport.address):
+                        raise
+                why = f"{code.name}: {call.details() if call is not None else exc}"
+            else:
+                event = event_from_proto(response)
+                if event is not None:
+                    return event
+                continue
+            self._reconnect(stream, why)
+
+    def _reconnect(self, broken: _EventCall, why: str) -> None:
+        broken.cancel()
+        if self._closed.is_set():
+            return
+        _log.warning(
+            "watch of promises %r broke (%s); reconnecting, events until then are missed",
+            self._request.id or "*",
+            why,
+            extra={"address": self._transport.address},
+        )
+        stream = self._open(reconnecting=True)
+        with self._lock:
+            if self._closed.is_set():
+                stream.cancel()
+                return
+            self._stream = stream
+        if self._on_reconnect is not None:
+            self._on_reconnect()
+
+    def _open(self, *, reconnecting: bool) -> _EventCall:
+        """A stream the server confirmed is in place; retried per the transport's policy
+        (briefly on the first connect, through an outage of up to its reconnect
+        window after)."""
+        transport = self._transport
+        started = transport.now()
+        failures = 0
+        with map_rpc_errors(transport.address):
+            while True:
+                stream = transport.promises.WatchPromises(
+                    self._request, metadata=transport.metadata
+                )
+                try:
+                    if WATCH_READY_METADATA in tuple(stream.initial_metadata() or ()):
+                        return stream
+                    next(stream)  # not in place: raises the call's error
+                    raise grpc.RpcError("the server ended the watch before it was in place")
+                except (grpc.RpcError, StopIteration) as exc:
+                    stream.cancel()
+                    if self._closed.is_set():
+                        return stream
+                    if isinstance(exc, StopIteration):
+                        raise UnavailableError(
+                            grpc.StatusCode.UNAVAILABLE,
+                            "",
+                            f"the server at {transport.address} ended the watch of promises "
+                            "before it was in place; check the server's logs",
+                        ) from None
+                    failures += 1
+                    within = transport.now() - started < transport.retry.reconnect_window
+                    delay = transport.retry_delay(
+                        exc, failures, None, idempotent=True, limit_attempts=not reconnecting
+                    )
+                    if delay is None or (reconnecting and not within):
+                        raise
+                    self._closed.wait(delay)
 
 
 class Handle:
@@ -707,9 +971,33 @@ def _expiry_args(
     )
 
 
+def _order(value: PromiseOrder | str) -> PromiseOrder:
+    try:
+        return PromiseOrder(value)
+    except ValueError:
+        names = ", ".join(order.value for order in PromiseOrder)
+        raise ValueError(f"unknown search order {value!r}; use one of {names}") from None
+
+
+def _created_before(
+    created_before: datetime | None, older_than: timedelta | None
+) -> datetime | None:
+    if older_than is None:
+        return created_before
+    if created_before is not None:
+        raise ValueError("pass created_before or older_than, not both")
+    if older_than < timedelta(0):
+        raise ValueError(f"older_than={older_than!r} must not be negative")
+    return datetime.now(UTC) - older_than
+
+
 def _state(value: PromiseState | str) -> PromiseState:
     try:
         return PromiseState(value)
     except ValueError:
         names = ", ".join(state.value for state in PromiseState)
         raise ValueError(f"unknown promise state {value!r}; use one of {names}") from None
+
+
+def _schema_text(schema: Mapping[str, Any] | None) -> str:
+    return "" if schema is None else json.dumps(schema, separators=(",", ":"))

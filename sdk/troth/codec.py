@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from troth._schema import to_json_compatible
+
 _CONTENT_TYPE = "content-type"
 _JSON = "application/json"
 
@@ -96,11 +98,18 @@ class JsonCodec:
             ValueError: `value` holds NaN or infinity, which JSON forbids.
         """
         try:
-            text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+            text = json.dumps(
+                value,
+                separators=(",", ":"),
+                ensure_ascii=False,
+                allow_nan=False,
+                default=to_json_compatible,
+            )
         except TypeError as exc:
             raise TypeError(
                 f"JsonCodec cannot encode {type(value).__name__!r} values ({exc}); pass "
-                "JSON-compatible data (dict, list, str, int, float, bool, None) or give "
+                "JSON-compatible data (dict, list, str, int, float, bool, None, a dataclass "
+                "or pydantic model) or give "
                 "the Client a codec that handles this type"
             ) from exc
         except ValueError as exc:

@@ -36,6 +36,7 @@ from troth._commands import (
     Sleep,
     StartWorkflow,
 )
+from troth._schema import decision_schema
 
 __all__ = ["Context", "PromiseHandle", "RetryPolicy"]
 
@@ -94,14 +95,31 @@ class Context:
         id: str | None = None,
         timeout: timedelta | None = None,
         tags: Mapping[str, str] | None = None,
+        schema: Mapping[str, Any] | type | None = None,
+        title: str = "",
+        message: str = "",
     ) -> CreatePromise:
         """A latent promise: `yield` it for a `PromiseHandle`; yield the handle to wait.
 
+        The wait ends when someone settles the promise by id: a resolve gives
+        the `yield` its value, a reject raises `Rejected` (with the decoded
+        reason as `.value`), a timeout raises `TimedOut`.
+
         Args:
-            id: Its id; default `<workflow id>.<n>`.
+            id: Its id; default `<workflow id>.<n>`. Choose one (e.g.
+                f"approval-{post_id}") when a gateway must settle it by a
+                name it knows, even before the workflow gets here (see
+                `Client.resolve(..., create_if_missing=True)`).
             timeout: After this long it is rejected as timed out (the wait raises
-                `PromiseTimedOutError`); default the server's (capped by the root's).
+                `TimedOut`); default the server's (capped by the root's).
             tags: Extra string tags; keys starting with `troth:` are reserved.
+            schema: What a decision must look like: a JSON Schema dict, a
+                dataclass or a pydantic model class. The server refuses a
+                resolve value that does not match (INVALID_ARGUMENT naming the
+                field), and with a class the `yield` returns an instance of it.
+            title: A short line for the human who decides (shown by `troth
+                approvals list` and `GetPromise`).
+            message: The longer text for that human.
         """
         user_tags = dict(tags or {})
         reserved = sorted(k for k in user_tags if k.startswith(_RESERVED_TAG_PREFIX))
@@ -109,7 +127,14 @@ class Context:
             raise ValueError(f"tags {reserved} use the reserved prefix 'troth:'; rename them")
         if timeout is not None and timeout <= timedelta(0):
             raise ValueError(f"timeout must be positive, not {timeout}")
-        return CreatePromise(id=id, timeout=timeout, tags=user_tags)
+        return CreatePromise(
+            id=id,
+            timeout=timeout,
+            tags=user_tags,
+            schema=None if schema is None else decision_schema(schema),
+            title=title,
+            message=message,
+        )
 
     def run(
         self,

@@ -309,6 +309,15 @@ class PromiseRejectedError(WorkflowError):
         self.promise_id = promise_id
         self.value = value
 
+    @property
+    def reason(self) -> Any:
+        """Why it was rejected: `value["reason"]` when the value is an object
+        with a reason (what `troth approvals reject --reason` sends), else `value`."""
+        value = self.value
+        if isinstance(value, Mapping) and "reason" in value:
+            return value["reason"]
+        return value
+
     def __str__(self) -> str:
         value = self.value
         if isinstance(value, Mapping) and "message" in value:
@@ -322,12 +331,28 @@ class PromiseRejectedError(WorkflowError):
         return (type(self), (self.promise_id, self.value))
 
 
+Rejected = PromiseRejectedError
+"""Short name for `PromiseRejectedError`: a human (or a gateway) said no.
+
+.. versionadded:: 0.2.0
+"""
+
+TimedOut = PromiseTimedOutError
+"""Short name for `PromiseTimedOutError`: nobody settled the promise in time.
+
+.. versionadded:: 0.2.0
+"""
+
+
 class Cancelled(WorkflowError):
     """The promise the workflow awaited, or the workflow itself, was cancelled.
 
-    Raised at the workflow's next `yield` after a cancel. The workflow may
-    catch it to clean up, but it should then return or re-raise: the server
-    refuses new steps under a cancelled root.
+    Raised at the workflow's next `yield` after a cancel (its pending
+    approvals are rejected as cancelled in the same transaction). The workflow
+    may catch it and run compensation steps (`ctx.run`, checkpointed and never
+    repeated, like any other step) before it returns or re-raises; a new wait
+    on a promise raises `Cancelled` again. The root keeps its cancelled state
+    whatever the workflow then returns.
 
     Attributes:
         promise_id: The cancelled promise's id (the root's, if the workflow was cancelled).

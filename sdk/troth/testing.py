@@ -6,20 +6,54 @@ workers and gateways; no fake server is involved.
 
 `replay` checks that a workflow's current code still matches a recorded
 history (as Temporal's `Replayer` does): run it in your test suite against
-histories recorded from production before you deploy a change.
+histories recorded from production before you deploy a change. `troth export`
+writes such histories from a live server, and `replay_file` (or, one at a
+time, `load_histories` and `replay_history`) checks them::
 
-`load_history` reads a history from JSON, in this shape (values are plain
-JSON, encoded with the JSON codec; `state` defaults to `RESOLVED`)::
+    from myapp.worker import worker   # the Worker your workflows are registered on
 
-    {"root_id": "publish-post-7", "args": ["post-7"],
+    @pytest.mark.parametrize("path", sorted(Path("histories").glob("*.json")))
+    def test_recorded_histories_still_replay(path):
+        replay_file(path, worker)     # raises NonDeterminismError naming the step
+
+`troth replay` does the same from the command line (see the README).
+
+History files. `troth export` writes, and `load_histories` reads, JSON in
+this shape; a file holds one such object, or a list of them::
+
+    {"format": "troth.history/1",
+     "workflow": "publish",
+     "root_id": "publish-post-7",
+     "args": ["post-7"],
+     "root": {"id": "publish-post-7", "state": "PENDING",
+              "tags": {"troth:invoke": "workers", "troth:func": "publish"},
+              "param": ["post-7"]},
      "promises": [
         {"id": "publish-post-7.0", "state": "PENDING", "tags": {"troth:kind": "promise"}},
         {"id": "publish-post-7.1", "tags": {"troth:kind": "run", "troth:func": "send_email"},
          "value": "sent", "settle_time": "2025-01-01T00:00:00+00:00"}]}
+
+- `workflow`: the name the workflow is registered under (the root's
+  `troth:func` tag); `replay_file` and `troth replay` look the code up by it.
+- `root_id` (default: `root.id`) and `args` (default: `root.param`, else `[]`).
+- `root` (optional): the root promise. A root that is `REJECTED_CANCELED`
+  replays as cancelled; one `RESOLVED` or `REJECTED` says the recorded run
+  had ended, so code that now yields a step after the last recorded one
+  diverges.
+- `promises`: the root's descendants (`<root_id>.*`), in any order.
+
+Each promise has `id`, `state` (default `RESOLVED`), `tags`, and optionally
+`param`, `value`, `create_time` and `settle_time` (ISO 8601). `param` and
+`value` are plain JSON, encoded with the codec (default JSON); a payload that
+is not JSON is written `{"$base64": "...", "headers": {...}}` and read back
+byte for byte. Other keys (`expire_time`, `settled_by`, ...) are for people
+and are ignored, and so is a missing `format` (files written by hand).
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import os
 import signal
@@ -29,6 +63,7 @@ import tempfile
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from os import PathLike
 from pathlib import Path
@@ -36,23 +71,66 @@ from typing import Any
 
 import grpc
 
-from troth._engine import CreateStep, Done, Engine, Failed, Outcome, Suspend, Workflow
+from troth._commands import TAG_FUNC, TAG_INVOKE
+from troth._engine import (
+    CreateStep,
+    Done,
+    Engine,
+    Failed,
+    Outcome,
+    Suspend,
+    Workflow,
+    describe_tags,
+)
 from troth._promise import Promise, PromiseState
 from troth.codec import Codec, JsonCodec, Payload
 from troth.errors import ConfigurationError, NonDeterminismError
+from troth.worker import Worker
 
 __all__ = [
+    "HISTORY_FORMAT",
     "CreateStep",
     "Done",
     "Failed",
+    "History",
     "Outcome",
     "Suspend",
+    "load_histories",
     "load_history",
     "replay",
+    "replay_file",
+    "replay_history",
     "running_server",
 ]
 
+HISTORY_FORMAT = "troth.history/1"
+"""The `format` of the history files `troth export` writes."""
+
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_BASE64 = "$base64"
+_ENDED = (PromiseState.RESOLVED, PromiseState.REJECTED)
+"""Root states that mean the recorded run of the workflow returned or raised."""
+
+
+@dataclass(frozen=True, slots=True)
+class History:
+    """One workflow's recorded history, as a history file holds it (see the module docstring).
+
+    Attributes:
+        root_id: The workflow's id (its root promise's).
+        workflow: The name the workflow is registered under; "" if the file names none.
+        args: The workflow's arguments after `ctx`.
+        promises: The root's descendants (`<root_id>.*`) the server held.
+        root: The root promise, if the history has it.
+
+    .. versionadded:: 0.1.0
+    """
+
+    root_id: str
+    workflow: str
+    args: tuple[Any, ...]
+    promises: tuple[Promise, ...]
+    root: Promise | None = None
 
 
 def replay(
@@ -73,45 +151,244 @@ def replay(
     Raises:
         NonDeterminismError: The code no longer yields what the history recorded.
     """
-    with Engine(workflow, args, root_id=root_id, history=history, codec=codec) as engine:
+    return _replay(workflow, args, history, root_id=root_id, codec=codec)
+
+
+def replay_history(history: History, workflow: Workflow, *, codec: Codec | None = None) -> Outcome:
+    """Replay `workflow` against a loaded `History`; run nothing, create nothing.
+
+    As `replay`, and also: when the history's root says the recorded run had
+    ended (`RESOLVED` or `REJECTED`), code that now goes on to a step after
+    the last recorded one diverges too (`NonDeterminismError` with
+    `recorded=None`).
+
+    Raises:
+        NonDeterminismError: The code no longer yields what the history recorded.
+
+    .. versionadded:: 0.1.0
+    """
+    root = history.root
+    promises = (root, *history.promises) if root is not None else history.promises
+    group = root.tags.get(TAG_INVOKE) if root is not None else None
+    outcome = _replay(
+        workflow, history.args, promises, root_id=history.root_id, codec=codec, group=group
+    )
+    if (
+        root is not None
+        and root.state in _ENDED
+        and isinstance(outcome, CreateStep)
+        and not outcome.exists
+        # A step with an explicit id outside `<root>.*` was never exported:
+        # not knowing it is no evidence that the code changed.
+        and outcome.step_id.startswith(f"{history.root_id}.")
+    ):
+        raise NonDeterminismError(
+            outcome.position,
+            recorded=None,
+            yielded=describe_tags(outcome.tags),
+            step_id=outcome.step_id,
+        )
+    return outcome
+
+
+def replay_file(
+    path: str | PathLike[str],
+    workflows: Worker | Mapping[str, Workflow],
+    *,
+    codec: Codec | None = None,
+) -> list[Outcome]:
+    """Replay every history in a history file against the workflow of its name.
+
+    Args:
+        path: A file `troth export` wrote (one history, or a list of them).
+        workflows: The `Worker` the workflows are registered on, or a mapping
+            from workflow name to workflow function.
+        codec: Encodes the file's values as the server held them; default JSON.
+
+    Returns:
+        Each history's `Outcome` (see `replay_history`), in file order.
+
+    Raises:
+        NonDeterminismError: A history diverges from the code (the first one).
+        ConfigurationError: A history names a workflow `workflows` does not have.
+        OSError, ValueError: The file is missing, not JSON, or not a history.
+
+    .. versionadded:: 0.1.0
+    """
+    registry = workflows.workflows if isinstance(workflows, Worker) else workflows
+    outcomes = []
+    for history in load_histories(path, codec=codec):
+        workflow = registry.get(history.workflow)
+        if workflow is None:
+            known = ", ".join(sorted(registry)) or "none"
+            raise ConfigurationError(
+                f"{os.fspath(path)}: history {history.root_id!r} was recorded by workflow "
+                f"{history.workflow!r}, which is not among the workflows given ({known}); "
+                "pass the worker that registers it"
+            )
+        outcomes.append(replay_history(history, workflow, codec=codec))
+    return outcomes
+
+
+def _replay(
+    workflow: Workflow,
+    args: Sequence[Any],
+    history: Iterable[Promise],
+    *,
+    root_id: str,
+    codec: Codec | None,
+    group: str | None = None,
+) -> Outcome:
+    with Engine(
+        workflow, args, root_id=root_id, history=history, codec=codec, group=group
+    ) as engine:
         outcome = engine.advance()
     if isinstance(outcome, Failed) and isinstance(outcome.error, NonDeterminismError):
         raise outcome.error
     return outcome
 
 
+def load_histories(
+    source: str | PathLike[str] | Mapping[str, Any] | Sequence[Mapping[str, Any]],
+    *,
+    codec: Codec | None = None,
+) -> list[History]:
+    """Read the histories in a history file (a path), or in its parsed JSON.
+
+    Raises:
+        OSError: The file cannot be read.
+        ValueError: It is not JSON (`json.JSONDecodeError`), or not histories
+            in the shape of the module docstring (the message says what is wrong).
+
+    .. versionadded:: 0.1.0
+    """
+    data: Any
+    if isinstance(source, str | PathLike):
+        data = json.loads(Path(source).read_text(encoding="utf-8"))
+    else:
+        data = source
+    encoder = codec or JsonCodec()
+    if isinstance(data, Mapping):
+        return [_history_from_json(data, encoder)]
+    if isinstance(data, list | tuple):
+        histories = []
+        for index, item in enumerate(data):
+            if not isinstance(item, Mapping):
+                raise ValueError(f"item {index} is {_json_type(item)}, not a history object")
+            try:
+                histories.append(_history_from_json(item, encoder))
+            except ValueError as exc:
+                raise ValueError(f"item {index}: {exc}") from None
+        return histories
+    raise ValueError(f"the JSON is {_json_type(data)}; expected a history object or a list of them")
+
+
 def load_history(
     source: str | PathLike[str] | Mapping[str, Any], *, codec: Codec | None = None
 ) -> tuple[str, list[Any], list[Promise]]:
-    """Read a JSON history (a path or a parsed mapping): `(root_id, args, promises)`."""
-    data: Mapping[str, Any]
-    if isinstance(source, Mapping):
-        data = source
+    """Read a JSON history (a path or a parsed mapping): `(root_id, args, promises)`.
+
+    `promises` includes the root when the history has it. For files of
+    several histories, use `load_histories`.
+    """
+    histories = load_histories(source, codec=codec)
+    if len(histories) != 1:
+        raise ValueError(
+            f"the file holds {len(histories)} histories, not one; read it with load_histories"
+        )
+    (history,) = histories
+    root = [history.root] if history.root is not None else []
+    return history.root_id, list(history.args), [*root, *history.promises]
+
+
+def _history_from_json(data: Mapping[str, Any], codec: Codec) -> History:
+    form = data.get("format", HISTORY_FORMAT)
+    if form != HISTORY_FORMAT:
+        raise ValueError(
+            f"its format is {form!r}; this troth reads {HISTORY_FORMAT!r}: "
+            "upgrade troth, or export the history again with this version"
+        )
+    root_json = data.get("root")
+    root = _promise_from_json(root_json, codec, "root") if root_json is not None else None
+    root_id = data.get("root_id", root.id if root is not None else None)
+    if not isinstance(root_id, str) or not root_id:
+        raise ValueError('it has no "root_id" (the workflow\'s id) and no "root"')
+    if "args" in data:
+        args = data["args"]
+    elif root is not None:
+        args = codec.decode(root.param)
     else:
-        data = json.loads(Path(source).read_text(encoding="utf-8"))
-    encoder = codec or JsonCodec()
-    promises = [_promise_from_json(item, encoder) for item in data.get("promises", [])]
-    return str(data["root_id"]), list(data.get("args", [])), promises
+        args = []
+    if args is None:
+        args = []
+    if not isinstance(args, list):
+        raise ValueError(f'history {root_id!r}: "args" is {_json_type(args)}, not a list')
+    workflow = data.get("workflow", root.tags.get(TAG_FUNC, "") if root is not None else "")
+    items = data.get("promises", [])
+    if not isinstance(items, list):
+        raise ValueError(f'history {root_id!r}: "promises" is {_json_type(items)}, not a list')
+    promises = tuple(
+        _promise_from_json(item, codec, f"promises[{index}]") for index, item in enumerate(items)
+    )
+    return History(root_id, str(workflow), tuple(args), promises, root)
 
 
-def _promise_from_json(item: Mapping[str, Any], codec: Codec) -> Promise:
-    state = PromiseState(item.get("state", PromiseState.RESOLVED))
+def _promise_from_json(item: Any, codec: Codec, where: str) -> Promise:
+    if not isinstance(item, Mapping) or not isinstance(item.get("id"), str):
+        raise ValueError(f'{where} is not a promise object with an "id"')
+    try:
+        state = PromiseState(item.get("state", PromiseState.RESOLVED))
+    except ValueError:
+        names = ", ".join(PromiseState)
+        raise ValueError(
+            f"{where} ({item['id']}): state {item['state']!r} is not one of {names}"
+        ) from None
     settled = state is not PromiseState.PENDING
-    value = codec.encode(item["value"]) if settled and "value" in item else Payload()
-    settle_time = item.get("settle_time")
+    try:
+        value = _payload(item["value"], codec) if settled and "value" in item else Payload()
+        param = _payload(item["param"], codec) if "param" in item else Payload()
+        settle_time = _time(item.get("settle_time"), "settle_time") if settled else None
+        create_time = _time(item.get("create_time"), "create_time") or _EPOCH
+        tags = {str(k): str(v) for k, v in item.get("tags", {}).items()}
+    except (TypeError, ValueError, AttributeError, binascii.Error) as exc:
+        raise ValueError(f"{where} ({item['id']}): {exc}") from None
     return Promise(
-        id=str(item["id"]),
+        id=item["id"],
         state=state,
-        param=codec.encode(item["param"]) if "param" in item else Payload(),
+        param=param,
         value=value,
-        tags={str(k): str(v) for k, v in item.get("tags", {}).items()},
-        create_time=_time(item.get("create_time")) or _EPOCH,
-        settle_time=_time(settle_time) if settled else None,
+        tags=tags,
+        create_time=create_time,
+        settle_time=settle_time,
     )
 
 
-def _time(text: str | None) -> datetime | None:
-    return datetime.fromisoformat(text) if text else None
+def _payload(value: Any, codec: Codec) -> Payload:
+    """A value as the server held it: JSON through the codec, `$base64` byte for byte."""
+    if isinstance(value, Mapping) and set(value) == {_BASE64, "headers"}:
+        return Payload(
+            headers={str(k): str(v) for k, v in value["headers"].items()},
+            data=base64.b64decode(value[_BASE64], validate=True),
+        )
+    return codec.encode(value)
+
+
+def _time(text: str | None, key: str) -> datetime | None:
+    if not text:
+        return None
+    try:
+        return datetime.fromisoformat(text)
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"{key} {text!r} is not an ISO 8601 time, e.g. 2025-01-01T00:00:00Z"
+        ) from None
+
+
+def _json_type(value: Any) -> str:
+    names = {dict: "an object", list: "a list", str: "a string", bool: "a boolean"}
+    if value is None:
+        return "null"
+    return names.get(type(value), "a number")
 
 
 @contextmanager

@@ -46,6 +46,14 @@ most `shutdown_grace`, then gives every task it still holds back to the group
 Threads: one poller (owns the stream), one heartbeater, and the pool; all
 are started by `start()` and ended by `stop()`.
 
+Versions. Each workflow is registered with a version of its code (by default
+a digest of its source; see `workflow`). The server records on a workflow's
+root the version of the worker that first took it, and sends its later tasks
+only to workers registering that version, or declaring it `compatible`: a
+workflow parked for days never resumes on code it did not start with, and new
+starts go to the newest version connected. A task that reaches this worker
+with a version it does not run anyway is given back, not run.
+
 Suspended generators. A workflow that suspends may stay in the cache
 (`cache_size` workflows, least recently used evicted) so that its resume,
 which the server prefers to send to this worker, needs no replay. Evicting
@@ -77,10 +85,11 @@ from typing import TYPE_CHECKING, Any, Protocol, Self, TypeVar, overload
 
 import grpc
 
-from troth._commands import TAG_FUNC, Now, Random, RunStep
+from troth._commands import TAG_FUNC, CreatePromise, Now, Random, RunStep
 from troth._convert import payload_to_proto, promise_from_proto, timedelta_to_proto
 from troth._engine import CreateStep, Done, Engine, Failed, Suspend, Workflow, error_value
 from troth._transport import as_call
+from troth._versions import Registration, registration
 from troth._worker_steps import Exhausted, Interrupted, Succeeded, run_with_retry
 from troth.errors import (
     AlreadySettledError,
@@ -218,6 +227,7 @@ class Worker:
         self._grace = shutdown_grace.total_seconds()
         self._max_backoff = max_reconnect_backoff
         self._registry: dict[str, Workflow] = {}
+        self._versions: dict[str, Registration] = {}
         self._transport = client._transport
         stub = tasks_pb2_grpc.TasksStub(self._transport.channel)  # type: ignore[no-untyped-call,unused-ignore]
         self._stub: _TasksStub = stub
@@ -248,26 +258,63 @@ class Worker:
     def workflow(self, fn: _W, /) -> _W: ...
 
     @overload
-    def workflow(self, /, *, name: str | None = None) -> Callable[[_W], _W]: ...
+    def workflow(
+        self,
+        /,
+        *,
+        name: str | None = None,
+        version: str | None = None,
+        compatible: Iterable[str] = (),
+    ) -> Callable[[_W], _W]: ...
 
-    def workflow(self, fn: Any = None, /, *, name: str | None = None) -> Any:
-        """Register a workflow: `@worker.workflow` or `@worker.workflow(name="...")`.
+    def workflow(
+        self,
+        fn: Any = None,
+        /,
+        *,
+        name: str | None = None,
+        version: str | None = None,
+        compatible: Iterable[str] = (),
+    ) -> Any:
+        """Register a workflow: `@worker.workflow` or `@worker.workflow(name="...", ...)`.
 
         The name (default: the function's `__name__`) is what `client.start`
         and `ctx.start` name. Returns the function unchanged.
 
+        Args:
+            name: The workflow's name (default: the function's `__name__`).
+            version: The version of its code (default: a 12-digit digest of
+                the function's source, so any edit is a new version). The
+                server records it on each workflow this worker starts, and
+                resumes that workflow only on a worker running this version.
+            compatible: Older versions this code may safely resume (their
+                parked workflows replay the same way on it), e.g.
+                `compatible=("1f2e3d4c5b6a",)` after an edit that changes no
+                step. Declaring one also marks this version as the newer.
+
         Raises:
             RegistrationError: The name is taken, empty, or `fn` is a plain
-                function without `yield` (a workflow must be a generator).
+                function without `yield` (a workflow must be a generator);
+                or a version is empty or too long (at most 128 characters).
+
+        .. versionchanged:: 0.2.0
+           `version` and `compatible`.
         """
+        declared = tuple(compatible) if not isinstance(compatible, str) else compatible
 
         def register(function: _W) -> _W:
-            self._register(function, name)
+            self._register(function, name, version, declared)
             return function
 
         return register if fn is None else register(fn)
 
-    def _register(self, fn: Callable[..., Any], name: str | None) -> None:
+    def _register(
+        self,
+        fn: Callable[..., Any],
+        name: str | None,
+        version: str | None = None,
+        compatible: Iterable[str] = (),
+    ) -> None:
         if not callable(fn):
             raise RegistrationError(str(name), f"workflow {fn!r} is not callable")
         key = name if name is not None else str(getattr(fn, "__name__", ""))
@@ -281,6 +328,7 @@ class Worker:
                 f"workflow {key!r} is a plain function, not a generator: a workflow must "
                 "`yield` its steps (write `result = yield ctx.run(fn, ...)`)",
             )
+        registered = registration(key, fn, version, compatible)
         with self._lock:
             existing = self._registry.get(key)
             if existing is not None and existing is not fn:
@@ -291,12 +339,23 @@ class Worker:
                     "name with @worker.workflow(name=...)",
                 )
             self._registry[key] = fn
+            self._versions[key] = registered
 
     @property
     def workflows(self) -> Mapping[str, Workflow]:
         """The registered workflows by name (a copy)."""
         with self._lock:
             return dict(self._registry)
+
+    @property
+    def registrations(self) -> Mapping[str, Registration]:
+        """The registered workflows by name, each with its version and the older
+        versions it declared compatible (a copy).
+
+        .. versionadded:: 0.2.0
+        """
+        with self._lock:
+            return dict(self._versions)
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -328,7 +387,8 @@ class Worker:
             self.worker_id,
             self.group,
             self.concurrency,
-            ", ".join(sorted(self._registry)) or "none",
+            ", ".join(_describe_version(r) for _, r in sorted(self.registrations.items()))
+            or "none",
             extra={"worker_id": self.worker_id, "group": self.group},
         )
 
@@ -430,16 +490,24 @@ class Worker:
 
     # -- the stream --------------------------------------------------------
 
-    def _poll_loop(self) -> None:
-        request = tasks_pb2.PollRequest(
+    def _poll_request(self) -> tasks_pb2.PollRequest:
+        return tasks_pb2.PollRequest(
             group=self.group,
             worker_id=self.worker_id,
             capacity=self.concurrency,
             lease=timedelta_to_proto(self.lease),
+            # Each workflow's own version first: the one recorded on what it starts.
+            workflows=[
+                tasks_pb2.WorkflowVersion(name=name, version=version)
+                for registered in self.registrations.values()
+                for name, version in registered.listed()
+            ],
         )
+
+    def _poll_loop(self) -> None:
         failures = 0
         while not self._stopping.is_set():
-            call = self._stub.Poll(request, metadata=self._transport.metadata)
+            call = self._stub.Poll(self._poll_request(), metadata=self._transport.metadata)
             with self._lock:
                 if self._stopping.is_set():
                     call.cancel()
@@ -647,7 +715,33 @@ class Worker:
         finally:
             self._finished_running()
 
+    def _foreign_version(self, response: tasks_pb2.PollResponse) -> str | None:
+        """Why this worker must not run the task: the workflow was started with code
+        of a version it neither runs nor declared compatible (None: it may run it)."""
+        version = response.task.workflow_version or response.root.workflow_version
+        name = response.root.tags.get(TAG_FUNC, "")
+        with self._lock:
+            registered = self._versions.get(name)
+        if not version or registered is None or registered.runs(version):
+            return None
+        return (
+            f"workflow {response.root.id!r} ({name!r}) was started with version {version!r}; "
+            f"this worker runs {_describe_version(registered)}"
+        )
+
     def _execute(self, held: _Held, response: tasks_pb2.PollResponse) -> None:
+        foreign = self._foreign_version(response)
+        if foreign is not None:
+            # Replaying it on other code could take other branches on its history.
+            _log.warning(
+                "worker %s: %s; giving task %s back for a worker with that code",
+                self.worker_id,
+                foreign,
+                held.task_id,
+                extra={"worker_id": self.worker_id, "workflow_id": held.root_id},
+            )
+            self._release(held)
+            return
         root = promise_from_proto(response.root)
         history = [root, *(promise_from_proto(p) for p in response.history)]
         engine = self._cache_take(root.id)
@@ -789,6 +883,8 @@ class Worker:
         self, step: CreateStep, *, ok: bool | None = None, value: Any = None
     ) -> CreateResult:
         encoded = None if ok is None else self.client.encode(value)
+        command = step.command
+        decision = command if isinstance(command, CreatePromise) else None
         return self.client._create_raw(
             step.step_id,
             step.param,
@@ -796,6 +892,10 @@ class Worker:
             ttl=step.ttl,
             resolved_with=encoded if ok else None,
             rejected_with=encoded if ok is False else None,
+            schema=decision.schema.json_schema if decision and decision.schema else None,
+            title=decision.title if decision else "",
+            message=decision.message if decision else "",
+            requested_by=step.requested_by,
         )
 
     def _record(self, step: CreateStep, ok: bool, value: Any) -> Promise:
@@ -904,6 +1004,13 @@ class Worker:
                 evicted.append(engine)
         for old in evicted:
             old.close()
+
+
+def _describe_version(registered: Registration) -> str:
+    text = f"{registered.name} version {registered.version}"
+    if registered.compatible:
+        text += f" (compatible with {', '.join(registered.compatible)})"
+    return text
 
 
 def _describe(fn: Callable[..., Any]) -> str:

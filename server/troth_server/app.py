@@ -104,6 +104,7 @@ class Core:
 
     def _on_store_event(self, event: StoreEvent) -> None:
         """Another replica committed: wake what waits here for it."""
+        self.service.on_remote_changes(event)
         if event.resync:
             self.dispatcher.wake_all()
             self.service.on_remote_settled(None)

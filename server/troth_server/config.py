@@ -34,6 +34,9 @@ class Limits:
     max_tag_value_length: int = 1024
     max_idempotency_key_length: int = 256
     max_principal_length: int = 256
+    max_schema_bytes: int = 65_536
+    max_title_length: int = 1024
+    max_message_bytes: int = 65_536
     default_page_size: int = 100
     max_page_size: int = 1000
     default_ttl_ms: int = 86_400_000
@@ -41,6 +44,7 @@ class Limits:
     default_lease_ms: int = 10_000
     max_lease_ms: int = 600_000
     max_poll_capacity: int = 1000
+    max_watch_backlog: int = 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +105,11 @@ _OPTIONS: dict[str, tuple[str, type | None, str]] = {
     "default-lease": ("default_lease_ms", None, "lease of a delivered task when Poll gives none"),
     "max-lease": ("max_lease_ms", None, "longest task lease a worker may ask for"),
     "max-poll-capacity": ("max_poll_capacity", int, "most tasks one Poll stream may hold"),
+    "max-watch-backlog": (
+        "max_watch_backlog",
+        int,
+        "events a WatchPromises stream may fall behind before it is ended",
+    ),
 }
 _LIMIT_FIELDS = {f.name for f in fields(Limits)}
 

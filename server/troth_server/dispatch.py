@@ -7,6 +7,11 @@ hands them to the stream's mailbox, with the root and its whole history read
 once. It wakes when a commit created PENDING tasks in a group, when a stream
 connects or makes room, and on every sweeper tick (so a missed wake-up only
 delays a task, never loses it).
+
+Each stream claims only the tasks its route accepts (`domain/routing.py`: the
+workflow versions its worker registered, among the group's streams on this
+server), so a task no connected worker may run stays PENDING without holding
+up the tasks behind it.
 """
 
 from __future__ import annotations
@@ -19,7 +24,9 @@ from typing import TYPE_CHECKING
 
 import structlog
 
+from troth_server.domain import routing
 from troth_server.domain.errors import DomainError
+from troth_server.domain.routing import Candidate, Deployments, Registration, Route
 from troth_server.domain.task import TaskState
 from troth_server.store import StoreError
 
@@ -50,6 +57,8 @@ class PollStream:
     capacity: int
     lease_ms: int
     loop: asyncio.AbstractEventLoop | None = None
+    registration: Registration = field(default_factory=Registration)
+    """The workflow versions its worker runs (none listed: any task)."""
     held: set[str] = field(default_factory=set)
     closed: bool = False
     stalled: bool = False
@@ -99,6 +108,7 @@ class Dispatcher:
         self._wanted: set[str] = set()
         self._gone: list[PollStream] = []
         self._stalled_workers: set[str] = set()
+        self._deployments = Deployments()
         self._stopping = False
         self._thread = threading.Thread(target=self._loop, name="troth-dispatch", daemon=True)
 
@@ -124,10 +134,29 @@ class Dispatcher:
 
     def connect(self, stream: PollStream) -> None:
         with self._lock:
+            self._deployments.register(stream.group, stream.registration)
             self._streams.setdefault(stream.group, []).append(stream)
+        workflows = sorted(f"{n}@{v}" for n, v in stream.registration.accepted)
         log.info("worker.connected", group=stream.group, worker_id=stream.worker_id,
-                 capacity=stream.capacity)  # fmt: skip
+                 capacity=stream.capacity, workflows=workflows or "any")  # fmt: skip
         self.wake([stream.group])
+
+    def waiting_for(self, tasks: Iterable[Task]) -> dict[str, str]:
+        """Why each of these PENDING tasks is not delivered, as this server sees it."""
+        with self._lock:
+            by_group = {
+                group: self._candidates(group) for group in {t.group for t in tasks}
+            }  # fmt: skip
+        return {t.id: routing.waiting_for(t, t.group, by_group[t.group]) for t in tasks}
+
+    def _candidates(self, group: str) -> list[Candidate]:
+        """The group's open streams as routing sees them (under the lock)."""
+        streams = [s for s in self._streams.get(group, []) if not s.closed]
+        routes = self._routes(group, streams)
+        return [Candidate(s.worker_id, routes[i], s.room) for i, s in enumerate(streams)]
+
+    def _routes(self, group: str, streams: list[PollStream]) -> list[Route]:
+        return routing.routes(group, [s.registration for s in streams], self._deployments)
 
     def disconnect_later(self, stream: PollStream) -> None:
         """From any thread or loop, without blocking: the dispatch thread does the rest."""
@@ -264,15 +293,20 @@ class Dispatcher:
                     log.exception("dispatch.failed", group=group)
 
     def _dispatch(self, group: str) -> None:
+        drained: set[Route] = set()
         while True:
             with self._lock:
-                candidates = [s for s in self._streams.get(group, []) if s.room > 0]
+                streams = [s for s in self._streams.get(group, []) if not s.closed]
+                routes = dict(zip(map(id, streams), self._routes(group, streams), strict=True))
+                candidates = [s for s in streams if s.room > 0]
+            candidates = [s for s in candidates if routes[id(s)] not in drained]
             if not candidates:
                 return
-            exhausted = False
             for stream in sorted(candidates, key=lambda s: -s.room):
-                wanted = stream.room
-                claimed = self._tasks.claim(group, stream.worker_id, wanted, stream.lease_ms)
+                wanted, route = stream.room, routes[id(stream)]
+                if wanted <= 0 or route in drained:
+                    continue
+                claimed = self._tasks.claim(group, stream.worker_id, wanted, stream.lease_ms, route)
                 for n, item in enumerate(claimed):
                     task = item.task
                     if stream.closed:
@@ -291,12 +325,10 @@ class Dispatcher:
                         stream.held.add(task.id)
                     stream.deliver(Delivery(task, root, history))
                 if len(claimed) < wanted:
-                    # Fewer PENDING tasks than room: the group is drained for now,
-                    # and another claim would be an empty write transaction.
-                    exhausted = True
-                    break
-            if exhausted:
-                return
+                    # Fewer PENDING tasks it may take than room: drained for this
+                    # stream for now (another claim would be an empty write
+                    # transaction), though others may still take other tasks.
+                    drained.add(route)
 
     def _give_back(self, undelivered: list[Task], worker_id: str) -> None:
         for task in undelivered:

@@ -29,11 +29,12 @@ from troth.errors import Reason
 from troth_server.domain import promise as domain
 from troth_server.domain import task as tasks
 from troth_server.domain.errors import DomainError
+from troth_server.domain.routing import ANY, Route
 from troth_server.domain.task import Callback, Task, TaskKind, TaskState
 from troth_server.store import Store, StoreError, StoreUnavailable, WriteTx
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Collection
+    from collections.abc import Callable, Collection, Mapping
 
     from troth_server.domain.promise import Promise, PromiseState
 
@@ -42,6 +43,10 @@ R_co = TypeVar("R_co", covariant=True)
 
 INVOKE_TAG = "troth:invoke"
 """A root promise tagged `troth:invoke=<group>` starts a workflow in that group."""
+FUNC_TAG = "troth:func"
+"""A root's workflow name: its tasks carry it, for routing."""
+_MAX_WORKFLOW_NAME = 256
+"""The longest workflow name a task records (longer ones route as unnamed)."""
 log = structlog.get_logger("troth.commit")
 
 
@@ -88,8 +93,11 @@ class Batch:
         now: int,
         callbacks: Collection[Callback] = (),
         tasks: Collection[Task] = (),
+        root_workflows: Mapping[str, tuple[str | None, str | None]] | None = None,
     ) -> None:
         self.now = now
+        self._root_workflows = root_workflows or {}
+        """(workflow, version) of the roots of `callbacks` that are not loaded."""
         self._current = loaded
         self.inserts: dict[str, Promise] = {}
         self.updates: dict[str, Promise] = {}
@@ -139,7 +147,10 @@ class Batch:
         group = promise.tags.get(INVOKE_TAG)
         if group:
             # Starting a workflow is creating its root: its INVOKE task comes with it.
-            self.put_task(tasks.create(_task_id(), promise.id, group, TaskKind.INVOKE))
+            invoke = tasks.create(
+                _task_id(), promise.id, group, TaskKind.INVOKE, workflow=_workflow_name(promise)
+            )
+            self.put_task(invoke)
 
     def settle(self, old: Promise, new: Promise) -> None:
         self._current[new.id] = new
@@ -153,6 +164,14 @@ class Batch:
         for callback in self._callbacks.pop(new.id, ()):
             self.fired.add(new.id)
             self._resume(callback)
+
+    def rewrite(self, promise: Promise) -> None:
+        """Store a change that is not a settlement (no watcher or callback hears of it)."""
+        self._current[promise.id] = promise
+        if promise.id in self.inserts:
+            self.inserts[promise.id] = promise
+        else:
+            self.updates[promise.id] = promise
 
     # -- tasks ------------------------------------------------------------------------
 
@@ -175,10 +194,22 @@ class Batch:
         else:
             self._active[task.root_promise_id] = task.id
 
-    def pending_in(self, group: str, limit: int) -> list[Task]:
-        """Loaded PENDING tasks of `group`, in the order they were read (preferred first)."""
+    def pending_in(self, group: str, limit: int, route: Route = ANY) -> list[Task]:
+        """Loaded PENDING tasks of `group` that `route` accepts, in the order they
+        were read (preferred first)."""
         found = [t for t in self._tasks.values() if t.group == group]
-        return [t for t in found if t.state is TaskState.PENDING][:limit]
+        return [
+            t
+            for t in found
+            if t.state is TaskState.PENDING and route.accepts(t.workflow, t.workflow_version)
+        ][:limit]
+
+    def workflow_of(self, root_id: str) -> tuple[str | None, str | None]:
+        """The root's workflow name and recorded version (None for what it lacks)."""
+        root = self._current.get(root_id)
+        if root is None:
+            return self._root_workflows.get(root_id, (None, None))
+        return _workflow_name(root), root.workflow_version or None
 
     def claimed_by(self, worker_id: str | None) -> list[Task]:
         """Loaded CLAIMED tasks of the worker (of anyone, for None)."""
@@ -197,9 +228,11 @@ class Batch:
 
     def _resume(self, callback: Callback) -> None:
         active = self.active_task(callback.root_promise_id)
+        workflow, version = self.workflow_of(callback.root_promise_id)
         updated, created = tasks.resume(
-            active, _task_id(), callback.root_promise_id, callback.group, callback.worker_id
-        )
+            active, _task_id(), callback.root_promise_id, callback.group, callback.worker_id,
+            workflow=workflow, workflow_version=version,
+        )  # fmt: skip
         if updated is not None and updated is not active:
             self.put_task(updated)
         if created is not None:
@@ -208,6 +241,11 @@ class Batch:
 
 def _task_id() -> str:
     return uuid.uuid4().hex
+
+
+def _workflow_name(root: Promise) -> str | None:
+    name = root.tags.get(FUNC_TAG)
+    return name if name and len(name) <= _MAX_WORKFLOW_NAME else None
 
 
 class WriteOp(Protocol[R_co]):
@@ -469,7 +507,9 @@ def _fold(
     callbacks = tx.get_callbacks(promises.keys())
     root_ids.update(c.root_promise_id for c in callbacks)
     loaded.update({t.id: t for t in tx.get_active_tasks(root_ids).values()})
-    batch = Batch(promises, now, callbacks, loaded.values())
+    # The RESUME tasks these callbacks may create carry their roots' versions.
+    workflows = tx.root_workflows({c.root_promise_id for c in callbacks} - promises.keys())
+    batch = Batch(promises, now, callbacks, loaded.values(), workflows)
     outcomes: list[tuple[bool, Any]] = []
     for item in items:
         try:
@@ -489,7 +529,8 @@ def _fold(
     tx.insert_tasks(list(batch.task_inserts.values()), now)
     tx.delete_callbacks(batch.fired, batch.finished_roots)
     tx.insert_callbacks([c for c in batch.new_callbacks if c.promise_id not in batch.fired], now)
-    tx.announce(batch.pending_groups, [c.promise.id for c in batch.changes if c.promise.is_settled])
+    settled = [c.promise.id for c in batch.changes if c.promise.is_settled]
+    tx.announce(batch.pending_groups, settled, created_ids=list(batch.inserts))
     return outcomes, batch.changes, batch.pending_groups
 
 

@@ -9,29 +9,31 @@ Nothing here knows protobuf or gRPC.
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
-import hashlib
-import json
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import structlog
 
+from troth_server import paging
 from troth_server.domain import promise as domain
-from troth_server.domain.errors import InvalidPageToken, PromiseNotFound
+from troth_server.domain.errors import PromiseNotFound
 from troth_server.domain.promise import PromiseState, SettleRequest
 from troth_server.group_commit import INVOKE_TAG, Keys
-from troth_server.store import PromiseQuery, Store, WriteTx
-from troth_server.watch import AsyncSubscription
+from troth_server.store import PromiseOrder, PromiseQuery, Store, StoreEvent, WriteTx
+from troth_server.watch import (
+    AsyncEventSubscription,
+    AsyncEventWatch,
+    AsyncSubscription,
+    EventWatch,
+)
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 
     from troth_server.domain.promise import CreateRequest, Promise
     from troth_server.group_commit import Batch, GroupCommitter, StateChange
-    from troth_server.watch import Subscription, WatchHub
+    from troth_server.watch import EventFilter, Subscription, WatchHub
 
 log = structlog.get_logger("troth.promises")
 
@@ -53,6 +55,8 @@ class _CreateOp:
         cap = parent.expire_time if parent is not None and INVOKE_TAG in parent.tags else None
         existing = batch.get(self.request.id)
         promise, created = domain.create(existing, self.request, batch.now, cap=cap)
+        if not created and existing is not None and promise.tags != existing.tags:
+            batch.rewrite(promise)  # a settled-early promise, adopted by its creator
         if created:
             batch.add(promise, self.principal)
             if self.settled_with is not None:
@@ -81,6 +85,17 @@ class _SettleOp:
     def apply(self, batch: Batch) -> tuple[Promise, bool]:
         existing = batch.get(self.request.id)
         promise, applied = domain.settle(existing, self.request, batch.now)
+        if applied and existing is None:
+            # Settled before the wait exists: watchers hear a create, then a settle.
+            existing = replace(
+                promise,
+                state=PromiseState.PENDING,
+                value=domain.EMPTY,
+                settle_time=None,
+                idempotency_key_for_settle=None,
+                settled_by=None,
+            )
+            batch.add(existing, self.request.principal)
         if applied:
             assert existing is not None
             batch.settle(existing, promise)
@@ -186,16 +201,29 @@ class PromiseService:
         tags: dict[str, str],
         page_size: int,
         page_token: str,
+        order: PromiseOrder = PromiseOrder.CREATED_ASC,
+        created_before: int | None = None,
     ) -> SearchPage:
-        fingerprint = _query_fingerprint(id_glob, states, tags)
-        after = _decode_page_token(page_token, fingerprint) if page_token else 0
+        query = paging.fingerprint(id_glob, states, tags, order, created_before)
+        after = paging.decode(page_token, order, query) if page_token else paging.START
         now = self._clock()
         rows = self._store.search_promises(
-            PromiseQuery(id_glob, states, tags, after_seq=after, limit=page_size + 1), now
+            PromiseQuery(
+                id_glob,
+                states,
+                tags,
+                after_seq=after.seq,
+                limit=page_size + 1,
+                order=order,
+                after_expire_time=after.expire_time,
+                created_before=created_before,
+            ),
+            now,
         )
         more = len(rows) > page_size
         rows = rows[:page_size]
-        token = _encode_page_token(rows[-1].seq, fingerprint) if more else ""
+        last = paging.Cursor(rows[-1].seq, rows[-1].promise.expire_time) if more else None
+        token = paging.encode(last, order, query) if last is not None else ""
         return SearchPage([domain.effective(r.promise, now) for r in rows], token)
 
     def watch(self, promise_id: str) -> PromiseWatch:
@@ -208,6 +236,24 @@ class PromiseService:
         subscription = self._hub.subscribe(promise_id, loop)
         assert isinstance(subscription, AsyncSubscription)
         return AsyncPromiseWatch(self, subscription)
+
+    def watch_events(self, wanted: EventFilter, backlog: int) -> EventWatch:
+        """Events of the promises `wanted` matches, from now on (see `EventWatch`)."""
+        return EventWatch(self._hub.subscribe_events(wanted, backlog), self.stopping)
+
+    def watch_events_async(self, wanted: EventFilter, backlog: int) -> AsyncEventWatch:
+        """`watch_events` for an event loop: iterate it with `async for`."""
+        subscription = self._hub.subscribe_events(wanted, backlog, asyncio.get_running_loop())
+        assert isinstance(subscription, AsyncEventSubscription)
+        return AsyncEventWatch(subscription, self.stopping)
+
+    def on_remote_changes(self, event: StoreEvent) -> None:
+        """Another replica committed: event watchers here hear of its creates and
+        settles, or, after a gap in announcements, that they may have missed some."""
+        if event.resync:
+            self._hub.events_missed()
+        else:
+            self._hub.publish_remote(event.created_ids, event.settled_ids, self._store.get_promises)
 
     def stop_watches(self) -> None:
         """End every open watch stream (server shutdown)."""
@@ -225,6 +271,7 @@ class PromiseService:
     def on_commit(self, changes: list[StateChange]) -> None:
         """Tell watchers, then log every state change (after commit, never before)."""
         self._hub.publish(c.promise for c in changes if c.promise.is_settled)
+        self._hub.publish_changes(changes)
         for change in changes:
             log.info(
                 "promise.state_changed",
@@ -301,30 +348,3 @@ class AsyncPromiseWatch(PromiseWatch):
                     yield current
         finally:
             self._subscription.close()
-
-
-def _query_fingerprint(id_glob: str, states: frozenset[PromiseState], tags: dict[str, str]) -> str:
-    canonical = json.dumps([id_glob, sorted(states), sorted(tags.items())])
-    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
-
-
-def _encode_page_token(seq: int, fingerprint: str) -> str:
-    raw = json.dumps({"after": seq, "query": fingerprint}).encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
-
-
-def _decode_page_token(token: str, fingerprint: str) -> int:
-    try:
-        raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
-        decoded = json.loads(raw)
-        after, query = decoded["after"], decoded["query"]
-    except (binascii.Error, ValueError, KeyError, TypeError):
-        raise InvalidPageToken(
-            "is not a token this server issued; pass next_page_token from a previous response"
-        ) from None
-    if query != fingerprint or not isinstance(after, int):
-        raise InvalidPageToken(
-            "belongs to a different search; repeat the id, states and tags of the "
-            "request that returned it, or start over without a page_token"
-        )
-    return after

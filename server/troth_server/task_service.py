@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from troth_server.domain import promise as domain
 from troth_server.domain import task as tasks
 from troth_server.domain.errors import PromiseNotFound
+from troth_server.domain.routing import ANY, Route
 from troth_server.domain.task import Callback, Task, TaskKind, TaskNotFound, TaskState
 from troth_server.group_commit import Batch, Keys
 
@@ -51,18 +52,40 @@ class _ClaimOp:
     worker_id: str
     limit: int
     lease_ms: int
+    route: Route = ANY
 
     def keys(self, tx: WriteTx, now: int) -> Keys:
-        candidates = tx.pending_tasks(self.group, self.worker_id, self.limit)
+        candidates = tx.pending_tasks(self.group, self.worker_id, self.limit, self.route)
         return Keys(promises=[t.root_promise_id for t in candidates], tasks=candidates)
 
     def apply(self, batch: Batch) -> list[Claimed]:
         claimed = []
-        for candidate in batch.pending_in(self.group, self.limit):
-            task = tasks.claim(candidate, self.worker_id, batch.now, self.lease_ms)
+        for candidate in batch.pending_in(self.group, self.limit, self.route):
+            batch.put_task(tasks.claim(candidate, self.worker_id, batch.now, self.lease_ms))
+            root = batch.get(candidate.root_promise_id)
+            # Re-read: reading the root may have expired it, and its settle touched tasks.
+            task, root = self._pin(batch, _held(batch, candidate.id), root)
             batch.put_task(task)
-            claimed.append(Claimed(task, batch.get(task.root_promise_id)))
+            claimed.append(Claimed(task, root))
         return claimed
+
+    def _pin(self, batch: Batch, task: Task, root: Promise | None) -> tuple[Task, Promise | None]:
+        """The first worker to take a root records its code version on the root and
+        the task, in the claim's transaction: from then on only that code (or code
+        declared compatible with it) gets the root's tasks."""
+        if task.workflow_version is not None:
+            return task, root
+        if root is not None and root.workflow_version:
+            # Tasks copy their root's version when created; should one lack it, the
+            # root's record still wins (a worker not running it gives the task back).
+            return tasks.pin(task, root.workflow_version), root
+        version = self.route.version_for(task.workflow)
+        if version is None:
+            return task, root  # a worker from before versions, or one not running it
+        if root is not None and not root.is_settled:
+            root = replace(root, workflow_version=version)
+            batch.rewrite(root)
+        return tasks.pin(task, version), root
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +133,8 @@ class _CompleteOp:
             batch.put_task(
                 tasks.create(
                     batch.new_task_id(), task.root_promise_id, task.group, TaskKind.RESUME,
-                    preferred=self.worker_id,
+                    preferred=self.worker_id, workflow=task.workflow,
+                    workflow_version=task.workflow_version,
                 )
             )  # fmt: skip
         return done, root
@@ -220,9 +244,16 @@ class TaskService:
         self._committer = committer
         self._clock = clock
 
-    def claim(self, group: str, worker_id: str, limit: int, lease_ms: int) -> list[Claimed]:
-        """Lease up to `limit` PENDING tasks of `group` to the worker (its resumes first)."""
-        return self._committer.submit(_ClaimOp(group, worker_id, limit, lease_ms))
+    def claim(
+        self, group: str, worker_id: str, limit: int, lease_ms: int, route: Route = ANY
+    ) -> list[Claimed]:
+        """Lease up to `limit` PENDING tasks of `group` that `route` accepts to the
+        worker (its resumes first), recording its version on roots that had none."""
+        return self._committer.submit(_ClaimOp(group, worker_id, limit, lease_ms, route))
+
+    def search(self, group: str, limit: int) -> list[Task]:
+        """The group's tasks that are not completed, oldest first (a read)."""
+        return self._store.search_tasks(group, limit)
 
     def heartbeat(self, worker_id: str, lease_ms: int) -> list[Task]:
         """Extend every lease the worker holds; returns the tasks it still holds."""

@@ -137,7 +137,7 @@ def test_insert_round_trips_every_field(store: Store) -> None:
     assert type(got.param.data) is bytes and got.param.data == b""
 
 
-def test_update_writes_the_settle_fields_only(store: Store) -> None:
+def test_update_rewrites_all_but_the_id_and_times(store: Store) -> None:
     pending = replace(
         FULL,
         state=PromiseState.PENDING,
@@ -158,9 +158,21 @@ def test_update_writes_the_settle_fields_only(store: Store) -> None:
     store.write(lambda tx: tx.update_promises([settled]))
     assert store.get_promise(pending.id) == settled
 
-    # Fields other than the settle fields are not rewritten by an update.
-    store.write(lambda tx: tx.update_promises([replace(settled, param=Payload(), tags={})]))
-    assert store.get_promise(pending.id) == settled
+    # An update also carries rewrites (an early settle adopted by its creator, a
+    # root's workflow version), but never moves the id, create or expire time.
+    adopted = replace(
+        settled,
+        param=Payload(),
+        tags={"troth:kind": "promise"},
+        schema='{"type": "boolean"}',
+        title="Publish?",
+        message="Post 7",
+        requested_by="workflow w",
+        workflow_version="abc",
+        idempotency_key_for_create="c",
+    )
+    store.write(lambda tx: tx.update_promises([replace(adopted, create_time=1, expire_time=None)]))
+    assert store.get_promise(pending.id) == adopted
 
 
 def test_write_returns_the_work_result_and_sees_its_own_rows(store: Store) -> None:

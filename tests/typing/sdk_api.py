@@ -38,5 +38,26 @@ def search(client: Client) -> list[str]:
     return ids
 
 
+def inbox(client: Client) -> dict[str, Promise]:
+    wanted = {"troth:kind": "promise"}
+    pending = {
+        p.id: p
+        for p in client.search_all(
+            states=["PENDING"], tags=wanted, order=troth.PromiseOrder.EXPIRE_TIME_ASC
+        )
+    }
+    old: troth.SearchPage = client.search(order="CREATED_DESC", older_than=timedelta(hours=2))
+    print(len(old.promises))
+    stream: troth.PromiseEventStream = client.watch_promises(tags=wanted, on_reconnect=print)
+    with stream as events:
+        for event in events:
+            item: troth.PromiseEvent = event
+            if item.type is troth.PromiseEventType.CREATED:
+                pending[item.promise.id] = item.promise
+            else:
+                pending.pop(item.promise.id, None)
+    return pending
+
+
 def custom_codec() -> Client:
     return Client("127.0.0.1:7070", codec=JsonCodec(), timeout=5.0, principal="gateway")

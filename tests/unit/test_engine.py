@@ -11,7 +11,7 @@ import gc
 import logging
 import pickle
 from collections.abc import Callable, Generator, Iterable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -192,7 +192,7 @@ def test_fresh_run_asks_for_each_step_then_suspends_on_the_approval() -> None:
     engine = Engine(publish, ["post-7"], root_id="p", group="workers")
     asked, outcome = steps(engine, world)
     assert [(s.step_id, s.position, dict(s.tags)) for s in asked] == [
-        ("p.0", 0, {"troth:kind": "promise"}),
+        ("p.0", 0, {"troth:kind": "promise", "troth:group": "workers"}),
         ("p.1", 1, {"troth:kind": "run", "troth:func": "send_email"}),
     ]
     assert asked[0].ttl == timedelta(days=3)
@@ -502,6 +502,63 @@ def test_cancelled_root_raises_cancelled_instead_of_new_work_only() -> None:
     assert CALLS == []
 
 
+def test_after_the_cancel_is_delivered_compensation_steps_run_once() -> None:
+    def wf(ctx: Context) -> Gen:
+        yield ctx.run(charge, 1)
+        approval = yield ctx.promise()
+        try:
+            yield approval
+        except Cancelled:
+            yield ctx.run(refund, 1)  # compensation: a step like any other
+            try:
+                yield (yield ctx.promise())  # but no new wait
+            except Cancelled:
+                pass
+            raise
+        return "approved"
+
+    CALLS.clear()
+    world = World(
+        [
+            make("r", PromiseState.REJECTED_CANCELED),
+            make("r.0", value={"charged": 1}, tags={"troth:kind": "run", "troth:func": "charge"}),
+            make("r.1", PromiseState.REJECTED_CANCELED, tags={"troth:kind": "promise"}),
+        ]
+    )
+    engine = Engine(wf, [], root_id="r", history=world.promises.values())
+    outcome = drive(engine, world)
+    assert isinstance(outcome, Failed) and isinstance(outcome.error, Cancelled)
+    assert CALLS == ["refund 1"]
+    assert world.promises["r.2"].tags["troth:func"] == "refund"
+    assert world.promises["r.3"].tags["troth:kind"] == "promise"  # created, never waited on
+    # A replay (another worker) finds the compensation recorded: it is not run again.
+    again = replay(wf, [], list(world.promises.values()), root_id="r")
+    assert isinstance(again, Failed) and isinstance(again.error, Cancelled)
+    assert CALLS == ["refund 1"]
+
+
+@dataclass(frozen=True)
+class Decision:
+    approved: bool
+    note: str = ""
+
+
+def test_a_typed_promise_decodes_into_its_schema_type() -> None:
+    def wf(ctx: Context) -> Gen:
+        decision = yield (yield ctx.promise(schema=Decision))
+        return decision
+
+    approved = make("r.0", value={"approved": True}, tags={"troth:kind": "promise"})
+    assert replay(wf, [], [approved], root_id="r") == Done(Decision(True))
+    # A value that does not fit (say, settled before the wait declared its schema)
+    # raises at the yield, where the workflow can catch it.
+    outcome = replay(
+        wf, [], [make("r.0", value=["no"], tags={"troth:kind": "promise"})], root_id="r"
+    )
+    assert isinstance(outcome, Failed) and isinstance(outcome.error, TypeError)
+    assert "does not fit Decision" in str(outcome.error)
+
+
 # -- ids -----------------------------------------------------------------------
 
 
@@ -517,7 +574,7 @@ def test_awaiting_creates_no_promise_and_shifts_no_id() -> None:
     engine = Engine(wf, [], root_id="r")
     assert drive(engine, world) == Suspend(("r.0",))
     assert engine.advance([world.settle("r.0", PromiseState.RESOLVED)]) == CreateStep(
-        "r.1", 1, CreatePromise(), {"troth:kind": "promise"}, Payload()
+        "r.1", 1, CreatePromise(), {"troth:kind": "promise"}, Payload(), requested_by="workflow r"
     )
     engine.close()
 

@@ -17,10 +17,13 @@ from troth_server.domain.promise import (
     PromiseState,
     SettleRequest,
 )
+from troth_server.domain.schema import check_schema
 from troth_server.domain.task import Task, TaskKind, TaskState
+from troth_server.store import PromiseOrder
+from troth_server.watch import EventFilter, EventType, PromiseEvent
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Mapping, Sequence
 
     from google.protobuf.duration_pb2 import Duration
 
@@ -80,7 +83,27 @@ def create_request(request: promises_pb2.CreatePromiseRequest, limits: Limits) -
         ttl=ttl,
         idempotency_key=idempotency_key(request.idempotency_key, limits),
         strict=request.strict,
+        schema=_schema(request.schema, limits),
+        title=_text(request.title, limits.max_title_length, "title"),
+        message=_text(request.message, limits.max_message_bytes, "message"),
+        requested_by=_text(request.requested_by, limits.max_principal_length, "requested_by"),
     )
+
+
+def _schema(value: str, limits: Limits) -> str | None:
+    if not value:
+        return None
+    if len(value.encode()) > limits.max_schema_bytes:
+        raise InvalidArgument(
+            "schema", f"is larger than the limit of {limits.max_schema_bytes} bytes"
+        )
+    return check_schema(value)
+
+
+def _text(value: str, limit: int, field: str) -> str | None:
+    if len(value) > limit:
+        raise InvalidArgument(field, f"is {len(value)} characters long; the limit is {limit}")
+    return value or None
 
 
 def settled_with(
@@ -117,6 +140,9 @@ def settle_request(
         idempotency_key=idempotency_key(request.idempotency_key, limits),
         strict=request.strict,
         principal=principal,
+        create_if_missing=(
+            not isinstance(request, promises_pb2.CancelPromiseRequest) and request.create_if_missing
+        ),
     )
 
 
@@ -142,6 +168,47 @@ def search_id_glob(value: str, limits: Limits) -> str:
     if not ID_PATTERN.fullmatch(value.replace("*", "")) and value.replace("*", ""):
         raise InvalidArgument("id", f"glob {value!r} has characters outside {ID_CHARSET} and *")
     return value
+
+
+_ORDERS: dict[int, PromiseOrder] = {
+    promises_pb2.PROMISE_ORDER_UNSPECIFIED: PromiseOrder.CREATED_ASC,
+    promises_pb2.CREATED_ASC: PromiseOrder.CREATED_ASC,
+    promises_pb2.CREATED_DESC: PromiseOrder.CREATED_DESC,
+    promises_pb2.EXPIRE_TIME_ASC: PromiseOrder.EXPIRE_TIME_ASC,
+}
+
+
+def search_order(value: int) -> PromiseOrder:
+    order = _ORDERS.get(value)
+    if order is None:
+        raise InvalidArgument(
+            "order", f"{value} is not an order; use CREATED_ASC, CREATED_DESC or EXPIRE_TIME_ASC"
+        )
+    return order
+
+
+def created_before(request: promises_pb2.SearchPromisesRequest) -> int | None:
+    if not request.HasField("created_before"):
+        return None
+    return timestamp_ms(request.created_before, "created_before")
+
+
+def event_filter(request: promises_pb2.WatchPromisesRequest, limits: Limits) -> EventFilter:
+    """A WatchPromises filter, validated as a search's id glob and tags are."""
+    return EventFilter(search_id_glob(request.id, limits), tags(request.tags, limits))
+
+
+_PB_EVENT_TYPES = {
+    EventType.CREATED: promises_pb2.CREATED,
+    EventType.SETTLED: promises_pb2.SETTLED,
+    EventType.TIMED_OUT: promises_pb2.TIMED_OUT,
+}
+
+
+def event_to_pb(event: PromiseEvent) -> promises_pb2.WatchPromisesResponse:
+    return promises_pb2.WatchPromisesResponse(
+        type=_PB_EVENT_TYPES[event.type], promise=to_pb(event.promise)
+    )
 
 
 def page_size(value: int, limits: Limits) -> int:
@@ -253,7 +320,7 @@ _PB_TASK_STATES = {
 }
 
 
-def task_to_pb(task: Task) -> tasks_pb2.Task:
+def task_to_pb(task: Task, waiting_for: str = "") -> tasks_pb2.Task:
     message = tasks_pb2.Task(
         id=task.id,
         root_promise_id=task.root_promise_id,
@@ -262,10 +329,52 @@ def task_to_pb(task: Task) -> tasks_pb2.Task:
         state=_PB_TASK_STATES[task.state],
         counter=task.counter,
         worker_id=task.worker_id or "",
+        workflow=task.workflow or "",
+        workflow_version=task.workflow_version or "",
+        waiting_for=waiting_for,
     )
     if task.lease_expire_time is not None:
         message.lease_expire_time.CopyFrom(_timestamp(task.lease_expire_time))
+    if task.create_time is not None:
+        message.create_time.CopyFrom(_timestamp(task.create_time))
     return message
+
+
+MAX_WORKFLOW_NAME = 256
+MAX_WORKFLOW_VERSION = 128
+MAX_WORKFLOWS = 1000
+
+
+def workflows(values: Sequence[tasks_pb2.WorkflowVersion]) -> list[tuple[str, str]]:
+    """A Poll request's workflow versions, in the order given (the first version
+    listed for a name is the one its worker runs new starts with)."""
+    if len(values) > MAX_WORKFLOWS:
+        raise InvalidArgument(
+            "workflows", f"lists {len(values)} entries; the limit is {MAX_WORKFLOWS}"
+        )
+    found: list[tuple[str, str]] = []
+    for entry in values:
+        if not entry.name or len(entry.name) > MAX_WORKFLOW_NAME:
+            raise InvalidArgument(
+                "workflows.name",
+                f"{entry.name[:60]!r} must be 1 to {MAX_WORKFLOW_NAME} characters: "
+                "the workflow's registered name",
+            )
+        version = entry.version
+        if (
+            not version
+            or len(version) > MAX_WORKFLOW_VERSION
+            or not version.isprintable()
+            or (version.strip() != version)
+        ):
+            raise InvalidArgument(
+                "workflows.version",
+                f"{version[:60]!r} (workflow {entry.name[:60]!r}) must be 1 to "
+                f"{MAX_WORKFLOW_VERSION} printable characters without leading or trailing "
+                "spaces, e.g. a digest of the workflow's code",
+            )
+        found.append((entry.name, version))
+    return found
 
 
 def _duration_ms(value: Duration) -> int:

@@ -26,6 +26,7 @@ from troth_server.store import (
     StoreError,
     StoreUnavailable,
 )
+from troth_server.watch import EventsMissed, WatchFellBehind
 
 # Exhaustive: tests walk every DomainError subclass and require an entry.
 STATUS_CODES: dict[type[Exception], grpc.StatusCode] = {
@@ -44,6 +45,8 @@ STATUS_CODES: dict[type[Exception], grpc.StatusCode] = {
     StaleCounter: grpc.StatusCode.FAILED_PRECONDITION,
     TaskNotClaimable: grpc.StatusCode.FAILED_PRECONDITION,
     TaskNotFound: grpc.StatusCode.NOT_FOUND,
+    WatchFellBehind: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    EventsMissed: grpc.StatusCode.UNAVAILABLE,
 }
 
 

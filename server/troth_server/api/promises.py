@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any, TypeAlias
 
+from troth.client import WATCH_READY_METADATA
 from troth.v1 import promises_pb2, promises_pb2_grpc
 from troth_server.api import _convert as convert
 from troth_server.api._rpc import aio_server_stream, aio_unary, server_stream, unary
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
 
     from troth_server.config import Limits
     from troth_server.service import PromiseService
+    from troth_server.watch import EventFilter
 
     AnyContext: TypeAlias = grpc.ServicerContext | AioContext
 
@@ -73,6 +75,8 @@ class _Handlers:
             tags=convert.tags(request.tags, self._limits),
             page_size=convert.page_size(request.page_size, self._limits),
             page_token=request.page_token,
+            order=convert.search_order(request.order),
+            created_before=convert.created_before(request),
         )
         return promises_pb2.SearchPromisesResponse(
             promises=[convert.to_pb(p) for p in page.promises],
@@ -81,6 +85,9 @@ class _Handlers:
 
     def _watch_id(self, request: promises_pb2.WatchPromiseRequest) -> str:
         return convert.promise_id(request.id, self._limits)
+
+    def _event_filter(self, request: promises_pb2.WatchPromisesRequest) -> EventFilter:
+        return convert.event_filter(request, self._limits)
 
 
 def _created(result: tuple[Promise, bool]) -> promises_pb2.CreatePromiseResponse:
@@ -154,6 +161,20 @@ class PromisesServicer(_Handlers, promises_pb2_grpc.PromisesServicer):
         for promise in watch:
             yield _watched(promise)
 
+    @server_stream("WatchPromises")
+    def WatchPromises(
+        self, request: promises_pb2.WatchPromisesRequest, context: grpc.ServicerContext
+    ) -> Iterator[promises_pb2.WatchPromisesResponse]:
+        watch = self._service.watch_events(
+            self._event_filter(request), self._limits.max_watch_backlog
+        )
+        context.add_callback(watch.cancel)
+        # Headers now, not with the first event: they tell the client that the
+        # watch is in place, so anything committed from then on reaches it.
+        context.send_initial_metadata((WATCH_READY_METADATA,))
+        for event in watch:
+            yield convert.event_to_pb(event)
+
 
 class AioPromisesServicer(_Handlers, promises_pb2_grpc.PromisesServicer):
     """For the grpc.aio server: one event loop; commits answer a whole batch at once."""
@@ -207,3 +228,15 @@ class AioPromisesServicer(_Handlers, promises_pb2_grpc.PromisesServicer):
         context.add_done_callback(lambda _ctx: watch.cancel())  # type: ignore[arg-type]
         async for promise in watch:
             yield _watched(promise)
+
+    @aio_server_stream("WatchPromises")
+    async def WatchPromises(
+        self, request: promises_pb2.WatchPromisesRequest, context: AioContext
+    ) -> AsyncIterator[promises_pb2.WatchPromisesResponse]:
+        watch = self._service.watch_events_async(
+            self._event_filter(request), self._limits.max_watch_backlog
+        )
+        context.add_done_callback(lambda _ctx: watch.cancel())  # type: ignore[arg-type]
+        await context.send_initial_metadata((WATCH_READY_METADATA,))
+        async for event in watch:
+            yield convert.event_to_pb(event)

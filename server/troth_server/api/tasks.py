@@ -11,6 +11,8 @@ from troth_server.api._rpc import aio_server_stream, aio_unary, server_stream, u
 from troth_server.dispatch import Delivery, PollStream
 from troth_server.domain.errors import InvalidArgument
 from troth_server.domain.promise import PromiseState, SettleRequest
+from troth_server.domain.routing import registration
+from troth_server.domain.task import TaskState
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Iterator
@@ -43,6 +45,15 @@ class _Handlers:
                 request.lease if request.HasField("lease") else None, self._limits
             ),
             loop=loop,
+            registration=registration(convert.workflows(request.workflows)),
+        )
+
+    def _search(self, request: tasks_pb2.SearchTasksRequest) -> tasks_pb2.SearchTasksResponse:
+        group = convert.name(request.group, self._limits, "group")
+        found = self._tasks.search(group, convert.page_size(request.page_size, self._limits))
+        waiting = self._dispatcher.waiting_for([t for t in found if t.state is TaskState.PENDING])
+        return tasks_pb2.SearchTasksResponse(
+            tasks=[convert.task_to_pb(t, waiting.get(t.id, "")) for t in found]
         )
 
     def _complete_args(
@@ -181,6 +192,12 @@ class TasksServicer(_Handlers, tasks_pb2_grpc.TasksServicer):
         )
         return tasks_pb2.RegisterCallbacksResponse(settled=[convert.to_pb(p) for p in settled])
 
+    @unary("SearchTasks")
+    def SearchTasks(
+        self, request: tasks_pb2.SearchTasksRequest, context: grpc.ServicerContext
+    ) -> tasks_pb2.SearchTasksResponse:
+        return self._search(request)
+
 
 class AioTasksServicer(_Handlers, tasks_pb2_grpc.TasksServicer):
     """For the grpc.aio server: a Poll stream is a coroutine waiting on its mailbox."""
@@ -248,6 +265,13 @@ class AioTasksServicer(_Handlers, tasks_pb2_grpc.TasksServicer):
             task_id, counter, worker, self._promise_ids(request)
         )
         return tasks_pb2.RegisterCallbacksResponse(settled=[convert.to_pb(p) for p in settled])
+
+    @aio_unary("SearchTasks")
+    async def SearchTasks(
+        self, request: tasks_pb2.SearchTasksRequest, context: AioContext
+    ) -> tasks_pb2.SearchTasksResponse:
+        # A range read: off the event loop, as SearchPromises is.
+        return await asyncio.to_thread(self._search, request)
 
 
 def _heartbeat_response(held: list[Task]) -> tasks_pb2.HeartbeatResponse:

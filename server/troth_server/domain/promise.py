@@ -30,12 +30,20 @@ from troth_server.domain.errors import (
     PromiseNotFound,
     PromiseTimedOut,
 )
+from troth_server.domain.schema import check_value
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
 TIMER_TAG = "troth:timer"
 """A promise tagged `troth:timer=true` resolves, rather than times out, at expiry."""
+
+EARLY_TAG = "troth:early"
+"""Tag `true` on a promise settled before anyone created it (`create_if_missing`).
+
+The first create of its id adopts it: the promise takes the create's param,
+tags and metadata (so it reads as its creator made it, minus this tag) and the
+create answers with it, settled. Until then it is only an answer waiting."""
 
 TIMEOUT_PRINCIPAL = "troth:timeout"
 """`settled_by` of a promise that settled by reaching its expire_time."""
@@ -107,6 +115,11 @@ class CreateRequest:
     """Expiry relative to the create's `now`, in ms. Neither set: never expires."""
     idempotency_key: str | None = None
     strict: bool = False
+    schema: str | None = None
+    """JSON Schema text, already checked (`domain.schema.check_schema`)."""
+    title: str | None = None
+    message: str | None = None
+    requested_by: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +131,8 @@ class SettleRequest:
     idempotency_key: str | None = None
     strict: bool = False
     principal: str | None = None
+    create_if_missing: bool = False
+    """Settle before the wait exists: an unknown id is created already settled."""
 
 
 def is_expired(promise: Promise, now: int) -> bool:
@@ -173,9 +188,15 @@ def create(
             create_time=now,
             expire_time=expire_time if cap is None else min(expire_time or cap, cap),
             idempotency_key_for_create=request.idempotency_key,
+            schema=request.schema,
+            title=request.title,
+            message=request.message,
+            requested_by=request.requested_by,
         )
         return promise, True
 
+    if existing.tags.get(EARLY_TAG) == "true":
+        return adopt(existing, request), False
     current = effective(existing, now)
     if request.idempotency_key or existing.idempotency_key_for_create:
         if request.idempotency_key != existing.idempotency_key_for_create:
@@ -199,16 +220,55 @@ def create(
     return current, False
 
 
+def adopt(early: Promise, request: CreateRequest) -> Promise:
+    """The settled-early promise `early` as the create `request` would have made it.
+
+    Its settlement (state, value, time, who) is kept; everything the creator
+    decides is taken from the create. A repeat of that create is then
+    recognised by the usual rules.
+    """
+    return replace(
+        early,
+        param=request.param,
+        tags=request.tags,
+        idempotency_key_for_create=request.idempotency_key,
+        schema=request.schema,
+        title=request.title,
+        message=request.message,
+        requested_by=request.requested_by,
+    )
+
+
 def settle(existing: Promise | None, request: SettleRequest, now: int) -> tuple[Promise, bool]:
     """Settle a pending promise, or recognise a repeat of the settle that won.
 
-    Returns the promise and whether this settle was the one applied.
+    With `create_if_missing`, an unknown id is created already settled (tagged
+    `EARLY_TAG`). Returns the promise and whether this settle was the one applied.
     """
     if existing is None:
-        raise PromiseNotFound(request.id)
+        if not request.create_if_missing:
+            raise PromiseNotFound(request.id)
+        if request.state is PromiseState.REJECTED_CANCELED:
+            raise InvalidArgument(
+                "create_if_missing", "applies to resolve and reject only, not to cancel"
+            )
+        early = Promise(
+            id=request.id,
+            state=request.state,
+            param=EMPTY,
+            value=request.value,
+            tags={EARLY_TAG: "true"},
+            create_time=now,
+            settle_time=now,
+            idempotency_key_for_settle=request.idempotency_key,
+            settled_by=request.principal,
+        )
+        return early, True
     if existing.state is PromiseState.PENDING:
         if is_expired(existing, now):
             raise _timed_out(expire(existing))
+        if existing.schema is not None and request.state is PromiseState.RESOLVED:
+            check_value(existing.schema, request.value)
         settled = replace(
             existing,
             state=request.state,

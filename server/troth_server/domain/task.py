@@ -22,6 +22,11 @@ The counter is the fencing token: it changes on every (re)assignment, so a call
 carrying an older counter comes from a worker that lost the task
 (`StaleCounter`), and it can never complete or corrupt work that moved on.
 
+Versions. A task carries its root's workflow (name) and the version of the code
+the root runs with, which the first worker to take the root records
+(`pin`); RESUME tasks copy both from the root. `domain/routing.py` decides
+which worker may take which task.
+
 One active task per root (DESIGN §4.9): a settle that should resume a root
 whose task is still PENDING or CLAIMED creates no second task; it marks the
 active one `resume_pending`, and completing it then yields the next RESUME.
@@ -61,6 +66,12 @@ class Task:
     """The worker that suspended the root: it may still hold the generator."""
     resume_pending: bool = False
     """A promise the root waits on settled while this task was active."""
+    workflow: str | None = None
+    """The root's workflow name (its `troth:func` tag)."""
+    workflow_version: str | None = None
+    """The version of the workflow's code the root runs with; None until a worker took it."""
+    create_time: int | None = None
+    """Set by the store (when it was inserted)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,7 +128,14 @@ class StaleCounter(DomainError):
 
 
 def create(
-    task_id: str, root_promise_id: str, group: str, kind: TaskKind, *, preferred: str | None = None
+    task_id: str,
+    root_promise_id: str,
+    group: str,
+    kind: TaskKind,
+    *,
+    preferred: str | None = None,
+    workflow: str | None = None,
+    workflow_version: str | None = None,
 ) -> Task:
     return Task(
         id=task_id,
@@ -126,6 +144,8 @@ def create(
         kind=kind,
         state=TaskState.PENDING,
         preferred_worker_id=preferred,
+        workflow=workflow or None,
+        workflow_version=workflow_version or None,
     )
 
 
@@ -139,6 +159,14 @@ def claim(task: Task, worker_id: str, now: int, lease_ms: int) -> Task:
         worker_id=worker_id,
         lease_expire_time=now + lease_ms,
     )
+
+
+def pin(task: Task, version: str) -> Task:
+    """Record the code version the root runs with on a task that has none yet.
+    A version once recorded never changes: the root's steps were made by that code."""
+    if task.workflow_version is not None or not version:
+        return task
+    return replace(task, workflow_version=version)
 
 
 def check_holder(task: Task, worker_id: str, counter: int) -> None:
@@ -215,15 +243,21 @@ def _back_to_pending(task: Task) -> Task:
 
 
 def resume(active: Task | None, new_task_id: str, root_promise_id: str, group: str,
-           preferred: str | None) -> tuple[Task | None, Task | None]:  # fmt: skip
+           preferred: str | None, *, workflow: str | None = None,
+           workflow_version: str | None = None) -> tuple[Task | None, Task | None]:  # fmt: skip
     """A promise the root waits on settled. Returns (updated active task, new task).
 
     With an active (PENDING or CLAIMED) task for the root, no task is created:
     a PENDING one will replay the new history anyway; a CLAIMED one is marked
-    so that completing it asks for the next resume.
+    so that completing it asks for the next resume. A new RESUME carries the
+    root's workflow and version, so that only that code resumes it.
     """
     if active is not None and active.state is not TaskState.COMPLETED:
         if active.state is TaskState.PENDING:
             return active, None
         return replace(active, resume_pending=True), None
-    return None, create(new_task_id, root_promise_id, group, TaskKind.RESUME, preferred=preferred)
+    created = create(
+        new_task_id, root_promise_id, group, TaskKind.RESUME, preferred=preferred,
+        workflow=workflow, workflow_version=workflow_version,
+    )  # fmt: skip
+    return None, created

@@ -7,6 +7,7 @@ leave it (they become `StoreError`s).
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
@@ -14,6 +15,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Collection, Sequence
 
     from troth_server.domain.promise import Promise, PromiseState
+    from troth_server.domain.routing import Route
     from troth_server.domain.task import Callback, Task
 
 T = TypeVar("T")
@@ -39,15 +41,34 @@ class SchemaTooNew(StoreError):
     """The database was migrated by a newer troth-server than this one."""
 
 
+class PromiseOrder(enum.Enum):
+    """The order of search results; ties (and only ties) are broken by insertion order."""
+
+    CREATED_ASC = "CREATED_ASC"
+    CREATED_DESC = "CREATED_DESC"
+    EXPIRE_TIME_ASC = "EXPIRE_TIME_ASC"
+    """Soonest expire_time first; promises that never expire come last."""
+
+
 @dataclass(frozen=True, slots=True)
 class PromiseQuery:
-    """A search: id glob (`*` wildcard), states as a reader sees them, exact tags."""
+    """A search: id glob (`*` wildcard), states as a reader sees them, exact tags.
+
+    A page starts after the row its cursor names, in the query's order: the
+    row `after_seq` (0: from the start) whose expire_time was
+    `after_expire_time` (for EXPIRE_TIME_ASC; None there means the cursor row
+    never expires, so only never-expiring rows follow it).
+    """
 
     id_glob: str
     states: frozenset[PromiseState]
     tags: dict[str, str]
     after_seq: int
     limit: int
+    order: PromiseOrder = PromiseOrder.CREATED_ASC
+    after_expire_time: int | None = None
+    created_before: int | None = None
+    """Only promises whose create_time is earlier than this (ms), when given."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,9 +98,15 @@ class WriteTx(Protocol):
         """Up to `limit` PENDING promises overdue at `now`, locked for this transaction;
         rows another transaction holds are skipped (its replica is expiring them)."""
 
-    def announce(self, groups: Collection[str], settled_ids: Collection[str]) -> None:
+    def announce(
+        self,
+        groups: Collection[str],
+        settled_ids: Collection[str],
+        created_ids: Collection[str] = (),
+    ) -> None:
         """Tell the other replicas, when this transaction commits, which groups have
-        new PENDING tasks and which promises settled (nothing to do on SQLite)."""
+        new PENDING tasks and which promises settled or were created (nothing to do
+        on SQLite)."""
 
     def pending_descendant_ids(self, root_id: str) -> list[str]:
         """Ids `<root>.*` of promises still PENDING (a cancelled root takes them along)."""
@@ -99,9 +126,15 @@ class WriteTx(Protocol):
     def get_active_tasks(self, root_ids: Collection[str]) -> dict[str, Task]:
         """The PENDING or CLAIMED task of each root that has one, by root id."""
 
-    def pending_tasks(self, group: str, prefer_worker: str, limit: int) -> list[Task]:
-        """The group's PENDING tasks: preferring `prefer_worker`, then preferring nobody,
-        then preferring another worker; oldest first within each."""
+    def pending_tasks(
+        self, group: str, prefer_worker: str, limit: int, route: Route = ...
+    ) -> list[Task]:
+        """The group's PENDING tasks that `route` accepts (default: any), locked and
+        skipping rows another transaction holds: preferring `prefer_worker`, then
+        preferring nobody, then preferring another worker; oldest first within each."""
+
+    def root_workflows(self, root_ids: Collection[str]) -> dict[str, tuple[str | None, str | None]]:
+        """(workflow name, version) of each of these roots that exists, unlocked."""
 
     def claimed_tasks(self, worker_id: str, *, lock: bool = True) -> list[Task]: ...
 
@@ -132,6 +165,9 @@ class Store(Protocol):
     def claimed_task_ids(self, worker_ids: Collection[str]) -> set[tuple[str, str]]:
         """(worker id, task id) of every task CLAIMED by one of these workers."""
 
+    def search_tasks(self, group: str, limit: int) -> list[Task]:
+        """Up to `limit` of the group's PENDING and CLAIMED tasks, oldest first."""
+
     @property
     def shared(self) -> bool:
         """Whether other server processes may write to this database (replicas)."""
@@ -152,6 +188,7 @@ class StoreEvent:
     settled_ids: tuple[str, ...] = ()
     resync: bool = False
     """Announcements may have been lost (the listener reconnected): recheck everything."""
+    created_ids: tuple[str, ...] = ()
 
 
 def open_store(

@@ -1,11 +1,13 @@
 """Cross-replica announcements over PostgreSQL LISTEN/NOTIFY.
 
 A write transaction announces (with `pg_notify`, delivered only if it commits)
-the groups that got PENDING tasks and the promises that settled. Every replica
-listens on one dedicated connection and turns announcements from the others
-into dispatcher and watcher wake-ups. Notifications are a fast path only: a
-replica that was disconnected resyncs, and the periodic scans find anything a
-lost notification would have announced.
+the groups that got PENDING tasks and the promises that settled or were
+created. Every replica listens on one dedicated connection and turns
+announcements from the others into dispatcher and watcher wake-ups and
+`WatchPromises` events. Notifications are a fast path only: a replica that was
+disconnected resyncs (the periodic scans find any task or settle a lost
+notification would have announced; event streams, which cannot replay what
+they missed, are ended so that their clients re-list).
 """
 
 from __future__ import annotations
@@ -45,27 +47,38 @@ class Announcer:
         self._thread: threading.Thread | None = None
         self._conn: psycopg.Connection[Any] | None = None
 
-    def announce(self, conn: Connection, groups: Collection[str], settled: Collection[str]) -> None:
-        for payload in self._payloads(sorted(groups), list(settled)):
+    def announce(
+        self,
+        conn: Connection,
+        groups: Collection[str],
+        settled: Collection[str],
+        created: Collection[str] = (),
+    ) -> None:
+        for payload in self._payloads(sorted(groups), list(settled), list(created)):
             conn.exec_driver_sql("SELECT pg_notify(%(channel)s, %(payload)s)",
                                  {"channel": self.channel, "payload": payload})  # fmt: skip
 
-    def _payloads(self, groups: list[str], settled: list[str]) -> list[str]:
+    def _payloads(self, groups: list[str], settled: list[str], created: list[str]) -> list[str]:
+        """Messages under PostgreSQL's payload limit; the groups ride in the first."""
         payloads = []
-        chunk: list[str] = []
+        chunk: dict[str, list[str]] = {"s": [], "c": []}
         size = 0
-        for promise_id in settled:
-            if chunk and size + len(promise_id) + 4 > _MAX_PAYLOAD // 2:
+        for key, promise_id in [("c", i) for i in created] + [("s", i) for i in settled]:
+            if size and size + len(promise_id) + 4 > _MAX_PAYLOAD // 2:
                 payloads.append(self._encode(groups, chunk))
-                groups, chunk, size = [], [], 0
-            chunk.append(promise_id)
+                groups, chunk, size = [], {"s": [], "c": []}, 0
+            chunk[key].append(promise_id)
             size += len(promise_id.encode()) + 4
-        if chunk or groups:
+        if size or groups:
             payloads.append(self._encode(groups, chunk))
         return payloads
 
-    def _encode(self, groups: list[str], settled: list[str]) -> str:
-        return orjson.dumps({"o": self._origin, "g": groups, "s": settled}).decode()
+    def _encode(self, groups: list[str], ids: dict[str, list[str]]) -> str:
+        message: dict[str, object] = {"o": self._origin, "g": groups, "s": ids["s"]}
+        if ids["c"]:
+            # Only when there are some: a replica from before created ids ignores the key.
+            message["c"] = ids["c"]
+        return orjson.dumps(message).decode()
 
     def listen(self, on_event: Callable[[StoreEvent], None]) -> None:
         self._thread = threading.Thread(
@@ -124,7 +137,11 @@ class Announcer:
             return None
         if message.get("o") == self._origin:
             return None
-        return StoreEvent(frozenset(message.get("g", ())), tuple(message.get("s", ())))
+        return StoreEvent(
+            frozenset(message.get("g", ())),
+            tuple(message.get("s", ())),
+            created_ids=tuple(message.get("c", ())),
+        )
 
 
 def _deliver(on_event: Callable[[StoreEvent], None], event: StoreEvent) -> None:

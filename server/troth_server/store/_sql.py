@@ -36,9 +36,11 @@ from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
 from sqlalchemy.pool import QueuePool, StaticPool
 
 from troth_server.domain.promise import Payload, Promise, PromiseState
+from troth_server.domain.routing import ANY, Route
 from troth_server.domain.task import Callback, Task, TaskKind, TaskState
 from troth_server.store import (
     CommitOutcomeUnknown,
+    PromiseOrder,
     PromiseQuery,
     SearchRow,
     StoreError,
@@ -74,14 +76,11 @@ _select_expired = (
 _select_expired_locked = _select_expired.with_for_update(skip_locked=True)
 _COLUMNS = [c.name for c in promises.c]
 _INSERTED = [name for name in _COLUMNS if name != "seq"]
-_SETTLE_FIELDS = [
-    "state",
-    "value_headers",
-    "value_data",
-    "settle_time",
-    "idempotency_key_for_settle",
-    "settled_by",
-]
+# Every column a promise may change after its insert: its settlement, and the
+# rare rewrites (a settled-early promise adopted by its creator, a root's
+# workflow version recorded). One statement for all: on both engines an UPDATE
+# rewrites the row anyway, and large unchanged values are kept by reference.
+_UPDATED = [name for name in _INSERTED if name not in ("id", "create_time", "expire_time")]
 
 
 class _Compiled:
@@ -99,7 +98,7 @@ class _Compiled:
         self.update = self._compile(
             promises.update()
             .where(promises.c.id == bindparam("b_id"))
-            .values({name: bindparam(f"b_{name}") for name in _SETTLE_FIELDS})
+            .values({name: bindparam(f"b_{name}") for name in _UPDATED})
         )
         self._select: dict[int, _Statement] = {}
 
@@ -194,7 +193,27 @@ class _TaskStatements:
             lease_expire_time=bindparam("b_lease_expire_time"),
             preferred_worker_id=bindparam("b_preferred_worker_id"),
             resume_pending=bindparam("b_resume_pending"),
+            workflow_version=bindparam("b_workflow_version"),
         )
+    )
+    # A root's workflow and version, for the RESUME tasks its callbacks create.
+    # Unlocked: both are written once (the version when the root's first task
+    # was claimed, which happened before any callback of it was registered).
+    root_workflows = select(promises.c.id, promises.c.tags, promises.c.workflow_version).where(
+        promises.c.id.in_(bindparam("ids", expanding=True))
+    )
+    # SearchTasks: PENDING by the group's partial index, CLAIMED by theirs (few).
+    search_pending = (
+        select(tasks)
+        .where(tasks.c.group == bindparam("group"), tasks.c.state == TaskState.PENDING.value)
+        .order_by(tasks.c.create_time, tasks.c.id)
+        .limit(bindparam("limit"))
+    )
+    search_claimed = (
+        select(tasks)
+        .where(tasks.c.state == TaskState.CLAIMED.value, tasks.c.group == bindparam("group"))
+        .order_by(tasks.c.create_time, tasks.c.id)
+        .limit(bindparam("limit"))
     )
     get_callbacks = select(callbacks).where(
         callbacks.c.promise_id.in_(bindparam("ids", expanding=True))
@@ -257,9 +276,21 @@ class _TaskTx:
         rows = self._conn.execute(_TaskStatements.active, {"roots": list(root_ids)}).mappings()
         return {row["root_promise_id"]: _to_task(row) for row in rows}
 
-    def pending_tasks(self, group: str, prefer_worker: str, limit: int) -> list[Task]:
+    def pending_tasks(
+        self, group: str, prefer_worker: str, limit: int, route: Route = ANY
+    ) -> list[Task]:
         params = {"group": group, "worker": prefer_worker, "limit": limit}
-        return [_to_task(r) for r in self._conn.execute(_TaskStatements.pending, params).mappings()]
+        stmt = _TaskStatements.pending
+        condition = route_condition(route)
+        if condition is not None:
+            stmt = stmt.where(condition)
+        return [_to_task(r) for r in self._conn.execute(stmt, params).mappings()]
+
+    def root_workflows(self, root_ids: Collection[str]) -> dict[str, tuple[str | None, str | None]]:
+        if not root_ids:
+            return {}
+        rows = self._conn.execute(_TaskStatements.root_workflows, {"ids": list(root_ids)})
+        return {row[0]: (_load_json(row[1]).get(FUNC_TAG) or None, row[2] or None) for row in rows}
 
     def claimed_tasks(self, worker_id: str, *, lock: bool = True) -> list[Task]:
         stmt = _TaskStatements.claimed if lock else _TaskStatements.claimed_peek
@@ -288,6 +319,8 @@ class _TaskTx:
                         "preferred_worker_id": t.preferred_worker_id,
                         "resume_pending": t.resume_pending,
                         "create_time": now,
+                        "workflow": t.workflow,
+                        "workflow_version": t.workflow_version,
                     }
                     for t in items
                 ],
@@ -306,6 +339,7 @@ class _TaskTx:
                         "b_lease_expire_time": t.lease_expire_time,
                         "b_preferred_worker_id": t.preferred_worker_id,
                         "b_resume_pending": t.resume_pending,
+                        "b_workflow_version": t.workflow_version,
                     }
                     for t in items
                 ],
@@ -324,7 +358,37 @@ def _to_task(row: Any) -> Task:
         lease_expire_time=row["lease_expire_time"],
         preferred_worker_id=row["preferred_worker_id"],
         resume_pending=bool(row["resume_pending"]),
+        workflow=row["workflow"],
+        workflow_version=row["workflow_version"],
+        create_time=row["create_time"],
     )
+
+
+FUNC_TAG = "troth:func"
+"""A root's workflow name, among its tags."""
+
+
+def route_condition(route: Route) -> Any:
+    """SQL for `route.accepts(tasks.workflow, tasks.workflow_version)`, or None for any task."""
+    if route.any_task:
+        return None
+    c = tasks.c
+    by_name: dict[str, list[str]] = {}
+    for name, version in sorted(route.accepted):
+        by_name.setdefault(name, []).append(version)
+    versioned = [
+        and_(c.workflow == name, c.workflow_version.in_(versions))
+        for name, versions in by_name.items()
+    ]
+    unversioned = and_(
+        c.workflow_version.is_(None),
+        or_(
+            c.workflow.is_(None),
+            c.workflow.in_(sorted(route.unversioned)),
+            c.workflow.not_in(sorted(route.known)),
+        ),
+    )
+    return or_(*versioned, unversioned)
 
 
 class _WriteTx(_TaskTx):
@@ -335,9 +399,14 @@ class _WriteTx(_TaskTx):
         # SQLite has one writer at a time and renders no FOR UPDATE.
         self.row_locks = conn.dialect.name == "postgresql"
 
-    def announce(self, groups: Collection[str], settled_ids: Collection[str]) -> None:
-        if self._announcer is not None and (groups or settled_ids):
-            self._announcer.announce(self._conn, groups, settled_ids)
+    def announce(
+        self,
+        groups: Collection[str],
+        settled_ids: Collection[str],
+        created_ids: Collection[str] = (),
+    ) -> None:
+        if self._announcer is not None and (groups or settled_ids or created_ids):
+            self._announcer.announce(self._conn, groups, settled_ids, created_ids)
 
     def expired_promise_ids(self, now: int, limit: int) -> list[str]:
         params = {"now": now, "limit": limit}
@@ -369,18 +438,7 @@ class _WriteTx(_TaskTx):
     def update_promises(self, items: Sequence[Promise]) -> None:
         if items:
             stmt = self._compiled.update
-            rows = [
-                {
-                    "b_id": p.id,
-                    "b_state": p.state.value,
-                    "b_value_headers": _dump_json(p.value.headers),
-                    "b_value_data": p.value.data,
-                    "b_settle_time": p.settle_time,
-                    "b_idempotency_key_for_settle": p.idempotency_key_for_settle,
-                    "b_settled_by": p.settled_by,
-                }
-                for p in items
-            ]
+            rows = [{f"b_{name}": value for name, value in _to_row(p).items()} for p in items]
             self._conn.exec_driver_sql(stmt.sql, [stmt.params(row) for row in rows])
 
 
@@ -435,14 +493,18 @@ class SqlStore:
         return None if row is None else _to_promise(row)
 
     def search_promises(self, query: PromiseQuery, now: int) -> list[SearchRow]:
-        conditions: list[Any] = [promises.c.seq > query.after_seq]
+        conditions: list[Any] = []
+        if query.after_seq:
+            conditions.append(_after_cursor(query))
         if query.id_glob not in ("", "*"):
             conditions.append(promises.c.id.like(_glob_to_like(query.id_glob), escape="\\"))
         if query.states:
             conditions.append(or_(*(_state_condition(s, now) for s in query.states)))
         if query.tags:
             conditions.append(self._has_tags(query.tags))
-        stmt = select(promises).where(and_(*conditions)).order_by(promises.c.seq)
+        if query.created_before is not None:
+            conditions.append(promises.c.create_time < query.created_before)
+        stmt = select(promises).where(*conditions).order_by(*_ORDER[query.order])
         stmt = stmt.limit(query.limit)
         rows = self._read(lambda conn: conn.execute(stmt).all())
         return [SearchRow(seq=row[0], promise=_to_promise(row)) for row in rows]
@@ -473,6 +535,18 @@ class SqlStore:
         stmt = select(promises).where(promises.c.id.in_(bindparam("ids", expanding=True)))
         rows = self._read(lambda conn: conn.execute(stmt, {"ids": list(ids)}).all())
         return [_to_promise(row) for row in rows]
+
+    def search_tasks(self, group: str, limit: int) -> list[Task]:
+        params = {"group": group, "limit": limit}
+
+        def read(conn: Connection) -> list[Any]:
+            pending = conn.execute(_TaskStatements.search_pending, params).mappings().all()
+            claimed = conn.execute(_TaskStatements.search_claimed, params).mappings().all()
+            return [*pending, *claimed]
+
+        found = [_to_task(row) for row in self._read(read)]
+        found.sort(key=lambda t: (t.create_time or 0, t.id))
+        return found[:limit]
 
     def claimed_task_ids(self, worker_ids: Collection[str]) -> set[tuple[str, str]]:
         if not worker_ids:
@@ -534,6 +608,33 @@ def _retryable(exc: DBAPIError, committing: bool) -> str | None:
     if exc.connection_invalidated and not committing:
         return "disconnected"
     return None
+
+
+# Keyset orders: each ends in `seq`, so that a cursor names one position.
+# NULLS LAST (never-expiring rows) is PostgreSQL's default for ASC, so its
+# partial index on pending expire_time serves the EXPIRE_TIME_ASC inbox.
+_ORDER: dict[PromiseOrder, tuple[Any, ...]] = {
+    PromiseOrder.CREATED_ASC: (promises.c.seq,),
+    PromiseOrder.CREATED_DESC: (promises.c.seq.desc(),),
+    PromiseOrder.EXPIRE_TIME_ASC: (promises.c.expire_time.asc().nulls_last(), promises.c.seq),
+}
+
+
+def _after_cursor(query: PromiseQuery) -> Any:
+    """SQL for "comes after the cursor row in the query's order"."""
+    c = promises.c
+    if query.order is PromiseOrder.CREATED_ASC:
+        return c.seq > query.after_seq
+    if query.order is PromiseOrder.CREATED_DESC:
+        return c.seq < query.after_seq
+    if query.after_expire_time is None:
+        # The cursor row never expires: only never-expiring rows follow it.
+        return and_(c.expire_time.is_(None), c.seq > query.after_seq)
+    return or_(
+        c.expire_time > query.after_expire_time,
+        and_(c.expire_time == query.after_expire_time, c.seq > query.after_seq),
+        c.expire_time.is_(None),
+    )
 
 
 def _state_condition(state: PromiseState, now: int) -> Any:

@@ -1,0 +1,298 @@
+"""`troth approvals`: the inbox of what waits for a human, from a shell.
+
+```
+troth approvals list [--group G] [--older-than 2h] [--tag k=v ...]
+                     [--order oldest|newest|deadline] [--limit N]
+troth approvals approve ID [--value JSON] [--key K]
+troth approvals reject ID [--reason TEXT | --value JSON] [--key K]
+troth approvals watch [--group G] [--tag k=v ...]
+```
+
+An approval is a PENDING promise that a workflow created to wait on
+(`ctx.promise()`: tag `troth:kind=promise`); `--group G` keeps those of
+workflows of group G (tag `troth:group=G`, which the SDK puts on such steps).
+
+`approve` resolves with `--value`, or with `true` when none is given; `reject`
+rejects with `{"reason": TEXT}` for `--reason TEXT`, with `--value`, or with no
+value. `--key` makes a repeat of the same command a no-op instead of an
+`ALREADY_SETTLED` error. With `--json`: `list` writes one promise per line,
+`watch` one `{"type": ..., "promise": {...}}` per event, `approve`/`reject`
+`{"applied": bool, "promise": {...}}`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from datetime import UTC, datetime, timedelta
+from typing import IO, TYPE_CHECKING, Any
+
+from troth._cli import (
+    _DEFAULT_LIMIT,
+    Handler,
+    _align,
+    _emit_result,
+    _global_options,
+    _positive_int,
+    _when,
+    _write_json,
+    parse_duration,
+    parse_json,
+    parse_tag,
+    promise_to_json,
+)
+from troth._commands import TAG_GROUP, TAG_KIND, Kind
+from troth._promise import PromiseEventType, PromiseOrder, PromiseState
+from troth.errors import InvalidArgumentError
+
+if TYPE_CHECKING:
+    from troth._promise import Promise, PromiseEvent
+    from troth.client import Client
+
+APPROVE_DEFAULT: Any = True
+"""What `approve` resolves with when no `--value` is given."""
+
+_ORDERS = {
+    "oldest": PromiseOrder.CREATED_ASC,
+    "newest": PromiseOrder.CREATED_DESC,
+    "deadline": PromiseOrder.EXPIRE_TIME_ASC,
+}
+_COLUMNS = ("ID", "TITLE", "AGE", "DEADLINE", "REQUESTED BY", "GROUP", "TAGS")
+_TITLE_WIDTH = 40
+_EVENT_WORDS = {
+    PromiseEventType.CREATED: "waiting",
+    PromiseEventType.SETTLED: "settled",
+    PromiseEventType.TIMED_OUT: "timed out",
+}
+
+
+def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add `approvals` to the `troth` command line."""
+    approvals = commands.add_parser(
+        "approvals", help="the inbox: list, approve, reject and watch what waits for a human"
+    )
+    actions = approvals.add_subparsers(dest="action", metavar="ACTION", required=True)
+
+    def leaf(name: str, help: str, handler: Handler) -> argparse.ArgumentParser:
+        sub = actions.add_parser(name, help=help, description=help)
+        _global_options(sub, suppress=True)
+        sub.set_defaults(handler=handler)
+        return sub
+
+    listing = leaf("list", "list pending approvals, oldest first", _cmd_list)
+    _filter_options(listing)
+    listing.add_argument(
+        "--older-than",
+        type=parse_duration,
+        metavar="DURATION",
+        help="only those waiting longer than this: 30m, 2h, 3d...",
+    )
+    listing.add_argument(
+        "--order",
+        choices=sorted(_ORDERS),
+        default="oldest",
+        help="oldest or newest first, or soonest deadline first (default %(default)s)",
+    )
+    listing.add_argument(
+        "--limit",
+        type=_positive_int,
+        default=_DEFAULT_LIMIT,
+        metavar="N",
+        help="show at most N (default %(default)s; 0 for all)",
+    )
+
+    approve = leaf("approve", "resolve an approval (default value: true)", _cmd_approve)
+    approve.add_argument("id", metavar="ID")
+    approve.add_argument(
+        "--value", type=parse_json, metavar="JSON", help="""the decision, e.g. '{"level": 2}'"""
+    )
+    _key_option(approve)
+
+    reject = leaf("reject", "reject an approval, with a reason", _cmd_reject)
+    reject.add_argument("id", metavar="ID")
+    why = reject.add_mutually_exclusive_group()
+    why.add_argument("--reason", metavar="TEXT", help='rejects with {"reason": TEXT}')
+    why.add_argument("--value", type=parse_json, metavar="JSON", help="rejects with this value")
+    _key_option(reject)
+
+    watch = leaf("watch", "print approvals as they arrive, settle and time out", _cmd_watch)
+    _filter_options(watch)
+
+
+def _filter_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--group", metavar="G", help="only approvals of workflows of group G")
+    parser.add_argument(
+        "--tag",
+        dest="tags",
+        action="append",
+        type=parse_tag,
+        default=[],
+        metavar="KEY=VALUE",
+        help="only approvals with this tag (repeat for several)",
+    )
+
+
+def _key_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--key",
+        metavar="K",
+        help="idempotency key: repeating the command with it succeeds without changing anything",
+    )
+
+
+def inbox_tags(group: str | None, tags: list[tuple[str, str]]) -> dict[str, str]:
+    """The tags every approval listed or watched must carry."""
+    wanted = {TAG_KIND: Kind.PROMISE.value, **dict(tags)}
+    if group is not None:
+        wanted[TAG_GROUP] = group
+    return wanted
+
+
+# --- commands ---------------------------------------------------------------
+
+
+def _cmd_list(client: Client, args: argparse.Namespace, out: IO[str]) -> int:
+    limit: int = args.limit
+    results = client.search_all(
+        states=[PromiseState.PENDING],
+        tags=inbox_tags(args.group, args.tags),
+        page_size=min(limit, 1000) if limit else None,
+        order=_ORDERS[args.order],
+        older_than=args.older_than,
+    )
+    shown: list[Promise] = []
+    more = False
+    for promise in results:
+        if limit and len(shown) == limit:
+            more = True
+            break
+        if args.json:
+            _write_json(approval_to_json(promise), out)
+        shown.append(promise)
+    if not args.json:
+        if shown:
+            out.write(format_inbox(shown, datetime.now(UTC)))
+        else:
+            print("nothing waits for a human", file=sys.stderr)
+    if more:
+        print(f"showing the first {limit}; pass --limit 0 for all", file=sys.stderr)
+    return 0
+
+
+def _cmd_approve(client: Client, args: argparse.Namespace, out: IO[str]) -> int:
+    value = APPROVE_DEFAULT if args.value is None else args.value
+    try:
+        result = client.resolve(args.id, value, idempotency_key=args.key)
+    except InvalidArgumentError as exc:
+        if args.value is None and (exc.field or "").startswith("value"):
+            print(
+                f"troth: the default value {value!r} does not fit this approval; "
+                "pass --value JSON (`troth promises get ID` shows what it expects)",
+                file=sys.stderr,
+            )
+        raise
+    _emit_result(result, args.json, out)
+    return 0
+
+
+def _cmd_reject(client: Client, args: argparse.Namespace, out: IO[str]) -> int:
+    value = {"reason": args.reason} if args.reason is not None else args.value
+    result = client.reject(args.id, value, idempotency_key=args.key)
+    _emit_result(result, args.json, out)
+    return 0
+
+
+def _cmd_watch(client: Client, args: argparse.Namespace, out: IO[str]) -> int:
+    def reconnected() -> None:
+        print(
+            "troth: the watch reconnected; what happened meanwhile was missed: "
+            "run `troth approvals list` to catch up",
+            file=sys.stderr,
+        )
+
+    with client.watch_promises(
+        tags=inbox_tags(args.group, args.tags), on_reconnect=reconnected
+    ) as events:
+        print("watching for approvals (Ctrl-C to stop)...", file=sys.stderr, flush=True)
+        for event in events:
+            if args.json:
+                _write_json({"type": event.type.value, **_event_json(event)}, out)
+            else:
+                out.write(format_event(event) + "\n")
+            out.flush()
+    return 0
+
+
+# --- output -----------------------------------------------------------------
+
+
+def approval_to_json(promise: Promise) -> dict[str, Any]:
+    """A promise as `--json` shows it, with what a human reads to decide."""
+    return {
+        **promise_to_json(promise),
+        "title": promise.title,
+        "message": promise.message,
+        "requested_by": promise.requested_by,
+    }
+
+
+def _event_json(event: PromiseEvent) -> dict[str, Any]:
+    return {"promise": approval_to_json(event.promise)}
+
+
+def format_inbox(promises: list[Promise], now: datetime) -> str:
+    """Approvals as an aligned table with a header, ending in a newline."""
+    rows = [_COLUMNS] + [
+        (
+            p.id,
+            _cut(p.title or "-", _TITLE_WIDTH),
+            format_age(now - p.create_time),
+            "never" if p.expire_time is None else "in " + format_age(p.expire_time - now),
+            p.requested_by or "-",
+            p.tags.get(TAG_GROUP, "-"),
+            _user_tags(p),
+        )
+        for p in promises
+    ]
+    return _align(rows)
+
+
+def format_event(event: PromiseEvent) -> str:
+    """One line for one event: when, what happened, the approval, and by whom."""
+    p = event.promise
+    moment = p.create_time if event.type is PromiseEventType.CREATED else p.settle_time
+    line = f"{_when(moment)}  {_EVENT_WORDS[event.type]:<9}  {p.id}"
+    if p.title:
+        line += f"  {_cut(p.title, _TITLE_WIDTH)!r}"
+    if event.type is PromiseEventType.SETTLED:
+        line += f"  {p.state.value}" + (f" by {p.settled_by}" if p.settled_by else "")
+    elif event.type is PromiseEventType.CREATED and p.requested_by:
+        line += f"  (requested by {p.requested_by})"
+    return line
+
+
+def format_age(delta: timedelta) -> str:
+    """A duration in its largest unit and the next: `3d`, `3d4h`, `2h5m`, `45s`
+    (`0s` if negative)."""
+    seconds = max(0, int(delta.total_seconds()))
+    units = (("d", 86400), ("h", 3600), ("m", 60), ("s", 1))
+    for i, (unit, size) in enumerate(units):
+        if seconds >= size or unit == "s":
+            text = f"{seconds // size}{unit}"
+            if i + 1 < len(units):
+                next_unit, next_size = units[i + 1]
+                if (rest := seconds % size // next_size) > 0:
+                    text += f"{rest}{next_unit}"
+            return text
+    raise AssertionError("unreachable: the last unit always matches")
+
+
+def _user_tags(promise: Promise) -> str:
+    # The `troth:` tags are the SDK's bookkeeping: the same on every approval.
+    shown = sorted((k, v) for k, v in promise.tags.items() if not k.startswith("troth:"))
+    return ", ".join(f"{k}={v}" for k, v in shown) or "-"
+
+
+def _cut(text: str, width: int) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= width else line[: width - 1] + "…"

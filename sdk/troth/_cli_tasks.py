@@ -1,0 +1,150 @@
+"""`troth tasks list --group G`: a group's tasks not completed yet, and what each waits for.
+
+```
+troth tasks list --group workers [--limit N]
+```
+
+Oldest first. For a PENDING task, WAITING FOR says why no worker has it: e.g.
+it needs a worker running the workflow version its root was started with and
+none is connected (a rolling upgrade in progress), or every worker that could
+run it is busy. With `--json`, one object per task, field names as in the
+proto's `Task`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import IO, TYPE_CHECKING, Any, Protocol
+
+from troth.v1 import tasks_pb2, tasks_pb2_grpc
+
+if TYPE_CHECKING:
+    import grpc
+
+    from troth.client import Client
+
+_DEFAULT_LIMIT = 100
+_MAX_LIMIT = 1000
+
+_KINDS = {tasks_pb2.INVOKE: "INVOKE", tasks_pb2.RESUME: "RESUME"}
+_STATES = {
+    tasks_pb2.TASK_PENDING: "PENDING",
+    tasks_pb2.TASK_CLAIMED: "CLAIMED",
+    tasks_pb2.TASK_COMPLETED: "COMPLETED",
+}
+_COLUMNS = ("ROOT", "KIND", "STATE", "WORKFLOW", "VERSION", "CREATED", "WORKER / WAITING FOR")
+
+
+class _SearchStub(Protocol):
+    SearchTasks: grpc.UnaryUnaryMultiCallable[
+        tasks_pb2.SearchTasksRequest, tasks_pb2.SearchTasksResponse
+    ]
+
+
+def _limit(text: str) -> int:
+    try:
+        number = int(text)
+    except ValueError:
+        number = 0
+    if not 1 <= number <= _MAX_LIMIT:
+        raise argparse.ArgumentTypeError(
+            f"invalid limit {text!r}: use a number from 1 to {_MAX_LIMIT}"
+        )
+    return number
+
+
+def add_tasks_command(
+    commands: Any, global_options: Callable[[argparse.ArgumentParser], None]
+) -> None:
+    """Add `tasks list` to the `troth` parser's subcommands (`global_options` adds
+    the shared flags to the leaf, as every other command has them)."""
+    tasks = commands.add_parser("tasks", help="list a worker group's tasks and what they wait for")
+    actions = tasks.add_subparsers(dest="action", metavar="ACTION", required=True)
+    description = (
+        "list a group's tasks that are not completed, oldest first, "
+        "with what each pending one waits for"
+    )
+    listing = actions.add_parser("list", help=description, description=description)
+    global_options(listing)
+    listing.set_defaults(handler=cmd_list)
+    listing.add_argument("--group", required=True, metavar="GROUP", help="the worker group")
+    listing.add_argument(
+        "--limit",
+        type=_limit,
+        default=_DEFAULT_LIMIT,
+        metavar="N",
+        help=f"show at most N tasks (default %(default)s; at most {_MAX_LIMIT})",
+    )
+
+
+def cmd_list(client: Client, args: argparse.Namespace, out: IO[str]) -> int:
+    transport = client._transport
+    stub: _SearchStub = tasks_pb2_grpc.TasksStub(transport.channel)  # type: ignore[no-untyped-call,unused-ignore]
+    request = tasks_pb2.SearchTasksRequest(group=args.group, page_size=args.limit)
+    response = transport.call(stub.SearchTasks, request, timeout=client._timeout)
+    found = list(response.tasks)
+    if args.json:
+        for task in found:
+            out.write(json.dumps(task_to_json(task), ensure_ascii=False) + "\n")
+    elif found:
+        out.write(format_tasks(found))
+    else:
+        print(f"group {args.group!r} has no task waiting or running", file=sys.stderr)
+    if len(found) == args.limit:
+        print(f"showing the oldest {args.limit}; pass --limit for more", file=sys.stderr)
+    return 0
+
+
+def _when(task: tasks_pb2.Task, field: str) -> str | None:
+    if not task.HasField(field):
+        return None
+    stamp = getattr(task, field)
+    moment = datetime.fromtimestamp(stamp.seconds + stamp.nanos / 1e9, tz=UTC)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def task_to_json(task: tasks_pb2.Task) -> dict[str, Any]:
+    """A task as a JSON-ready dict, field names as in the proto."""
+    return {
+        "id": task.id,
+        "root_promise_id": task.root_promise_id,
+        "group": task.group,
+        "kind": _KINDS.get(task.kind, "UNSPECIFIED"),
+        "state": _STATES.get(task.state, "UNSPECIFIED"),
+        "counter": task.counter,
+        "worker_id": task.worker_id or None,
+        "lease_expire_time": _when(task, "lease_expire_time"),
+        "workflow": task.workflow or None,
+        "workflow_version": task.workflow_version or None,
+        "create_time": _when(task, "create_time"),
+        "waiting_for": task.waiting_for or None,
+    }
+
+
+def format_tasks(found: list[tasks_pb2.Task]) -> str:
+    """Tasks as an aligned table with a header, ending in a newline."""
+    rows = [_COLUMNS] + [
+        (
+            task.root_promise_id,
+            _KINDS.get(task.kind, "?"),
+            _STATES.get(task.state, "?"),
+            task.workflow or "-",
+            task.workflow_version or "-",
+            (_when(task, "create_time") or "-").replace("T", " "),
+            task.worker_id if task.state == tasks_pb2.TASK_CLAIMED else task.waiting_for or "-",
+        )
+        for task in found
+    ]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(_COLUMNS) - 1)]
+    lines = [
+        "  ".join([*(c.ljust(w) for c, w in zip(row, widths, strict=False)), row[-1]]).rstrip()
+        for row in rows
+    ]
+    return "\n".join(lines) + "\n"
+
+
+__all__ = ["add_tasks_command", "cmd_list", "format_tasks", "task_to_json"]

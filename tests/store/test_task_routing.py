@@ -1,0 +1,226 @@
+"""Routing by workflow version in the store, on SQLite and PostgreSQL: the claim's SQL
+takes exactly what `Route.accepts` allows, a claim records the version on the root
+and the task, resumes carry it, and `search_tasks` lists a group's open tasks."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from _pg import fresh_schema
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from troth_server.domain import routing
+from troth_server.domain import task as tasks
+from troth_server.domain.promise import EMPTY, CreateRequest, Payload, PromiseState, SettleRequest
+from troth_server.domain.routing import Deployments, Route
+from troth_server.domain.task import Task, TaskKind, TaskState
+from troth_server.group_commit import GroupCommitter
+from troth_server.service import PromiseService
+from troth_server.store import Store, open_store
+from troth_server.task_service import TaskService
+from troth_server.watch import WatchHub
+
+HOUR = 3_600_000
+LEASE = 10_000
+NAMES = ["publish", "billing"]
+VERSIONS = ["v1", "v2"]
+
+
+@contextmanager
+def _sqlite_file(tmp_path: Path) -> Iterator[str]:
+    yield f"sqlite:///{tmp_path}/t.db"
+
+
+@contextmanager
+def _postgres_schema(tmp_path: Path) -> Iterator[str]:
+    with fresh_schema() as url:
+        yield url
+
+
+@pytest.fixture(
+    params=[pytest.param(_sqlite_file, id="sqlite"), pytest.param(_postgres_schema, id="postgres")]
+)
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    make_url: Callable[[Path], AbstractContextManager[str]] = request.param
+    with make_url(tmp_path) as url:
+        opened = open_store(url)
+        yield opened
+        opened.close()
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_767_225_600_000
+
+    def __call__(self) -> int:
+        self.now += 1  # every task a distinct create_time: "oldest first" is checkable
+        return self.now
+
+
+@dataclass
+class Env:
+    store: Store
+    promises: PromiseService
+    tasks: TaskService
+
+    def start(self, root: str, workflow: str = "publish", group: str = "g") -> None:
+        tags = {"troth:invoke": group, "troth:func": workflow}
+        self.promises.create(CreateRequest(root, Payload({}, b"[]"), tags, ttl=HOUR))
+
+    def claim(self, worker: str, route: Route, limit: int = 10) -> list[Task]:
+        return [c.task for c in self.tasks.claim("g", worker, limit, LEASE, route)]
+
+    def suspend(self, task: Task, worker: str) -> str:
+        step = f"{task.root_promise_id}.0"
+        self.promises.create(CreateRequest(step, EMPTY, {}, ttl=HOUR))
+        assert self.tasks.suspend(task.id, task.counter, worker, [step])[1] == []
+        return step
+
+    def resolve(self, promise_id: str) -> None:
+        self.promises.settle(SettleRequest(promise_id, PromiseState.RESOLVED, EMPTY))
+
+
+@pytest.fixture
+def env(store: Store) -> Iterator[Env]:
+    clock = Clock()
+    holder: list[PromiseService] = []
+    committer = GroupCommitter(store, clock, on_commit=lambda c: holder[0].on_commit(c))
+    promises = PromiseService(store, committer, WatchHub(), clock)
+    holder.append(promises)
+    committer.start()
+    yield Env(store, promises, TaskService(store, committer, clock))
+    committer.stop()
+
+
+def fleet(*streams: list[tuple[str, str]]) -> list[Route]:
+    """Routes of a group's streams connected in this order (the last is the newest)."""
+    deployments = Deployments()
+    registrations = [routing.registration(s) for s in streams]
+    for registration in registrations:
+        deployments.register("g", registration)
+    return routing.routes("g", registrations, deployments)
+
+
+# -- the claim's SQL is Route.accepts ------------------------------------------------------
+
+KINDS = list(itertools.product([*NAMES, "other", None], [*VERSIONS, None]))
+
+
+@pytest.fixture
+def every_kind(store: Store) -> dict[str, Task]:
+    """One PENDING task of each (workflow, version), each of its own root."""
+    made = {
+        f"t{n}": tasks.create(
+            f"t{n}", f"root-{n}", "g", TaskKind.RESUME, workflow=workflow, workflow_version=version
+        )
+        for n, (workflow, version) in enumerate(KINDS)
+    }
+    store.write(lambda tx: tx.insert_tasks(list(made.values()), 1))
+    return made
+
+
+stream_st = st.lists(
+    st.tuples(st.sampled_from(NAMES), st.sampled_from(VERSIONS)), min_size=0, max_size=3
+)
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(streams=st.lists(stream_st, min_size=1, max_size=3))
+def test_the_claim_query_takes_exactly_what_the_route_accepts(
+    store: Store, every_kind: dict[str, Task], streams: list[list[tuple[str, str]]]
+) -> None:
+    for route in fleet(*streams):
+        found = store.write(lambda tx, r=route: tx.pending_tasks("g", "w", 100, r))
+        expected = {
+            t.id for t in every_kind.values() if route.accepts(t.workflow, t.workflow_version)
+        }
+        assert {t.id for t in found} == expected, route
+
+
+# -- through the task service ------------------------------------------------------------
+
+
+def test_the_first_claim_records_its_workers_version_on_the_root_and_the_task(env: Env) -> None:
+    (v1,) = fleet([("publish", "v1")])
+    env.start("wf-1")
+    (invoke,) = env.store.search_tasks("g", 10)
+    assert (invoke.kind, invoke.workflow, invoke.workflow_version) == (
+        TaskKind.INVOKE, "publish", None,
+    )  # fmt: skip
+    (claimed,) = env.tasks.claim("g", "w1", 10, LEASE, v1)
+    assert claimed.task.workflow_version == "v1"
+    assert claimed.root is not None and claimed.root.workflow_version == "v1"
+    root = env.store.get_promise("wf-1")
+    assert root is not None and root.workflow_version == "v1"
+    (stored,) = env.store.search_tasks("g", 10)
+    assert (stored.state, stored.workflow_version) == (TaskState.CLAIMED, "v1")
+
+
+def test_a_parked_workflow_resumes_only_on_its_version_and_waits_without_blocking(
+    env: Env,
+) -> None:
+    v1_alone, *_ = fleet([("publish", "v1")])
+    env.start("old")
+    (invoke,) = env.claim("w-v1", v1_alone)
+    step = env.suspend(invoke, "w-v1")
+    # v2 is deployed; the old worker is gone; the human approves the old workflow.
+    old_route, new_route = fleet([("publish", "v1")], [("publish", "v2")])
+    env.resolve(step)
+    env.start("new")  # queued after the old workflow's resume
+    (resume,) = [t for t in env.store.search_tasks("g", 10) if t.root_promise_id == "old"]
+    assert (resume.kind, resume.workflow, resume.workflow_version) == (
+        TaskKind.RESUME, "publish", "v1",
+    )  # fmt: skip
+    (taken,) = env.claim("w-v2", new_route)  # skips the resume it may not run
+    assert (taken.root_promise_id, taken.workflow_version) == ("new", "v2")
+    assert env.claim("w-v2", new_route) == []
+    # A worker compatible with v1 may take it; an old one surely does.
+    (back,) = env.claim("w-v1", old_route)
+    assert (back.id, back.workflow_version) == (resume.id, "v1")
+    root = env.store.get_promise("old")
+    assert root is not None and root.workflow_version == "v1"  # never re-recorded
+
+
+def test_a_resume_after_a_completion_that_asked_for_it_keeps_the_version(env: Env) -> None:
+    (v1,) = fleet([("publish", "v1")])
+    env.start("wf")
+    (invoke,) = env.claim("w1", v1)
+    step = f"{invoke.root_promise_id}.0"
+    env.promises.create(CreateRequest(step, EMPTY, {}, ttl=HOUR))
+    env.tasks.register_callbacks(invoke.id, invoke.counter, "w1", [step])
+    env.resolve(step)  # while the task is still held: it asks for the next resume
+    env.tasks.complete(invoke.id, invoke.counter, "w1", None)
+    (resume,) = env.store.search_tasks("g", 10)
+    assert (resume.kind, resume.workflow_version) == (TaskKind.RESUME, "v1")
+
+
+def test_a_worker_listing_nothing_takes_any_task_and_records_no_version(env: Env) -> None:
+    env.start("wf")
+    (task,) = env.claim("w-old-sdk", routing.ANY)
+    assert task.workflow_version is None
+    root = env.store.get_promise("wf")
+    assert root is not None and root.workflow_version is None
+
+
+def test_search_tasks_lists_open_tasks_oldest_first(env: Env) -> None:
+    (v1,) = fleet([("publish", "v1")])
+    for n in range(4):
+        env.start(f"wf-{n}")
+    env.start("elsewhere", group="other")
+    first, _second = env.claim("w1", v1, limit=2)
+    env.tasks.complete(first.id, first.counter, "w1", None)
+    found = env.store.search_tasks("g", 10)
+    assert [t.root_promise_id for t in found] == ["wf-1", "wf-2", "wf-3"]
+    assert [t.state for t in found] == [TaskState.CLAIMED, TaskState.PENDING, TaskState.PENDING]
+    times = [t.create_time or 0 for t in found]
+    assert all(times) and times == sorted(times)
+    assert [t.root_promise_id for t in env.store.search_tasks("g", 2)] == ["wf-1", "wf-2"]
+    assert env.store.search_tasks("nobody", 10) == []
