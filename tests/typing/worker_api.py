@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Generator, Mapping
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -148,3 +149,41 @@ def gateway(client: Client) -> dict[str, Any]:
         return {"failed": str(exc)}
     print(bounded.result())
     return {"result": result}
+
+
+@dataclass
+class Decision:
+    approved: bool
+    note: str = ""
+
+
+@worker.workflow(name="reviewed", version="2", compatible=("1",))
+def reviewed(ctx: Context, post: str) -> Generator[Any, Any, dict[str, Any]]:
+    approval = yield ctx.promise(
+        id=f"approval-{post}",
+        schema=Decision,
+        title=f"Publish {post}?",
+        message="Ready for review.",
+        timeout=timedelta(days=3),
+    )
+    legal = yield ctx.promise(schema={"type": "boolean"})
+    try:
+        decision = yield approval
+        signed_off = yield legal
+    except troth.Rejected as declined:
+        reason: Any = declined.reason
+        return {"declined": reason}
+    except troth.TimedOut as late:
+        return {"escalated": late.promise_id}
+    except Cancelled:
+        yield ctx.run(print, "compensate")
+        raise
+    return {"decision": decision, "legal": signed_off}
+
+
+def early_gateway(client: Client) -> None:
+    client.resolve("approval-post-9", Decision(True), create_if_missing=True)
+    client.reject("approval-post-10", {"reason": "no"}, create_if_missing=True)
+    made = client.create("ask-1", schema=Decision, title="Go?", message="m", requested_by="ops")
+    shown: str = made.promise.title + made.promise.message + made.promise.requested_by
+    print(shown, made.promise.schema, made.promise.workflow_version)
