@@ -15,9 +15,11 @@ from google.rpc import error_details_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_status import rpc_status
 
+from troth import Client, NotFoundError
 from troth.v1 import promises_pb2_grpc
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from pathlib import Path
 
 
@@ -102,3 +104,33 @@ def error_info(error: grpc.RpcError) -> error_details_pb2.ErrorInfo:
         if detail.Unpack(info):
             return info
     raise AssertionError(f"no ErrorInfo in {status}")
+
+
+# --- for tests of workflows run by an in-process Worker ---------------------------------
+
+
+def append(path: str, line: str) -> str:
+    """A workflow step's side effect: one line appended to a file."""
+    with open(path, "a", encoding="utf-8") as file:
+        file.write(line + "\n")
+    return line
+
+
+def lines(path: Path) -> list[str]:
+    return path.read_text(encoding="utf-8").splitlines() if path.exists() else []
+
+
+def eventually(check: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+def exists(client: Client, promise_id: str) -> bool:
+    try:
+        client.get(promise_id)
+    except NotFoundError:
+        return False
+    return True

@@ -191,19 +191,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     search = leaf("search", "list promises, newest last, following pages", _cmd_search)
     search.add_argument("id", metavar="ID_GLOB", nargs="?", default="*", help="`*` matches any run")
-    search.add_argument(
-        "--state",
-        dest="states",
-        action="append",
-        type=parse_state,
-        default=[],
-        metavar="STATE",
-        help="only this state (repeat for several): "
-        + ", ".join(state.value for state in PromiseState),
+    add_state_option(
+        search,
+        "only this state (repeat for several): " + ", ".join(state.value for state in PromiseState),
     )
-    search.add_argument(
-        "--tag", dest="tags", action="append", type=parse_tag, default=[], metavar="KEY=VALUE"
-    )
+    add_tag_option(search)
     search.add_argument(
         "--limit",
         type=_positive_int,
@@ -217,9 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     create.add_argument("id", metavar="ID")
     create.add_argument("--param", type=parse_json, metavar="JSON", help="""e.g. '{"post": 7}'""")
-    create.add_argument(
-        "--tag", dest="tags", action="append", type=parse_tag, default=[], metavar="KEY=VALUE"
-    )
+    add_tag_option(create)
     expiry = create.add_mutually_exclusive_group()
     expiry.add_argument(
         "--ttl", type=parse_duration, metavar="DURATION", help="time out after 30s, 5m, 2h, 3d..."
@@ -279,6 +269,32 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # --- entry point ------------------------------------------------------------
+
+
+def add_tag_option(parser: argparse.ArgumentParser, help: str | None = None) -> None:
+    """`--tag KEY=VALUE`, repeatable, into `args.tags` (a list of pairs)."""
+    parser.add_argument(
+        "--tag",
+        dest="tags",
+        action="append",
+        type=parse_tag,
+        default=[],
+        metavar="KEY=VALUE",
+        help=help,
+    )
+
+
+def add_state_option(parser: argparse.ArgumentParser, help: str) -> None:
+    """`--state STATE`, repeatable, into `args.states` (a list of `PromiseState`)."""
+    parser.add_argument(
+        "--state",
+        dest="states",
+        action="append",
+        type=parse_state,
+        default=[],
+        metavar="STATE",
+        help=help,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -344,23 +360,32 @@ def _cmd_search(client: Client, args: argparse.Namespace, out: IO[str]) -> int:
     results = client.search_all(
         args.id, states=args.states, tags=dict(args.tags), page_size=page_size
     )
-    shown: list[Promise] = []
-    more = False
-    for promise in results:
-        if limit and len(shown) == limit:
-            more = True
-            break
-        if args.json:
-            _write_json(promise_to_json(promise), out)
-        shown.append(promise)
+    shown = emit_listing(results, limit, promise_to_json if args.json else None, out)
     if not args.json:
         if shown:
             out.write(format_table(shown))
         else:
             print("no promises match", file=sys.stderr)
-    if more:
-        print(f"showing the first {limit}; pass --limit 0 for all", file=sys.stderr)
     return 0
+
+
+def emit_listing(
+    results: Iterable[Promise],
+    limit: int,
+    to_json: Callable[[Promise], object] | None,
+    out: IO[str],
+) -> list[Promise]:
+    """Take at most `limit` (0: all) of `results`, writing each as a JSON line
+    at once when `to_json` is given; say on stderr when more were left out."""
+    shown: list[Promise] = []
+    for promise in results:
+        if limit and len(shown) == limit:
+            print(f"showing the first {limit}; pass --limit 0 for all", file=sys.stderr)
+            break
+        if to_json is not None:
+            _write_json(to_json(promise), out)
+        shown.append(promise)
+    return shown
 
 
 def _cmd_create(client: Client, args: argparse.Namespace, out: IO[str]) -> int:

@@ -36,9 +36,10 @@ from troth._cli import (
     _positive_int,
     _when,
     _write_json,
+    add_tag_option,
+    emit_listing,
     parse_duration,
     parse_json,
-    parse_tag,
     promise_to_json,
 )
 from troth._commands import TAG_GROUP, TAG_KIND, Kind
@@ -121,15 +122,7 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 def _filter_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--group", metavar="G", help="only approvals of workflows of group G")
-    parser.add_argument(
-        "--tag",
-        dest="tags",
-        action="append",
-        type=parse_tag,
-        default=[],
-        metavar="KEY=VALUE",
-        help="only approvals with this tag (repeat for several)",
-    )
+    add_tag_option(parser, "only approvals with this tag (repeat for several)")
 
 
 def _key_option(parser: argparse.ArgumentParser) -> None:
@@ -160,22 +153,12 @@ def _cmd_list(client: Client, args: argparse.Namespace, out: IO[str]) -> int:
         order=_ORDERS[args.order],
         older_than=args.older_than,
     )
-    shown: list[Promise] = []
-    more = False
-    for promise in results:
-        if limit and len(shown) == limit:
-            more = True
-            break
-        if args.json:
-            _write_json(approval_to_json(promise), out)
-        shown.append(promise)
+    shown = emit_listing(results, limit, approval_to_json if args.json else None, out)
     if not args.json:
         if shown:
             out.write(format_inbox(shown, datetime.now(UTC)))
         else:
             print("nothing waits for a human", file=sys.stderr)
-    if more:
-        print(f"showing the first {limit}; pass --limit 0 for all", file=sys.stderr)
     return 0
 
 

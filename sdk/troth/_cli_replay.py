@@ -51,8 +51,8 @@ from troth._cli import (
     Handler,
     _global_options,
     _write_json,
-    parse_state,
-    parse_tag,
+    add_state_option,
+    add_tag_option,
     payload_to_json,
 )
 from troth._commands import TAG_FUNC, TAG_INVOKE
@@ -153,23 +153,9 @@ def _search_options(parser: argparse.ArgumentParser) -> None:
         metavar="GLOB",
         help="every workflow whose id matches (`*` matches any run), from the server",
     )
-    parser.add_argument(
-        "--tag",
-        dest="tags",
-        action="append",
-        type=parse_tag,
-        default=[],
-        metavar="KEY=VALUE",
-        help="with --search: only roots with this tag, e.g. troth:func=publish",
-    )
-    parser.add_argument(
-        "--state",
-        dest="states",
-        action="append",
-        type=parse_state,
-        default=[],
-        metavar="STATE",
-        help="with --search: only roots in this state, e.g. PENDING (workflows in flight)",
+    add_tag_option(parser, "with --search: only roots with this tag, e.g. troth:func=publish")
+    add_state_option(
+        parser, "with --search: only roots in this state, e.g. PENDING (workflows in flight)"
     )
 
 

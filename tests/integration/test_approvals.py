@@ -10,9 +10,8 @@ from __future__ import annotations
 import enum
 import subprocess
 import sys
-import time
 import uuid
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import pydantic
 import pytest
+from _support import append, eventually, exists, lines
 
 from troth import (
     Cancelled,
@@ -62,32 +62,6 @@ class PublishDecision:
 class Budget(pydantic.BaseModel):
     amount: int = pydantic.Field(ge=0, le=1000)
     currency: Literal["EUR", "USD"]
-
-
-def append(path: str, line: str) -> str:
-    with open(path, "a", encoding="utf-8") as file:
-        file.write(line + "\n")
-    return line
-
-
-def lines(path: Path) -> list[str]:
-    return path.read_text(encoding="utf-8").splitlines() if path.exists() else []
-
-
-def eventually(check: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
-
-
-def exists(client: Client, promise_id: str) -> bool:
-    try:
-        client.get(promise_id)
-    except NotFoundError:
-        return False
-    return True
 
 
 class PlainText:

@@ -9,12 +9,13 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Generator, Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from _support import append, eventually, exists, lines
 
 from troth import (
     Cancelled,
@@ -26,37 +27,10 @@ from troth import (
     RetryPolicy,
     Worker,
 )
-from troth.errors import DeadlineExceededError, NotFoundError
+from troth.errors import DeadlineExceededError
 
 if TYPE_CHECKING:
     from _support import ServerProcess
-
-
-def append(path: str, line: str) -> str:
-    """A side effect: one line appended to a file."""
-    with open(path, "a", encoding="utf-8") as file:
-        file.write(line + "\n")
-    return line
-
-
-def lines(path: Path) -> list[str]:
-    return path.read_text(encoding="utf-8").splitlines() if path.exists() else []
-
-
-def eventually(check: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
-
-
-def exists(client: Client, promise_id: str) -> bool:
-    try:
-        client.get(promise_id)
-    except NotFoundError:
-        return False
-    return True
 
 
 def approval_flow(ctx: Context, path: str, post: str) -> Generator[Any, Any, dict[str, Any]]:

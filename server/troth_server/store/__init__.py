@@ -92,7 +92,8 @@ class WriteTx(Protocol):
     def insert_promises(self, promises: Sequence[Promise]) -> None: ...
 
     def update_promises(self, promises: Sequence[Promise]) -> None:
-        """Write the settle fields (state, value, settle_time, key, settled_by)."""
+        """Write every column but the id, create_time and expire_time: a settlement,
+        or a rewrite (an early settle adopted, a root's workflow version recorded)."""
 
     def expired_promise_ids(self, now: int, limit: int) -> list[str]:
         """Up to `limit` PENDING promises overdue at `now`, locked for this transaction;
