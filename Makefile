@@ -52,6 +52,7 @@ test: install ## Everything the README promises: unit, store, api, integration, 
 bench: install ## Run the benchmarks in bench/ and print their figures
 	$(PY) bench/promises.py
 	$(PY) bench/workflows.py
+	$(PY) bench/approvals.py
 
 ci: install proto-check lint typecheck test ## What CI runs
 

@@ -1,0 +1,1192 @@
+"""Typed approvals and the inbox (issue 5): what a schema costs a resolve, how fast an
+inbox page is listed, and how fast WatchPromises tells its watchers.
+
+One run measures, per target (a fresh SQLite file, or a fresh PostgreSQL schema):
+
+1. **resolve with a JSON Schema**: ResolvePromise throughput and p50/p99 at 1 and
+   64 in flight on promises created with an approval-decision schema (an object
+   of six typed fields, an enum and a nested object among them, three required)
+   against the same promises without one, in the same run, phases in ABBA order
+   so drift of the shared machine cancels; the schema/plain ratio; the creates
+   that fed them; and the refusal path: resolves whose value breaks the schema
+   (INVALID_ARGUMENT) per second;
+2. **inbox search**: SearchPromises(states=[PENDING], tags={troth:kind=promise,
+   troth:group=g}, page_size 100) in EXPIRE_TIME_ASC and CREATED_DESC order over
+   100,000 promises of which 10,000 are pending approvals of group g (the rest:
+   settled approvals of g, pending approvals of other groups, settled workflow
+   steps, created in random order): latency of the first page and of the pages
+   after it (walking the page tokens to the end);
+3. **WatchPromises fan-out**: W watchers (1, 10, 100) with a tag filter; N
+   promises settled at a steady rate; latency from each ResolvePromise returning
+   to each watcher receiving the SETTLED event, and events/s delivered. On
+   PostgreSQL also with two replicas: watchers on replica B, settles through A.
+
+The server is `python -m troth_server serve` (grpc.aio, default settings) on a
+fresh database per part (`_servers.Cluster`); the load comes from this process:
+`bench/promises.py`'s `future` client for parts 1 and 2's data, blocking calls
+for the searches, one grpc.aio event loop for the watchers and the settles.
+
+Usage (see bench/README.md, "Issue 5: typed approvals and the inbox")::
+
+    .venv/bin/python bench/approvals.py [--quick] [--targets sqlite,pg] [--parts 1,2,3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import itertools
+import json
+import random
+import shutil
+import sqlite3
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+import grpc.aio
+from _servers import (
+    BACKENDS,
+    PG_ADMIN_URL,
+    Backend,
+    Cluster,
+    Database,
+    ServerError,
+    log,
+    machine_busy_seconds,
+    machine_info,
+    percentile_ms,
+    postgres_cpu_delta,
+    postgres_cpu_seconds,
+)
+from google.protobuf import duration_pb2
+from promises import (
+    CALL_TIMEOUT_S,
+    FutureClient,
+    NextRequest,
+    PhaseResult,
+    RawPhase,
+    Request,
+    summarize,
+    sync_channel,
+)
+from workflows import fmt, short, table
+
+from troth._commands import TAG_FUNC, TAG_GROUP, TAG_KIND, Kind
+from troth.v1 import promises_pb2, promises_pb2_grpc, types_pb2
+
+PromisesStub: Any = promises_pb2_grpc.PromisesStub
+DEFAULT_TARGETS = "sqlite,pg"
+TARGETS = ("sqlite", "pg")
+JSON_HEADERS = {"content-type": "application/json"}
+TTL = duration_pb2.Duration(seconds=3600)
+LOAD_IN_FLIGHT = 64  # creates that build data sets (not measured)
+BUILD_TIMEOUT_S = 600.0
+DRAIN_TIMEOUT_S = 15.0  # after the last settle, how long watchers may take to hear of it
+
+# What a gateway sends back for "publish this post?": a realistic decision.
+APPROVAL_SCHEMA = json.dumps(
+    {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "type": "object",
+        "properties": {
+            "approved": {"type": "boolean"},
+            "channel": {"enum": ["blog", "newsletter", "social"]},
+            "reviewer": {
+                "type": "object",
+                "properties": {
+                    "id": {"type": "string", "minLength": 1, "maxLength": 64},
+                    "email": {"type": "string", "maxLength": 254},
+                },
+                "required": ["id"],
+                "additionalProperties": False,
+            },
+            "priority": {"type": "integer", "minimum": 1, "maximum": 5},
+            "budget_eur": {"type": "number", "minimum": 0},
+            "comment": {"type": "string", "maxLength": 2000},
+        },
+        "required": ["approved", "channel", "reviewer"],
+        "additionalProperties": False,
+    }
+)
+VALID_DECISION = json.dumps(
+    {
+        "approved": True,
+        "channel": "blog",
+        "reviewer": {"id": "u-42", "email": "ana@example.com"},
+        "priority": 2,
+        "budget_eur": 120.5,
+        "comment": "Fine, publish on Monday.",
+    }
+).encode()
+# Wrong at its first field (a string for a boolean) and at two more.
+INVALID_DECISION = json.dumps(
+    {"approved": "yes", "channel": "print", "reviewer": {"email": "ana@example.com"}}
+).encode()
+VARIANTS = ("plain", "schema")
+
+SETTLED = promises_pb2.SETTLED
+PENDING = types_pb2.PENDING
+ORDERS = {
+    "EXPIRE_TIME_ASC": promises_pb2.EXPIRE_TIME_ASC,
+    "CREATED_DESC": promises_pb2.CREATED_DESC,
+}
+
+
+# --------------------------------------------------------------------------- settings
+
+
+@dataclass
+class Settings:
+    targets: list[str]
+    parts: list[int]
+    quick: bool
+    duration_s: float
+    warmup_s: float
+    rounds: int
+    in_flight: list[int]
+    inbox_total: int
+    inbox_pending: int
+    page_size: int
+    first_page_samples: int
+    walks: int
+    watchers: list[int]
+    watch_count: int
+    watch_rate: float
+    keep: bool
+    json: bool
+
+
+def parse_args(argv: list[str] | None = None) -> Settings:
+    parser = argparse.ArgumentParser(
+        description="troth issue-5 benchmark: resolve with a JSON Schema, inbox search, "
+        "WatchPromises fan-out."
+    )
+    parser.add_argument("--quick", action="store_true", help="small counts, for a smoke run")
+    parser.add_argument("--parts", default="1,2,3", help="which parts to run (default 1,2,3)")
+    parser.add_argument(
+        "--targets",
+        default=DEFAULT_TARGETS,
+        help="comma-separated, from sqlite, pg (a fresh SQLite file, or a fresh PostgreSQL "
+        "schema; part 3 on pg also runs on two replicas) (default sqlite,pg)",
+    )
+    parser.add_argument(
+        "--duration", type=float, default=None, help="seconds per measured phase (default 2.5)"
+    )
+    parser.add_argument(
+        "--warmup", type=float, default=None, help="seconds of warm-up per phase (default 0.5)"
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=None,
+        help="part 1: rounds of a plain and a schema phase per in-flight level, in ABBA order "
+        "(default 2)",
+    )
+    parser.add_argument(
+        "--inbox-total", type=int, default=None, help="part 2: promises (default 100000)"
+    )
+    parser.add_argument(
+        "--inbox-pending",
+        type=int,
+        default=None,
+        help="part 2: pending approvals of group g (default 10000; at most total/6)",
+    )
+    parser.add_argument(
+        "--watchers", default=None, help="part 3: watcher counts (default 1,10,100)"
+    )
+    parser.add_argument(
+        "--watch-count", type=int, default=None, help="part 3: settles per watcher count (500)"
+    )
+    parser.add_argument(
+        "--watch-rate", type=float, default=None, help="part 3: settles per second (default 100)"
+    )
+    parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    parser.add_argument(
+        "--keep", action="store_true", help="keep the work directory (databases, server logs)"
+    )
+    args = parser.parse_args(argv)
+    quick = bool(args.quick)
+    try:
+        parts = sorted({int(p) for p in args.parts.split(",") if p.strip()})
+        watchers = [
+            int(w) for w in (args.watchers or ("1,10" if quick else "1,10,100")).split(",") if w
+        ]
+    except ValueError:
+        parser.error("--parts and --watchers take comma-separated integers, e.g. 1,2")
+    if not parts or not set(parts) <= {1, 2, 3}:
+        parser.error("--parts must name parts among 1,2,3")
+    targets = [t.strip() for t in args.targets.split(",") if t.strip()]
+    if not targets or not set(targets) <= set(TARGETS):
+        parser.error(f"--targets must name targets among {', '.join(TARGETS)}")
+
+    def pick(value: Any, quick_value: Any, full_value: Any) -> Any:
+        return value if value is not None else (quick_value if quick else full_value)
+
+    settings = Settings(
+        targets=targets,
+        parts=parts,
+        quick=quick,
+        duration_s=pick(args.duration, 0.5, 2.5),
+        warmup_s=pick(args.warmup, 0.2, 0.5),
+        rounds=pick(args.rounds, 1, 2),
+        in_flight=[1, 64],
+        inbox_total=pick(args.inbox_total, 2_000, 100_000),
+        inbox_pending=pick(args.inbox_pending, 200, 10_000),
+        page_size=100,
+        first_page_samples=20 if quick else 100,
+        walks=1 if quick else 3,
+        watchers=watchers,
+        watch_count=pick(args.watch_count, 40, 500),
+        watch_rate=pick(args.watch_rate, 200.0, 100.0),
+        keep=args.keep,
+        json=args.json,
+    )
+    if settings.duration_s <= 0 or settings.warmup_s < 0 or settings.rounds < 1:
+        parser.error("--duration must be > 0, --warmup >= 0 and --rounds >= 1")
+    if not 0 < settings.inbox_pending * 6 <= settings.inbox_total:
+        parser.error("--inbox-pending must be > 0 and at most --inbox-total / 6")
+    if not watchers or min(watchers) < 1 or settings.watch_count < 1 or settings.watch_rate <= 0:
+        parser.error("--watchers, --watch-count and --watch-rate must be positive")
+    return settings
+
+
+# --------------------------------------------------------------------------- results
+
+
+@dataclass
+class ResolveRow:
+    """One part-1 figure: `op` create, resolve or refuse, of plain or schema promises."""
+
+    target: str
+    op: str
+    variant: str
+    result: PhaseResult
+
+
+@dataclass
+class RatioRow:
+    target: str
+    op: str
+    in_flight: int
+    per_s: float | None
+    p50: float | None
+    p99: float | None
+
+
+@dataclass
+class BuildRow:
+    target: str
+    promises: int
+    pending_in_group: int
+    elapsed_s: float
+    per_s: float
+    errors: int
+    first_error: str | None = None
+
+
+@dataclass
+class InboxRow:
+    target: str
+    order: str
+    page: str  # "first" or "next"
+    samples: int
+    p50_ms: float | None
+    p99_ms: float | None
+    max_ms: float | None
+    seen: int  # distinct promises a full walk listed (the pending approvals of g)
+    stats: str = ""  # the planner's statistics of the table: as loaded, or after ANALYZE
+    error: str | None = None
+
+
+@dataclass
+class WatchRow:
+    target: str
+    topology: str  # "one server", or "B<-A" (watchers on replica B, settles through A)
+    watchers: int
+    settled: int
+    settle_per_s: float
+    events: int
+    missing: int
+    p50_ms: float | None
+    p99_ms: float | None
+    max_ms: float | None
+    events_per_s: float
+    resolve_p50_ms: float | None
+    server_cpu: float | None
+    """Every replica's; `watch_server_cpu` is the replica the watchers are on."""
+    watch_server_cpu: float | None
+    db_cpu: float | None
+    client_cpu: float
+    errors: int
+    first_error: str | None = None
+
+
+@dataclass
+class Results:
+    resolve: list[ResolveRow] = field(default_factory=list)
+    ratios: list[RatioRow] = field(default_factory=list)
+    refusal_example: str | None = None
+    builds: list[BuildRow] = field(default_factory=list)
+    inbox: list[InboxRow] = field(default_factory=list)
+    watch: list[WatchRow] = field(default_factory=list)
+    failures: dict[str, str] = field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------- requests
+
+
+def approval_create(
+    promise_id: str, n: int, group: str, *, schema: bool, ttl_s: int = 3600
+) -> promises_pb2.CreatePromiseRequest:
+    """What `ctx.promise()` for a human writes: the inbox tags, a title, a message."""
+    return promises_pb2.CreatePromiseRequest(
+        id=promise_id,
+        param=types_pb2.Payload(headers=JSON_HEADERS, data=b'{"post": %d}' % n),
+        tags={TAG_KIND: Kind.PROMISE.value, TAG_GROUP: group},
+        ttl=duration_pb2.Duration(seconds=ttl_s),
+        schema=APPROVAL_SCHEMA if schema else "",
+        title=f"Publish post {n}?",
+        message="The draft passed the checks; approve to publish it on the chosen channel.",
+    )
+
+
+def approvals(run_id: str, counter: Iterator[int], *, schema: bool) -> NextRequest:
+    prefix = f"appr-{run_id}-{'s' if schema else 'p'}"
+
+    def make() -> Request:
+        n = next(counter)
+        return approval_create(f"{prefix}-{n}", n, "bench", schema=schema)
+
+    return make
+
+
+def resolves(ids: list[str], value: bytes) -> NextRequest:
+    """Resolves each id once, in creation order; None once they are exhausted."""
+    it = iter(ids)
+
+    def make() -> Request | None:
+        promise_id = next(it, None)
+        if promise_id is None:
+            return None
+        return promises_pb2.ResolvePromiseRequest(
+            id=promise_id, value=types_pb2.Payload(headers=JSON_HEADERS, data=value)
+        )
+
+    return make
+
+
+def refusals(ids: list[str]) -> NextRequest:
+    """Resolves the ids round and round with a value the schema refuses (they stay PENDING)."""
+    it = itertools.cycle(ids)
+    value = types_pb2.Payload(headers=JSON_HEADERS, data=INVALID_DECISION)
+
+    def make() -> Request:
+        return promises_pb2.ResolvePromiseRequest(id=next(it), value=value)
+
+    return make
+
+
+def from_list(requests: Iterator[Request]) -> NextRequest:
+    """The requests of an iterator, then None. The client's reply callbacks call this
+    from several threads at once, and a generator refuses to be re-entered."""
+    lock = threading.Lock()
+
+    def make() -> Request | None:
+        with lock:
+            return next(requests, None)
+
+    return make
+
+
+def create_all(client: FutureClient, make: NextRequest, what: str) -> RawPhase:
+    """Run creates until `make` runs out; every one must succeed."""
+    raw = client.run("create", make, LOAD_IN_FLIGHT, BUILD_TIMEOUT_S)
+    if raw.errors:
+        raise ServerError(f"creating {what}: {raw.errors} creates failed, e.g. {raw.first_error}")
+    return raw
+
+
+# --------------------------------------------------------------------------- measuring
+
+
+@dataclass
+class Sample:
+    """A load phase and what the server, PostgreSQL and the machine spent on it."""
+
+    raw: RawPhase
+    server_cpu_s: float | None
+    busy_s: float | None
+    db_cpu_s: float | None
+    commits: int | None
+    requests: int | None
+
+
+def _add(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else a + b
+
+
+def merge(samples: list[Sample]) -> Sample:
+    """Several phases of one kind (the rounds) as one: calls and times add up."""
+    raw = RawPhase()
+    out = Sample(raw, 0.0, 0.0, 0.0, 0, 0)
+    for s in samples:
+        raw.latencies_ns.extend(s.raw.latencies_ns)
+        raw.errors += s.raw.errors
+        raw.first_error = raw.first_error or s.raw.first_error
+        raw.elapsed_s += s.raw.elapsed_s
+        raw.client_cpu_s += s.raw.client_cpu_s
+        out.server_cpu_s = _add(out.server_cpu_s, s.server_cpu_s)
+        out.busy_s = _add(out.busy_s, s.busy_s)
+        out.db_cpu_s = _add(out.db_cpu_s, s.db_cpu_s)
+        out.commits = None if out.commits is None or s.commits is None else out.commits + s.commits
+        out.requests = (
+            None if out.requests is None or s.requests is None else out.requests + s.requests
+        )
+    return out
+
+
+class Meter:
+    """Runs load phases on a cluster, sampling its CPU and commit stats around each."""
+
+    def __init__(self, cluster: Cluster, client: FutureClient) -> None:
+        self.cluster = cluster
+        self.client = client
+        self.use_stats = cluster.catches_sigusr1()
+        self.on_pg = cluster.backend.kind == "postgresql"
+
+    def run(self, op: str, make: NextRequest, in_flight: int, duration_s: float) -> Sample:
+        stats0 = self.cluster.stats() if self.use_stats else None
+        cpu0, busy0 = self.cluster.cpu_seconds(), machine_busy_seconds()
+        db0 = postgres_cpu_seconds() if self.on_pg else None
+        raw = self.client.run(op, make, in_flight, duration_s)
+        cpu1, busy1 = self.cluster.cpu_seconds(), machine_busy_seconds()
+        db1 = postgres_cpu_seconds() if self.on_pg else None
+        self.cluster.check_alive()
+        stats1 = self.cluster.stats() if self.use_stats else None
+        return Sample(
+            raw,
+            None if cpu0 is None or cpu1 is None else cpu1 - cpu0,
+            None if busy0 is None or busy1 is None else busy1 - busy0,
+            postgres_cpu_delta(db0, db1),
+            None if stats0 is None or stats1 is None else stats1[0] - stats0[0],
+            None if stats0 is None or stats1 is None else stats1[1] - stats0[1],
+        )
+
+
+def to_result(target: str, op: str, in_flight: int, sample: Sample) -> PhaseResult:
+    stats = None
+    if sample.commits is not None and sample.requests is not None:
+        stats = ((0, 0), (sample.commits, sample.requests))
+    return summarize(
+        target,
+        op,
+        in_flight,
+        sample.raw,
+        sample.server_cpu_s,
+        sample.busy_s,
+        stats,
+        sample.db_cpu_s,
+    )
+
+
+def start_cluster(name: str, backend: Backend, root: Path) -> Cluster:
+    workdir = root / name
+    workdir.mkdir()
+    log(f"  starting {backend.replicas} troth server(s) on {backend.kind} ({name})")
+    return Cluster(name, backend, workdir)
+
+
+# --------------------------------------------------------------------------- part 1
+
+
+def part_resolve(target: str, settings: Settings, root: Path, run_id: str, out: Results) -> None:
+    cluster = start_cluster(f"resolve-{target}", BACKENDS[target], root)
+    client: FutureClient | None = None
+    try:
+        client = FutureClient(cluster.addresses)
+        meter = Meter(cluster, client)
+        counter = itertools.count()
+        # ABBA (plain, schema, schema, plain, ...): a drift of the shared machine's
+        # load then weighs on both variants alike.
+        order = [v for r in range(settings.rounds) for v in VARIANTS[:: 1 if r % 2 == 0 else -1]]
+        for in_flight in settings.in_flight:
+            taken: dict[tuple[str, str], list[Sample]] = {}
+            for variant in order:
+                schema = variant == "schema"
+                warm = client.run(
+                    "create",
+                    approvals(run_id, counter, schema=schema),
+                    in_flight,
+                    settings.warmup_s,
+                )
+                created = meter.run(
+                    "create",
+                    approvals(run_id, counter, schema=schema),
+                    in_flight,
+                    settings.duration_s,
+                )
+                if settings.warmup_s > 0:
+                    client.run("resolve", resolves(warm.ok_ids, VALID_DECISION), in_flight, 60)
+                resolved = meter.run(
+                    "resolve",
+                    resolves(created.raw.ok_ids, VALID_DECISION),
+                    in_flight,
+                    settings.duration_s,
+                )
+                taken.setdefault(("create", variant), []).append(created)
+                taken.setdefault(("resolve", variant), []).append(resolved)
+                log(
+                    f"  [{target}] x{in_flight} {variant}: create "
+                    f"{rate(created)}, resolve {rate(resolved)}"
+                )
+            # The refusal path: resolves the schema refuses, on promises that stay pending.
+            pool = create_all(
+                client,
+                from_list(
+                    approval_create(f"refuse-{run_id}-{in_flight}-{i}", i, "bench", schema=True)
+                    for i in range(max(256, 4 * in_flight))
+                ),
+                "the refusal pool",
+            ).ok_ids
+            if out.refusal_example is None:
+                out.refusal_example = refusal_example(cluster.addresses[0], pool[0])
+            if settings.warmup_s > 0:
+                client.run("resolve", refusals(pool), in_flight, settings.warmup_s)
+            refused = meter.run("resolve", refusals(pool), in_flight, settings.duration_s)
+            taken[("refuse", "schema")] = [refused]
+            log(
+                f"  [{target}] x{in_flight} schema: refuse "
+                f"{refused.raw.errors / refused.raw.elapsed_s:,.0f}/s"
+            )
+            for (op, variant), samples in taken.items():
+                result = to_result(target, op, in_flight, merge(samples))
+                if op == "refuse":
+                    # Every call is meant to fail: the refusals are the calls.
+                    elapsed = result.elapsed_s or float("nan")
+                    result.calls, result.errors = result.errors, result.calls
+                    result.calls_per_s = result.calls / elapsed
+                    result.first_error = (
+                        f"{result.errors} resolves were accepted" if result.errors else None
+                    )
+                out.resolve.append(ResolveRow(target, op, variant, result))
+            for op in ("create", "resolve"):
+                out.ratios.append(ratio(target, op, in_flight, out.resolve))
+    finally:
+        if client is not None:
+            client.close()
+        cluster.stop()
+
+
+def rate(sample: Sample) -> str:
+    raw = sample.raw
+    lat = sorted(raw.latencies_ns)
+    return (
+        f"{len(lat) / (raw.elapsed_s or float('nan')):,.0f}/s p50 "
+        f"{fmt(percentile_ms(lat, 50), '.2f')} ms p99 {fmt(percentile_ms(lat, 99), '.2f')} ms"
+        + (f" ({raw.errors} errors: {raw.first_error})" if raw.errors else "")
+    )
+
+
+def refusal_example(address: str, promise_id: str) -> str:
+    """One refused resolve, as a gateway would see it (code and message)."""
+    with grpc.insecure_channel(address) as channel:
+        try:
+            PromisesStub(channel).ResolvePromise(
+                promises_pb2.ResolvePromiseRequest(
+                    id=promise_id,
+                    value=types_pb2.Payload(headers=JSON_HEADERS, data=INVALID_DECISION),
+                ),
+                timeout=CALL_TIMEOUT_S,
+            )
+        except grpc.RpcError as exc:
+            return f"{exc.code().name}: {exc.details()}"
+    raise ServerError(f"a resolve of {promise_id} with {INVALID_DECISION!r} was accepted")
+
+
+def ratio(target: str, op: str, in_flight: int, rows: list[ResolveRow]) -> RatioRow:
+    found = {
+        r.variant: r.result
+        for r in rows
+        if r.target == target and r.op == op and r.result.in_flight == in_flight
+    }
+    plain, schema = found.get("plain"), found.get("schema")
+
+    def div(a: float | None, b: float | None) -> float | None:
+        return None if a is None or not b else a / b
+
+    if plain is None or schema is None:
+        return RatioRow(target, op, in_flight, None, None, None)
+    return RatioRow(
+        target,
+        op,
+        in_flight,
+        div(schema.calls_per_s, plain.calls_per_s),
+        div(schema.p50_ms, plain.p50_ms),
+        div(schema.p99_ms, plain.p99_ms),
+    )
+
+
+# --------------------------------------------------------------------------- part 2
+
+
+def inbox_data(run_id: str, settings: Settings) -> tuple[NextRequest, int]:
+    """The inbox table's creates, in random order, and how many there are.
+
+    Per pending approval of group g: two settled approvals of g (past
+    decisions), three pending approvals of other groups, and enough settled
+    workflow steps to make up the total. Approvals carry the schema; pending
+    ones expire between 1 h and 3 days from now, so EXPIRE_TIME_ASC has an order
+    to find.
+    """
+    pending = settings.inbox_pending
+    kinds = [0] * pending + [1] * (2 * pending) + [2] * (3 * pending)
+    kinds += [3] * (settings.inbox_total - len(kinds))
+    rng = random.Random(5)
+    rng.shuffle(kinds)
+    value = types_pb2.Payload(headers=JSON_HEADERS, data=VALID_DECISION)
+
+    def requests() -> Iterator[Request]:
+        for n, kind in enumerate(kinds):
+            promise_id = f"inbox-{run_id}-{n}"
+            ttl_s = rng.randrange(3600, 3 * 86400)
+            if kind == 0:
+                yield approval_create(promise_id, n, "g", schema=True, ttl_s=ttl_s)
+            elif kind == 1:
+                request = approval_create(promise_id, n, "g", schema=True)
+                request.resolved_with.CopyFrom(value)
+                yield request
+            elif kind == 2:
+                yield approval_create(promise_id, n, f"g{n % 9 + 1}", schema=True, ttl_s=ttl_s)
+            else:
+                yield promises_pb2.CreatePromiseRequest(
+                    id=promise_id,
+                    param=types_pb2.Payload(headers=JSON_HEADERS, data=b'{"n": %d}' % n),
+                    tags={TAG_KIND: Kind.RUN.value, TAG_FUNC: "fetch_draft"},
+                    ttl=TTL,
+                    resolved_with=types_pb2.Payload(headers=JSON_HEADERS, data=b'{"ok": true}'),
+                )
+
+    return from_list(requests()), len(kinds)
+
+
+def part_inbox(target: str, settings: Settings, root: Path, run_id: str, out: Results) -> None:
+    cluster = start_cluster(f"inbox-{target}", BACKENDS[target], root)
+    client: FutureClient | None = None
+    try:
+        client = FutureClient(cluster.addresses)
+        make, total = inbox_data(run_id, settings)
+        log(f"  [{target}] creating {total:,} promises ({settings.inbox_pending:,} pending in g)")
+        raw = client.run("create", make, LOAD_IN_FLIGHT, BUILD_TIMEOUT_S)
+        build = BuildRow(
+            target,
+            len(raw.ok_ids),
+            settings.inbox_pending,
+            round(raw.elapsed_s, 1),
+            len(raw.ok_ids) / (raw.elapsed_s or float("nan")),
+            raw.errors,
+            raw.first_error,
+        )
+        out.builds.append(build)
+        log(
+            f"  [{target}] created {build.promises:,} in {build.elapsed_s:.1f} s "
+            f"= {build.per_s:,.0f}/s"
+        )
+        if raw.errors:
+            raise ServerError(
+                f"building the inbox table: {raw.errors} creates failed, e.g. {raw.first_error}"
+            )
+        client.close()
+        client = None
+        channel = sync_channel(cluster.addresses[0])
+        try:
+            stub = PromisesStub(channel)
+            # Once as the load left the table, once after ANALYZE: the plan of a
+            # tag-filtered page depends on the planner's statistics, which a fresh
+            # table lacks until autovacuum (if it runs) or ANALYZE gathers them.
+            for stats in (f"as loaded ({planner_stats(cluster.database)})", "after ANALYZE"):
+                if stats == "after ANALYZE":
+                    analyze(cluster.database)
+                log(f"  [{target}] searches, table statistics {stats}")
+                for order_name in ORDERS:
+                    out.inbox.extend(measure_inbox(stub, target, order_name, stats, settings))
+                    cluster.check_alive()
+        finally:
+            channel.close()
+    finally:
+        if client is not None:
+            client.close()
+        cluster.stop()
+
+
+def planner_stats(database: Database) -> str:
+    """Whether the promises table has planner statistics yet ("stats" or "no stats")."""
+    if database.kind == "postgresql":
+        sql = (
+            "SELECT 1 FROM pg_stat_user_tables WHERE schemaname = current_schema() "
+            "AND relname = 'promises' "
+            "AND (last_analyze IS NOT NULL OR last_autoanalyze IS NOT NULL)"
+        )
+    else:
+        sql = "SELECT 1 FROM sqlite_master WHERE name = 'sqlite_stat1'"
+    return "stats" if database.query(sql) else "no stats"
+
+
+def analyze(database: Database) -> None:
+    """Gather the promises table's planner statistics, as autovacuum or an operator would."""
+    if database.kind == "postgresql":
+        import psycopg
+
+        with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
+            conn.execute(f'ANALYZE "{database.schema}".promises')
+    else:
+        with contextlib.closing(sqlite3.connect(str(database.path), timeout=30)) as conn:
+            conn.execute("ANALYZE promises")
+
+
+def measure_inbox(
+    stub: Any, target: str, order_name: str, stats: str, settings: Settings
+) -> list[InboxRow]:
+    order = ORDERS[order_name]
+    clock = time.perf_counter_ns
+    tags = {TAG_KIND: Kind.PROMISE.value, TAG_GROUP: "g"}
+
+    def page(token: str) -> tuple[int, promises_pb2.SearchPromisesResponse]:
+        request = promises_pb2.SearchPromisesRequest(
+            states=[PENDING],
+            tags=tags,
+            order=order,
+            page_size=settings.page_size,
+            page_token=token,
+        )
+        start = clock()
+        reply = stub.SearchPromises(request, timeout=CALL_TIMEOUT_S)
+        return clock() - start, reply
+
+    for _ in range(5):  # warm-up: plans, caches
+        page("")
+    first: list[int] = []
+    following: list[int] = []
+    seen = 0
+    error: str | None = None
+    for walk in range(settings.walks):
+        ids: set[str] = set()
+        token = ""
+        last_key: tuple[int, int] | None = None
+        while True:
+            took, reply = page(token)
+            (following if token else first).append(took)
+            for p in reply.promises:
+                # A page walk must list each pending approval of g once, in order.
+                key = (
+                    (p.expire_time.seconds, p.expire_time.nanos)
+                    if order_name == "EXPIRE_TIME_ASC"
+                    else (-p.create_time.seconds, -p.create_time.nanos)
+                )
+                if last_key is not None and key < last_key and error is None:
+                    error = f"walk {walk}: {p.id} out of {order_name} order"
+                last_key = key
+                if p.state != PENDING or p.tags.get(TAG_GROUP) != "g":
+                    error = error or f"walk {walk}: {p.id} is not a pending approval of g"
+                ids.add(p.id)
+            token = reply.next_page_token
+            if not token:
+                break
+        seen = len(ids)
+        if seen != settings.inbox_pending and error is None:
+            error = f"walk {walk} listed {seen} promises, not {settings.inbox_pending}"
+    while len(first) < settings.first_page_samples:
+        first.append(page("")[0])
+    rows = []
+    for name, samples in (("first", first), ("next", following)):
+        ordered = sorted(samples)
+        rows.append(
+            InboxRow(
+                target,
+                order_name,
+                name,
+                len(ordered),
+                percentile_ms(ordered, 50),
+                percentile_ms(ordered, 99),
+                percentile_ms(ordered, 100),
+                seen,
+                stats,
+                error,
+            )
+        )
+        log(
+            f"  [{target}] {order_name} {name} page: {len(ordered)} x, p50 "
+            f"{fmt(rows[-1].p50_ms, '.2f')} ms, p99 {fmt(rows[-1].p99_ms, '.2f')} ms"
+            + (f"; {error}" if error else "")
+        )
+    return rows
+
+
+# --------------------------------------------------------------------------- part 3
+
+
+def part_watch(target: str, settings: Settings, root: Path, run_id: str, out: Results) -> None:
+    topologies = [(target, "one server")]
+    if BACKENDS[target].kind == "postgresql":
+        topologies.append(("pg2", "B<-A"))
+    with asyncio.Runner() as runner:
+        for backend, topology in topologies:
+            cluster = start_cluster(f"watch-{backend}", BACKENDS[backend], root)
+            try:
+                # Watchers on the last replica, settles through the first.
+                watch_at, settle_at = cluster.addresses[-1], cluster.addresses[0]
+                loader = FutureClient([settle_at])
+                try:
+                    for watchers in settings.watchers:
+                        group = f"w{watchers}-{run_id}"
+                        ids = create_all(
+                            loader,
+                            from_list(
+                                approval_create(f"watch-{group}-{i}", i, group, schema=True)
+                                for i in range(settings.watch_count)
+                            ),
+                            "the watched promises",
+                        ).ok_ids
+                        row = runner.run(
+                            watch_round(
+                                cluster, watch_at, settle_at, group, ids, watchers, settings
+                            )
+                        )
+                        row.target, row.topology = (
+                            target if backend == target else backend,
+                            topology,
+                        )
+                        out.watch.append(row)
+                        cluster.check_alive()
+                        log(
+                            f"  [{backend} {topology}] {watchers} watchers: {row.events:,} events "
+                            f"({row.missing} missing), p50 {fmt(row.p50_ms, '.2f')} ms, p99 "
+                            f"{fmt(row.p99_ms, '.2f')} ms, {row.events_per_s:,.0f} events/s"
+                        )
+                finally:
+                    loader.close()
+            finally:
+                cluster.stop()
+
+
+def cpu_sample(
+    cluster: Cluster,
+) -> tuple[float | None, float | None, dict[int, float] | None, float]:
+    """CPU so far of every replica, of the watchers' replica (the last), of
+    PostgreSQL's processes (None on SQLite), and of this process."""
+    on_pg = cluster.backend.kind == "postgresql"
+    return (
+        cluster.cpu_seconds(),
+        cluster.servers[-1].cpu_seconds(),
+        postgres_cpu_seconds() if on_pg else None,
+        time.process_time(),
+    )
+
+
+async def watch_round(
+    cluster: Cluster,
+    watch_at: str,
+    settle_at: str,
+    group: str,
+    ids: list[str],
+    watchers: int,
+    settings: Settings,
+) -> WatchRow:
+    clock = time.perf_counter_ns
+    n = len(ids)
+    tags = {TAG_KIND: Kind.PROMISE.value, TAG_GROUP: group}
+    arrivals: list[list[tuple[str, int]]] = [[] for _ in range(watchers)]
+    returned: dict[str, int] = {}
+    resolve_ns: list[int] = []
+    errors = 0
+    first_error: str | None = None
+    async with (
+        grpc.aio.insecure_channel(watch_at) as watch_channel,
+        grpc.aio.insecure_channel(settle_at) as settle_channel,
+    ):
+        watch_stub, settle_stub = PromisesStub(watch_channel), PromisesStub(settle_channel)
+        calls = [
+            watch_stub.WatchPromises(promises_pb2.WatchPromisesRequest(tags=tags))
+            for _ in range(watchers)
+        ]
+        readers: list[asyncio.Task[None]] = []
+        try:
+            # The headers say the watch is in place: settles after them reach it.
+            await asyncio.wait_for(
+                asyncio.gather(*(c.initial_metadata() for c in calls)), CALL_TIMEOUT_S
+            )
+
+            async def read(call: Any, got: list[tuple[str, int]]) -> None:
+                async for event in call:
+                    if event.type == SETTLED:
+                        got.append((event.promise.id, clock()))
+                        if len(got) >= n:
+                            return
+
+            readers = [
+                asyncio.create_task(read(c, a)) for c, a in zip(calls, arrivals, strict=True)
+            ]
+
+            async def settle(promise_id: str) -> None:
+                nonlocal errors, first_error
+                request = promises_pb2.ResolvePromiseRequest(
+                    id=promise_id,
+                    value=types_pb2.Payload(headers=JSON_HEADERS, data=VALID_DECISION),
+                )
+                start = clock()
+                try:
+                    await settle_stub.ResolvePromise(request, timeout=CALL_TIMEOUT_S)
+                except grpc.aio.AioRpcError as exc:
+                    errors += 1
+                    first_error = first_error or f"{exc.code().name}: {exc.details()}"
+                    return
+                end = clock()
+                returned[promise_id] = end
+                resolve_ns.append(end - start)
+
+            cpu0, watch_cpu0, db0, cli0 = cpu_sample(cluster)
+            interval_ns = int(1e9 / settings.watch_rate)
+            t0 = clock()
+            settles = []
+            for i, promise_id in enumerate(ids):
+                delay = (t0 + i * interval_ns - clock()) / 1e9
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                settles.append(asyncio.create_task(settle(promise_id)))
+            await asyncio.gather(*settles)
+            settled_s = (clock() - t0) / 1e9
+            await asyncio.wait(readers, timeout=DRAIN_TIMEOUT_S)
+            t1 = clock()
+            cpu1, watch_cpu1, db1, cli1 = cpu_sample(cluster)
+        finally:
+            for call in calls:
+                call.cancel()
+        for reader in readers:
+            reader.cancel()
+        await asyncio.gather(*readers, return_exceptions=True)
+    latencies = sorted(t - returned[i] for got in arrivals for i, t in got if i in returned)
+    events = sum(len(got) for got in arrivals)
+    last = max((t for got in arrivals for _, t in got), default=t1)
+    window = (last - t0) / 1e9 or float("nan")
+    measured = (t1 - t0) / 1e9 or float("nan")
+    return WatchRow(
+        target="",
+        topology="",
+        watchers=watchers,
+        settled=len(returned),
+        settle_per_s=len(returned) / (settled_s or float("nan")),
+        events=events,
+        missing=watchers * len(returned) - events,
+        p50_ms=percentile_ms(latencies, 50),
+        p99_ms=percentile_ms(latencies, 99),
+        max_ms=percentile_ms(latencies, 100),
+        events_per_s=events / window,
+        resolve_p50_ms=percentile_ms(sorted(resolve_ns), 50),
+        server_cpu=None if cpu0 is None or cpu1 is None else (cpu1 - cpu0) / measured,
+        watch_server_cpu=None
+        if watch_cpu0 is None or watch_cpu1 is None
+        else (watch_cpu1 - watch_cpu0) / measured,
+        db_cpu=None if db0 is None else (postgres_cpu_delta(db0, db1) or 0.0) / measured,
+        client_cpu=(cli1 - cli0) / measured,
+        errors=errors,
+        first_error=first_error,
+    )
+
+
+# --------------------------------------------------------------------------- output
+
+
+def render(results: Results) -> str:
+    blocks = []
+    if results.resolve:
+        rows = [
+            [
+                r.target,
+                r.op,
+                r.variant,
+                str(r.result.in_flight),
+                f"{r.result.calls:,}",
+                fmt(r.result.calls_per_s, ",.0f"),
+                fmt(r.result.p50_ms, ".2f"),
+                fmt(r.result.p99_ms, ".2f"),
+                str(r.result.errors),
+                fmt(r.result.commits_per_s, ",.0f"),
+                fmt(r.result.server_cpu, ".0%"),
+                fmt(r.result.client_cpu, ".0%"),
+                fmt(r.result.db_cpu, ".0%"),
+                fmt(r.result.other_cpu, ".0%"),
+            ]
+            for r in results.resolve
+        ]
+        header = ["target", "op", "promises", "in-flight", "calls", "calls/s", "p50 ms",
+                  "p99 ms", "errors", "commits/s", "srv cpu", "cli cpu", "db cpu",
+                  "other cpu"]  # fmt: skip
+        blocks.append(
+            "(1) create and resolve, plain promises vs promises with the approval schema "
+            "(refuse = a resolve the schema refuses: calls are INVALID_ARGUMENT answers; its "
+            "p50/p99 are not timed)\n" + table(header, rows, left=3)
+        )
+        ratio_rows = [
+            [
+                r.target,
+                r.op,
+                str(r.in_flight),
+                fmt(r.per_s, ".2f"),
+                fmt(r.p50, ".2f"),
+                fmt(r.p99, ".2f"),
+            ]
+            for r in results.ratios
+        ]
+        blocks.append(
+            "(1) schema / plain\n"
+            + table(["target", "op", "in-flight", "calls/s", "p50", "p99"], ratio_rows, left=2)
+        )
+        if results.refusal_example:
+            blocks.append(f"(1) a refused resolve answers: {results.refusal_example}")
+    if results.builds:
+        rows = [
+            [
+                b.target,
+                f"{b.promises:,}",
+                f"{b.pending_in_group:,}",
+                f"{b.elapsed_s:.1f}",
+                fmt(b.per_s, ",.0f"),
+                str(b.errors),
+            ]
+            for b in results.builds
+        ]
+        blocks.append(
+            f"(2) the inbox table (creates at {LOAD_IN_FLIGHT} in flight)\n"
+            + table(["target", "promises", "pending in g", "build s", "creates/s", "errors"], rows)
+        )
+    if results.inbox:
+        rows = [
+            [
+                r.target,
+                r.stats,
+                r.order,
+                r.page,
+                str(r.samples),
+                fmt(r.p50_ms, ".2f"),
+                fmt(r.p99_ms, ".2f"),
+                fmt(r.max_ms, ".2f"),
+                f"{r.seen:,}",
+                short(r.error),
+            ]
+            for r in results.inbox
+        ]
+        blocks.append(
+            "(2) inbox search: PENDING, tags troth:kind=promise + troth:group=g, 100 per page "
+            "(seen = distinct promises one walk of all pages listed; table statistics: as the "
+            "load left them, then after ANALYZE)\n"
+            + table(
+                [
+                    "target",
+                    "table statistics",
+                    "order",
+                    "page",
+                    "samples",
+                    "p50 ms",
+                    "p99 ms",
+                    "max ms",
+                    "seen",
+                    "error",
+                ],
+                rows,
+                left=4,
+            )
+        )
+    if results.watch:
+        rows = [
+            [
+                r.target,
+                r.topology,
+                str(r.watchers),
+                str(r.settled),
+                fmt(r.settle_per_s, ",.0f"),
+                f"{r.events:,}",
+                str(r.missing),
+                fmt(r.p50_ms, ".2f"),
+                fmt(r.p99_ms, ".2f"),
+                fmt(r.max_ms, ".2f"),
+                fmt(r.events_per_s, ",.0f"),
+                fmt(r.resolve_p50_ms, ".2f"),
+                fmt(r.server_cpu, ".0%"),
+                fmt(r.watch_server_cpu, ".0%"),
+                fmt(r.db_cpu, ".0%"),
+                fmt(r.client_cpu, ".0%"),
+                str(r.errors),
+            ]
+            for r in results.watch
+        ]
+        header = ["target", "topology", "watchers", "settled", "settles/s", "events", "missing",
+                  "p50 ms", "p99 ms", "max ms", "events/s", "resolve p50", "srv cpu",
+                  "watch srv cpu", "db cpu", "cli cpu", "errors"]  # fmt: skip
+        blocks.append(
+            "(3) WatchPromises fan-out: resolve returning -> each watcher's SETTLED event "
+            "(B<-A = watchers on replica B, settles through replica A; srv cpu = all replicas, "
+            "watch srv cpu = the watchers' replica)\n" + table(header, rows, left=2)
+        )
+    return "\n\n".join(blocks)
+
+
+def main(argv: list[str] | None = None) -> int:
+    settings = parse_args(argv)
+    run_id = uuid.uuid4().hex[:6]
+    root = Path(tempfile.mkdtemp(prefix="troth-apbench-"))
+    machine = machine_info()
+    log(
+        f"troth approvals bench {run_id}: parts {settings.parts}, targets {settings.targets}"
+        f"{' (quick)' if settings.quick else ''}, {machine['cpus']} cpus, python "
+        f"{machine['python']}, grpcio {machine['grpcio']}, load {machine['loadavg']}"
+    )
+    results = Results()
+    parts = {1: part_resolve, 2: part_inbox, 3: part_watch}
+    titles = {1: "resolve with a schema", 2: "inbox search", 3: "WatchPromises fan-out"}
+    started = time.monotonic()
+    for target in settings.targets:
+        for part in settings.parts:
+            log(f"part {part} [{target}]: {titles[part]}")
+            try:
+                parts[part](target, settings, root, run_id, results)
+            except (ServerError, OSError, TimeoutError, grpc.RpcError) as exc:
+                results.failures[f"part {part} [{target}]"] = str(exc)
+                log(f"part {part} [{target}]: FAILED: {exc}")
+    wall = time.monotonic() - started
+
+    if settings.json:
+        document = {
+            "run_id": run_id,
+            "machine": machine,
+            "settings": asdict(settings),
+            "wall_s": round(wall, 1),
+            "results": asdict(results),
+        }
+        print(json.dumps(document, indent=2))
+    else:
+        print(
+            f"\ntroth approvals, {settings.duration_s:g} s per part-1 phase, "
+            f"{machine['cpus']} cpus, python {machine['python']}, grpcio {machine['grpcio']}, "
+            f"{wall:.0f} s in all\n"
+        )
+        print(render(results) or "(no results)")
+        for name, message in results.failures.items():
+            print(f"FAILED {name}: {message.splitlines()[0] if message else ''}")
+
+    if results.failures or settings.keep:
+        log(f"work directory kept: {root}")
+    else:
+        shutil.rmtree(root, ignore_errors=True)
+    return 1 if results.failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
