@@ -83,6 +83,26 @@ def proc_cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def fmt(value: float | None, spec: str) -> str:
+    """A figure for a table cell: `-` when there is none."""
+    return "-" if value is None or math.isnan(value) else format(value, spec)
+
+
+def table(header: list[str], rows: list[list[str]], left: int = 1) -> str:
+    """An aligned text table: the first `left` columns left-aligned, the rest right."""
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    lines = []
+    for n, row in enumerate([header, *rows]):
+        cells = [
+            c.ljust(w) if i < left else c.rjust(w)
+            for i, (c, w) in enumerate(zip(row, widths, strict=True))
+        ]
+        lines.append("  ".join(cells).rstrip())
+        if n == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
 def percentile_ms(sorted_ns: list[int], pct: float) -> float | None:
     """Nearest-rank percentile of sorted nanosecond latencies, in milliseconds."""
     if not sorted_ns:

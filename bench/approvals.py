@@ -60,12 +60,14 @@ from _servers import (
     Cluster,
     Database,
     ServerError,
+    fmt,
     log,
     machine_busy_seconds,
     machine_info,
     percentile_ms,
     postgres_cpu_delta,
     postgres_cpu_seconds,
+    table,
 )
 from google.protobuf import duration_pb2
 from promises import (
@@ -75,10 +77,11 @@ from promises import (
     PhaseResult,
     RawPhase,
     Request,
+    resolve_requests,
     summarize,
     sync_channel,
 )
-from workflows import fmt, short, table
+from workflows import short
 
 from troth._commands import TAG_FUNC, TAG_GROUP, TAG_KIND, Kind
 from troth.v1 import promises_pb2, promises_pb2_grpc, types_pb2
@@ -369,21 +372,6 @@ def approvals(run_id: str, counter: Iterator[int], *, schema: bool) -> NextReque
     return make
 
 
-def resolves(ids: list[str], value: bytes) -> NextRequest:
-    """Resolves each id once, in creation order; None once they are exhausted."""
-    it = iter(ids)
-
-    def make() -> Request | None:
-        promise_id = next(it, None)
-        if promise_id is None:
-            return None
-        return promises_pb2.ResolvePromiseRequest(
-            id=promise_id, value=types_pb2.Payload(headers=JSON_HEADERS, data=value)
-        )
-
-    return make
-
-
 def refusals(ids: list[str]) -> NextRequest:
     """Resolves the ids round and round with a value the schema refuses (they stay PENDING)."""
     it = itertools.cycle(ids)
@@ -535,10 +523,12 @@ def part_resolve(target: str, settings: Settings, root: Path, run_id: str, out: 
                     settings.duration_s,
                 )
                 if settings.warmup_s > 0:
-                    client.run("resolve", resolves(warm.ok_ids, VALID_DECISION), in_flight, 60)
+                    client.run(
+                        "resolve", resolve_requests(warm.ok_ids, VALID_DECISION), in_flight, 60
+                    )
                 resolved = meter.run(
                     "resolve",
-                    resolves(created.raw.ok_ids, VALID_DECISION),
+                    resolve_requests(created.raw.ok_ids, VALID_DECISION),
                     in_flight,
                     settings.duration_s,
                 )

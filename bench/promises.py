@@ -21,7 +21,6 @@ import asyncio
 import functools
 import itertools
 import json
-import math
 import shlex
 import shutil
 import sys
@@ -41,12 +40,14 @@ from _servers import (
     Cluster,
     ServerError,
     ServerProcess,
+    fmt,
     log,
     machine_busy_seconds,
     machine_info,
     percentile_ms,
     postgres_cpu_delta,
     postgres_cpu_seconds,
+    table,
 )
 from google.protobuf import duration_pb2
 
@@ -154,8 +155,9 @@ def create_requests(run_id: str, counter: Iterator[int]) -> NextRequest:
     return make
 
 
-def resolve_requests(ids: list[str]) -> NextRequest:
-    """Resolves each id once, in creation order; None once they are exhausted."""
+def resolve_requests(ids: list[str], value: bytes = RESOLVE_VALUE) -> NextRequest:
+    """Resolves each id once with `value` (JSON), in creation order; None once they
+    are exhausted."""
     it = iter(ids)
 
     def make() -> Request | None:
@@ -163,7 +165,7 @@ def resolve_requests(ids: list[str]) -> NextRequest:
         if promise_id is None:
             return None
         return promises_pb2.ResolvePromiseRequest(
-            id=promise_id, value=types_pb2.Payload(headers=JSON_HEADERS, data=RESOLVE_VALUE)
+            id=promise_id, value=types_pb2.Payload(headers=JSON_HEADERS, data=value)
         )
 
     return make
@@ -615,10 +617,6 @@ def verdicts(results: list[PhaseResult], targets: list[str]) -> list[Verdict]:
     return out
 
 
-def fmt(value: float | None, spec: str) -> str:
-    return "-" if value is None or math.isnan(value) else format(value, spec)
-
-
 def render_table(results: list[PhaseResult]) -> str:
     header = [
         "target",
@@ -637,7 +635,7 @@ def render_table(results: list[PhaseResult]) -> str:
         "db cpu",
         "other cpu",
     ]
-    rows = [header]
+    rows: list[list[str]] = []
     for r in results:
         rows.append(
             [
@@ -658,17 +656,7 @@ def render_table(results: list[PhaseResult]) -> str:
                 fmt(r.other_cpu, ".0%"),
             ]
         )
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    lines = []
-    for n, row in enumerate(rows):
-        cells = [
-            c.ljust(w) if i < 2 else c.rjust(w)
-            for i, (c, w) in enumerate(zip(row, widths, strict=True))
-        ]
-        lines.append("  ".join(cells).rstrip())
-        if n == 0:
-            lines.append("  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    return table(header, rows, left=2)
 
 
 def parse_args(argv: list[str] | None = None) -> Settings:

@@ -49,12 +49,14 @@ from _servers import (
     BACKENDS,
     Cluster,
     ServerError,
+    fmt,
     log,
     machine_busy_seconds,
     machine_info,
     percentile_ms,
     postgres_cpu_delta,
     postgres_cpu_seconds,
+    table,
 )
 from google.protobuf import duration_pb2, timestamp_pb2
 
@@ -389,10 +391,6 @@ def run_target(target: str, settings: Settings, root: Path, run_id: str) -> Swee
 # --------------------------------------------------------------------------- output
 
 
-def fmt(value: float | None, spec: str) -> str:
-    return "-" if value is None or math.isnan(value) else format(value, spec)
-
-
 def verdict(r: SweepResult) -> str:
     if r.error:
         return f"N/A {r.target}: {r.error}"
@@ -416,7 +414,7 @@ def verdict(r: SweepResult) -> str:
 def render(results: list[SweepResult]) -> str:
     header = ["target", "bulk/s", "quiet/s", "quiet p99", "drain s", "during/s", "ratio",
               "during p99", "window/s", "srv cpu", "db cpu", "other cpu"]  # fmt: skip
-    rows = [header]
+    rows: list[list[str]] = []
     for r in results:
         q, d, w = r.quiet, r.during, r.during_window
         rows.append(
@@ -435,18 +433,7 @@ def render(results: list[SweepResult]) -> str:
                 fmt(w and w.other_cpu, ".0%"),
             ]
         )
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    lines = []
-    for n, row in enumerate(rows):
-        lines.append(
-            "  ".join(
-                c.ljust(w) if i == 0 else c.rjust(w)
-                for i, (c, w) in enumerate(zip(row, widths, strict=True))
-            )
-        )
-        if n == 0:
-            lines.append("  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    return table(header, rows)
 
 
 def parse_args(argv: list[str] | None = None) -> Settings:

@@ -54,6 +54,7 @@ from _servers import (
     BACKENDS,
     Cluster,
     ServerError,
+    fmt,
     log,
     machine_busy_seconds,
     machine_info,
@@ -61,6 +62,7 @@ from _servers import (
     postgres_cpu_delta,
     postgres_cpu_seconds,
     proc_cpu_seconds,
+    table,
 )
 
 from troth import Client
@@ -1229,29 +1231,11 @@ def resume_verdicts(target: str, rows: list[ResumeRow]) -> list[Verdict]:
 # --------------------------------------------------------------------------- output
 
 
-def fmt(value: float | None, spec: str) -> str:
-    return "-" if value is None or math.isnan(value) else format(value, spec)
-
-
 def short(error: str | None, width: int = 60) -> str:
     """An error for a table cell; the verdicts carry it whole."""
     if not error:
         return ""
     return error if len(error) <= width else error[: width - 3] + "..."
-
-
-def table(header: list[str], rows: list[list[str]], left: int = 1) -> str:
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    lines = []
-    for n, row in enumerate([header, *rows]):
-        cells = [
-            c.ljust(w) if i < left else c.rjust(w)
-            for i, (c, w) in enumerate(zip(row, widths, strict=True))
-        ]
-        lines.append("  ".join(cells).rstrip())
-        if n == 0:
-            lines.append("  ".join("-" * w for w in widths))
-    return "\n".join(lines)
 
 
 def render(results: Results) -> str:
