@@ -29,7 +29,7 @@ from troth.errors import Reason
 from troth_server.domain import promise as domain
 from troth_server.domain import task as tasks
 from troth_server.domain.errors import DomainError
-from troth_server.domain.routing import ANY, Route
+from troth_server.domain.routing import ANY, Route, workflow_name
 from troth_server.domain.task import Callback, Task, TaskKind, TaskState
 from troth_server.store import Store, StoreError, StoreUnavailable, WriteTx
 
@@ -43,10 +43,6 @@ R_co = TypeVar("R_co", covariant=True)
 
 INVOKE_TAG = "troth:invoke"
 """A root promise tagged `troth:invoke=<group>` starts a workflow in that group."""
-FUNC_TAG = "troth:func"
-"""A root's workflow name: its tasks carry it, for routing."""
-_MAX_WORKFLOW_NAME = 256
-"""The longest workflow name a task records (longer ones route as unnamed)."""
 log = structlog.get_logger("troth.commit")
 
 
@@ -148,7 +144,7 @@ class Batch:
         if group:
             # Starting a workflow is creating its root: its INVOKE task comes with it.
             invoke = tasks.create(
-                _task_id(), promise.id, group, TaskKind.INVOKE, workflow=_workflow_name(promise)
+                _task_id(), promise.id, group, TaskKind.INVOKE, workflow=workflow_name(promise.tags)
             )
             self.put_task(invoke)
 
@@ -209,7 +205,7 @@ class Batch:
         root = self._current.get(root_id)
         if root is None:
             return self._root_workflows.get(root_id, (None, None))
-        return _workflow_name(root), root.workflow_version or None
+        return workflow_name(root.tags), root.workflow_version or None
 
     def claimed_by(self, worker_id: str | None) -> list[Task]:
         """Loaded CLAIMED tasks of the worker (of anyone, for None)."""
@@ -241,11 +237,6 @@ class Batch:
 
 def _task_id() -> str:
     return uuid.uuid4().hex
-
-
-def _workflow_name(root: Promise) -> str | None:
-    name = root.tags.get(FUNC_TAG)
-    return name if name and len(name) <= _MAX_WORKFLOW_NAME else None
 
 
 class WriteOp(Protocol[R_co]):

@@ -55,7 +55,7 @@ class _CreateOp:
         cap = parent.expire_time if parent is not None and INVOKE_TAG in parent.tags else None
         existing = batch.get(self.request.id)
         promise, created = domain.create(existing, self.request, batch.now, cap=cap)
-        if not created and existing is not None and promise.tags != existing.tags:
+        if not created and existing is not None and domain.is_early(existing):
             batch.rewrite(promise)  # a settled-early promise, adopted by its creator
         if created:
             batch.add(promise, self.principal)

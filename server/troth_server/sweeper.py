@@ -47,9 +47,9 @@ class Sweeper:
         self._interval = interval
         self._batch_size = batch_size
         self._on_tick = on_tick
+        """More periodic work on the same beat (task leases, the dispatch fallback)."""
         self._others_waiting = others_waiting
         """Whether requests wait for the writer: a long sweep then takes turns with them."""
-        """More periodic work on the same beat (task leases, the dispatch fallback)."""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="troth-sweeper", daemon=True)
         self.swept = threading.Event()

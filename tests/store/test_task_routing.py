@@ -224,3 +224,15 @@ def test_search_tasks_lists_open_tasks_oldest_first(env: Env) -> None:
     assert all(times) and times == sorted(times)
     assert [t.root_promise_id for t in env.store.search_tasks("g", 2)] == ["wf-1", "wf-2"]
     assert env.store.search_tasks("nobody", 10) == []
+
+
+def test_a_workflow_name_too_long_to_route_by_stays_unnamed_on_its_resumes(env: Env) -> None:
+    # The root was read unlocked for its resume (the settle's batch did not load it):
+    # the same rule as for its INVOKE applies, and the RESUME row fits its column.
+    long_name = "w" * (routing.MAX_WORKFLOW_NAME + 1)
+    env.start("long", workflow=long_name)
+    (invoke,) = env.claim("w-old-sdk", routing.ANY)
+    assert invoke.workflow is None
+    env.resolve(env.suspend(invoke, "w-old-sdk"))
+    (resume,) = env.store.search_tasks("g", 10)
+    assert (resume.kind, resume.workflow) == (TaskKind.RESUME, None)

@@ -17,6 +17,7 @@ from troth_server.domain.promise import (
     PromiseState,
     SettleRequest,
 )
+from troth_server.domain.routing import MAX_WORKFLOW_NAME, MAX_WORKFLOW_VERSION
 from troth_server.domain.schema import check_schema
 from troth_server.domain.task import Task, TaskKind, TaskState
 from troth_server.store import PromiseOrder
@@ -85,7 +86,7 @@ def create_request(request: promises_pb2.CreatePromiseRequest, limits: Limits) -
         strict=request.strict,
         schema=_schema(request.schema, limits),
         title=_text(request.title, limits.max_title_length, "title"),
-        message=_text(request.message, limits.max_message_bytes, "message"),
+        message=_message(request.message, limits),
         requested_by=_text(request.requested_by, limits.max_principal_length, "requested_by"),
     )
 
@@ -98,6 +99,15 @@ def _schema(value: str, limits: Limits) -> str | None:
             "schema", f"is larger than the limit of {limits.max_schema_bytes} bytes"
         )
     return check_schema(value)
+
+
+def _message(value: str, limits: Limits) -> str | None:
+    size = len(value.encode())
+    if size > limits.max_message_bytes:
+        raise InvalidArgument(
+            "message", f"is {size} bytes (UTF-8); the limit is {limits.max_message_bytes}"
+        )
+    return value or None
 
 
 def _text(value: str, limit: int, field: str) -> str | None:
@@ -340,8 +350,6 @@ def task_to_pb(task: Task, waiting_for: str = "") -> tasks_pb2.Task:
     return message
 
 
-MAX_WORKFLOW_NAME = 256
-MAX_WORKFLOW_VERSION = 128
 MAX_WORKFLOWS = 1000
 
 

@@ -7,6 +7,7 @@ does the work. They differ only in how they wait for a commit or a settle.
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from troth.client import WATCH_READY_METADATA
@@ -54,6 +55,8 @@ class _Handlers:
                 "expire_time", f"is further away than the limit of {self._limits.max_ttl_ms} ms"
             )
         principal = convert.principal(_metadata(context), self._limits)
+        if create.requested_by is None and principal is not None:
+            create = replace(create, requested_by=principal)  # the documented default
         return create, principal, convert.settled_with(request, create, self._limits, principal)
 
     def _settle_request(

@@ -195,7 +195,7 @@ def create(
         )
         return promise, True
 
-    if existing.tags.get(EARLY_TAG) == "true":
+    if is_early(existing):
         return adopt(existing, request), False
     current = effective(existing, now)
     if request.idempotency_key or existing.idempotency_key_for_create:
@@ -218,6 +218,13 @@ def create(
             "read it with GetPromise, or repeat the create without strict",
         )
     return current, False
+
+
+def is_early(promise: Promise) -> bool:
+    """Whether the promise was settled before anyone created it, and is not adopted
+    yet. Settled, too: a creator's own `troth:early` tag on a pending promise does
+    not let a later create rewrite it."""
+    return promise.is_settled and promise.tags.get(EARLY_TAG) == "true"
 
 
 def adopt(early: Promise, request: CreateRequest) -> Promise:

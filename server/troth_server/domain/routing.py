@@ -36,6 +36,19 @@ if TYPE_CHECKING:
 WorkflowKey = tuple[str, str]
 """(workflow name, version)."""
 
+FUNC_TAG = "troth:func"
+"""A root's workflow name, among its tags: its tasks carry it, for routing."""
+MAX_WORKFLOW_NAME = 256
+"""The longest workflow name a task records (a root with a longer one routes as unnamed)."""
+MAX_WORKFLOW_VERSION = 128
+"""The longest version a worker may register (and a root or task record)."""
+
+
+def workflow_name(tags: Mapping[str, str]) -> str | None:
+    """The workflow name a root's tasks carry: its `troth:func` tag, if it can be stored."""
+    name = tags.get(FUNC_TAG)
+    return name if name and len(name) <= MAX_WORKFLOW_NAME else None
+
 
 @dataclass(frozen=True, slots=True)
 class Registration:
@@ -194,6 +207,9 @@ def waiting_for(task: Task, group: str, streams: Sequence[Candidate]) -> str:
 
 __all__ = [
     "ANY",
+    "FUNC_TAG",
+    "MAX_WORKFLOW_NAME",
+    "MAX_WORKFLOW_VERSION",
     "Candidate",
     "Deployments",
     "Registration",
@@ -203,4 +219,5 @@ __all__ = [
     "registration",
     "routes",
     "waiting_for",
+    "workflow_name",
 ]

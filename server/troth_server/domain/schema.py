@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from jsonschema import exceptions as jsonschema_errors
 from jsonschema import validators
+from referencing.exceptions import Unresolvable
 
 from troth_server.domain.errors import InvalidArgument
 
@@ -62,7 +63,16 @@ def check_value(schema: str, value: Payload) -> None:
         decoded = orjson.loads(value.data)
     except orjson.JSONDecodeError as exc:
         raise InvalidArgument("value", f"is not valid JSON ({exc})") from None
-    error = jsonschema_errors.best_match(_validator(schema).iter_errors(decoded))
+    try:
+        error = jsonschema_errors.best_match(_validator(schema).iter_errors(decoded))
+    except Unresolvable as exc:
+        # Found only now: a $ref is followed only where the value leads the check.
+        raise InvalidArgument(
+            "value",
+            f"cannot be checked: the promise's schema refers to {exc.ref!r}, which the "
+            "server cannot resolve (it fetches no remote schemas); reject the promise "
+            "instead, and give such promises a self-contained schema",
+        ) from None
     if error is not None:
         raise InvalidArgument(
             field_path("value", error.absolute_path),

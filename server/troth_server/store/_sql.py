@@ -36,7 +36,7 @@ from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
 from sqlalchemy.pool import QueuePool, StaticPool
 
 from troth_server.domain.promise import Payload, Promise, PromiseState
-from troth_server.domain.routing import ANY, Route
+from troth_server.domain.routing import ANY, Route, workflow_name
 from troth_server.domain.task import Callback, Task, TaskKind, TaskState
 from troth_server.store import (
     CommitOutcomeUnknown,
@@ -290,7 +290,7 @@ class _TaskTx:
         if not root_ids:
             return {}
         rows = self._conn.execute(_TaskStatements.root_workflows, {"ids": list(root_ids)})
-        return {row[0]: (_load_json(row[1]).get(FUNC_TAG) or None, row[2] or None) for row in rows}
+        return {row[0]: (workflow_name(_load_json(row[1])), row[2] or None) for row in rows}
 
     def claimed_tasks(self, worker_id: str, *, lock: bool = True) -> list[Task]:
         stmt = _TaskStatements.claimed if lock else _TaskStatements.claimed_peek
@@ -362,10 +362,6 @@ def _to_task(row: Any) -> Task:
         workflow_version=row["workflow_version"],
         create_time=row["create_time"],
     )
-
-
-FUNC_TAG = "troth:func"
-"""A root's workflow name, among its tags."""
 
 
 def route_condition(route: Route) -> Any:
