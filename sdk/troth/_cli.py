@@ -34,7 +34,6 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import IO, TYPE_CHECKING, Any, cast
 
-from troth._cli_tasks import add_tasks_command
 from troth._promise import CreateResult, Promise, PromiseState, SettleResult
 from troth.client import DEFAULT_ADDRESS, Client
 from troth.errors import TrothError
@@ -181,10 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
     actions = promises.add_subparsers(dest="action", metavar="ACTION", required=True)
 
     def leaf(name: str, help: str, handler: Handler) -> argparse.ArgumentParser:
-        sub = actions.add_parser(name, help=help, description=help)
-        _global_options(sub, suppress=True)
-        sub.set_defaults(handler=handler)
-        return sub
+        return add_leaf(actions, name, help, handler)
 
     get = leaf("get", "show one promise", _cmd_get)
     get.add_argument("id", metavar="ID")
@@ -245,16 +241,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-wait", type=parse_duration, metavar="DURATION", help="give up after this long"
     )
 
-    # `troth export` and `troth replay`; imported here, as that module imports this one.
+    # Imported here, as those modules import this one.
+    from troth._cli_approvals import add_commands as add_approvals_commands
     from troth._cli_replay import add_commands as add_replay_commands
+    from troth._cli_tasks import add_commands as add_tasks_commands
 
     add_replay_commands(commands)
-
-    from troth._cli_approvals import add_commands as add_approvals_commands
-
     add_approvals_commands(commands)
-
-    add_tasks_command(commands, lambda sub: _global_options(sub, suppress=True))
+    add_tasks_commands(commands)
 
     # Listed for --help only: main() forwards `troth serve ...` before parsing.
     commands.add_parser(
@@ -269,6 +263,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # --- entry point ------------------------------------------------------------
+
+
+def add_leaf(
+    commands: argparse._SubParsersAction[argparse.ArgumentParser],
+    name: str,
+    help: str,
+    handler: Handler,
+) -> argparse.ArgumentParser:
+    """A command that runs `handler`, with the global flags (which may follow it too)."""
+    sub = commands.add_parser(name, help=help, description=help)
+    _global_options(sub, suppress=True)
+    sub.set_defaults(handler=handler)
+    return sub
 
 
 def add_tag_option(parser: argparse.ArgumentParser, help: str | None = None) -> None:

@@ -32,10 +32,10 @@ from troth._cli import (
     Handler,
     _align,
     _emit_result,
-    _global_options,
     _positive_int,
     _when,
     _write_json,
+    add_leaf,
     add_tag_option,
     emit_listing,
     parse_duration,
@@ -75,10 +75,7 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
     actions = approvals.add_subparsers(dest="action", metavar="ACTION", required=True)
 
     def leaf(name: str, help: str, handler: Handler) -> argparse.ArgumentParser:
-        sub = actions.add_parser(name, help=help, description=help)
-        _global_options(sub, suppress=True)
-        sub.set_defaults(handler=handler)
-        return sub
+        return add_leaf(actions, name, help, handler)
 
     listing = leaf("list", "list pending approvals, oldest first", _cmd_list)
     _filter_options(listing)
@@ -153,7 +150,7 @@ def _cmd_list(client: Client, args: argparse.Namespace, out: IO[str]) -> int:
         order=_ORDERS[args.order],
         older_than=args.older_than,
     )
-    shown = emit_listing(results, limit, approval_to_json if args.json else None, out)
+    shown = emit_listing(results, limit, promise_to_json if args.json else None, out)
     if not args.json:
         if shown:
             out.write(format_inbox(shown, datetime.now(UTC)))
@@ -199,7 +196,9 @@ def _cmd_watch(client: Client, args: argparse.Namespace, out: IO[str]) -> int:
         print("watching for approvals (Ctrl-C to stop)...", file=sys.stderr, flush=True)
         for event in events:
             if args.json:
-                _write_json({"type": event.type.value, **_event_json(event)}, out)
+                _write_json(
+                    {"type": event.type.value, "promise": promise_to_json(event.promise)}, out
+                )
             else:
                 out.write(format_event(event) + "\n")
             out.flush()
@@ -207,20 +206,6 @@ def _cmd_watch(client: Client, args: argparse.Namespace, out: IO[str]) -> int:
 
 
 # --- output -----------------------------------------------------------------
-
-
-def approval_to_json(promise: Promise) -> dict[str, Any]:
-    """A promise as `--json` shows it, with what a human reads to decide."""
-    return {
-        **promise_to_json(promise),
-        "title": promise.title,
-        "message": promise.message,
-        "requested_by": promise.requested_by,
-    }
-
-
-def _event_json(event: PromiseEvent) -> dict[str, Any]:
-    return {"promise": approval_to_json(event.promise)}
 
 
 def format_inbox(promises: list[Promise], now: datetime) -> str:

@@ -48,9 +48,8 @@ from typing import IO, TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from troth._cli import (
-    Handler,
-    _global_options,
     _write_json,
+    add_leaf,
     add_state_option,
     add_tag_option,
     payload_to_json,
@@ -87,13 +86,8 @@ class UsageError(Exception):
 def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add `export` and `replay` to the `troth` command line."""
 
-    def command(name: str, help: str, handler: Handler) -> argparse.ArgumentParser:
-        sub = commands.add_parser(name, help=help, description=help)
-        _global_options(sub, suppress=True)
-        sub.set_defaults(handler=handler)
-        return sub
-
-    export = command(
+    export = add_leaf(
+        commands,
         "export",
         "write workflows' recorded histories (root and steps) as JSON, for `troth replay`",
         _cmd_export,
@@ -108,7 +102,8 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "(one <id>.json per workflow); default stdout",
     )
 
-    replay = command(
+    replay = add_leaf(
+        commands,
         "replay",
         "replay recorded histories against the current workflow code; exit 1 if one diverges",
         _cmd_replay,

@@ -14,12 +14,11 @@ proto's `Task`.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from collections.abc import Callable
-from datetime import UTC, datetime
 from typing import IO, TYPE_CHECKING, Any, Protocol
 
+from troth._cli import _DEFAULT_LIMIT, _align, _iso, _write_json, add_leaf
+from troth._convert import datetime_from_proto
 from troth.v1 import tasks_pb2, tasks_pb2_grpc
 
 if TYPE_CHECKING:
@@ -27,7 +26,6 @@ if TYPE_CHECKING:
 
     from troth.client import Client
 
-_DEFAULT_LIMIT = 100
 _MAX_LIMIT = 1000
 
 _KINDS = {tasks_pb2.INVOKE: "INVOKE", tasks_pb2.RESUME: "RESUME"}
@@ -57,20 +55,15 @@ def _limit(text: str) -> int:
     return number
 
 
-def add_tasks_command(
-    commands: Any, global_options: Callable[[argparse.ArgumentParser], None]
-) -> None:
-    """Add `tasks list` to the `troth` parser's subcommands (`global_options` adds
-    the shared flags to the leaf, as every other command has them)."""
+def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add `tasks list` to the `troth` command line."""
     tasks = commands.add_parser("tasks", help="list a worker group's tasks and what they wait for")
     actions = tasks.add_subparsers(dest="action", metavar="ACTION", required=True)
     description = (
         "list a group's tasks that are not completed, oldest first, "
         "with what each pending one waits for"
     )
-    listing = actions.add_parser("list", help=description, description=description)
-    global_options(listing)
-    listing.set_defaults(handler=cmd_list)
+    listing = add_leaf(actions, "list", description, cmd_list)
     listing.add_argument("--group", required=True, metavar="GROUP", help="the worker group")
     listing.add_argument(
         "--limit",
@@ -89,7 +82,7 @@ def cmd_list(client: Client, args: argparse.Namespace, out: IO[str]) -> int:
     found = list(response.tasks)
     if args.json:
         for task in found:
-            out.write(json.dumps(task_to_json(task), ensure_ascii=False) + "\n")
+            _write_json(task_to_json(task), out)
     elif found:
         out.write(format_tasks(found))
     else:
@@ -100,11 +93,7 @@ def cmd_list(client: Client, args: argparse.Namespace, out: IO[str]) -> int:
 
 
 def _when(task: tasks_pb2.Task, field: str) -> str | None:
-    if not task.HasField(field):
-        return None
-    stamp = getattr(task, field)
-    moment = datetime.fromtimestamp(stamp.seconds + stamp.nanos / 1e9, tz=UTC)
-    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return _iso(datetime_from_proto(getattr(task, field))) if task.HasField(field) else None
 
 
 def task_to_json(task: tasks_pb2.Task) -> dict[str, Any]:
@@ -139,12 +128,7 @@ def format_tasks(found: list[tasks_pb2.Task]) -> str:
         )
         for task in found
     ]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(_COLUMNS) - 1)]
-    lines = [
-        "  ".join([*(c.ljust(w) for c, w in zip(row, widths, strict=False)), row[-1]]).rstrip()
-        for row in rows
-    ]
-    return "\n".join(lines) + "\n"
+    return _align(rows)
 
 
-__all__ = ["add_tasks_command", "cmd_list", "format_tasks", "task_to_json"]
+__all__ = ["add_commands", "cmd_list", "format_tasks", "task_to_json"]

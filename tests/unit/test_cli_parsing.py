@@ -140,13 +140,33 @@ def test_global_options_work_before_and_after_the_command(monkeypatch: pytest.Mo
     assert seen == [("envhost:1", None, 10.0), ("a:1", "ann", 2.0), ("b:2", None, 10.0)]
 
 
+@pytest.mark.parametrize(
+    "argv", [["serve", "--listen", "127.0.0.1:0"], ["db", "upgrade"], ["--json", "db", "current"]]
+)
 def test_serve_without_the_server_package(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    argv: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setitem(sys.modules, "troth_server", None)
     monkeypatch.delitem(sys.modules, "troth_server.cli", raising=False)
-    assert main(["serve", "--listen", "127.0.0.1:0"]) == 1
-    assert capsys.readouterr().err == "troth serve needs the server: pip install troth-server\n"
+    command = next(arg for arg in argv if not arg.startswith("-"))
+    assert main(argv) == 1
+    assert capsys.readouterr().err == (
+        f"troth {command} needs the server: pip install troth-server\n"
+    )
+
+
+def test_db_forwards_the_rest_of_the_command_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    received: list[list[str]] = []
+
+    def db(argv: list[str]) -> int:
+        received.append(argv)
+        return 4
+
+    fake = types.ModuleType("troth_server.cli")
+    fake.db = db  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "troth_server.cli", fake)
+    assert main(["db", "upgrade", "--db", "sqlite:///x.db"]) == 4
+    assert received == [["upgrade", "--db", "sqlite:///x.db"]]
 
 
 def test_serve_forwards_the_rest_of_the_command_line(monkeypatch: pytest.MonkeyPatch) -> None:
