@@ -247,6 +247,27 @@ class Transport:
             return None
         return delay
 
+    def reconnect_delay(
+        self,
+        exc: grpc.RpcError,
+        failures: int,
+        deadline: float | None,
+        *,
+        outage_start: float | None,
+    ) -> float | None:
+        """How long to wait before reopening a stream after `exc`, or None to give up.
+
+        A stream never established (`outage_start` None) fails as fast as any
+        call would (a wrong address...). One that was in place, perhaps for
+        days, rides out a restart or failover: it keeps trying for up to
+        `reconnect_window` seconds after `outage_start`, when it broke.
+        """
+        if outage_start is None:
+            return self.retry_delay(exc, failures, deadline, idempotent=True)
+        if self.now() - outage_start >= self.retry.reconnect_window:
+            return None
+        return self.retry_delay(exc, failures, deadline, idempotent=True, limit_attempts=False)
+
     def sleep(self, seconds: float) -> None:
         """Sleep between attempts (through the injectable `sleep`, so tests take no time)."""
         self._sleep(seconds)

@@ -471,8 +471,8 @@ class Client:
             id=id, value=payload_to_proto(self.encode(value)), idempotency_key=key, strict=strict
         )
         if create_if_missing:
-            if isinstance(request, promises_pb2.CancelPromiseRequest):
-                raise ValueError("create_if_missing applies to resolve and reject, not cancel")
+            # Only resolve and reject pass it: a cancel of a wait that does not exist yet is no use.
+            assert not isinstance(request, promises_pb2.CancelPromiseRequest)
             request.create_if_missing = True
         response = self._transport.call(method, request, timeout=self._timeout)
         promise = promise_from_proto(response.promise)
@@ -534,21 +534,11 @@ class Client:
                             f"or find out who should settle it (`troth promises get {id}`)",
                         ) from exc
                     failures += 1
-                    if last is None:
-                        # Never connected: fail as fast as any call (wrong address...).
-                        delay = transport.retry_delay(exc, failures, deadline, idempotent=True)
-                    else:
-                        # Established, perhaps for days: ride out a restart or deploy.
-                        if outage_start is None:
-                            outage_start = transport.now()
-                        within = transport.now() - outage_start < transport.retry.reconnect_window
-                        delay = (
-                            transport.retry_delay(
-                                exc, failures, deadline, idempotent=True, limit_attempts=False
-                            )
-                            if within
-                            else None
-                        )
+                    if last is not None and outage_start is None:
+                        outage_start = transport.now()
+                    delay = transport.reconnect_delay(
+                        exc, failures, deadline, outage_start=outage_start
+                    )
                     if delay is None:
                         raise
                     _log.warning(
@@ -844,11 +834,10 @@ class PromiseEventStream:
                             "before it was in place; check the server's logs",
                         ) from None
                     failures += 1
-                    within = transport.now() - started < transport.retry.reconnect_window
-                    delay = transport.retry_delay(
-                        exc, failures, None, idempotent=True, limit_attempts=not reconnecting
+                    delay = transport.reconnect_delay(
+                        exc, failures, None, outage_start=started if reconnecting else None
                     )
-                    if delay is None or (reconnecting and not within):
+                    if delay is None:
                         raise
                     self._closed.wait(delay)
 

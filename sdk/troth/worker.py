@@ -226,8 +226,8 @@ class Worker:
         self._cache_size = cache_size
         self._grace = shutdown_grace.total_seconds()
         self._max_backoff = max_reconnect_backoff
-        self._registry: dict[str, Workflow] = {}
         self._versions: dict[str, Registration] = {}
+        """The registered workflows by name, with their versions."""
         self._transport = client._transport
         stub = tasks_pb2_grpc.TasksStub(self._transport.channel)  # type: ignore[no-untyped-call,unused-ignore]
         self._stub: _TasksStub = stub
@@ -330,22 +330,21 @@ class Worker:
             )
         registered = registration(key, fn, version, compatible)
         with self._lock:
-            existing = self._registry.get(key)
-            if existing is not None and existing is not fn:
+            existing = self._versions.get(key)
+            if existing is not None and existing.fn is not fn:
                 raise RegistrationError(
                     key,
                     f"a workflow named {key!r} is already registered on this worker "
-                    f"({_describe(existing)}); register {_describe(fn)} under another "
+                    f"({_describe(existing.fn)}); register {_describe(fn)} under another "
                     "name with @worker.workflow(name=...)",
                 )
-            self._registry[key] = fn
             self._versions[key] = registered
 
     @property
     def workflows(self) -> Mapping[str, Workflow]:
         """The registered workflows by name (a copy)."""
         with self._lock:
-            return dict(self._registry)
+            return {name: registered.fn for name, registered in self._versions.items()}
 
     @property
     def registrations(self) -> Mapping[str, Registration]:
@@ -749,9 +748,9 @@ class Worker:
             outcome = engine.advance(history)
         else:
             name = root.tags.get(TAG_FUNC, "")
-            workflow = self._registry.get(name)
+            workflow = self.workflows.get(name)
             if workflow is None:
-                known = ", ".join(sorted(self._registry)) or "none"
+                known = ", ".join(sorted(self.workflows)) or "none"
                 error = RegistrationError(
                     name,
                     f"workflow {name!r} is not registered on the workers of group "

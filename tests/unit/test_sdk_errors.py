@@ -240,6 +240,23 @@ def test_rpc_errors_pickle_round_trip(cls: type[errors.RpcError]) -> None:
     assert vars(copy) == vars(original)
 
 
+@pytest.mark.parametrize(
+    ("value", "reason"),
+    [
+        ({"reason": "off-topic", "by": "ed"}, "off-topic"),  # `troth approvals reject --reason`
+        ({"message": "no"}, {"message": "no"}),
+        ("too late", "too late"),
+        (None, None),
+    ],
+)
+def test_a_rejection_s_reason_is_the_reason_field_or_the_whole_value(
+    value: Any, reason: Any
+) -> None:
+    assert errors.Rejected is errors.PromiseRejectedError
+    assert errors.TimedOut is errors.PromiseTimedOutError
+    assert errors.Rejected("approval-1", value).reason == reason
+
+
 def test_configuration_error_pickles_and_reads_well() -> None:
     original = errors.ConfigurationError("timeout=-1 must be positive")
     copy = pickle.loads(pickle.dumps(original))
@@ -316,6 +333,24 @@ def test_gives_up_after_max_attempts(transport: Transport) -> None:
     with pytest.raises(errors.UnavailableError):
         transport.call(method, object(), timeout=60.0)  # type: ignore[arg-type]
     assert len(method.calls) == transport.retry.max_attempts
+
+
+def test_a_broken_stream_reconnects_for_the_reconnect_window(
+    transport: Transport, clock: FakeClock
+) -> None:
+    # What `Client.watch` and `Client.watch_promises` both go by.
+    policy = transport.retry
+    # Never in place (a wrong address...): as few attempts as any call.
+    first = policy.max_attempts - 1
+    assert transport.reconnect_delay(unavailable(), first, None, outage_start=None) is not None
+    assert transport.reconnect_delay(unavailable(), first + 1, None, outage_start=None) is None
+    # In place, then broken: attempts do not count; the time since it broke does.
+    broke = clock.now
+    many = policy.max_attempts * 10
+    clock.now = broke + policy.reconnect_window - 1
+    assert transport.reconnect_delay(unavailable(), many, None, outage_start=broke) is not None
+    clock.now = broke + policy.reconnect_window
+    assert transport.reconnect_delay(unavailable(), many, None, outage_start=broke) is None
 
 
 def test_non_idempotent_calls_are_not_retried(transport: Transport) -> None:
