@@ -13,6 +13,7 @@ from troth._promise import (
     SearchPage,
     SettleResult,
 )
+from troth._versions import WorkflowRegistration
 from troth.client import Client, Handle, PromiseEventStream
 from troth.codec import Codec, JsonCodec, Payload
 from troth.context import Context, PromiseHandle
@@ -85,4 +86,5 @@ __all__ = [
     "UnavailableError",
     "Worker",
     "WorkflowError",
+    "WorkflowRegistration",
 ]

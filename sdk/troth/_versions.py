@@ -30,7 +30,7 @@ MAX_VERSION_LENGTH = 128
 
 
 @dataclass(frozen=True, slots=True)
-class Registration:
+class WorkflowRegistration:
     """A workflow as a worker registered it.
 
     Attributes:
@@ -124,7 +124,7 @@ def check_version(name: str, version: str, what: str = "version") -> str:
 
 def registration(
     name: str, fn: Callable[..., Any], version: str | None, compatible: Iterable[str]
-) -> Registration:
+) -> WorkflowRegistration:
     """Check and build a registration; the version defaults to the code's digest."""
     if isinstance(compatible, str):
         raise RegistrationError(
@@ -135,7 +135,7 @@ def registration(
     older = tuple(
         dict.fromkeys(check_version(name, v, "compatible version") for v in compatible if v != own)
     )
-    return Registration(name, fn, own, older)
+    return WorkflowRegistration(name, fn, own, older)
 
 
-__all__ = ["Registration", "check_version", "code_version", "registration"]
+__all__ = ["WorkflowRegistration", "check_version", "code_version", "registration"]

@@ -89,7 +89,7 @@ from troth._commands import TAG_FUNC, CreatePromise, Now, Random, RunStep
 from troth._convert import payload_to_proto, promise_from_proto, timedelta_to_proto
 from troth._engine import CreateStep, Done, Engine, Failed, Suspend, Workflow, error_value
 from troth._transport import as_call
-from troth._versions import Registration, registration
+from troth._versions import WorkflowRegistration, registration
 from troth._worker_steps import Exhausted, Interrupted, Succeeded, run_with_retry
 from troth.errors import (
     AlreadySettledError,
@@ -226,7 +226,7 @@ class Worker:
         self._cache_size = cache_size
         self._grace = shutdown_grace.total_seconds()
         self._max_backoff = max_reconnect_backoff
-        self._versions: dict[str, Registration] = {}
+        self._versions: dict[str, WorkflowRegistration] = {}
         """The registered workflows by name, with their versions."""
         self._transport = client._transport
         stub = tasks_pb2_grpc.TasksStub(self._transport.channel)  # type: ignore[no-untyped-call,unused-ignore]
@@ -347,7 +347,7 @@ class Worker:
             return {name: registered.fn for name, registered in self._versions.items()}
 
     @property
-    def registrations(self) -> Mapping[str, Registration]:
+    def registrations(self) -> Mapping[str, WorkflowRegistration]:
         """The registered workflows by name, each with its version and the older
         versions it declared compatible (a copy).
 
@@ -1005,7 +1005,7 @@ class Worker:
             old.close()
 
 
-def _describe_version(registered: Registration) -> str:
+def _describe_version(registered: WorkflowRegistration) -> str:
     text = f"{registered.name} version {registered.version}"
     if registered.compatible:
         text += f" (compatible with {', '.join(registered.compatible)})"

@@ -187,3 +187,8 @@ def early_gateway(client: Client) -> None:
     made = client.create("ask-1", schema=Decision, title="Go?", message="m", requested_by="ops")
     shown: str = made.promise.title + made.promise.message + made.promise.requested_by
     print(shown, made.promise.schema, made.promise.workflow_version)
+
+
+def versions(w: Worker) -> list[str]:
+    registered: troth.WorkflowRegistration = w.registrations["reviewed"]
+    return [registered.version, *registered.compatible]
