@@ -144,7 +144,7 @@ def test_a_parked_workflow_resumes_only_on_its_version_while_new_starts_go_on(
     old.cancel()
     wait_logged(server, "worker.disconnected", old.worker)
 
-    new = Poller(tasks, group, "w-v2", [("publish", "v2")])
+    new = Poller(tasks, group, f"w-v2-{group}", [("publish", "v2")])
     pollers.append(new)
     promises.ResolvePromise(pb.ResolvePromiseRequest(id=step))
     start(promises, "new-wf-" + group, group, "publish")
@@ -163,7 +163,7 @@ def test_a_parked_workflow_resumes_only_on_its_version_while_new_starts_go_on(
     assert waiting.HasField("create_time")
 
     # A worker whose author declared v1 compatible resumes it.
-    compatible = Poller(tasks, group, "w-v3", [("publish", "v3"), ("publish", "v1")])
+    compatible = Poller(tasks, group, f"w-v3-{group}", [("publish", "v3"), ("publish", "v1")])
     pollers.append(compatible)
     resume = compatible.next()
     assert (resume.task.id, resume.task.workflow_version) == (waiting.id, "v1")
@@ -174,7 +174,7 @@ def test_new_starts_go_to_the_newest_version_connected(
     stubs: Stubs, group: str, pollers: list[Poller], server: ServerProcess
 ) -> None:
     promises, tasks = stubs
-    pollers.append(Poller(tasks, group, "w-v1", [("publish", "v1")]))
+    pollers.append(Poller(tasks, group, f"w-v1-{group}", [("publish", "v1")]))
     # The first delivery proves the old stream is connected before the new one.
     start(promises, f"first-{group}", group, "publish")
     assert pollers[0].next().task.workflow_version == "v1"
@@ -196,7 +196,7 @@ def test_a_workflow_no_worker_lists_goes_to_any_worker_unversioned(
     stubs: Stubs, group: str, pollers: list[Poller]
 ) -> None:
     promises, tasks = stubs
-    poller = Poller(tasks, group, "w-v1", [("publish", "v1")])
+    poller = Poller(tasks, group, f"w-v1-{group}", [("publish", "v1")])
     pollers.append(poller)
     start(promises, f"typo-{group}", group, "pubilsh")
     got = poller.next()
@@ -209,12 +209,12 @@ def test_a_stream_listing_nothing_takes_a_versioned_task(
     stubs: Stubs, group: str, pollers: list[Poller]
 ) -> None:
     promises, tasks = stubs
-    versioned = Poller(tasks, group, "w-v1", [("publish", "v1")])
+    versioned = Poller(tasks, group, f"w-v1-{group}", [("publish", "v1")])
     pollers.append(versioned)
     start(promises, f"wf-{group}", group, "publish")
-    step = suspend(stubs, versioned.next(), "w-v1")
+    step = suspend(stubs, versioned.next(), f"w-v1-{group}")
     versioned.cancel()
-    legacy = Poller(tasks, group, "w-legacy", [])
+    legacy = Poller(tasks, group, f"w-legacy-{group}", [])
     pollers.append(legacy)
     promises.ResolvePromise(pb.ResolvePromiseRequest(id=step))
     resume = legacy.next()
@@ -234,13 +234,15 @@ def test_search_tasks_lists_open_tasks_oldest_first_and_why_they_wait(
         f"waiting for a worker of group {group!r}: none is connected to this server"
     }
     assert all(t.workflow == "publish" and t.workflow_version == "" for t in found)
-    busy = Poller(tasks, group, "w-busy", [("publish", "v1")], capacity=1)
+    busy = Poller(tasks, group, f"w-busy-{group}", [("publish", "v1")], capacity=1)
     pollers.append(busy)
     held = busy.next()
     found = search(tasks, group)
     assert [t.root_promise_id for t in found] == roots
     claimed = [t for t in found if t.state == tasks_pb2.TASK_CLAIMED]
-    assert [(t.id, t.worker_id, t.waiting_for) for t in claimed] == [(held.task.id, "w-busy", "")]
+    assert [(t.id, t.worker_id, t.waiting_for) for t in claimed] == [
+        (held.task.id, f"w-busy-{group}", "")
+    ]
     assert {t.waiting_for for t in found if t.state == tasks_pb2.TASK_PENDING} == {
         f"waiting for a free worker of group {group!r} (1 connected here can run it; "
         "all are at capacity or not heartbeating)"
@@ -304,10 +306,10 @@ def test_an_sdk_worker_gives_back_a_task_of_a_version_it_does_not_run(
     nothing, as an old server would treat every stream) hands the worker a workflow
     started on other code; the worker releases it instead of replaying it."""
     promises, tasks = stubs
-    versioned = Poller(tasks, group, "w-v1", [("publish", "v1")])
+    versioned = Poller(tasks, group, f"w-v1-{group}", [("publish", "v1")])
     pollers.append(versioned)
     start(promises, f"wf-{group}", group, "publish")
-    step = suspend(stubs, versioned.next(), "w-v1")
+    step = suspend(stubs, versioned.next(), f"w-v1-{group}")
     versioned.cancel()
     stream = Poller(tasks, group, "sdk-worker", [])
     pollers.append(stream)
