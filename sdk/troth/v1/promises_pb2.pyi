@@ -35,7 +35,7 @@ SETTLED: PromiseEventType
 TIMED_OUT: PromiseEventType
 
 class CreatePromiseRequest(_message.Message):
-    __slots__ = ("id", "param", "tags", "expire_time", "ttl", "never_expires", "idempotency_key", "strict", "resolved_with", "rejected_with", "schema", "title", "message", "requested_by")
+    __slots__ = ("id", "param", "tags", "expire_time", "ttl", "never_expires", "idempotency_key", "strict", "resolved_with", "rejected_with", "schema", "title", "message", "requested_by", "fence")
     class TagsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -57,6 +57,7 @@ class CreatePromiseRequest(_message.Message):
     TITLE_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     REQUESTED_BY_FIELD_NUMBER: _ClassVar[int]
+    FENCE_FIELD_NUMBER: _ClassVar[int]
     id: str
     param: _types_pb2.Payload
     tags: _containers.ScalarMap[str, str]
@@ -71,7 +72,8 @@ class CreatePromiseRequest(_message.Message):
     title: str
     message: str
     requested_by: str
-    def __init__(self, id: _Optional[str] = ..., param: _Optional[_Union[_types_pb2.Payload, _Mapping]] = ..., tags: _Optional[_Mapping[str, str]] = ..., expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., never_expires: _Optional[bool] = ..., idempotency_key: _Optional[str] = ..., strict: _Optional[bool] = ..., resolved_with: _Optional[_Union[_types_pb2.Payload, _Mapping]] = ..., rejected_with: _Optional[_Union[_types_pb2.Payload, _Mapping]] = ..., schema: _Optional[str] = ..., title: _Optional[str] = ..., message: _Optional[str] = ..., requested_by: _Optional[str] = ...) -> None: ...
+    fence: _types_pb2.TaskFence
+    def __init__(self, id: _Optional[str] = ..., param: _Optional[_Union[_types_pb2.Payload, _Mapping]] = ..., tags: _Optional[_Mapping[str, str]] = ..., expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., never_expires: _Optional[bool] = ..., idempotency_key: _Optional[str] = ..., strict: _Optional[bool] = ..., resolved_with: _Optional[_Union[_types_pb2.Payload, _Mapping]] = ..., rejected_with: _Optional[_Union[_types_pb2.Payload, _Mapping]] = ..., schema: _Optional[str] = ..., title: _Optional[str] = ..., message: _Optional[str] = ..., requested_by: _Optional[str] = ..., fence: _Optional[_Union[_types_pb2.TaskFence, _Mapping]] = ...) -> None: ...
 
 class CreatePromiseResponse(_message.Message):
     __slots__ = ("promise", "created")
@@ -127,32 +129,36 @@ class SearchPromisesResponse(_message.Message):
     def __init__(self, promises: _Optional[_Iterable[_Union[_types_pb2.Promise, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class ResolvePromiseRequest(_message.Message):
-    __slots__ = ("id", "value", "idempotency_key", "strict", "create_if_missing")
+    __slots__ = ("id", "value", "idempotency_key", "strict", "create_if_missing", "fence")
     ID_FIELD_NUMBER: _ClassVar[int]
     VALUE_FIELD_NUMBER: _ClassVar[int]
     IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
     STRICT_FIELD_NUMBER: _ClassVar[int]
     CREATE_IF_MISSING_FIELD_NUMBER: _ClassVar[int]
+    FENCE_FIELD_NUMBER: _ClassVar[int]
     id: str
     value: _types_pb2.Payload
     idempotency_key: str
     strict: bool
     create_if_missing: bool
-    def __init__(self, id: _Optional[str] = ..., value: _Optional[_Union[_types_pb2.Payload, _Mapping]] = ..., idempotency_key: _Optional[str] = ..., strict: _Optional[bool] = ..., create_if_missing: _Optional[bool] = ...) -> None: ...
+    fence: _types_pb2.TaskFence
+    def __init__(self, id: _Optional[str] = ..., value: _Optional[_Union[_types_pb2.Payload, _Mapping]] = ..., idempotency_key: _Optional[str] = ..., strict: _Optional[bool] = ..., create_if_missing: _Optional[bool] = ..., fence: _Optional[_Union[_types_pb2.TaskFence, _Mapping]] = ...) -> None: ...
 
 class RejectPromiseRequest(_message.Message):
-    __slots__ = ("id", "value", "idempotency_key", "strict", "create_if_missing")
+    __slots__ = ("id", "value", "idempotency_key", "strict", "create_if_missing", "fence")
     ID_FIELD_NUMBER: _ClassVar[int]
     VALUE_FIELD_NUMBER: _ClassVar[int]
     IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
     STRICT_FIELD_NUMBER: _ClassVar[int]
     CREATE_IF_MISSING_FIELD_NUMBER: _ClassVar[int]
+    FENCE_FIELD_NUMBER: _ClassVar[int]
     id: str
     value: _types_pb2.Payload
     idempotency_key: str
     strict: bool
     create_if_missing: bool
-    def __init__(self, id: _Optional[str] = ..., value: _Optional[_Union[_types_pb2.Payload, _Mapping]] = ..., idempotency_key: _Optional[str] = ..., strict: _Optional[bool] = ..., create_if_missing: _Optional[bool] = ...) -> None: ...
+    fence: _types_pb2.TaskFence
+    def __init__(self, id: _Optional[str] = ..., value: _Optional[_Union[_types_pb2.Payload, _Mapping]] = ..., idempotency_key: _Optional[str] = ..., strict: _Optional[bool] = ..., create_if_missing: _Optional[bool] = ..., fence: _Optional[_Union[_types_pb2.TaskFence, _Mapping]] = ...) -> None: ...
 
 class CancelPromiseRequest(_message.Message):
     __slots__ = ("id", "value", "idempotency_key", "strict")

@@ -127,7 +127,7 @@ class HeartbeatRequest(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., lease: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
-    __slots__ = ("task_ids", "counters")
+    __slots__ = ("task_ids", "counters", "server_time")
     class CountersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -137,9 +137,11 @@ class HeartbeatResponse(_message.Message):
         def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     TASK_IDS_FIELD_NUMBER: _ClassVar[int]
     COUNTERS_FIELD_NUMBER: _ClassVar[int]
+    SERVER_TIME_FIELD_NUMBER: _ClassVar[int]
     task_ids: _containers.RepeatedScalarFieldContainer[str]
     counters: _containers.ScalarMap[str, int]
-    def __init__(self, task_ids: _Optional[_Iterable[str]] = ..., counters: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    server_time: _timestamp_pb2.Timestamp
+    def __init__(self, task_ids: _Optional[_Iterable[str]] = ..., counters: _Optional[_Mapping[str, int]] = ..., server_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class ReleaseTaskRequest(_message.Message):
     __slots__ = ("task_id", "counter", "worker_id")
