@@ -63,12 +63,11 @@ ECHO_TARGETS: dict[str, str] = {"echo-sync": "sync", "echo-aio": "aio"}
 # PostgreSQL schema served by 1 or 2 replicas; the load client spreads its
 # in-flight calls evenly over the replicas' addresses.
 TROTH_TARGETS: dict[str, tuple[str, list[str]]] = {
-    "troth": ("sqlite", ["--grpc-mode", "thread"]),
-    "troth-aio": ("sqlite", ["--grpc-mode", "aio"]),
-    "troth-pg": ("pg", ["--grpc-mode", "aio"]),
-    "troth-pg2": ("pg2", ["--grpc-mode", "aio"]),
+    "troth": ("sqlite", []),
+    "troth-pg": ("pg", []),
+    "troth-pg2": ("pg2", []),
 }
-DEFAULT_TARGETS = "echo-sync,echo-aio,troth,troth-aio,troth-pg,troth-pg2"
+DEFAULT_TARGETS = "echo-sync,echo-aio,troth,troth-pg,troth-pg2"
 
 CLIENT_OPTIONS: list[tuple[str, int | str]] = []
 CALL_TIMEOUT_S = 30.0

@@ -23,21 +23,19 @@ if TYPE_CHECKING:
     from troth.v1 import promises_pb2_grpc
 
 
-@pytest.fixture(scope="module", params=["aio", "thread", "aio-postgres"])
+@pytest.fixture(scope="module", params=["sqlite", "postgres"])
 def server(
     tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
 ) -> Iterator[ServerProcess]:
-    """One real server per test module, gRPC mode and back end: its own SQLite
-    file, or its own schema of the machine's PostgreSQL."""
-    mode, _, backend = request.param.partition("-")
+    """One real server per test module and back end: its own SQLite file, or its
+    own schema of the machine's PostgreSQL."""
+    backend = request.param
     with ExitStack() as stack:
         db_url = stack.enter_context(fresh_schema()) if backend == "postgres" else None
         proc = start_server(
             tmp_path_factory.mktemp("server"),
             "--sweep-interval",
             "200ms",
-            "--grpc-mode",
-            mode,
             db_url=db_url,
         )
         yield proc

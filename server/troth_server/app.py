@@ -1,8 +1,7 @@
 """Composition root: store -> committer -> service -> gRPC servicers, sweeper, health.
 
-Two gRPC server modes share one core: `thread` (grpc's thread-pool server) and
-`aio` (grpc.aio, one event loop). bench/README.md has the figures that chose
-the default.
+The gRPC server is grpc.aio (one event loop). A thread-pool server was offered
+too until it lost every benchmark that could tell them apart (bench/README.md).
 """
 
 from __future__ import annotations
@@ -10,8 +9,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import threading
-from concurrent import futures
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -23,8 +20,8 @@ from grpc_reflection.v1alpha import reflection
 
 from troth.v1 import promises_pb2, promises_pb2_grpc, tasks_pb2, tasks_pb2_grpc
 from troth_server import _logging
-from troth_server.api.promises import AioPromisesServicer, PromisesServicer
-from troth_server.api.tasks import AioTasksServicer, TasksServicer
+from troth_server.api.promises import PromisesServicer
+from troth_server.api.tasks import TasksServicer
 from troth_server.config import Settings, settings_from
 from troth_server.dispatch import Dispatcher
 from troth_server.group_commit import GroupCommitter, wall_clock_ms
@@ -36,7 +33,6 @@ from troth_server.watch import WatchHub
 
 if TYPE_CHECKING:
     from collections.abc import Callable
-    from types import FrameType
 
 log = structlog.get_logger("troth.server")
 
@@ -146,7 +142,7 @@ def _listen_error(settings: Settings, cause: BaseException | None) -> StoreError
     )
 
 
-def _bind(server: grpc.Server | grpc.aio.Server, settings: Settings) -> int:
+def _bind(server: grpc.aio.Server, settings: Settings) -> int:
     try:
         port = server.add_insecure_port(settings.listen)
     except RuntimeError as exc:
@@ -156,56 +152,6 @@ def _bind(server: grpc.Server | grpc.aio.Server, settings: Settings) -> int:
     return port
 
 
-class Server:
-    """The thread-pool server: `start()` binds and serves, `stop()` shuts down in order."""
-
-    def __init__(self, settings: Settings, clock: Callable[[], int] = wall_clock_ms) -> None:
-        self.core = Core(settings, clock)
-        self.settings = settings
-        self.health = health.HealthServicer(
-            experimental_non_blocking=True,
-            experimental_thread_pool=futures.ThreadPoolExecutor(max_workers=1),
-        )
-        self.grpc = grpc.server(
-            futures.ThreadPoolExecutor(
-                max_workers=settings.grpc_workers, thread_name_prefix="troth-rpc"
-            ),
-            options=grpc_options(settings),
-        )
-        promises_pb2_grpc.add_PromisesServicer_to_server(
-            PromisesServicer(self.core.service, settings.limits), self.grpc
-        )
-        tasks_pb2_grpc.add_TasksServicer_to_server(
-            TasksServicer(self.core.tasks, self.core.dispatcher, settings.limits), self.grpc
-        )
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc)
-        reflection.enable_server_reflection(SERVED, self.grpc)
-        self.port = 0
-
-    def start(self) -> int:
-        try:
-            self.port = _bind(self.grpc, self.settings)
-        except StoreError:
-            self.core.store.close()
-            raise
-        self.core.start()
-        self.grpc.start()
-        for name in ("", PROMISES_SERVICE, TASKS_SERVICE):
-            self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
-        _log_started(self.settings, self.port)
-        return self.port
-
-    def stop(self) -> None:
-        log.info("server.stopping")
-        self.health.enter_graceful_shutdown()
-        self.core.service.stop_watches()
-        self.core.dispatcher.end_streams()
-        self.grpc.stop(self.settings.shutdown_grace_ms / 1000).wait()
-        self.core.stop()
-        log.info("server.stopped")
-        _logging.flush()
-
-
 def _log_started(settings: Settings, port: int) -> None:
     from sqlalchemy.engine import make_url
 
@@ -213,7 +159,6 @@ def _log_started(settings: Settings, port: int) -> None:
         "server.started",
         listen=settings.listen,
         port=port,
-        grpc_mode=settings.grpc_mode,
         db=make_url(settings.db).render_as_string(hide_password=True),
     )
 
@@ -230,10 +175,7 @@ def serve(argv: list[str]) -> int:
     settings = settings_from(argv)
     _logging.configure(settings.log_level, settings.log_format)
     try:
-        if settings.grpc_mode == "aio":
-            code = asyncio.run(_serve_aio(settings))
-        else:
-            code = _serve_threads(settings)
+        code = asyncio.run(_serve_aio(settings))
         # Stopped cleanly: a repeated SIGTERM or Ctrl-C must not turn the exit into
         # a death by signal while the interpreter winds down.
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -245,33 +187,15 @@ def serve(argv: list[str]) -> int:
         return 1
 
 
-def _serve_threads(settings: Settings) -> int:
-    server = Server(settings)
-    port = server.start()
-    stop = threading.Event()
-
-    def _on_stop(signum: int, _frame: FrameType | None) -> None:
-        log.info("server.signal", signal=signal.Signals(signum).name)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, _on_stop)
-    signal.signal(signal.SIGINT, _on_stop)
-    signal.signal(signal.SIGUSR1, lambda _s, _f: server.core.log_stats())
-    _write_port_file(settings, port)
-    stop.wait()
-    server.stop()
-    return 0
-
-
 async def _serve_aio(settings: Settings) -> int:
     core = Core(settings)
     server = grpc.aio.server(options=grpc_options(settings))
     health_servicer = health.aio.HealthServicer()
     promises_pb2_grpc.add_PromisesServicer_to_server(
-        AioPromisesServicer(core.service, settings.limits), server
+        PromisesServicer(core.service, settings.limits), server
     )
     tasks_pb2_grpc.add_TasksServicer_to_server(
-        AioTasksServicer(core.tasks, core.dispatcher, settings.limits), server
+        TasksServicer(core.tasks, core.dispatcher, settings.limits), server
     )
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(SERVED, server)

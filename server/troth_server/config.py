@@ -53,8 +53,6 @@ class Settings:
     db: str = "sqlite:///troth.db"
     migrate: bool = False
     sqlite_synchronous: str = "FULL"
-    grpc_mode: str = "aio"
-    grpc_workers: int = 128
     sweep_interval_ms: int = 1000
     sweep_batch: int = 1000
     commit_max_batch: int = 512
@@ -78,12 +76,6 @@ _OPTIONS: dict[str, tuple[str, type | None, str]] = {
         "sqlite_synchronous",
         str,
         "SQLite synchronous: FULL (durable) or NORMAL, EXTRA, OFF",
-    ),
-    "grpc-mode": ("grpc_mode", str, "gRPC server: thread (thread pool) or aio (one event loop)"),
-    "grpc-workers": (
-        "grpc_workers",
-        int,
-        "gRPC handler threads (open watch streams each hold one)",
     ),
     "sweep-interval": ("sweep_interval_ms", None, "how often overdue promises are expired"),
     "sweep-batch": ("sweep_batch", int, "promises expired per transaction"),
@@ -113,11 +105,27 @@ _OPTIONS: dict[str, tuple[str, type | None, str]] = {
 }
 _LIMIT_FIELDS = {f.name for f in fields(Limits)}
 
+# Removed flags (and their TROTH_* variables): still parsed, hidden from --help, so
+# that an old command line fails saying why instead of "unrecognized arguments".
+# flag -> (the one value still accepted, as a no-op, or None; why it went).
+_REMOVED: dict[str, tuple[str | None, str]] = {
+    "grpc-mode": (
+        "aio",
+        "thread mode was removed; the server always runs grpc.aio "
+        "(bench/README.md has the figures). Drop the setting",
+    ),
+    "grpc-workers": (
+        None,
+        "it sized the thread-mode handler pool, and thread mode was removed. Drop the setting",
+    ),
+}
+
 
 def settings_from(argv: Sequence[str], environ: Mapping[str, str] = os.environ) -> Settings:
     """Flags win over `TROTH_*` variables, which win over defaults."""
     parser = build_parser()
     args = parser.parse_args(list(argv))
+    _refuse_removed(args, environ, parser)
     values: dict[str, object] = {}
     for flag, (name, kind, _help) in _OPTIONS.items():
         raw = getattr(args, flag.replace("-", "_"))
@@ -143,6 +151,20 @@ def settings_from(argv: Sequence[str], environ: Mapping[str, str] = os.environ) 
     return settings
 
 
+def _refuse_removed(
+    args: argparse.Namespace, environ: Mapping[str, str], parser: argparse.ArgumentParser
+) -> None:
+    for flag, (no_op, why) in _REMOVED.items():
+        raw = getattr(args, flag.replace("-", "_"))
+        source = "--" + flag
+        if raw is None:
+            source = "TROTH_" + flag.upper().replace("-", "_")
+            raw = environ.get(source)
+        if raw is None or (no_op is not None and raw.strip().lower() == no_op):
+            continue
+        parser.error(f"{source} {raw}: {why}")
+
+
 def _parse_bool(text: str) -> bool:
     lowered = text.strip().lower()
     if lowered in ("1", "true", "yes", "on"):
@@ -153,15 +175,13 @@ def _parse_bool(text: str) -> bool:
 
 
 def _check(settings: Settings, parser: argparse.ArgumentParser) -> None:
-    positive = ["grpc_workers", "sweep_interval_ms", "sweep_batch", "commit_max_batch"]
+    positive = ["sweep_interval_ms", "sweep_batch", "commit_max_batch"]
     for name in positive:
         if getattr(settings, name) <= 0:
             parser.error(f"{name.replace('_', '-')} must be positive")
     for f in fields(Limits):
         if getattr(settings.limits, f.name) <= 0:
             parser.error(f"{f.name.replace('_', '-')} must be positive")
-    if settings.grpc_mode not in ("thread", "aio"):
-        parser.error(f"grpc-mode must be thread or aio, not {settings.grpc_mode!r}")
     if settings.limits.default_page_size > settings.limits.max_page_size:
         parser.error("default-page-size cannot exceed max-page-size")
     if settings.limits.default_ttl_ms > settings.limits.max_ttl_ms:
@@ -185,4 +205,6 @@ def build_parser() -> argparse.ArgumentParser:
             continue
         shown = f"{default}ms" if kind is None else default
         parser.add_argument(f"--{flag}", default=None, help=f"{help_text} (default: {shown})")
+    for flag in _REMOVED:
+        parser.add_argument(f"--{flag}", default=None, help=argparse.SUPPRESS)
     return parser

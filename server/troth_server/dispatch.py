@@ -17,7 +17,6 @@ up the tasks behind it.
 from __future__ import annotations
 
 import asyncio
-import queue
 import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -56,7 +55,8 @@ class PollStream:
     worker_id: str
     capacity: int
     lease_ms: int
-    loop: asyncio.AbstractEventLoop | None = None
+    loop: asyncio.AbstractEventLoop
+    """The event loop of the gRPC server, where the stream's coroutine waits."""
     registration: Registration = field(default_factory=Registration)
     """The workflow versions its worker runs (none listed: any task)."""
     held: set[str] = field(default_factory=set)
@@ -66,10 +66,7 @@ class PollStream:
     connection looks open. It gets nothing more until it heartbeats again."""
 
     def __post_init__(self) -> None:
-        self._sync: queue.SimpleQueue[Delivery | None] = queue.SimpleQueue()
-        self._async: asyncio.Queue[Delivery | None] | None = (
-            asyncio.Queue() if self.loop is not None else None
-        )
+        self._async: asyncio.Queue[Delivery | None] = asyncio.Queue()
 
     @property
     def room(self) -> int:
@@ -77,23 +74,12 @@ class PollStream:
 
     def deliver(self, delivery: Delivery | None) -> None:
         """From any thread; None ends the stream."""
-        if self._async is not None and self.loop is not None:
-            try:
-                self.loop.call_soon_threadsafe(self._async.put_nowait, delivery)
-            except RuntimeError:  # the loop is closed: the stream is gone
-                pass
-        else:
-            self._sync.put(delivery)
-
-    def next(self, timeout: float | None) -> Delivery | None:
-        """Thread mode: the next delivery; None at the end (or on timeout)."""
         try:
-            return self._sync.get(timeout=timeout)
-        except queue.Empty:
-            return None
+            self.loop.call_soon_threadsafe(self._async.put_nowait, delivery)
+        except RuntimeError:  # the loop is closed: the stream is gone
+            pass
 
     async def next_async(self) -> Delivery | None:
-        assert self._async is not None
         return await self._async.get()
 
 

@@ -1,6 +1,6 @@
 """The approval fields of CreatePromise (schema, title, message, requested_by) and
-settling before the wait exists, against a real server (every gRPC mode and back
-end): what is stored, and bad input refused naming the field."""
+settling before the wait exists, against a real server (every back end): what is
+stored, and bad input refused naming the field."""
 
 from __future__ import annotations
 

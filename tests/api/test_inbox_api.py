@@ -1,4 +1,4 @@
-"""The inbox against a real server (every gRPC mode and back end): search orders and
+"""The inbox against a real server (every back end): search orders and
 cut-offs with their pages, `WatchPromises` events, and the SDK's calls for both."""
 
 from __future__ import annotations
@@ -347,14 +347,10 @@ def test_sdk_watch_closed_from_another_thread(server: ServerProcess) -> None:
 # --- a client that reads too slowly -----------------------------------------------------
 
 
-@pytest.fixture(scope="module", params=["aio", "thread"])
-def small_backlog_server(
-    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
-) -> Iterator[ServerProcess]:
+@pytest.fixture(scope="module")
+def small_backlog_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     proc = start_server(
         Path(tmp_path_factory.mktemp("backlog")),
-        "--grpc-mode",
-        request.param,
         "--max-watch-backlog",
         "5",
     )

@@ -94,6 +94,7 @@ def test_environment_variables_and_flags(tmp_path: Path) -> None:
         (["--sqlite-synchronous", "SOMETIMES"], "sqlite synchronous must be one of"),
         (["--db", "sqlite:///:memory:"], "in-memory SQLite database would lose"),
         (["--db", "mysql://x/y"], "unsupported database URL"),
+        (["--grpc-mode", "thread"], "thread mode was removed"),
     ],
 )
 def test_bad_configuration_is_refused_with_a_clear_message(

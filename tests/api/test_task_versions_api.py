@@ -1,6 +1,6 @@
-"""Workflow versions over troth.v1.Tasks against a real server (each gRPC mode and back
-end): Poll streams listing their versions get only the tasks they may run, new starts
-go to the newest version, and SearchTasks says what a waiting task waits for."""
+"""Workflow versions over troth.v1.Tasks against a real server (each back end): Poll
+streams listing their versions get only the tasks they may run, new starts go to the
+newest version, and SearchTasks says what a waiting task waits for."""
 
 from __future__ import annotations
 

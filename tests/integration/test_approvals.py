@@ -2,7 +2,7 @@
 rejection and timeout as answers, settling before the wait exists, and cancellation
 with compensation (issue 5, points 1, 2, 4 and 9).
 
-The `server` fixture runs each test on aio-SQLite, thread-SQLite and aio-PostgreSQL.
+The `server` fixture runs each test on SQLite and on PostgreSQL.
 """
 
 from __future__ import annotations

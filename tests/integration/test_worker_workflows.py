@@ -1,6 +1,6 @@
 """Workflows run by a real Worker (threads in this process) against a real server subprocess.
 
-The `server` fixture (tests/conftest.py) runs each test against both gRPC modes.
+The `server` fixture (tests/conftest.py) runs each test on SQLite and on PostgreSQL.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """PromiseService + GroupCommitter + WatchHub + Sweeper, in process, on a real SQLite file.
 
-Wired as `troth_server.app.Server.__init__` wires them, with a `FakeClock`
+Wired as `troth_server.app.Core.__init__` wires them, with a `FakeClock`
 instead of the wall clock. Nothing here sleeps: ordering comes from events, a
 gate operation that holds the writer thread, and polling with a deadline.
 """

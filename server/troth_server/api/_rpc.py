@@ -14,7 +14,7 @@ from troth_server.domain.errors import DomainError
 from troth_server.store import StoreError
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+    from collections.abc import AsyncIterator, Awaitable, Callable
 
     import grpc
     import grpc.aio
@@ -52,62 +52,6 @@ def _finish(
         **fields,
     )
     return status
-
-
-def unary(
-    method: str,
-) -> Callable[
-    [Callable[[S, Req, grpc.ServicerContext], Resp]],
-    Callable[[S, Req, grpc.ServicerContext], Resp],
-]:
-    def decorate(
-        fn: Callable[[S, Req, grpc.ServicerContext], Resp],
-    ) -> Callable[[S, Req, grpc.ServicerContext], Resp]:
-        @functools.wraps(fn)
-        def handler(self: S, request: Req, context: grpc.ServicerContext) -> Resp:
-            started = time.perf_counter()
-            try:
-                response = fn(self, request, context)
-            except Exception as exc:
-                status = _finish(method, request, started, exc)
-                assert status is not None
-                context.abort_with_status(status)
-                raise  # abort_with_status always raises; this keeps mypy honest
-            _finish(method, request, started, None)
-            return response
-
-        return handler
-
-    return decorate
-
-
-def server_stream(
-    method: str,
-) -> Callable[
-    [Callable[[S, Req, grpc.ServicerContext], Iterator[Resp]]],
-    Callable[[S, Req, grpc.ServicerContext], Iterator[Resp]],
-]:
-    def decorate(
-        fn: Callable[[S, Req, grpc.ServicerContext], Iterator[Resp]],
-    ) -> Callable[[S, Req, grpc.ServicerContext], Iterator[Resp]]:
-        @functools.wraps(fn)
-        def handler(self: S, request: Req, context: grpc.ServicerContext) -> Iterator[Resp]:
-            started = time.perf_counter()
-            sent = 0
-            try:
-                for response in fn(self, request, context):
-                    sent += 1
-                    yield response
-            except Exception as exc:
-                status = _finish(method, request, started, exc, messages=sent)
-                assert status is not None
-                context.abort_with_status(status)
-                raise
-            _finish(method, request, started, None, messages=sent)
-
-        return handler
-
-    return decorate
 
 
 def aio_unary(

@@ -1,7 +1,6 @@
-"""The `troth.v1.Promises` servicers: one for the thread-pool server, one for grpc.aio.
+"""The `troth.v1.Promises` servicer (grpc.aio).
 
-Both are thin: the module-level functions validate and convert, the service
-does the work. They differ only in how they wait for a commit or a settle.
+It is thin: the handlers validate and convert, the service does the work.
 """
 
 from __future__ import annotations
@@ -13,14 +12,13 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 from troth.client import WATCH_READY_METADATA
 from troth.v1 import promises_pb2, promises_pb2_grpc
 from troth_server.api import _convert as convert
-from troth_server.api._rpc import aio_server_stream, aio_unary, server_stream, unary
+from troth_server.api._rpc import aio_server_stream, aio_unary
 from troth_server.domain.errors import InvalidArgument
 from troth_server.domain.promise import CreateRequest, Promise, PromiseState, SettleRequest
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Iterator
+    from collections.abc import AsyncIterator
 
-    import grpc
     import grpc.aio
 
     AioContext: TypeAlias = grpc.aio.ServicerContext[Any, Any]
@@ -29,7 +27,6 @@ if TYPE_CHECKING:
     from troth_server.service import PromiseService
     from troth_server.watch import EventFilter
 
-    AnyContext: TypeAlias = grpc.ServicerContext | AioContext
 
 _SettleMessage = (
     promises_pb2.ResolvePromiseRequest
@@ -39,14 +36,14 @@ _SettleMessage = (
 
 
 class _Handlers:
-    """What both servicers share: request validation and response building."""
+    """Request validation and response building."""
 
     def __init__(self, service: PromiseService, limits: Limits) -> None:
         self._service = service
         self._limits = limits
 
     def _create_request(
-        self, request: promises_pb2.CreatePromiseRequest, context: AnyContext
+        self, request: promises_pb2.CreatePromiseRequest, context: AioContext
     ) -> tuple[CreateRequest, str | None, SettleRequest | None]:
         create = convert.create_request(request, self._limits)
         too_far = self._service.now() + self._limits.max_ttl_ms
@@ -60,7 +57,7 @@ class _Handlers:
         return create, principal, convert.settled_with(request, create, self._limits, principal)
 
     def _settle_request(
-        self, request: _SettleMessage, state: PromiseState, metadata: AnyContext
+        self, request: _SettleMessage, state: PromiseState, metadata: AioContext
     ) -> SettleRequest:
         principal = convert.principal(_metadata(metadata), self._limits)
         return convert.settle_request(request, state, self._limits, principal)
@@ -105,7 +102,7 @@ def _watched(promise: Promise) -> promises_pb2.WatchPromiseResponse:
     return promises_pb2.WatchPromiseResponse(promise=convert.to_pb(promise))
 
 
-def _metadata(context: AnyContext) -> dict[str, str]:
+def _metadata(context: AioContext) -> dict[str, str]:
     # Only the principal is read; skip copying the rest (user agent and such).
     for key, value in context.invocation_metadata() or ():
         if key == "troth-principal" and isinstance(value, str):
@@ -114,72 +111,6 @@ def _metadata(context: AnyContext) -> dict[str, str]:
 
 
 class PromisesServicer(_Handlers, promises_pb2_grpc.PromisesServicer):
-    """For the thread-pool server: each call holds a thread while it waits."""
-
-    @unary("CreatePromise")
-    def CreatePromise(
-        self, request: promises_pb2.CreatePromiseRequest, context: grpc.ServicerContext
-    ) -> promises_pb2.CreatePromiseResponse:
-        return _created(self._service.create(*self._create_request(request, context)))
-
-    @unary("GetPromise")
-    def GetPromise(
-        self, request: promises_pb2.GetPromiseRequest, context: grpc.ServicerContext
-    ) -> promises_pb2.GetPromiseResponse:
-        return self._get(request)
-
-    @unary("SearchPromises")
-    def SearchPromises(
-        self, request: promises_pb2.SearchPromisesRequest, context: grpc.ServicerContext
-    ) -> promises_pb2.SearchPromisesResponse:
-        return self._search(request)
-
-    @unary("ResolvePromise")
-    def ResolvePromise(
-        self, request: promises_pb2.ResolvePromiseRequest, context: grpc.ServicerContext
-    ) -> promises_pb2.SettlePromiseResponse:
-        settle = self._settle_request(request, PromiseState.RESOLVED, context)
-        return _settled(self._service.settle(settle))
-
-    @unary("RejectPromise")
-    def RejectPromise(
-        self, request: promises_pb2.RejectPromiseRequest, context: grpc.ServicerContext
-    ) -> promises_pb2.SettlePromiseResponse:
-        settle = self._settle_request(request, PromiseState.REJECTED, context)
-        return _settled(self._service.settle(settle))
-
-    @unary("CancelPromise")
-    def CancelPromise(
-        self, request: promises_pb2.CancelPromiseRequest, context: grpc.ServicerContext
-    ) -> promises_pb2.SettlePromiseResponse:
-        settle = self._settle_request(request, PromiseState.REJECTED_CANCELED, context)
-        return _settled(self._service.settle(settle))
-
-    @server_stream("WatchPromise")
-    def WatchPromise(
-        self, request: promises_pb2.WatchPromiseRequest, context: grpc.ServicerContext
-    ) -> Iterator[promises_pb2.WatchPromiseResponse]:
-        watch = self._service.watch(self._watch_id(request))
-        context.add_callback(watch.cancel)
-        for promise in watch:
-            yield _watched(promise)
-
-    @server_stream("WatchPromises")
-    def WatchPromises(
-        self, request: promises_pb2.WatchPromisesRequest, context: grpc.ServicerContext
-    ) -> Iterator[promises_pb2.WatchPromisesResponse]:
-        watch = self._service.watch_events(
-            self._event_filter(request), self._limits.max_watch_backlog
-        )
-        context.add_callback(watch.cancel)
-        # Headers now, not with the first event: they tell the client that the
-        # watch is in place, so anything committed from then on reaches it.
-        context.send_initial_metadata((WATCH_READY_METADATA,))
-        for event in watch:
-            yield convert.event_to_pb(event)
-
-
-class AioPromisesServicer(_Handlers, promises_pb2_grpc.PromisesServicer):
     """For the grpc.aio server: one event loop; commits answer a whole batch at once."""
 
     @aio_unary("CreatePromise")

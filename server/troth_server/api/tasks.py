@@ -1,4 +1,4 @@
-"""The `troth.v1.Tasks` servicers (thread pool and grpc.aio), for workers."""
+"""The `troth.v1.Tasks` servicer (grpc.aio), for workers."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 
 from troth.v1 import tasks_pb2, tasks_pb2_grpc
 from troth_server.api import _convert as convert
-from troth_server.api._rpc import aio_server_stream, aio_unary, server_stream, unary
+from troth_server.api._rpc import aio_server_stream, aio_unary
 from troth_server.dispatch import Delivery, PollStream
 from troth_server.domain.errors import InvalidArgument
 from troth_server.domain.promise import PromiseState, SettleRequest
@@ -15,9 +15,8 @@ from troth_server.domain.routing import registration
 from troth_server.domain.task import TaskState
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Iterator
+    from collections.abc import AsyncIterator
 
-    import grpc
     import grpc.aio
 
     from troth_server.config import Limits
@@ -35,7 +34,7 @@ class _Handlers:
         self._limits = limits
 
     def _stream(
-        self, request: tasks_pb2.PollRequest, loop: asyncio.AbstractEventLoop | None
+        self, request: tasks_pb2.PollRequest, loop: asyncio.AbstractEventLoop
     ) -> PollStream:
         return PollStream(
             group=convert.name(request.group, self._limits, "group"),
@@ -124,82 +123,6 @@ def _not_suspended(task: Any, settled: list[Any]) -> tasks_pb2.CompleteTaskRespo
 
 
 class TasksServicer(_Handlers, tasks_pb2_grpc.TasksServicer):
-    """For the thread-pool server: each Poll stream holds a thread."""
-
-    @server_stream("Poll")
-    def Poll(
-        self, request: tasks_pb2.PollRequest, context: grpc.ServicerContext
-    ) -> Iterator[tasks_pb2.PollResponse]:
-        stream = self._stream(request, None)
-        self._dispatcher.connect(stream)
-        context.add_callback(lambda: stream.deliver(None))
-        try:
-            while context.is_active():
-                delivery = stream.next(timeout=1.0)
-                if delivery is None:
-                    if stream.closed or not context.is_active():
-                        return
-                    continue
-                yield _poll_response(delivery)
-        finally:
-            self._dispatcher.disconnect_later(stream)
-
-    @unary("CompleteTask")
-    def CompleteTask(
-        self, request: tasks_pb2.CompleteTaskRequest, context: grpc.ServicerContext
-    ) -> tasks_pb2.CompleteTaskResponse:
-        task_id, counter, worker, outcome = self._complete_args(request)
-        suspend_on = self._suspend_on(request)
-        self._dispatcher.alive(worker)
-        if suspend_on:
-            task, settled = self._tasks.suspend(task_id, counter, worker, suspend_on)
-            if settled:
-                return _not_suspended(task, settled)
-            result: tuple[Any, Any] = (task, None)
-        else:
-            result = self._tasks.complete(task_id, counter, worker, outcome)
-        self._dispatcher.done(worker, task_id)
-        return _completed(result)
-
-    @unary("Heartbeat")
-    def Heartbeat(
-        self, request: tasks_pb2.HeartbeatRequest, context: grpc.ServicerContext
-    ) -> tasks_pb2.HeartbeatResponse:
-        worker, lease = self._heartbeat_args(request)
-        held = self._tasks.heartbeat(worker, lease)
-        self._dispatcher.alive(worker)
-        return _heartbeat_response(held)
-
-    @unary("ReleaseTask")
-    def ReleaseTask(
-        self, request: tasks_pb2.ReleaseTaskRequest, context: grpc.ServicerContext
-    ) -> tasks_pb2.ReleaseTaskResponse:
-        task_id, counter, worker = self._held_args(request)
-        self._dispatcher.alive(worker)
-        task = self._tasks.release(task_id, counter, worker)
-        self._dispatcher.done(worker, task_id)
-        self._dispatcher.wake([task.group])
-        return tasks_pb2.ReleaseTaskResponse(task=convert.task_to_pb(task))
-
-    @unary("RegisterCallbacks")
-    def RegisterCallbacks(
-        self, request: tasks_pb2.RegisterCallbacksRequest, context: grpc.ServicerContext
-    ) -> tasks_pb2.RegisterCallbacksResponse:
-        task_id, counter, worker = self._held_args(request)
-        self._dispatcher.alive(worker)
-        settled = self._tasks.register_callbacks(
-            task_id, counter, worker, self._promise_ids(request)
-        )
-        return tasks_pb2.RegisterCallbacksResponse(settled=[convert.to_pb(p) for p in settled])
-
-    @unary("SearchTasks")
-    def SearchTasks(
-        self, request: tasks_pb2.SearchTasksRequest, context: grpc.ServicerContext
-    ) -> tasks_pb2.SearchTasksResponse:
-        return self._search(request)
-
-
-class AioTasksServicer(_Handlers, tasks_pb2_grpc.TasksServicer):
     """For the grpc.aio server: a Poll stream is a coroutine waiting on its mailbox."""
 
     @aio_server_stream("Poll")

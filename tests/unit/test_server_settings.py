@@ -1,0 +1,45 @@
+"""`troth serve` settings: the flags and TROTH_* variables that thread mode took with it."""
+
+from __future__ import annotations
+
+import pytest
+
+from troth_server.config import Settings, build_parser, settings_from
+
+
+@pytest.mark.parametrize(
+    ("argv", "environ", "named"),
+    [
+        (["--grpc-mode", "thread"], {}, "--grpc-mode thread"),
+        ([], {"TROTH_GRPC_MODE": "thread"}, "TROTH_GRPC_MODE thread"),
+        (["--grpc-mode", "threads"], {}, "--grpc-mode threads"),
+        (["--grpc-workers", "8"], {}, "--grpc-workers 8"),
+        ([], {"TROTH_GRPC_WORKERS": "8"}, "TROTH_GRPC_WORKERS 8"),
+    ],
+)
+def test_thread_mode_settings_are_refused_saying_it_was_removed(
+    argv: list[str], environ: dict[str, str], named: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as caught:
+        settings_from(argv, environ)
+    assert caught.value.code == 2
+    err = capsys.readouterr().err
+    assert named in err
+    assert "thread mode was removed" in err
+    assert "Drop the setting" in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "environ"),
+    [(["--grpc-mode", "aio"], {}), ([], {"TROTH_GRPC_MODE": "aio"}), (["--grpc-mode", "AIO"], {})],
+)
+def test_grpc_mode_aio_is_still_accepted_and_changes_nothing(
+    argv: list[str], environ: dict[str, str]
+) -> None:
+    assert settings_from(argv, environ) == Settings()
+
+
+def test_the_removed_flags_are_not_in_the_help() -> None:
+    text = build_parser().format_help()
+    assert "--grpc-mode" not in text
+    assert "--grpc-workers" not in text
