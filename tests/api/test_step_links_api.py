@@ -101,16 +101,23 @@ class Held:
 # -- item 5: by record, not by prefix ------------------------------------------------
 
 
-def test_a_promise_that_merely_shares_the_prefix_keeps_its_ttl_and_outlives_the_cancel(
+def test_a_promise_that_merely_shares_the_prefix_keeps_its_own_ttl(client: Client) -> None:
+    wid = _wid("acme")
+    client.start("never-run", id=wid, group=_wid("nobody"), ttl=HOUR)
+    invoice = client.create(f"{wid}.invoice-42", ttl=timedelta(days=7)).promise
+    assert _expires_in(client, invoice.id) > timedelta(days=6)  # not cut to the root's hour
+    child = client.start("other", id=f"{wid}.child", group=_wid("nobody"), ttl=timedelta(days=2))
+    assert _expires_in(client, child.id) > timedelta(days=1)
+    assert (invoice.root_id, invoice.parent_id) == ("", "")  # nobody's step
+
+
+def test_a_promise_that_merely_shares_the_prefix_outlives_the_workflows_cancel(
     client: Client,
 ) -> None:
     wid = _wid("acme")
     client.start("never-run", id=wid, group=_wid("nobody"), ttl=HOUR)
     invoice = client.create(f"{wid}.invoice-42", ttl=timedelta(days=7)).promise
-    assert invoice.root_id == "" and invoice.parent_id == ""
-    assert _expires_in(client, invoice.id) > timedelta(days=6)  # not cut to the root's hour
     child = client.start("other", id=f"{wid}.child", group=_wid("nobody"), ttl=HOUR)
-
     client.cancel(wid)
     assert client.get(invoice.id).state == "PENDING"
     assert client.get(child.id).state == "PENDING"  # a workflow of its own
