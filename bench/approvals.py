@@ -635,7 +635,8 @@ def inbox_data(run_id: str, settings: Settings) -> tuple[NextRequest, int]:
     decisions), three pending approvals of other groups, and enough settled
     workflow steps to make up the total. Approvals carry the schema; pending
     ones expire between 1 h and 3 days from now, so EXPIRE_TIME_ASC has an order
-    to find.
+    to find. (The "steps" are settled filler rows with a step's function tag: a
+    `run` step's own tags are reserved to the worker holding its workflow.)
     """
     pending = settings.inbox_pending
     kinds = [0] * pending + [1] * (2 * pending) + [2] * (3 * pending)
@@ -660,7 +661,9 @@ def inbox_data(run_id: str, settings: Settings) -> tuple[NextRequest, int]:
                 yield promises_pb2.CreatePromiseRequest(
                     id=promise_id,
                     param=types_pb2.Payload(headers=JSON_HEADERS, data=b'{"n": %d}' % n),
-                    tags={TAG_KIND: Kind.RUN.value, TAG_FUNC: "fetch_draft"},
+                    # Filler, shaped like a settled `run` step but not tagged as
+                    # one: only a workflow's worker may write those (issue 9).
+                    tags={TAG_FUNC: "fetch_draft", "bench": "filler"},
                     ttl=TTL,
                     resolved_with=types_pb2.Payload(headers=JSON_HEADERS, data=b'{"ok": true}'),
                 )

@@ -109,6 +109,8 @@ def promise_from_proto(message: types_pb2.Promise) -> Promise:
         message=message.message,
         requested_by=message.requested_by,
         workflow_version=message.workflow_version,
+        root_id=message.root_id,
+        parent_id=message.parent_id,
     )
 
 

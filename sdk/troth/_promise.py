@@ -52,6 +52,9 @@ class Promise:
         message: For the human who settles it, or "".
         requested_by: Who asked for it: a workflow, or the creator's principal; or "".
         workflow_version: A workflow root's code version, once a worker took it; or "".
+        root_id: A workflow's step: the top-level workflow root it belongs to, as the
+            server recorded it; "" for roots and standalone promises.
+        parent_id: A workflow's step: the workflow whose task created it; or "".
 
     .. versionadded:: 0.1.0
     """
@@ -72,6 +75,8 @@ class Promise:
     message: str = ""
     requested_by: str = ""
     workflow_version: str = ""
+    root_id: str = ""
+    parent_id: str = ""
 
     @property
     def is_settled(self) -> bool:

@@ -68,7 +68,7 @@ from troth.errors import (
     Reason,
     UnavailableError,
 )
-from troth.v1 import promises_pb2
+from troth.v1 import promises_pb2, types_pb2
 
 if TYPE_CHECKING:
     from troth._transport import PromisesStub
@@ -373,6 +373,7 @@ class Client:
         idempotency_key: str | None = None,
         strict: bool = False,
         create_if_missing: bool = False,
+        _fence: types_pb2.TaskFence | None = None,
     ) -> SettleResult:
         """Settle a pending promise as `RESOLVED` with `value`.
 
@@ -407,6 +408,7 @@ class Client:
             idempotency_key,
             strict,
             create_if_missing=create_if_missing,
+            fence=_fence,
         )
 
     def reject(
@@ -417,6 +419,7 @@ class Client:
         idempotency_key: str | None = None,
         strict: bool = False,
         create_if_missing: bool = False,
+        _fence: types_pb2.TaskFence | None = None,
     ) -> SettleResult:
         """Settle a pending promise as `REJECTED` with `value` (e.g. an error description).
 
@@ -430,6 +433,7 @@ class Client:
             idempotency_key,
             strict,
             create_if_missing=create_if_missing,
+            fence=_fence,
         )
 
     def cancel(
@@ -464,6 +468,7 @@ class Client:
         strict: bool,
         *,
         create_if_missing: bool = False,
+        fence: types_pb2.TaskFence | None = None,
     ) -> SettleResult:
         generated = not idempotency_key
         key = uuid.uuid4().hex if generated else idempotency_key
@@ -474,6 +479,9 @@ class Client:
             # Only resolve and reject pass it: a cancel of a wait that does not exist yet is no use.
             assert not isinstance(request, promises_pb2.CancelPromiseRequest)
             request.create_if_missing = True
+        if fence is not None:  # a worker recording a step's result (the SDK's own use)
+            assert not isinstance(request, promises_pb2.CancelPromiseRequest)
+            request.fence.CopyFrom(fence)
         response = self._transport.call(method, request, timeout=self._timeout)
         promise = promise_from_proto(response.promise)
         # A generated key is unique to this call, so a promise settled with it
@@ -688,9 +696,11 @@ class Client:
         title: str = "",
         message: str = "",
         requested_by: str = "",
+        fence: types_pb2.TaskFence | None = None,
     ) -> CreateResult:
         """`create` with a param already encoded (the worker's step promises); with
-        `resolved_with`/`rejected_with` the promise is created already settled."""
+        `resolved_with`/`rejected_with` the promise is created already settled; with
+        `fence` (the task the worker holds) as a step of that task's workflow."""
         request = promises_pb2.CreatePromiseRequest(
             id=id,
             param=payload_to_proto(param),
@@ -701,6 +711,8 @@ class Client:
             message=message,
             requested_by=requested_by,
         )
+        if fence is not None:
+            request.fence.CopyFrom(fence)
         if ttl is not None:
             request.ttl.CopyFrom(timedelta_to_proto(ttl))
         if resolved_with is not None:

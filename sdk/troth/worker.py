@@ -92,6 +92,7 @@ from troth._transport import as_call
 from troth._versions import WorkflowRegistration, registration
 from troth._worker_steps import Exhausted, Interrupted, Succeeded, run_with_retry
 from troth.errors import (
+    AlreadyExistsError,
     AlreadySettledError,
     InvalidArgumentError,
     LeaseLostError,
@@ -101,7 +102,7 @@ from troth.errors import (
     RegistrationError,
     RpcError,
 )
-from troth.v1 import tasks_pb2, tasks_pb2_grpc
+from troth.v1 import tasks_pb2, tasks_pb2_grpc, types_pb2
 
 if TYPE_CHECKING:
     from troth._promise import CreateResult, Promise
@@ -779,7 +780,14 @@ class Worker:
             while True:
                 if isinstance(outcome, CreateStep):
                     self._check(held)
-                    outcome = engine.advance(self._step(outcome))
+                    try:
+                        created = self._step(outcome, held)
+                    except AlreadyExistsError as exc:
+                        # The step's id is taken by a promise that is not this
+                        # workflow's step (the server says whose): no retry helps.
+                        self._failed(held, Failed(exc))
+                        return
+                    outcome = engine.advance(created)
                 elif isinstance(outcome, Suspend):
                     # One call registers the callbacks and completes the task,
                     # unless something it waits on settled meanwhile.
@@ -842,12 +850,12 @@ class Worker:
 
     # -- step I/O ----------------------------------------------------------
 
-    def _step(self, step: CreateStep) -> list[Promise]:
+    def _step(self, step: CreateStep, held: _Held) -> list[Promise]:
         command = step.command
         if not isinstance(command, RunStep | Now | Random):
             if step.exists:
                 return [self.client.get(step.step_id)]
-            return [self._create(step).promise]
+            return [self._create(step, held).promise]
         # A step that computes its value records it with its creation, in one call.
         # Dying before that call means the step runs again: at-least-once
         # execution, exactly-once recording (the first record wins).
@@ -875,11 +883,16 @@ class Worker:
                 )
                 ok, value = False, error_value(result.error)
         if step.exists:  # created pending by an older worker: settle it
-            return [self._settle(step.step_id, ok, value)]
-        return [self._record(step, ok, value)]
+            return [self._settle(step.step_id, held, ok, value)]
+        return [self._record(step, held, ok, value)]
+
+    def _fence(self, held: _Held) -> types_pb2.TaskFence:
+        return types_pb2.TaskFence(
+            task_id=held.task_id, counter=held.counter, worker_id=self.worker_id
+        )
 
     def _create(
-        self, step: CreateStep, *, ok: bool | None = None, value: Any = None
+        self, step: CreateStep, held: _Held, *, ok: bool | None = None, value: Any = None
     ) -> CreateResult:
         encoded = None if ok is None else self.client.encode(value)
         command = step.command
@@ -895,30 +908,32 @@ class Worker:
             title=decision.title if decision else "",
             message=decision.message if decision else "",
             requested_by=step.requested_by,
+            fence=self._fence(held),
         )
 
-    def _record(self, step: CreateStep, ok: bool, value: Any) -> Promise:
+    def _record(self, step: CreateStep, held: _Held, ok: bool, value: Any) -> Promise:
         """Create the step's promise already settled with its result."""
         try:
-            return self._create(step, ok=ok, value=value).promise
+            return self._create(step, held, ok=ok, value=value).promise
         except (TypeError, ValueError, InvalidArgumentError) as exc:
             if not ok:
                 raise
             # The result cannot be recorded (not encodable, over the size limit).
             _log.info("step %r: its result cannot be recorded: %s", step.step_id, exc)
-            return self._create(step, ok=False, value=error_value(exc)).promise
+            return self._create(step, held, ok=False, value=error_value(exc)).promise
 
-    def _settle(self, step_id: str, ok: bool, value: Any) -> Promise:
+    def _settle(self, step_id: str, held: _Held, ok: bool, value: Any) -> Promise:
         """Record a step's result; a step someone else settled first keeps their result."""
+        fence = self._fence(held)
         try:
             if ok:
                 try:
-                    return self.client.resolve(step_id, value).promise
+                    return self.client.resolve(step_id, value, _fence=fence).promise
                 except (TypeError, ValueError, InvalidArgumentError) as exc:
                     # The result cannot be recorded (not encodable, over the size limit).
                     _log.info("step %r: its result cannot be recorded: %s", step_id, exc)
-                    return self.client.reject(step_id, error_value(exc)).promise
-            return self.client.reject(step_id, value).promise
+                    return self.client.reject(step_id, error_value(exc), _fence=fence).promise
+            return self.client.reject(step_id, value, _fence=fence).promise
         except (AlreadySettledError, PromiseTimedOutError):
             return self.client.get(step_id)
 

@@ -27,9 +27,11 @@ import structlog
 
 from troth.errors import Reason
 from troth_server.domain import promise as domain
+from troth_server.domain import steps
 from troth_server.domain import task as tasks
 from troth_server.domain.errors import DomainError
 from troth_server.domain.routing import ANY, Route, workflow_name
+from troth_server.domain.steps import INVOKE_TAG as INVOKE_TAG
 from troth_server.domain.task import Callback, Task, TaskKind, TaskState
 from troth_server.store import Store, StoreError, StoreUnavailable, WriteTx
 
@@ -41,8 +43,6 @@ if TYPE_CHECKING:
 R = TypeVar("R")
 R_co = TypeVar("R_co", covariant=True)
 
-INVOKE_TAG = "troth:invoke"
-"""A root promise tagged `troth:invoke=<group>` starts a workflow in that group."""
 log = structlog.get_logger("troth.commit")
 
 
@@ -73,6 +73,11 @@ class Keys:
     """Tasks the op already read inside this transaction (e.g. a claim's candidates)."""
     unlocked: Collection[Task] = ()
     """Tasks the op read without a lock, to be locked and re-read after the promises."""
+    steps_of: Collection[str] = ()
+    """Workflow roots the op may settle: their PENDING steps are loaded (and locked,
+    after the roots) so that the settle ends them in the same transaction."""
+    steps_of_task_roots: bool = False
+    """The same for the roots of `task_ids` (a completion settles its root)."""
 
 
 class Batch:
@@ -114,6 +119,8 @@ class Batch:
         """Roots that settled: their remaining callbacks are dropped."""
         self.pending_groups: set[str] = set()
         """Groups where a task became PENDING: the dispatcher has work after commit."""
+        self._children: dict[str, list[str]] | None = None
+        """Loaded promises by parent_id, built when a workflow root first settles."""
 
     # -- promises ---------------------------------------------------------------------
 
@@ -126,9 +133,6 @@ class Batch:
             found = self._current[promise_id]
         return found
 
-    def loaded_ids(self, prefix: str) -> list[str]:
-        return [promise_id for promise_id in self._current if promise_id.startswith(prefix)]
-
     def expire_if_due(self, promise_id: str, now: int) -> bool:
         found = self._current.get(promise_id)
         if found is None or not domain.is_expired(found, now):
@@ -139,6 +143,8 @@ class Batch:
     def add(self, promise: Promise, principal: str | None = None) -> None:
         self._current[promise.id] = promise
         self.inserts[promise.id] = promise
+        if self._children is not None and promise.parent_id is not None:
+            self._children.setdefault(promise.parent_id, []).append(promise.id)
         self.changes.append(StateChange(promise, None, principal))
         group = promise.tags.get(INVOKE_TAG)
         if group:
@@ -160,6 +166,21 @@ class Batch:
         for callback in self._callbacks.pop(new.id, ()):
             self.fired.add(new.id)
             self._resume(callback)
+        if INVOKE_TAG in new.tags and new.is_settled and not old.is_settled:
+            self._end_steps(new)
+
+    def _end_steps(self, root: Promise) -> None:
+        """A workflow root settled: its steps still PENDING (loaded by `Keys.steps_of`)
+        are cancelled with it, a child workflow's root and so its steps too (§4.11)."""
+        if self._children is None:
+            self._children = {}
+            for promise in self._current.values():
+                if promise.parent_id is not None:
+                    self._children.setdefault(promise.parent_id, []).append(promise.id)
+        for step_id in self._children.get(root.id, ()):
+            step = self.get(step_id)
+            if step is not None and not step.is_settled:
+                self.settle(step, steps.ended(step, root, self.now))
 
     def rewrite(self, promise: Promise) -> None:
         """Store a change that is not a settlement (no watcher or callback hears of it)."""
@@ -473,6 +494,8 @@ def _fold(
     task_ids: set[str] = set()
     queried: list[Task] = []
     unlocked: dict[str, Task] = {}
+    settling: set[str] = set()
+    settling_tasks: set[str] = set()
     for item in items:
         keys = item.op.keys(tx, now)
         promise_ids.update(keys.promises)
@@ -480,6 +503,9 @@ def _fold(
         task_ids.update(keys.task_ids)
         queried.extend(keys.tasks)
         unlocked.update((t.id, t) for t in keys.unlocked)
+        settling.update(keys.steps_of)
+        if keys.steps_of_task_roots:
+            settling_tasks.update(keys.task_ids)
     loaded = {t.id: t for t in queried}
     wanted = task_ids - loaded.keys() - unlocked.keys()
     # One lock order for every write, promises before tasks, so that replicas
@@ -490,6 +516,9 @@ def _fold(
     for known in (peeked, unlocked, loaded):  # the roots of the tasks loaded by id
         promise_ids.update(known[t].root_promise_id for t in task_ids if t in known)
     promises = tx.get_promises(promise_ids)
+    for known in (peeked, unlocked, loaded):
+        settling.update(known[t].root_promise_id for t in settling_tasks if t in known)
+    _load_steps(tx, promises, settling, now)
     if tx.row_locks:
         loaded.update(tx.get_tasks(peeked.keys() | unlocked.keys()))
     else:
@@ -523,6 +552,24 @@ def _fold(
     settled = [c.promise.id for c in batch.changes if c.promise.is_settled]
     tx.announce(batch.pending_groups, settled, created_ids=list(batch.inserts))
     return outcomes, batch.changes, batch.pending_groups
+
+
+def _load_steps(tx: WriteTx, promises: dict[str, Promise], settling: set[str], now: int) -> None:
+    """Load (and lock) the PENDING steps of the workflow roots this batch may settle:
+    those its ops name, and those already past their expire_time. Each level is read
+    after its parents are locked, so that a step created meanwhile is either seen
+    here or created after the settle (and then refused: WORKFLOW_SETTLED)."""
+    frontier = [
+        p.id
+        for p in promises.values()
+        if INVOKE_TAG in p.tags
+        and not p.is_settled
+        and (p.id in settling or domain.is_expired(p, now))
+    ]
+    while frontier:
+        found = tx.get_promises(set(tx.pending_step_ids(frontier)) - promises.keys())
+        promises.update(found)
+        frontier = [p.id for p in found.values() if INVOKE_TAG in p.tags]
 
 
 def wall_clock_ms() -> int:

@@ -17,9 +17,10 @@ import structlog
 
 from troth_server import paging
 from troth_server.domain import promise as domain
+from troth_server.domain import steps
 from troth_server.domain.errors import PromiseNotFound
 from troth_server.domain.promise import PromiseState, SettleRequest
-from troth_server.group_commit import INVOKE_TAG, Keys
+from troth_server.group_commit import Keys
 from troth_server.store import PromiseOrder, PromiseQuery, Store, StoreEvent, WriteTx
 from troth_server.watch import (
     AsyncEventSubscription,
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 
     from troth_server.domain.promise import CreateRequest, Promise
+    from troth_server.domain.steps import Fence
     from troth_server.group_commit import Batch, GroupCommitter, StateChange
     from troth_server.watch import EventFilter, Subscription, WatchHub
 
@@ -43,18 +45,29 @@ class _CreateOp:
     request: CreateRequest
     principal: str | None
     settled_with: SettleRequest | None = None
+    fence: Fence | None = None
+    """The task of the workflow whose step this is (DESIGN §4.13)."""
 
     def keys(self, tx: WriteTx, now: int) -> Keys:
-        parent = _parent_id(self.request.id)
-        return Keys(promises=(self.request.id,) if parent is None else (self.request.id, parent))
+        promise_ids = (self.request.id,)
+        if self.fence is not None:
+            # The task's root (the workflow) is loaded and locked with the task.
+            return Keys(promises=promise_ids, task_ids=(self.fence.task_id,))
+        return Keys(promises=(*promise_ids, *steps.namespace_roots(self.request.id)))
 
     def apply(self, batch: Batch) -> tuple[Promise, bool]:
-        parent_id = _parent_id(self.request.id)
-        parent = None if parent_id is None else batch.get(parent_id)
-        # A step of a workflow (`<root>.<n>`) never outlives the workflow's root.
-        cap = parent.expire_time if parent is not None and INVOKE_TAG in parent.tags else None
-        existing = batch.get(self.request.id)
-        promise, created = domain.create(existing, self.request, batch.now, cap=cap)
+        request = self.request
+        existing = batch.get(request.id)
+        cap: int | None = None
+        links: tuple[str, str] | None = None
+        if self.fence is None:
+            roots = {r: batch.get(r) for r in steps.namespace_roots(request.id)}
+            steps.check_unfenced_create(request.id, request.tags, roots)
+        else:
+            workflow = self._workflow(batch, existing)
+            # A step never outlives its workflow (nor, so, its top-level root).
+            cap, links = workflow.expire_time, steps.links_under(workflow)
+        promise, created = domain.create(existing, request, batch.now, cap=cap, links=links)
         if not created and existing is not None and domain.is_early(existing):
             batch.rewrite(promise)  # a settled-early promise, adopted by its creator
         if created:
@@ -65,25 +78,50 @@ class _CreateOp:
                 promise = settled
         return promise, created
 
-
-def _parent_id(promise_id: str) -> str | None:
-    parent, dot, _ = promise_id.rpartition(".")
-    return parent if dot and parent else None
+    def _workflow(self, batch: Batch, existing: Promise | None) -> Promise:
+        """The workflow whose task the fence names, if it may write this step."""
+        assert self.fence is not None
+        pending = self.settled_with is None
+        task = steps.check_fence(batch.task(self.fence.task_id), self.fence, pending=pending)
+        workflow = batch.get(task.root_promise_id)
+        if workflow is None:
+            raise PromiseNotFound(task.root_promise_id)
+        if existing is not None:
+            latent = pending and not steps.is_checkpoint(self.request.tags)
+            steps.check_owner(existing, workflow, latent=latent, early=domain.is_early(existing))
+        elif pending and workflow.is_settled:
+            raise steps.WorkflowSettled(self.request.id, workflow)
+        return workflow
 
 
 @dataclass(frozen=True, slots=True)
 class _SettleOp:
     request: SettleRequest
+    fence: Fence | None = None
+    """A worker recording a step's result on a step created pending."""
 
     def keys(self, tx: WriteTx, now: int) -> Keys:
-        if self.request.state is PromiseState.REJECTED_CANCELED:
-            # Cancelling a workflow's root cancels what it still waits on (§4.10).
-            descendants = tx.pending_descendant_ids(self.request.id)
-            return Keys(promises=(self.request.id, *descendants))
-        return Keys(promises=(self.request.id,))
+        # A workflow's root settling ends its pending steps (§4.10, §4.11).
+        promise_ids: tuple[str, ...] = (self.request.id,)
+        if self.fence is not None:
+            return Keys(promises=promise_ids, task_ids=(self.fence.task_id,), steps_of=promise_ids)
+        if self.request.create_if_missing:
+            promise_ids += tuple(steps.namespace_roots(self.request.id))
+        return Keys(promises=promise_ids, steps_of=promise_ids[:1])
 
     def apply(self, batch: Batch) -> tuple[Promise, bool]:
         existing = batch.get(self.request.id)
+        if self.fence is not None:
+            task = steps.check_fence(batch.task(self.fence.task_id), self.fence, pending=False)
+            if existing is not None and existing.parent_id != task.root_promise_id:
+                raise steps.ReservedForWorkflow(
+                    self.request.id, f"is not a step of workflow {task.root_promise_id!r}"
+                )
+        elif self.request.state is not PromiseState.REJECTED_CANCELED:
+            # Cancel stays an operator's tool for any promise; resolve and reject
+            # of a checkpoint are the workflow's own.
+            roots = {r: batch.get(r) for r in steps.namespace_roots(self.request.id)}
+            steps.check_unfenced_settle(self.request.id, existing, roots)
         promise, applied = domain.settle(existing, self.request, batch.now)
         if applied and existing is None:
             # Settled before the wait exists: watchers hear a create, then a settle.
@@ -98,22 +136,9 @@ class _SettleOp:
             batch.add(existing, self.request.principal)
         if applied:
             assert existing is not None
+            # A workflow root's pending steps end with it, in this transaction.
             batch.settle(existing, promise)
-            if promise.state is PromiseState.REJECTED_CANCELED and INVOKE_TAG in promise.tags:
-                self._cancel_descendants(batch, promise)
         return promise, applied
-
-    def _cancel_descendants(self, batch: Batch, root: Promise) -> None:
-        for promise_id in batch.loaded_ids(prefix=root.id + "."):
-            found = batch.get(promise_id)
-            if found is not None and not found.is_settled:
-                request = SettleRequest(
-                    promise_id,
-                    PromiseState.REJECTED_CANCELED,
-                    root.value,
-                    principal=self.request.principal,
-                )
-                batch.settle(found, domain.settle(found, request, batch.now)[0])
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,7 +151,7 @@ class _ExpireOp:
     def keys(self, tx: WriteTx, now: int) -> Keys:
         # Another replica's sweep holds the rows it is expiring: skipped, not waited for.
         self.ids[:] = tx.expired_promise_ids(self.now, self.limit)
-        return Keys(promises=self.ids)
+        return Keys(promises=self.ids, steps_of=self.ids)
 
     def apply(self, batch: Batch) -> int:
         # Re-checked on the batch's view: a settle of the same batch may have won.
@@ -158,23 +183,29 @@ class PromiseService:
         request: CreateRequest,
         principal: str | None = None,
         settled_with: SettleRequest | None = None,
+        fence: Fence | None = None,
     ) -> tuple[Promise, bool]:
-        """Create a promise (already settled, with `settled_with`), or find its repeat."""
-        return self._committer.submit(_CreateOp(request, principal, settled_with))
+        """Create a promise (already settled, with `settled_with`), or find its repeat;
+        with `fence`, as a step of the workflow whose task the fence names."""
+        return self._committer.submit(_CreateOp(request, principal, settled_with, fence))
 
     async def create_async(
         self,
         request: CreateRequest,
         principal: str | None = None,
         settled_with: SettleRequest | None = None,
+        fence: Fence | None = None,
     ) -> tuple[Promise, bool]:
-        return await self._committer.submit_async(_CreateOp(request, principal, settled_with))
+        op = _CreateOp(request, principal, settled_with, fence)
+        return await self._committer.submit_async(op)
 
-    def settle(self, request: SettleRequest) -> tuple[Promise, bool]:
-        return self._committer.submit(_SettleOp(request))
+    def settle(self, request: SettleRequest, fence: Fence | None = None) -> tuple[Promise, bool]:
+        return self._committer.submit(_SettleOp(request, fence))
 
-    async def settle_async(self, request: SettleRequest) -> tuple[Promise, bool]:
-        return await self._committer.submit_async(_SettleOp(request))
+    async def settle_async(
+        self, request: SettleRequest, fence: Fence | None = None
+    ) -> tuple[Promise, bool]:
+        return await self._committer.submit_async(_SettleOp(request, fence))
 
     def expire_overdue(self, limit: int, now: int | None = None) -> int:
         """Settle up to `limit` promises overdue at `now` (default: the clock) in one

@@ -113,7 +113,8 @@ class _CompleteOp:
     root_outcome: SettleRequest | None
 
     def keys(self, tx: WriteTx, now: int) -> Keys:
-        return Keys(task_ids=(self.task_id,))
+        # Settling the root ends its pending steps in the same transaction (§4.11).
+        return Keys(task_ids=(self.task_id,), steps_of_task_roots=self.root_outcome is not None)
 
     def apply(self, batch: Batch) -> tuple[Task, Promise | None]:
         task = _held(batch, self.task_id)

@@ -74,7 +74,7 @@ def test_list_shows_what_waits_in_a_group(
     never = approval(client, g, "forever", never_expires=True)
     approval(client, g, "done")
     client.resolve(f"{g}.done", True)  # settled: not waiting any more
-    client.create(f"{g}.step", tags={"troth:kind": "run", "troth:group": g})  # not an approval
+    client.create(f"{g}.step", tags={"troth:kind": "note", "troth:group": g})  # not an approval
     approval(client, group(), "elsewhere")  # another group
 
     code, out, err = troth(server, capsys, "approvals", "list", "--group", g)

@@ -323,7 +323,7 @@ def test_sdk_watch_promises(server: ServerProcess) -> None:
         with client.watch_promises(f"{run}.*", tags={"troth:kind": "promise"}) as events:
             # In place once the call returns: nothing committed from now on is missed.
             client.create(f"{run}.1", tags={"troth:kind": "promise"})
-            client.create(f"{run}.2", tags={"troth:kind": "run"})
+            client.create(f"{run}.2", tags={"troth:kind": "note"})
             client.resolve(f"{run}.1", {"ok": True})
             first, second = next(events), next(events)
         assert list(events) == []  # closed: the iteration ends

@@ -99,8 +99,9 @@ def suspend(stubs: Stubs, delivery: tasks_pb2.PollResponse, worker: str) -> str:
     """Park the delivered workflow on a new latent step; return the step's id."""
     promises, tasks = stubs
     step = f"{delivery.task.root_promise_id}.0"
-    promises.CreatePromise(pb.CreatePromiseRequest(id=step))
     task = delivery.task
+    fence = types.TaskFence(task_id=task.id, counter=task.counter, worker_id=worker)
+    promises.CreatePromise(pb.CreatePromiseRequest(id=step, fence=fence))
     tasks.CompleteTask(
         tasks_pb2.CompleteTaskRequest(
             task_id=task.id, counter=task.counter, worker_id=worker, suspend_on=[step]

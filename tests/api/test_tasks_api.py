@@ -112,8 +112,8 @@ def test_a_workflow_runs_suspends_resumes_and_completes(
     assert invoke.root.id == root and list(invoke.history) == []
     task = invoke.task
 
-    promises.CreatePromise(pb.CreatePromiseRequest(id=f"{root}.0"))
     held = dict(task_id=task.id, counter=task.counter, worker_id="w1")
+    promises.CreatePromise(pb.CreatePromiseRequest(id=f"{root}.0", fence=types.TaskFence(**held)))
     registered = tasks.RegisterCallbacks(
         tasks_pb2.RegisterCallbacksRequest(**held, promise_ids=[f"{root}.0"])
     )
@@ -163,7 +163,8 @@ def test_suspend_registers_and_completes_in_one_call(
     task = poller.next().task
     held = dict(task_id=task.id, counter=task.counter, worker_id="w1")
     for n in range(2):
-        promises.CreatePromise(pb.CreatePromiseRequest(id=f"{root}.{n}"))
+        fence = types.TaskFence(**held)  # a worker writes its workflow's steps with its fence
+        promises.CreatePromise(pb.CreatePromiseRequest(id=f"{root}.{n}", fence=fence))
     promises.ResolvePromise(pb.ResolvePromiseRequest(id=f"{root}.1"))
 
     # One of the awaited promises settled meanwhile: not suspended, told which.
@@ -198,7 +199,8 @@ def test_register_callbacks_answers_promises_already_settled(
     root = f"wf-{uuid.uuid4().hex[:8]}"
     start(promises, root, group)
     task = poller.next().task
-    promises.CreatePromise(pb.CreatePromiseRequest(id=f"{root}.0"))
+    fence = types.TaskFence(task_id=task.id, counter=task.counter, worker_id="w1")
+    promises.CreatePromise(pb.CreatePromiseRequest(id=f"{root}.0", fence=fence))
     promises.ResolvePromise(pb.ResolvePromiseRequest(id=f"{root}.0"))
     answer = tasks.RegisterCallbacks(
         tasks_pb2.RegisterCallbacksRequest(

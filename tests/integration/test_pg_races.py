@@ -537,7 +537,10 @@ def test_two_replicas_sweep_the_same_expired_promises(
     steps = [f"{root}.{n}" for n in range(2)]
     for step in steps:
         cluster.a.promises.CreatePromise(
-            pb.CreatePromiseRequest(id=step, ttl=Duration(seconds=1)), timeout=RPC_TIMEOUT
+            pb.CreatePromiseRequest(
+                id=step, ttl=Duration(seconds=1), fence=types.TaskFence(**held)
+            ),
+            timeout=RPC_TIMEOUT,
         )
     registered = cluster.b.tasks.RegisterCallbacks(
         tasks_pb2.RegisterCallbacksRequest(**held, promise_ids=steps), timeout=RPC_TIMEOUT
@@ -629,10 +632,12 @@ def test_two_replicas_resume_the_same_suspended_workflow(
     poller = Poller(cluster.a, group, f"worker-{uuid.uuid4().hex[:4]}")
     pollers.append(poller)
     invoke = poller.next().task
+    fence = types.TaskFence(task_id=invoke.id, counter=invoke.counter, worker_id=poller.worker)
     steps = [f"{root}.{n}" for n in range(2)]
     for step in steps:
         cluster.a.promises.CreatePromise(
-            pb.CreatePromiseRequest(id=step, ttl=Duration(seconds=1)), timeout=RPC_TIMEOUT
+            pb.CreatePromiseRequest(id=step, ttl=Duration(seconds=1), fence=fence),
+            timeout=RPC_TIMEOUT,
         )
     suspended = cluster.b.tasks.CompleteTask(
         tasks_pb2.CompleteTaskRequest(
@@ -723,7 +728,10 @@ def test_a_completion_and_a_cancel_of_one_workflow_on_two_replicas(
     invoke = poller.next().task
     held = {"task_id": invoke.id, "counter": invoke.counter, "worker_id": poller.worker}
     step = f"{root}.0"
-    cluster.a.promises.CreatePromise(pb.CreatePromiseRequest(id=step), timeout=RPC_TIMEOUT)
+    fence = types.TaskFence(**held)
+    cluster.a.promises.CreatePromise(
+        pb.CreatePromiseRequest(id=step, fence=fence), timeout=RPC_TIMEOUT
+    )
     registered = cluster.a.tasks.RegisterCallbacks(
         tasks_pb2.RegisterCallbacksRequest(**held, promise_ids=[step]), timeout=RPC_TIMEOUT
     )

@@ -166,7 +166,10 @@ def test_two_of_three_approvers_are_a_quorum(client: Client, worker: Worker) -> 
         handle.result(timeout=0.3)  # one yes is not a quorum
     client.resolve(approvals[0], "alice")
     assert handle.result(timeout=10) == {"approved_by": ["carol", "alice"]}
-    assert client.get(approvals[1]).state is PromiseState.PENDING  # nobody waits for bob
+    # Nobody waits for bob: his approval ended with the workflow (issue 9, item 7).
+    bob = client.get(approvals[1])
+    assert bob.state is PromiseState.REJECTED_CANCELED
+    assert client.decode(bob.value)["reason"] == "workflow ended"
 
 
 def test_a_quorum_out_of_reach_raises_the_deciding_rejection(

@@ -19,6 +19,7 @@ from troth_server.domain import routing
 from troth_server.domain import task as tasks
 from troth_server.domain.promise import EMPTY, CreateRequest, Payload, PromiseState, SettleRequest
 from troth_server.domain.routing import Deployments, Route
+from troth_server.domain.steps import Fence
 from troth_server.domain.task import Task, TaskKind, TaskState
 from troth_server.group_commit import GroupCommitter
 from troth_server.service import PromiseService
@@ -78,12 +79,17 @@ class Env:
 
     def suspend(self, task: Task, worker: str) -> str:
         step = f"{task.root_promise_id}.0"
-        self.promises.create(CreateRequest(step, EMPTY, {}, ttl=HOUR))
+        self.promises.create(CreateRequest(step, EMPTY, {}, ttl=HOUR), fence=fence(task, worker))
         assert self.tasks.suspend(task.id, task.counter, worker, [step])[1] == []
         return step
 
     def resolve(self, promise_id: str) -> None:
         self.promises.settle(SettleRequest(promise_id, PromiseState.RESOLVED, EMPTY))
+
+
+def fence(task: Task, worker: str) -> Fence:
+    """What the worker holding `task` sends with its step writes."""
+    return Fence(task.id, task.counter, worker)
 
 
 @pytest.fixture
@@ -194,7 +200,7 @@ def test_a_resume_after_a_completion_that_asked_for_it_keeps_the_version(env: En
     env.start("wf")
     (invoke,) = env.claim("w1", v1)
     step = f"{invoke.root_promise_id}.0"
-    env.promises.create(CreateRequest(step, EMPTY, {}, ttl=HOUR))
+    env.promises.create(CreateRequest(step, EMPTY, {}, ttl=HOUR), fence=fence(invoke, "w1"))
     env.tasks.register_callbacks(invoke.id, invoke.counter, "w1", [step])
     env.resolve(step)  # while the task is still held: it asks for the next resume
     env.tasks.complete(invoke.id, invoke.counter, "w1", None)

@@ -18,6 +18,7 @@ from troth_server.domain.promise import (
     PromiseState,
     SettleRequest,
 )
+from troth_server.domain.steps import Fence
 from troth_server.domain.task import StaleCounter, Task, TaskKind, TaskNotFound, TaskState
 from troth_server.group_commit import GroupCommitter
 from troth_server.service import PromiseService
@@ -47,8 +48,11 @@ class Env:
         tags = {"troth:invoke": group, "troth:func": "publish"}
         return self.promises.create(CreateRequest(root, Payload({}, b"[]"), tags, ttl=HOUR))
 
-    def latent(self, promise_id: str) -> Promise:
-        return self.promises.create(CreateRequest(promise_id, EMPTY, {}, ttl=HOUR))[0]
+    def latent(self, promise_id: str, task: Task | None = None) -> Promise:
+        """A latent promise; with `task`, a step written by the worker holding it."""
+        fence = None if task is None else Fence(task.id, task.counter, task.worker_id or "")
+        request = CreateRequest(promise_id, EMPTY, {}, ttl=HOUR)
+        return self.promises.create(request, fence=fence)[0]
 
     def resolve(self, promise_id: str) -> Promise:
         return self.promises.settle(SettleRequest(promise_id, PromiseState.RESOLVED, EMPTY))[0]
@@ -102,7 +106,7 @@ def test_suspend_then_resume_prefers_the_worker_that_suspended(env: Env) -> None
     env.start("wf-3")
     env.start("wf-other")
     first = env.claim("w1", limit=1)[0]
-    env.latent(f"{first.root_promise_id}.0")
+    env.latent(f"{first.root_promise_id}.0", first)
     assert env.tasks.register_callbacks(first.id, 1, "w1", [f"{first.root_promise_id}.0"]) == []
     env.tasks.complete(first.id, 1, "w1", None)
 
@@ -119,7 +123,7 @@ def test_suspend_then_resume_prefers_the_worker_that_suspended(env: Env) -> None
 def test_register_callbacks_answers_already_settled(env: Env) -> None:
     env.start("wf-4")
     (task,) = env.claim("w1")
-    env.latent("wf-4.0")
+    env.latent("wf-4.0", task)
     env.resolve("wf-4.0")
     settled = env.tasks.register_callbacks(task.id, 1, "w1", ["wf-4.0"])
     assert [p.id for p in settled] == ["wf-4.0"]
@@ -133,7 +137,7 @@ def test_one_resume_per_root_however_many_settle(env: Env) -> None:
     env.start("wf-5")
     (task,) = env.claim("w1")
     for n in range(3):
-        env.latent(f"wf-5.{n}")
+        env.latent(f"wf-5.{n}", task)
     env.tasks.register_callbacks(task.id, 1, "w1", [f"wf-5.{n}" for n in range(3)])
     env.tasks.complete(task.id, 1, "w1", None)
     for n in range(3):
@@ -145,8 +149,8 @@ def test_one_resume_per_root_however_many_settle(env: Env) -> None:
 def test_a_settle_while_the_task_runs_resumes_after_it(env: Env) -> None:
     env.start("wf-6")
     (task,) = env.claim("w1")
-    env.latent("wf-6.0")
-    env.latent("wf-6.1")
+    env.latent("wf-6.0", task)
+    env.latent("wf-6.1", task)
     env.tasks.register_callbacks(task.id, 1, "w1", ["wf-6.0"])
     env.tasks.complete(task.id, 1, "w1", None)
     env.resolve("wf-6.0")
@@ -197,7 +201,7 @@ def test_cancelling_a_root_cancels_its_pending_descendants_and_resumes_it(env: E
     env.start("wf-10")
     (task,) = env.claim("w1")
     for n in range(3):
-        env.latent(f"wf-10.{n}")
+        env.latent(f"wf-10.{n}", task)
     env.resolve("wf-10.2")
     env.tasks.register_callbacks(task.id, 1, "w1", ["wf-10.0"])
     env.tasks.complete(task.id, 1, "w1", None)
@@ -232,12 +236,15 @@ def test_cancelling_a_plain_promise_takes_nothing_along(env: Env) -> None:
 def test_a_step_never_outlives_its_workflow(env: Env) -> None:
     tags = {"troth:invoke": "workers", "troth:func": "publish"}
     root, _ = env.promises.create(CreateRequest("wf-11", EMPTY, tags, ttl=60_000))
-    step, _ = env.promises.create(CreateRequest("wf-11.0", EMPTY, {}, ttl=HOUR))
-    assert step.expire_time == root.expire_time  # capped, and the creator is told
-    forever, _ = env.promises.create(CreateRequest("wf-11.1", EMPTY, {}, ttl=None))
-    assert forever.expire_time == root.expire_time
-    short, _ = env.promises.create(CreateRequest("wf-11.2", EMPTY, {}, ttl=1_000))
-    assert short.expire_time == env.clock.now + 1_000
+    (task,) = env.claim("w1")
+    fence = Fence(task.id, task.counter, "w1")
+
+    def step(promise_id: str, ttl: int | None) -> Promise:
+        return env.promises.create(CreateRequest(promise_id, EMPTY, {}, ttl=ttl), fence=fence)[0]
+
+    assert step("wf-11.0", HOUR).expire_time == root.expire_time  # capped; the creator is told
+    assert step("wf-11.1", None).expire_time == root.expire_time
+    assert step("wf-11.2", 1_000).expire_time == env.clock.now + 1_000
     # Only a workflow root caps: a dotted id under a plain promise keeps its ttl.
     env.promises.create(CreateRequest("order", EMPTY, {}, ttl=60_000))
     other, _ = env.promises.create(CreateRequest("order.7", EMPTY, {}, ttl=HOUR))
@@ -264,7 +271,7 @@ def test_a_repeated_completion_is_answered_and_changes_nothing(env: Env) -> None
 def test_a_repeated_suspension_is_answered_and_changes_nothing(env: Env) -> None:
     env.start("wf-park")
     (task,) = env.claim("w1")
-    env.latent("wf-park.0")
+    env.latent("wf-park.0", task)
     first = env.tasks.suspend(task.id, task.counter, "w1", ["wf-park.0"])
     assert first[0].state is TaskState.COMPLETED and first[1] == []
     assert env.tasks.suspend(task.id, task.counter, "w1", ["wf-park.0"]) == first

@@ -19,6 +19,7 @@ from troth_server.domain.promise import (
 )
 from troth_server.domain.routing import MAX_WORKFLOW_NAME, MAX_WORKFLOW_VERSION
 from troth_server.domain.schema import check_schema
+from troth_server.domain.steps import Fence
 from troth_server.domain.task import Task, TaskKind, TaskState
 from troth_server.store import PromiseOrder
 from troth_server.watch import EventFilter, EventType, PromiseEvent
@@ -154,6 +155,24 @@ def settle_request(
             not isinstance(request, promises_pb2.CancelPromiseRequest) and request.create_if_missing
         ),
     )
+
+
+def fence(
+    request: promises_pb2.CreatePromiseRequest
+    | promises_pb2.ResolvePromiseRequest
+    | promises_pb2.RejectPromiseRequest,
+) -> Fence | None:
+    """The step writer's `TaskFence`, or None when the request carries none."""
+    if not request.HasField("fence"):
+        return None
+    sent = request.fence
+    if not sent.task_id:
+        raise InvalidArgument("fence.task_id", "is required: the id of the task the worker holds")
+    if not sent.worker_id:
+        raise InvalidArgument("fence.worker_id", "is required: the worker holding the task")
+    if sent.counter <= 0:
+        raise InvalidArgument("fence.counter", "must be the task's counter as delivered (>= 1)")
+    return Fence(sent.task_id[:256], sent.counter, sent.worker_id[:256])
 
 
 def search_states(values: list[int]) -> frozenset[PromiseState]:
@@ -408,6 +427,8 @@ def to_pb(promise: Promise) -> types_pb2.Promise:
         message=promise.message or "",
         requested_by=promise.requested_by or "",
         workflow_version=promise.workflow_version or "",
+        root_id=promise.root_id or "",
+        parent_id=promise.parent_id or "",
     )
     if promise.settle_time is not None:
         message.settle_time.CopyFrom(_timestamp(promise.settle_time))

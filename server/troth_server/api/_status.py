@@ -17,6 +17,7 @@ from troth_server.domain.errors import (
     PromiseNotFound,
     PromiseTimedOut,
 )
+from troth_server.domain.steps import ReservedForWorkflow, WorkflowSettled
 from troth_server.domain.task import StaleCounter, TaskNotClaimable, TaskNotFound
 from troth_server.group_commit import ShuttingDown
 from troth_server.store import (
@@ -43,6 +44,8 @@ STATUS_CODES: dict[type[Exception], grpc.StatusCode] = {
     SchemaBehind: grpc.StatusCode.UNAVAILABLE,
     CommitOutcomeUnknown: grpc.StatusCode.UNAVAILABLE,
     StaleCounter: grpc.StatusCode.FAILED_PRECONDITION,
+    WorkflowSettled: grpc.StatusCode.FAILED_PRECONDITION,
+    ReservedForWorkflow: grpc.StatusCode.PERMISSION_DENIED,
     TaskNotClaimable: grpc.StatusCode.FAILED_PRECONDITION,
     TaskNotFound: grpc.StatusCode.NOT_FOUND,
     WatchFellBehind: grpc.StatusCode.RESOURCE_EXHAUSTED,

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     AioContext: TypeAlias = grpc.aio.ServicerContext[Any, Any]
 
     from troth_server.config import Limits
+    from troth_server.domain.steps import Fence
     from troth_server.service import PromiseService
     from troth_server.watch import EventFilter
 
@@ -44,7 +45,7 @@ class _Handlers:
 
     def _create_request(
         self, request: promises_pb2.CreatePromiseRequest, context: AioContext
-    ) -> tuple[CreateRequest, str | None, SettleRequest | None]:
+    ) -> tuple[CreateRequest, str | None, SettleRequest | None, Fence | None]:
         create = convert.create_request(request, self._limits)
         too_far = self._service.now() + self._limits.max_ttl_ms
         if create.expire_time is not None and create.expire_time > too_far:
@@ -54,13 +55,17 @@ class _Handlers:
         principal = convert.principal(_metadata(context), self._limits)
         if create.requested_by is None and principal is not None:
             create = replace(create, requested_by=principal)  # the documented default
-        return create, principal, convert.settled_with(request, create, self._limits, principal)
+        settled_with = convert.settled_with(request, create, self._limits, principal)
+        return create, principal, settled_with, convert.fence(request)
 
     def _settle_request(
         self, request: _SettleMessage, state: PromiseState, metadata: AioContext
-    ) -> SettleRequest:
+    ) -> tuple[SettleRequest, Fence | None]:
         principal = convert.principal(_metadata(metadata), self._limits)
-        return convert.settle_request(request, state, self._limits, principal)
+        settle = convert.settle_request(request, state, self._limits, principal)
+        if isinstance(request, promises_pb2.CancelPromiseRequest):
+            return settle, None
+        return settle, convert.fence(request)
 
     def _get(self, request: promises_pb2.GetPromiseRequest) -> promises_pb2.GetPromiseResponse:
         promise = self._service.get(convert.promise_id(request.id, self._limits))
@@ -138,21 +143,21 @@ class PromisesServicer(_Handlers, promises_pb2_grpc.PromisesServicer):
         self, request: promises_pb2.ResolvePromiseRequest, context: AioContext
     ) -> promises_pb2.SettlePromiseResponse:
         settle = self._settle_request(request, PromiseState.RESOLVED, context)
-        return _settled(await self._service.settle_async(settle))
+        return _settled(await self._service.settle_async(*settle))
 
     @aio_unary("RejectPromise")
     async def RejectPromise(
         self, request: promises_pb2.RejectPromiseRequest, context: AioContext
     ) -> promises_pb2.SettlePromiseResponse:
         settle = self._settle_request(request, PromiseState.REJECTED, context)
-        return _settled(await self._service.settle_async(settle))
+        return _settled(await self._service.settle_async(*settle))
 
     @aio_unary("CancelPromise")
     async def CancelPromise(
         self, request: promises_pb2.CancelPromiseRequest, context: AioContext
     ) -> promises_pb2.SettlePromiseResponse:
         settle = self._settle_request(request, PromiseState.REJECTED_CANCELED, context)
-        return _settled(await self._service.settle_async(settle))
+        return _settled(await self._service.settle_async(*settle))
 
     @aio_server_stream("WatchPromise")
     async def WatchPromise(

@@ -19,6 +19,7 @@ Legal moves, the one table of this machine:
 from __future__ import annotations
 
 import enum
+import json
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
@@ -94,6 +95,10 @@ class Promise:
     requested_by: str | None = None
     workflow_version: str | None = None
     """A root's workflow code version, recorded when a worker first takes it."""
+    root_id: str | None = None
+    """A workflow's step: the top-level workflow root it belongs to (DESIGN §4.13)."""
+    parent_id: str | None = None
+    """A workflow's step: the workflow (root or child root) whose task created it."""
 
     @property
     def is_timer(self) -> bool:
@@ -159,13 +164,20 @@ def effective(promise: Promise, now: int) -> Promise:
 
 
 def create(
-    existing: Promise | None, request: CreateRequest, now: int, *, cap: int | None = None
+    existing: Promise | None,
+    request: CreateRequest,
+    now: int,
+    *,
+    cap: int | None = None,
+    links: tuple[str, str] | None = None,
 ) -> tuple[Promise, bool]:
     """Create a promise, or recognise a repeat of the create that made `existing`.
 
     `cap` is the latest expire_time allowed (a workflow step never outlives its
     root, DESIGN §4.5); the effective expire_time is in the returned promise.
-    Returns the promise (as a reader at `now` sees it) and whether it was created.
+    `links` is (root_id, parent_id) of a workflow's step, recorded on a promise
+    this create makes (or adopts). Returns the promise (as a reader at `now`
+    sees it) and whether it was created.
     """
     if existing is None:
         expire_time = request.expire_time
@@ -192,11 +204,13 @@ def create(
             title=request.title,
             message=request.message,
             requested_by=request.requested_by,
+            root_id=None if links is None else links[0],
+            parent_id=None if links is None else links[1],
         )
         return promise, True
 
     if is_early(existing):
-        return adopt(existing, request), False
+        return adopt(existing, request, links), False
     current = effective(existing, now)
     if request.idempotency_key or existing.idempotency_key_for_create:
         if request.idempotency_key != existing.idempotency_key_for_create:
@@ -227,7 +241,7 @@ def is_early(promise: Promise) -> bool:
     return promise.is_settled and promise.tags.get(EARLY_TAG) == "true"
 
 
-def adopt(early: Promise, request: CreateRequest) -> Promise:
+def adopt(early: Promise, request: CreateRequest, links: tuple[str, str] | None = None) -> Promise:
     """The settled-early promise `early` as the create `request` would have made it.
 
     Its settlement (state, value, time, who) is kept; everything the creator
@@ -243,6 +257,8 @@ def adopt(early: Promise, request: CreateRequest) -> Promise:
         title=request.title,
         message=request.message,
         requested_by=request.requested_by,
+        root_id=early.root_id if links is None else links[0],
+        parent_id=early.parent_id if links is None else links[1],
     )
 
 
@@ -292,7 +308,10 @@ def settle(existing: Promise | None, request: SettleRequest, now: int) -> tuple[
         and (not request.strict or request.state is existing.state)
     ):
         return existing, False
-    if existing.settled_by == TIMEOUT_PRINCIPAL:
+    if existing.settled_by == TIMEOUT_PRINCIPAL and existing.state in (
+        PromiseState.REJECTED_TIMEDOUT,
+        PromiseState.RESOLVED,
+    ):
         raise _timed_out(existing)
     by = f" by {existing.settled_by!r}" if existing.settled_by else ""
     key = (
@@ -304,10 +323,26 @@ def settle(existing: Promise | None, request: SettleRequest, now: int) -> tuple[
     raise PromiseAlreadySettled(
         existing,
         f"promise {existing.id!r} was already {SETTLE_VERBS[existing.state]}"
-        f"{by} at {_iso(existing.settle_time)}{key}; this settle was not applied. "
+        f"{by} at {_iso(existing.settle_time)}{key}{_why(existing)}; this settle was not "
+        "applied. "
         "Read the promise to see its value; only a repeat with the winner's "
         "idempotency key is answered with success",
     )
+
+
+def _why(promise: Promise) -> str:
+    """The reason a cancelled promise's value gives (`{"reason": ...}`), for messages."""
+    if promise.state is not PromiseState.REJECTED_CANCELED or not promise.value.data:
+        return ""
+    try:
+        value = json.loads(promise.value.data)
+    except ValueError:
+        return ""
+    if not isinstance(value, dict) or not isinstance(value.get("reason"), str):
+        return ""
+    workflow = value.get("workflow")
+    of = f", workflow {workflow!r}" if isinstance(workflow, str) else ""
+    return f" (reason: {value['reason']}{of})"
 
 
 def _timed_out(promise: Promise) -> PromiseTimedOut:

@@ -109,8 +109,9 @@ class WriteTx(Protocol):
         new PENDING tasks and which promises settled or were created (nothing to do
         on SQLite)."""
 
-    def pending_descendant_ids(self, root_id: str) -> list[str]:
-        """Ids `<root>.*` of promises still PENDING (a cancelled root takes them along)."""
+    def pending_step_ids(self, parent_ids: Collection[str]) -> list[str]:
+        """Ids of the PENDING promises whose parent_id is one of these (a settling root
+        takes them along), unlocked."""
 
     def get_callbacks(self, promise_ids: Collection[str]) -> list[Callback]: ...
 
@@ -158,7 +159,8 @@ class Store(Protocol):
         """Ids of PENDING promises whose expire_time is at or before `now`, oldest first."""
 
     def promise_tree(self, root_id: str) -> tuple[Promise | None, list[Promise]]:
-        """The root promise and all its descendants (ids `<root>.*`), in creation order."""
+        """The root promise and its steps (parent_id = root_id), in creation order:
+        a child workflow's steps are in the child's tree, not its parent's."""
 
     def get_promises(self, ids: Collection[str]) -> list[Promise]:
         """The promises among `ids` that exist (no lock, no transaction)."""

@@ -74,6 +74,15 @@ _select_expired = (
     .limit(bindparam("limit"))
 )
 _select_expired_locked = _select_expired.with_for_update(skip_locked=True)
+# The steps a settling workflow root ends (ix_promises_pending_parent).
+_select_pending_steps = select(promises.c.id).where(
+    promises.c.parent_id.in_(bindparam("parents", expanding=True)),
+    promises.c.state == PromiseState.PENDING.value,
+)
+# A workflow's history (ix_promises_parent_seq).
+_select_steps = (
+    select(promises).where(promises.c.parent_id == bindparam("parent")).order_by(promises.c.seq)
+)
 _COLUMNS = [c.name for c in promises.c]
 _INSERTED = [name for name in _COLUMNS if name != "seq"]
 # Every column a promise may change after its insert: its settlement, and the
@@ -408,13 +417,11 @@ class _WriteTx(_TaskTx):
         params = {"now": now, "limit": limit}
         return list(self._conn.execute(_select_expired_locked, params).scalars())
 
-    def pending_descendant_ids(self, root_id: str) -> list[str]:
-        stmt = select(promises.c.id).where(
-            promises.c.id >= root_id + ".",
-            promises.c.id < root_id + "/",
-            promises.c.state == PromiseState.PENDING.value,
-        )
-        return list(self._conn.execute(stmt).scalars())
+    def pending_step_ids(self, parent_ids: Collection[str]) -> list[str]:
+        if not parent_ids:
+            return []
+        params = {"parents": sorted(parent_ids)}
+        return list(self._conn.execute(_select_pending_steps, params).scalars())
 
     def get_promises(self, ids: Collection[str]) -> dict[str, Promise]:
         if not ids:
@@ -537,17 +544,10 @@ class SqlStore:
         return self._read(lambda conn: list(conn.execute(_select_expired, params).scalars()))
 
     def promise_tree(self, root_id: str) -> tuple[Promise | None, list[Promise]]:
-        # A range rather than LIKE 'root.%': exact prefix semantics, and an index
-        # range scan on every dialect ('/' is the character after '.'; ids compare
-        # bytewise: COLLATE "C" on PostgreSQL).
-        stmt = (
-            select(promises)
-            .where(promises.c.id >= root_id + ".", promises.c.id < root_id + "/")
-            .order_by(promises.c.seq)
-        )
-
+        # By record (parent_id), never by id prefix: `<root>.x` may be anyone's.
         def read(conn: Connection) -> tuple[Any, list[Any]]:
-            return conn.execute(_select_by_id, {"id": root_id}).first(), list(conn.execute(stmt))
+            root = conn.execute(_select_by_id, {"id": root_id}).first()
+            return root, list(conn.execute(_select_steps, {"parent": root_id}))
 
         root, rows = self._read(read)
         return (None if root is None else _to_promise(root)), [_to_promise(r) for r in rows]
@@ -698,6 +698,8 @@ def _to_row(p: Promise) -> dict[str, Any]:
         "message": p.message,
         "requested_by": p.requested_by,
         "workflow_version": p.workflow_version,
+        "root_id": p.root_id,
+        "parent_id": p.parent_id,
     }
 
 
@@ -716,7 +718,7 @@ def _load_json(value: Any) -> dict[str, str]:
 # statements: seq, id, state, param_headers, param_data, value_headers,
 # value_data, tags, timer, create_time, settle_time, expire_time,
 # idempotency_key_for_create, idempotency_key_for_settle, settled_by, schema,
-# title, message, requested_by, workflow_version.
+# title, message, requested_by, workflow_version, root_id, parent_id.
 def _to_promise(row: Sequence[Any]) -> Promise:
     return Promise(
         id=row[1],
@@ -735,6 +737,8 @@ def _to_promise(row: Sequence[Any]) -> Promise:
         message=row[17],
         requested_by=row[18],
         workflow_version=row[19],
+        root_id=row[20],
+        parent_id=row[21],
     )
 
 

@@ -59,12 +59,26 @@ promises = Table(
     Column("requested_by", String(1024), nullable=True),
     # A root's workflow code version, recorded when a worker first takes it.
     Column("workflow_version", String(128), nullable=True),
+    # A workflow's step: its top-level root, and the workflow whose task created it
+    # (revision 0005). NULL for roots and standalone promises.
+    Column("root_id", _promise_id, nullable=True),
+    Column("parent_id", _promise_id, nullable=True),
 )
 
 # The sweeper's loop: pending promises by expiry. Partial, so settled rows cost nothing.
 Index(
     "ix_promises_pending_expire_time",
     promises.c.expire_time,
+    sqlite_where=text("state = 'PENDING'"),
+    postgresql_where=text("state = 'PENDING'"),
+)
+
+# A workflow's history, in creation order (what a Poll delivery carries).
+Index("ix_promises_parent_seq", promises.c.parent_id, promises.c.seq)
+# The steps a settling root ends: its PENDING ones (few, however long the history).
+Index(
+    "ix_promises_pending_parent",
+    promises.c.parent_id,
     sqlite_where=text("state = 'PENDING'"),
     postgresql_where=text("state = 'PENDING'"),
 )

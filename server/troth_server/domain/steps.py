@@ -1,0 +1,214 @@
+"""A workflow's steps, by record: who may write them, what they belong to, how they end.
+
+A step is a promise a workflow's task created: its `root_id` (the top-level
+workflow root) and `parent_id` (the workflow whose task created it) are
+recorded from the writer's fence, never guessed from the id (DESIGN §4.13).
+A promise whose id merely starts with `<root>.` belongs to nobody.
+
+The rules (one table, enforced by the create and settle ops of the service):
+
+| write                                       | fence                        | else         |
+|---------------------------------------------|------------------------------|--------------|
+| create PENDING (latent, timer, child start) | root's task, current counter | STALE_COUNTER|
+| create with a finished result (a record)    | root's task, any counter     | STALE_COUNTER|
+| settle a `run`/`now`/`random` step          | root's task, any counter     | STALE_COUNTER|
+| create in `<root>.<n>...` or with step tags | required                     | RESERVED_... |
+| settle a latent step (`ctx.promise`)        | none needed (humans)         |              |
+| new PENDING step under a settled root       | -                            | WORKFLOW_... |
+
+RESERVED_... is RESERVED_FOR_WORKFLOW, WORKFLOW_... is WORKFLOW_SETTLED.
+
+When a workflow root settles in any way, its steps still PENDING are settled
+REJECTED_CANCELED with a value saying why (`ended`), and a child workflow's
+root being a step of its parent, cancelling a parent ends its children too.
+Pure: no I/O, `now` is a parameter.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+from troth.errors import Reason
+from troth_server.domain import task as tasks
+from troth_server.domain.errors import DomainError, PromiseAlreadyExists
+from troth_server.domain.promise import (
+    SETTLE_VERBS,
+    TIMEOUT_PRINCIPAL,
+    Payload,
+    Promise,
+    PromiseState,
+)
+from troth_server.domain.task import Task, TaskNotFound
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+INVOKE_TAG = "troth:invoke"
+"""A root promise tagged `troth:invoke=<group>` starts a workflow in that group."""
+KIND_TAG = "troth:kind"
+"""Which command created a step (`promise`, `run`, `sleep`, `start`, `now`, `random`)."""
+CHECKPOINT_KINDS = frozenset({"run", "sleep", "start", "now", "random"})
+"""Step kinds whose value the workflow takes as its own checkpoint: never written
+without the fence of the task holding the workflow. A latent `promise` is settled
+by anyone allowed to settle it."""
+
+_JSON = {"content-type": "application/json"}
+
+
+@dataclass(frozen=True, slots=True)
+class Fence:
+    """Proof that the caller holds a workflow's task (proto `TaskFence`)."""
+
+    task_id: str
+    counter: int
+    worker_id: str
+
+
+class ReservedForWorkflow(DomainError):
+    """A write of a workflow's checkpoint without the fence of the task holding it."""
+
+    reason = Reason.RESERVED_FOR_WORKFLOW
+
+    def __init__(self, promise_id: str, why: str) -> None:
+        super().__init__(
+            f"promise {promise_id!r} {why}: only the worker holding the workflow's task "
+            "writes it (with the task's fence); settle latent promises (ctx.promise) "
+            "instead, or choose an id outside the workflow's step namespace",
+            promise_id=promise_id,
+        )
+        self.promise_id = promise_id
+
+
+class WorkflowSettled(DomainError):
+    """A new PENDING step under a workflow root that is already settled."""
+
+    reason = Reason.WORKFLOW_SETTLED
+
+    def __init__(self, promise_id: str, root: Promise) -> None:
+        super().__init__(
+            f"workflow {root.id!r} is already {SETTLE_VERBS[root.state]} "
+            f"({root.state.value}): no new pending step {promise_id!r} is created under it; "
+            "the workflow sees Cancelled (it may still record compensation steps)",
+            promise_id=promise_id,
+            root_id=root.id,
+            state=root.state.value,
+        )
+        self.root = root
+
+
+def is_workflow(promise: Promise) -> bool:
+    return INVOKE_TAG in promise.tags
+
+
+def is_checkpoint(tags: Mapping[str, str]) -> bool:
+    """Whether these tags mark a `run`, `sleep`, child start, `now` or `random` step."""
+    return tags.get(KIND_TAG) in CHECKPOINT_KINDS
+
+
+def namespace_roots(promise_id: str) -> list[str]:
+    """The ids whose step namespace (`<root>.<n>...`, n a number) `promise_id` is in,
+    if they are workflow roots: `wf.3.1` is in `wf`'s and in `wf.3`'s."""
+    parts = promise_id.split(".")
+    return [
+        ".".join(parts[:i])
+        for i in range(1, len(parts))
+        if parts[i].isdigit() and parts[i].isascii()
+    ]
+
+
+def reserved_by(promise_id: str, loaded: Mapping[str, Promise | None]) -> str | None:
+    """The workflow root (among `loaded`) whose step namespace holds `promise_id`."""
+    for root_id in namespace_roots(promise_id):
+        found = loaded.get(root_id)
+        if found is not None and is_workflow(found):
+            return root_id
+    return None
+
+
+def check_unfenced_create(
+    promise_id: str, tags: Mapping[str, str], loaded: Mapping[str, Promise | None]
+) -> None:
+    """Refuse a create without a fence that would write a workflow's checkpoint."""
+    if is_checkpoint(tags):
+        raise ReservedForWorkflow(promise_id, f"is tagged as a workflow's {tags[KIND_TAG]!r} step")
+    owner = reserved_by(promise_id, loaded)
+    if owner is not None:
+        raise ReservedForWorkflow(promise_id, f"is in workflow {owner!r}'s step namespace")
+
+
+def check_unfenced_settle(
+    promise_id: str, existing: Promise | None, loaded: Mapping[str, Promise | None]
+) -> None:
+    """Refuse a settle without a fence of a workflow's checkpoint step, or one that
+    would create (`create_if_missing`) a promise in a workflow's step namespace."""
+    if existing is None:
+        owner = reserved_by(promise_id, loaded)
+        if owner is not None:
+            raise ReservedForWorkflow(promise_id, f"is in workflow {owner!r}'s step namespace")
+        return
+    if existing.parent_id is not None and is_checkpoint(existing.tags):
+        raise ReservedForWorkflow(
+            promise_id,
+            f"is workflow {existing.parent_id!r}'s {existing.tags[KIND_TAG]!r} step",
+        )
+
+
+def check_fence(task: Task | None, fence: Fence, *, pending: bool) -> Task:
+    """The task the fence names, if the fence may write: a pending step needs the
+    current holder; a finished result is accepted at any counter the task has had
+    (first writer wins by id, so a worker that lost its lease in an outage still
+    records what it computed)."""
+    if task is None:
+        raise TaskNotFound(fence.task_id)
+    if pending:
+        tasks.check_holder(task, fence.worker_id, fence.counter)
+    elif not 1 <= fence.counter <= task.counter:
+        raise tasks.StaleCounter(task, fence.counter, fence.worker_id)
+    return task
+
+
+def links_under(workflow: Promise) -> tuple[str, str]:
+    """(root_id, parent_id) of a step that `workflow`'s task creates."""
+    return workflow.root_id or workflow.id, workflow.id
+
+
+def check_owner(existing: Promise, workflow: Promise, *, latent: bool, early: bool) -> None:
+    """A fenced create of an id that exists: only the workflow's own step is a
+    repeat, and a settled-early promise is adopted only by a latent wait."""
+    if existing.parent_id == workflow.id or (early and latent and existing.parent_id is None):
+        return
+    owner = (
+        f"workflow {existing.parent_id!r}'s step"
+        if existing.parent_id is not None
+        else "a promise that belongs to no workflow"
+        if not early
+        else "an answer given early, which only a latent wait (ctx.promise) adopts"
+    )
+    raise PromiseAlreadyExists(
+        existing.id,
+        f"the id is taken by a promise that is not this workflow's step ({owner}), "
+        f"so workflow {workflow.id!r} cannot use it; give the step another id",
+    )
+
+
+def ended(step: Promise, root: Promise, now: int) -> Promise:
+    """`step`, still PENDING, as its workflow `root` settling leaves it: cancelled,
+    with a value saying why, so that no human waits on it any more."""
+    if root.state is PromiseState.REJECTED_CANCELED:
+        reason = "workflow cancelled"
+    elif root.state is PromiseState.REJECTED_TIMEDOUT:
+        reason = "workflow timed out"
+    else:
+        reason = "workflow ended"
+    value = {"reason": reason, "workflow": root.id, "workflow_state": root.state.value}
+    by = root.settled_by if root.settled_by != TIMEOUT_PRINCIPAL else "troth:workflow"
+    return replace(
+        step,
+        state=PromiseState.REJECTED_CANCELED,
+        value=Payload(_JSON, json.dumps(value).encode()),
+        settle_time=now,
+        idempotency_key_for_settle=None,
+        settled_by=by,
+    )

@@ -1,0 +1,107 @@
+"""The step rules of `domain.steps`: namespaces, fences, ownership and how steps end."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from troth_server.domain.errors import PromiseAlreadyExists
+from troth_server.domain.promise import EMPTY, Promise, PromiseState
+from troth_server.domain.steps import (
+    Fence,
+    ReservedForWorkflow,
+    check_fence,
+    check_owner,
+    check_unfenced_create,
+    check_unfenced_settle,
+    ended,
+    links_under,
+    namespace_roots,
+)
+from troth_server.domain.task import StaleCounter, Task, TaskKind, TaskNotFound, TaskState
+
+T0 = 1_767_225_600_000
+ROOT = {"troth:invoke": "g", "troth:func": "wf"}
+
+
+def _promise(promise_id: str, tags: dict[str, str] | None = None, **fields: Any) -> Promise:
+    fields.setdefault("state", PromiseState.PENDING)
+    return Promise(promise_id, param=EMPTY, value=EMPTY, tags=tags or {}, create_time=T0, **fields)
+
+
+def test_the_step_namespace_is_a_root_then_a_number() -> None:
+    assert namespace_roots("wf.3") == ["wf"]
+    assert namespace_roots("wf.3.1") == ["wf", "wf.3"]
+    assert namespace_roots("acme-x.invoice-42") == []
+    assert namespace_roots("acme-x.child") == []
+    assert namespace_roots("a.b.7") == ["a.b"]
+    assert namespace_roots("plain") == []
+
+
+def test_unfenced_writes_of_checkpoints_are_refused() -> None:
+    loaded = {"wf": _promise("wf", ROOT), "plain": _promise("plain")}
+    check_unfenced_create("plain.0", {}, loaded)  # a plain promise reserves nothing
+    check_unfenced_create("wf.invoice", {}, loaded)  # not a numbered step
+    with pytest.raises(ReservedForWorkflow, match="namespace"):
+        check_unfenced_create("wf.0", {}, loaded)
+    with pytest.raises(ReservedForWorkflow, match="'run' step"):
+        check_unfenced_create("anything", {"troth:kind": "run"}, loaded)
+    check_unfenced_create("anything", {"troth:kind": "promise"}, loaded)
+    latent = _promise("wf.0", {"troth:kind": "promise"}, parent_id="wf", root_id="wf")
+    check_unfenced_settle("wf.0", latent, loaded)  # humans settle latent steps
+    run = _promise("wf.1", {"troth:kind": "run"}, parent_id="wf", root_id="wf")
+    with pytest.raises(ReservedForWorkflow):
+        check_unfenced_settle("wf.1", run, loaded)
+    with pytest.raises(ReservedForWorkflow):
+        check_unfenced_settle("wf.2", None, loaded)  # create_if_missing in the namespace
+    check_unfenced_settle("approval-7", None, loaded)  # settle-before-wait, named waits
+
+
+def test_a_fence_writes_pending_steps_at_the_current_counter_and_results_at_any() -> None:
+    task = Task("t", "wf", "g", TaskKind.INVOKE, TaskState.CLAIMED, counter=3, worker_id="w")
+    assert check_fence(task, Fence("t", 3, "w"), pending=True) is task
+    with pytest.raises(StaleCounter):
+        check_fence(task, Fence("t", 2, "w"), pending=True)
+    with pytest.raises(StaleCounter):
+        check_fence(task, Fence("t", 3, "other"), pending=True)
+    assert check_fence(task, Fence("t", 1, "w-old"), pending=False) is task
+    with pytest.raises(StaleCounter):
+        check_fence(task, Fence("t", 4, "w"), pending=False)
+    with pytest.raises(TaskNotFound):
+        check_fence(None, Fence("t", 1, "w"), pending=False)
+
+
+def test_only_the_workflows_own_step_or_an_early_answer_to_a_wait_is_reused() -> None:
+    workflow = _promise("wf.3", ROOT, root_id="wf", parent_id="wf")
+    assert links_under(workflow) == ("wf", "wf.3")
+    assert links_under(_promise("wf", ROOT)) == ("wf", "wf")
+    own = _promise("wf.3.0", parent_id="wf.3")
+    check_owner(own, workflow, latent=False, early=False)
+    check_owner(_promise("x"), workflow, latent=True, early=True)
+    for taken, latent, early in [
+        (_promise("x"), True, False),  # nobody's
+        (_promise("x", parent_id="other"), True, False),  # another workflow's
+        (_promise("x"), False, True),  # an early answer is no run step's record
+    ]:
+        with pytest.raises(PromiseAlreadyExists, match="not this workflow's step"):
+            check_owner(taken, workflow, latent=latent, early=early)
+
+
+def test_a_step_ends_with_its_root_saying_why() -> None:
+    step = _promise("wf.0", parent_id="wf", root_id="wf")
+    for state, reason in [
+        (PromiseState.RESOLVED, "workflow ended"),
+        (PromiseState.REJECTED, "workflow ended"),
+        (PromiseState.REJECTED_CANCELED, "workflow cancelled"),
+        (PromiseState.REJECTED_TIMEDOUT, "workflow timed out"),
+    ]:
+        root = _promise("wf", ROOT, state=state, settled_by="ops")
+        done = ended(step, root, T0 + 5)
+        assert (done.state, done.settle_time, done.settled_by) == (
+            PromiseState.REJECTED_CANCELED, T0 + 5, "ops",
+        )  # fmt: skip
+        assert json.loads(done.value.data) == {
+            "reason": reason, "workflow": "wf", "workflow_state": state.value,
+        }  # fmt: skip
