@@ -271,3 +271,24 @@ def test_a_repeated_suspension_is_answered_and_changes_nothing(env: Env) -> None
     env.resolve("wf-park.0")
     (resume,) = env.claim("w1")
     assert (resume.kind, resume.root_promise_id) == (TaskKind.RESUME, "wf-park")
+
+
+def test_after_an_outage_a_lease_is_kept_one_lease_length(env: Env) -> None:
+    env.start("wf-outage")
+    (task,) = env.claim("w1")
+    env.clock.now += 3 * LEASE  # the server was away: nobody could heartbeat
+    back = env.clock.now
+
+    def came_back(now: int) -> int:
+        return back
+
+    assert env.tasks.expire_leases(100, came_back=came_back) == []
+    env.clock.now += LEASE - 1
+    assert env.tasks.expire_leases(100, came_back=came_back) == []
+    # The worker heartbeats in time, with a longer lease: that is the one kept.
+    (renewed,) = env.tasks.heartbeat("w1", 2 * LEASE)
+    assert renewed.lease_ms == 2 * LEASE and renewed.counter == task.counter
+    env.clock.now += 2 * LEASE
+    assert [t.state for t in env.tasks.expire_leases(100, came_back=came_back)] == [
+        TaskState.PENDING
+    ]
