@@ -102,11 +102,12 @@ class StoreClock(Protocol):
         """The time a write transaction decides at, read once per transaction."""
 
 
-def transaction_time(clock: Callable[[], int], tx: WriteTx) -> int:
-    """The time `tx` decides at: the store clock's, or a plain clock's now (tests)."""
+def transaction_clock(clock: Callable[[], int]) -> Callable[[WriteTx], int]:
+    """What gives a write transaction its time: the store clock's reading inside it,
+    or a plain clock's now (tests inject those)."""
     if isinstance(clock, StoreClock):
-        return clock.in_transaction(tx)
-    return clock()
+        return clock.in_transaction
+    return lambda _tx: clock()
 
 
 class GuardedClock:

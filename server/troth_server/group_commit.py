@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, cast
 import structlog
 
 from troth.errors import Reason
-from troth_server.clock import transaction_time
+from troth_server.clock import transaction_clock
 from troth_server.domain import promise as domain
 from troth_server.domain import task as tasks
 from troth_server.domain.errors import DomainError
@@ -329,7 +329,7 @@ class GroupCommitter:
         on_store_error: Callable[[], None] | None = None,
     ) -> None:
         self._store = store
-        self._clock = clock
+        self._transaction_time = transaction_clock(clock)
         """The store's clock (`troth_server.clock`): read once per transaction, inside it."""
         self._on_store_error = on_store_error
         self._on_commit = on_commit
@@ -425,7 +425,7 @@ class GroupCommitter:
     def _run(self, items: list[_Item[Any]]) -> None:
         def work(tx: WriteTx) -> tuple[list[tuple[bool, Any]], list[StateChange], set[str]]:
             # One clock read per transaction: the whole batch decides at that time.
-            return _fold(tx, items, transaction_time(self._clock, tx))
+            return _fold(tx, items, self._transaction_time(tx))
 
         try:
             outcomes, changes, pending_groups = self._store.write(work)

@@ -15,7 +15,7 @@ from troth_server.clock import (
     GuardedClock,
     OutageGuard,
     WallClock,
-    transaction_time,
+    transaction_clock,
 )
 from troth_server.domain import task as tasks
 from troth_server.domain.task import UNKNOWN_LEASE_MS, Task, TaskKind, TaskState
@@ -104,8 +104,8 @@ def test_never_goes_back_even_if_the_monotonic_source_does() -> None:
 def test_in_a_transaction_it_is_the_same_clock() -> None:
     s = Sources()
     clock = s.guarded()
-    assert transaction_time(clock, None) == clock()  # type: ignore[arg-type]
-    assert transaction_time(lambda: 42, None) == 42  # type: ignore[arg-type]
+    assert transaction_clock(clock)(None) == clock()  # type: ignore[arg-type]
+    assert transaction_clock(lambda: 42)(None) == 42  # type: ignore[arg-type]
 
 
 @settings(max_examples=300, deadline=None)
@@ -217,7 +217,7 @@ def test_writes_decide_at_the_databases_time_and_reads_never_estimate_early() ->
 
     clock = DatabaseClock(read, lambda: mono[0], max_age_ms=1_000)
     tx = FakeTx(T0 + 5)
-    assert transaction_time(clock, tx) == T0 + 5  # type: ignore[arg-type]
+    assert transaction_clock(clock)(tx) == T0 + 5  # type: ignore[arg-type]
     assert reads == []
     mono[0] += 300
     assert clock() == T0 + 305  # the reading plus the monotonic time since it was asked
