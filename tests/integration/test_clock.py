@@ -12,7 +12,8 @@ takes the task, heartbeats made (or not) by the test.
 - Two PostgreSQL replicas whose clocks are 5 s apart agree: once one answered
   TIMED_OUT the other refuses a resolve, and no reader sees a settled promise
   change.
-- A server frozen (SIGSTOP) or killed and restarted for longer than a lease
+- A server frozen (SIGSTOP), killed and restarted, or cut off from its store for
+  longer than a lease
   keeps the lease of a worker that heartbeats again right after it is back.
 """
 
@@ -366,3 +367,32 @@ def test_a_server_restarted_after_longer_than_the_lease_keeps_it_for_a_worker_ba
         time.sleep(0.5)  # the worker's next heartbeat, once the server answers again
         held = heartbeat(s.tasks, poller.worker, lease_s=2)
         assert held == {task_id: counter}, "the outage took the lease"
+
+
+def test_a_store_unreachable_for_longer_than_the_lease_takes_no_lease_when_it_is_back(
+    tmp_path: Path,
+) -> None:
+    """Another process holds the SQLite write lock for 6 s: the server can write nothing
+    (no heartbeat, no sweep gets through); once the lock is gone, a worker that
+    heartbeats again at once keeps its 2 s lease."""
+    import sqlite3
+
+    with clocked_server(tmp_path / "server") as s:
+        group = f"g-{uuid.uuid4().hex[:6]}"
+        poller = Poller(s.tasks, group, lease_s=2)
+        try:
+            start_workflow(s.promises, group)
+            task_id, counter = taken(poller)
+            assert poller.heartbeat() == {task_id: counter}
+            db_path = s.server.db_url.removeprefix("sqlite:///")
+            blocker = sqlite3.connect(db_path, isolation_level=None)
+            try:
+                blocker.execute("BEGIN EXCLUSIVE")
+                time.sleep(6.0)
+                blocker.execute("COMMIT")
+            finally:
+                blocker.close()
+            time.sleep(0.5)  # the worker's next heartbeat, once the store is back
+            assert poller.heartbeat() == {task_id: counter}, "the store outage took the lease"
+        finally:
+            poller.cancel()
