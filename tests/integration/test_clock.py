@@ -13,8 +13,8 @@ takes the task, heartbeats made (or not) by the test.
   TIMED_OUT the other refuses a resolve, and no reader sees a settled promise
   change.
 - A server frozen (SIGSTOP), killed and restarted, or cut off from its store for
-  longer than a lease
-  keeps the lease of a worker that heartbeats again right after it is back.
+  longer than a lease keeps the lease of a worker that heartbeats again right
+  after it is back.
 """
 
 from __future__ import annotations
