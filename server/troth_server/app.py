@@ -22,9 +22,16 @@ from troth.v1 import promises_pb2, promises_pb2_grpc, tasks_pb2, tasks_pb2_grpc
 from troth_server import _logging
 from troth_server.api.promises import PromisesServicer
 from troth_server.api.tasks import TasksServicer
+from troth_server.clock import (
+    DatabaseClock,
+    GuardedClock,
+    OutageGuard,
+    WallClock,
+    monotonic_ms,
+)
 from troth_server.config import Settings, settings_from
 from troth_server.dispatch import Dispatcher
-from troth_server.group_commit import GroupCommitter, wall_clock_ms
+from troth_server.group_commit import GroupCommitter
 from troth_server.service import PromiseService
 from troth_server.store import StoreError, StoreEvent, open_store
 from troth_server.sweeper import Sweeper
@@ -33,6 +40,8 @@ from troth_server.watch import WatchHub
 
 if TYPE_CHECKING:
     from collections.abc import Callable
+
+    from troth_server.store import Store
 
 log = structlog.get_logger("troth.server")
 
@@ -60,10 +69,25 @@ def grpc_options(settings: Settings) -> list[tuple[str, int]]:
     ]
 
 
+def store_clock(store: Store, wall: Callable[[], int]) -> Callable[[], int]:
+    """The clock every decision is made by (`troth_server.clock`): the database's own
+    where it has one (PostgreSQL), else this server's, guarded against wall clock jumps
+    and never behind the newest time stored."""
+    if store.database_time() is None:
+        return GuardedClock(wall, floor=store.newest_time())
+
+    def database_time() -> int:
+        now = store.database_time()
+        assert now is not None
+        return now
+
+    return DatabaseClock(database_time)
+
+
 class Core:
     """Everything but gRPC: the store, its single writer, the service, the sweeper."""
 
-    def __init__(self, settings: Settings, clock: Callable[[], int] = wall_clock_ms) -> None:
+    def __init__(self, settings: Settings, clock: Callable[[], int] | None = None) -> None:
         self.settings = settings
         self.store = open_store(
             settings.db,
@@ -71,12 +95,18 @@ class Core:
             migrate=settings.migrate,
             application_name=f"troth-server {settings.listen} pid {os.getpid()}",
         )
+        if clock is None:
+            clock = store_clock(self.store, WallClock.from_env())
+        self.clock = clock
+        # Leases are not taken until one lease length after the start (§2 Lease).
+        self.outages = OutageGuard(clock(), monotonic_ms(), interval_ms=settings.sweep_interval_ms)
         self.committer = GroupCommitter(
             self.store,
             clock,
             on_commit=lambda changes: self.service.on_commit(changes),
             max_batch=settings.commit_max_batch,
             on_pending_tasks=lambda groups: self.dispatcher.wake(groups),
+            on_store_error=self.outages.store_failed,
         )
         self.service = PromiseService(self.store, self.committer, WatchHub(), clock)
         self.tasks = TaskService(self.store, self.committer, clock)
@@ -87,16 +117,25 @@ class Core:
             batch_size=settings.sweep_batch,
             on_tick=self._tick,
             others_waiting=self.committer.busy,
+            on_store_error=self.outages.store_failed,
         )
 
     def _tick(self) -> None:
-        self.dispatcher.lost(self.tasks.expire_leases(self.settings.sweep_batch))
+        # Back from being away (frozen, or cut off from the store)? Then workers
+        # could not heartbeat: no lease is taken for one lease length from then.
+        # Asked inside the sweep's transaction, at its time.
+        self.dispatcher.lost(
+            self.tasks.expire_leases(self.settings.sweep_batch, came_back=self._came_back)
+        )
         # The fallbacks: a missed wake-up (or announcement from another replica)
         # only delays a task or a watcher by one tick, never loses it.
         self.dispatcher.wake_all()
         if self.store.shared:
             self.dispatcher.reconcile()
             self.service.on_remote_settled(None)
+
+    def _came_back(self, now: int) -> int:
+        return self.outages.tick(now, monotonic_ms())
 
     def _on_store_event(self, event: StoreEvent) -> None:
         """Another replica committed: wake what waits here for it."""

@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
-import time
 import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, cast
@@ -26,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, cast
 import structlog
 
 from troth.errors import Reason
+from troth_server.clock import transaction_clock
 from troth_server.domain import promise as domain
 from troth_server.domain import steps
 from troth_server.domain import task as tasks
@@ -347,9 +347,12 @@ class GroupCommitter:
         *,
         max_batch: int = 512,
         on_pending_tasks: Callable[[set[str]], None] | None = None,
+        on_store_error: Callable[[], None] | None = None,
     ) -> None:
         self._store = store
-        self._clock = clock
+        self._transaction_time = transaction_clock(clock)
+        """The store's clock (`troth_server.clock`): read once per transaction, inside it."""
+        self._on_store_error = on_store_error
         self._on_commit = on_commit
         self._on_pending_tasks = on_pending_tasks
         self._max_batch = max_batch
@@ -441,10 +444,15 @@ class GroupCommitter:
             _wake_loops(group or [])
 
     def _run(self, items: list[_Item[Any]]) -> None:
-        now = self._clock()
+        def work(tx: WriteTx) -> tuple[list[tuple[bool, Any]], list[StateChange], set[str]]:
+            # One clock read per transaction: the whole batch decides at that time.
+            return _fold(tx, items, self._transaction_time(tx))
+
         try:
-            outcomes, changes, pending_groups = self._store.write(lambda tx: _fold(tx, items, now))
+            outcomes, changes, pending_groups = self._store.write(work)
         except StoreError as exc:
+            if isinstance(exc, StoreUnavailable) and self._on_store_error is not None:
+                self._on_store_error()
             if len(items) > 1:
                 # One bad request must not fail its neighbours: retry each alone.
                 for item in items:
@@ -570,7 +578,3 @@ def _load_steps(tx: WriteTx, promises: dict[str, Promise], settling: set[str], n
         found = tx.get_promises(set(tx.pending_step_ids(frontier)) - promises.keys())
         promises.update(found)
         frontier = [p.id for p in found.values() if INVOKE_TAG in p.tags]
-
-
-def wall_clock_ms() -> int:
-    return time.time_ns() // 1_000_000

@@ -1,8 +1,13 @@
 """Use cases of the Promises API: one function per RPC, each one transaction.
 
 Writes go through the group committer (so they share commits); reads go
-straight to the store and are passed through `domain.effective`, so that a
-read after a promise's expire_time never shows it PENDING, sweeper or not.
+straight to the store. A read that finds a PENDING promise past its
+expire_time (by the store's clock: `troth_server.clock`) does not decide the
+timeout itself: it asks the writer, which settles it at the transaction's time
+unless a settle committed first, and answers what was committed. So a read
+after expire_time never shows PENDING, sweeper or not, and a timeout a reader
+was told of is already in the store: no replica then accepts a settle of that
+promise, and no reader sees it change (§4 rules 3 and 4).
 Nothing here knows protobuf or gRPC.
 """
 
@@ -143,19 +148,36 @@ class _SettleOp:
 
 @dataclass(frozen=True, slots=True)
 class _ExpireOp:
-    now: int
+    now: int | None
+    """None: the transaction's time (the store's clock), as in production."""
     limit: int
     ids: list[str] = field(default_factory=list)
     """Chosen (and locked) inside the transaction, each time it runs."""
 
     def keys(self, tx: WriteTx, now: int) -> Keys:
         # Another replica's sweep holds the rows it is expiring: skipped, not waited for.
-        self.ids[:] = tx.expired_promise_ids(self.now, self.limit)
+        at = now if self.now is None else self.now
+        self.ids[:] = tx.expired_promise_ids(at, self.limit)
         return Keys(promises=self.ids, steps_of=self.ids)
 
     def apply(self, batch: Batch) -> int:
         # Re-checked on the batch's view: a settle of the same batch may have won.
-        return sum(batch.expire_if_due(promise_id, self.now) for promise_id in self.ids)
+        at = batch.now if self.now is None else self.now
+        return sum(batch.expire_if_due(promise_id, at) for promise_id in self.ids)
+
+
+@dataclass(frozen=True, slots=True)
+class _ReadDueOp:
+    """Promises a reader found past their expire_time: as the writer decides them."""
+
+    ids: tuple[str, ...]
+
+    def keys(self, tx: WriteTx, now: int) -> Keys:
+        return Keys(promises=self.ids)
+
+    def apply(self, batch: Batch) -> list[Promise]:
+        # `get` settles a promise due at the batch's time; one settled first stays so.
+        return [p for p in map(batch.get, self.ids) if p is not None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,22 +230,43 @@ class PromiseService:
         return await self._committer.submit_async(_SettleOp(request, fence))
 
     def expire_overdue(self, limit: int, now: int | None = None) -> int:
-        """Settle up to `limit` promises overdue at `now` (default: the clock) in one
-        transaction; returns how many it settled."""
-        now = self._clock() if now is None else now
+        """Settle up to `limit` promises overdue at `now` (default: the store's clock,
+        read inside the transaction) in one transaction; returns how many it settled."""
         # A read first: a quiet sweep costs no write transaction.
-        if not self._store.expired_promise_ids(now, 1):
+        if not self._store.expired_promise_ids(self._clock() if now is None else now, 1):
             return 0
         return self._committer.submit(_ExpireOp(now, limit))
 
     def now(self) -> int:
+        """The store's clock now (never behind it: see `troth_server.clock`)."""
         return self._clock()
 
     def get(self, promise_id: str) -> Promise:
         found = self._store.get_promise(promise_id)
         if found is None:
             raise PromiseNotFound(promise_id)
-        return domain.effective(found, self._clock())
+        return self.decided([found], self._clock())[0]
+
+    async def get_async(self, promise_id: str) -> Promise:
+        """`get` for an event loop: a timeout is decided without blocking the loop."""
+        found = self._store.get_promise(promise_id)
+        if found is None:
+            raise PromiseNotFound(promise_id)
+        return (await self.decided_async([found], self._clock()))[0]
+
+    def decided(self, found: list[Promise], now: int) -> list[Promise]:
+        """`found` as a reader at `now` must see it: a PENDING promise past its
+        expire_time as the writer settled it (timed out, or settled just before)."""
+        due = _due(found, now)
+        if not due:
+            return found
+        return _merge(found, self._committer.submit(_ReadDueOp(due)))
+
+    async def decided_async(self, found: list[Promise], now: int) -> list[Promise]:
+        due = _due(found, now)
+        if not due:
+            return found
+        return _merge(found, await self._committer.submit_async(_ReadDueOp(due)))
 
     def search(
         self,
@@ -255,7 +298,12 @@ class PromiseService:
         rows = rows[:page_size]
         last = paging.Cursor(rows[-1].seq, rows[-1].promise.expire_time) if more else None
         token = paging.encode(last, order, query) if last is not None else ""
-        return SearchPage([domain.effective(r.promise, now) for r in rows], token)
+        found = self.decided([r.promise for r in rows], now)
+        if states:
+            # A row the filter took as timed out that the writer found settled
+            # otherwise (or, at its time, not yet due) is not what was asked for.
+            found = [p for p in found if p.state in states]
+        return SearchPage(found, token)
 
     def watch(self, promise_id: str) -> PromiseWatch:
         """The promise now, then once more when it settles (see `PromiseWatch`)."""
@@ -313,6 +361,15 @@ class PromiseService:
             )
 
 
+def _due(found: list[Promise], now: int) -> tuple[str, ...]:
+    return tuple(p.id for p in found if domain.is_expired(p, now))
+
+
+def _merge(found: list[Promise], decided: list[Promise]) -> list[Promise]:
+    by_id = {p.id: p for p in decided}
+    return [by_id.get(p.id, p) for p in found]
+
+
 class PromiseWatch:
     """Iterate to get the promise now, then settled; `cancel()` ends it from any thread.
 
@@ -342,7 +399,14 @@ class PromiseWatch:
         return max(0.0, (current.expire_time - self._service.now()) / 1000)
 
     def _woken(self, current: Promise) -> Promise:
-        return self._subscription.settled or domain.effective(current, self._service.now())
+        if self._subscription.settled is not None:
+            return self._subscription.settled
+        return self._service.decided([current], self._service.now())[0]
+
+    async def _woken_async(self, current: Promise) -> Promise:
+        if self._subscription.settled is not None:
+            return self._subscription.settled
+        return (await self._service.decided_async([current], self._service.now()))[0]
 
     def __iter__(self) -> Iterator[Promise]:
         try:
@@ -367,14 +431,14 @@ class AsyncPromiseWatch(PromiseWatch):
 
     async def __aiter__(self) -> AsyncIterator[Promise]:
         try:
-            current = self._first()
+            current = await self._service.get_async(self._subscription.promise_id)
             yield current
             while not current.is_settled:
                 timeout = self._wait_for(current)
                 if timeout is not None and timeout < 0:
                     return
                 await self._subscription.wait_async(timeout)
-                current = self._woken(current)
+                current = await self._woken_async(current)
                 if current.is_settled:
                     yield current
         finally:

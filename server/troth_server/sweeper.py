@@ -40,6 +40,7 @@ class Sweeper:
         batch_size: int,
         on_tick: Callable[[], None] | None = None,
         others_waiting: Callable[[], bool] = lambda: False,
+        on_store_error: Callable[[], None] = lambda: None,
     ) -> None:
         if interval <= 0 or batch_size <= 0:
             raise ValueError("sweeper interval and batch size must be positive")
@@ -50,6 +51,8 @@ class Sweeper:
         """More periodic work on the same beat (task leases, the dispatch fallback)."""
         self._others_waiting = others_waiting
         """Whether requests wait for the writer: a long sweep then takes turns with them."""
+        self._on_store_error = on_store_error
+        """A pass failed to reach the store (the outage guard hears of it)."""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="troth-sweeper", daemon=True)
         self.swept = threading.Event()
@@ -89,6 +92,7 @@ class Sweeper:
                 if self._on_tick is not None:
                     self._on_tick()
             except StoreError as exc:
+                self._on_store_error()
                 log.warning("sweeper.store_unavailable", error=str(exc))
             except Exception:
                 log.exception("sweeper.failed")

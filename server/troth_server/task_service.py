@@ -8,7 +8,7 @@ claimed tasks down workers' Poll streams build on these (issue 3).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from troth_server.domain import promise as domain
@@ -217,21 +217,29 @@ class _ReclaimOp:
     """Tasks whose lease ran out, or whose worker's stream broke, back to the group."""
 
     worker_id: str | None
-    now: int
+    now: int | None
+    """None: the transaction's time (the store's clock), as in production."""
     limit: int
+    came_back: Callable[[int], int] | None = None
+    """When this server last came back from being away (`tasks.lease_expired`), asked
+    at the transaction's time: a freeze just before it cannot slip past the check."""
+    since: list[int | None] = field(default_factory=lambda: [None])
 
     def keys(self, tx: WriteTx, now: int) -> Keys:
         if self.worker_id is not None:
             return _claimed_keys(tx, self.worker_id)
-        return Keys(tasks=tx.lease_expired_tasks(self.now, self.limit))
+        at = now if self.now is None else self.now
+        self.since[0] = None if self.came_back is None else self.came_back(at)
+        return Keys(tasks=tx.lease_expired_tasks(at, self.limit, self.since[0]))
 
     def apply(self, batch: Batch) -> list[Task]:
+        at = batch.now if self.now is None else self.now
         returned = []
         for task in batch.claimed_by(self.worker_id):
             back = (
                 tasks.worker_gone(task, self.worker_id)
                 if self.worker_id is not None
-                else tasks.expire_lease(task, self.now)
+                else tasks.expire_lease(task, at, self.since[0])
             )
             if back is not task:
                 batch.put_task(back)
@@ -308,11 +316,23 @@ class TaskService:
         return await self._committer.submit_async(op)
 
     def worker_gone(self, worker_id: str) -> list[Task]:
-        return self._committer.submit(_ReclaimOp(worker_id, self._clock(), 0))
+        return self._committer.submit(_ReclaimOp(worker_id, None, 0))
 
-    def expire_leases(self, limit: int, now: int | None = None) -> list[Task]:
-        now = self._clock() if now is None else now
-        return self._committer.submit(_ReclaimOp(None, now, limit))
+    def expire_leases(
+        self,
+        limit: int,
+        now: int | None = None,
+        *,
+        came_back: Callable[[int], int] | None = None,
+    ) -> list[Task]:
+        """Give back up to `limit` tasks whose lease ran out at `now` (default: the
+        store's clock, read inside the transaction), but none within one lease length
+        of `came_back(now)`: when this server last came back from being away."""
+        return self._committer.submit(_ReclaimOp(None, now, limit, came_back))
+
+    def now(self) -> int:
+        """The store's clock now (`troth_server.clock`): what leases are measured by."""
+        return self._clock()
 
 
 __all__ = ["Claimed", "TaskService", "TaskState"]

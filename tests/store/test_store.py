@@ -496,3 +496,32 @@ def test_sqlite_file_is_in_wal_mode(tmp_path: Path) -> None:
     with sqlite3.connect(tmp_path / "t.db") as conn:
         assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
     conn.close()
+
+
+# -- the store's clock -----------------------------------------------------------------
+
+
+def test_the_newest_stored_time_covers_creates_and_settles(store: Store) -> None:
+    assert store.newest_time() == 0
+    insert(store, make("a", create_time=T0), make("b", create_time=T0 + 5))
+    assert store.newest_time() == T0 + 5
+    # A settle later than every create (the settle_time of make() is create_time + 1).
+    insert(store, make("c", state=PromiseState.RESOLVED, create_time=T0 + 9))
+    assert store.newest_time() == T0 + 10
+
+
+def test_postgresql_has_a_clock_of_its_own_and_sqlite_none(store: Store, store_url: str) -> None:
+    import time
+
+    def in_tx(tx: WriteTx) -> int | None:
+        return tx.database_time()
+
+    if store_url.startswith("sqlite"):
+        assert store.database_time() is None
+        assert store.write(in_tx) is None
+        return
+    machine = time.time_ns() // 1_000_000
+    read, written = store.database_time(), store.write(in_tx)
+    assert read is not None and written is not None
+    # The machine's PostgreSQL runs on this machine's clock.
+    assert abs(read - machine) < 5_000 and abs(written - machine) < 5_000

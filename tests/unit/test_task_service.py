@@ -278,3 +278,28 @@ def test_a_repeated_suspension_is_answered_and_changes_nothing(env: Env) -> None
     env.resolve("wf-park.0")
     (resume,) = env.claim("w1")
     assert (resume.kind, resume.root_promise_id) == (TaskKind.RESUME, "wf-park")
+
+
+def test_after_an_outage_a_lease_is_kept_one_lease_length(env: Env) -> None:
+    env.start("wf-outage")
+    env.claim("w1")
+    env.clock.now += 3 * LEASE  # the server was away: nobody could heartbeat
+    back = [env.clock.now]
+
+    def came_back(now: int) -> int:
+        return back[0]
+
+    def expired() -> list[TaskState]:
+        return [t.state for t in env.tasks.expire_leases(100, came_back=came_back)]
+
+    assert expired() == []
+    env.clock.now += LEASE - 1
+    assert expired() == []
+    # The worker heartbeats in time, asking for a longer lease: that one is recorded.
+    env.tasks.heartbeat("w1", 2 * LEASE)
+    lease_ends = env.clock.now + 2 * LEASE
+    back[0] = env.clock.now + LEASE  # and the server is away again, for a while
+    env.clock.now = lease_ends + LEASE // 2
+    assert expired() == []  # within 2 * LEASE of coming back
+    env.clock.now = back[0] + 2 * LEASE
+    assert expired() == [TaskState.PENDING]

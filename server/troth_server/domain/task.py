@@ -14,9 +14,12 @@ Legal moves, the one table of this machine:
 | CLAIMED   | heartbeat (same W, counter)    | CLAIMED   | same    |
 | CLAIMED   | complete (same counter)        | COMPLETED | same    |
 | CLAIMED   | release (same counter)         | PENDING   | same    |
-| CLAIMED   | lease expired (now ≥ lease)    | PENDING   | same    |
+| CLAIMED   | lease expired (now ≥ lease)*   | PENDING   | same    |
 | CLAIMED   | W's stream broke               | PENDING   | same    |
 | COMPLETED | anything                       | unchanged, or an error |
+
+(*) and one lease length has passed since the server was last away (started,
+frozen, cut off from its store): an outage never takes a lease.
 
 The counter is the fencing token: it changes on every (re)assignment, so a call
 carrying an older counter comes from a worker that lost the task
@@ -62,6 +65,9 @@ class Task:
     counter: int = 0
     worker_id: str | None = None
     lease_expire_time: int | None = None
+    lease_ms: int | None = None
+    """The lease length the holder asked for (its latest claim or heartbeat): after an
+    outage the lease is taken only once this long has passed since the server was back."""
     preferred_worker_id: str | None = None
     """The worker that suspended the root: it may still hold the generator."""
     resume_pending: bool = False
@@ -158,6 +164,7 @@ def claim(task: Task, worker_id: str, now: int, lease_ms: int) -> Task:
         counter=task.counter + 1,
         worker_id=worker_id,
         lease_expire_time=now + lease_ms,
+        lease_ms=lease_ms,
     )
 
 
@@ -182,7 +189,7 @@ def check_holder(task: Task, worker_id: str, counter: int) -> None:
 def heartbeat(task: Task, worker_id: str, counter: int, now: int, lease_ms: int) -> Task:
     """Extend the lease of a task this worker holds at this counter."""
     check_holder(task, worker_id, counter)
-    return replace(task, lease_expire_time=now + lease_ms)
+    return replace(task, lease_expire_time=now + lease_ms, lease_ms=lease_ms)
 
 
 def completed_by(task: Task, worker_id: str, counter: int) -> bool:
@@ -211,17 +218,32 @@ def release(task: Task, worker_id: str, counter: int) -> Task:
     return _back_to_pending(task)
 
 
-def lease_expired(task: Task, now: int) -> bool:
-    return (
-        task.state is TaskState.CLAIMED
-        and task.lease_expire_time is not None
-        and now >= task.lease_expire_time
-    )
+UNKNOWN_LEASE_MS = 600_000
+"""The lease assumed for a task claimed before leases were recorded (the default
+longest lease a worker may ask for)."""
 
 
-def expire_lease(task: Task, now: int) -> Task:
+def lease_expired(task: Task, now: int, back_since: int | None = None) -> bool:
+    """Whether the task's lease has run out at `now`.
+
+    `back_since` is when this server last came back from being away (started,
+    frozen, cut off from its store): its workers could not heartbeat meanwhile,
+    so an outage never takes a lease: not before one lease length has passed
+    since then.
+    """
+    if (
+        task.state is not TaskState.CLAIMED
+        or task.lease_expire_time is None
+        or now < task.lease_expire_time
+    ):
+        return False
+    lease = UNKNOWN_LEASE_MS if task.lease_ms is None else task.lease_ms
+    return back_since is None or now >= back_since + lease
+
+
+def expire_lease(task: Task, now: int, back_since: int | None = None) -> Task:
     """The task as it is once its lease ran out (unchanged if it has not)."""
-    return _back_to_pending(task) if lease_expired(task, now) else task
+    return _back_to_pending(task) if lease_expired(task, now, back_since) else task
 
 
 def worker_gone(task: Task, worker_id: str) -> Task:
@@ -238,6 +260,7 @@ def _back_to_pending(task: Task) -> Task:
         state=TaskState.PENDING,
         worker_id=None,
         lease_expire_time=None,
+        lease_ms=None,
         preferred_worker_id=None,
     )
 

@@ -87,6 +87,10 @@ class WriteTx(Protocol):
 
     row_locks: bool
 
+    def database_time(self) -> int | None:
+        """The database's clock now, in ms since the epoch, read inside this transaction;
+        None where the database keeps no clock of its own (SQLite: the server's decides)."""
+
     def get_promises(self, ids: Collection[str]) -> dict[str, Promise]: ...
 
     def insert_promises(self, promises: Sequence[Promise]) -> None: ...
@@ -140,7 +144,12 @@ class WriteTx(Protocol):
 
     def claimed_tasks(self, worker_id: str, *, lock: bool = True) -> list[Task]: ...
 
-    def lease_expired_tasks(self, now: int, limit: int) -> list[Task]: ...
+    def lease_expired_tasks(
+        self, now: int, limit: int, back_since: int | None = None
+    ) -> list[Task]:
+        """CLAIMED tasks whose lease ran out at `now` (`task.lease_expired`: and one
+        lease length has passed since `back_since`), locked, skipping rows another
+        transaction holds."""
 
     def insert_tasks(self, tasks: Sequence[Task], now: int) -> None: ...
 
@@ -150,6 +159,14 @@ class WriteTx(Protocol):
 class Store(Protocol):
     def write(self, work: Callable[[WriteTx], T]) -> T:
         """Run `work` in one transaction and commit it before returning."""
+
+    def database_time(self) -> int | None:
+        """The database's clock now (ms since the epoch), or None where it keeps no
+        clock of its own (SQLite)."""
+
+    def newest_time(self) -> int:
+        """The newest time stored (creates, settles, claims, heartbeats; 0 when
+        empty): a server's clock never starts behind it."""
 
     def get_promise(self, promise_id: str) -> Promise | None: ...
 

@@ -37,7 +37,7 @@ from sqlalchemy.pool import QueuePool, StaticPool
 
 from troth_server.domain.promise import Payload, Promise, PromiseState
 from troth_server.domain.routing import ANY, Route, workflow_name
-from troth_server.domain.task import Callback, Task, TaskKind, TaskState
+from troth_server.domain.task import UNKNOWN_LEASE_MS, Callback, Task, TaskKind, TaskState
 from troth_server.store import (
     CommitOutcomeUnknown,
     PromiseOrder,
@@ -83,6 +83,8 @@ _select_pending_steps = select(promises.c.id).where(
 _select_steps = (
     select(promises).where(promises.c.parent_id == bindparam("parent")).order_by(promises.c.seq)
 )
+# The database's clock in ms (PostgreSQL): the time a write transaction decides at.
+_DATABASE_TIME = "SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
 _COLUMNS = [c.name for c in promises.c]
 _INSERTED = [name for name in _COLUMNS if name != "seq"]
 # Every column a promise may change after its insert: its settlement, and the
@@ -187,6 +189,8 @@ class _TaskStatements:
         .where(
             tasks.c.state == TaskState.CLAIMED.value,
             tasks.c.lease_expire_time <= bindparam("now"),
+            # One lease length since the server came back (domain: task.lease_expired).
+            func.coalesce(tasks.c.lease_ms, UNKNOWN_LEASE_MS) <= bindparam("since_back"),
         )
         .order_by(tasks.c.lease_expire_time)
         .limit(bindparam("limit"))
@@ -200,6 +204,7 @@ class _TaskStatements:
             counter=bindparam("b_counter"),
             worker_id=bindparam("b_worker_id"),
             lease_expire_time=bindparam("b_lease_expire_time"),
+            lease_ms=bindparam("b_lease_ms"),
             preferred_worker_id=bindparam("b_preferred_worker_id"),
             resume_pending=bindparam("b_resume_pending"),
             workflow_version=bindparam("b_workflow_version"),
@@ -306,8 +311,11 @@ class _TaskTx:
         rows = self._conn.execute(stmt, {"worker": worker_id}).mappings()
         return [_to_task(r) for r in rows]
 
-    def lease_expired_tasks(self, now: int, limit: int) -> list[Task]:
-        params = {"now": now, "limit": limit}
+    def lease_expired_tasks(
+        self, now: int, limit: int, back_since: int | None = None
+    ) -> list[Task]:
+        since_back = now if back_since is None else now - back_since
+        params = {"now": now, "limit": limit, "since_back": since_back}
         rows = self._conn.execute(_TaskStatements.lease_expired, params).mappings()
         return [_to_task(r) for r in rows]
 
@@ -325,6 +333,7 @@ class _TaskTx:
                         "counter": t.counter,
                         "worker_id": t.worker_id,
                         "lease_expire_time": t.lease_expire_time,
+                        "lease_ms": t.lease_ms,
                         "preferred_worker_id": t.preferred_worker_id,
                         "resume_pending": t.resume_pending,
                         "create_time": now,
@@ -346,6 +355,7 @@ class _TaskTx:
                         "b_counter": t.counter,
                         "b_worker_id": t.worker_id,
                         "b_lease_expire_time": t.lease_expire_time,
+                        "b_lease_ms": t.lease_ms,
                         "b_preferred_worker_id": t.preferred_worker_id,
                         "b_resume_pending": t.resume_pending,
                         "b_workflow_version": t.workflow_version,
@@ -365,6 +375,7 @@ def _to_task(row: Any) -> Task:
         counter=row["counter"],
         worker_id=row["worker_id"],
         lease_expire_time=row["lease_expire_time"],
+        lease_ms=row["lease_ms"],
         preferred_worker_id=row["preferred_worker_id"],
         resume_pending=bool(row["resume_pending"]),
         workflow=row["workflow"],
@@ -412,6 +423,11 @@ class _WriteTx(_TaskTx):
     ) -> None:
         if self._announcer is not None and (groups or settled_ids or created_ids):
             self._announcer.announce(self._conn, groups, settled_ids, created_ids)
+
+    def database_time(self) -> int | None:
+        if not self.row_locks:
+            return None  # SQLite keeps no clock of its own: the server's decides
+        return int(self._conn.exec_driver_sql(_DATABASE_TIME).scalar_one())
 
     def expired_promise_ids(self, now: int, limit: int) -> list[str]:
         params = {"now": now, "limit": limit}
@@ -490,6 +506,27 @@ class SqlStore:
                     time.sleep(_RECONNECT_DELAY * attempt)
             except SQLAlchemyError as exc:
                 raise StoreUnavailable(f"database write failed: {exc}") from exc
+
+    def database_time(self) -> int | None:
+        if self._read_engine.dialect.name != "postgresql":
+            return None
+        return int(self._read(lambda conn: conn.exec_driver_sql(_DATABASE_TIME).scalar_one()))
+
+    def newest_time(self) -> int:
+        def read(conn: Connection) -> list[Any]:
+            return [
+                conn.execute(select(func.max(promises.c.create_time))).scalar(),
+                conn.execute(select(func.max(promises.c.settle_time))).scalar(),
+                conn.execute(select(func.max(tasks.c.create_time))).scalar(),
+                conn.execute(select(func.max(callbacks.c.create_time))).scalar(),
+                conn.execute(
+                    select(func.max(tasks.c.lease_expire_time - tasks.c.lease_ms)).where(
+                        tasks.c.state == TaskState.CLAIMED.value
+                    )
+                ).scalar(),
+            ]
+
+        return max((t for t in self._read(read) if t is not None), default=0)
 
     def get_promise(self, promise_id: str) -> Promise | None:
         row = self._read(lambda conn: conn.execute(_select_by_id, {"id": promise_id}).first())

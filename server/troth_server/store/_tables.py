@@ -95,6 +95,8 @@ tasks = Table(
     Column("counter", BigInteger(), nullable=False),
     Column("worker_id", String(256), nullable=True),
     Column("lease_expire_time", BigInteger(), nullable=True),
+    # The lease its holder asked for: after an outage a lease is kept this long (0006).
+    Column("lease_ms", BigInteger(), nullable=True),
     Column("preferred_worker_id", String(256), nullable=True),
     Column("resume_pending", Boolean(), nullable=False),
     Column("create_time", BigInteger(), nullable=False),
