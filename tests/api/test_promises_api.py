@@ -271,7 +271,12 @@ def test_timeout_is_exact_on_read_and_settle(tmp_path_factory: pytest.TempPathFa
                 )
             )
             created = stub.GetPromise(pb.GetPromiseRequest(id=pid)).promise
-            while time.time() * 1000 < created.expire_time.ToMilliseconds():
+            # The timer was created after `pid`, so it expires a little later: wait for both.
+            timer_created = stub.GetPromise(pb.GetPromiseRequest(id=timer)).promise
+            due = max(
+                created.expire_time.ToMilliseconds(), timer_created.expire_time.ToMilliseconds()
+            )
+            while time.time() * 1000 < due:
                 time.sleep(0.05)
             got = stub.GetPromise(pb.GetPromiseRequest(id=pid)).promise
             assert got.state == types.REJECTED_TIMEDOUT
