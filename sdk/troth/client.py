@@ -24,7 +24,6 @@ every call is idempotent:
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import math
 import threading
@@ -36,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Self
 
 import grpc
 
+from troth._calls import Connection, schema_text
 from troth._commands import TAG_FUNC, TAG_INVOKE
 from troth._convert import (
     datetime_to_proto,
@@ -141,6 +141,7 @@ class Client:
         self._timeout = float(timeout)
         self._principal = principal
         self._transport = Transport(address, principal=principal)
+        self._connection = Connection(self._transport, self._timeout)
 
     def __repr__(self) -> str:
         return f"Client({self.address!r})"
@@ -250,7 +251,7 @@ class Client:
             never_expires=never_expires,
             idempotency_key=idempotency_key or "",
             strict=strict,
-            schema=_schema_text(None if schema is None else decision_schema(schema).json_schema),
+            schema=schema_text(None if schema is None else decision_schema(schema).json_schema),
             title=title,
             message=message,
             requested_by=requested_by,
@@ -660,7 +661,7 @@ class Client:
             TypeError: The codec cannot encode the arguments.
         """
         name = _workflow_name(workflow)
-        self._create_raw(
+        self._connection.create(
             id,
             self._codec.encode(list(args)),
             tags={TAG_INVOKE: group, TAG_FUNC: name},
@@ -674,41 +675,11 @@ class Client:
         """A handle to the workflow (or any promise) with this id; makes no call."""
         return Handle(self, id)
 
-    def _create_raw(
-        self,
-        id: str,
-        param: Payload,
-        *,
-        tags: Mapping[str, str],
-        ttl: timedelta | None = None,
-        idempotency_key: str | None = None,
-        resolved_with: Payload | None = None,
-        rejected_with: Payload | None = None,
-        schema: Mapping[str, Any] | None = None,
-        title: str = "",
-        message: str = "",
-        requested_by: str = "",
-    ) -> CreateResult:
-        """`create` with a param already encoded (the worker's step promises); with
-        `resolved_with`/`rejected_with` the promise is created already settled."""
-        request = promises_pb2.CreatePromiseRequest(
-            id=id,
-            param=payload_to_proto(param),
-            tags=dict(tags),
-            idempotency_key=idempotency_key or "",
-            schema=_schema_text(schema),
-            title=title,
-            message=message,
-            requested_by=requested_by,
-        )
-        if ttl is not None:
-            request.ttl.CopyFrom(timedelta_to_proto(ttl))
-        if resolved_with is not None:
-            request.resolved_with.CopyFrom(payload_to_proto(resolved_with))
-        elif rejected_with is not None:
-            request.rejected_with.CopyFrom(payload_to_proto(rejected_with))
-        response = self._transport.call(self._stub.CreatePromise, request, timeout=self._timeout)
-        return CreateResult(promise=promise_from_proto(response.promise), created=response.created)
+
+def connection(client: Client) -> Connection:
+    """The client's transport and call deadline, for the SDK's own modules (the worker,
+    `troth tasks`): not a public API."""
+    return client._connection
 
 
 WATCH_READY_METADATA = ("troth-watch", "started")
@@ -986,7 +957,3 @@ def _state(value: PromiseState | str) -> PromiseState:
     except ValueError:
         names = ", ".join(state.value for state in PromiseState)
         raise ValueError(f"unknown promise state {value!r}; use one of {names}") from None
-
-
-def _schema_text(schema: Mapping[str, Any] | None) -> str:
-    return "" if schema is None else json.dumps(schema, separators=(",", ":"))

@@ -13,36 +13,38 @@ from datetime import timedelta
 
 import pytest
 
-from troth import Client, Worker
-from troth.worker import _Held
+from troth import Client
+from troth._leases import Held, Leases
+from troth._tasks import TaskCalls
+from troth.client import connection
 
 
 @pytest.fixture
-def worker() -> Iterator[Worker]:
+def leases() -> Iterator[Leases]:
     with Client("127.0.0.1:1") as client:  # never contacted
-        yield Worker(client, lease=timedelta(seconds=3))
+        yield Leases(TaskCalls(connection(client), "w1"), timedelta(seconds=3))
 
 
-def test_a_lease_that_ran_out_unheard_is_dropped_and_remembered(worker: Worker) -> None:
+def test_a_lease_that_ran_out_unheard_is_dropped_and_remembered(leases: Leases) -> None:
     now = time.monotonic()
-    lapsed = _Held("t1", 1, "root-1", expires=now - 0.1)
-    alive = _Held("t2", 1, "root-2", expires=now + 2.0)
-    worker._held.update({"t1": lapsed, "t2": alive})
+    lapsed = Held("t1", 1, "root-1", expires=now - 0.1)
+    alive = Held("t2", 1, "root-2", expires=now + 2.0)
+    leases._held.update({"t1": lapsed, "t2": alive})
 
-    worker._expire(now)
+    leases.expire(now)
 
     assert lapsed.lost
     assert not alive.lost
-    assert worker._held == {"t2": alive}
+    assert leases._held == {"t2": alive}
     # Given back if a later heartbeat shows the server still counts it as ours.
-    assert worker._dropped == {"t1": lapsed}
+    assert leases._dropped == {"t1": lapsed}
 
 
-def test_nothing_is_dropped_while_leases_last(worker: Worker) -> None:
+def test_nothing_is_dropped_while_leases_last(leases: Leases) -> None:
     now = time.monotonic()
-    held = _Held("t1", 1, "root-1", expires=now + 1.0)
-    worker._held["t1"] = held
-    worker._expire(now)
-    assert worker._held == {"t1": held}
+    held = Held("t1", 1, "root-1", expires=now + 1.0)
+    leases._held["t1"] = held
+    leases.expire(now)
+    assert leases._held == {"t1": held}
     assert not held.lost
-    assert not worker._dropped
+    assert not leases._dropped
