@@ -132,9 +132,43 @@ class Leases:
 
     def accept(self, task: tasks_pb2.Task) -> Held | None:
         """Hold a delivered task; None if its lease had already run out on arrival."""
-        held = Held(task.id, task.counter, task.root_promise_id, self._clock() + self._seconds)
+        now = self._clock()
+        expires = now + self._seconds
+        confirmed = -math.inf
+        skew = self._skew
+        if skew is not None and task.HasField("lease_expire_time"):
+            mapped = _seconds(task.lease_expire_time) - skew
+            expires = min(expires, mapped)
+            confirmed = mapped - self._seconds  # when the server granted it, at the latest
+        held = Held(task.id, task.counter, task.root_promise_id, expires, confirmed)
         with self._lock:
-            self._held[held.task_id] = held
+            if expires <= now:
+                held.lost = True
+                # Released only if a heartbeat shows the server still counts it as ours.
+                self._remember_dropped(held)
+                stale = True
+            else:
+                stale = False
+                older = self._roots.get(held.root_id)
+                if older is not None:
+                    # The server leased this root again: the older task is not ours any more.
+                    older.lost = True
+                    held.after = older
+                    if self._held.get(older.task_id) is older:
+                        del self._held[older.task_id]
+                self._held[held.task_id] = held
+                self._roots[held.root_id] = held
+        if stale:
+            _log.warning(
+                "worker %s: task %s of workflow %r arrived %.1fs after its lease ran out; "
+                "dropping it unrun",
+                self.worker_id,
+                held.task_id,
+                held.root_id,
+                now - expires,
+                extra={"worker_id": self.worker_id, "workflow_id": held.root_id},
+            )
+            return None
         return held
 
     def held(self) -> list[Held]:
@@ -239,13 +273,13 @@ class Leases:
     def _loop(self) -> None:
         interval = self._seconds / 3
         while True:
-            self._now.wait(interval)
+            forced = self._now.wait(interval)
             self._now.clear()
             if self._stop.is_set():
                 return
             with self._lock:
                 idle = not self._held and not self._dropped
-            if idle:
+            if idle and not forced and self._learned:
                 continue
             self.beat(timeout=interval)
 
@@ -285,7 +319,7 @@ class Leases:
         still = {task_id: response.counters.get(task_id, -1) for task_id in response.task_ids}
         with self._lock:
             for task_id, held in before.items():
-                if task_id in still:
+                if still.get(task_id) in (held.counter, -1):
                     held.expires = max(held.expires, sent + self._seconds)
                     held.confirmed = max(held.confirmed, sent)
                     continue

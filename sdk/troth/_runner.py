@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import random
 import threading
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -33,14 +34,18 @@ from troth._commands import TAG_FUNC, CreatePromise, Now, Random, RunStep
 from troth._convert import promise_from_proto
 from troth._engine import CreateStep, Done, Engine, Failed, Suspend, error_value
 from troth._leases import Held, Leases, Lost
+from troth._promise import PromiseState
 from troth._worker_steps import Exhausted, Interrupted, Succeeded, run_with_retry
 from troth.errors import (
+    AlreadyExistsError,
     AlreadySettledError,
     DeadlineExceededError,
+    FailedPreconditionError,
     InvalidArgumentError,
     LeaseLostError,
     NonDeterminismError,
     PromiseTimedOutError,
+    Reason,
     RegistrationError,
     ResourceExhaustedError,
     UnavailableError,
@@ -275,7 +280,12 @@ class Runner:
         if not isinstance(command, RunStep | Now | Random):
             if step.exists:
                 return [self._calls.get(step.step_id)]
-            return [self._create(held, step).promise]
+            try:
+                return [self._create(held, step).promise]
+            except FailedPreconditionError as exc:
+                if exc.reason != Reason.WORKFLOW_SETTLED:
+                    raise
+                return [self._settled_root(held)]
         # A step that computes its value records it with its creation, in one call.
         # Dying before that call means the step runs again: at-least-once
         # execution, exactly-once recording (the first record wins).
@@ -283,6 +293,7 @@ class Runner:
         if isinstance(command, Now | Random):
             ok, value = True, command.draw()
         else:
+            self._leases.confirm(held, self._wait)
             result = run_with_retry(
                 command.fn, command.args, command.retry, wait=self._wait, step_id=step.step_id
             )
@@ -304,10 +315,40 @@ class Runner:
                 ok, value = False, error_value(result.error)
         return [self._record_until_landed(held, step, ok, value)]
 
+    def _settled_root(self, held: Held) -> Promise:
+        """The root, refused a new pending step because it is settled: if it was
+        cancelled, the engine throws `Cancelled` at this yield; else the task is over."""
+        root = self._calls.get(held.root_id)
+        if root.state is not PromiseState.REJECTED_CANCELED:
+            raise Lost
+        return root
+
     def _record_until_landed(self, held: Held, step: CreateStep, ok: bool, value: Any) -> Promise:
-        if step.exists:  # created pending by an older worker: settle it
-            return self._settle(held, step.step_id, ok, value)
-        return self._record(held, step, ok, value)
+        """Record a finished step's result, through any outage: an outage alone never
+        re-runs a step function. Gives up only when the worker stops waiting."""
+        attempt = 0
+        while True:
+            try:
+                if step.exists:  # created pending by an older worker: settle it
+                    return self._settle(held, step.step_id, ok, value)
+                return self._record(held, step, ok, value)
+            except AlreadyExistsError:
+                return self._calls.get(step.step_id)  # recorded first by another: that stands
+            except _UNRECORDED as exc:
+                attempt += 1
+                first, longest = _RECORD_BACKOFF
+                delay = min(longest, first * 2 ** (attempt - 1)) * random.uniform(0.5, 1.0)
+                _log.warning(
+                    "step %r finished but its result is not recorded yet (%s); "
+                    "retrying in %.1fs (attempt %d)",
+                    step.step_id,
+                    exc,
+                    delay,
+                    attempt,
+                    extra={"step_id": step.step_id, "workflow_id": held.root_id},
+                )
+                if self._abandon.wait(delay):
+                    raise Stopping from exc
 
     def _create(
         self, held: Held, step: CreateStep, *, ok: bool | None = None, value: Any = None
@@ -326,6 +367,7 @@ class Runner:
             title=decision.title if decision else "",
             message=decision.message if decision else "",
             requested_by=step.requested_by,
+            fence=held.fence(self.worker_id),
         )
 
     def _record(self, held: Held, step: CreateStep, ok: bool, value: Any) -> Promise:
@@ -341,7 +383,7 @@ class Runner:
 
     def _settle(self, held: Held, step_id: str, ok: bool, value: Any) -> Promise:
         """Record a step's result; a step someone else settled first keeps their result."""
-        fence = None
+        fence = held.fence(self.worker_id)
         try:
             if ok:
                 try:
