@@ -26,7 +26,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
-import threading
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
@@ -39,17 +38,17 @@ from troth._calls import Connection, schema_text
 from troth._commands import TAG_FUNC, TAG_INVOKE
 from troth._convert import (
     datetime_to_proto,
-    event_from_proto,
     order_to_proto,
     payload_to_proto,
     promise_from_proto,
     state_to_proto,
     timedelta_to_proto,
 )
+from troth._events import WATCH_READY_METADATA, PromiseEventStream
+from troth._handle import Handle
 from troth._promise import (
     CreateResult,
     Promise,
-    PromiseEvent,
     PromiseOrder,
     PromiseState,
     SearchPage,
@@ -59,13 +58,8 @@ from troth._schema import decision_schema
 from troth._transport import Transport, as_call, map_rpc_errors
 from troth.codec import Codec, JsonCodec, Payload
 from troth.errors import (
-    AlreadySettledError,
-    Cancelled,
     ConfigurationError,
     DeadlineExceededError,
-    PromiseRejectedError,
-    PromiseTimedOutError,
-    Reason,
     UnavailableError,
 )
 from troth.v1 import promises_pb2
@@ -73,9 +67,13 @@ from troth.v1 import promises_pb2
 if TYPE_CHECKING:
     from troth._transport import PromisesStub
 
-    _EventCall = grpc._CallIterator[promises_pb2.WatchPromisesResponse]
-
-__all__ = ["DEFAULT_ADDRESS", "Client", "Handle", "PromiseEventStream"]
+__all__ = [
+    "DEFAULT_ADDRESS",
+    "WATCH_READY_METADATA",
+    "Client",
+    "Handle",
+    "PromiseEventStream",
+]
 
 _log = logging.getLogger("troth.client")
 
@@ -680,226 +678,6 @@ def connection(client: Client) -> Connection:
     """The client's transport and call deadline, for the SDK's own modules (the worker,
     `troth tasks`): not a public API."""
     return client._connection
-
-
-WATCH_READY_METADATA = ("troth-watch", "started")
-"""Initial metadata a server sends once a `WatchPromises` stream is in place."""
-
-
-class PromiseEventStream:
-    """The events of `Client.watch_promises`: iterate it; `close()` ends it.
-
-    Thread-safe to close from another thread (a blocked iteration then ends).
-    Reconnects by itself (see `Client.watch_promises`).
-
-    .. versionadded:: 0.2.0
-    """
-
-    def __init__(
-        self,
-        transport: Transport,
-        request: promises_pb2.WatchPromisesRequest,
-        on_reconnect: Callable[[], None] | None,
-    ) -> None:
-        self._transport = transport
-        self._request = request
-        self._on_reconnect = on_reconnect
-        self._closed = threading.Event()
-        self._lock = threading.Lock()
-        self._stream: _EventCall | None = None
-        self._stream = self._open(reconnecting=False)
-
-    def __iter__(self) -> Self:
-        return self
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
-    def close(self) -> None:
-        """End the watch and release its stream. Safe to call twice, from any thread."""
-        self._closed.set()
-        with self._lock:
-            stream, self._stream = self._stream, None
-        if stream is not None:
-            stream.cancel()
-
-    def __next__(self) -> PromiseEvent:
-        while True:
-            with self._lock:
-                stream = self._stream
-            if self._closed.is_set() or stream is None:
-                raise StopIteration
-            try:
-                response = next(stream)
-            except StopIteration:
-                why = "the server ended it (shutting down?)"
-            except grpc.RpcError as exc:
-                if self._closed.is_set():
-                    raise StopIteration from None
-                call = as_call(exc)
-                code = call.code() if call is not None else None
-                if code not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED):
-                    with map_rpc_errors(self._transport.address):
-                        raise
-                why = f"{code.name}: {call.details() if call is not None else exc}"
-            else:
-                event = event_from_proto(response)
-                if event is not None:
-                    return event
-                continue
-            self._reconnect(stream, why)
-
-    def _reconnect(self, broken: _EventCall, why: str) -> None:
-        broken.cancel()
-        if self._closed.is_set():
-            return
-        _log.warning(
-            "watch of promises %r broke (%s); reconnecting, events until then are missed",
-            self._request.id or "*",
-            why,
-            extra={"address": self._transport.address},
-        )
-        stream = self._open(reconnecting=True)
-        with self._lock:
-            if self._closed.is_set():
-                stream.cancel()
-                return
-            self._stream = stream
-        if self._on_reconnect is not None:
-            self._on_reconnect()
-
-    def _open(self, *, reconnecting: bool) -> _EventCall:
-        """A stream the server confirmed is in place; retried per the transport's policy
-        (briefly on the first connect, through an outage of up to its reconnect
-        window after)."""
-        transport = self._transport
-        started = transport.now()
-        failures = 0
-        with map_rpc_errors(transport.address):
-            while True:
-                stream = transport.promises.WatchPromises(
-                    self._request, metadata=transport.metadata
-                )
-                try:
-                    if WATCH_READY_METADATA in tuple(stream.initial_metadata() or ()):
-                        return stream
-                    next(stream)  # not in place: raises the call's error
-                    raise grpc.RpcError("the server ended the watch before it was in place")
-                except (grpc.RpcError, StopIteration) as exc:
-                    stream.cancel()
-                    if self._closed.is_set():
-                        return stream
-                    if isinstance(exc, StopIteration):
-                        raise UnavailableError(
-                            grpc.StatusCode.UNAVAILABLE,
-                            "",
-                            f"the server at {transport.address} ended the watch of promises "
-                            "before it was in place; check the server's logs",
-                        ) from None
-                    failures += 1
-                    delay = transport.reconnect_delay(
-                        exc, failures, None, outage_start=started if reconnecting else None
-                    )
-                    if delay is None:
-                        raise
-                    self._closed.wait(delay)
-
-
-class Handle:
-    """A workflow execution (its root promise), found by id.
-
-    Made by `Client.start` or `Client.handle`; cheap, and makes no call until used.
-
-    Attributes:
-        id: The workflow's id (its root promise's id).
-
-    .. versionadded:: 0.1.0
-    """
-
-    __slots__ = ("_client", "id")
-
-    def __init__(self, client: Client, id: str) -> None:
-        self._client = client
-        self.id = id
-
-    def __repr__(self) -> str:
-        return f"Handle({self.id!r})"
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Handle) and other.id == self.id and other._client is self._client
-
-    def __hash__(self) -> int:
-        return hash(self.id)
-
-    def get(self) -> Promise:
-        """The root promise as it is now (pending while the workflow runs).
-
-        Raises:
-            NotFoundError: No workflow (promise) has this id.
-        """
-        return self._client.get(self.id)
-
-    def result(self, timeout: float | None = None) -> Any:
-        """Wait for the workflow to finish and return its decoded return value.
-
-        Args:
-            timeout: Seconds to wait; None waits as long as it takes.
-
-        Raises:
-            PromiseRejectedError: The workflow raised; `.value` is the decoded
-                error (`{"type": ..., "message": ...}` for an exception).
-            Cancelled: The workflow was cancelled.
-            PromiseTimedOutError: The workflow ran out of time (its ttl).
-            DeadlineExceededError: It had not finished within `timeout` (also a `TimeoutError`).
-            NotFoundError: No workflow (promise) has this id.
-        """
-        return _outcome(self._client, self._client.wait(self.id, timeout=timeout))
-
-    def cancel(self, value: Any = None) -> bool:
-        """Cancel the workflow: it sees `Cancelled` at its next yield; pending steps are cancelled.
-
-        Returns:
-            True if this call cancelled it; False if it had already been cancelled.
-
-        Raises:
-            AlreadySettledError: It had already finished (the message says how).
-            NotFoundError: No workflow (promise) has this id.
-        """
-        try:
-            return self._client.cancel(self.id, value).applied
-        except AlreadySettledError:
-            if self._client.get(self.id).state is PromiseState.REJECTED_CANCELED:
-                return False
-            raise
-
-
-def _outcome(client: Client, promise: Promise) -> Any:
-    """A settled root promise's value, or the matching error raised."""
-    state = promise.state
-    if state is PromiseState.RESOLVED:
-        return client.decode(promise.value)
-    if state is PromiseState.REJECTED:
-        try:
-            value = client.decode(promise.value)
-        except Exception:  # a value this codec cannot read: hand over the bytes
-            value = promise.value.data
-        raise PromiseRejectedError(promise.id, value)
-    if state is PromiseState.REJECTED_CANCELED:
-        raise Cancelled(promise.id)
-    raise PromiseTimedOutError(
-        grpc.StatusCode.FAILED_PRECONDITION,
-        Reason.TIMED_OUT,
-        f"workflow {promise.id!r} timed out before it finished; start it with a longer ttl",
-        {"promise_id": promise.id},
-    )
 
 
 def _start_key(id: str) -> str:
