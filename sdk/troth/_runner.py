@@ -18,7 +18,9 @@ meanwhile does not stop the record; the task is dropped after it.
 
 A step function starts only on a fresh lease (`Leases.confirm`). A pending
 step refused because the root is settled (`WORKFLOW_SETTLED`) throws
-`Cancelled` into the workflow at that yield, if the root was cancelled.
+`Cancelled` into the workflow at that yield if the root was cancelled (its
+compensation steps are still recorded); a root settled otherwise (timed out)
+ends the task.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from troth.errors import (
     Reason,
     RegistrationError,
     ResourceExhaustedError,
+    RpcError,
     UnavailableError,
 )
 
@@ -71,6 +74,10 @@ _RECORD_BACKOFF = (0.1, 5.0)  # first and longest wait between attempts to recor
 
 class Stopping(Exception):
     """The worker is stopping: leave the task for the release sweep."""
+
+
+class _RootSettled(Exception):
+    """The root finished without this task (it timed out, say): nothing is left to run."""
 
 
 class Runner:
@@ -139,6 +146,19 @@ class Runner:
             self._leases.forget(held)
         except Stopping:
             pass  # left for the release sweep
+        except _RootSettled as exc:
+            _log.info(
+                "workflow %r was settled (%s) while task %s ran; completing the task",
+                held.root_id,
+                exc,
+                held.task_id,
+                extra={"worker_id": self.worker_id, "workflow_id": held.root_id},
+            )
+            try:
+                self._tasks.complete(held.task_id, held.counter)
+            except RpcError:
+                pass  # then its lease runs out, and the server moves it on
+            self._leases.forget(held)
         except Exception:
             _log.exception(
                 "worker %s failed running task %s of workflow %r; giving it back",
@@ -320,7 +340,7 @@ class Runner:
         cancelled, the engine throws `Cancelled` at this yield; else the task is over."""
         root = self._calls.get(held.root_id)
         if root.state is not PromiseState.REJECTED_CANCELED:
-            raise Lost
+            raise _RootSettled(root.state.value)
         return root
 
     def _record_until_landed(self, held: Held, step: CreateStep, ok: bool, value: Any) -> Promise:

@@ -44,13 +44,14 @@ def _promise(
 class FakeCalls:
     """Answers creates as a server would once the root is cancelled."""
 
-    def __init__(self) -> None:
+    def __init__(self, root: PromiseState = PromiseState.REJECTED_CANCELED) -> None:
+        self.root = root
         self.fences: list[tuple[str, types_pb2.TaskFence | None]] = []
         self.records: dict[str, Payload] = {}
 
     def get(self, id: str) -> Promise:
         assert id == ROOT
-        return _promise(ROOT, PromiseState.REJECTED_CANCELED)
+        return _promise(ROOT, self.root)
 
     def create(
         self,
@@ -114,10 +115,7 @@ def client() -> Iterator[Client]:
         yield client
 
 
-def test_workflow_settled_throws_cancelled_at_the_yield_and_compensation_runs(
-    client: Client,
-) -> None:
-    calls, tasks = FakeCalls(), FakeTasks()
+def _run(client: Client, calls: FakeCalls, tasks: FakeTasks) -> None:
     leases = Leases(tasks, timedelta(seconds=10))  # type: ignore[arg-type]
     registrations: Mapping[str, Any] = {
         "cancellable": registration("cancellable", cancellable, None, ())
@@ -138,10 +136,16 @@ def test_workflow_settled_throws_cancelled_at_the_yield_and_compensation_runs(
     delivery.root.id = ROOT
     delivery.root.tags["troth:func"] = "cancellable"
     delivery.root.state = types_pb2.PENDING
-
     held = leases.accept(delivery.task)
     assert held is not None
     runner.run(held, delivery)
+
+
+def test_workflow_settled_throws_cancelled_at_the_yield_and_compensation_runs(
+    client: Client,
+) -> None:
+    calls, tasks = FakeCalls(), FakeTasks()
+    _run(client, calls, tasks)
 
     # The gate was refused, Cancelled was thrown at its yield, the compensation ran.
     assert [id for id, _ in calls.fences] == [f"{ROOT}.0", f"{ROOT}.1"]
@@ -152,3 +156,11 @@ def test_workflow_settled_throws_cancelled_at_the_yield_and_compensation_runs(
     (completed,) = tasks.completed
     assert completed["task"] == ("t1", 3)
     assert client.decode(completed["resolve"]) == "undone booking"
+
+
+def test_a_root_settled_otherwise_ends_the_task_without_running_more(client: Client) -> None:
+    calls, tasks = FakeCalls(PromiseState.REJECTED_TIMEDOUT), FakeTasks()
+    _run(client, calls, tasks)
+    assert [id for id, _ in calls.fences] == [f"{ROOT}.0"]  # no compensation: not cancelled
+    assert calls.records == {}
+    assert tasks.completed == [{"task": ("t1", 3)}]  # completed, the root left as it is
