@@ -127,12 +127,12 @@ class Runner:
     def run(self, held: Held, response: tasks_pb2.PollResponse) -> None:
         """Run the task to its end, its suspension, or the loss of its lease."""
         try:
-            self._after(held)
+            waited = self._after(held)
             if self._stopping.is_set():
                 return  # left for the release sweep
             if held.lost:
                 return
-            self._execute(held, response)
+            self._execute(held, response, refresh=waited)
             self._leases.forget(held)
         except (Lost, LeaseLostError) as exc:
             _log.info(
@@ -171,17 +171,21 @@ class Runner:
         finally:
             self._leases.finished(held)
 
-    def _after(self, held: Held) -> None:
-        """Wait until the older task of this root (if one still runs here) stops."""
+    def _after(self, held: Held) -> bool:
+        """Wait until the older task of this root (if one still runs here) stops;
+        True if there was one (then the delivery's history may lack its last steps)."""
         older = held.after
         held.after = None
         if older is None:
-            return
+            return False
         while not older.stopped.wait(0.1):
             if self._stopping.is_set():
                 raise Stopping
+        return True
 
-    def _execute(self, held: Held, response: tasks_pb2.PollResponse) -> None:
+    def _execute(
+        self, held: Held, response: tasks_pb2.PollResponse, *, refresh: bool = False
+    ) -> None:
         foreign = foreign_version(self._registrations(), response)
         if foreign is not None:
             # Replaying it on other code could take other branches on its history.
@@ -196,6 +200,10 @@ class Runner:
             return
         root = promise_from_proto(response.root)
         history = [root, *(promise_from_proto(p) for p in response.history)]
+        if refresh:
+            # Steps the older task recorded after this delivery left the server:
+            # read them, so that none of their functions runs again.
+            history += self._client.search_all(f"{root.id}.*")
         engine = self._cache_take(root.id)
         if engine is not None:
             outcome = engine.advance(history)
