@@ -117,15 +117,17 @@ WORKFLOWS = (hitl, ten_steps, long_history, held)
 
 def install_suspend_report(worker: Worker) -> None:
     """Report ``suspended <root>`` once a task that suspended its workflow is completed."""
-    original = worker._suspend
+    tasks = worker._tasks
+    original = tasks.suspend
 
-    def suspend(held: Any, awaiting: Any) -> Any:
-        settled = original(held, awaiting)
+    def suspend(task_id: str, counter: int, awaiting: Any) -> Any:
+        root = next((h.root_id for h in worker._leases.held() if h.task_id == task_id), "")
+        settled = original(task_id, counter, awaiting)
         if not settled:
-            notify("suspended", held.root_id)
+            notify("suspended", root)
         return settled
 
-    worker._suspend = suspend  # type: ignore[method-assign]
+    tasks.suspend = suspend  # type: ignore[method-assign]
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -15,15 +15,15 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import IO, TYPE_CHECKING, Any, Protocol
+from typing import IO, TYPE_CHECKING, Any
 
 from troth._cli import _DEFAULT_LIMIT, _align, _iso, _write_json, add_leaf
 from troth._convert import datetime_from_proto
-from troth.v1 import tasks_pb2, tasks_pb2_grpc
+from troth._tasks import TaskCalls
+from troth.client import connection
+from troth.v1 import tasks_pb2
 
 if TYPE_CHECKING:
-    import grpc
-
     from troth.client import Client
 
 _MAX_LIMIT = 1000
@@ -35,12 +35,6 @@ _STATES = {
     tasks_pb2.TASK_COMPLETED: "COMPLETED",
 }
 _COLUMNS = ("ROOT", "KIND", "STATE", "WORKFLOW", "VERSION", "CREATED", "WORKER / WAITING FOR")
-
-
-class _SearchStub(Protocol):
-    SearchTasks: grpc.UnaryUnaryMultiCallable[
-        tasks_pb2.SearchTasksRequest, tasks_pb2.SearchTasksResponse
-    ]
 
 
 def _limit(text: str) -> int:
@@ -75,11 +69,7 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 
 def cmd_list(client: Client, args: argparse.Namespace, out: IO[str]) -> int:
-    transport = client._transport
-    stub: _SearchStub = tasks_pb2_grpc.TasksStub(transport.channel)  # type: ignore[no-untyped-call,unused-ignore]
-    request = tasks_pb2.SearchTasksRequest(group=args.group, page_size=args.limit)
-    response = transport.call(stub.SearchTasks, request, timeout=client._timeout)
-    found = list(response.tasks)
+    found = TaskCalls(connection(client)).search(args.group, args.limit)
     if args.json:
         for task in found:
             _write_json(task_to_json(task), out)

@@ -63,8 +63,6 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Self
 
-import grpc
-
 from troth._commands import (
     TAG_FUNC,
     TAG_GROUP,
@@ -92,8 +90,7 @@ from troth.errors import (
     Cancelled,
     NonDeterminismError,
     PromiseRejectedError,
-    PromiseTimedOutError,
-    Reason,
+    timed_out,
 )
 
 if TYPE_CHECKING:
@@ -626,12 +623,7 @@ class Engine:
             return _Throw(Cancelled(promise.id))
         assert state is PromiseState.REJECTED_TIMEDOUT, f"engine bug: {promise.id} is {state}"
         return _Throw(
-            PromiseTimedOutError(
-                grpc.StatusCode.FAILED_PRECONDITION,
-                Reason.TIMED_OUT,
-                f"promise {promise.id!r} timed out before anyone settled it",
-                {"promise_id": promise.id},
-            )
+            timed_out(promise.id, f"promise {promise.id!r} timed out before anyone settled it")
         )
 
 

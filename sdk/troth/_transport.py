@@ -2,10 +2,11 @@
 
 This module owns everything that knows about gRPC on the SDK side:
 
-- one channel per `Client`, with keepalive tuned for long `WatchPromise` streams
-  and generous message limits (the server enforces its own payload limits); a
-  client of several replicas has one channel to all of them, which fails over
-  by itself (`troth._addresses`);
+- one channel per `Client`, and the typed stubs of both services on it
+  (`Promises`, and `Tasks` for the worker and `troth tasks`), with keepalive
+  tuned for long `WatchPromise` streams and generous message limits (the
+  server enforces its own payload limits); a client of several replicas
+  has one channel to all of them, which fails over by itself (`troth._addresses`);
 - the principal sent as `troth-principal` metadata on every call;
 - retries with capped, jittered exponential backoff of `UNAVAILABLE` and
   `DEADLINE_EXCEEDED`, for idempotent calls only, within the call's deadline;
@@ -47,10 +48,10 @@ from troth.errors import (
     UnauthenticatedError,
     UnavailableError,
 )
-from troth.v1 import promises_pb2_grpc
+from troth.v1 import promises_pb2_grpc, tasks_pb2_grpc
 
 if TYPE_CHECKING:
-    from troth.v1 import promises_pb2
+    from troth.v1 import promises_pb2, tasks_pb2
 
 _log = logging.getLogger("troth.client")
 
@@ -147,6 +148,25 @@ class PromisesStub(Protocol):
     ]
 
 
+class TasksStub(Protocol):
+    """The typed shape of the generated `troth.v1.Tasks` stub."""
+
+    Poll: grpc.UnaryStreamMultiCallable[tasks_pb2.PollRequest, tasks_pb2.PollResponse]
+    CompleteTask: grpc.UnaryUnaryMultiCallable[
+        tasks_pb2.CompleteTaskRequest, tasks_pb2.CompleteTaskResponse
+    ]
+    Heartbeat: grpc.UnaryUnaryMultiCallable[tasks_pb2.HeartbeatRequest, tasks_pb2.HeartbeatResponse]
+    ReleaseTask: grpc.UnaryUnaryMultiCallable[
+        tasks_pb2.ReleaseTaskRequest, tasks_pb2.ReleaseTaskResponse
+    ]
+    RegisterCallbacks: grpc.UnaryUnaryMultiCallable[
+        tasks_pb2.RegisterCallbacksRequest, tasks_pb2.RegisterCallbacksResponse
+    ]
+    SearchTasks: grpc.UnaryUnaryMultiCallable[
+        tasks_pb2.SearchTasksRequest, tasks_pb2.SearchTasksResponse
+    ]
+
+
 class Transport:
     """One channel to a troth server (or its replicas), its stubs, and the retry loop.
 
@@ -194,10 +214,12 @@ class Transport:
         # The generated stub is unannotated; PromisesStub gives its methods their types.
         stub = promises_pb2_grpc.PromisesStub(self._channel)  # type: ignore[no-untyped-call,unused-ignore]
         self.promises: PromisesStub = stub
+        tasks = tasks_pb2_grpc.TasksStub(self._channel)  # type: ignore[no-untyped-call,unused-ignore]
+        self.tasks: TasksStub = tasks
 
     @property
     def channel(self) -> grpc.Channel:
-        """The gRPC channel, for stubs of other services (e.g. the worker's `Tasks`)."""
+        """The gRPC channel itself."""
         return self._channel
 
     def close(self) -> None:

@@ -24,10 +24,8 @@ every call is idempotent:
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import math
-import threading
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
@@ -36,20 +34,21 @@ from typing import TYPE_CHECKING, Any, Self
 
 import grpc
 
+from troth._calls import Connection, schema_text
 from troth._commands import TAG_FUNC, TAG_INVOKE
 from troth._convert import (
     datetime_to_proto,
-    event_from_proto,
     order_to_proto,
     payload_to_proto,
     promise_from_proto,
     state_to_proto,
     timedelta_to_proto,
 )
+from troth._events import WATCH_READY_METADATA, PromiseEventStream
+from troth._handle import Handle
 from troth._promise import (
     CreateResult,
     Promise,
-    PromiseEvent,
     PromiseOrder,
     PromiseState,
     SearchPage,
@@ -59,23 +58,22 @@ from troth._schema import decision_schema
 from troth._transport import Transport, as_call, map_rpc_errors
 from troth.codec import Codec, JsonCodec, Payload
 from troth.errors import (
-    AlreadySettledError,
-    Cancelled,
     ConfigurationError,
     DeadlineExceededError,
-    PromiseRejectedError,
-    PromiseTimedOutError,
-    Reason,
     UnavailableError,
 )
-from troth.v1 import promises_pb2, types_pb2
+from troth.v1 import promises_pb2
 
 if TYPE_CHECKING:
     from troth._transport import PromisesStub
 
-    _EventCall = grpc._CallIterator[promises_pb2.WatchPromisesResponse]
-
-__all__ = ["DEFAULT_ADDRESS", "Client", "Handle", "PromiseEventStream"]
+__all__ = [
+    "DEFAULT_ADDRESS",
+    "WATCH_READY_METADATA",
+    "Client",
+    "Handle",
+    "PromiseEventStream",
+]
 
 _log = logging.getLogger("troth.client")
 
@@ -141,6 +139,7 @@ class Client:
         self._timeout = float(timeout)
         self._principal = principal
         self._transport = Transport(address, principal=principal)
+        self._connection = Connection(self._transport, self._timeout)
 
     def __repr__(self) -> str:
         return f"Client({self.address!r})"
@@ -250,7 +249,7 @@ class Client:
             never_expires=never_expires,
             idempotency_key=idempotency_key or "",
             strict=strict,
-            schema=_schema_text(None if schema is None else decision_schema(schema).json_schema),
+            schema=schema_text(None if schema is None else decision_schema(schema).json_schema),
             title=title,
             message=message,
             requested_by=requested_by,
@@ -373,7 +372,6 @@ class Client:
         idempotency_key: str | None = None,
         strict: bool = False,
         create_if_missing: bool = False,
-        _fence: types_pb2.TaskFence | None = None,
     ) -> SettleResult:
         """Settle a pending promise as `RESOLVED` with `value`.
 
@@ -408,7 +406,6 @@ class Client:
             idempotency_key,
             strict,
             create_if_missing=create_if_missing,
-            fence=_fence,
         )
 
     def reject(
@@ -419,7 +416,6 @@ class Client:
         idempotency_key: str | None = None,
         strict: bool = False,
         create_if_missing: bool = False,
-        _fence: types_pb2.TaskFence | None = None,
     ) -> SettleResult:
         """Settle a pending promise as `REJECTED` with `value` (e.g. an error description).
 
@@ -433,7 +429,6 @@ class Client:
             idempotency_key,
             strict,
             create_if_missing=create_if_missing,
-            fence=_fence,
         )
 
     def cancel(
@@ -468,7 +463,6 @@ class Client:
         strict: bool,
         *,
         create_if_missing: bool = False,
-        fence: types_pb2.TaskFence | None = None,
     ) -> SettleResult:
         generated = not idempotency_key
         key = uuid.uuid4().hex if generated else idempotency_key
@@ -479,9 +473,6 @@ class Client:
             # Only resolve and reject pass it: a cancel of a wait that does not exist yet is no use.
             assert not isinstance(request, promises_pb2.CancelPromiseRequest)
             request.create_if_missing = True
-        if fence is not None:  # a worker recording a step's result (the SDK's own use)
-            assert not isinstance(request, promises_pb2.CancelPromiseRequest)
-            request.fence.CopyFrom(fence)
         response = self._transport.call(method, request, timeout=self._timeout)
         promise = promise_from_proto(response.promise)
         # A generated key is unique to this call, so a promise settled with it
@@ -668,7 +659,7 @@ class Client:
             TypeError: The codec cannot encode the arguments.
         """
         name = _workflow_name(workflow)
-        self._create_raw(
+        self._connection.create(
             id,
             self._codec.encode(list(args)),
             tags={TAG_INVOKE: group, TAG_FUNC: name},
@@ -682,265 +673,11 @@ class Client:
         """A handle to the workflow (or any promise) with this id; makes no call."""
         return Handle(self, id)
 
-    def _create_raw(
-        self,
-        id: str,
-        param: Payload,
-        *,
-        tags: Mapping[str, str],
-        ttl: timedelta | None = None,
-        idempotency_key: str | None = None,
-        resolved_with: Payload | None = None,
-        rejected_with: Payload | None = None,
-        schema: Mapping[str, Any] | None = None,
-        title: str = "",
-        message: str = "",
-        requested_by: str = "",
-        fence: types_pb2.TaskFence | None = None,
-    ) -> CreateResult:
-        """`create` with a param already encoded (the worker's step promises); with
-        `resolved_with`/`rejected_with` the promise is created already settled; with
-        `fence` (the task the worker holds) as a step of that task's workflow."""
-        request = promises_pb2.CreatePromiseRequest(
-            id=id,
-            param=payload_to_proto(param),
-            tags=dict(tags),
-            idempotency_key=idempotency_key or "",
-            schema=_schema_text(schema),
-            title=title,
-            message=message,
-            requested_by=requested_by,
-        )
-        if fence is not None:
-            request.fence.CopyFrom(fence)
-        if ttl is not None:
-            request.ttl.CopyFrom(timedelta_to_proto(ttl))
-        if resolved_with is not None:
-            request.resolved_with.CopyFrom(payload_to_proto(resolved_with))
-        elif rejected_with is not None:
-            request.rejected_with.CopyFrom(payload_to_proto(rejected_with))
-        response = self._transport.call(self._stub.CreatePromise, request, timeout=self._timeout)
-        return CreateResult(promise=promise_from_proto(response.promise), created=response.created)
 
-
-WATCH_READY_METADATA = ("troth-watch", "started")
-"""Initial metadata a server sends once a `WatchPromises` stream is in place."""
-
-
-class PromiseEventStream:
-    """The events of `Client.watch_promises`: iterate it; `close()` ends it.
-
-    Thread-safe to close from another thread (a blocked iteration then ends).
-    Reconnects by itself (see `Client.watch_promises`).
-
-    .. versionadded:: 0.2.0
-    """
-
-    def __init__(
-        self,
-        transport: Transport,
-        request: promises_pb2.WatchPromisesRequest,
-        on_reconnect: Callable[[], None] | None,
-    ) -> None:
-        self._transport = transport
-        self._request = request
-        self._on_reconnect = on_reconnect
-        self._closed = threading.Event()
-        self._lock = threading.Lock()
-        self._stream: _EventCall | None = None
-        self._stream = self._open(reconnecting=False)
-
-    def __iter__(self) -> Self:
-        return self
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
-    def close(self) -> None:
-        """End the watch and release its stream. Safe to call twice, from any thread."""
-        self._closed.set()
-        with self._lock:
-            stream, self._stream = self._stream, None
-        if stream is not None:
-            stream.cancel()
-
-    def __next__(self) -> PromiseEvent:
-        while True:
-            with self._lock:
-                stream = self._stream
-            if self._closed.is_set() or stream is None:
-                raise StopIteration
-            try:
-                response = next(stream)
-            except StopIteration:
-                why = "the server ended it (shutting down?)"
-            except grpc.RpcError as exc:
-                if self._closed.is_set():
-                    raise StopIteration from None
-                call = as_call(exc)
-                code = call.code() if call is not None else None
-                if code not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED):
-                    with map_rpc_errors(self._transport.address):
-                        raise
-                why = f"{code.name}: {call.details() if call is not None else exc}"
-            else:
-                event = event_from_proto(response)
-                if event is not None:
-                    return event
-                continue
-            self._reconnect(stream, why)
-
-    def _reconnect(self, broken: _EventCall, why: str) -> None:
-        broken.cancel()
-        if self._closed.is_set():
-            return
-        _log.warning(
-            "watch of promises %r broke (%s); reconnecting, events until then are missed",
-            self._request.id or "*",
-            why,
-            extra={"address": self._transport.address},
-        )
-        stream = self._open(reconnecting=True)
-        with self._lock:
-            if self._closed.is_set():
-                stream.cancel()
-                return
-            self._stream = stream
-        if self._on_reconnect is not None:
-            self._on_reconnect()
-
-    def _open(self, *, reconnecting: bool) -> _EventCall:
-        """A stream the server confirmed is in place; retried per the transport's policy
-        (briefly on the first connect, through an outage of up to its reconnect
-        window after)."""
-        transport = self._transport
-        started = transport.now()
-        failures = 0
-        with map_rpc_errors(transport.address):
-            while True:
-                stream = transport.promises.WatchPromises(
-                    self._request, metadata=transport.metadata
-                )
-                try:
-                    if WATCH_READY_METADATA in tuple(stream.initial_metadata() or ()):
-                        return stream
-                    next(stream)  # not in place: raises the call's error
-                    raise grpc.RpcError("the server ended the watch before it was in place")
-                except (grpc.RpcError, StopIteration) as exc:
-                    stream.cancel()
-                    if self._closed.is_set():
-                        return stream
-                    if isinstance(exc, StopIteration):
-                        raise UnavailableError(
-                            grpc.StatusCode.UNAVAILABLE,
-                            "",
-                            f"the server at {transport.address} ended the watch of promises "
-                            "before it was in place; check the server's logs",
-                        ) from None
-                    failures += 1
-                    delay = transport.reconnect_delay(
-                        exc, failures, None, outage_start=started if reconnecting else None
-                    )
-                    if delay is None:
-                        raise
-                    self._closed.wait(delay)
-
-
-class Handle:
-    """A workflow execution (its root promise), found by id.
-
-    Made by `Client.start` or `Client.handle`; cheap, and makes no call until used.
-
-    Attributes:
-        id: The workflow's id (its root promise's id).
-
-    .. versionadded:: 0.1.0
-    """
-
-    __slots__ = ("_client", "id")
-
-    def __init__(self, client: Client, id: str) -> None:
-        self._client = client
-        self.id = id
-
-    def __repr__(self) -> str:
-        return f"Handle({self.id!r})"
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Handle) and other.id == self.id and other._client is self._client
-
-    def __hash__(self) -> int:
-        return hash(self.id)
-
-    def get(self) -> Promise:
-        """The root promise as it is now (pending while the workflow runs).
-
-        Raises:
-            NotFoundError: No workflow (promise) has this id.
-        """
-        return self._client.get(self.id)
-
-    def result(self, timeout: float | None = None) -> Any:
-        """Wait for the workflow to finish and return its decoded return value.
-
-        Args:
-            timeout: Seconds to wait; None waits as long as it takes.
-
-        Raises:
-            PromiseRejectedError: The workflow raised; `.value` is the decoded
-                error (`{"type": ..., "message": ...}` for an exception).
-            Cancelled: The workflow was cancelled.
-            PromiseTimedOutError: The workflow ran out of time (its ttl).
-            DeadlineExceededError: It had not finished within `timeout` (also a `TimeoutError`).
-            NotFoundError: No workflow (promise) has this id.
-        """
-        return _outcome(self._client, self._client.wait(self.id, timeout=timeout))
-
-    def cancel(self, value: Any = None) -> bool:
-        """Cancel the workflow: it sees `Cancelled` at its next yield; pending steps are cancelled.
-
-        Returns:
-            True if this call cancelled it; False if it had already been cancelled.
-
-        Raises:
-            AlreadySettledError: It had already finished (the message says how).
-            NotFoundError: No workflow (promise) has this id.
-        """
-        try:
-            return self._client.cancel(self.id, value).applied
-        except AlreadySettledError:
-            if self._client.get(self.id).state is PromiseState.REJECTED_CANCELED:
-                return False
-            raise
-
-
-def _outcome(client: Client, promise: Promise) -> Any:
-    """A settled root promise's value, or the matching error raised."""
-    state = promise.state
-    if state is PromiseState.RESOLVED:
-        return client.decode(promise.value)
-    if state is PromiseState.REJECTED:
-        try:
-            value = client.decode(promise.value)
-        except Exception:  # a value this codec cannot read: hand over the bytes
-            value = promise.value.data
-        raise PromiseRejectedError(promise.id, value)
-    if state is PromiseState.REJECTED_CANCELED:
-        raise Cancelled(promise.id)
-    raise PromiseTimedOutError(
-        grpc.StatusCode.FAILED_PRECONDITION,
-        Reason.TIMED_OUT,
-        f"workflow {promise.id!r} timed out before it finished; start it with a longer ttl",
-        {"promise_id": promise.id},
-    )
+def connection(client: Client) -> Connection:
+    """The client's transport and call deadline, for the SDK's own modules (the worker,
+    `troth tasks`): not a public API."""
+    return client._connection
 
 
 def _start_key(id: str) -> str:
@@ -998,7 +735,3 @@ def _state(value: PromiseState | str) -> PromiseState:
     except ValueError:
         names = ", ".join(state.value for state in PromiseState)
         raise ValueError(f"unknown promise state {value!r}; use one of {names}") from None
-
-
-def _schema_text(schema: Mapping[str, Any] | None) -> str:
-    return "" if schema is None else json.dumps(schema, separators=(",", ":"))

@@ -181,6 +181,16 @@ class PromiseTimedOutError(FailedPreconditionError):
         self.promise_id: str | None = self.metadata.get("promise_id")
 
 
+def timed_out(promise_id: str, message: str) -> PromiseTimedOutError:
+    """The `PromiseTimedOutError` a workflow gets at a yield on a promise that timed out
+    (what a late settle of it gets from the server)."""
+    import grpc  # here, so that the replay engine's imports stay free of gRPC
+
+    return PromiseTimedOutError(
+        grpc.StatusCode.FAILED_PRECONDITION, Reason.TIMED_OUT, message, {"promise_id": promise_id}
+    )
+
+
 class LeaseLostError(FailedPreconditionError):
     """A worker's call carried a stale task counter: the task moved on without it."""
 

@@ -14,6 +14,10 @@ bounded thread pool::
 
     worker.run()  # blocks until SIGINT/SIGTERM; or start() ... stop() to embed
 
+Layout. This module is the registry, the lifecycle and the poll loop;
+`troth._leases` holds the leases (fencing, heartbeats), `troth._runner` runs
+each task, `troth._tasks` makes the `Tasks` calls (see ARCHITECTURE.md).
+
 Running a task. The worker builds a `troth._engine.Engine` from the
 registered function, the arguments in the root promise's param and the
 history the task carries, and does the I/O the engine asks for: it creates
@@ -25,12 +29,17 @@ promises it registers callbacks and completes the task (the workflow is
 suspended and costs this worker nothing but, optionally, a place in a small
 cache); when it returns or raises, one `CompleteTask` settles the root.
 
-Leases. Every task is leased to this worker; one heartbeat thread extends
-all the leases every `lease / 3`, on its own thread, so a step that keeps the
-CPU busy does not lose its task. A task whose lease is gone (the server says
-`STALE_COUNTER`, the heartbeat no longer lists it, or no heartbeat got
-through for a whole lease) is dropped quietly: another worker replays it from
-the checkpoints.
+Leases. Every task is leased to this worker, until the `lease_expire_time`
+the server sent with it; one heartbeat thread extends all the leases every
+`lease / 3`, on its own thread, so a step that keeps the CPU busy does not
+lose its task. A delivery whose lease ran out before it was read is dropped
+unrun; a step function starts only on a lease the server confirmed recently;
+one root never runs twice at once here. A task whose lease is gone (the
+server says `STALE_COUNTER`, the heartbeat no longer lists it, or no
+heartbeat got through for a whole lease) is dropped quietly: another worker
+replays it from the checkpoints. A step function that returned has its
+result recorded even so, retried through an outage: an outage alone never
+runs a step function twice.
 
 Failover. A broken stream does not end the leases by itself: a server that
 died (or a replica of several, see `Client`) could not end them. The worker
@@ -66,7 +75,6 @@ Logging goes to `logging.getLogger("troth.worker")`; the SDK configures nothing.
 
 from __future__ import annotations
 
-import collections
 import inspect
 import logging
 import os
@@ -78,36 +86,25 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from datetime import timedelta
 from types import FrameType, TracebackType
-from typing import TYPE_CHECKING, Any, Protocol, Self, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Self, TypeVar, overload
 
 import grpc
 
-from troth._commands import TAG_FUNC, CreatePromise, Now, Random, RunStep
-from troth._convert import payload_to_proto, promise_from_proto, timedelta_to_proto
-from troth._engine import CreateStep, Done, Engine, Failed, Suspend, Workflow, error_value
+from troth._convert import timedelta_to_proto
+from troth._leases import Held, Leases
+from troth._runner import Runner, describe_version
+from troth._tasks import PollCall, TaskCalls
 from troth._transport import as_call
 from troth._versions import WorkflowRegistration, registration
-from troth._worker_steps import Exhausted, Interrupted, Succeeded, run_with_retry
-from troth.errors import (
-    AlreadyExistsError,
-    AlreadySettledError,
-    InvalidArgumentError,
-    LeaseLostError,
-    NonDeterminismError,
-    NotFoundError,
-    PromiseTimedOutError,
-    RegistrationError,
-    RpcError,
-)
-from troth.v1 import tasks_pb2, tasks_pb2_grpc, types_pb2
+from troth.client import connection
+from troth.errors import RegistrationError
+from troth.v1 import tasks_pb2
 
 if TYPE_CHECKING:
-    from troth._promise import CreateResult, Promise
+    from troth._engine import Workflow
     from troth.client import Client
-    from troth.codec import Payload
 
 __all__ = ["Worker"]
 
@@ -116,7 +113,6 @@ _log = logging.getLogger("troth.worker")
 _W = TypeVar("_W", bound=Callable[..., Any])
 
 _MIN_RECONNECT_BACKOFF = 0.1
-_MAX_DROPPED = 1024
 _STABLE_STREAM = 10.0  # a stream open this long counts as established: reset the backoff
 _TRANSIENT_CODES = frozenset(
     {
@@ -130,49 +126,6 @@ _TRANSIENT_CODES = frozenset(
     }
 )
 """Poll failures that may pass by themselves; any other is logged as an ERROR."""
-
-
-class _TasksStub(Protocol):
-    """The typed shape of the generated `troth.v1.Tasks` stub."""
-
-    Poll: grpc.UnaryStreamMultiCallable[tasks_pb2.PollRequest, tasks_pb2.PollResponse]
-    CompleteTask: grpc.UnaryUnaryMultiCallable[
-        tasks_pb2.CompleteTaskRequest, tasks_pb2.CompleteTaskResponse
-    ]
-    Heartbeat: grpc.UnaryUnaryMultiCallable[tasks_pb2.HeartbeatRequest, tasks_pb2.HeartbeatResponse]
-    ReleaseTask: grpc.UnaryUnaryMultiCallable[
-        tasks_pb2.ReleaseTaskRequest, tasks_pb2.ReleaseTaskResponse
-    ]
-    RegisterCallbacks: grpc.UnaryUnaryMultiCallable[
-        tasks_pb2.RegisterCallbacksRequest, tasks_pb2.RegisterCallbacksResponse
-    ]
-
-
-class _Cancellable(Protocol):
-    def cancel(self) -> bool: ...
-
-
-@dataclass(eq=False, slots=True)
-class _Held:
-    """A task leased to this worker, as this worker knows it."""
-
-    task_id: str
-    counter: int
-    root_id: str
-    expires: float = 0.0
-    """The monotonic time its lease surely ends by, unless a heartbeat extends it."""
-    lost: bool = False
-    """The server moved it on (stale counter, missing from a heartbeat, lease ran out)."""
-    abandoned: bool = False
-    """Its runner gave up on it but could not release it yet; the heartbeater retries."""
-
-
-class _Stopping(Exception):
-    """The worker is stopping: leave the task for the release sweep."""
-
-
-class _Lost(Exception):
-    """The lease is gone: drop the task."""
 
 
 class Worker:
@@ -224,31 +177,34 @@ class Worker:
         self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.concurrency = concurrency
         self.lease = lease
-        self._cache_size = cache_size
         self._grace = shutdown_grace.total_seconds()
         self._max_backoff = max_reconnect_backoff
         self._versions: dict[str, WorkflowRegistration] = {}
         """The registered workflows by name, with their versions."""
-        self._transport = client._transport
-        stub = tasks_pb2_grpc.TasksStub(self._transport.channel)  # type: ignore[no-untyped-call,unused-ignore]
-        self._stub: _TasksStub = stub
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
-        self._held: dict[str, _Held] = {}
         self._running = 0  # tasks submitted to the pool and not yet finished
-        self._cache: collections.OrderedDict[str, Engine] = collections.OrderedDict()
-        self._dropped: collections.OrderedDict[str, _Held] = collections.OrderedDict()
-        self._unknown: dict[str, int] = {}
-        """Tasks the last heartbeat named that this worker never received, by counter."""
         self._state = "new"
         self._stopping = threading.Event()
+        self._abandon = threading.Event()  # stop() waited long enough: give up on running tasks
         self._stopped = threading.Event()
-        self._heartbeat_stop = threading.Event()
-        self._heartbeat_now = threading.Event()  # heartbeat at once (the stream broke)
-        self._poll_call: _Cancellable | None = None
+        calls = connection(client)
+        self._tasks = TaskCalls(calls, self.worker_id)
+        self._leases = Leases(self._tasks, lease)
+        self._runner = Runner(
+            client,
+            calls,
+            self._tasks,
+            self._leases,
+            lambda: self.registrations,
+            group=group,
+            cache_size=cache_size,
+            stopping=self._stopping,
+            abandon=self._abandon,
+        )
+        self._poll_call: PollCall | None = None
         self._pool: ThreadPoolExecutor | None = None
         self._poller: threading.Thread | None = None
-        self._heartbeater: threading.Thread | None = None
 
     def __repr__(self) -> str:
         return f"Worker(group={self.group!r}, worker_id={self.worker_id!r})"
@@ -377,18 +333,14 @@ class Worker:
         self._poller = threading.Thread(
             target=self._poll_loop, name=f"troth-poller-{self.group}", daemon=True
         )
-        self._heartbeater = threading.Thread(
-            target=self._heartbeat_loop, name=f"troth-heartbeat-{self.group}", daemon=True
-        )
+        self._leases.start(f"troth-heartbeat-{self.group}")
         self._poller.start()
-        self._heartbeater.start()
         _log.info(
             "worker %s polling group %r (%d at once, workflows: %s)",
             self.worker_id,
             self.group,
             self.concurrency,
-            ", ".join(_describe_version(r) for _, r in sorted(self.registrations.items()))
-            or "none",
+            ", ".join(describe_version(r) for _, r in sorted(self.registrations.items())) or "none",
             extra={"worker_id": self.worker_id, "group": self.group},
         )
 
@@ -418,7 +370,8 @@ class Worker:
             while self._running and (remaining := deadline - time.monotonic()) > 0:
                 self._idle.wait(remaining)
             busy = self._running
-            held = list(self._held.values())
+        self._abandon.set()
+        held = self._leases.held()
         if busy:
             _log.warning(
                 "worker %s stopping with %d task(s) still inside a step; releasing them anyway",
@@ -428,25 +381,19 @@ class Worker:
             )
         for task in held:
             if not task.lost:
-                self._release(task)
+                self._leases.release(task)
         with self._lock:
             call, self._poll_call = self._poll_call, None
         if call is not None:
             call.cancel()
         if self._poller is not None:
             self._poller.join()
-        self._heartbeat_stop.set()
-        self._heartbeat_now.set()
-        if self._heartbeater is not None:
-            self._heartbeater.join()
+        self._leases.stop()
         if self._pool is not None:
             self._pool.shutdown(wait=not busy, cancel_futures=True)
+        self._runner.close()
         with self._lock:
-            engines = list(self._cache.values())
-            self._cache.clear()
             self._state = "stopped"
-        for engine in engines:
-            engine.close()
         self._stopped.set()
         _log.info("worker %s stopped", self.worker_id, extra={"worker_id": self.worker_id})
 
@@ -507,7 +454,7 @@ class Worker:
     def _poll_loop(self) -> None:
         failures = 0
         while not self._stopping.is_set():
-            call = self._stub.Poll(self._poll_request(), metadata=self._transport.metadata)
+            call = self._tasks.poll(self._poll_request())
             with self._lock:
                 if self._stopping.is_set():
                     call.cancel()
@@ -540,7 +487,7 @@ class Worker:
             # (and its replicas still honour them); one that stayed up gave the
             # tasks back to the group. A heartbeat now, through whichever
             # server answers, tells which it is, for each task we hold.
-            self._heartbeat_now.set()
+            self._leases.wake()
             if received or time.monotonic() - opened > _STABLE_STREAM:
                 failures = 0
             failures += 1
@@ -561,12 +508,12 @@ class Worker:
             self._stopping.wait(delay)
 
     def _accept(self, response: tasks_pb2.PollResponse) -> None:
-        task = response.task
-        expires = time.monotonic() + self.lease.total_seconds()
-        held = _Held(task.id, task.counter, task.root_promise_id, expires)
+        held = self._leases.accept(response.task)
+        if held is None:
+            return  # stale on arrival: the server has moved it on
         with self._lock:
-            self._held[task.id] = held
             if self._stopping.is_set():
+                self._leases.finished(held)
                 return  # released by stop()
             self._running += 1
         pool = self._pool
@@ -574,457 +521,19 @@ class Worker:
         try:
             pool.submit(self._run, held, response)
         except RuntimeError:  # the pool is shutting down
+            self._leases.finished(held)
             self._finished_running()
 
-    # -- heartbeats --------------------------------------------------------
-
-    def _heartbeat_loop(self) -> None:
-        seconds = self.lease.total_seconds()
-        interval = seconds / 3
-        lease = timedelta_to_proto(self.lease)
-        while True:
-            self._heartbeat_now.wait(interval)
-            self._heartbeat_now.clear()
-            if self._heartbeat_stop.is_set():
-                return
-            with self._lock:
-                before = dict(self._held)
-                idle = not before and not self._dropped
-            if idle:
-                continue
-            request = tasks_pb2.HeartbeatRequest(worker_id=self.worker_id, lease=lease)
-            sent = time.monotonic()
-            try:
-                response = self._transport.call(
-                    self._stub.Heartbeat, request, timeout=interval, idempotent=True
-                )
-            except RpcError as exc:
-                _log.warning(
-                    "worker %s: heartbeat failed (%s); leases expire in %s unless one succeeds",
-                    self.worker_id,
-                    exc,
-                    self.lease,
-                    extra={"worker_id": self.worker_id},
-                )
-                self._expire(time.monotonic())
-                continue
-            still = set(response.task_ids)
-            with self._lock:
-                for task_id, held in before.items():
-                    if task_id in still:
-                        held.expires = sent + seconds
-                        continue
-                    held.lost = True
-                    if self._held.get(task_id) is held:
-                        del self._held[task_id]
-                abandoned = [h for h in self._held.values() if h.abandoned]
-                # Tasks we dropped (their leases ran out unheard, or a release
-                # failed) that the server still counts as ours: give them
-                # back, or they would wait for as long as this worker heartbeats.
-                stale = [
-                    self._dropped.pop(task_id)
-                    for task_id in still
-                    if task_id not in self._held and task_id in self._dropped
-                ]
-                # Tasks leased to us that we never received: a replica claimed
-                # them for our stream and died before delivering them. Named by
-                # two heartbeats in a row at one counter, they are not merely in
-                # flight on the stream: give them back, or our heartbeats would
-                # keep them leased for as long as we hold anything else.
-                unknown = {
-                    task_id: response.counters.get(task_id, 0)
-                    for task_id in still
-                    if task_id not in self._held and task_id not in self._dropped
-                }
-                orphans = [
-                    _Held(task_id, counter, root_id="")
-                    for task_id, counter in unknown.items()
-                    if self._unknown.get(task_id) == counter
-                ]
-                self._unknown = {
-                    task_id: counter
-                    for task_id, counter in unknown.items()
-                    if self._unknown.get(task_id) != counter
-                }
-            for held in [*abandoned, *stale, *orphans]:
-                self._release(held)
-
-    def _expire(self, now: float) -> None:
-        """Drop the tasks whose leases ran out with no heartbeat getting through."""
-        with self._lock:
-            expired = [held for held in self._held.values() if held.expires <= now]
-            for held in expired:
-                held.lost = True
-                del self._held[held.task_id]
-                # If the server still counts it as ours when heartbeats get
-                # through again, the heartbeater gives it back.
-                self._dropped[held.task_id] = held
-                while len(self._dropped) > _MAX_DROPPED:
-                    self._dropped.popitem(last=False)
-        if expired:
-            _log.warning(
-                "worker %s: no heartbeat got through for %s; dropping %d task(s) whose "
-                "leases ran out",
-                self.worker_id,
-                self.lease,
-                len(expired),
-                extra={"worker_id": self.worker_id},
-            )
-
-    # -- running a task ----------------------------------------------------
+    def _run(self, held: Held, response: tasks_pb2.PollResponse) -> None:
+        try:
+            self._runner.run(held, response)
+        finally:
+            self._finished_running()
 
     def _finished_running(self) -> None:
         with self._idle:
             self._running -= 1
             self._idle.notify_all()
-
-    def _forget(self, held: _Held) -> None:
-        with self._lock:
-            if self._held.get(held.task_id) is held:
-                del self._held[held.task_id]
-
-    def _run(self, held: _Held, response: tasks_pb2.PollResponse) -> None:
-        try:
-            if self._stopping.is_set():
-                return  # left for the release sweep
-            if held.lost:
-                return
-            self._execute(held, response)
-            self._forget(held)
-        except (_Lost, LeaseLostError) as exc:
-            _log.info(
-                "worker %s lost its lease on task %s of workflow %r; dropping it (%s)",
-                self.worker_id,
-                held.task_id,
-                held.root_id,
-                "the lease moved on" if isinstance(exc, _Lost) else exc,
-                extra={"worker_id": self.worker_id, "workflow_id": held.root_id},
-            )
-            self._forget(held)
-        except _Stopping:
-            pass  # left for the release sweep
-        except Exception:
-            _log.exception(
-                "worker %s failed running task %s of workflow %r; giving it back",
-                self.worker_id,
-                held.task_id,
-                held.root_id,
-                extra={"worker_id": self.worker_id, "workflow_id": held.root_id},
-            )
-            self._release(held)
-        finally:
-            self._finished_running()
-
-    def _foreign_version(self, response: tasks_pb2.PollResponse) -> str | None:
-        """Why this worker must not run the task: the workflow was started with code
-        of a version it neither runs nor declared compatible (None: it may run it)."""
-        version = response.task.workflow_version or response.root.workflow_version
-        name = response.root.tags.get(TAG_FUNC, "")
-        with self._lock:
-            registered = self._versions.get(name)
-        if not version or registered is None or registered.runs(version):
-            return None
-        return (
-            f"workflow {response.root.id!r} ({name!r}) was started with version {version!r}; "
-            f"this worker runs {_describe_version(registered)}"
-        )
-
-    def _execute(self, held: _Held, response: tasks_pb2.PollResponse) -> None:
-        foreign = self._foreign_version(response)
-        if foreign is not None:
-            # Replaying it on other code could take other branches on its history.
-            _log.warning(
-                "worker %s: %s; giving task %s back for a worker with that code",
-                self.worker_id,
-                foreign,
-                held.task_id,
-                extra={"worker_id": self.worker_id, "workflow_id": held.root_id},
-            )
-            self._release(held)
-            return
-        root = promise_from_proto(response.root)
-        history = [root, *(promise_from_proto(p) for p in response.history)]
-        engine = self._cache_take(root.id)
-        if engine is not None:
-            outcome = engine.advance(history)
-        else:
-            name = root.tags.get(TAG_FUNC, "")
-            workflow = self.workflows.get(name)
-            if workflow is None:
-                known = ", ".join(sorted(self.workflows)) or "none"
-                error = RegistrationError(
-                    name,
-                    f"workflow {name!r} is not registered on the workers of group "
-                    f"{self.group!r} (worker {self.worker_id} knows: {known}); register it "
-                    "with @worker.workflow, or start it in the group whose workers run it",
-                )
-                _log.warning("%s; rejecting workflow %r", error, root.id)
-                self._complete(held, reject=error_value(error))
-                return
-            try:
-                args = self._decode_args(root)
-            except (TypeError, ValueError) as exc:
-                self._complete(held, reject=error_value(exc))
-                return
-            engine = Engine(
-                workflow,
-                args,
-                root_id=root.id,
-                history=history,
-                codec=self.client.codec,
-                group=self.group,
-            )
-            outcome = engine.advance()
-        keep = False
-        try:
-            while True:
-                if isinstance(outcome, CreateStep):
-                    self._check(held)
-                    try:
-                        created = self._step(outcome, held)
-                    except AlreadyExistsError as exc:
-                        # The step's id is taken by a promise that is not this
-                        # workflow's step (the server says whose): no retry helps.
-                        self._failed(held, Failed(exc))
-                        return
-                    outcome = engine.advance(created)
-                elif isinstance(outcome, Suspend):
-                    # One call registers the callbacks and completes the task,
-                    # unless something it waits on settled meanwhile.
-                    settled = self._suspend(held, outcome.awaiting)
-                    if settled:
-                        outcome = engine.advance(settled)
-                        continue
-                    keep = True
-                    return
-                elif isinstance(outcome, Done):
-                    try:
-                        value = self.client.encode(outcome.value)
-                    except (TypeError, ValueError) as exc:
-                        self._complete(held, reject=error_value(exc))
-                    else:
-                        self._complete(held, resolve=value)
-                    return
-                else:
-                    self._failed(held, outcome)
-                    return
-        finally:
-            if keep:
-                self._cache_put(root.id, engine)
-            else:
-                engine.close()
-
-    def _decode_args(self, root: Promise) -> list[Any]:
-        args = self.client.decode(root.param)
-        if args is None:
-            return []
-        if not isinstance(args, list):
-            raise TypeError(
-                f"workflow {root.id!r} has param {args!r}, not a list of arguments; "
-                "start workflows with client.start(name, *args, id=...)"
-            )
-        return args
-
-    def _failed(self, held: _Held, outcome: Failed) -> None:
-        error = outcome.error
-        if isinstance(error, NonDeterminismError):
-            _log.error("workflow %r: %s", held.root_id, error, extra={"workflow_id": held.root_id})
-        else:
-            _log.info(
-                "workflow %r raised %s: %s",
-                held.root_id,
-                type(error).__name__,
-                error,
-                extra={"workflow_id": held.root_id},
-            )
-        self._complete(held, reject=error_value(error))
-
-    def _check(self, held: _Held) -> None:
-        if held.lost:
-            raise _Lost
-        if self._stopping.is_set():
-            raise _Stopping
-
-    def _wait(self, seconds: float) -> bool:
-        return not self._stopping.wait(seconds)
-
-    # -- step I/O ----------------------------------------------------------
-
-    def _step(self, step: CreateStep, held: _Held) -> list[Promise]:
-        command = step.command
-        if not isinstance(command, RunStep | Now | Random):
-            if step.exists:
-                return [self.client.get(step.step_id)]
-            return [self._create(step, held).promise]
-        # A step that computes its value records it with its creation, in one call.
-        # Dying before that call means the step runs again: at-least-once
-        # execution, exactly-once recording (the first record wins).
-        value: Any
-        if isinstance(command, Now | Random):
-            ok, value = True, command.draw()
-        else:
-            result = run_with_retry(
-                command.fn, command.args, command.retry, wait=self._wait, step_id=step.step_id
-            )
-            if isinstance(result, Interrupted):
-                raise _Stopping
-            if isinstance(result, Succeeded):
-                ok, value = True, result.value
-            else:
-                assert isinstance(result, Exhausted)
-                _log.info(
-                    "step %r (%s) failed after %d attempt(s): %s: %s",
-                    step.step_id,
-                    command.name,
-                    result.attempts,
-                    type(result.error).__name__,
-                    result.error,
-                    extra={"step_id": step.step_id},
-                )
-                ok, value = False, error_value(result.error)
-        if step.exists:  # created pending by an older worker: settle it
-            return [self._settle(step.step_id, held, ok, value)]
-        return [self._record(step, held, ok, value)]
-
-    def _fence(self, held: _Held) -> types_pb2.TaskFence:
-        return types_pb2.TaskFence(
-            task_id=held.task_id, counter=held.counter, worker_id=self.worker_id
-        )
-
-    def _create(
-        self, step: CreateStep, held: _Held, *, ok: bool | None = None, value: Any = None
-    ) -> CreateResult:
-        encoded = None if ok is None else self.client.encode(value)
-        command = step.command
-        decision = command if isinstance(command, CreatePromise) else None
-        return self.client._create_raw(
-            step.step_id,
-            step.param,
-            tags=step.tags,
-            ttl=step.ttl,
-            resolved_with=encoded if ok else None,
-            rejected_with=encoded if ok is False else None,
-            schema=decision.schema.json_schema if decision and decision.schema else None,
-            title=decision.title if decision else "",
-            message=decision.message if decision else "",
-            requested_by=step.requested_by,
-            fence=self._fence(held),
-        )
-
-    def _record(self, step: CreateStep, held: _Held, ok: bool, value: Any) -> Promise:
-        """Create the step's promise already settled with its result."""
-        try:
-            return self._create(step, held, ok=ok, value=value).promise
-        except (TypeError, ValueError, InvalidArgumentError) as exc:
-            if not ok:
-                raise
-            # The result cannot be recorded (not encodable, over the size limit).
-            _log.info("step %r: its result cannot be recorded: %s", step.step_id, exc)
-            return self._create(step, held, ok=False, value=error_value(exc)).promise
-
-    def _settle(self, step_id: str, held: _Held, ok: bool, value: Any) -> Promise:
-        """Record a step's result; a step someone else settled first keeps their result."""
-        fence = self._fence(held)
-        try:
-            if ok:
-                try:
-                    return self.client.resolve(step_id, value, _fence=fence).promise
-                except (TypeError, ValueError, InvalidArgumentError) as exc:
-                    # The result cannot be recorded (not encodable, over the size limit).
-                    _log.info("step %r: its result cannot be recorded: %s", step_id, exc)
-                    return self.client.reject(step_id, error_value(exc), _fence=fence).promise
-            return self.client.reject(step_id, value, _fence=fence).promise
-        except (AlreadySettledError, PromiseTimedOutError):
-            return self.client.get(step_id)
-
-    # -- task calls --------------------------------------------------------
-
-    def _call_timeout(self) -> float:
-        return self.client._timeout
-
-    def _suspend(self, held: _Held, awaiting: Iterable[str]) -> list[Promise]:
-        """Suspend the task on `awaiting`; returns those already settled (then the
-        task is still ours and the workflow goes on), or [] once suspended."""
-        request = tasks_pb2.CompleteTaskRequest(
-            task_id=held.task_id,
-            counter=held.counter,
-            worker_id=self.worker_id,
-            suspend_on=list(awaiting),
-        )
-        response = self._transport.call(
-            self._stub.CompleteTask, request, timeout=self._call_timeout()
-        )
-        return [promise_from_proto(p) for p in response.settled]
-
-    def _complete(self, held: _Held, *, resolve: Payload | None = None, reject: Any = None) -> None:
-        request = tasks_pb2.CompleteTaskRequest(
-            task_id=held.task_id, counter=held.counter, worker_id=self.worker_id
-        )
-        if resolve is not None:
-            request.resolve_root.CopyFrom(payload_to_proto(resolve))
-        elif reject is not None:
-            request.reject_root.CopyFrom(payload_to_proto(self.client.encode(reject)))
-        try:
-            self._transport.call(self._stub.CompleteTask, request, timeout=self._call_timeout())
-        except (AlreadySettledError, PromiseTimedOutError) as exc:
-            # The root was settled meanwhile (cancelled, timed out): that stands.
-            _log.info(
-                "workflow %r finished, but its root was already settled (%s)",
-                held.root_id,
-                exc,
-                extra={"workflow_id": held.root_id},
-            )
-            request.ClearField("root_result")
-            self._transport.call(self._stub.CompleteTask, request, timeout=self._call_timeout())
-
-    def _release(self, held: _Held) -> None:
-        request = tasks_pb2.ReleaseTaskRequest(
-            task_id=held.task_id, counter=held.counter, worker_id=self.worker_id
-        )
-        try:
-            self._transport.call(self._stub.ReleaseTask, request, timeout=self._call_timeout())
-        except (LeaseLostError, NotFoundError):
-            pass  # it had moved on already
-        except RpcError as exc:
-            _log.warning(
-                "worker %s could not release task %s (%s); retrying with the next heartbeat",
-                self.worker_id,
-                held.task_id,
-                exc,
-                extra={"worker_id": self.worker_id, "workflow_id": held.root_id},
-            )
-            held.abandoned = True
-            with self._lock:
-                if self._held.get(held.task_id) is not held:
-                    self._dropped[held.task_id] = held  # retried when a heartbeat names it
-            return
-        held.lost = True
-        self._forget(held)
-
-    # -- the cache of suspended workflows ----------------------------------
-
-    def _cache_take(self, root_id: str) -> Engine | None:
-        with self._lock:
-            return self._cache.pop(root_id, None)
-
-    def _cache_put(self, root_id: str, engine: Engine) -> None:
-        evicted: list[Engine] = []
-        with self._lock:
-            if self._cache_size and not self._stopping.is_set():
-                self._cache[root_id] = engine
-                while len(self._cache) > self._cache_size:
-                    evicted.append(self._cache.popitem(last=False)[1])
-            else:
-                evicted.append(engine)
-        for old in evicted:
-            old.close()
-
-
-def _describe_version(registered: WorkflowRegistration) -> str:
-    text = f"{registered.name} version {registered.version}"
-    if registered.compatible:
-        text += f" (compatible with {', '.join(registered.compatible)})"
-    return text
 
 
 def _describe(fn: Callable[..., Any]) -> str:

@@ -89,6 +89,15 @@ class _ClaimOp:
 
 
 @dataclass(frozen=True, slots=True)
+class Heartbeat:
+    """A heartbeat's answer: the tasks the worker still holds, and the `now` (epoch ms)
+    their leases were extended from (sent as `HeartbeatResponse.server_time`)."""
+
+    tasks: list[Task]
+    now: int
+
+
+@dataclass(frozen=True, slots=True)
 class _HeartbeatOp:
     worker_id: str
     lease_ms: int
@@ -96,13 +105,13 @@ class _HeartbeatOp:
     def keys(self, tx: WriteTx, now: int) -> Keys:
         return _claimed_keys(tx, self.worker_id)
 
-    def apply(self, batch: Batch) -> list[Task]:
+    def apply(self, batch: Batch) -> Heartbeat:
         extended = []
         for task in batch.claimed_by(self.worker_id):
             renewed = tasks.heartbeat(task, self.worker_id, task.counter, batch.now, self.lease_ms)
             batch.put_task(renewed)
             extended.append(renewed)
-        return extended
+        return Heartbeat(extended, batch.now)
 
 
 @dataclass(frozen=True, slots=True)
@@ -264,7 +273,7 @@ class TaskService:
         """The group's tasks that are not completed, oldest first (a read)."""
         return self._store.search_tasks(group, limit)
 
-    def heartbeat(self, worker_id: str, lease_ms: int) -> list[Task]:
+    def heartbeat(self, worker_id: str, lease_ms: int) -> Heartbeat:
         """Extend every lease the worker holds; returns the tasks it still holds."""
         return self._committer.submit(_HeartbeatOp(worker_id, lease_ms))
 
@@ -303,7 +312,7 @@ class TaskService:
         op = _CompleteOp(task_id, counter, worker_id, root_outcome)
         return await self._committer.submit_async(op)
 
-    async def heartbeat_async(self, worker_id: str, lease_ms: int) -> list[Task]:
+    async def heartbeat_async(self, worker_id: str, lease_ms: int) -> Heartbeat:
         return await self._committer.submit_async(_HeartbeatOp(worker_id, lease_ms))
 
     async def release_async(self, task_id: str, counter: int, worker_id: str) -> Task:

@@ -326,11 +326,11 @@ def test_an_sdk_worker_gives_back_a_task_of_a_version_it_does_not_run(
             raise AssertionError("v2 code must not replay a v1 workflow")
             yield
 
-        from troth.worker import _Held
+        from troth._leases import Held
 
-        held = _Held(delivery.task.id, delivery.task.counter, delivery.task.root_promise_id)
+        held = Held(delivery.task.id, delivery.task.counter, delivery.task.root_promise_id)
         with caplog.at_level(logging.WARNING, logger="troth.worker"):
-            worker._execute(held, delivery)
+            worker._runner.run(held, delivery)
     assert "was started with version 'v1'; this worker runs publish version v2" in caplog.text
     # Released: the group offers it again (here, to the same stream), at a new counter.
     again = stream.next()

@@ -95,9 +95,11 @@ def test_a_cancel_during_the_step_before_a_wait_leaves_no_live_gate(
             go.touch()  # the step returns; the worker goes on to create the gate
 
             def finished() -> bool:
-                return "WORKFLOW_SETTLED" in fleet.logs()
+                # The gate's create is refused (WORKFLOW_SETTLED) and the workflow
+                # gets Cancelled at that yield, before any later step runs.
+                return f"workflow {wid!r} raised Cancelled" in fleet.logs()
 
-            fleet.eventually(finished, 30, "the gate's create to be refused")
+            fleet.eventually(finished, 30, "the workflow to get Cancelled at the gate's yield")
             # Give the worker time to take the workflow up again and end it.
             time.sleep(2)
             assert client.get(wid).state == "REJECTED_CANCELED"

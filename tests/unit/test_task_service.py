@@ -168,7 +168,7 @@ def test_lease_expiry_and_fencing(env: Env) -> None:
     env.start("wf-7")
     (task,) = env.claim("w1")
     env.clock.now += LEASE // 2
-    assert [t.id for t in env.tasks.heartbeat("w1", LEASE)] == [task.id]
+    assert [t.id for t in env.tasks.heartbeat("w1", LEASE).tasks] == [task.id]
     env.clock.now += LEASE - 1
     assert env.tasks.expire_leases(100) == []  # the heartbeat moved the lease on
     env.clock.now += 1
@@ -179,7 +179,7 @@ def test_lease_expiry_and_fencing(env: Env) -> None:
         env.tasks.complete(task.id, 1, "w1", None)
     with pytest.raises(StaleCounter):
         env.tasks.release(task.id, 1, "w1")
-    assert env.tasks.heartbeat("w1", LEASE) == []
+    assert env.tasks.heartbeat("w1", LEASE).tasks == []
     with pytest.raises(TaskNotFound):
         env.tasks.complete("no-such-task", 1, "w2", None)
 

@@ -13,36 +13,83 @@ from datetime import timedelta
 
 import pytest
 
-from troth import Client, Worker
-from troth.worker import _Held
+from troth import Client
+from troth._leases import Held, Leases
+from troth._tasks import TaskCalls
+from troth.client import connection
+from troth.v1 import tasks_pb2
 
 
 @pytest.fixture
-def worker() -> Iterator[Worker]:
+def leases() -> Iterator[Leases]:
     with Client("127.0.0.1:1") as client:  # never contacted
-        yield Worker(client, lease=timedelta(seconds=3))
+        yield Leases(TaskCalls(connection(client), "w1"), timedelta(seconds=3))
 
 
-def test_a_lease_that_ran_out_unheard_is_dropped_and_remembered(worker: Worker) -> None:
+def test_a_lease_that_ran_out_unheard_is_dropped_and_remembered(leases: Leases) -> None:
     now = time.monotonic()
-    lapsed = _Held("t1", 1, "root-1", expires=now - 0.1)
-    alive = _Held("t2", 1, "root-2", expires=now + 2.0)
-    worker._held.update({"t1": lapsed, "t2": alive})
+    lapsed = Held("t1", 1, "root-1", expires=now - 0.1)
+    alive = Held("t2", 1, "root-2", expires=now + 2.0)
+    leases._held.update({"t1": lapsed, "t2": alive})
 
-    worker._expire(now)
+    leases.expire(now)
 
     assert lapsed.lost
     assert not alive.lost
-    assert worker._held == {"t2": alive}
+    assert leases._held == {"t2": alive}
     # Given back if a later heartbeat shows the server still counts it as ours.
-    assert worker._dropped == {"t1": lapsed}
+    assert leases._dropped == {"t1": lapsed}
 
 
-def test_nothing_is_dropped_while_leases_last(worker: Worker) -> None:
+def test_nothing_is_dropped_while_leases_last(leases: Leases) -> None:
     now = time.monotonic()
-    held = _Held("t1", 1, "root-1", expires=now + 1.0)
-    worker._held["t1"] = held
-    worker._expire(now)
-    assert worker._held == {"t1": held}
+    held = Held("t1", 1, "root-1", expires=now + 1.0)
+    leases._held["t1"] = held
+    leases.expire(now)
+    assert leases._held == {"t1": held}
     assert not held.lost
-    assert not worker._dropped
+    assert not leases._dropped
+
+
+def _task(task_id: str, counter: int, root: str, server_expiry: float) -> tasks_pb2.Task:
+    task = tasks_pb2.Task(id=task_id, counter=counter, root_promise_id=root)
+    task.lease_expire_time.FromNanoseconds(int(server_expiry * 1e9))
+    return task
+
+
+def test_a_delivery_is_timed_by_the_servers_lease_and_dropped_if_stale_on_arrival(
+    leases: Leases,
+) -> None:
+    leases._skew = 1_000_000.0  # the server's wall clock minus our monotonic clock
+    now = time.monotonic()
+    fresh = leases.accept(_task("t1", 1, "root-1", 1_000_000.0 + now + 2.5))
+    assert fresh is not None
+    # Mapped onto our clock: the server's expiry, not the arrival plus a lease.
+    assert fresh.expires == pytest.approx(now + 2.5, abs=0.05)
+    assert fresh.confirmed == pytest.approx(now - 0.5, abs=0.05)  # granted 3 s before expiry
+    assert leases.is_fresh(fresh)
+    # Sat in the socket buffer past its lease (a frozen process): dropped, not run.
+    assert leases.accept(_task("t2", 1, "root-2", 1_000_000.0 + now - 0.1)) is None
+    assert "t2" not in {h.task_id for h in leases.held()}
+    assert "t2" in leases._dropped  # given back only if a heartbeat says it is still ours
+
+
+def test_a_second_delivery_of_a_root_waits_for_the_first_which_is_lost(leases: Leases) -> None:
+    first = leases.accept(tasks_pb2.Task(id="t1", counter=1, root_promise_id="root-1"))
+    again = leases.accept(tasks_pb2.Task(id="t1", counter=2, root_promise_id="root-1"))
+    assert first is not None and again is not None
+    assert first.lost and again.after is first
+    assert leases.held() == [again]
+    leases.finished(first)
+    assert first.stopped.is_set()
+    other = leases.accept(tasks_pb2.Task(id="t2", counter=1, root_promise_id="root-2"))
+    assert other is not None and other.after is None
+
+
+def test_a_heartbeat_listing_a_task_at_another_counter_loses_it(leases: Leases) -> None:
+    held = leases.accept(tasks_pb2.Task(id="t1", counter=1, root_promise_id="root-1"))
+    assert held is not None
+    response = tasks_pb2.HeartbeatResponse(task_ids=["t1"], counters={"t1": 2})
+    leases._apply({"t1": held}, response, time.monotonic())
+    assert held.lost
+    assert leases.held() == []

@@ -23,7 +23,7 @@ from troth import (
     TrothError,
     Worker,
 )
-from troth.client import _outcome
+from troth._handle import _outcome
 
 
 @pytest.fixture

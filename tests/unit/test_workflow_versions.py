@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from troth import Client, Context, RegistrationError, Worker
+from troth._runner import foreign_version
 from troth._versions import VERSION_LENGTH, code_version, registration
 from troth.v1 import tasks_pb2
 
@@ -135,11 +136,12 @@ def _delivery(version: str, name: str = "publish") -> tasks_pb2.PollResponse:
 def test_a_task_recorded_with_another_version_is_foreign(client: Client) -> None:
     worker = Worker(client)
     worker.workflow(version="2", compatible=("1",))(publish)
-    assert worker._foreign_version(_delivery("2")) is None
-    assert worker._foreign_version(_delivery("1")) is None
-    assert worker._foreign_version(_delivery("")) is None  # not taken yet: runs it
-    assert worker._foreign_version(_delivery("0", name="unknown")) is None  # rejected later
-    why = worker._foreign_version(_delivery("0"))
+    assert foreign_version(worker.registrations, _delivery("2")) is None
+    assert foreign_version(worker.registrations, _delivery("1")) is None
+    assert foreign_version(worker.registrations, _delivery("")) is None  # not taken yet: runs it
+    registered = worker.registrations
+    assert foreign_version(registered, _delivery("0", name="unknown")) is None  # rejected later
+    why = foreign_version(worker.registrations, _delivery("0"))
     assert why == (
         "workflow 'wf-1' ('publish') was started with version '0'; "
         "this worker runs publish version 2 (compatible with 1)"

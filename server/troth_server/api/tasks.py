@@ -21,8 +21,7 @@ if TYPE_CHECKING:
 
     from troth_server.config import Limits
     from troth_server.dispatch import Dispatcher
-    from troth_server.domain.task import Task
-    from troth_server.task_service import TaskService
+    from troth_server.task_service import Heartbeat, TaskService
 
     AioContext: TypeAlias = grpc.aio.ServicerContext[Any, Any]
 
@@ -197,7 +196,11 @@ class TasksServicer(_Handlers, tasks_pb2_grpc.TasksServicer):
         return await asyncio.to_thread(self._search, request)
 
 
-def _heartbeat_response(held: list[Task]) -> tasks_pb2.HeartbeatResponse:
-    return tasks_pb2.HeartbeatResponse(
+def _heartbeat_response(beat: Heartbeat) -> tasks_pb2.HeartbeatResponse:
+    held = beat.tasks
+    response = tasks_pb2.HeartbeatResponse(
         task_ids=[t.id for t in held], counters={t.id: t.counter for t in held}
     )
+    # The clock the leases were extended by: workers map leases onto their own clocks.
+    response.server_time.FromMilliseconds(beat.now)
+    return response

@@ -1,0 +1,157 @@
+"""`PromiseEventStream`: the events of `Client.watch_promises`, reconnecting by itself."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from types import TracebackType
+from typing import TYPE_CHECKING, Self
+
+import grpc
+
+from troth._convert import event_from_proto
+from troth._transport import as_call, map_rpc_errors
+from troth.errors import UnavailableError
+
+if TYPE_CHECKING:
+    from troth._promise import PromiseEvent
+    from troth._transport import Transport
+    from troth.v1 import promises_pb2
+
+    _EventCall = grpc._CallIterator[promises_pb2.WatchPromisesResponse]
+
+__all__ = ["WATCH_READY_METADATA", "PromiseEventStream"]
+
+_log = logging.getLogger("troth.client")
+
+
+WATCH_READY_METADATA = ("troth-watch", "started")
+"""Initial metadata a server sends once a `WatchPromises` stream is in place."""
+
+
+class PromiseEventStream:
+    """The events of `Client.watch_promises`: iterate it; `close()` ends it.
+
+    Thread-safe to close from another thread (a blocked iteration then ends).
+    Reconnects by itself (see `Client.watch_promises`).
+
+    .. versionadded:: 0.2.0
+    """
+
+    def __init__(
+        self,
+        transport: Transport,
+        request: promises_pb2.WatchPromisesRequest,
+        on_reconnect: Callable[[], None] | None,
+    ) -> None:
+        self._transport = transport
+        self._request = request
+        self._on_reconnect = on_reconnect
+        self._closed = threading.Event()
+        self._lock = threading.Lock()
+        self._stream: _EventCall | None = None
+        self._stream = self._open(reconnecting=False)
+
+    def __iter__(self) -> Self:
+        return self
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """End the watch and release its stream. Safe to call twice, from any thread."""
+        self._closed.set()
+        with self._lock:
+            stream, self._stream = self._stream, None
+        if stream is not None:
+            stream.cancel()
+
+    def __next__(self) -> PromiseEvent:
+        while True:
+            with self._lock:
+                stream = self._stream
+            if self._closed.is_set() or stream is None:
+                raise StopIteration
+            try:
+                response = next(stream)
+            except StopIteration:
+                why = "the server ended it (shutting down?)"
+            except grpc.RpcError as exc:
+                if self._closed.is_set():
+                    raise StopIteration from None
+                call = as_call(exc)
+                code = call.code() if call is not None else None
+                if code not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED):
+                    with map_rpc_errors(self._transport.address):
+                        raise
+                why = f"{code.name}: {call.details() if call is not None else exc}"
+            else:
+                event = event_from_proto(response)
+                if event is not None:
+                    return event
+                continue
+            self._reconnect(stream, why)
+
+    def _reconnect(self, broken: _EventCall, why: str) -> None:
+        broken.cancel()
+        if self._closed.is_set():
+            return
+        _log.warning(
+            "watch of promises %r broke (%s); reconnecting, events until then are missed",
+            self._request.id or "*",
+            why,
+            extra={"address": self._transport.address},
+        )
+        stream = self._open(reconnecting=True)
+        with self._lock:
+            if self._closed.is_set():
+                stream.cancel()
+                return
+            self._stream = stream
+        if self._on_reconnect is not None:
+            self._on_reconnect()
+
+    def _open(self, *, reconnecting: bool) -> _EventCall:
+        """A stream the server confirmed is in place; retried per the transport's policy
+        (briefly on the first connect, through an outage of up to its reconnect
+        window after)."""
+        transport = self._transport
+        started = transport.now()
+        failures = 0
+        with map_rpc_errors(transport.address):
+            while True:
+                stream = transport.promises.WatchPromises(
+                    self._request, metadata=transport.metadata
+                )
+                try:
+                    if WATCH_READY_METADATA in tuple(stream.initial_metadata() or ()):
+                        return stream
+                    next(stream)  # not in place: raises the call's error
+                    raise grpc.RpcError("the server ended the watch before it was in place")
+                except (grpc.RpcError, StopIteration) as exc:
+                    stream.cancel()
+                    if self._closed.is_set():
+                        return stream
+                    if isinstance(exc, StopIteration):
+                        raise UnavailableError(
+                            grpc.StatusCode.UNAVAILABLE,
+                            "",
+                            f"the server at {transport.address} ended the watch of promises "
+                            "before it was in place; check the server's logs",
+                        ) from None
+                    failures += 1
+                    delay = transport.reconnect_delay(
+                        exc, failures, None, outage_start=started if reconnecting else None
+                    )
+                    if delay is None:
+                        raise
+                    self._closed.wait(delay)

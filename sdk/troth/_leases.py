@@ -1,0 +1,378 @@
+"""`Leases`: the tasks leased to one worker, fenced by the server's lease, and the
+heartbeat thread that extends them.
+
+The server's lease is what counts. Each delivery carries the server's
+`lease_expire_time`; it is mapped once, on arrival, onto this process's
+monotonic clock through the offset the heartbeats measure
+(`HeartbeatResponse.server_time` minus the monotonic time the heartbeat was
+*sent*, so the round trip is the margin and the mapped expiry is never later
+than the server's). A delivery already past that expiry when it is read (it
+sat in a socket buffer while this process was frozen) is dropped unrun: the
+server has moved it on, so nothing is released.
+
+A step function starts only on a lease the server confirmed (by a delivery
+or a heartbeat listing the task at its counter) within the last `FRESH`
+fraction of the lease; otherwise `confirm` heartbeats first, and a task the
+answer no longer lists is dropped.
+
+One task per root at a time: the table is keyed by root as well as by task.
+A second delivery of a root whose older task still runs here marks the older
+one lost (the server re-leased it) and waits until it stops (`Held.after`).
+
+Heartbeats. One thread extends every lease every `lease / 3` (and at once at
+start and when the stream reconnects, to learn the clock offset and which
+tasks are still ours). A lease no heartbeat got through for is dropped
+(`expire`); tasks dropped or abandoned that the server still counts as ours
+are released when a heartbeat names them.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+from troth.errors import LeaseLostError, NotFoundError, RpcError
+from troth.v1 import types_pb2
+
+if TYPE_CHECKING:
+    from google.protobuf.timestamp_pb2 import Timestamp
+
+    from troth._tasks import TaskCalls
+    from troth.v1 import tasks_pb2
+
+__all__ = ["FRESH", "Held", "Leases", "Lost"]
+
+_log = logging.getLogger("troth.worker")
+
+FRESH = 0.5
+"""A step function starts only if the server confirmed its lease within this fraction of it."""
+
+_MAX_DROPPED = 1024
+
+
+class Lost(Exception):
+    """The lease is gone (the server moved the task on): drop the task."""
+
+
+@dataclass(eq=False, slots=True)
+class Held:
+    """A task leased to this worker, as this worker knows it."""
+
+    task_id: str
+    counter: int
+    root_id: str
+    expires: float = 0.0
+    """The monotonic time its lease surely ends by, unless a heartbeat extends it."""
+    confirmed: float = -math.inf
+    """The monotonic time the server last surely held the lease for us (a lower bound)."""
+    lost: bool = False
+    """The server moved it on (stale counter, missing from a heartbeat, lease ran out)."""
+    abandoned: bool = False
+    """Its runner gave up on it but could not release it yet; the heartbeater retries."""
+    after: Held | None = None
+    """An older task of the same root still running here: this one waits until it stops."""
+    stopped: threading.Event = field(default_factory=threading.Event)
+    """Set once its runner is done with it."""
+
+    def fence(self, worker_id: str) -> types_pb2.TaskFence:
+        """What every step write made under this task carries."""
+        return types_pb2.TaskFence(task_id=self.task_id, counter=self.counter, worker_id=worker_id)
+
+
+def _seconds(timestamp: Timestamp) -> float:
+    return timestamp.seconds + timestamp.nanos / 1e9
+
+
+class Leases:
+    """The held-task table and the heartbeat thread of one worker; see the module docstring.
+
+    Args:
+        tasks: The `Tasks` calls, as this worker makes them.
+        lease: The lease the worker asks for.
+        clock: The monotonic clock; replaced in tests.
+    """
+
+    def __init__(
+        self,
+        tasks: TaskCalls,
+        lease: timedelta,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._tasks = tasks
+        self.worker_id = tasks.worker_id
+        self.lease = lease
+        self._seconds = lease.total_seconds()
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._beating = threading.Lock()  # one heartbeat at a time (thread or a runner)
+        self._held: dict[str, Held] = {}
+        """Tasks leased to us, by task id."""
+        self._roots: dict[str, Held] = {}
+        """The newest task of each root this worker runs (until its runner stops)."""
+        self._dropped: collections.OrderedDict[str, Held] = collections.OrderedDict()
+        self._unknown: dict[str, int] = {}
+        """Tasks the last heartbeat named that this worker never received, by counter."""
+        self._skew: float | None = None
+        """Server wall clock minus our monotonic clock, as the last heartbeat measured it
+        (None until one did, or if the server sends no `server_time`)."""
+        self._learned = False  # a heartbeat got through since start
+        self._stop = threading.Event()
+        self._now = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- the table ---------------------------------------------------------
+
+    def accept(self, task: tasks_pb2.Task) -> Held | None:
+        """Hold a delivered task; None if its lease had already run out on arrival."""
+        now = self._clock()
+        expires = now + self._seconds
+        confirmed = -math.inf
+        skew = self._skew
+        if skew is not None and task.HasField("lease_expire_time"):
+            mapped = _seconds(task.lease_expire_time) - skew
+            expires = min(expires, mapped)
+            confirmed = mapped - self._seconds  # when the server granted it, at the latest
+        held = Held(task.id, task.counter, task.root_promise_id, expires, confirmed)
+        with self._lock:
+            if expires <= now:
+                held.lost = True
+                # Released only if a heartbeat shows the server still counts it as ours.
+                self._remember_dropped(held)
+                stale = True
+            else:
+                stale = False
+                older = self._roots.get(held.root_id)
+                if older is not None:
+                    # The server leased this root again: the older task is not ours any more.
+                    older.lost = True
+                    held.after = older
+                    if self._held.get(older.task_id) is older:
+                        del self._held[older.task_id]
+                self._held[held.task_id] = held
+                self._roots[held.root_id] = held
+        if stale:
+            _log.warning(
+                "worker %s: task %s of workflow %r arrived %.1fs after its lease ran out; "
+                "dropping it unrun",
+                self.worker_id,
+                held.task_id,
+                held.root_id,
+                now - expires,
+                extra={"worker_id": self.worker_id, "workflow_id": held.root_id},
+            )
+            return None
+        return held
+
+    def held(self) -> list[Held]:
+        """The tasks leased to us now."""
+        with self._lock:
+            return list(self._held.values())
+
+    def forget(self, held: Held) -> None:
+        """The task is no longer leased to us (done, lost or released)."""
+        with self._lock:
+            if self._held.get(held.task_id) is held:
+                del self._held[held.task_id]
+
+    def finished(self, held: Held) -> None:
+        """Its runner is done with it (whether or not it is still leased to us, e.g. left
+        for the release sweep of a stopping worker): a newer task of its root may run."""
+        with self._lock:
+            if self._roots.get(held.root_id) is held:
+                del self._roots[held.root_id]
+        held.stopped.set()
+
+    def _remember_dropped(self, held: Held) -> None:
+        self._dropped[held.task_id] = held
+        while len(self._dropped) > _MAX_DROPPED:
+            self._dropped.popitem(last=False)
+
+    # -- fencing -----------------------------------------------------------
+
+    @staticmethod
+    def check(held: Held) -> None:
+        """Raise `Lost` if the task is no longer ours."""
+        if held.lost:
+            raise Lost
+
+    def is_fresh(self, held: Held) -> bool:
+        """Whether the server confirmed the lease within the last `FRESH` of it."""
+        return self._clock() - held.confirmed <= self._seconds * FRESH
+
+    def confirm(self, held: Held, wait: Callable[[float], bool]) -> None:
+        """Before a step function starts: make sure the lease is fresh, heartbeating
+        now if it is not. Raises `Lost` once the task is surely not ours.
+
+        Args:
+            held: The task.
+            wait: Waits between failed heartbeats; False if cut short (stopping),
+                then `Lost` is raised too: the step does not start.
+        """
+        while True:
+            self.check(held)
+            if self.is_fresh(held):
+                return
+            left = held.expires - self._clock()
+            if left <= 0:
+                held.lost = True
+                raise Lost
+            beaten = self.beat(timeout=max(0.2, min(self._seconds / 3, left)))
+            if not beaten and not wait(min(0.5, max(0.05, left / 4))):
+                raise Lost
+
+    # -- releasing ---------------------------------------------------------
+
+    def release(self, held: Held) -> None:
+        """Give the task back to the group; if the call fails, a later heartbeat retries."""
+        try:
+            self._tasks.release(held.task_id, held.counter)
+        except (LeaseLostError, NotFoundError):
+            pass  # it had moved on already
+        except RpcError as exc:
+            _log.warning(
+                "worker %s could not release task %s (%s); retrying with the next heartbeat",
+                self.worker_id,
+                held.task_id,
+                exc,
+                extra={"worker_id": self.worker_id, "workflow_id": held.root_id},
+            )
+            held.abandoned = True
+            with self._lock:
+                if self._held.get(held.task_id) is not held:
+                    self._dropped[held.task_id] = held  # retried when a heartbeat names it
+            return
+        held.lost = True
+        self.forget(held)
+
+    # -- heartbeats --------------------------------------------------------
+
+    def start(self, name: str) -> None:
+        """Start the heartbeat thread; it heartbeats at once, to learn the clock offset."""
+        self._now.set()
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread.start()
+
+    def wake(self) -> None:
+        """Heartbeat at once (the stream broke: which tasks are still ours?)."""
+        self._now.set()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._now.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _loop(self) -> None:
+        interval = self._seconds / 3
+        while True:
+            forced = self._now.wait(interval)
+            self._now.clear()
+            if self._stop.is_set():
+                return
+            with self._lock:
+                idle = not self._held and not self._dropped
+            if idle and not forced and self._learned:
+                continue
+            self.beat(timeout=interval)
+
+    def beat(self, timeout: float) -> bool:
+        """One heartbeat; False if it did not get through."""
+        with self._beating:
+            with self._lock:
+                before = dict(self._held)
+            sent = self._clock()
+            try:
+                response = self._tasks.heartbeat(self.lease, timeout)
+            except RpcError as exc:
+                if before:
+                    _log.warning(
+                        "worker %s: heartbeat failed (%s); leases expire in %s unless one succeeds",
+                        self.worker_id,
+                        exc,
+                        self.lease,
+                        extra={"worker_id": self.worker_id},
+                    )
+                self.expire(self._clock())
+                return False
+            if response.HasField("server_time"):
+                self._skew = _seconds(response.server_time) - sent
+            # (An older server sends none: its leases are timed from arrival, and
+            # every task heartbeats once before its first step function.)
+            self._learned = True
+            release = self._apply(before, response, sent)
+        for held in release:
+            self.release(held)
+        return True
+
+    def _apply(
+        self, before: dict[str, Held], response: tasks_pb2.HeartbeatResponse, sent: float
+    ) -> list[Held]:
+        """Record what a heartbeat said; returns the tasks to give back."""
+        still = {task_id: response.counters.get(task_id, -1) for task_id in response.task_ids}
+        with self._lock:
+            for task_id, held in before.items():
+                if still.get(task_id) in (held.counter, -1):
+                    held.expires = max(held.expires, sent + self._seconds)
+                    held.confirmed = max(held.confirmed, sent)
+                    continue
+                held.lost = True
+                if self._held.get(task_id) is held:
+                    del self._held[task_id]
+            abandoned = [h for h in self._held.values() if h.abandoned]
+            # Tasks we dropped (their leases ran out unheard, or a release
+            # failed) that the server still counts as ours: give them back,
+            # or they would wait for as long as this worker heartbeats.
+            stale = [
+                self._dropped.pop(task_id)
+                for task_id in still
+                if task_id not in self._held and task_id in self._dropped
+            ]
+            # Tasks leased to us that we never received: a replica claimed
+            # them for our stream and died before delivering them. Named by
+            # two heartbeats in a row at one counter, they are not merely in
+            # flight on the stream: give them back, or our heartbeats would
+            # keep them leased for as long as we hold anything else.
+            unknown = {
+                task_id: counter
+                for task_id, counter in still.items()
+                if task_id not in self._held and task_id not in self._dropped
+            }
+            orphans = [
+                Held(task_id, max(counter, 0), root_id="")
+                for task_id, counter in unknown.items()
+                if self._unknown.get(task_id) == counter
+            ]
+            self._unknown = {
+                task_id: counter
+                for task_id, counter in unknown.items()
+                if self._unknown.get(task_id) != counter
+            }
+        return [*abandoned, *stale, *orphans]
+
+    def expire(self, now: float) -> None:
+        """Drop the tasks whose leases ran out with no heartbeat getting through."""
+        with self._lock:
+            expired = [held for held in self._held.values() if held.expires <= now]
+            for held in expired:
+                held.lost = True
+                del self._held[held.task_id]
+                # If the server still counts it as ours when heartbeats get
+                # through again, the heartbeater gives it back.
+                self._remember_dropped(held)
+        if expired:
+            _log.warning(
+                "worker %s: no heartbeat got through for %s; dropping %d task(s) whose "
+                "leases ran out",
+                self.worker_id,
+                self.lease,
+                len(expired),
+                extra={"worker_id": self.worker_id},
+            )

@@ -1,0 +1,92 @@
+"""`TaskCalls`: the `Tasks` RPCs, each with its deadline, for the worker and `troth tasks`.
+
+The worker's poll loop opens the stream here, its leases heartbeat and
+release here, and its runner suspends and completes tasks here; the CLI
+searches a group's tasks. Every unary call has the connection's deadline
+(the heartbeat gives its own); errors come out as `troth.errors`.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import TYPE_CHECKING, Protocol
+
+from troth._convert import payload_to_proto, promise_from_proto, timedelta_to_proto
+from troth.v1 import tasks_pb2
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Iterator
+
+    from troth._calls import Connection
+    from troth._promise import Promise
+    from troth.codec import Payload
+
+__all__ = ["PollCall", "TaskCalls"]
+
+
+class PollCall(Protocol):
+    """An open `Poll` stream: iterate its deliveries; `cancel()` ends it."""
+
+    def __iter__(self) -> Iterator[tasks_pb2.PollResponse]: ...
+
+    def cancel(self) -> bool: ...
+
+
+class TaskCalls:
+    """The `Tasks` service as worker `worker_id` calls it (the CLI's is "")."""
+
+    def __init__(self, connection: Connection, worker_id: str = "") -> None:
+        self.connection = connection
+        self.worker_id = worker_id
+        self._stub = connection.transport.tasks
+
+    def poll(self, request: tasks_pb2.PollRequest) -> PollCall:
+        """Open the task stream (no deadline: it stays open as long as the worker runs)."""
+        call: PollCall = self._stub.Poll(request, metadata=self.connection.transport.metadata)
+        return call
+
+    def heartbeat(self, lease: timedelta, timeout: float) -> tasks_pb2.HeartbeatResponse:
+        """Extend every lease this worker holds; the answer lists the tasks still its own."""
+        request = tasks_pb2.HeartbeatRequest(
+            worker_id=self.worker_id, lease=timedelta_to_proto(lease)
+        )
+        return self.connection.call(self._stub.Heartbeat, request, timeout=timeout)
+
+    def suspend(self, task_id: str, counter: int, awaiting: Iterable[str]) -> list[Promise]:
+        """Suspend the task on `awaiting`; returns those already settled (then the
+        task is still ours and the workflow goes on), or [] once suspended."""
+        request = tasks_pb2.CompleteTaskRequest(
+            task_id=task_id, counter=counter, worker_id=self.worker_id, suspend_on=list(awaiting)
+        )
+        response = self.connection.call(self._stub.CompleteTask, request)
+        return [promise_from_proto(p) for p in response.settled]
+
+    def complete(
+        self,
+        task_id: str,
+        counter: int,
+        *,
+        resolve: Payload | None = None,
+        reject: Payload | None = None,
+    ) -> None:
+        """Complete the task, settling its root with `resolve` or `reject` if given."""
+        request = tasks_pb2.CompleteTaskRequest(
+            task_id=task_id, counter=counter, worker_id=self.worker_id
+        )
+        if resolve is not None:
+            request.resolve_root.CopyFrom(payload_to_proto(resolve))
+        elif reject is not None:
+            request.reject_root.CopyFrom(payload_to_proto(reject))
+        self.connection.call(self._stub.CompleteTask, request)
+
+    def release(self, task_id: str, counter: int) -> None:
+        """Give the task back to its group, for another worker to take at once."""
+        request = tasks_pb2.ReleaseTaskRequest(
+            task_id=task_id, counter=counter, worker_id=self.worker_id
+        )
+        self.connection.call(self._stub.ReleaseTask, request)
+
+    def search(self, group: str, limit: int) -> list[tasks_pb2.Task]:
+        """The group's tasks not completed yet, oldest first (at most `limit`)."""
+        request = tasks_pb2.SearchTasksRequest(group=group, page_size=limit)
+        return list(self.connection.call(self._stub.SearchTasks, request).tasks)
