@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _chaos.run import Config, run  # noqa: E402
+from _chaos.run import Config, run
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=None, help="default: a random one, printed")
     parser.add_argument("--store", choices=["sqlite", "postgres"], default="sqlite")
     parser.add_argument("--workers", type=int, default=3)
-    parser.add_argument("--lease", type=float, default=4.0, help="workers' lease, seconds")
+    parser.add_argument("--lease", type=float, default=6.0, help="workers' lease, seconds")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
     args = parser.parse_args(argv)
     seed = args.seed if args.seed is not None else random.randrange(1_000_000)

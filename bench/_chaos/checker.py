@@ -32,6 +32,7 @@ CHECKS:
 
 from __future__ import annotations
 
+import itertools
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
@@ -166,10 +167,8 @@ def _resolved_problem(run: Run, start: dict[str, Any], root: dict[str, Any]) -> 
         missing = [f"s{n}" for n in range(steps) if f"s{n}" not in ended]
     else:
         gates = [run.final.get(g) for g in start["gates"]]
-        if kind == "hitl":
-            problem = _hitl_problem(value, gates[0])
-        else:
-            problem = _race_problem(value, gates)
+        hitl = kind == "hitl"
+        problem = _hitl_problem(value, gates[0]) if hitl else _race_problem(value, gates)
         if problem:
             return problem
         missing = [s for s in STEPS[kind] if s not in ended]
@@ -188,7 +187,9 @@ def _hitl_problem(value: dict[str, Any], gate: dict[str, Any] | None) -> str:
         return ""
     if state == "REJECTED_TIMEDOUT" and value.get("timedout") is True:
         return ""
-    return f"root value {value!r} does not follow from approval {gate['id']} {state} {gate['value']!r}"
+    return (
+        f"root value {value!r} does not follow from approval {gate['id']} {state} {gate['value']!r}"
+    )
 
 
 def _race_problem(value: dict[str, Any], gates: list[dict[str, Any] | None]) -> str:
@@ -246,7 +247,9 @@ def check_acks(run: Run) -> list[Anomaly]:
             continue
         promise = run.final.get(ack["id"])
         then = (ack["state"], ack["value"], ack["settle_key"])
-        now = None if promise is None else (promise["state"], promise["value"], promise["settle_key"])
+        now = (
+            None if promise is None else (promise["state"], promise["value"], promise["settle_key"])
+        )
         if then != now:
             found.append(Anomaly("ack", ack["id"], f"read settled {then!r} at "
                                  f"{ack['t_done']:.3f}, now {now!r}"))  # fmt: skip
@@ -294,7 +297,7 @@ def _excuse(run: dict[str, Any], rerun_at: float, faults: list[dict[str, Any]]) 
 def check_repeats(run: Run) -> list[Anomaly]:
     found = []
     for (wid, step), runs in runs_of(run.effects).items():
-        for earlier, later in zip(runs, runs[1:], strict=False):
+        for earlier, later in itertools.pairwise(runs):
             if not _excuse(earlier, later["begin"], run.faults):
                 ended = "unfinished" if earlier["end"] is None else f"ended {earlier['end']:.3f}"
                 found.append(Anomaly("repeat", f"{wid}/{step}", f"ran by pid {earlier['pid']} "
@@ -313,7 +316,11 @@ def check_expiry(run: Run) -> list[Anomaly]:
     allowance = run.sweep_s + run.margin_s + run.expiry_slack_s
     for pid, promise in run.final.items():
         expire = promise.get("expire_time")
-        if promise["state"] == "PENDING" and expire is not None and expire + allowance < run.read_time:
+        if (
+            promise["state"] == "PENDING"
+            and expire is not None
+            and expire + allowance < run.read_time
+        ):
             late = run.read_time - expire
             found.append(Anomaly("pending_past_expiry", pid, f"PENDING {late:.1f} s past expiry"))
     return found

@@ -3,14 +3,20 @@
 Kinds (``KINDS``; the PostgreSQL-only ones are left out on SQLite):
 
 - ``worker_kill``: SIGKILL a worker; a new worker process replaces it 0.3-2 s later;
-- ``worker_stop``: SIGSTOP a worker for 0.5 s to 2.5 leases, then SIGCONT
+- ``worker_stop``: SIGSTOP a worker for 0.5 s to 2 leases, then SIGCONT
   (a frozen worker thawed after its lease: DESIGN §2's stale deliveries);
-- ``server_kill``: SIGKILL a server replica, restart it on its port 0.3-2 s later;
+- ``server_kill``: SIGKILL a server replica, restart it on its port 0.3-1.5 s later;
 - ``server_stop``: SIGSTOP a server replica for 0.3-2 s (shorter than a lease);
 - ``pg_restart``: ``pg_ctl stop -m immediate`` of the private cluster, start 0.2-2 s later;
 - ``clock_jump``: a replica's injected wall clock jumps by +30 s, +60 s or
   -10 min, for 2-8 s (interfaces.md §3);
 - ``replica_skew``: the two replicas' clocks 5 s apart (+2.5 s / -2.5 s) for 3-10 s.
+
+Server outages (kill + restart, stop, PostgreSQL restart) stay well under a
+worker's lease (6 s by default; heartbeats every third of it), so a correct
+system never loses a lease to one: "an outage alone never re-runs a step"
+(DESIGN §4 rule 6), and the checker excuses no rerun by a server fault. A
+frozen worker, on the other hand, is frozen for up to two leases.
 
 A target takes one fault at a time. `settle_down` stops injecting, waits for
 the faults in progress, and leaves every process running and every clock true.
@@ -23,9 +29,11 @@ import signal
 import threading
 import time
 from collections import Counter
+from typing import TYPE_CHECKING
 
-from _chaos.journal import Journal
-from _chaos.procs import Fleet, PrivateCluster, ServerReplica, WorkerProcess
+if TYPE_CHECKING:
+    from _chaos.journal import Journal
+    from _chaos.procs import Fleet, PrivateCluster, ServerReplica, WorkerProcess
 
 WORKER_KINDS = {"worker_kill": 3, "worker_stop": 3}
 SERVER_KINDS = {"server_kill": 1, "server_stop": 1, "clock_jump": 1}
@@ -126,7 +134,7 @@ class FaultInjector:
             self.fleet.spawn()
 
     def _worker_stop(self, worker: WorkerProcess) -> None:
-        duration = self.rng.uniform(0.5, 2.5 * self.lease)
+        duration = self.rng.uniform(0.5, 2.0 * self.lease)
         t = time.time()
         worker.proc.send_signal(signal.SIGSTOP)
         self._stopping.wait(duration)
@@ -137,7 +145,7 @@ class FaultInjector:
         t, pid = time.time(), server.pid
         server.kill()
         self.journal.fault("server_kill", server.name, pid, t)
-        time.sleep(self.rng.uniform(0.3, 2.0))
+        time.sleep(self.rng.uniform(0.3, 1.5))
         server.start()
 
     def _server_stop(self, server: ServerReplica) -> None:

@@ -40,9 +40,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
-
-from _chaos.journal import Journal
+from typing import TYPE_CHECKING, Any
 
 from troth import (
     AlreadySettledError,
@@ -53,12 +51,23 @@ from troth import (
     RpcError,
 )
 
+if TYPE_CHECKING:
+    from _chaos.journal import Journal
+
 GROUP = "chaos"
 ROOT_TTL = timedelta(hours=1)
 LONG_GATE_S = 600.0
 DECIDED = {"applied", "already_settled", "timed_out"}
 
-HITL_PLANS = {"normal": 3, "reject": 1, "twice": 2, "early": 2, "late": 2, "timeout": 2, "cancel": 2}
+HITL_PLANS = {
+    "normal": 3,
+    "reject": 1,
+    "twice": 2,
+    "early": 2,
+    "late": 2,
+    "timeout": 2,
+    "cancel": 2,
+}
 
 
 @dataclass
@@ -186,7 +195,9 @@ class LoadGenerator:
             named = plan == "early" or rng.random() < 0.5
             gate = f"appr-{wid}" if named else f"{wid}.1"
             timeout = round(rng.uniform(2.0, 5.0), 3) if plan == "timeout" else LONG_GATE_S
-            flow = Workflow(wid, kind, plan, [self._nonce(), gate if named else "", timeout, sleep_s])
+            flow = Workflow(
+                wid, kind, plan, [self._nonce(), gate if named else "", timeout, sleep_s]
+            )
             flow.gates = [gate]
         elif kind == "multi":
             plan = "cancel" if rng.random() < 0.2 else "none"
@@ -219,8 +230,8 @@ class LoadGenerator:
             other = {"v": f"twice-{self._nonce()}"}
             when = rng.uniform(1, 6)
             self._at(when, lambda: self.settle("resolve", flow.gates[0], value, wid, replica=0))
-            self._at(when + rng.uniform(0, 0.05),
-                     lambda: self.settle("resolve", flow.gates[0], other, wid, replica=1))  # fmt: skip
+            then = when + rng.uniform(0, 0.05)
+            self._at(then, lambda: self.settle("resolve", flow.gates[0], other, wid, replica=1))
         elif plan == "early":
             self._at(0.0, lambda: self.settle("resolve", flow.gates[0], value, wid, early=True))
         elif plan == "late":

@@ -125,7 +125,9 @@ class PrivateCluster:
     def start(self) -> None:
         options = f"-k {self.root} -p {self.port} -c listen_addresses=127.0.0.1"
         log = str(self.root / "postgres.log")
-        self._run("pg_ctl", "start", "-D", str(self.data), "-l", log, "-w", "-t", "30", "-o", options)
+        self._run(
+            "pg_ctl", "start", "-D", str(self.data), "-l", log, "-w", "-t", "30", "-o", options
+        )
         self.running = True
 
     def crash(self) -> None:
@@ -182,7 +184,9 @@ class ServerReplica:
             health = health_pb2_grpc.HealthStub(channel)
             while True:
                 if self.proc is not None and self.proc.poll() is not None:
-                    raise RuntimeError(f"{self.name} exited with {self.proc.returncode}:\n{self.log()}")
+                    raise RuntimeError(
+                        f"{self.name} exited with {self.proc.returncode}:\n{self.log()}"
+                    )
                 try:
                     reply = health.Check(health_pb2.HealthCheckRequest(), timeout=2)
                     if reply.status == health_pb2.HealthCheckResponse.SERVING:
@@ -190,7 +194,9 @@ class ServerReplica:
                 except grpc.RpcError:
                     pass
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"{self.name} not SERVING after {timeout:.0f} s:\n{self.log()}")
+                    raise RuntimeError(
+                        f"{self.name} not SERVING after {timeout:.0f} s:\n{self.log()}"
+                    )
                 time.sleep(0.1)
 
     def alive(self) -> bool:

@@ -41,7 +41,7 @@ class Config:
     load_s: float = 35.0
     drain_s: float = 40.0
     workers: int = 3
-    lease_s: float = 4.0
+    lease_s: float = 6.0
     keep: bool = False
     out: TextIO | None = None
 
@@ -115,7 +115,9 @@ def run(config: Config) -> Report:
             cluster = PrivateCluster()
             servers = [ServerReplica(f"server-{i}", workdir, cluster.url, extra) for i in range(2)]
         elif config.store == "sqlite":
-            servers = [ServerReplica("server-0", workdir, f"sqlite:///{workdir / 'troth.db'}", extra)]
+            servers = [
+                ServerReplica("server-0", workdir, f"sqlite:///{workdir / 'troth.db'}", extra)
+            ]
         else:
             raise ValueError(f"store must be sqlite or postgres, not {config.store!r}")
         for n, server in enumerate(servers):
@@ -148,7 +150,9 @@ def run(config: Config) -> Report:
         read_time = time.time()
         final = load.read_back()
         faults_done = journal.faults()
-        backwards = [-f["offset"] for f in faults_done if f["kind"] == "clock_jump" and f["offset"] < 0]
+        backwards = [
+            -f["offset"] for f in faults_done if f["kind"] == "clock_jump" and f["offset"] < 0
+        ]
         slack = max(backwards, default=0.0) if report.clock_supported and cluster is None else 0.0
         effects = journal.effects()
         acks = journal.acks()

@@ -2,7 +2,7 @@
 
 Run by the harness (several at once, SIGKILLed and SIGSTOPped at random)::
 
-    python bench/_chaos/worker.py --address A[,B] --ledger DIR/effects.jsonl --lease 4
+    python bench/_chaos/worker.py --address A[,B] --ledger DIR/effects.jsonl --lease 6
 
 Every step is ``effect(wid, step, nonce, sleep_s)``: it appends ``begin`` to
 the ledger, sleeps (so faults land mid-step), appends ``end`` and returns.
@@ -40,9 +40,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from _chaos.journal import append  # noqa: E402
-
-from troth import Client, Context, Rejected, TimedOut, Worker  # noqa: E402
+from _chaos.journal import append
+from troth import Client, Context, Rejected, TimedOut, Worker
 
 LEDGER_ENV = "TROTH_CHAOS_LEDGER"
 
@@ -100,7 +99,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--address", required=True, help="HOST:PORT[,HOST:PORT...]")
     parser.add_argument("--group", default="chaos")
     parser.add_argument("--ledger", required=True)
-    parser.add_argument("--lease", type=float, default=4.0, help="seconds")
+    parser.add_argument("--lease", type=float, default=6.0, help="seconds")
     parser.add_argument("--concurrency", type=int, default=16)
     args = parser.parse_args(argv)
     os.environ[LEDGER_ENV] = args.ledger
