@@ -10,16 +10,21 @@ CHECKS:
 - ``final_state``: every workflow reached the final state its settles imply
   (an applied cancel -> ``REJECTED_CANCELED``; else ``RESOLVED`` with the
   value its kind implies from its approvals' final states, and every step's
-  side effect ran to its end at least once);
+  side effect ran to its end at least once: a forged checkpoint shows here);
 - ``ack``: no acknowledged write lost or changed: a started root exists; an
   applied settle is the promise's settlement (state, value, key); at most one
   settle of a promise is applied; a ``TIMED_OUT`` answer means the promise
   ends ``REJECTED_TIMEDOUT``; a refused settle is not the one that counted; a
-  promise read settled during the run reads the same at the end;
+  promise read settled during the run reads the same at the end; a promise
+  created on its own (a bystander whose id merely starts with ``<wid>.``) and
+  never settled is still ``PENDING`` with the expiry it was given;
 - ``repeat``: a step's side effect ran again only if the process that ran it
   before was SIGKILLed after it began (and before the rerun), or was frozen
-  (SIGSTOP) while it ran (it lost its lease while the function ran: DESIGN
-  §4 rule 6);
+  (SIGSTOP) at some time between its begin and the rerun: it lost its lease
+  while the function ran or before it could record the result, which no one
+  can tell from a death (DESIGN §4 rule 6). A process frozen only *before* it
+  began (a stale delivery run after the thaw) excuses nothing, nor does any
+  server outage (they are shorter than a lease);
 - ``pending_past_expiry``: nothing ``PENDING`` past its ``expire_time`` plus
   one sweep (and a margin);
 - ``one_execution``: every side effect and the root's param and value carry
@@ -243,6 +248,17 @@ def check_acks(run: Run) -> list[Anomaly]:
             if ack["result"] == "already_settled" and promise["state"] == "PENDING":
                 found.append(Anomaly("ack", pid, "answered ALREADY_SETTLED, still PENDING"))
     for ack in run.acks:
+        if ack.get("kind") == "create" and ack["result"] == "ok":
+            promise = run.final.get(ack["id"])
+            now = None if promise is None else (promise["state"], promise["expire_time"])
+            asked = ack["t_sent"] + ack.get("ttl_s", 0) - 60 - run.expiry_slack_s
+            if ack["expire_time"] is not None and ack["expire_time"] < asked:
+                given = ack["expire_time"] - ack["t_sent"]
+                what = f"created with a ttl of {ack['ttl_s']:.0f} s, given {given:.0f} s"
+                found.append(Anomaly("ack", ack["id"], what))
+            if now != ("PENDING", ack["expire_time"]):
+                what = f"created PENDING to expire at {ack['expire_time']}, never settled; now"
+                found.append(Anomaly("ack", ack["id"], f"{what} {now!r}"))
         if ack.get("kind") != "read":
             continue
         promise = run.final.get(ack["id"])
@@ -278,19 +294,18 @@ def runs_of(effects: list[dict[str, Any]]) -> dict[tuple[str, str], list[dict[st
 
 def _excuse(run: dict[str, Any], rerun_at: float, faults: list[dict[str, Any]]) -> str:
     """Why `run` may have been repeated at `rerun_at` ("" if nothing excuses it)."""
-    end = run["end"] if run["end"] is not None else float("inf")
     for fault in faults:
         if fault.get("pid") != run["pid"]:
             continue
         if fault["kind"] == "worker_kill" and run["begin"] <= fault["t"] <= rerun_at:
             return "killed"
+        frozen_from, frozen_until = fault["t"], fault.get("until", float("inf"))
         if (
             fault["kind"] == "worker_stop"
-            and fault["t"] <= end
-            and fault["until"] >= run["begin"]
-            and fault["t"] <= rerun_at
+            and frozen_until >= run["begin"]
+            and frozen_from <= rerun_at
         ):
-            return "frozen while it ran"
+            return "frozen between its begin and the rerun"
     return ""
 
 
@@ -360,13 +375,15 @@ def check_one_execution(run: Run) -> list[Anomaly]:
 
 def check_pending_under_settled_root(run: Run) -> list[Anomaly]:
     found = []
+    others = {a["id"] for a in run.acks if a.get("kind") == "create"}  # own promises, not steps
     for wid, starts in run.starts().items():
         root = run.final.get(wid)
         if root is None or root["state"] == "PENDING":
             continue
         gates = set(_first(starts).get("gates") or [])
         for pid, promise in run.final.items():
-            if (pid.startswith(wid + ".") or pid in gates) and promise["state"] == "PENDING":
+            step = (pid.startswith(wid + ".") and pid not in others) or pid in gates
+            if step and promise["state"] == "PENDING":
                 found.append(Anomaly("pending_under_settled_root", pid,
                                      f"PENDING, its root {wid} is {root['state']}"))  # fmt: skip
     return found

@@ -9,7 +9,7 @@ its key. Answers:
 - ``applied``: this settle counted (the server acknowledged it);
 - ``already_settled`` / ``timed_out`` / ``not_found``: refused, definitely;
 - ``refused:<REASON>``: refused for another reason (e.g. ``WORKFLOW_SETTLED``);
-- ``uncertain``: no answer after the retries; it may or may not have counted.
+- ``uncertain``: no answer after 45 s of retries; it may or may not have counted.
 
 Settle plans (the brief's "twice, early, late, after timeout, cancels mid-step"):
 
@@ -21,7 +21,11 @@ Settle plans (the brief's "twice, early, late, after timeout, cancels mid-step")
 - hitl ``timeout``: a 2-5 s approval, resolved twice (one per replica) around
   its expiry;
 - hitl/multi ``cancel``: cancel the root 0.1-3 s after the start, mid-step;
-- race: resolve one of its two approvals; the other is left waiting.
+- race: resolve one of its two approvals; the other is left waiting;
+- multi ``forged``: before the start, anyone creates ``<wid>.0`` as if the
+  step had run (``forge``); the step's side effect must still run;
+- every ``cancel`` plan also creates a bystander, ``<wid>.invoice-<n>``, a
+  promise of its own that only shares the prefix: it must outlive the cancel.
 
 About one start in six is repeated later with other arguments (a new nonce):
 the checker expects the first start's execution only.
@@ -45,10 +49,13 @@ from typing import TYPE_CHECKING, Any
 from troth import (
     AlreadySettledError,
     Client,
+    DeadlineExceededError,
     NotFoundError,
     Promise,
     PromiseTimedOutError,
+    ResourceExhaustedError,
     RpcError,
+    UnavailableError,
 )
 
 if TYPE_CHECKING:
@@ -56,7 +63,12 @@ if TYPE_CHECKING:
 
 GROUP = "chaos"
 ROOT_TTL = timedelta(hours=1)
+BYSTANDER_TTL = timedelta(hours=2)
+RUN_STEP_TAGS = {"troth:kind": "run", "troth:func": "effect"}
+"""The tags a `ctx.run(effect, ...)` step carries (DESIGN §2 "Step")."""
 LONG_GATE_S = 600.0
+RETRY_S = 45.0
+"""How long a start or settle is retried while the server is away (it is idempotent)."""
 DECIDED = {"applied", "already_settled", "timed_out"}
 
 HITL_PLANS = {
@@ -79,6 +91,11 @@ class Workflow:
     plan: str
     args: list[Any]
     gates: list[str] = field(default_factory=list)
+
+
+def transient(error: RpcError) -> bool:
+    """Worth retrying: the server (or its store) was away, or the call ran out of time."""
+    return isinstance(error, UnavailableError | DeadlineExceededError | ResourceExhaustedError)
 
 
 def snapshot(client: Client, promise: Promise) -> dict[str, Any]:
@@ -200,7 +217,7 @@ class LoadGenerator:
             )
             flow.gates = [gate]
         elif kind == "multi":
-            plan = "cancel" if rng.random() < 0.2 else "none"
+            plan = rng.choices(["none", "cancel", "forged"], weights=[7, 2, 1])[0]
             flow = Workflow(wid, kind, plan, [self._nonce(), rng.randint(3, 6), sleep_s])
         else:
             plan = "one"
@@ -212,8 +229,11 @@ class LoadGenerator:
 
     def _schedule(self, flow: Workflow, sleep_s: float) -> None:
         rng, wid = self.rng, flow.wid
-        start_delay = rng.uniform(0.0, 0.3) if flow.plan == "early" else 0.0
-        self._at(start_delay, lambda: self.start(flow, flow.args))
+        if flow.plan == "forged":
+            self._at(0.0, lambda: self.forge(flow, then_start=True))
+        else:
+            start_delay = rng.uniform(0.0, 0.3) if flow.plan == "early" else 0.0
+            self._at(start_delay, lambda: self.start(flow, flow.args))
         if rng.random() < 0.15:
             again = [self._nonce(), *flow.args[1:]]
             self._at(rng.uniform(0.5, 3.0), lambda: self.start(flow, again, repeat=True))
@@ -245,6 +265,7 @@ class LoadGenerator:
                              "resolve", flow.gates[0], v, wid, replica=r))  # fmt: skip
         if plan == "cancel":
             self._at(rng.uniform(0.1, 3.0), lambda: self.settle("cancel", wid, None, wid))
+            self._at(0.05, lambda: self.bystander(flow))
 
     # ---------------------------------------------------------------- calls
 
@@ -252,7 +273,8 @@ class LoadGenerator:
         t_sent = time.time()
         result = "uncertain"
         error = ""
-        for attempt in range(3):
+        deadline = time.monotonic() + RETRY_S
+        for attempt in itertools.count():
             client = self.client if attempt else self.rng.choice(self.replicas)
             try:
                 client.start(flow.kind, *args, id=flow.wid, group=GROUP, ttl=ROOT_TTL)
@@ -260,9 +282,45 @@ class LoadGenerator:
                 break
             except RpcError as exc:
                 error = f"{type(exc).__name__}: {exc}"
+                if not transient(exc):
+                    result = f"refused:{getattr(exc, 'reason', None) or type(exc).__name__}"
+                    break
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.5)
         self.journal.ack(kind="start", wid=flow.wid, workflow=flow.kind, plan=flow.plan,
                          args=args, gates=flow.gates, repeat=repeat, result=result,
                          error=error, t_sent=t_sent)  # fmt: skip
+
+    def forge(self, flow: Workflow, *, then_start: bool = False) -> None:
+        """Before the start, create `<wid>.0` as a finished `run` step of `effect` (with
+        the value the step would return), as anyone could: DESIGN §4 rule 13 says
+        nobody but the worker holding the root's task may write it."""
+        step, t_sent, result = f"{flow.wid}.0", time.time(), "created"
+        try:
+            self.client.create(step, tags=RUN_STEP_TAGS, ttl=ROOT_TTL)
+            self.client.resolve(step, "s0")
+        except RpcError as exc:
+            result = f"refused:{getattr(exc, 'reason', None) or type(exc).__name__}"
+        self.journal.ack(kind="forge", id=step, wid=flow.wid, result=result, t_sent=t_sent)
+        if then_start:
+            self.start(flow, flow.args)
+
+    def bystander(self, flow: Workflow) -> None:
+        """A promise of its own whose id merely starts with `<wid>.` (DESIGN §4 rule 13):
+        nobody settles it, so it must stay PENDING with the expiry it was given, through
+        the cancel of `<wid>`, which is what the checker holds the server to."""
+        pid, t_sent = f"{flow.wid}.invoice-{self._nonce()}", time.time()
+        result, expire = "uncertain", None
+        try:
+            created = self.client.create(pid, {"bystander": True}, ttl=BYSTANDER_TTL)
+            result = "ok"
+            expire_time = created.promise.expire_time
+            expire = None if expire_time is None else expire_time.timestamp()
+        except RpcError:
+            pass
+        self.journal.ack(kind="create", id=pid, wid=flow.wid, result=result, expire_time=expire,
+                         ttl_s=BYSTANDER_TTL.total_seconds(), t_sent=t_sent)  # fmt: skip
 
     def settle(
         self,
@@ -281,7 +339,8 @@ class LoadGenerator:
             not_found_until = time.monotonic() + 30.0
         t_sent = time.time()
         result, error = "uncertain", ""
-        for attempt in range(3):
+        deadline = time.monotonic() + RETRY_S
+        for attempt in itertools.count():
             if attempt:
                 client = self.client
             elif replica is not None:
@@ -313,14 +372,12 @@ class LoadGenerator:
                 break
             except RpcError as exc:
                 error = f"{type(exc).__name__}: {exc}"
-                reason = getattr(exc, "reason", None)
-                if reason is not None and type(exc).__name__ not in (
-                    "UnavailableError",
-                    "DeadlineExceededError",
-                    "ResourceExhaustedError",
-                ):
-                    result = f"refused:{reason}"
+                if not transient(exc):
+                    result = f"refused:{getattr(exc, 'reason', None) or type(exc).__name__}"
                     break
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.5)
         with self._lock:
             self.answers[pid].append(result)
         self.journal.ack(kind="settle", action=action, id=pid, wid=wid, value=value, key=key,
@@ -366,6 +423,8 @@ class LoadGenerator:
             try:
                 if not self.client.get(wid).is_settled:
                     waiting.append(wid)
+            except NotFoundError:
+                pass  # never started (its start is not acknowledged; the checker knows)
             except RpcError:
                 waiting.append(wid)
         return waiting

@@ -87,6 +87,7 @@ class PrivateCluster:
             os.chown(self.root, owner, -1)
         self.port = free_port()
         self.running = False
+        began = time.monotonic()
         self._run("initdb", "-D", str(self.data), "-A", "trust", "-U", "postgres", "-N")
         for attempt in range(3):  # the free port may be taken meanwhile
             try:
@@ -102,6 +103,10 @@ class PrivateCluster:
         url = f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute(f'CREATE DATABASE "{self.database}"')
+        self.init_seconds = time.monotonic() - began
+        """initdb, start and CREATE DATABASE."""
+        self.restarts: list[float] = []
+        """Seconds of each crash-stop plus start (the pause between them not counted)."""
 
     @property
     def data(self) -> Path:
@@ -122,18 +127,25 @@ class PrivateCluster:
         if done.returncode != 0:
             raise RuntimeError(f"{tool} {' '.join(args)} failed:\n{done.stdout}{done.stderr}")
 
-    def start(self) -> None:
+    def start(self) -> float:
+        """Start and wait until it accepts connections; returns the seconds it took."""
+        began = time.monotonic()
         options = f"-k {self.root} -p {self.port} -c listen_addresses=127.0.0.1"
         log = str(self.root / "postgres.log")
         self._run(
             "pg_ctl", "start", "-D", str(self.data), "-l", log, "-w", "-t", "30", "-o", options
         )
         self.running = True
+        return time.monotonic() - began
 
-    def crash(self) -> None:
-        """``pg_ctl stop -m immediate``: every backend killed at once, as in a crash."""
+    def crash(self) -> float:
+        """``pg_ctl stop -m immediate``: every backend killed at once, as in a crash.
+
+        Returns the seconds it took."""
+        began = time.monotonic()
         self._run("pg_ctl", "stop", "-D", str(self.data), "-m", "immediate", "-w", "-t", "30")
         self.running = False
+        return time.monotonic() - began
 
     def close(self) -> None:
         try:

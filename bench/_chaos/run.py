@@ -60,6 +60,8 @@ class Report:
     workdir: str = ""
     seconds: float = 0.0
     unsettled: list[str] = field(default_factory=list)
+    pg_timing: str = ""
+    outage: str = ""
 
     def lines(self) -> list[str]:
         out = [f"chaos run: store={self.store} seed={self.seed} ({self.seconds:.0f} s)"]
@@ -81,6 +83,7 @@ class Report:
                 f"clock faults: {clock} written, NOT TESTED: this server ignores "
                 "TROTH_TEST_CLOCK_FILE (interfaces.md §3), so they had no effect"
             )
+        out.extend(line for line in (self.outage, self.pg_timing) if line)
         if self.unsettled:
             out.append(f"roots still PENDING after the drain: {len(self.unsettled)}")
         counts = Counter(a.check for a in self.anomalies)
@@ -168,6 +171,16 @@ def run(config: Config) -> Report:
             f"{a['action']}:{a['result']}" for a in acks if a.get("kind") == "settle"
         )
         report.effects = sum(1 for e in effects if e["phase"] == "begin")
+        outages = [f["until"] - f["t"] for f in faults_done if f["kind"] == "server_kill"]
+        if outages:
+            report.outage = f"server kills: longest outage {max(outages):.1f} s (kill to serving)"
+        if cluster is not None:
+            restarts = cluster.restarts
+            mean = f"{sum(restarts) / len(restarts):.2f} s" if restarts else "-"
+            report.pg_timing = (
+                f"private PostgreSQL: initdb + start {cluster.init_seconds:.1f} s; "
+                f"crash-stop + start {mean} on average ({len(restarts)} restarts)"
+            )
     finally:
         if load is not None:
             load.close()

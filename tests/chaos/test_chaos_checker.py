@@ -69,6 +69,16 @@ def clean_run() -> checker.Run:
         _settle("w-r.1", "resolve", {"gate": 1, "v": "b"}, "k2"),
         _settle("w-c", "cancel", None, "k3"),
         {
+            "kind": "create",
+            "id": "w-c.invoice-1",
+            "wid": "w-c",
+            "result": "ok",
+            "expire_time": T0 + 7201,
+            "ttl_s": 7200.0,
+            "t_sent": T0 + 1,
+            "t_done": T0 + 1,
+        },  # a bystander
+        {
             "kind": "read",
             "id": "w-h.1",
             "state": "RESOLVED",
@@ -101,6 +111,7 @@ def clean_run() -> checker.Run:
         "w-r.0": _promise("w-r.0", "REJECTED_CANCELED", {"reason": "workflow ended"}),
         "w-r.1": _promise("w-r.1", "RESOLVED", {"gate": 1, "v": "b"}, key="k2"),
         "w-c": _promise("w-c", "REJECTED_CANCELED", None, cancel_args, key="k3"),
+        "w-c.invoice-1": {**_promise("w-c.invoice-1", "PENDING"), "expire_time": T0 + 7201},
     }
     return checker.Run(effects, acks, faults, final, READ)
 
@@ -144,6 +155,13 @@ def _cancelled_named_gate(run: checker.Run) -> None:
     run.final["appr-w-x"] = _promise("appr-w-x", "PENDING")
 
 
+def _bystander_capped(run: checker.Run) -> None:
+    """The create answered with the root's expiry instead of the ttl asked for."""
+    ack = next(a for a in run.acks if a["kind"] == "create")
+    ack["expire_time"] = T0 + 3600
+    run.final["w-c.invoice-1"]["expire_time"] = T0 + 3600
+
+
 def _drop_step(step: str) -> Callable[[checker.Run], None]:
     def change(run: checker.Run) -> None:
         run.effects = [e for e in run.effects if e["step"] != step]
@@ -171,6 +189,9 @@ VIOLATIONS: dict[str, tuple[str, Callable[[checker.Run], None]]] = {
     "timed out, then resolved": (
         "ack", _add_ack(_settle("w-h.1", "resolve", {"v": "d"}, "k8", result="timed_out"))),
     "refused settle counted": ("ack", _set("w-h.1", settle_key="k1b", value={"v": "b"})),
+    "bystander cancelled with the root": ("ack", _set("w-c.invoice-1", state="REJECTED_CANCELED")),
+    "bystander's ttl cut later": ("ack", _set("w-c.invoice-1", expire_time=T0 + 3600)),
+    "bystander's ttl cut at once": ("ack", _bystander_capped),
     "settled read changes": ("ack", _add_ack(
         {"kind": "read", "id": "w-r.1", "state": "REJECTED_TIMEDOUT", "value": None,
          "settle_key": "", "t_sent": T0 + 7, "t_done": T0 + 7})),
@@ -179,7 +200,8 @@ VIOLATIONS: dict[str, tuple[str, Callable[[checker.Run], None]]] = {
     "rerun by the same live process": ("repeat", _add_effects(*_effects("w-h", "n1", ["mail"],
                                                                         t=T0 + 50))),
     "kill after the rerun": ("repeat", lambda run: run.faults[0].update(t=T0 + 99)),
-    "frozen only after it ran": ("repeat", lambda run: run.faults[1].update(t=T0 + 25)),
+    "frozen only before it ran": (
+        "repeat", lambda run: run.faults[1].update(t=T0 + 10, until=T0 + 19.9)),
     # pending_past_expiry
     "pending past expiry": (
         "pending_past_expiry", _set("w-h.1", state="PENDING", expire_time=READ - 60,
