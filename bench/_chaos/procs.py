@@ -79,7 +79,12 @@ class PrivateCluster:
         self.as_user: list[str] = []
         owner: int | None = None
         if os.geteuid() == 0:  # initdb refuses root
-            owner = pwd.getpwnam("postgres").pw_uid
+            try:
+                owner = pwd.getpwnam("postgres").pw_uid
+            except KeyError:
+                raise RuntimeError(
+                    "as root, the private PostgreSQL runs as the `postgres` OS user: none here"
+                ) from None
             self.as_user = ["runuser", "-u", "postgres", "--"]
         # Under /tmp: the owner must reach it and the socket path must stay short.
         self.root = Path(tempfile.mkdtemp(prefix="troth-chaos-pg-"))
