@@ -90,7 +90,8 @@ class FaultInjector:
         target, action = self._pick(kind)
         if action is None:
             return False
-        thread = threading.Thread(target=self._do, args=(kind, target, action), daemon=True)
+        rng = random.Random(self.rng.getrandbits(64))  # the fault's own: its thread's timing
+        thread = threading.Thread(target=self._do, args=(kind, target, action, rng), daemon=True)
         self._threads.append(thread)
         thread.start()
         return True
@@ -116,9 +117,9 @@ class FaultInjector:
             self._busy.add(server.name)
             return server.name, server
 
-    def _do(self, kind: str, target: str, subject: object) -> None:
+    def _do(self, kind: str, target: str, subject: object, rng: random.Random) -> None:
         try:
-            getattr(self, f"_{kind}")(subject)
+            getattr(self, f"_{kind}")(subject, rng)
             self.counts[kind] += 1
         except Exception as exc:
             self.journal.fault("harness_error", target, None, time.time(), error=repr(exc))
@@ -130,61 +131,61 @@ class FaultInjector:
 
     # ---------------------------------------------------------------- the faults
 
-    def _worker_kill(self, worker: WorkerProcess) -> None:
+    def _worker_kill(self, worker: WorkerProcess, rng: random.Random) -> None:
         t = time.time()
         worker.kill()
         self.journal.fault("worker_kill", worker.name, worker.pid, t)
-        time.sleep(self.rng.uniform(0.3, 2.0))
+        time.sleep(rng.uniform(0.3, 2.0))
         if not self._stopping.is_set():
             self.fleet.spawn()
 
-    def _worker_stop(self, worker: WorkerProcess) -> None:
-        duration = self.rng.uniform(0.5, 2.0 * self.lease)
+    def _worker_stop(self, worker: WorkerProcess, rng: random.Random) -> None:
+        duration = rng.uniform(0.5, 2.0 * self.lease)
         t = time.time()
         worker.proc.send_signal(signal.SIGSTOP)
         self._stopping.wait(duration)
         worker.proc.send_signal(signal.SIGCONT)
         self.journal.fault("worker_stop", worker.name, worker.pid, t, until=time.time())
 
-    def _server_kill(self, server: ServerReplica) -> None:
+    def _server_kill(self, server: ServerReplica, rng: random.Random) -> None:
         t, pid = time.time(), server.pid
         server.kill()
-        time.sleep(self.rng.uniform(0.3, 1.5))
+        time.sleep(rng.uniform(0.3, 1.5))
         try:
             server.start()
         finally:  # until: serving again
             self.journal.fault("server_kill", server.name, pid, t, until=time.time())
 
-    def _server_stop(self, server: ServerReplica) -> None:
-        duration = self.rng.uniform(0.3, 2.0)
+    def _server_stop(self, server: ServerReplica, rng: random.Random) -> None:
+        duration = rng.uniform(0.3, 2.0)
         t = time.time()
         server.signal(signal.SIGSTOP)
         time.sleep(duration)
         server.signal(signal.SIGCONT)
         self.journal.fault("server_stop", server.name, server.pid, t, until=time.time())
 
-    def _pg_restart(self, cluster: PrivateCluster) -> None:
+    def _pg_restart(self, cluster: PrivateCluster, rng: random.Random) -> None:
         t = time.time()
         took = cluster.crash()
-        time.sleep(self.rng.uniform(0.2, 2.0))
+        time.sleep(rng.uniform(0.2, 2.0))
         took += cluster.start()
         cluster.restarts.append(took)
         self.journal.fault("pg_restart", "pg", None, t, until=time.time())
 
-    def _clock_jump(self, server: ServerReplica) -> None:
-        offset = self.rng.choice([30.0, 60.0, -600.0])
+    def _clock_jump(self, server: ServerReplica, rng: random.Random) -> None:
+        offset = rng.choice([30.0, 60.0, -600.0])
         t = time.time()
         server.set_clock(offset)
-        self._stopping.wait(self.rng.uniform(2.0, 8.0))
+        self._stopping.wait(rng.uniform(2.0, 8.0))
         server.set_clock(0)
         self.journal.fault("clock_jump", server.name, server.pid, t, until=time.time(),
                            offset=offset)  # fmt: skip
 
-    def _replica_skew(self, _cluster: object) -> None:
+    def _replica_skew(self, _cluster: object, rng: random.Random) -> None:
         t = time.time()
         self.servers[0].set_clock(2.5)
         self.servers[1].set_clock(-2.5)
-        self._stopping.wait(self.rng.uniform(3.0, 10.0))
+        self._stopping.wait(rng.uniform(3.0, 10.0))
         for server in self.servers:
             server.set_clock(0)
         self.journal.fault("replica_skew", "replicas", None, t, until=time.time(), offset=5.0)

@@ -125,6 +125,9 @@ class LoadGenerator:
         self, rng: random.Random, journal: Journal, addresses: list[str], tag: str
     ) -> None:
         self.rng = rng
+        """The plan (main thread only, so a seed gives the same plan every time)."""
+        self.pick = random.Random(rng.getrandbits(64))
+        """Choices the calls make in the pool's threads (replicas, what to read)."""
         self.journal = journal
         self.tag = tag
         self.replicas = [Client(address, timeout=5.0) for address in addresses]
@@ -175,7 +178,7 @@ class LoadGenerator:
             if time.monotonic() >= next_start:
                 self.new_workflow()
                 next_start = time.monotonic() + self.rng.uniform(*interval)
-            if self.rng.random() < 0.1:
+            if self.pick.random() < 0.1:
                 self._submit([self.observe])
             self._submit(self._due())
             time.sleep(0.05)
@@ -275,7 +278,7 @@ class LoadGenerator:
         error = ""
         deadline = time.monotonic() + RETRY_S
         for attempt in itertools.count():
-            client = self.client if attempt else self.rng.choice(self.replicas)
+            client = self.client if attempt else self.pick.choice(self.replicas)
             try:
                 client.start(flow.kind, *args, id=flow.wid, group=GROUP, ttl=ROOT_TTL)
                 result = "ok"
@@ -346,7 +349,7 @@ class LoadGenerator:
             elif replica is not None:
                 client = self.replicas[replica % len(self.replicas)]
             else:
-                client = self.rng.choice(self.replicas)
+                client = self.pick.choice(self.replicas)
             try:
                 if action == "cancel":
                     done = client.cancel(pid, value, idempotency_key=key)
@@ -389,9 +392,9 @@ class LoadGenerator:
             flows = list(self.workflows.values())
         if not flows:
             return
-        flow = self.rng.choice(flows)
-        pid = self.rng.choice([flow.wid, *flow.gates])
-        client = self.rng.choice(self.replicas)
+        flow = self.pick.choice(flows)
+        pid = self.pick.choice([flow.wid, *flow.gates])
+        client = self.pick.choice(self.replicas)
         try:
             promise = client.get(pid)
         except RpcError:

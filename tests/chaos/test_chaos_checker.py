@@ -238,3 +238,14 @@ def test_runs_pair_begins_with_ends_of_the_same_process() -> None:
     runs = checker.runs_of(_effects("w", "n", ["s"], pid=1) + _effects("w", "n", ["s"], pid=2,
                                                                          t=T0 + 5))  # fmt: skip
     assert [(r["pid"], r["end"]) for r in runs[("w", "s")]] == [(1, T0 + 0.5), (2, T0 + 5.5)]
+
+
+def test_the_journal_reads_back_whole_lines_and_skips_a_torn_last_one(tmp_path: Path) -> None:
+    from _chaos import journal
+
+    path = tmp_path / "effects.jsonl"
+    journal.append(path, {"pid": 1, "step": "s0"})
+    journal.append(path, {"pid": 2, "step": "s1"})
+    with path.open("a") as file:
+        file.write('{"pid": 3, "st')  # a writer killed mid-line
+    assert journal.read(path) == [{"pid": 1, "step": "s0"}, {"pid": 2, "step": "s1"}]
