@@ -1,7 +1,8 @@
 """The chaos test: the harness of `bench/chaos.py` (bench/_chaos/), short, once per store.
 
-Each test makes two runs of about 30 s: one with a fixed seed (the same faults
-and load plan every time) and one with a random seed, printed. A run is three
+Each test makes two runs of about 30 s: one with a fixed seed (the same load
+plan every time, and the same fault schedule as far as timing allows: a fault
+whose target is busy is skipped) and one with a random seed, printed. A run is three
 worker processes and one server on a SQLite file, or two server replicas on a
 private PostgreSQL cluster the run starts itself (initdb as the `postgres` OS
 user when run as root; never the machine's server); a load generator starting
