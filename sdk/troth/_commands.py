@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from troth._schema import DecisionSchema
 
 __all__ = [
+    "TAG_ARGS",
     "TAG_FUNC",
     "TAG_GROUP",
     "TAG_INVOKE",
@@ -62,6 +63,8 @@ TAG_KIND = "troth:kind"
 """Step tag: which command created the step (a `Kind` value)."""
 TAG_FUNC = "troth:func"
 """Step tag: the function (`run`) or workflow (`start`) name; root tag: the workflow name."""
+TAG_ARGS = "troth:args"
+"""Step tag: the digest of what the command asked (`troth._digests`), checked on replay."""
 TAG_INVOKE = "troth:invoke"
 """Root tag: the group whose workers run the workflow."""
 TAG_TIMER = "troth:timer"
@@ -183,6 +186,8 @@ class CreatePromise(Command[PromiseHandle]):
     """What a resolve value must look like, and the type the `yield` returns."""
     title: str = ""
     message: str = ""
+    check_args: bool = True
+    """Record a digest of id, timeout and schema, and check it on replay (`troth._digests`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,6 +198,8 @@ class RunStep(Command[Any]):
     args: tuple[Any, ...] = ()
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     id: str | None = None
+    check_args: bool = True
+    """Record a digest of the function's arguments, and check it on replay."""
 
     @property
     def name(self) -> str:
@@ -206,6 +213,8 @@ class Sleep(Command[None]):
 
     duration: timedelta
     id: str | None = None
+    check_args: bool = True
+    """Record a digest of the duration, and check it on replay."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,6 +228,7 @@ class StartWorkflow(Command[Any]):
         group: The group that runs it; default the parent's group.
         wait: True for `ctx.rpc` (the yield returns the result), False for
             `ctx.start` (the yield returns a `PromiseHandle`).
+        check_args: Record a digest of name, arguments and id, and check it on replay.
     """
 
     name: str
@@ -226,6 +236,7 @@ class StartWorkflow(Command[Any]):
     id: str | None = None
     group: str | None = None
     wait: bool = False
+    check_args: bool = True
 
 
 @dataclass(frozen=True, slots=True)

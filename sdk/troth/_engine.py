@@ -23,7 +23,10 @@ clock and draws no random numbers.
 Replay. A step command at position n (counting only commands that create a
 promise) gets the id `<root>.<n>`, unless given an explicit id. If the
 history holds that id, the step's `troth:kind`/`troth:func` tags must match
-the command, else `Failed(NonDeterminismError)`; a settled step's value is
+the command, and so must its `troth:args` digest of the command's arguments
+(`troth._digests`) when both the recorded step and the command have one (not
+for histories recorded before digests, nor for a step that opts out with
+`check_args=False`), else `Failed(NonDeterminismError)`; a settled step's value is
 sent into the generator (or its error thrown) without running anything, so a
 function whose step is settled is never called again. A recorded step the
 code never reaches before it finishes or blocks is non-determinism too.
@@ -64,6 +67,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Self
 
 from troth._commands import (
+    TAG_ARGS,
     TAG_FUNC,
     TAG_GROUP,
     TAG_INVOKE,
@@ -83,6 +87,7 @@ from troth._commands import (
     StartWorkflow,
     StepCommand,
 )
+from troth._digests import args_digest, describe_args
 from troth._promise import Promise, PromiseState
 from troth.codec import Codec, JsonCodec, Payload
 from troth.context import Context
@@ -409,6 +414,16 @@ class Engine:
             return self._nondeterminism(
                 position, describe_tags(recorded.tags), describe_tags(tags), step_id
             )
+        recorded_digest, digest = recorded.tags.get(TAG_ARGS), tags.get(TAG_ARGS)
+        if recorded_digest and digest and recorded_digest != digest:
+            # Only when both sides have one: a history recorded before digests,
+            # or a step opted out (`check_args=False`) on either side, is not checked.
+            return self._nondeterminism(
+                position,
+                f"{describe_tags(recorded.tags)} with arguments digest {recorded_digest}",
+                f"{describe_tags(tags)} with arguments {describe_args(command)}, digest {digest}",
+                step_id,
+            )
         if isinstance(command, CreatePromise) or (
             isinstance(command, StartWorkflow) and not command.wait
         ):
@@ -572,17 +587,17 @@ class Engine:
             tags = {**command.tags, TAG_KIND: Kind.PROMISE}
             if self._group:
                 tags[TAG_GROUP] = self._group
-            return tags
+            return _with_digest(tags, command)
         if isinstance(command, RunStep):
-            return {TAG_KIND: Kind.RUN, TAG_FUNC: command.name}
+            return _with_digest({TAG_KIND: Kind.RUN, TAG_FUNC: command.name}, command)
         if isinstance(command, Sleep):
-            return {TAG_KIND: Kind.SLEEP, TAG_TIMER: "true"}
+            return _with_digest({TAG_KIND: Kind.SLEEP, TAG_TIMER: "true"}, command)
         if isinstance(command, StartWorkflow):
             tags = {TAG_KIND: Kind.START, TAG_FUNC: command.name}
             group = command.group or self._group
             if group:
                 tags[TAG_INVOKE] = group
-            return tags
+            return _with_digest(tags, command)
         if isinstance(command, Now):
             return {TAG_KIND: Kind.NOW}
         return {TAG_KIND: Kind.RANDOM}
@@ -625,6 +640,13 @@ class Engine:
         return _Throw(
             timed_out(promise.id, f"promise {promise.id!r} timed out before anyone settled it")
         )
+
+
+def _with_digest(tags: dict[str, str], command: StepCommand) -> dict[str, str]:
+    digest = args_digest(command)
+    if digest is not None:
+        tags[TAG_ARGS] = digest
+    return tags
 
 
 def _settled(promise: Promise | None) -> bool:

@@ -98,6 +98,7 @@ class Context:
         schema: Mapping[str, Any] | type | None = None,
         title: str = "",
         message: str = "",
+        check_args: bool = True,
     ) -> CreatePromise:
         """A latent promise: `yield` it for a `PromiseHandle`; yield the handle to wait.
 
@@ -120,6 +121,11 @@ class Context:
             title: A short line for the human who decides (shown by `troth
                 approvals list` and `GetPromise`).
             message: The longer text for that human.
+            check_args: Record a digest of `id`, `timeout` and `schema` on the
+                step and, on replay, fail with `NonDeterminismError` if the code
+                now asks for others at this position. Pass False where they
+                legitimately vary between runs (e.g. a timeout computed from
+                the clock). Title, message and tags are never checked.
         """
         user_tags = dict(tags or {})
         reserved = sorted(k for k in user_tags if k.startswith(_RESERVED_TAG_PREFIX))
@@ -134,6 +140,7 @@ class Context:
             schema=None if schema is None else decision_schema(schema),
             title=title,
             message=message,
+            check_args=check_args,
         )
 
     def run(
@@ -142,6 +149,7 @@ class Context:
         *args: Any,
         retry: RetryPolicy | None = None,
         id: str | None = None,
+        check_args: bool = True,
     ) -> RunStep:
         """Run `fn(*args)` as a checkpointed step: `yield` it for the result.
 
@@ -154,15 +162,30 @@ class Context:
             args: Passed to `fn` as they are (they are not encoded).
             retry: How failures are retried; default `RetryPolicy()`.
             id: The step's id; default `<workflow id>.<n>`.
+            check_args: Record a digest of `args` (and of a `functools.partial`'s
+                bound arguments) on the step and, on replay, fail with
+                `NonDeterminismError` if the code now passes others at this
+                position, instead of returning the result recorded for the
+                old ones. Pass False where the arguments legitimately vary
+                between runs (e.g. a timestamp in an email body). Arguments
+                with no canonical JSON encoding (objects of unknown classes)
+                are not checked; see `troth._digests`.
         """
-        return RunStep(fn=fn, args=args, retry=retry or RetryPolicy(), id=id)
+        return RunStep(fn=fn, args=args, retry=retry or RetryPolicy(), id=id, check_args=check_args)
 
-    def sleep(self, duration: timedelta | float, *, id: str | None = None) -> Sleep:
-        """A durable timer: `yield` it to wait `duration` (a timedelta or seconds)."""
+    def sleep(
+        self, duration: timedelta | float, *, id: str | None = None, check_args: bool = True
+    ) -> Sleep:
+        """A durable timer: `yield` it to wait `duration` (a timedelta or seconds).
+
+        With `check_args` (the default) the duration is recorded as a digest and
+        a replay that asks for another one fails with `NonDeterminismError`;
+        pass False for a duration computed from the clock (`deadline - now`).
+        """
         delta = duration if isinstance(duration, timedelta) else timedelta(seconds=duration)
         if delta < timedelta(0):
             raise ValueError(f"duration must not be negative, not {delta}")
-        return Sleep(duration=delta, id=id)
+        return Sleep(duration=delta, id=id, check_args=check_args)
 
     def start(
         self,
@@ -170,6 +193,7 @@ class Context:
         *args: Any,
         id: str | None = None,
         group: str | None = None,
+        check_args: bool = True,
     ) -> StartWorkflow:
         """Start a child workflow: `yield` it for a `PromiseHandle`; yield that for the result.
 
@@ -178,8 +202,14 @@ class Context:
             args: Its arguments; they must be encodable with the codec.
             id: The child's id; default `<workflow id>.<n>` (its steps nest below it).
             group: The group whose workers run it; default this workflow's group.
+            check_args: Record a digest of the name, `args` and `id` on the step
+                and, on replay, fail with `NonDeterminismError` if the code now
+                starts the child with others at this position. Pass False where
+                they legitimately vary between runs.
         """
-        return StartWorkflow(name=_workflow_name(workflow), args=args, id=id, group=group)
+        return StartWorkflow(
+            name=_workflow_name(workflow), args=args, id=id, group=group, check_args=check_args
+        )
 
     def rpc(
         self,
@@ -187,10 +217,19 @@ class Context:
         *args: Any,
         id: str | None = None,
         group: str | None = None,
+        check_args: bool = True,
     ) -> StartWorkflow:
-        """Start a child workflow and wait for it: `yield` it for the child's result."""
+        """Start a child workflow and wait for it: `yield` it for the child's result.
+
+        `check_args` as for `start`.
+        """
         return StartWorkflow(
-            name=_workflow_name(workflow), args=args, id=id, group=group, wait=True
+            name=_workflow_name(workflow),
+            args=args,
+            id=id,
+            group=group,
+            wait=True,
+            check_args=check_args,
         )
 
     def all(self, handles: Iterable[PromiseHandle]) -> AwaitAll:

@@ -264,13 +264,17 @@ class NonDeterminismError(WorkflowError):
     """Replay met a workflow that yields something other than what the history recorded.
 
     The step promise at `position` was created by one command (kind and
-    function, from its `troth:kind` / `troth:func` tags) and the code now
-    yields another there, or none at all. Replaying on would mix two versions
-    of the workflow, so the engine stops instead.
+    function, from its `troth:kind` / `troth:func` tags, and the digest of its
+    arguments, from `troth:args`) and the code now yields another there (or
+    the same function with other arguments), or none at all. A step whose
+    arguments legitimately vary opts out with `check_args=False`. Replaying on
+    would mix two versions of the workflow, so the engine stops instead.
 
     Attributes:
         position: The step's position n (its id is `<root>.<n>` unless explicit).
-        recorded: What the history recorded there, e.g. `run(send_email)`;
+        recorded: What the history recorded there, e.g. `run(send_email)`, or
+            `run(send_email) with arguments digest <16 hex>` when only the
+            arguments differ;
             None when the code yielded a step the history never had at a
             position the history had already passed.
         yielded: What the code yielded there; None when it finished or

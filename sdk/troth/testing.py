@@ -42,7 +42,9 @@ this shape; a file holds one such object, or a list of them::
   diverges.
 - `promises`: the root's descendants (`<root_id>.*`), in any order.
 
-Each promise has `id`, `state` (default `RESOLVED`), `tags`, and optionally
+Each promise has `id`, `state` (default `RESOLVED`), `tags` (a step's
+`troth:args`, its argument digest, is checked on replay when present; files
+written before digests existed have none and are not checked), and optionally
 `param`, `value`, `create_time` and `settle_time` (ISO 8601). `param` and
 `value` are plain JSON, encoded with the codec (default JSON); a payload that
 is not JSON is written `{"$base64": "...", "headers": {...}}` and read back

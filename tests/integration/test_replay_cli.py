@@ -178,3 +178,33 @@ def test_exported_file_replays_with_the_testing_api(shop: Shop, tmp_path: Path) 
         Done({"post": "post-1", "decision": {"approved": True}}),
         Suspend(("publish-parked.0",)),
     ]
+
+
+def test_replay_of_changed_step_arguments_exits_1_naming_both_digests(shop: Shop) -> None:
+    # shop_v3's `ping` runs the same function at step 0 with other arguments.
+    data = json.loads((shop.exported / "ping-1.json").read_text())
+    (step,) = data["promises"]
+    recorded = step["tags"]["troth:args"]
+    result = troth(
+        shop.server, "replay", "--workflows", str(FIXTURES / "shop_v3.py"), str(shop.exported),
+    )  # fmt: skip
+    assert result.returncode == 1, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    (ping,) = [line for line in lines if line.startswith("history ping-1 ")]
+    assert ping.startswith(
+        f"history ping-1 (ping): step 0 diverges: recorded run(greet) with arguments digest "
+        f"{recorded} (id ping-1.0), the code now yields run(greet) with arguments "
+        "('dear ada',), digest "
+    ), ping
+    assert "history publish-done (publish): OK" in result.stdout
+    assert lines[-1] == "3 histories checked: 2 OK, 1 diverged"
+
+    from_server = troth(
+        shop.server, "--json", "replay", "--workflows", str(FIXTURES / "shop_v3.py"),
+        "--id", "ping-1",
+    )  # fmt: skip
+    assert from_server.returncode == 1, from_server.stdout + from_server.stderr
+    (record,) = [json.loads(line) for line in from_server.stdout.splitlines()]
+    assert record["divergence"]["position"] == 0
+    assert record["divergence"]["recorded"] == f"run(greet) with arguments digest {recorded}"
+    assert record["divergence"]["yielded"].startswith("run(greet) with arguments ('dear ada',)")

@@ -52,8 +52,11 @@ def charge(order: str, cents: int) -> dict[str, int]:
 def publish(ctx: Context, post_id: str) -> Generator[Any, Any, dict[str, Any]]:
     approval: PromiseHandle = yield ctx.promise(timeout=timedelta(days=3), tags={"post": post_id})
     explicit: PromiseHandle = yield ctx.promise(id=f"{ctx.id}.approval")
+    unchecked: PromiseHandle = yield ctx.promise(timeout=timedelta(hours=1), check_args=False)
+    assert unchecked.id
     link: str = approval.id
     sent: str = yield ctx.run(send_email, "editor@example.com", link)
+    yield ctx.run(send_email, "editor@example.com", f"sent at {sent}", check_args=False)
     ctx.log.info("sent %s (replaying: %s)", sent, ctx.is_replaying)
     try:
         decision: Any = yield approval
@@ -81,6 +84,7 @@ def checkout_v2(ctx: Context, order: str, cents: int) -> Generator[Any, Any, str
         raise
     yield ctx.sleep(timedelta(minutes=5))
     yield ctx.sleep(1.5, id=f"{ctx.id}.cooldown")
+    yield ctx.sleep(timedelta(seconds=2), check_args=False)
     moment: datetime = yield ctx.now()
     roll: float = yield ctx.random()
     return f"{receipt[order]} at {moment.isoformat()} ({roll:.2f})"
@@ -98,7 +102,10 @@ def fan_out(ctx: Context, orders: list[str]) -> Generator[Any, Any, list[Any]]:
     quorum: list[Any] = yield ctx.at_least(2, children)
     direct: str = yield ctx.rpc(checkout_v2, "order-0", 1, group="payments")
     named: dict[str, Any] = yield ctx.rpc("publish", "post-2", id=f"{ctx.id}.rpc")
-    return [*every, first, *quorum, direct, named]
+    loose: PromiseHandle = yield ctx.start("publish", "post-3", check_args=False)
+    also: Any = yield ctx.rpc(publish, "post-4", group="payments", check_args=False)
+    children.append(loose)
+    return [*every, first, *quorum, direct, named, also]
 
 
 @worker.workflow

@@ -34,6 +34,7 @@ from troth import (
     WorkflowError,
 )
 from troth._commands import CreatePromise, Now, Random, RunStep, Sleep, StartWorkflow
+from troth._digests import args_digest
 from troth._engine import CreateStep, Done, Engine, Failed, Outcome, Suspend, error_value
 from troth.codec import Payload
 from troth.testing import load_history, replay
@@ -191,9 +192,10 @@ def test_fresh_run_asks_for_each_step_then_suspends_on_the_approval() -> None:
     world = World()
     engine = Engine(publish, ["post-7"], root_id="p", group="workers")
     asked, outcome = steps(engine, world)
+    digests = [args_digest(s.command) for s in asked]
     assert [(s.step_id, s.position, dict(s.tags)) for s in asked] == [
-        ("p.0", 0, {"troth:kind": "promise", "troth:group": "workers"}),
-        ("p.1", 1, {"troth:kind": "run", "troth:func": "send_email"}),
+        ("p.0", 0, {"troth:kind": "promise", "troth:group": "workers", "troth:args": digests[0]}),
+        ("p.1", 1, {"troth:kind": "run", "troth:func": "send_email", "troth:args": digests[1]}),
     ]
     assert asked[0].ttl == timedelta(days=3)
     assert isinstance(asked[1].command, RunStep)
@@ -457,7 +459,11 @@ def test_timer_resolves_and_a_timed_out_timer_counts_as_elapsed() -> None:
     with Engine(wf, [], root_id="r") as engine:
         step = engine.advance()
         assert isinstance(step, CreateStep)
-        assert step.tags == {"troth:kind": "sleep", "troth:timer": "true"}
+        assert step.tags == {
+            "troth:kind": "sleep",
+            "troth:timer": "true",
+            "troth:args": args_digest(step.command),
+        }
         assert step.ttl == timedelta(hours=1)
     timer_tags = {"troth:kind": "sleep", "troth:timer": "true"}
     for state in (PromiseState.RESOLVED, PromiseState.REJECTED_TIMEDOUT):
@@ -574,7 +580,12 @@ def test_awaiting_creates_no_promise_and_shifts_no_id() -> None:
     engine = Engine(wf, [], root_id="r")
     assert drive(engine, world) == Suspend(("r.0",))
     assert engine.advance([world.settle("r.0", PromiseState.RESOLVED)]) == CreateStep(
-        "r.1", 1, CreatePromise(), {"troth:kind": "promise"}, Payload(), requested_by="workflow r"
+        "r.1",
+        1,
+        CreatePromise(),
+        {"troth:kind": "promise", "troth:args": args_digest(CreatePromise())},
+        Payload(),
+        requested_by="workflow r",
     )
     engine.close()
 
@@ -594,7 +605,11 @@ def test_explicit_ids_are_honoured_and_keep_their_position() -> None:
         ("charge-once", 1),
         ("r.2", 2),
     ]
-    assert asked[0].tags == {"team": "legal", "troth:kind": "promise"}
+    assert asked[0].tags == {
+        "team": "legal",
+        "troth:kind": "promise",
+        "troth:args": args_digest(asked[0].command),
+    }
     assert outcome == Done(["approval-7", "r.2"])
     assert replay(wf, [], world.history(), root_id="r") == outcome
     assert CALLS == ["charge 1"]
@@ -615,11 +630,26 @@ def test_child_workflows_nest_their_ids() -> None:
     world = World()
     engine = Engine(parent, [], root_id="r", group="workers")
     asked, outcome = steps(engine, world)
+    first, second = (args_digest(s.command) for s in asked)
     assert [(s.step_id, dict(s.tags), CODEC.decode(s.param)) for s in asked] == [
-        ("r.0", {"troth:kind": "start", "troth:func": "child", "troth:invoke": "workers"}, [7]),
+        (
+            "r.0",
+            {
+                "troth:kind": "start",
+                "troth:func": "child",
+                "troth:invoke": "workers",
+                "troth:args": first,
+            },
+            [7],
+        ),
         (
             "custom-child",
-            {"troth:kind": "start", "troth:func": "child", "troth:invoke": "elsewhere"},
+            {
+                "troth:kind": "start",
+                "troth:func": "child",
+                "troth:invoke": "elsewhere",
+                "troth:args": second,
+            },
             [8],
         ),
     ]
