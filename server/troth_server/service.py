@@ -122,9 +122,13 @@ class _SettleOp:
                 raise steps.ReservedForWorkflow(
                     self.request.id, f"is not a step of workflow {task.root_promise_id!r}"
                 )
-        elif self.request.state is not PromiseState.REJECTED_CANCELED:
+        elif self.request.state is not PromiseState.REJECTED_CANCELED and (
+            existing is not None or self.request.create_if_missing
+        ):
             # Cancel stays an operator's tool for any promise; resolve and reject
-            # of a checkpoint are the workflow's own.
+            # of a checkpoint are the workflow's own. A plain settle of an id that
+            # does not exist yet is NOT_FOUND, in a workflow's namespace or not: the
+            # workflow may not have reached that wait yet, and the caller retries.
             roots = {r: batch.get(r) for r in steps.namespace_roots(self.request.id)}
             steps.check_unfenced_settle(self.request.id, existing, roots)
         promise, applied = domain.settle(existing, self.request, batch.now)

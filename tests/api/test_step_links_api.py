@@ -23,6 +23,7 @@ from grpc_status import rpc_status
 from troth import Client, Context, Worker
 from troth.errors import (
     AlreadySettledError,
+    NotFoundError,
     PermissionDeniedError,
     PromiseRejectedError,
     Reason,
@@ -137,6 +138,12 @@ def test_nobody_but_the_task_holder_writes_a_workflows_checkpoints(
         client.create(f"{wid}.5")
     with pytest.raises(PermissionDeniedError, match="step namespace"):
         client.resolve(f"{wid}.6", {"forged": True}, create_if_missing=True)
+    # A plain settle of a wait the workflow has not reached yet is NOT_FOUND (the
+    # caller retries), not a refusal it would give up on (found by chaos seed 9001).
+    with pytest.raises(NotFoundError):
+        client.resolve(f"{wid}.6", {"approved": True})
+    with pytest.raises(NotFoundError):
+        client.reject(f"{wid}.6", {"approved": False})
 
     held = Held(server, group)
     try:
