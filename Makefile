@@ -47,7 +47,7 @@ test-unit: install ## Pure tests only (seconds)
 	$(VENV)/bin/pytest tests/unit $(PYTEST_ARGS)
 
 test: install ## Everything the README promises: unit, store, api, integration, e2e
-	$(VENV)/bin/pytest tests $(PYTEST_ARGS)
+	$(VENV)/bin/pytest tests -n 2 $(PYTEST_ARGS)
 
 bench: install ## Run the benchmarks in bench/ and print their figures
 	$(PY) bench/promises.py

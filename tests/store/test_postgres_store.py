@@ -154,7 +154,7 @@ def test_a_heartbeat_and_a_completion_of_one_worker_share_a_batch() -> None:
             (beat_ok, beat), (done_ok, completed) = run(
                 _HeartbeatOp("w1", 10_000), _CompleteOp(task.id, task.counter, "w1", done)
             )
-            assert beat_ok and [t.id for t in beat] == [task.id]
+            assert beat_ok and [t.id for t in beat.tasks] == [task.id]
             assert done_ok, completed
             _, root = completed
             assert root is not None and root.state is PromiseState.RESOLVED
