@@ -8,8 +8,8 @@ One run measures, side by side (see bench/README.md, "Workflows"):
    cycles in flight; and the RPCs one isolated cycle costs, from the server's
    canonical `rpc` log lines;
 2. 10-step workflows/s (`ten_steps`: ten sequential `ctx.run` steps);
-3. resume of a workflow with a 1k/10k/50k-step history (built with the
-   Promises API, with the ids and tags the engine writes): settle to completion;
+3. resume of a workflow with a 1k/10k/50k-step history (built with the Tasks and
+   Promises APIs, with the ids, tags and fence the engine writes): settle to completion;
 4. recovery: a worker process holding 200 workflows, each inside a step, is
    SIGKILLed (or frozen with SIGSTOP); time until each runs again on another worker;
 5. settle-to-completion latency of a suspended workflow, one at a time.
@@ -64,10 +64,12 @@ from _servers import (
     proc_cpu_seconds,
     table,
 )
+from _workflow_worker import cheap_step
 
 from troth import Client
-from troth._commands import TAG_FUNC, TAG_KIND, Kind
-from troth.v1 import promises_pb2, promises_pb2_grpc, types_pb2
+from troth._commands import TAG_ARGS, TAG_FUNC, TAG_GROUP, TAG_KIND, CreatePromise, Kind, RunStep
+from troth._digests import args_digest
+from troth.v1 import promises_pb2, promises_pb2_grpc, tasks_pb2, tasks_pb2_grpc, types_pb2
 
 BENCH_DIR = Path(__file__).resolve().parent
 WORKER_SCRIPT = BENCH_DIR / "_workflow_worker.py"
@@ -99,6 +101,7 @@ TARGET_STOP_SLACK_S = 1.0  # frozen: within lease + this
 TARGET_LATENCY_P50_MS = 10.0
 
 PromisesStub: Any = promises_pb2_grpc.PromisesStub
+TasksStub: Any = tasks_pb2_grpc.TasksStub
 DEFAULT_TARGETS = "sqlite,pg,pg2"
 
 
@@ -781,26 +784,83 @@ def part_throughput(
 # --------------------------------------------------------------------------- part 3: resume
 
 
-async def create_settled_steps(address: str, workflow_id: str, first: int, last: int) -> None:
-    """Steps `<id>.first..last` as `long_history`'s `ctx.run(cheap_step, n)` records them."""
-    tags = {TAG_KIND: str(Kind.RUN), TAG_FUNC: "cheap_step"}
-    positions = iter(range(first, last + 1))
+async def build_history(
+    address: str,
+    client: Client,
+    group: str,
+    workflow_id: str,
+    steps: int,
+    hand_over: Callable[[], object],
+) -> tuple[float, float]:
+    """`long_history`'s history past its gate, written as a worker of the root writes it.
+
+    A workflow's steps carry the fence of the task holding its root (README,
+    "Steps belong to their workflow by record"), and a replay finds no step past
+    the promise it blocks on. So: claim the root's INVOKE task with a raw Poll
+    under a throwaway worker id (no other worker polls the group yet); create the
+    gate `<id>.0` as `ctx.promise()` does; open it as a human would; record the
+    steps `<id>.1..steps` as `ctx.run(cheap_step, n)` does; call `hand_over` (which
+    starts the measured worker); release the task, which goes to the measured
+    worker (most room). Returns (seconds the steps took, `perf_counter` at the release).
+    """
+    worker_id = f"{group}-builder-{uuid.uuid4().hex[:6]}"
     async with grpc.aio.insecure_channel(address) as channel:
         stub = PromisesStub(channel)
+        tasks = TasksStub(channel)
+        request = tasks_pb2.PollRequest(group=group, worker_id=worker_id, capacity=1)
+        request.lease.seconds = 600  # the build outlasts the default lease at 50k steps
+        poll = tasks.Poll(request)
+        try:
+            task = (await asyncio.wait_for(poll.read(), CYCLE_TIMEOUT_S)).task
+            if task.root_promise_id != workflow_id or task.kind != tasks_pb2.INVOKE:
+                raise RuntimeError(f"expected the INVOKE task of {workflow_id}, got {task}")
+            fence = types_pb2.TaskFence(task_id=task.id, counter=task.counter, worker_id=worker_id)
+            gate_tags = {TAG_KIND: str(Kind.PROMISE), TAG_GROUP: group}
+            gate_digest = args_digest(CreatePromise())
+            if gate_digest:
+                gate_tags[TAG_ARGS] = gate_digest
+            gate = promises_pb2.CreatePromiseRequest(
+                id=f"{workflow_id}.0",
+                param=types_pb2.Payload(),
+                tags=gate_tags,
+                requested_by=f"workflow {workflow_id}",
+                fence=fence,
+            )
+            await stub.CreatePromise(gate, timeout=CYCLE_TIMEOUT_S)
+            await asyncio.to_thread(client.resolve, f"{workflow_id}.0", "open")
 
-        async def loop() -> None:
-            for position in positions:
-                request = promises_pb2.CreatePromiseRequest(
-                    id=f"{workflow_id}.{position}",
-                    param=types_pb2.Payload(),
-                    tags=tags,
-                    resolved_with=types_pb2.Payload(
-                        headers=JSON_HEADERS, data=str(position - first).encode()
-                    ),
-                )
-                await stub.CreatePromise(request, timeout=CYCLE_TIMEOUT_S)
+            t0 = time.perf_counter()
+            positions = iter(range(1, steps + 1))
 
-        await asyncio.gather(*(loop() for _ in range(64)))
+            async def loop() -> None:
+                for position in positions:
+                    n = position - 1
+                    tags = {TAG_KIND: str(Kind.RUN), TAG_FUNC: "cheap_step"}
+                    digest = args_digest(RunStep(cheap_step, (n,)))
+                    if digest:
+                        tags[TAG_ARGS] = digest
+                    request = promises_pb2.CreatePromiseRequest(
+                        id=f"{workflow_id}.{position}",
+                        param=types_pb2.Payload(),
+                        tags=tags,
+                        resolved_with=types_pb2.Payload(headers=JSON_HEADERS, data=str(n).encode()),
+                        fence=fence,
+                    )
+                    await stub.CreatePromise(request, timeout=CYCLE_TIMEOUT_S)
+
+            await asyncio.gather(*(loop() for _ in range(64)))
+            build_s = time.perf_counter() - t0
+            await asyncio.to_thread(hand_over)
+            released_at = time.perf_counter()
+            await tasks.ReleaseTask(
+                tasks_pb2.ReleaseTaskRequest(
+                    task_id=task.id, counter=task.counter, worker_id=worker_id
+                ),
+                timeout=CYCLE_TIMEOUT_S,
+            )
+            return build_s, released_at
+        finally:
+            poll.cancel()
 
 
 def part_resume(
@@ -843,40 +903,51 @@ def wait_resumed(event: threading.Event, worker: WorkerProcess, timeout: float) 
 def resume_one(harness: Harness, steps: int, server: str) -> ResumeRow:
     """One workflow with a `steps`-step history, on its own worker (and group)."""
     group = f"resume-{steps}"
-    # No cache: every resume replays the whole history, as on a worker that did not
-    # suspend the workflow (or after a restart).
-    (worker,) = harness.start_workers(group, 1, concurrency=4, cache_size=0)
-    try:
-        return resume_measure(harness, worker, group, steps, server)
-    finally:
-        worker.kill()  # a task it cannot receive would keep it busy
-        harness.workers.remove(worker)
-
-
-def resume_measure(
-    harness: Harness, worker: WorkerProcess, group: str, steps: int, server: str
-) -> ResumeRow:
     client = harness.client
     assert client is not None
     notes = harness.notes
     workflow_id = f"long-{steps}-{uuid.uuid4().hex[:6]}"
     row = ResumeRow(steps, server, None, None, None, [], None, None, None, None)
     row.target = harness.target
+    started: list[WorkerProcess] = []
+
+    def hand_over() -> None:
+        # No cache: every resume replays the whole history, as on a worker that did
+        # not suspend the workflow (or after a restart).
+        started.extend(harness.start_workers(group, 1, concurrency=4, cache_size=0))
+
     suspended = notes.expect(workflow_id)
     client.start("long_history", steps, RESUME_APPROVALS, id=workflow_id, group=group)
-    if not suspended.wait(CYCLE_TIMEOUT_S):
-        row.error = "the workflow never reached its gate"
-        return row
-    t0 = time.perf_counter()
-    asyncio.run(create_settled_steps(harness.address, workflow_id, 1, steps))
-    row.build_s = time.perf_counter() - t0
-    row.build_per_s = steps / row.build_s
-    log(f"  history of {steps:,} steps created in {row.build_s:.1f} s")
+    try:
+        row.build_s, t0 = asyncio.run(
+            build_history(harness.address, client, group, workflow_id, steps, hand_over)
+        )
+        row.build_per_s = steps / row.build_s
+        log(f"  history of {steps:,} steps created in {row.build_s:.1f} s")
+        (worker,) = started
+        cpu0 = (worker.cpu_seconds(), harness.server.cpu_seconds())
+        return resume_measure(harness, worker, row, workflow_id, steps, suspended, t0, cpu0)
+    finally:
+        for worker in started:
+            worker.kill()  # a task it cannot receive would keep it busy
+            harness.workers.remove(worker)
 
-    cpu0 = (worker.cpu_seconds(), harness.server.cpu_seconds())
-    suspended = notes.expect(workflow_id)
-    t0 = time.perf_counter()
-    client.resolve(f"{workflow_id}.0", "open")
+
+def resume_measure(
+    harness: Harness,
+    worker: WorkerProcess,
+    row: ResumeRow,
+    workflow_id: str,
+    steps: int,
+    suspended: threading.Event,
+    t0: float,
+    cpu0: tuple[float | None, float | None],
+) -> ResumeRow:
+    """From the release of the built history (`t0`): the first resume, a replay of the
+    whole history on the measured worker, then `RESUME_APPROVALS` settles."""
+    client = harness.client
+    assert client is not None
+    notes = harness.notes
     error = wait_resumed(suspended, worker, RESUME_TIMEOUT_S)
     if error is not None:
         notes.forget(workflow_id)
