@@ -91,9 +91,9 @@ def ten_steps(ctx: Context) -> Generator[Any, Any, str]:
 def long_history(ctx: Context, steps: int, approvals: int) -> Generator[Any, Any, list[Any]]:
     """A gate (step 0), `steps` cheap steps (1..steps), then `approvals` waits in a row.
 
-    The benchmark creates steps 1..steps itself, settled, with the ids and
-    tags this workflow's steps have, while the workflow waits on its gate; the
-    resume after the gate then replays them all from the history.
+    The benchmark writes the gate and steps 1..steps itself, settled, with the
+    ids and tags this workflow's steps have, holding the root's task (its
+    fence) before any worker runs it; the first delivery then replays them all.
     """
     gate = yield ctx.promise()
     yield gate

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import queue
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -16,7 +18,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_status import rpc_status
 
 from troth import Client, NotFoundError
-from troth.v1 import promises_pb2_grpc
+from troth.v1 import promises_pb2_grpc, tasks_pb2, tasks_pb2_grpc
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -134,3 +136,42 @@ def exists(client: Client, promise_id: str) -> bool:
     except NotFoundError:
         return False
     return True
+
+
+class PollStream:
+    """A raw `Poll` stream read on a thread, so tests can wait for the next delivery
+    with a deadline (one home for the tests that play a worker by hand)."""
+
+    def __init__(
+        self, stub: tasks_pb2_grpc.TasksStub, request: tasks_pb2.PollRequest, wait: float
+    ) -> None:
+        self.worker = request.worker_id
+        self._wait = wait
+        self._call = stub.Poll(request)
+        self._queue: queue.Queue[tasks_pb2.PollResponse | Exception] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        try:
+            for response in self._call:
+                self._queue.put(response)
+        except grpc.RpcError as exc:
+            self._queue.put(exc)
+
+    def next_response(self) -> tasks_pb2.PollResponse:
+        got = self._queue.get(timeout=self._wait)
+        assert isinstance(got, tasks_pb2.PollResponse), got
+        return got
+
+    def nothing_within(self, seconds: float) -> bool:
+        try:
+            got = self._queue.get(timeout=seconds)
+        except queue.Empty:
+            return True
+        raise AssertionError(f"unexpected delivery: {got}")
+
+    def empty(self) -> bool:
+        return self._queue.empty()
+
+    def cancel(self) -> None:
+        self._call.cancel()

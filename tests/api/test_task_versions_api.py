@@ -6,15 +6,13 @@ from __future__ import annotations
 
 import json
 import logging
-import queue
-import threading
 import time
 import uuid
 from collections.abc import Iterator
 
 import grpc
 import pytest
-from _support import ServerProcess, error_info
+from _support import PollStream, ServerProcess, error_info
 
 from troth import Client, Worker
 from troth.v1 import promises_pb2 as pb
@@ -26,7 +24,7 @@ WAIT = 15.0
 Stubs = tuple[promises_pb2_grpc.PromisesStub, tasks_pb2_grpc.TasksStub]
 
 
-class Poller:
+class Poller(PollStream):
     """A Poll stream listing `workflows`, read on a thread."""
 
     def __init__(
@@ -37,34 +35,16 @@ class Poller:
         workflows: list[tuple[str, str]],
         capacity: int = 4,
     ) -> None:
-        self.worker = worker
         request = tasks_pb2.PollRequest(
             group=group,
             worker_id=worker,
             capacity=capacity,
             workflows=[tasks_pb2.WorkflowVersion(name=n, version=v) for n, v in workflows],
         )
-        self._call = stub.Poll(request)
-        self._queue: queue.Queue[tasks_pb2.PollResponse | Exception] = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        try:
-            for response in self._call:
-                self._queue.put(response)
-        except grpc.RpcError as exc:
-            self._queue.put(exc)
+        super().__init__(stub, request, WAIT)
 
     def next(self) -> tasks_pb2.PollResponse:
-        got = self._queue.get(timeout=WAIT)
-        assert isinstance(got, tasks_pb2.PollResponse), got
-        return got
-
-    def empty(self) -> bool:
-        return self._queue.empty()
-
-    def cancel(self) -> None:
-        self._call.cancel()
+        return self.next_response()
 
 
 @pytest.fixture

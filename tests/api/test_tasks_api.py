@@ -3,15 +3,13 @@ callbacks turn settles into resumes, completion settles the root, fencing holds.
 
 from __future__ import annotations
 
-import queue
-import threading
 import time
 import uuid
 from collections.abc import Iterator
 
 import grpc
 import pytest
-from _support import ServerProcess, error_info
+from _support import PollStream, ServerProcess, error_info
 from google.protobuf.duration_pb2 import Duration
 
 from troth.v1 import promises_pb2 as pb
@@ -21,7 +19,7 @@ from troth.v1 import types_pb2 as types
 WAIT = 15.0
 
 
-class Poller:
+class Poller(PollStream):
     """A Poll stream read on a thread, so tests can wait for the next task with a deadline."""
 
     def __init__(
@@ -32,35 +30,13 @@ class Poller:
         capacity: int = 4,
         lease_seconds: int = 0,
     ):
-        self.worker = worker
         request = tasks_pb2.PollRequest(group=group, worker_id=worker, capacity=capacity)
         if lease_seconds:
             request.lease.seconds = lease_seconds
-        self._call = stub.Poll(request)
-        self._queue: queue.Queue[tasks_pb2.PollResponse | Exception] = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        try:
-            for response in self._call:
-                self._queue.put(response)
-        except grpc.RpcError as exc:
-            self._queue.put(exc)
+        super().__init__(stub, request, WAIT)
 
     def next(self) -> tasks_pb2.PollResponse:
-        got = self._queue.get(timeout=WAIT)
-        assert isinstance(got, tasks_pb2.PollResponse), got
-        return got
-
-    def nothing_within(self, seconds: float) -> bool:
-        try:
-            got = self._queue.get(timeout=seconds)
-        except queue.Empty:
-            return True
-        raise AssertionError(f"unexpected delivery: {got}")
-
-    def cancel(self) -> None:
-        self._call.cancel()
+        return self.next_response()
 
 
 @pytest.fixture

@@ -19,7 +19,6 @@ takes the task, heartbeats made (or not) by the test.
 
 from __future__ import annotations
 
-import queue
 import signal
 import threading
 import time
@@ -32,7 +31,7 @@ from pathlib import Path
 import grpc
 import pytest
 from _pg import fresh_schema
-from _support import ServerProcess, error_info, start_server
+from _support import PollStream, ServerProcess, error_info, start_server
 
 from troth.v1 import promises_pb2 as pb
 from troth.v1 import promises_pb2_grpc, tasks_pb2, tasks_pb2_grpc
@@ -97,7 +96,7 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
 # -- a worker played by raw calls ----------------------------------------------------
 
 
-class Poller:
+class Poller(PollStream):
     """A Poll stream read on a thread; the test heartbeats (or not) for it."""
 
     def __init__(self, tasks: tasks_pb2_grpc.TasksStub, group: str, lease_s: int) -> None:
@@ -107,27 +106,13 @@ class Poller:
         request = tasks_pb2.PollRequest(group=group, worker_id=self.worker, capacity=4)
         request.lease.seconds = lease_s
         self._tasks = tasks
-        self._call = tasks.Poll(request)
-        self._queue: queue.Queue[tasks_pb2.PollResponse | Exception] = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        try:
-            for response in self._call:
-                self._queue.put(response)
-        except grpc.RpcError as exc:
-            self._queue.put(exc)
+        super().__init__(tasks, request, WAIT)
 
     def next(self) -> tasks_pb2.Task:
-        got = self._queue.get(timeout=WAIT)
-        assert isinstance(got, tasks_pb2.PollResponse), got
-        return got.task
+        return self.next_response().task
 
     def heartbeat(self) -> dict[str, int]:
         return heartbeat(self._tasks, self.worker, self.lease_s)
-
-    def cancel(self) -> None:
-        self._call.cancel()
 
 
 def heartbeat(tasks: tasks_pb2_grpc.TasksStub, worker: str, lease_s: int) -> dict[str, int]:
