@@ -37,7 +37,9 @@ class BadInput(enum.StrEnum):
         "a Duration beyond ±10,000 years, with nanos outside (-10^9, 10^9) or of the "
         "other sign than its seconds"
     )
-    FORGED_PAGE_TOKEN = "a page token edited by hand, or not from this server"
+    FORGED_PAGE_TOKEN = (
+        "a page token this server cannot have issued (edited, or from another search)"
+    )
     DEEP_PAGE_TOKEN = "a page token nested deeper than a token can be"
 
 
