@@ -235,8 +235,9 @@ async def _serve_aio(settings: Settings) -> int:
     health_servicer = health.aio.HealthServicer()
     # Not the generated add_*Servicer_to_server: their deserializers raise on bytes
     # that do not decode, which grpc answers UNKNOWN (api/_decode.py).
-    register(server, PROMISES, PromisesServicer(core.service, settings.limits))
-    register(server, TASKS, TasksServicer(core.tasks, core.dispatcher, settings.limits))
+    limits = settings.limits
+    register(server, PROMISES, PromisesServicer(core.service, limits), limits)
+    register(server, TASKS, TasksServicer(core.tasks, core.dispatcher, limits), limits)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(SERVED, server)
     try:

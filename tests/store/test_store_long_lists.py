@@ -8,6 +8,7 @@ splits it into statements of at most `MAX_BOUND_IDS`. Before, 70,000 ids were a
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from typing import Any
@@ -16,8 +17,8 @@ import pytest
 from test_store import BACKENDS, T0, make
 
 from troth_server.domain.task import Callback, Task, TaskKind, TaskState
-from troth_server.store import Store, WriteTx, open_store
-from troth_server.store._sql import MAX_BOUND_IDS
+from troth_server.store import Store, StoreError, WriteTx, open_store
+from troth_server.store._sql import MAX_BOUND_IDS, _check_sqlite_variables
 
 N = 70_000
 """Ids bound per call: more than PostgreSQL's 65,535 parameters."""
@@ -94,3 +95,14 @@ def test_tasks_and_steps_by_many_ids(long_store: Store) -> None:
     assert len(workflows) == STORED + 1
     assert steps == []
     assert long_store.claimed_task_ids([f"w{i}" for i in range(N)]) == set()
+
+
+def test_a_sqlite_that_binds_too_few_parameters_is_refused() -> None:
+    conn = sqlite3.connect(":memory:")
+    try:
+        _check_sqlite_variables(conn)  # this build's limit suffices
+        conn.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, 999)  # the default before 3.32
+        with pytest.raises(StoreError, match="binds at most 999 parameters"):
+            _check_sqlite_variables(conn)
+    finally:
+        conn.close()

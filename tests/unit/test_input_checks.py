@@ -20,7 +20,7 @@ from troth.v1 import types_pb2 as types
 from troth_server import paging
 from troth_server.api import _convert as convert
 from troth_server.api._checks import check_request
-from troth_server.api._decode import Undecodable, deserializer, locate
+from troth_server.api._decode import Refused, deserializer, locate
 from troth_server.api._inputs import ANSWERS, LIST_LIMITS, BadInput, markdown
 from troth_server.config import Limits
 from troth_server.domain.errors import InvalidArgument, InvalidPageToken
@@ -36,8 +36,12 @@ SNOWMAN = "\u2603"  # 3 bytes of UTF-8, swapped for an encoded lone surrogate (a
 
 
 def refused(message: object) -> InvalidArgument:
+    """The error `check_request` raises, checked against what the deserializer answers."""
     with pytest.raises(InvalidArgument) as caught:
         check_request(message, LIMITS)  # type: ignore[arg-type]
+    got = deserializer(type(message), LIMITS)(message.SerializeToString())  # type: ignore[arg-type, attr-defined]
+    assert isinstance(got, Refused), got
+    assert (got.error.field, got.error.message) == (caught.value.field, caught.value.message)
     return caught.value
 
 
@@ -83,6 +87,18 @@ def test_a_principal_with_them_is_refused() -> None:
         with pytest.raises(InvalidArgument) as caught:
             convert.principal({"troth-principal": bad}, LIMITS)
         assert caught.value.field == "troth-principal"
+
+
+def test_the_text_checks_run_whenever_the_bytes_hold_a_nul() -> None:
+    # The deserializer skips the text walk for bytes without a 0 byte: a NUL
+    # anywhere in any string is one, however deep (a map value in a payload).
+    for message in (
+        pb.CreatePromiseRequest(id="a", resolved_with=types.Payload(headers={"h": "\x00"})),
+        tasks_pb2.PollRequest(workflows=[tasks_pb2.WorkflowVersion(name="\x00")]),
+    ):
+        data = message.SerializeToString()
+        assert b"\x00" in data
+        assert isinstance(deserializer(type(message), LIMITS)(data), Refused)
 
 
 def test_text_without_them_passes() -> None:
@@ -207,11 +223,10 @@ def not_utf8(message: object) -> bytes:
     ],
 )
 def test_invalid_utf8_is_located(message: object, field: str) -> None:
-    parse = deserializer(type(message))  # type: ignore[arg-type]
+    parse = deserializer(type(message), LIMITS)  # type: ignore[arg-type]
     got = parse(not_utf8(message))
-    assert isinstance(got, Undecodable), got
-    assert got.field == field
-    error = got.error()
+    assert isinstance(got, Refused), got
+    error = got.error
     assert error.field == field and "UTF-8" in error.message
     assert type(message).DESCRIPTOR.full_name in error.message  # type: ignore[attr-defined]
 
@@ -227,13 +242,13 @@ def test_truncated_and_garbage_bytes_are_located() -> None:
     nested = pb.CreatePromiseRequest(param=types.Payload(headers={"a": "b"})).SerializeToString()
     assert locate(descriptor, nested[:-1])[0].startswith("param")
     for data in (full[:-1], b"\xff", b"\x0a\x05ab"):
-        got = deserializer(pb.CreatePromiseRequest)(data)
-        assert isinstance(got, Undecodable)
+        got = deserializer(pb.CreatePromiseRequest, LIMITS)(data)
+        assert isinstance(got, Refused)
 
 
 def test_valid_bytes_decode_as_usual() -> None:
     message = pb.CreatePromiseRequest(id="a", title=SNOWMAN, tags={"k": "v"})
-    assert deserializer(pb.CreatePromiseRequest)(message.SerializeToString()) == message
+    assert deserializer(pb.CreatePromiseRequest, LIMITS)(message.SerializeToString()) == message
     assert locate(pb.CreatePromiseRequest.DESCRIPTOR, message.SerializeToString()) == (
         "request",
         "",

@@ -1,10 +1,12 @@
-"""Request bytes that do not decode, and the registration of the servicers that copes with them.
+"""Request bytes as they are decoded and checked, and the registration of the servicers.
 
 grpc answers a request deserializer that raises with `UNKNOWN` and no
 ErrorInfo, before any handler runs. So the servicers are registered here with
-a deserializer that never raises: bytes that do not parse become an
-`Undecodable`, which the handler wrapper (`_rpc`) answers with
-`INVALID_ARGUMENT` naming the field, logged like any other call.
+a deserializer that never raises: bytes that do not parse, and requests that
+fail `_checks.check_request`, become a `Refused`, which the handler wrapper
+(`_rpc`) answers with `INVALID_ARGUMENT` naming the field, logged like any
+other call. Every request of every RPC passes through here: no handler can
+forget a check.
 
 Which field: protobuf's DecodeError names only the message type, so on that
 (rare) path `locate` reads the wire format itself and finds the first field
@@ -23,7 +25,7 @@ from google.protobuf import message_factory
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import DecodeError
 
-from troth_server.api._checks import show
+from troth_server.api._checks import check_request, show
 from troth_server.domain.errors import InvalidArgument
 
 if TYPE_CHECKING:
@@ -32,40 +34,51 @@ if TYPE_CHECKING:
     from google.protobuf.descriptor import Descriptor, ServiceDescriptor
     from google.protobuf.message import Message
 
+    from troth_server.config import Limits
+
 
 @dataclass(frozen=True, slots=True)
-class Undecodable:
-    """What a handler receives instead of a request whose bytes do not parse."""
+class Refused:
+    """What a handler receives instead of a request refused as it was decoded."""
 
-    message_type: str
-    field: str
-    problem: str
-
-    def error(self) -> InvalidArgument:
-        return InvalidArgument(
-            self.field,
-            f"{self.problem}: the request is not a valid {self.message_type}; "
-            "send a message encoded by a protobuf library from troth's .proto files",
-        )
+    error: InvalidArgument
 
 
-def deserializer(cls: type[Message]) -> Callable[[bytes], Message | Undecodable]:
-    """`cls.FromString`, answering undecodable bytes with an `Undecodable`."""
+def undecodable(message_type: str, field: str, problem: str) -> InvalidArgument:
+    return InvalidArgument(
+        field,
+        f"{problem}: the request is not a valid {message_type}; "
+        "send a message encoded by a protobuf library from troth's .proto files",
+    )
+
+
+def deserializer(cls: type[Message], limits: Limits) -> Callable[[bytes], Message | Refused]:
+    """`cls.FromString`, then `check_request`; a `Refused` for bytes that fail either."""
     descriptor: Descriptor = cls.DESCRIPTOR  # type: ignore[assignment]
 
-    def parse(data: bytes) -> Message | Undecodable:
+    def parse(data: bytes) -> Message | Refused:
         try:
-            return cls.FromString(data)
+            message = cls.FromString(data)
         except DecodeError as exc:
             field, problem = locate(descriptor, data)
             if field == "request" and not problem:
                 problem = str(exc)
-            return Undecodable(descriptor.full_name, field, problem or "cannot be decoded")
+            return Refused(undecodable(descriptor.full_name, field, problem or "cannot be decoded"))
+        try:
+            # A decoded string never holds a lone surrogate (its bytes would not have
+            # decoded), and one holding NUL puts a 0 byte in the request: the text
+            # checks run only then, the cheap list and time checks always.
+            check_request(message, limits, text=b"\x00" in data)
+        except InvalidArgument as refused:
+            return Refused(refused)
+        return message
 
     return parse
 
 
-def register(server: grpc.aio.Server, service: ServiceDescriptor, servicer: object) -> None:
+def register(
+    server: grpc.aio.Server, service: ServiceDescriptor, servicer: object, limits: Limits
+) -> None:
     """Serve `service` with `servicer`'s methods (of the same names), through `deserializer`.
 
     The generated `add_*Servicer_to_server` does the same with `FromString`;
@@ -84,7 +97,7 @@ def register(server: grpc.aio.Server, service: ServiceDescriptor, servicer: obje
         )
         handlers[method.name] = make(
             getattr(servicer, method.name),
-            request_deserializer=deserializer(request),
+            request_deserializer=deserializer(request, limits),
             response_serializer=response.SerializeToString,
         )
     server.add_generic_rpc_handlers(

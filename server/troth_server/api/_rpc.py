@@ -1,17 +1,16 @@
-"""Wraps every handler: the generic input checks, error mapping (via `_status`) and one
-canonical log line per RPC."""
+"""Wraps every handler: requests refused as they were decoded (`_decode`), error mapping
+(via `_status`) and one canonical log line per RPC."""
 
 from __future__ import annotations
 
 import functools
 import time
-from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, TypeVar
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 import structlog
 
 from troth.errors import Reason
-from troth_server.api._checks import check_request
-from troth_server.api._decode import Undecodable
+from troth_server.api._decode import Refused
 from troth_server.api._status import status_for
 from troth_server.domain.errors import DomainError
 from troth_server.store import StoreError
@@ -22,19 +21,9 @@ if TYPE_CHECKING:
     import grpc
     import grpc.aio
 
-    from troth_server.config import Limits
-
     AioContext: TypeAlias = grpc.aio.ServicerContext[Any, Any]
 
-
-class Servicer(Protocol):
-    """What the wrappers need of a servicer: the limits its requests are checked against."""
-
-    @property
-    def limits(self) -> Limits: ...
-
-
-S = TypeVar("S", bound=Servicer)
+S = TypeVar("S")
 Req = TypeVar("Req")
 Resp = TypeVar("Resp")
 
@@ -67,11 +56,10 @@ def _finish(
     return status
 
 
-def _check(servicer: Servicer, request: object) -> None:
-    """Bytes that did not decode, and the checks every field of every request passes."""
-    if isinstance(request, Undecodable):
-        raise request.error()
-    check_request(request, servicer.limits)  # type: ignore[arg-type]
+def _refuse(request: object) -> None:
+    """A request the deserializer refused (undecodable, or failing the input checks)."""
+    if isinstance(request, Refused):
+        raise request.error
 
 
 def aio_unary(
@@ -87,7 +75,7 @@ def aio_unary(
         async def handler(self: S, request: Req, context: AioContext) -> Resp:
             started = time.perf_counter()
             try:
-                _check(self, request)
+                _refuse(request)
                 response = await fn(self, request, context)
             except Exception as exc:
                 status = _finish(method, request, started, exc)
@@ -116,7 +104,7 @@ def aio_server_stream(
             started = time.perf_counter()
             sent = 0
             try:
-                _check(self, request)
+                _refuse(request)
                 async for response in fn(self, request, context):
                     sent += 1
                     yield response

@@ -43,11 +43,6 @@ class _Handlers:
         self._service = service
         self._limits = limits
 
-    @property
-    def limits(self) -> Limits:
-        """What every request is checked against (by the `_rpc` wrappers, then here)."""
-        return self._limits
-
     def _create_request(
         self, request: promises_pb2.CreatePromiseRequest, context: AioContext
     ) -> tuple[CreateRequest, str | None, SettleRequest | None, Fence | None]:

@@ -32,11 +32,6 @@ class _Handlers:
         self._dispatcher = dispatcher
         self._limits = limits
 
-    @property
-    def limits(self) -> Limits:
-        """What every request is checked against (by the `_rpc` wrappers, then here)."""
-        return self._limits
-
     def _stream(
         self, request: tasks_pb2.PollRequest, loop: asyncio.AbstractEventLoop
     ) -> PollStream:

@@ -6,6 +6,7 @@ writer), reads on a small pool: in WAL mode readers never block the writer.
 
 from __future__ import annotations
 
+import sqlite3
 import threading
 import time
 from dataclasses import dataclass
@@ -938,12 +939,28 @@ def _announcer(conn: Connection, parsed: URL) -> Announcer:
     return Announcer(conninfo, channel)
 
 
+_SQLITE_VARIABLES_NEEDED = 32_766
+
+
+def _check_sqlite_variables(dbapi_conn: sqlite3.Connection) -> None:
+    """Refuse a SQLite built to bind fewer parameters than troth's statements may
+    (IN lists of MAX_BOUND_IDS, SQLAlchemy's multi-row inserts): the default since 3.32."""
+    allowed = dbapi_conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
+    if allowed < _SQLITE_VARIABLES_NEEDED:
+        raise StoreError(
+            f"this SQLite ({sqlite3.sqlite_version}) binds at most {allowed} parameters per "
+            f"statement; troth needs {_SQLITE_VARIABLES_NEEDED} (SQLite 3.32 or later by "
+            "default): run on a Python linked against a newer SQLite"
+        )
+
+
 def _configure_sqlite(engine: Engine, synchronous: str, *, begin: str) -> None:
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn: Any, _record: Any) -> None:
         # Autocommit at the driver level, so that BEGIN below is ours: writers
         # take the write lock up front (IMMEDIATE) instead of failing to upgrade.
         dbapi_conn.isolation_level = None
+        _check_sqlite_variables(dbapi_conn)
         cursor = dbapi_conn.cursor()
         cursor.execute("PRAGMA journal_mode=WAL")
         cursor.execute(f"PRAGMA synchronous={synchronous}")
