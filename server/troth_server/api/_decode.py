@@ -42,6 +42,8 @@ class Refused:
     """What a handler receives instead of a request refused as it was decoded."""
 
     error: InvalidArgument
+    id: str | None = None
+    """The request's promise id, if it decoded and has one: for the RPC's log line."""
 
 
 def undecodable(message_type: str, field: str, problem: str) -> InvalidArgument:
@@ -70,7 +72,7 @@ def deserializer(cls: type[Message], limits: Limits) -> Callable[[bytes], Messag
             # checks run only then, the cheap list and time checks always.
             check_request(message, limits, text=b"\x00" in data)
         except InvalidArgument as refused:
-            return Refused(refused)
+            return Refused(refused, getattr(message, "id", None) or None)
         return message
 
     return parse
