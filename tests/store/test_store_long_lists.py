@@ -18,7 +18,7 @@ from test_store import BACKENDS, T0, make
 
 from troth_server.domain.task import Callback, Task, TaskKind, TaskState
 from troth_server.store import Store, StoreError, WriteTx, open_store
-from troth_server.store._sql import MAX_BOUND_IDS, _check_sqlite_variables
+from troth_server.store._bind import MAX_BOUND_IDS, check_sqlite_variables
 
 N = 70_000
 """Ids bound per call: more than PostgreSQL's 65,535 parameters."""
@@ -100,9 +100,9 @@ def test_tasks_and_steps_by_many_ids(long_store: Store) -> None:
 def test_a_sqlite_that_binds_too_few_parameters_is_refused() -> None:
     conn = sqlite3.connect(":memory:")
     try:
-        _check_sqlite_variables(conn)  # this build's limit suffices
+        check_sqlite_variables(conn)  # this build's limit suffices
         conn.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, 999)  # the default before 3.32
         with pytest.raises(StoreError, match="binds at most 999 parameters"):
-            _check_sqlite_variables(conn)
+            check_sqlite_variables(conn)
     finally:
         conn.close()

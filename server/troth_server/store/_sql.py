@@ -6,7 +6,6 @@ writer), reads on a small pool: in WAL mode readers never block the writer.
 
 from __future__ import annotations
 
-import sqlite3
 import threading
 import time
 from dataclasses import dataclass
@@ -48,12 +47,13 @@ from troth_server.store import (
     StoreEvent,
     StoreUnavailable,
 )
+from troth_server.store._bind import MAX_BOUND_IDS, check_sqlite_variables, chunks
 from troth_server.store._listen import Announcer
 from troth_server.store._migrate import check_at_head, upgrade_to_head
 from troth_server.store._tables import callbacks, promises, tasks
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+    from collections.abc import Callable, Collection, Mapping, Sequence
 
 T = TypeVar("T")
 log = structlog.get_logger("troth.store")
@@ -65,19 +65,6 @@ _READ_ATTEMPTS = 2
 # PostgreSQL SQLSTATEs after which the whole transaction can simply run again.
 _SERIALIZATION_FAILURE = "40001"
 _DEADLOCK_DETECTED = "40P01"
-# Most values one statement binds in an IN list. PostgreSQL takes at most 65,535
-# parameters per statement and SQLite (3.32 and later) 32,766 by default, so a
-# longer list (a big batch, a workflow suspending on thousands of promises) runs
-# as several statements, each list in order (row locks stay taken in id order).
-MAX_BOUND_IDS = 4096
-
-
-def chunks(values: Sequence[T], size: int = MAX_BOUND_IDS) -> Iterator[Sequence[T]]:
-    """`values` in slices of at most `size`, in order."""
-    for start in range(0, len(values), size):
-        yield values[start : start + size]
-
-
 _select_by_id = select(promises).where(promises.c.id == bindparam("id"))
 _select_expired = (
     select(promises.c.id)
@@ -939,28 +926,13 @@ def _announcer(conn: Connection, parsed: URL) -> Announcer:
     return Announcer(conninfo, channel)
 
 
-_SQLITE_VARIABLES_NEEDED = 32_766
-
-
-def _check_sqlite_variables(dbapi_conn: sqlite3.Connection) -> None:
-    """Refuse a SQLite built to bind fewer parameters than troth's statements may
-    (IN lists of MAX_BOUND_IDS, SQLAlchemy's multi-row inserts): the default since 3.32."""
-    allowed = dbapi_conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
-    if allowed < _SQLITE_VARIABLES_NEEDED:
-        raise StoreError(
-            f"this SQLite ({sqlite3.sqlite_version}) binds at most {allowed} parameters per "
-            f"statement; troth needs {_SQLITE_VARIABLES_NEEDED} (SQLite 3.32 or later by "
-            "default): run on a Python linked against a newer SQLite"
-        )
-
-
 def _configure_sqlite(engine: Engine, synchronous: str, *, begin: str) -> None:
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn: Any, _record: Any) -> None:
         # Autocommit at the driver level, so that BEGIN below is ours: writers
         # take the write lock up front (IMMEDIATE) instead of failing to upgrade.
         dbapi_conn.isolation_level = None
-        _check_sqlite_variables(dbapi_conn)
+        check_sqlite_variables(dbapi_conn)
         cursor = dbapi_conn.cursor()
         cursor.execute("PRAGMA journal_mode=WAL")
         cursor.execute(f"PRAGMA synchronous={synchronous}")
