@@ -18,8 +18,9 @@ import structlog
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from troth.v1 import promises_pb2, promises_pb2_grpc, tasks_pb2, tasks_pb2_grpc
+from troth.v1 import promises_pb2, tasks_pb2
 from troth_server import _logging
+from troth_server.api._decode import register
 from troth_server.api.promises import PromisesServicer
 from troth_server.api.tasks import TasksServicer
 from troth_server.clock import (
@@ -45,8 +46,10 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("troth.server")
 
-PROMISES_SERVICE = promises_pb2.DESCRIPTOR.services_by_name["Promises"].full_name
-TASKS_SERVICE = tasks_pb2.DESCRIPTOR.services_by_name["Tasks"].full_name
+PROMISES = promises_pb2.DESCRIPTOR.services_by_name["Promises"]
+TASKS = tasks_pb2.DESCRIPTOR.services_by_name["Tasks"]
+PROMISES_SERVICE = PROMISES.full_name
+TASKS_SERVICE = TASKS.full_name
 HEALTH_SERVICE = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
 SERVED = (PROMISES_SERVICE, TASKS_SERVICE, HEALTH_SERVICE, reflection.SERVICE_NAME)
 
@@ -230,12 +233,11 @@ async def _serve_aio(settings: Settings) -> int:
     core = Core(settings)
     server = grpc.aio.server(options=grpc_options(settings))
     health_servicer = health.aio.HealthServicer()
-    promises_pb2_grpc.add_PromisesServicer_to_server(
-        PromisesServicer(core.service, settings.limits), server
-    )
-    tasks_pb2_grpc.add_TasksServicer_to_server(
-        TasksServicer(core.tasks, core.dispatcher, settings.limits), server
-    )
+    # Not the generated add_*Servicer_to_server: their deserializers raise on bytes
+    # that do not decode, which grpc answers UNKNOWN (api/_decode.py).
+    limits = settings.limits
+    register(server, PROMISES, PromisesServicer(core.service, limits), limits)
+    register(server, TASKS, TasksServicer(core.tasks, core.dispatcher, limits), limits)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(SERVED, server)
     try:

@@ -32,6 +32,7 @@ class Limits:
     max_tags: int = 32
     max_tag_key_length: int = 128
     max_tag_value_length: int = 1024
+    max_headers: int = 64
     max_idempotency_key_length: int = 256
     max_principal_length: int = 256
     max_schema_bytes: int = 65_536
@@ -45,6 +46,7 @@ class Limits:
     max_lease_ms: int = 600_000
     max_poll_capacity: int = 1000
     max_watch_backlog: int = 1000
+    max_callback_ids: int = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +91,7 @@ _OPTIONS: dict[str, tuple[str, type | None, str]] = {
     "max-tags": ("max_tags", int, "most tags on one promise"),
     "max-tag-key-length": ("max_tag_key_length", int, "longest tag key"),
     "max-tag-value-length": ("max_tag_value_length", int, "longest tag value"),
+    "max-headers": ("max_headers", int, "most headers in one param or value"),
     "max-idempotency-key-length": ("max_idempotency_key_length", int, "longest idempotency key"),
     "default-page-size": ("default_page_size", int, "search page size when the request gives none"),
     "max-page-size": ("max_page_size", int, "largest search page"),
@@ -101,6 +104,11 @@ _OPTIONS: dict[str, tuple[str, type | None, str]] = {
         "max_watch_backlog",
         int,
         "events a WatchPromises stream may fall behind before it is ended",
+    ),
+    "max-callback-ids": (
+        "max_callback_ids",
+        int,
+        "most promise ids one CompleteTask.suspend_on or RegisterCallbacks may name",
     ),
 }
 _LIMIT_FIELDS = {f.name for f in fields(Limits)}

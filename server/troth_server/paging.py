@@ -9,6 +9,10 @@ that it is refused with any other query.
 Tokens of the default order (CREATED_ASC, no created_before) keep the format
 and fingerprint they had before orders existed, so tokens issued by an older
 replica still work during a rolling upgrade.
+
+Tokens are validated in full rather than signed (see `decode`): a signature
+would need a key shared by every replica and rotated by operators, would void
+the tokens of older replicas, and would protect nothing a token can reach.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import base64
 import binascii
 import hashlib
 import json
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -67,38 +72,101 @@ def encode(cursor: Cursor, order: PromiseOrder, query: str) -> str:
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
 
+MAX_TOKEN_LENGTH = 512
+"""Longest page token accepted: those issued are under 200 characters."""
+_MAX_INT64 = 2**63 - 1
+_TOKEN_CHARS = re.compile(r"[A-Za-z0-9_-]+")
+_FINGERPRINT = re.compile(r"[0-9a-f]{16}")
+# The exact keys `encode` writes for each order.
+_KEYS: dict[PromiseOrder, frozenset[str]] = {
+    PromiseOrder.CREATED_ASC: frozenset({"after", "query"}),
+    PromiseOrder.CREATED_DESC: frozenset({"after", "query", "order"}),
+    PromiseOrder.EXPIRE_TIME_ASC: frozenset({"after", "query", "order", "expire"}),
+}
+_ORDERS = {order.value: order for order in PromiseOrder}
+
+
 def decode(token: str, order: PromiseOrder, query: str) -> Cursor:
     """The cursor in `token`, which must come from a search with this order and query.
+
+    Tokens are not signed: they are validated completely instead. A token
+    grants nothing (the query it pages is the request's own, which the server
+    fingerprints afresh), so the one thing a forged token must never do is
+    reach the store with a value it cannot take, or crash the decoder: its
+    size, alphabet, JSON shape (one flat object, no repeated key), exact keys
+    for its order, and every value's type and range are checked.
 
     Raises:
         InvalidPageToken: The token is malformed, or was issued for another search.
     """
-    try:
-        raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
-        fields = json.loads(raw)
-        after, issued_for = fields["after"], fields["query"]
-        issued_order = fields.get("order", PromiseOrder.CREATED_ASC.value)
-        expire = fields.get("expire")
-    except (binascii.Error, ValueError, KeyError, TypeError, AttributeError):
+    fields = _parse(token)
+    named = fields.get("order", PromiseOrder.CREATED_ASC.value)
+    issued_order = _ORDERS.get(named) if isinstance(named, str) else None
+    if issued_order is None or set(fields) != _KEYS[issued_order]:
+        raise _not_issued("its fields are not those of a page token")
+    if issued_order is not order:
         raise InvalidPageToken(
-            "is not a token this server issued; pass next_page_token from a previous response"
-        ) from None
-    if issued_order != order.value:
-        raise InvalidPageToken(
-            f"was issued for a search in order {issued_order}, but this request asks for "
+            f"was issued for a search in order {issued_order.value}, but this request asks for "
             f"{order.value}; keep the order of the request that returned it, or start over "
             "without a page_token"
         )
+    after, issued_for, expire = fields["after"], fields["query"], fields.get("expire")
+    if not isinstance(issued_for, str) or not _FINGERPRINT.fullmatch(issued_for):
+        raise _not_issued("its query fingerprint is malformed")
     if issued_for != query:
         raise InvalidPageToken(
             "belongs to a different search; repeat the id, states, tags, order and "
             "created_before of the request that returned it, or start over without a page_token"
         )
-    if not _is_int(after) or after <= 0 or not (expire is None or _is_int(expire)):
-        raise InvalidPageToken(
-            "is not a token this server issued; pass next_page_token from a previous response"
+    if not _in_range(after, 1):
+        raise _not_issued("its position is not a row of the store")
+    if not (expire is None or _in_range(expire, 0)):
+        raise _not_issued("its expire time is out of range")
+    return Cursor(after, expire if order is PromiseOrder.EXPIRE_TIME_ASC else None)  # type: ignore[arg-type]
+
+
+def _parse(token: str) -> dict[str, object]:
+    """The token's JSON object: flat, no key twice, from at most MAX_TOKEN_LENGTH characters."""
+    if len(token) > MAX_TOKEN_LENGTH:
+        raise _not_issued(
+            f"it is {len(token)} characters long; tokens are under {MAX_TOKEN_LENGTH}"
         )
-    return Cursor(after, expire if order is PromiseOrder.EXPIRE_TIME_ASC else None)
+    if not _TOKEN_CHARS.fullmatch(token):
+        raise _not_issued("it has characters outside unpadded base64url")
+    try:
+        raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
+        # The length cap already bounds the nesting; RecursionError stays caught
+        # regardless, as a deep token must never be answered INTERNAL.
+        pairs = json.loads(raw, object_pairs_hook=_pairs)
+    except (binascii.Error, ValueError, RecursionError):
+        raise _not_issued("it is not base64url-encoded JSON") from None
+    if not isinstance(pairs, _Pairs):
+        raise _not_issued("it is not a JSON object")
+    fields = dict(pairs)
+    if len(fields) != len(pairs):
+        raise _not_issued("it repeats a key")
+    if any(isinstance(v, _Pairs | list) for v in fields.values()):
+        raise _not_issued("it nests values")
+    return fields
+
+
+class _Pairs(list[tuple[str, object]]):
+    """A JSON object as its (key, value) pairs, in order: repeats stay visible."""
+
+
+def _pairs(pairs: list[tuple[str, object]]) -> _Pairs:
+    return _Pairs(pairs)
+
+
+def _not_issued(why: str) -> InvalidPageToken:
+    return InvalidPageToken(
+        f"is not a token this server issued ({why}); pass next_page_token from a previous "
+        "response unchanged, or start over without a page_token"
+    )
+
+
+def _in_range(value: object, low: int) -> bool:
+    return _is_int(value) and low <= value <= _MAX_INT64  # type: ignore[operator]
 
 
 def _is_int(value: object) -> bool:

@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from troth.v1 import promises_pb2, tasks_pb2, types_pb2
+from troth_server.api._checks import check_text
+from troth_server.api._inputs import MAX_WORKFLOWS
 from troth_server.domain.errors import InvalidArgument
 from troth_server.domain.promise import (
     EMPTY,
@@ -161,6 +163,7 @@ def fence(
     request: promises_pb2.CreatePromiseRequest
     | promises_pb2.ResolvePromiseRequest
     | promises_pb2.RejectPromiseRequest,
+    limits: Limits,
 ) -> Fence | None:
     """The step writer's `TaskFence`, or None when the request carries none."""
     if not request.HasField("fence"):
@@ -172,7 +175,11 @@ def fence(
         raise InvalidArgument("fence.worker_id", "is required: the worker holding the task")
     if sent.counter <= 0:
         raise InvalidArgument("fence.counter", "must be the task's counter as delivered (>= 1)")
-    return Fence(sent.task_id[:256], sent.counter, sent.worker_id[:256])
+    return Fence(
+        name(sent.task_id, limits, "fence.task_id"),
+        sent.counter,
+        name(sent.worker_id, limits, "fence.worker_id"),
+    )
 
 
 def search_states(values: list[int]) -> frozenset[PromiseState]:
@@ -289,6 +296,7 @@ def principal(metadata: Mapping[str, str] | None, limits: Limits) -> str | None:
     value = metadata.get("troth-principal")
     if value is None:
         return None
+    check_text("troth-principal", value)
     if len(value) > limits.max_principal_length:
         raise InvalidArgument(
             "troth-principal", f"metadata is longer than {limits.max_principal_length} characters"
@@ -367,9 +375,6 @@ def task_to_pb(task: Task, waiting_for: str = "") -> tasks_pb2.Task:
     if task.create_time is not None:
         message.create_time.CopyFrom(_timestamp(task.create_time))
     return message
-
-
-MAX_WORKFLOWS = 1000
 
 
 def workflows(values: Sequence[tasks_pb2.WorkflowVersion]) -> list[tuple[str, str]]:

@@ -1,4 +1,5 @@
-"""Wraps every handler: error mapping (via `_status`) and one canonical log line per RPC."""
+"""Wraps every handler: requests refused as they were decoded (`_decode`), error mapping
+(via `_status`) and one canonical log line per RPC."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 import structlog
 
 from troth.errors import Reason
+from troth_server.api._decode import Refused
 from troth_server.api._status import status_for
 from troth_server.domain.errors import DomainError
 from troth_server.store import StoreError
@@ -54,6 +56,12 @@ def _finish(
     return status
 
 
+def _refuse(request: object) -> None:
+    """A request the deserializer refused (undecodable, or failing the input checks)."""
+    if isinstance(request, Refused):
+        raise request.error
+
+
 def aio_unary(
     method: str,
 ) -> Callable[
@@ -67,6 +75,7 @@ def aio_unary(
         async def handler(self: S, request: Req, context: AioContext) -> Resp:
             started = time.perf_counter()
             try:
+                _refuse(request)
                 response = await fn(self, request, context)
             except Exception as exc:
                 status = _finish(method, request, started, exc)
@@ -95,6 +104,7 @@ def aio_server_stream(
             started = time.perf_counter()
             sent = 0
             try:
+                _refuse(request)
                 async for response in fn(self, request, context):
                     sent += 1
                     yield response

@@ -56,7 +56,7 @@ class _Handlers:
         if create.requested_by is None and principal is not None:
             create = replace(create, requested_by=principal)  # the documented default
         settled_with = convert.settled_with(request, create, self._limits, principal)
-        return create, principal, settled_with, convert.fence(request)
+        return create, principal, settled_with, convert.fence(request, self._limits)
 
     def _settle_request(
         self, request: _SettleMessage, state: PromiseState, metadata: AioContext
@@ -65,7 +65,7 @@ class _Handlers:
         settle = convert.settle_request(request, state, self._limits, principal)
         if isinstance(request, promises_pb2.CancelPromiseRequest):
             return settle, None
-        return settle, convert.fence(request)
+        return settle, convert.fence(request, self._limits)
 
     def _get(self, request: promises_pb2.GetPromiseRequest) -> promises_pb2.GetPromiseResponse:
         promise = self._service.get(convert.promise_id(request.id, self._limits))

@@ -47,6 +47,7 @@ from troth_server.store import (
     StoreEvent,
     StoreUnavailable,
 )
+from troth_server.store._bind import MAX_BOUND_IDS, check_sqlite_variables, chunks
 from troth_server.store._listen import Announcer
 from troth_server.store._migrate import check_at_head, upgrade_to_head
 from troth_server.store._tables import callbacks, promises, tasks
@@ -64,7 +65,6 @@ _READ_ATTEMPTS = 2
 # PostgreSQL SQLSTATEs after which the whole transaction can simply run again.
 _SERIALIZATION_FAILURE = "40001"
 _DEADLOCK_DETECTED = "40P01"
-
 _select_by_id = select(promises).where(promises.c.id == bindparam("id"))
 _select_expired = (
     select(promises.c.id)
@@ -248,8 +248,11 @@ class _TaskTx:
     def get_callbacks(self, promise_ids: Collection[str]) -> list[Callback]:
         if not promise_ids:
             return []
-        rows = self._conn.execute(_TaskStatements.get_callbacks, {"ids": list(promise_ids)})
-        return [Callback(r.promise_id, r.root_promise_id, r.group, r.worker_id) for r in rows]
+        return [
+            Callback(r.promise_id, r.root_promise_id, r.group, r.worker_id)
+            for part in chunks(sorted(promise_ids))
+            for r in self._conn.execute(_TaskStatements.get_callbacks, {"ids": list(part)})
+        ]
 
     def insert_callbacks(self, items: Sequence[Callback], now: int) -> None:
         if not items:
@@ -271,24 +274,34 @@ class _TaskTx:
         )
 
     def delete_callbacks(self, promise_ids: Collection[str], root_ids: Collection[str]) -> None:
-        if promise_ids or root_ids:
-            self._conn.execute(
-                _TaskStatements.delete_callbacks,
-                {"ids": list(promise_ids), "roots": list(root_ids)},
-            )
+        stmt = _TaskStatements.delete_callbacks
+        if len(promise_ids) + len(root_ids) <= MAX_BOUND_IDS:
+            if promise_ids or root_ids:
+                self._conn.execute(stmt, {"ids": list(promise_ids), "roots": list(root_ids)})
+            return
+        for part in chunks(sorted(promise_ids)):
+            self._conn.execute(stmt, {"ids": list(part), "roots": []})
+        for part in chunks(sorted(root_ids)):
+            self._conn.execute(stmt, {"ids": [], "roots": list(part)})
 
     def get_tasks(self, task_ids: Collection[str], *, lock: bool = True) -> dict[str, Task]:
         if not task_ids:
             return {}
         stmt = _TaskStatements.get if lock else _TaskStatements.peek
-        rows = self._conn.execute(stmt, {"ids": list(task_ids)}).mappings()
-        return {row["id"]: _to_task(row) for row in rows}
+        return {
+            row["id"]: _to_task(row)
+            for part in chunks(sorted(task_ids))
+            for row in self._conn.execute(stmt, {"ids": list(part)}).mappings()
+        }
 
     def get_active_tasks(self, root_ids: Collection[str]) -> dict[str, Task]:
         if not root_ids:
             return {}
-        rows = self._conn.execute(_TaskStatements.active, {"roots": list(root_ids)}).mappings()
-        return {row["root_promise_id"]: _to_task(row) for row in rows}
+        return {
+            row["root_promise_id"]: _to_task(row)
+            for part in chunks(sorted(root_ids))
+            for row in self._conn.execute(_TaskStatements.active, {"roots": list(part)}).mappings()
+        }
 
     def pending_tasks(
         self, group: str, prefer_worker: str, limit: int, route: Route = ANY
@@ -303,8 +316,12 @@ class _TaskTx:
     def root_workflows(self, root_ids: Collection[str]) -> dict[str, tuple[str | None, str | None]]:
         if not root_ids:
             return {}
-        rows = self._conn.execute(_TaskStatements.root_workflows, {"ids": list(root_ids)})
-        return {row[0]: (workflow_name(_load_json(row[1])), row[2] or None) for row in rows}
+        stmt = _TaskStatements.root_workflows
+        return {
+            row[0]: (workflow_name(_load_json(row[1])), row[2] or None)
+            for part in chunks(sorted(root_ids))
+            for row in self._conn.execute(stmt, {"ids": list(part)})
+        }
 
     def claimed_tasks(self, worker_id: str, *, lock: bool = True) -> list[Task]:
         stmt = _TaskStatements.claimed if lock else _TaskStatements.claimed_peek
@@ -436,18 +453,25 @@ class _WriteTx(_TaskTx):
     def pending_step_ids(self, parent_ids: Collection[str]) -> list[str]:
         if not parent_ids:
             return []
-        params = {"parents": sorted(parent_ids)}
-        return list(self._conn.execute(_select_pending_steps, params).scalars())
+        return [
+            step_id
+            for part in chunks(sorted(parent_ids))
+            for step_id in self._conn.execute(
+                _select_pending_steps, {"parents": list(part)}
+            ).scalars()
+        ]
 
     def get_promises(self, ids: Collection[str]) -> dict[str, Promise]:
         if not ids:
             return {}
-        wanted = list(ids)
-        stmt, size = self._compiled.select_by_ids(len(wanted))
-        padded = wanted + [wanted[-1]] * (size - len(wanted))
-        values = {f"id{i}": promise_id for i, promise_id in enumerate(padded)}
-        rows = self._conn.exec_driver_sql(stmt.sql, stmt.params(values)).fetchall()
-        return {row[1]: _to_promise(row) for row in rows}
+        found: dict[str, Promise] = {}
+        for wanted in chunks(sorted(ids) if len(ids) > MAX_BOUND_IDS else list(ids)):
+            stmt, size = self._compiled.select_by_ids(len(wanted))
+            padded = [*wanted, *[wanted[-1]] * (size - len(wanted))]
+            values = {f"id{i}": promise_id for i, promise_id in enumerate(padded)}
+            rows = self._conn.exec_driver_sql(stmt.sql, stmt.params(values)).fetchall()
+            found.update((row[1], _to_promise(row)) for row in rows)
+        return found
 
     def insert_promises(self, items: Sequence[Promise]) -> None:
         if items:
@@ -593,8 +617,12 @@ class SqlStore:
         if not ids:
             return []
         stmt = select(promises).where(promises.c.id.in_(bindparam("ids", expanding=True)))
-        rows = self._read(lambda conn: conn.execute(stmt, {"ids": list(ids)}).all())
-        return [_to_promise(row) for row in rows]
+        wanted = sorted(ids)
+
+        def read(conn: Connection) -> list[Any]:
+            return [row for part in chunks(wanted) for row in conn.execute(stmt, {"ids": part})]
+
+        return [_to_promise(row) for row in self._read(read)]
 
     def search_tasks(self, group: str, limit: int) -> list[Task]:
         params = {"group": group, "limit": limit}
@@ -615,8 +643,12 @@ class SqlStore:
             tasks.c.state == TaskState.CLAIMED.value,
             tasks.c.worker_id.in_(bindparam("workers", expanding=True)),
         )
-        rows = self._read(lambda conn: conn.execute(stmt, {"workers": list(worker_ids)}).all())
-        return {(row[0], row[1]) for row in rows}
+        wanted = sorted(worker_ids)
+
+        def read(conn: Connection) -> list[Any]:
+            return [row for part in chunks(wanted) for row in conn.execute(stmt, {"workers": part})]
+
+        return {(row[0], row[1]) for row in self._read(read)}
 
     def close(self) -> None:
         if self._announcer is not None:
@@ -900,6 +932,7 @@ def _configure_sqlite(engine: Engine, synchronous: str, *, begin: str) -> None:
         # Autocommit at the driver level, so that BEGIN below is ours: writers
         # take the write lock up front (IMMEDIATE) instead of failing to upgrade.
         dbapi_conn.isolation_level = None
+        check_sqlite_variables(dbapi_conn)
         cursor = dbapi_conn.cursor()
         cursor.execute("PRAGMA journal_mode=WAL")
         cursor.execute(f"PRAGMA synchronous={synchronous}")

@@ -1,0 +1,164 @@
+"""The table of client mistakes: for each RPC and each class of bad input, the answer.
+
+This module owns what the API layer promises about malformed requests (DESIGN
+§4 rule 14: a client's mistake is `INVALID_ARGUMENT` naming the field, on both
+stores), as data: `ANSWERS` maps every RPC of both services to the classes of
+bad input that can reach it and the status and `ErrorInfo.reason` each gets;
+`LIST_LIMITS` gives every list (repeated or map) field of every request its
+maximum. Tests walk both against a live server on SQLite and PostgreSQL, and
+check that README.md shows exactly `markdown()` (`python -m
+troth_server.api._inputs` prints it).
+
+The checks themselves live in `_checks` (every field of a decoded request,
+walked by its descriptor) and `_decode` (bytes that do not decode).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from troth.errors import Reason
+
+if TYPE_CHECKING:
+    from troth_server.config import Limits
+
+
+class BadInput(enum.StrEnum):
+    """A class of client mistake, with the words README.md uses for it."""
+
+    NUL = "a NUL character (U+0000) in any text field"
+    NOT_UTF8 = "a text field whose bytes are not UTF-8 (e.g. a lone surrogate)"
+    TRUNCATED = "bytes that are not a whole message (truncated, or garbage)"
+    LIST_TOO_LONG = "a list above its maximum"
+    BAD_TIMESTAMP = "a Timestamp outside 0001-01-01..9999-12-31 or with nanos outside [0, 10^9)"
+    BAD_DURATION = (
+        "a Duration beyond ±10,000 years, with nanos outside (-10^9, 10^9) or of the "
+        "other sign than its seconds"
+    )
+    FORGED_PAGE_TOKEN = (
+        "a page token this server cannot have issued (edited, or from another search)"
+    )
+    DEEP_PAGE_TOKEN = "a page token nested deeper than a token can be"
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """What a bad input is answered with: a gRPC status code name and an ErrorInfo reason."""
+
+    code: str
+    reason: Reason
+
+
+INVALID = Answer("INVALID_ARGUMENT", Reason.INVALID_ARGUMENT)
+INVALID_TOKEN = Answer("INVALID_ARGUMENT", Reason.INVALID_PAGE_TOKEN)
+
+# Every RPC meets these: every request has a text field and arrives as bytes.
+_EVERY_REQUEST = {BadInput.NUL: INVALID, BadInput.NOT_UTF8: INVALID, BadInput.TRUNCATED: INVALID}
+
+# RPC -> bad input -> answer. Tests check that the classes listed for an RPC are
+# exactly those its request has fields for (a list field, a Timestamp, ...).
+ANSWERS: dict[str, dict[BadInput, Answer]] = {
+    "troth.v1.Promises/CreatePromise": {
+        **_EVERY_REQUEST,
+        BadInput.LIST_TOO_LONG: INVALID,
+        BadInput.BAD_TIMESTAMP: INVALID,
+        BadInput.BAD_DURATION: INVALID,
+    },
+    "troth.v1.Promises/GetPromise": {**_EVERY_REQUEST},
+    "troth.v1.Promises/SearchPromises": {
+        **_EVERY_REQUEST,
+        BadInput.LIST_TOO_LONG: INVALID,
+        BadInput.BAD_TIMESTAMP: INVALID,
+        BadInput.FORGED_PAGE_TOKEN: INVALID_TOKEN,
+        BadInput.DEEP_PAGE_TOKEN: INVALID_TOKEN,
+    },
+    "troth.v1.Promises/ResolvePromise": {**_EVERY_REQUEST, BadInput.LIST_TOO_LONG: INVALID},
+    "troth.v1.Promises/RejectPromise": {**_EVERY_REQUEST, BadInput.LIST_TOO_LONG: INVALID},
+    "troth.v1.Promises/CancelPromise": {**_EVERY_REQUEST, BadInput.LIST_TOO_LONG: INVALID},
+    "troth.v1.Promises/WatchPromise": {**_EVERY_REQUEST},
+    "troth.v1.Promises/WatchPromises": {**_EVERY_REQUEST, BadInput.LIST_TOO_LONG: INVALID},
+    "troth.v1.Tasks/Poll": {
+        **_EVERY_REQUEST,
+        BadInput.LIST_TOO_LONG: INVALID,
+        BadInput.BAD_DURATION: INVALID,
+    },
+    "troth.v1.Tasks/CompleteTask": {**_EVERY_REQUEST, BadInput.LIST_TOO_LONG: INVALID},
+    "troth.v1.Tasks/Heartbeat": {**_EVERY_REQUEST, BadInput.BAD_DURATION: INVALID},
+    "troth.v1.Tasks/ReleaseTask": {**_EVERY_REQUEST},
+    "troth.v1.Tasks/RegisterCallbacks": {**_EVERY_REQUEST, BadInput.LIST_TOO_LONG: INVALID},
+    "troth.v1.Tasks/SearchTasks": {**_EVERY_REQUEST},
+}
+
+MAX_WORKFLOWS = 1000
+"""Most (name, version) entries one Poll request may list."""
+
+
+@dataclass(frozen=True, slots=True)
+class ListLimit:
+    """The maximum of one list field: a `Limits` attribute (a flag), or a fixed number."""
+
+    limit: str | int
+    why: str = ""
+
+    def of(self, limits: Limits) -> int:
+        return self.limit if isinstance(self.limit, int) else int(getattr(limits, self.limit))
+
+    @property
+    def flag(self) -> str | None:
+        return None if isinstance(self.limit, int) else "--" + self.limit.replace("_", "-")
+
+    def describe(self, limits: Limits) -> str:
+        """`32 (--max-tags)`, or the fixed number and why."""
+        shown = str(self.of(limits))
+        return f"{shown} (`{self.flag}`)" if self.flag else f"{shown} ({self.why})"
+
+
+_TAGS = ListLimit("max_tags")
+_CALLBACKS = ListLimit("max_callback_ids")
+
+# (message full name, field name) -> its maximum. Every repeated and map field of
+# every request message (nested ones included) has an entry; a test checks it.
+LIST_LIMITS: dict[tuple[str, str], ListLimit] = {
+    ("troth.v1.Payload", "headers"): ListLimit("max_headers"),
+    ("troth.v1.CreatePromiseRequest", "tags"): _TAGS,
+    ("troth.v1.SearchPromisesRequest", "tags"): _TAGS,
+    ("troth.v1.SearchPromisesRequest", "states"): ListLimit(5, "one entry per promise state"),
+    ("troth.v1.WatchPromisesRequest", "tags"): _TAGS,
+    ("troth.v1.PollRequest", "workflows"): ListLimit(MAX_WORKFLOWS, "workflow versions"),
+    ("troth.v1.CompleteTaskRequest", "suspend_on"): _CALLBACKS,
+    ("troth.v1.RegisterCallbacksRequest", "promise_ids"): _CALLBACKS,
+}
+
+
+def markdown(limits: Limits) -> str:
+    """The README's tables: RPC x bad input, then every list field's maximum."""
+    classes = list(BadInput)
+    letters = [chr(ord("A") + i) for i in range(len(classes))]
+    lines = ["| RPC | " + " | ".join(letters) + " |", "|---" * (len(classes) + 1) + "|"]
+    for rpc, answers in ANSWERS.items():
+        cells = [_cell(answers.get(c)) for c in classes]
+        lines.append(f"| `{rpc.split('/')[1]}` | " + " | ".join(cells) + " |")
+    lines.append("")
+    lines += [f"- {letter}: {c.value}" for letter, c in zip(letters, classes, strict=True)]
+    lines += ["", "| list field | maximum |", "|---|---|"]
+    for (message, field), limit in LIST_LIMITS.items():
+        lines.append(
+            f"| `{message.removeprefix('troth.v1.')}.{field}` | {limit.describe(limits)} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _cell(answer: Answer | None) -> str:
+    if answer is None:
+        return "—"
+    if answer.reason.value == answer.code:
+        return f"`{answer.code}`"
+    return f"`{answer.code}` `{answer.reason.value}`"
+
+
+if __name__ == "__main__":  # pragma: no cover - a doc helper
+    from troth_server.config import Limits as _Limits
+
+    print(markdown(_Limits()), end="")

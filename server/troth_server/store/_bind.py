@@ -1,0 +1,49 @@
+"""How many values one SQL statement may bind, and the splitting of longer id lists.
+
+PostgreSQL takes at most 65,535 parameters per statement (its protocol counts
+them in 16 bits) and SQLite, by default since 3.32, 32,766. A list of ids from a
+request or a batch can be longer (a workflow suspending on thousands of
+promises; a group commit folding many requests), so every store method that
+binds a collection of ids runs it as statements of at most `MAX_BOUND_IDS`,
+each list in order, so that row locks are still taken in id order.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import TYPE_CHECKING, TypeVar
+
+from troth_server.store import StoreError
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator, Sequence
+
+T = TypeVar("T")
+
+MAX_BOUND_IDS = 4096
+"""Most ids one statement binds in an IN list (a statement may bind two such lists)."""
+
+SQLITE_VARIABLES_NEEDED = 32_766
+"""Parameters a SQLite must bind per statement: two IN lists, and SQLAlchemy's
+multi-row inserts, which size their batches for this default."""
+
+
+def chunks(values: Sequence[T], size: int = MAX_BOUND_IDS) -> Iterator[Sequence[T]]:
+    """`values` in slices of at most `size`, in order."""
+    for start in range(0, len(values), size):
+        yield values[start : start + size]
+
+
+def check_sqlite_variables(dbapi_conn: sqlite3.Connection) -> None:
+    """Refuse a SQLite built to bind fewer parameters than troth's statements may.
+
+    Raises:
+        StoreError: Naming the build's limit and what to do.
+    """
+    allowed = dbapi_conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
+    if allowed < SQLITE_VARIABLES_NEEDED:
+        raise StoreError(
+            f"this SQLite ({sqlite3.sqlite_version}) binds at most {allowed} parameters per "
+            f"statement; troth needs {SQLITE_VARIABLES_NEEDED} (SQLite 3.32 or later by "
+            "default): run troth on a Python linked against a newer SQLite"
+        )
