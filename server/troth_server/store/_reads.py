@@ -14,7 +14,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from troth_server.domain.promise import Promise, PromiseState
 from troth_server.store import PromiseOrder, PromiseQuery, SearchRow
 from troth_server.store._rows import to_promise
-from troth_server.store._tables import promises
+from troth_server.store._tables import promises, state_in
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Collection, Mapping
@@ -28,7 +28,7 @@ __all__ = ["PromiseReads", "select_by_id", "select_expired"]
 select_by_id = select(promises).where(promises.c.id == bindparam("id"))
 select_expired = (
     select(promises.c.id)
-    .where(promises.c.state == PromiseState.PENDING.value)
+    .where(state_in(promises.c.state, PromiseState.PENDING.value))
     .where(promises.c.expire_time <= bindparam("now"))
     .order_by(promises.c.expire_time)
     .limit(bindparam("limit"))
@@ -152,20 +152,20 @@ def _state_condition(state: PromiseState, now: int) -> Any:
     """SQL for "a reader at `now` sees this state" (an expired PENDING row is settled)."""
     c = promises.c
     expired = and_(
-        c.state == PromiseState.PENDING.value,
+        state_in(c.state, PromiseState.PENDING.value),
         c.expire_time.is_not(None),
         c.expire_time <= now,
     )
     if state is PromiseState.PENDING:
         return and_(
-            c.state == PromiseState.PENDING.value,
+            state_in(c.state, PromiseState.PENDING.value),
             or_(c.expire_time.is_(None), c.expire_time > now),
         )
     if state is PromiseState.RESOLVED:
-        return or_(c.state == state.value, and_(expired, c.timer == true()))
+        return or_(state_in(c.state, state.value), and_(expired, c.timer == true()))
     if state is PromiseState.REJECTED_TIMEDOUT:
-        return or_(c.state == state.value, and_(expired, c.timer == false()))
-    return c.state == state.value
+        return or_(state_in(c.state, state.value), and_(expired, c.timer == false()))
+    return state_in(c.state, state.value)
 
 
 def _glob_to_like(glob: str) -> str:

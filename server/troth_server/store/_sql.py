@@ -28,7 +28,7 @@ from troth_server.store._engines import open_announcer, postgresql_engines, sqli
 from troth_server.store._migrate import check_at_head, upgrade_to_head
 from troth_server.store._reads import PromiseReads, select_expired
 from troth_server.store._rows import to_promise, to_row, to_task
-from troth_server.store._tables import callbacks, promises, tasks
+from troth_server.store._tables import callbacks, promises, state_in, tasks
 from troth_server.store._task_sql import TaskStatements, TaskTx
 
 if TYPE_CHECKING:
@@ -50,7 +50,7 @@ _SELECT_EXPIRED_LOCKED = select_expired.with_for_update(skip_locked=True)
 # The steps a settling workflow root ends (ix_promises_pending_parent).
 _SELECT_PENDING_STEPS = select(promises.c.id).where(
     promises.c.parent_id.in_(bindparam("parents", expanding=True)),
-    promises.c.state == PromiseState.PENDING.value,
+    state_in(promises.c.state, PromiseState.PENDING.value),
 )
 # The database's clock in ms (PostgreSQL): the time a write transaction decides at.
 _DATABASE_TIME = "SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
@@ -229,7 +229,7 @@ class SqlStore(PromiseReads):
                 conn.execute(select(func.max(callbacks.c.create_time))).scalar(),
                 conn.execute(
                     select(func.max(tasks.c.lease_expire_time - tasks.c.lease_ms)).where(
-                        tasks.c.state == TaskState.CLAIMED.value
+                        state_in(tasks.c.state, TaskState.CLAIMED.value)
                     )
                 ).scalar(),
             ]
@@ -252,7 +252,7 @@ class SqlStore(PromiseReads):
         if not worker_ids:
             return set()
         stmt = select(tasks.c.worker_id, tasks.c.id).where(
-            tasks.c.state == TaskState.CLAIMED.value,
+            state_in(tasks.c.state, TaskState.CLAIMED.value),
             tasks.c.worker_id.in_(bindparam("workers", expanding=True)),
         )
         rows = self._read(lambda conn: conn.execute(stmt, {"workers": list(worker_ids)}).all())

@@ -16,7 +16,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from troth_server.domain.routing import ANY, Route, workflow_name
 from troth_server.domain.task import UNKNOWN_LEASE_MS, Callback, Task, TaskState
 from troth_server.store._rows import load_json, to_task
-from troth_server.store._tables import callbacks, promises, tasks
+from troth_server.store._tables import callbacks, promises, state_in, tasks
 
 if TYPE_CHECKING:
     from collections.abc import Collection, Sequence
@@ -37,14 +37,16 @@ class TaskStatements:
         select(tasks)
         .where(
             tasks.c.root_promise_id.in_(bindparam("roots", expanding=True)),
-            tasks.c.state.in_([TaskState.PENDING.value, TaskState.CLAIMED.value]),
+            state_in(tasks.c.state, TaskState.PENDING.value, TaskState.CLAIMED.value),
         )
         .order_by(tasks.c.id)
         .with_for_update()
     )
     pending = (
         select(tasks)
-        .where(tasks.c.group == bindparam("group"), tasks.c.state == TaskState.PENDING.value)
+        .where(
+            tasks.c.group == bindparam("group"), state_in(tasks.c.state, TaskState.PENDING.value)
+        )
         .order_by(
             # This worker's resumes first, then tasks nobody is preferred for, and
             # last those waiting for another worker that may still hold the generator.
@@ -59,13 +61,13 @@ class TaskStatements:
         .with_for_update(skip_locked=True)
     )
     claimed_peek = select(tasks).where(
-        tasks.c.worker_id == bindparam("worker"), tasks.c.state == TaskState.CLAIMED.value
+        tasks.c.worker_id == bindparam("worker"), state_in(tasks.c.state, TaskState.CLAIMED.value)
     )
     claimed = claimed_peek.order_by(tasks.c.id).with_for_update()
     lease_expired = (
         select(tasks)
         .where(
-            tasks.c.state == TaskState.CLAIMED.value,
+            state_in(tasks.c.state, TaskState.CLAIMED.value),
             tasks.c.lease_expire_time <= bindparam("now"),
             # One lease length since the server came back (domain: task.lease_expired).
             func.coalesce(tasks.c.lease_ms, UNKNOWN_LEASE_MS) <= bindparam("since_back"),
@@ -97,13 +99,17 @@ class TaskStatements:
     # SearchTasks: PENDING by the group's partial index, CLAIMED by theirs (few).
     search_pending = (
         select(tasks)
-        .where(tasks.c.group == bindparam("group"), tasks.c.state == TaskState.PENDING.value)
+        .where(
+            tasks.c.group == bindparam("group"), state_in(tasks.c.state, TaskState.PENDING.value)
+        )
         .order_by(tasks.c.create_time, tasks.c.id)
         .limit(bindparam("limit"))
     )
     search_claimed = (
         select(tasks)
-        .where(tasks.c.state == TaskState.CLAIMED.value, tasks.c.group == bindparam("group"))
+        .where(
+            state_in(tasks.c.state, TaskState.CLAIMED.value), tasks.c.group == bindparam("group")
+        )
         .order_by(tasks.c.create_time, tasks.c.id)
         .limit(bindparam("limit"))
     )
