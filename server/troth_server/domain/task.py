@@ -78,6 +78,8 @@ class Task:
     """The version of the workflow's code the root runs with; None until a worker took it."""
     create_time: int | None = None
     """Set by the store (when it was inserted)."""
+    complete_time: int | None = None
+    """Set by the store (when it completed)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,6 +219,12 @@ def release(task: Task, worker_id: str, counter: int) -> Task:
     check_holder(task, worker_id, counter)
     return _back_to_pending(task)
 
+
+COMPLETED_KEPT_MS = 600_000
+"""How long a completed task is kept before the sweeper deletes it: so that a
+CompleteTask repeated because its reply was lost (within the worker's call
+deadline, 10 s by default, a failover included) is answered as the first one was.
+Nothing else reads a completed task."""
 
 UNKNOWN_LEASE_MS = 600_000
 """The lease assumed for a task claimed before leases were recorded (the default

@@ -35,6 +35,7 @@ def to_task(row: Any) -> Task:
         workflow=row["workflow"],
         workflow_version=row["workflow_version"],
         create_time=row["create_time"],
+        complete_time=row["complete_time"],
     )
 
 

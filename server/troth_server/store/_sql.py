@@ -26,6 +26,7 @@ from troth_server.store import (
 )
 from troth_server.store._engines import open_announcer, postgresql_engines, sqlite_engines
 from troth_server.store._migrate import check_at_head, upgrade_to_head
+from troth_server.store._prune import PruneTx
 from troth_server.store._reads import PromiseReads, select_expired
 from troth_server.store._rows import to_promise, to_row, to_task
 from troth_server.store._tables import callbacks, promises, state_in, tasks
@@ -115,7 +116,7 @@ class _Statement:
         return values if self.order is None else tuple(values[name] for name in self.order)
 
 
-class _WriteTx(TaskTx):
+class _WriteTx(TaskTx, PruneTx):
     def __init__(self, conn: Connection, compiled: _Compiled, announcer: Announcer | None) -> None:
         self._conn = conn
         self._compiled = compiled

@@ -88,7 +88,18 @@ class TaskStatements:
             preferred_worker_id=bindparam("b_preferred_worker_id"),
             resume_pending=bindparam("b_resume_pending"),
             workflow_version=bindparam("b_workflow_version"),
+            complete_time=bindparam("b_complete_time"),
         )
+    )
+    # The sweeper's cleanup: completed tasks past the window for a repeated CompleteTask.
+    completed_ids = (
+        select(tasks.c.id)
+        .where(
+            state_in(tasks.c.state, TaskState.COMPLETED.value),
+            tasks.c.complete_time <= bindparam("before"),
+        )
+        .order_by(tasks.c.complete_time)
+        .limit(bindparam("limit"))
     )
     # A root's workflow and version, for the RESUME tasks its callbacks create.
     # Unlocked: both are written once (the version when the root's first task
@@ -223,12 +234,23 @@ class TaskTx:
                         "create_time": now,
                         "workflow": t.workflow,
                         "workflow_version": t.workflow_version,
+                        "complete_time": _complete_time(t, now),
                     }
                     for t in items
                 ],
             )
 
-    def update_tasks(self, items: Sequence[Task]) -> None:
+    def delete_completed_tasks(self, completed_before: int, limit: int) -> int:
+        params = {"before": completed_before, "limit": limit}
+        select_ids = TaskStatements.completed_ids
+        if self._conn.dialect.name == "postgresql":
+            select_ids = select_ids.with_for_update(skip_locked=True)
+        ids = list(self._conn.execute(select_ids, params).scalars())
+        if ids:
+            self._conn.execute(tasks.delete().where(tasks.c.id.in_(ids)))
+        return len(ids)
+
+    def update_tasks(self, items: Sequence[Task], now: int) -> None:
         if items:
             self._conn.execute(
                 TaskStatements.update,
@@ -243,10 +265,18 @@ class TaskTx:
                         "b_preferred_worker_id": t.preferred_worker_id,
                         "b_resume_pending": t.resume_pending,
                         "b_workflow_version": t.workflow_version,
+                        "b_complete_time": _complete_time(t, now),
                     }
                     for t in items
                 ],
             )
+
+
+def _complete_time(task: Task, now: int) -> int | None:
+    """When a task completed: kept from its first completion (a repeat changes nothing)."""
+    if task.state is not TaskState.COMPLETED:
+        return None
+    return task.complete_time if task.complete_time is not None else now
 
 
 def route_condition(route: Route) -> Any:
