@@ -98,8 +98,14 @@ Index(
 )
 # Searches by deadline (EXPIRE_TIME_ASC) that are not limited to PENDING promises.
 Index("ix_promises_expire_seq", promises.c.expire_time, promises.c.seq)
-# A workflow's whole tree (root and every nested step), pruned together.
-Index("ix_promises_root", promises.c.root_id)
+# A workflow's whole tree (every nested step), pruned with its root. Steps only: a
+# top-level promise (root_id NULL) is never looked up by it.
+Index(
+    "ix_promises_root",
+    promises.c.root_id,
+    sqlite_where=text("root_id IS NOT NULL"),
+    postgresql_where=text("root_id IS NOT NULL"),
+)
 # Retention: settled top-level promises (workflow roots, standalone ones) by settle time.
 Index(
     "ix_promises_settled_top",

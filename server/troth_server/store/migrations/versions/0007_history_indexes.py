@@ -12,7 +12,7 @@ Create Date: 2026-12-02
 - `ix_promises_pending_seq`: PENDING searches in creation order walk only the
   live promises.
 - `ix_promises_expire_seq`: searches by deadline over settled promises too.
-- `ix_promises_root`: a workflow's whole tree, pruned with its root.
+- `ix_promises_root`: a workflow's steps (its whole tree), pruned with its root.
 - `ix_promises_settled_top`: retention's candidates (settled top-level
   promises) by settle time.
 - `ix_promises_tags` (PostgreSQL only): GIN over tags for containment filters.
@@ -31,6 +31,7 @@ depends_on = None
 _PENDING = sa.text("state = 'PENDING'")
 _SETTLED_TOP = sa.text("root_id IS NULL AND state <> 'PENDING'")
 _COMPLETED = sa.text("state = 'COMPLETED'")
+_STEPS = sa.text("root_id IS NOT NULL")
 
 
 def upgrade() -> None:
@@ -53,7 +54,13 @@ def upgrade() -> None:
         postgresql_where=_PENDING,
     )
     op.create_index("ix_promises_expire_seq", "promises", ["expire_time", "seq"])
-    op.create_index("ix_promises_root", "promises", ["root_id"])
+    op.create_index(
+        "ix_promises_root",
+        "promises",
+        ["root_id"],
+        sqlite_where=_STEPS,
+        postgresql_where=_STEPS,
+    )
     op.create_index(
         "ix_promises_settled_top",
         "promises",
