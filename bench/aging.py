@@ -1,9 +1,10 @@
 """Does troth slow down as it ages? HITL cycles/s on an empty, a parked and an aged database.
 
-One run measures the same human-in-the-loop cycle (start a workflow, which
-creates a latent promise, records a step and waits; settle the promise by id;
-read the result) against three SQLite databases, one after another, each with
-a fresh server and worker process:
+One run measures bench/workflows.py's human-in-the-loop cycle (start a
+workflow, which creates a latent promise, records a step and suspends; once
+the worker reports it suspended, settle the promise by id; read the result),
+with its worker process (`_workflow_worker.py`), against three SQLite
+databases, one after another, each with a fresh server and worker process:
 
 - `empty`: just migrated;
 - `parked`: 100k workflows waiting on a human (a PENDING root and its PENDING
@@ -27,7 +28,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import itertools
 import os
 import shutil
 import signal
@@ -36,13 +36,13 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
+
+from workflows import CYCLE_TIMEOUT_S, Notifications, hitl_cycle, run_loops
 
 BENCH_DIR = Path(__file__).resolve().parent
 CACHE = BENCH_DIR / ".cache" / "aging"
@@ -54,27 +54,6 @@ STEPS = 3
 
 def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
-
-
-# -- worker process -------------------------------------------------------------------
-
-
-def worker_main(address: str) -> None:
-    from troth import Client, Context, Worker
-
-    def notify(workflow_id: str) -> str:
-        return f"asked about {workflow_id}"
-
-    with Client(address) as client:
-        worker = Worker(client, group=GROUP, lease=timedelta(seconds=30), concurrency=32)
-
-        @worker.workflow
-        def aging_hitl(ctx: Context) -> Any:
-            approval = yield ctx.promise(timeout=timedelta(hours=1))
-            yield ctx.run(notify, approval.id)
-            return (yield approval)
-
-        worker.run()
 
 
 # -- servers --------------------------------------------------------------------------
@@ -125,9 +104,9 @@ _PROMISE = (
 )
 _TASK = (
     'INSERT INTO tasks (id, root_promise_id, "group", kind, state, counter, resume_pending,'
-    " create_time, workflow) VALUES (?, ?, ?, ?, 'COMPLETED', 1, 0, ?, 'aging_hitl')"
+    " create_time, workflow) VALUES (?, ?, ?, ?, 'COMPLETED', 1, 0, ?, 'hitl')"
 )
-_ROOT_TAGS = '{"troth:invoke":"%s","troth:func":"aging_hitl"}'
+_ROOT_TAGS = '{"troth:invoke":"%s","troth:func":"hitl"}'
 
 
 def fill_parked(conn: sqlite3.Connection, now: int) -> None:
@@ -204,56 +183,25 @@ def database(name: str, empty: Path) -> Path:
 # -- the cycle ------------------------------------------------------------------------
 
 
-def measure(address: str, seconds: float, in_flight: int, prefix: str) -> tuple[int, float]:
-    from troth import Client, NotFoundError
+def measure(
+    address: str, notes: Notifications, seconds: float, in_flight: int, prefix: str
+) -> tuple[int, float]:
+    """bench/workflows.py's HITL cycle: start, wait until the worker reports the
+    workflow suspended on its latent promise, settle it by id, read the result."""
+    from troth import Client
 
-    counter = itertools.count()
-    done = [0]
-    errors: list[str] = []
-    lock = threading.Lock()
-    clients = [Client(address, timeout=30) for _ in range(4)]
-
-    def cycle(client: Client) -> None:
-        workflow_id = f"{prefix}-{next(counter)}"
-        handle = client.start("aging_hitl", id=workflow_id, group=GROUP)
-        while True:
-            try:
-                client.resolve(f"{workflow_id}.0", {"approved": True})
-                break
-            except NotFoundError:
-                time.sleep(0.002)  # the worker has not reached the wait yet
-        assert handle.result(timeout=30) == {"approved": True}
-
-    def loop(slot: int, deadline: float) -> None:
-        client = clients[slot % len(clients)]
-        while time.monotonic() < deadline:
-            try:
-                cycle(client)
-            except Exception as exc:  # counted, and the figure is then not to be trusted
-                with lock:
-                    errors.append(f"{type(exc).__name__}: {exc}"[:200])
-                continue
-            with lock:
-                done[0] += 1
-
-    for warm in (True, False):
-        duration = min(3.0, seconds) if warm else seconds
-        done[0] = 0
-        deadline = time.monotonic() + duration
-        started = time.monotonic()
-        threads = [
-            threading.Thread(target=loop, args=(i, deadline), daemon=True) for i in range(in_flight)
-        ]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        elapsed = time.monotonic() - started
-    for client in clients:
-        client.close()
-    if errors:
-        log(f"  {len(errors)} cycles failed; the first: {errors[0]}")
-    return done[0], done[0] / elapsed
+    clients = [Client(address, timeout=CYCLE_TIMEOUT_S) for _ in range(4)]
+    try:
+        cycle = hitl_cycle(clients, notes, GROUP)
+        run_loops(cycle, f"{prefix}-warm", in_flight, min(3.0, seconds))
+        raw = run_loops(cycle, prefix, in_flight, seconds)
+    finally:
+        for client in clients:
+            client.close()
+    if raw.errors:
+        log(f"  {raw.errors} cycles failed; the first: {raw.first_error}")
+    done = len(raw.latencies_ns)
+    return done, done / raw.elapsed_s
 
 
 def run_variant(name: str, db: Path, args: argparse.Namespace, root: Path) -> float:
@@ -262,14 +210,19 @@ def run_variant(name: str, db: Path, args: argparse.Namespace, root: Path) -> fl
     copy = workdir / "troth.db"
     shutil.copy(db, copy)
     figures = []
+    notes = Notifications(workdir / "notify.sock")
     with serve(copy, args.code, workdir) as address:
         with (workdir / "worker.log").open("ab") as out:
             worker = subprocess.Popen(
-                [sys.executable, __file__, "--worker", address], stdout=out, stderr=out
-            )
+                [sys.executable, str(BENCH_DIR / "_workflow_worker.py"), "--address", address,
+                 "--group", GROUP, "--notify", str(notes.path)],
+                stdout=out, stderr=out,
+            )  # fmt: skip
         try:
             for repeat in range(args.repeats):
-                count, per_s = measure(address, args.seconds, args.in_flight, f"{name}-{repeat}")
+                count, per_s = measure(
+                    address, notes, args.seconds, args.in_flight, f"{name}-{repeat}"
+                )
                 figures.append(per_s)
                 log(f"  {name} #{repeat + 1}: {count} cycles, {per_s:.1f}/s")
         finally:
@@ -284,11 +237,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="measurements per database")
     parser.add_argument("--in-flight", type=int, default=16)
     parser.add_argument("--code", type=Path, help="run the server from this checkout")
-    parser.add_argument("--worker", metavar="ADDRESS", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.worker:
-        worker_main(args.worker)
-        return
     with tempfile.TemporaryDirectory(prefix="troth-aging-") as tmp:
         root = Path(tmp)
         empty = migrated_empty(args.code, root)
