@@ -34,9 +34,11 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import IO, TYPE_CHECKING, Any, cast
 
+from troth._convert import timedelta_to_proto
 from troth._promise import CreateResult, Promise, PromiseState, SettleResult
-from troth.client import DEFAULT_ADDRESS, Client
+from troth.client import DEFAULT_ADDRESS, Client, connection
 from troth.errors import TrothError
+from troth.v1 import promises_pb2
 
 if TYPE_CHECKING:
     from troth.codec import Payload
@@ -241,6 +243,21 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-wait", type=parse_duration, metavar="DURATION", help="give up after this long"
     )
 
+    prune = leaf(
+        "prune",
+        "delete settled promises older than a duration: finished workflows whole, and "
+        "standalone promises (what the server's --retention does by itself)",
+        _cmd_prune,
+    )
+    prune.add_argument(
+        "--older-than",
+        type=parse_duration,
+        required=True,
+        metavar="DURATION",
+        help="prune what settled longer ago than this, e.g. 30d",
+    )
+    prune.add_argument("--dry-run", action="store_true", help="count them; delete nothing")
+
     # Imported here, as those modules import this one.
     from troth._cli_approvals import add_commands as add_approvals_commands
     from troth._cli_replay import add_commands as add_replay_commands
@@ -393,6 +410,33 @@ def emit_listing(
             _write_json(to_json(promise), out)
         shown.append(promise)
     return shown
+
+
+_PRUNE_TIMEOUT_S = 3600.0
+"""A backlog of millions is pruned in many small transactions: give it time."""
+
+
+def _cmd_prune(client: Client, args: argparse.Namespace, out: IO[str]) -> int:
+    calls = connection(client)
+    request = promises_pb2.PrunePromisesRequest(
+        older_than=timedelta_to_proto(args.older_than), dry_run=args.dry_run
+    )
+    answer = calls.call(calls.transport.promises.PrunePromises, request, timeout=_PRUNE_TIMEOUT_S)
+    counts = {
+        "pruned": answer.pruned,
+        "workflows": answer.workflows,
+        "standalone": answer.standalone,
+        "dry_run": answer.dry_run,
+    }
+    if args.json:
+        _write_json(counts, out)
+        return 0
+    verb = "would prune" if answer.dry_run else "pruned"
+    out.write(
+        f"{verb} {answer.pruned} promises: {answer.workflows} finished workflows "
+        f"(with their steps) and {answer.standalone} standalone promises\n"
+    )
+    return 0
 
 
 def _cmd_create(client: Client, args: argparse.Namespace, out: IO[str]) -> int:

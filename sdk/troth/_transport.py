@@ -146,6 +146,9 @@ class PromisesStub(Protocol):
     WatchPromises: grpc.UnaryStreamMultiCallable[
         promises_pb2.WatchPromisesRequest, promises_pb2.WatchPromisesResponse
     ]
+    PrunePromises: grpc.UnaryUnaryMultiCallable[
+        promises_pb2.PrunePromisesRequest, promises_pb2.PrunePromisesResponse
+    ]
 
 
 class TasksStub(Protocol):

@@ -121,6 +121,8 @@ class Core:
             on_tick=self._tick,
             others_waiting=self.committer.busy,
             on_store_error=self.outages.store_failed,
+            retention_ms=settings.retention_ms,
+            forget_completed=self.tasks.forget_completed,
         )
 
     def _tick(self) -> None:

@@ -16,10 +16,14 @@ _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 
 
 def parse_duration_ms(text: str) -> int:
-    """`250ms`, `30s`, `5m`, `24h`, `7d` -> milliseconds."""
+    """`250ms`, `30s`, `5m`, `24h`, `7d` -> milliseconds (a bare `0` is 0)."""
+    if text.strip() == "0":
+        return 0
     match = _DURATION.match(text.strip())
     if not match:
-        raise ValueError(f"{text!r} is not a duration; write it like 250ms, 30s, 5m, 24h or 7d")
+        raise ValueError(
+            f"{text!r} is not a duration; write it like 250ms, 30s, 5m, 24h or 7d (or 0)"
+        )
     return int(float(match.group(1)) * _UNIT_MS[match.group(2)])
 
 
@@ -58,6 +62,7 @@ class Settings:
     sweep_interval_ms: int = 1000
     sweep_batch: int = 1000
     commit_max_batch: int = 512
+    retention_ms: int = 30 * 86_400_000
     shutdown_grace_ms: int = 5000
     log_level: str = "info"
     log_format: str = "auto"
@@ -82,6 +87,12 @@ _OPTIONS: dict[str, tuple[str, type | None, str]] = {
     "sweep-interval": ("sweep_interval_ms", None, "how often overdue promises are expired"),
     "sweep-batch": ("sweep_batch", int, "promises expired per transaction"),
     "commit-max-batch": ("commit_max_batch", int, "most write requests in one group commit"),
+    "retention": (
+        "retention_ms",
+        None,
+        "settled promises (finished workflows whole) are pruned this long after they "
+        "settled; 0 keeps them forever",
+    ),
     "shutdown-grace": ("shutdown_grace_ms", None, "time given to in-flight RPCs on SIGTERM"),
     "log-level": ("log_level", str, "debug, info, warning or error"),
     "log-format": ("log_format", str, "auto (JSON off a terminal), json or console"),

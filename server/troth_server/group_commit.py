@@ -553,7 +553,7 @@ def _fold(
     tx.update_promises(list(batch.updates.values()))
     # Updates first: a task completing and its root's next RESUME share the
     # one-active-task-per-root index.
-    tx.update_tasks(list(batch.task_updates.values()))
+    tx.update_tasks(list(batch.task_updates.values()), now)
     tx.insert_tasks(list(batch.task_inserts.values()), now)
     tx.delete_callbacks(batch.fired, batch.finished_roots)
     tx.insert_callbacks([c for c in batch.new_callbacks if c.promise_id not in batch.fired], now)

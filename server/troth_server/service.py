@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -26,7 +27,14 @@ from troth_server.domain import steps
 from troth_server.domain.errors import PromiseNotFound
 from troth_server.domain.promise import PromiseState, SettleRequest
 from troth_server.group_commit import Keys
-from troth_server.store import PromiseOrder, PromiseQuery, Store, StoreEvent, WriteTx
+from troth_server.store import (
+    PromiseOrder,
+    PromiseQuery,
+    PruneBatch,
+    Store,
+    StoreEvent,
+    WriteTx,
+)
 from troth_server.watch import (
     AsyncEventSubscription,
     AsyncEventWatch,
@@ -185,6 +193,28 @@ class _ReadDueOp:
 
 
 @dataclass(frozen=True, slots=True)
+class PruneCounts:
+    """What a prune deleted (in a dry run: would delete)."""
+
+    promises: int = 0
+    """Every row: the pruned workflows' roots and steps, and the standalone promises."""
+    workflows: int = 0
+    standalone: int = 0
+
+    def plus(self, batch: PruneBatch) -> PruneCounts:
+        return PruneCounts(
+            self.promises + batch.promises,
+            self.workflows + batch.workflows,
+            self.standalone + batch.standalone,
+        )
+
+
+PRUNE_BATCH = 100
+"""Top-level promises (each a standalone promise, or a workflow with its tree) looked at
+per retention transaction: small, so that requests never wait long for the writer."""
+
+
+@dataclass(frozen=True, slots=True)
 class SearchPage:
     promises: list[Promise]
     next_page_token: str
@@ -244,6 +274,46 @@ class PromiseService:
     def now(self) -> int:
         """The store's clock now (never behind it: see `troth_server.clock`)."""
         return self._clock()
+
+    def prune_batch(
+        self,
+        settled_before: int,
+        after: tuple[int, int] | None = None,
+        *,
+        limit: int = PRUNE_BATCH,
+        dry_run: bool = False,
+    ) -> PruneBatch:
+        """One retention transaction: of the next `limit` settled top-level promises
+        (after the cursor `after`) settled at or before `settled_before` (ms, the store's
+        clock), delete the standalone ones and the finished workflows with their trees."""
+        batch = self._store.write(
+            lambda tx: tx.prune_settled(settled_before, after, limit, delete=not dry_run)
+        )
+        if batch.promises and not dry_run:
+            log.info(
+                "retention.pruned",
+                promises=batch.promises,
+                workflows=batch.workflows,
+                standalone=batch.standalone,
+            )
+        return batch
+
+    def prune(self, older_than_ms: int, *, dry_run: bool = False) -> PruneCounts:
+        """Prune (or count, with `dry_run`) everything settled more than `older_than_ms`
+        ago, a batch per transaction; between batches, requests waiting for the writer
+        get as long as the batch took."""
+        # One cutoff for the whole run, so that it ends however fast promises settle.
+        cutoff = self._clock() - older_than_ms
+        total, after = PruneCounts(), None
+        while True:
+            started = time.monotonic()
+            batch = self.prune_batch(cutoff, after, dry_run=dry_run)
+            total = total.plus(batch)
+            if batch.after is None:
+                return total
+            after = batch.after
+            if self._committer.busy():
+                time.sleep(time.monotonic() - started)
 
     def get(self, promise_id: str) -> Promise:
         found = self._store.get_promise(promise_id)

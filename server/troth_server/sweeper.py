@@ -1,7 +1,12 @@
-"""Expires overdue promises in batches, so watchers and the store catch up with time.
+"""Expires overdue promises in batches, so watchers and the store catch up with time;
+and keeps the history from growing without end.
 
 Readers never depend on it (reads apply expiry themselves); it makes the
-stored state and `WatchPromise` streams follow within one interval.
+stored state and `WatchPromise` streams follow within one interval. On the
+same beat, in small transactions that take turns with queued requests, it
+deletes completed tasks once a repeated CompleteTask can no longer come
+(`forget_completed`), and, with a retention, prunes settled promises older
+than it: finished workflows whole, and standalone promises (`PromiseService.prune_batch`).
 """
 
 from __future__ import annotations
@@ -29,6 +34,15 @@ class SweepCounts:
     """Promises this pass settled by expiry."""
     batches: int
     """Write transactions it took (none when nothing was overdue)."""
+    pruned: int = 0
+    """Promises deleted by retention (roots, their steps, standalone promises)."""
+    forgotten_tasks: int = 0
+    """Completed tasks deleted."""
+
+
+PRUNE_BATCHES_PER_PASS = 10
+"""Retention batches one pass may run: a backlog (retention just turned on, a mass of
+workflows ending together) is worked off over several passes, never in one long one."""
 
 
 class Sweeper:
@@ -41,6 +55,8 @@ class Sweeper:
         on_tick: Callable[[], None] | None = None,
         others_waiting: Callable[[], bool] = lambda: False,
         on_store_error: Callable[[], None] = lambda: None,
+        retention_ms: int = 0,
+        forget_completed: Callable[[int], int] | None = None,
     ) -> None:
         if interval <= 0 or batch_size <= 0:
             raise ValueError("sweeper interval and batch size must be positive")
@@ -53,6 +69,12 @@ class Sweeper:
         """Whether requests wait for the writer: a long sweep then takes turns with them."""
         self._on_store_error = on_store_error
         """A pass failed to reach the store (the outage guard hears of it)."""
+        self._retention_ms = retention_ms
+        """Settled promises older than this are pruned; 0 keeps them forever."""
+        self._prune_after: tuple[int, int] | None = None
+        """Where the next retention batch starts (None: from the oldest)."""
+        self._forget_completed = forget_completed
+        """Deletes one batch of completed tasks past their keeping; returns how many."""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="troth-sweeper", daemon=True)
         self.swept = threading.Event()
@@ -76,7 +98,39 @@ class Sweeper:
                 self._stop.wait(time.monotonic() - started)
         if expired:
             log.info("sweeper.expired", expired=expired, batches=batches)
-        return SweepCounts(expired=expired, batches=batches)
+        forgotten = self._run_batches(self._forget_batch)
+        pruned = self._run_batches(lambda: self._prune(now), PRUNE_BATCHES_PER_PASS)
+        return SweepCounts(expired, batches, pruned=pruned, forgotten_tasks=forgotten)
+
+    def _run_batches(self, batch: Callable[[], tuple[int, bool]], most: int = 1000) -> int:
+        """Run `batch` (done, more to do) until nothing is left or `most` ran, taking turns
+        with the requests waiting for the writer after each."""
+        total = 0
+        for _ in range(most):
+            started = time.monotonic()
+            done, more = batch()
+            total += done
+            if not more:
+                break
+            if self._others_waiting():
+                self._stop.wait(time.monotonic() - started)
+        return total
+
+    def _forget_batch(self) -> tuple[int, bool]:
+        if self._forget_completed is None:
+            return 0, False
+        done = self._forget_completed(self._batch_size)
+        return done, done == self._batch_size
+
+    def _prune(self, now: int | None) -> tuple[int, bool]:
+        if not self._retention_ms:
+            return 0, False
+        at = self._service.now() if now is None else now
+        batch = self._service.prune_batch(at - self._retention_ms, self._prune_after)
+        # At the end, start again from the oldest: what was kept back (a workflow
+        # still running compensation) is looked at again next time.
+        self._prune_after = batch.after
+        return batch.promises, batch.after is not None
 
     def start(self) -> None:
         self._thread.start()

@@ -127,7 +127,7 @@ class _CompleteOp:
 
     def apply(self, batch: Batch) -> tuple[Task, Promise | None]:
         task = _held(batch, self.task_id)
-        done, again = tasks.complete(task, self.worker_id, self.counter)
+        done, again = tasks.complete(task, self.worker_id, self.counter, batch.now)
         root = batch.get(task.root_promise_id)
         # A root settled meanwhile (cancelled by a gateway, say) keeps that outcome:
         # the workflow saw it as `Cancelled` and finishes without overriding it.
@@ -338,6 +338,13 @@ class TaskService:
         store's clock, read inside the transaction), but none within one lease length
         of `came_back(now)`: when this server last came back from being away."""
         return self._committer.submit(_ReclaimOp(None, now, limit, came_back))
+
+    def forget_completed(self, limit: int, kept_ms: int = tasks.COMPLETED_KEPT_MS) -> int:
+        """Delete up to `limit` tasks completed more than `kept_ms` ago (by the store's
+        clock), in one transaction; returns how many. Nothing reads a completed task
+        but a repeated CompleteTask, which comes well within `kept_ms`."""
+        before = self._clock() - kept_ms
+        return self._store.write(lambda tx: tx.delete_completed_tasks(before, limit))
 
     def now(self) -> int:
         """The store's clock now (`troth_server.clock`): what leases are measured by."""

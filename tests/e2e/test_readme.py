@@ -110,3 +110,7 @@ def test_the_readme_cli_session(make_run: str) -> None:
     out, err = watch.communicate(timeout=30)
     assert watch.returncode == 0, err
     assert "REJECTED_CANCELED" in first_line + out
+
+    pruned = troth(address, "promises", "prune", "--older-than", "30d", "--dry-run")
+    assert pruned.returncode == 0, pruned.stderr
+    assert "would prune 0 promises" in pruned.stdout

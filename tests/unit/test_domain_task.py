@@ -116,14 +116,14 @@ class TaskMachine(RuleBasedStateMachine):
         )
         if repeat:
             # A retried completion (its first reply was lost): answered, nothing changes.
-            assert tasks.complete(task, worker, counter) == (task, False)
+            assert tasks.complete(task, worker, counter, self.now) == (task, False)
             return
         if not legit:
             with pytest.raises(StaleCounter):
                 if action == "heartbeat":
                     tasks.heartbeat(task, worker, counter, self.now, LEASE)
                 elif action == "complete":
-                    tasks.complete(task, worker, counter)
+                    tasks.complete(task, worker, counter, self.now)
                 else:
                     tasks.release(task, worker, counter)
             return
@@ -131,7 +131,7 @@ class TaskMachine(RuleBasedStateMachine):
             self.tasks[task_id] = tasks.heartbeat(task, worker, counter, self.now, LEASE)
             expected.lease_until = self.now + LEASE
         elif action == "complete":
-            done, again = tasks.complete(task, worker, counter)
+            done, again = tasks.complete(task, worker, counter, self.now)
             self.tasks[task_id] = done
             assert again == expected.resume_pending
             # The worker stays recorded: it suspended the root and is preferred for its resume.
@@ -197,7 +197,7 @@ def test_stale_counter_message_says_what_happened() -> None:
     task = tasks.claim(tasks.create("t1", "root", "g", TaskKind.INVOKE), "w1", 0, LEASE)
     moved = tasks.claim(tasks.expire_lease(task, LEASE), "w2", LEASE, LEASE)
     with pytest.raises(StaleCounter) as caught:
-        tasks.complete(moved, "w1", task.counter)
+        tasks.complete(moved, "w1", task.counter, 0)
     message = str(caught.value)
     assert "counter 2" in message and "w2" in message and "carried counter 1" in message
     assert caught.value.reason == "STALE_COUNTER"

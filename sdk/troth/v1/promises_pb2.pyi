@@ -214,3 +214,23 @@ class WatchPromisesResponse(_message.Message):
     type: PromiseEventType
     promise: _types_pb2.Promise
     def __init__(self, type: _Optional[_Union[PromiseEventType, str]] = ..., promise: _Optional[_Union[_types_pb2.Promise, _Mapping]] = ...) -> None: ...
+
+class PrunePromisesRequest(_message.Message):
+    __slots__ = ("older_than", "dry_run")
+    OLDER_THAN_FIELD_NUMBER: _ClassVar[int]
+    DRY_RUN_FIELD_NUMBER: _ClassVar[int]
+    older_than: _duration_pb2.Duration
+    dry_run: bool
+    def __init__(self, older_than: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., dry_run: _Optional[bool] = ...) -> None: ...
+
+class PrunePromisesResponse(_message.Message):
+    __slots__ = ("pruned", "workflows", "standalone", "dry_run")
+    PRUNED_FIELD_NUMBER: _ClassVar[int]
+    WORKFLOWS_FIELD_NUMBER: _ClassVar[int]
+    STANDALONE_FIELD_NUMBER: _ClassVar[int]
+    DRY_RUN_FIELD_NUMBER: _ClassVar[int]
+    pruned: int
+    workflows: int
+    standalone: int
+    dry_run: bool
+    def __init__(self, pruned: _Optional[int] = ..., workflows: _Optional[int] = ..., standalone: _Optional[int] = ..., dry_run: _Optional[bool] = ...) -> None: ...

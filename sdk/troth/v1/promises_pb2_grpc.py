@@ -75,6 +75,11 @@ class PromisesStub:
                 request_serializer=troth_dot_v1_dot_promises__pb2.WatchPromisesRequest.SerializeToString,
                 response_deserializer=troth_dot_v1_dot_promises__pb2.WatchPromisesResponse.FromString,
                 _registered_method=True)
+        self.PrunePromises = channel.unary_unary(
+                '/troth.v1.Promises/PrunePromises',
+                request_serializer=troth_dot_v1_dot_promises__pb2.PrunePromisesRequest.SerializeToString,
+                response_deserializer=troth_dot_v1_dot_promises__pb2.PrunePromisesResponse.FromString,
+                _registered_method=True)
 
 
 class PromisesServicer:
@@ -136,6 +141,20 @@ class PromisesServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PrunePromises(self, request, context):
+        """Deletes settled promises that settled more than `older_than` ago (by the
+        store's clock): finished workflows whole (the root and every step, never a
+        step without its root; a workflow with a task still active or a step
+        settled later is kept) and settled standalone promises, a small batch per
+        transaction. With `dry_run`, counts them and deletes nothing. What the
+        server's `--retention` does on its own, on demand. A create of a pruned id
+        creates a new promise. An operator's call: the authentication issue will
+        restrict it to administrators.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PromisesServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -178,6 +197,11 @@ def add_PromisesServicer_to_server(servicer, server):
                     servicer.WatchPromises,
                     request_deserializer=troth_dot_v1_dot_promises__pb2.WatchPromisesRequest.FromString,
                     response_serializer=troth_dot_v1_dot_promises__pb2.WatchPromisesResponse.SerializeToString,
+            ),
+            'PrunePromises': grpc.unary_unary_rpc_method_handler(
+                    servicer.PrunePromises,
+                    request_deserializer=troth_dot_v1_dot_promises__pb2.PrunePromisesRequest.FromString,
+                    response_serializer=troth_dot_v1_dot_promises__pb2.PrunePromisesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -397,6 +421,33 @@ class Promises:
             '/troth.v1.Promises/WatchPromises',
             troth_dot_v1_dot_promises__pb2.WatchPromisesRequest.SerializeToString,
             troth_dot_v1_dot_promises__pb2.WatchPromisesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PrunePromises(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/troth.v1.Promises/PrunePromises',
+            troth_dot_v1_dot_promises__pb2.PrunePromisesRequest.SerializeToString,
+            troth_dot_v1_dot_promises__pb2.PrunePromisesResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -79,6 +79,7 @@ ANSWERS: dict[str, dict[BadInput, Answer]] = {
     "troth.v1.Promises/CancelPromise": {**_EVERY_REQUEST, BadInput.LIST_TOO_LONG: INVALID},
     "troth.v1.Promises/WatchPromise": {**_EVERY_REQUEST},
     "troth.v1.Promises/WatchPromises": {**_EVERY_REQUEST, BadInput.LIST_TOO_LONG: INVALID},
+    "troth.v1.Promises/PrunePromises": {**_EVERY_REQUEST, BadInput.BAD_DURATION: INVALID},
     "troth.v1.Tasks/Poll": {
         **_EVERY_REQUEST,
         BadInput.LIST_TOO_LONG: INVALID,

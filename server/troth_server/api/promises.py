@@ -88,6 +88,30 @@ class _Handlers:
             next_page_token=page.next_page_token,
         )
 
+    def _prune(
+        self, request: promises_pb2.PrunePromisesRequest
+    ) -> promises_pb2.PrunePromisesResponse:
+        if not request.HasField("older_than"):
+            raise InvalidArgument(
+                "older_than",
+                "is required: how long ago a promise must have settled to be pruned, "
+                "e.g. 2592000s for 30 days",
+            )
+        age = request.older_than
+        if age.seconds < 0 or age.nanos < 0 or age.nanos >= 1_000_000_000:
+            raise InvalidArgument(
+                "older_than", "must be a duration of 0 or more, with nanos from 0 to 999999999"
+            )
+        counts = self._service.prune(
+            age.seconds * 1000 + age.nanos // 1_000_000, dry_run=request.dry_run
+        )
+        return promises_pb2.PrunePromisesResponse(
+            pruned=counts.promises,
+            workflows=counts.workflows,
+            standalone=counts.standalone,
+            dry_run=request.dry_run,
+        )
+
     def _watch_id(self, request: promises_pb2.WatchPromiseRequest) -> str:
         return convert.promise_id(request.id, self._limits)
 
@@ -160,6 +184,13 @@ class PromisesServicer(_Handlers, promises_pb2_grpc.PromisesServicer):
     ) -> promises_pb2.SettlePromiseResponse:
         settle = self._settle_request(request, PromiseState.REJECTED_CANCELED, context)
         return _settled(await self._service.settle_async(*settle))
+
+    @aio_unary("PrunePromises")
+    async def PrunePromises(
+        self, request: promises_pb2.PrunePromisesRequest, context: AioContext
+    ) -> promises_pb2.PrunePromisesResponse:
+        # Many small transactions: off the loop, which serves everyone else meanwhile.
+        return await asyncio.to_thread(self._prune, request)
 
     @aio_server_stream("WatchPromise")
     async def WatchPromise(

@@ -78,6 +78,8 @@ class Task:
     """The version of the workflow's code the root runs with; None until a worker took it."""
     create_time: int | None = None
     """Set by the store (when it was inserted)."""
+    complete_time: int | None = None
+    """Set by the store (when it completed)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,13 +204,13 @@ def completed_by(task: Task, worker_id: str, counter: int) -> bool:
     )
 
 
-def complete(task: Task, worker_id: str, counter: int) -> tuple[Task, bool]:
-    """Complete the task; the flag says whether the root must be resumed again.
+def complete(task: Task, worker_id: str, counter: int, now: int) -> tuple[Task, bool]:
+    """Complete the task at `now`; the flag says whether the root must be resumed again.
     Completing it again, as the same worker at the same counter, changes nothing."""
     if completed_by(task, worker_id, counter):
         return task, False
     check_holder(task, worker_id, counter)
-    done = replace(task, state=TaskState.COMPLETED, lease_expire_time=None)
+    done = replace(task, state=TaskState.COMPLETED, lease_expire_time=None, complete_time=now)
     return done, task.resume_pending
 
 
@@ -217,6 +219,12 @@ def release(task: Task, worker_id: str, counter: int) -> Task:
     check_holder(task, worker_id, counter)
     return _back_to_pending(task)
 
+
+COMPLETED_KEPT_MS = 600_000
+"""How long a completed task is kept before the sweeper deletes it: so that a
+CompleteTask repeated because its reply was lost (within the worker's call
+deadline, 10 s by default, a failover included) is answered as the first one was.
+Nothing else reads a completed task."""
 
 UNKNOWN_LEASE_MS = 600_000
 """The lease assumed for a task claimed before leases were recorded (the default

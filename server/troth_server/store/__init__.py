@@ -77,6 +77,19 @@ class SearchRow:
     promise: Promise
 
 
+@dataclass(frozen=True, slots=True)
+class PruneBatch:
+    """What one retention batch deleted (or, in a dry run, would delete)."""
+
+    promises: int
+    """Rows: each pruned workflow's root and all its steps, and the standalone promises."""
+    workflows: int
+    standalone: int
+    after: tuple[int, int] | None
+    """(settle_time, seq) of the last candidate looked at, where the next batch starts;
+    None once no candidate is left."""
+
+
 class WriteTx(Protocol):
     """Statements available inside one write transaction.
 
@@ -153,7 +166,20 @@ class WriteTx(Protocol):
 
     def insert_tasks(self, tasks: Sequence[Task], now: int) -> None: ...
 
-    def update_tasks(self, tasks: Sequence[Task]) -> None: ...
+    def update_tasks(self, tasks: Sequence[Task], now: int) -> None:
+        """Write the tasks' changes; one that became COMPLETED records `now` as when."""
+
+    def delete_completed_tasks(self, completed_before: int, limit: int) -> int:
+        """Delete up to `limit` tasks COMPLETED at or before `completed_before` (rows
+        another transaction holds are skipped); returns how many."""
+
+    def prune_settled(
+        self, settled_before: int, after: tuple[int, int] | None, limit: int, *, delete: bool
+    ) -> PruneBatch:
+        """Retention, one batch: of the next `limit` settled top-level promises settled at
+        or before `settled_before` (after the (settle_time, seq) `after`), delete the
+        standalone ones and the finished workflows (no active task, every step settled
+        by then) with their whole tree; with `delete` False only count them."""
 
 
 class Store(Protocol):

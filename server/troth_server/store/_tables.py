@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from sqlalchemy import (
     BigInteger,
     Boolean,
@@ -13,9 +15,13 @@ from sqlalchemy import (
     String,
     Table,
     Text,
+    literal_column,
     text,
 )
 from sqlalchemy.dialects.postgresql import JSONB
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 metadata = MetaData()
 
@@ -82,6 +88,39 @@ Index(
     sqlite_where=text("state = 'PENDING'"),
     postgresql_where=text("state = 'PENDING'"),
 )
+# Searches of PENDING promises in creation order (the inbox, `--state PENDING`):
+# a walk of the live promises, however long the settled history (revision 0007).
+Index(
+    "ix_promises_pending_seq",
+    promises.c.seq,
+    sqlite_where=text("state = 'PENDING'"),
+    postgresql_where=text("state = 'PENDING'"),
+)
+# Searches by deadline (EXPIRE_TIME_ASC) that are not limited to PENDING promises.
+Index("ix_promises_expire_seq", promises.c.expire_time, promises.c.seq)
+# A workflow's whole tree (every nested step), pruned with its root. Steps only: a
+# top-level promise (root_id NULL) is never looked up by it.
+Index(
+    "ix_promises_root",
+    promises.c.root_id,
+    sqlite_where=text("root_id IS NOT NULL"),
+    postgresql_where=text("root_id IS NOT NULL"),
+)
+# Retention: settled top-level promises (workflow roots, standalone ones) by settle time.
+Index(
+    "ix_promises_settled_top",
+    promises.c.settle_time,
+    promises.c.seq,
+    sqlite_where=text("root_id IS NULL AND state <> 'PENDING'"),
+    postgresql_where=text("root_id IS NULL AND state <> 'PENDING'"),
+)
+# Tag filters (JSONB containment) on PostgreSQL; SQLite has no index for JSON.
+Index(
+    "ix_promises_tags",
+    promises.c.tags,
+    postgresql_using="gin",
+    postgresql_ops={"tags": "jsonb_path_ops"},
+).ddl_if(dialect="postgresql")
 
 
 tasks = Table(
@@ -100,6 +139,8 @@ tasks = Table(
     Column("preferred_worker_id", String(256), nullable=True),
     Column("resume_pending", Boolean(), nullable=False),
     Column("create_time", BigInteger(), nullable=False),
+    # When it completed: completed tasks are deleted a while later (revision 0007).
+    Column("complete_time", BigInteger(), nullable=True),
     # The root's workflow name and version, so routing needs no read of the root.
     Column("workflow", String(256), nullable=True),
     Column("workflow_version", String(128), nullable=True),
@@ -126,6 +167,13 @@ Index(
     sqlite_where=text("state = 'CLAIMED'"),
     postgresql_where=text("state = 'CLAIMED'"),
 )
+# Completed tasks, deleted by the sweeper once a repeated CompleteTask can no longer come.
+Index(
+    "ix_tasks_completed",
+    tasks.c.complete_time,
+    sqlite_where=text("state = 'COMPLETED'"),
+    postgresql_where=text("state = 'COMPLETED'"),
+)
 # One active task per root (DESIGN §4.9), enforced by the database too.
 Index(
     "ux_tasks_active_root",
@@ -145,3 +193,32 @@ callbacks = Table(
     Column("create_time", BigInteger(), nullable=False),
 )
 Index("ix_callbacks_root", callbacks.c.root_promise_id)
+
+
+def state_in(column: Any, *states: str) -> Any:
+    """`column = 'X'`, or `column IN ('X', 'Y')`, with the states written into the SQL.
+
+    Never bound as parameters: SQLite uses a partial index (`WHERE state IN
+    ('PENDING', 'CLAIMED')`) only for a query whose WHERE clause holds that very
+    term, and a bound `IN (?, ?)` is not one, so the statement scanned the table.
+    States are this package's enum values, never a caller's text.
+    """
+    literals: list[Any] = [literal_column(f"'{state}'") for state in states]
+    return column == literals[0] if len(literals) == 1 else column.in_(literals)
+
+
+POSTGRESQL_ONLY_INDEXES = frozenset({"ix_promises_tags"})
+"""Indexes created on PostgreSQL only (`ddl_if`), which Alembic's comparison must skip
+elsewhere."""
+
+
+def include_object_for(dialect: str) -> Callable[[Any, str | None, str, bool, Any], bool]:
+    """Alembic's `include_object` for `dialect`: every table and index of `metadata`,
+    but the PostgreSQL-only indexes nowhere else."""
+
+    def include(obj: Any, name: str | None, type_: str, reflected: bool, compare_to: Any) -> bool:
+        return not (
+            type_ == "index" and name in POSTGRESQL_ONLY_INDEXES and dialect != "postgresql"
+        )
+
+    return include

@@ -5,7 +5,7 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import Connection, create_engine
 
-from troth_server.store._tables import metadata
+from troth_server.store._tables import include_object_for, metadata
 
 
 def _run(connection: Connection) -> None:
@@ -15,6 +15,7 @@ def _run(connection: Connection) -> None:
         render_as_batch=connection.dialect.name == "sqlite",
         transaction_per_migration=True,
         compare_type=True,
+        include_object=include_object_for(connection.dialect.name),
     )
     with context.begin_transaction():
         context.run_migrations()

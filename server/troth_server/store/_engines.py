@@ -1,0 +1,118 @@
+"""Engines for each dialect: the one writing connection, the reading pool, their settings.
+
+SQLite: WAL, `BEGIN IMMEDIATE` for the writer, `busy_timeout`, foreign keys
+and case-sensitive LIKE on every connection. PostgreSQL: psycopg 3, a
+one-connection writer and a pre-pinged reading pool.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import Connection, Engine, create_engine, event
+from sqlalchemy.pool import QueuePool, StaticPool
+
+from troth_server.store import StoreError
+from troth_server.store._bind import check_sqlite_variables
+from troth_server.store._listen import Announcer
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import URL
+
+__all__ = ["open_announcer", "postgresql_engines", "sqlite_engines"]
+
+_SYNCHRONOUS = {"OFF", "NORMAL", "FULL", "EXTRA"}
+
+
+def sqlite_engines(parsed: URL, sqlite_synchronous: str, pool_size: int) -> tuple[Engine, Engine]:
+    if not parsed.database or parsed.database == ":memory:":
+        raise StoreError(
+            "an in-memory SQLite database would lose every promise on restart; "
+            "give a file path: sqlite:///troth.db"
+        )
+    synchronous = sqlite_synchronous.upper()
+    if synchronous not in _SYNCHRONOUS:
+        raise StoreError(
+            f"sqlite synchronous must be one of {sorted(_SYNCHRONOUS)}, not {sqlite_synchronous!r}"
+        )
+    Path(parsed.database).expanduser().resolve().parent.mkdir(parents=True, exist_ok=True)
+    plain = parsed.set(drivername="sqlite+pysqlite")
+    write_engine = create_engine(
+        plain,
+        poolclass=StaticPool,
+        connect_args={"check_same_thread": False},
+    )
+    read_engine = create_engine(
+        plain,
+        poolclass=QueuePool,
+        pool_size=pool_size,
+        max_overflow=pool_size,
+        connect_args={"check_same_thread": False},
+    )
+    _configure_sqlite(write_engine, synchronous, begin="BEGIN IMMEDIATE")
+    _configure_sqlite(read_engine, synchronous, begin="BEGIN")
+    return write_engine, read_engine
+
+
+def postgresql_engines(parsed: URL, pool_size: int, application_name: str) -> tuple[Engine, Engine]:
+    if parsed.drivername not in ("postgresql", "postgresql+psycopg"):
+        raise StoreError(
+            f"PostgreSQL is reached through psycopg 3: write postgresql+psycopg://..., "
+            f"not {parsed.drivername}://..."
+        )
+    plain = parsed.set(drivername="postgresql+psycopg")
+    connect_args = {"connect_timeout": 5, "application_name": application_name}
+    # One connection writes (the group committer is this replica's only writer);
+    # a pool reads. Pre-ping: after a database restart, a stale pooled
+    # connection is replaced at checkout instead of failing a request.
+    write_engine = create_engine(
+        plain, pool_size=1, max_overflow=0, pool_pre_ping=True, connect_args=connect_args
+    )
+    read_engine = create_engine(
+        plain,
+        pool_size=pool_size,
+        max_overflow=pool_size,
+        pool_pre_ping=True,
+        connect_args=connect_args,
+    )
+
+    @event.listens_for(write_engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        # Every write statement is an index lookup by design. Without this, a young
+        # table that grew faster than autovacuum analyzes it is planned as if it
+        # were tiny, and each batch's id lookup became a sequential scan (measured:
+        # 30 ms instead of 0.3 ms at 60k rows, which halved throughput).
+        dbapi_conn.execute("SET enable_seqscan = off")
+        dbapi_conn.commit()
+
+    return write_engine, read_engine
+
+
+def open_announcer(conn: Connection, parsed: URL) -> Announcer:
+    # Channels are per database, not per schema: two deployments sharing a
+    # database in different schemas must not wake each other.
+    schema = conn.exec_driver_sql("SELECT current_schema()").scalar_one()
+    channel = "troth" if schema == "public" else f"troth_{schema}"[:63]
+    conninfo = parsed.set(drivername="postgresql").render_as_string(hide_password=False)
+    return Announcer(conninfo, channel)
+
+
+def _configure_sqlite(engine: Engine, synchronous: str, *, begin: str) -> None:
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        # Autocommit at the driver level, so that BEGIN below is ours: writers
+        # take the write lock up front (IMMEDIATE) instead of failing to upgrade.
+        dbapi_conn.isolation_level = None
+        check_sqlite_variables(dbapi_conn)
+        cursor = dbapi_conn.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute(f"PRAGMA synchronous={synchronous}")
+        cursor.execute("PRAGMA busy_timeout=5000")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.execute("PRAGMA case_sensitive_like=ON")  # ids are case-sensitive, as on PG
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        conn.exec_driver_sql(begin)

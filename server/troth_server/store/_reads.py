@@ -1,0 +1,178 @@
+"""Promise reads: by id, a workflow's tree, the sweeper's overdue ids, and search.
+
+`PromiseReads` is mixed into `SqlStore`, which supplies the read connection
+(`_read`, retried once after a dropped connection) and its engine.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from sqlalchemy import Engine, and_, bindparam, false, func, or_, select, true
+from sqlalchemy.dialects.postgresql import JSONB
+
+from troth_server.domain.promise import Promise, PromiseState
+from troth_server.store import PromiseOrder, PromiseQuery, SearchRow
+from troth_server.store._bind import chunks
+from troth_server.store._rows import to_promise
+from troth_server.store._tables import promises, state_in
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Collection, Mapping
+
+    from sqlalchemy import Connection
+
+T = TypeVar("T")
+
+__all__ = ["PromiseReads", "select_by_id", "select_expired"]
+
+select_by_id = select(promises).where(promises.c.id == bindparam("id"))
+select_expired = (
+    select(promises.c.id)
+    .where(state_in(promises.c.state, PromiseState.PENDING.value))
+    .where(promises.c.expire_time <= bindparam("now"))
+    .order_by(promises.c.expire_time)
+    .limit(bindparam("limit"))
+)
+# A workflow's history (ix_promises_parent_seq).
+_select_steps = (
+    select(promises).where(promises.c.parent_id == bindparam("parent")).order_by(promises.c.seq)
+)
+
+
+class PromiseReads:
+    """The promise half of `SqlStore`'s reads."""
+
+    _read_engine: Engine
+
+    def _read(self, read: Callable[[Connection], T]) -> T:
+        raise NotImplementedError
+
+    def get_promise(self, promise_id: str) -> Promise | None:
+        row = self._read(lambda conn: conn.execute(select_by_id, {"id": promise_id}).first())
+        return None if row is None else to_promise(row)
+
+    def search_promises(self, query: PromiseQuery, now: int) -> list[SearchRow]:
+        if query.order is PromiseOrder.EXPIRE_TIME_ASC:
+            return self._search_by_expire_time(query, now)
+        cursor = [_after_cursor(query)] if query.after_seq else []
+        return self._search(query, now, cursor, query.limit)
+
+    def _search_by_expire_time(self, query: PromiseQuery, now: int) -> list[SearchRow]:
+        # Two range scans instead of one OR: the rows that expire (from the
+        # cursor's expire_time on, which the index on expire_time can start at,
+        # however deep the page), then the never-expiring ones (NULLS LAST).
+        c = promises.c
+        found: list[SearchRow] = []
+        after_null = query.after_seq and query.after_expire_time is None
+        if not after_null:
+            if query.after_seq:
+                e = query.after_expire_time
+                cursor = [c.expire_time >= e, or_(c.expire_time > e, c.seq > query.after_seq)]
+            else:
+                cursor = [c.expire_time.is_not(None)]
+            found = self._search(query, now, cursor, query.limit)
+        if len(found) < query.limit:
+            cursor = [c.expire_time.is_(None)]
+            if after_null:
+                cursor.append(c.seq > query.after_seq)
+            found += self._search(query, now, cursor, query.limit - len(found))
+        return found
+
+    def _search(
+        self, query: PromiseQuery, now: int, cursor: list[Any], limit: int
+    ) -> list[SearchRow]:
+        conditions: list[Any] = list(cursor)
+        if query.id_glob not in ("", "*"):
+            conditions.append(promises.c.id.like(_glob_to_like(query.id_glob), escape="\\"))
+        if query.states:
+            conditions.append(or_(*(_state_condition(s, now) for s in query.states)))
+        if query.tags:
+            conditions.append(self._has_tags(query.tags))
+        if query.created_before is not None:
+            conditions.append(promises.c.create_time < query.created_before)
+        stmt = select(promises).where(*conditions).order_by(*_ORDER[query.order])
+        stmt = stmt.limit(limit)
+        rows = self._read(lambda conn: conn.execute(stmt).all())
+        return [SearchRow(seq=row[0], promise=to_promise(row)) for row in rows]
+
+    def expired_promise_ids(self, now: int, limit: int) -> list[str]:
+        params = {"now": now, "limit": limit}
+        return self._read(lambda conn: list(conn.execute(select_expired, params).scalars()))
+
+    def promise_tree(self, root_id: str) -> tuple[Promise | None, list[Promise]]:
+        # By record (parent_id), never by id prefix: `<root>.x` may be anyone's.
+        def read(conn: Connection) -> tuple[Any, list[Any]]:
+            root = conn.execute(select_by_id, {"id": root_id}).first()
+            return root, list(conn.execute(_select_steps, {"parent": root_id}))
+
+        root, rows = self._read(read)
+        return (None if root is None else to_promise(root)), [to_promise(r) for r in rows]
+
+    def get_promises(self, ids: Collection[str]) -> list[Promise]:
+        if not ids:
+            return []
+        stmt = select(promises).where(promises.c.id.in_(bindparam("ids", expanding=True)))
+        wanted = sorted(ids)
+
+        def read(conn: Connection) -> list[Any]:
+            return [row for part in chunks(wanted) for row in conn.execute(stmt, {"ids": part})]
+
+        return [to_promise(row) for row in self._read(read)]
+
+    def _has_tags(self, tags: Mapping[str, str]) -> Any:
+        if self._read_engine.dialect.name == "postgresql":
+            # JSONB containment: one condition for every tag, and GIN-indexable.
+            return promises.c.tags.op("@>")(bindparam("tags", dict(tags), type_=JSONB))
+        # json_each rather than a JSON path: a path cannot quote every possible key.
+        conditions = []
+        for key, value in sorted(tags.items()):
+            each = func.json_each(promises.c.tags).table_valued("key", "value")
+            conditions.append(
+                select(each.c.key).where(each.c.key == key, each.c.value == value).exists()
+            )
+        return and_(*conditions)
+
+
+# Keyset orders: each ends in `seq`, so that a cursor names one position.
+# NULLS LAST (never-expiring rows) is PostgreSQL's default for ASC, so its
+# partial index on pending expire_time serves the EXPIRE_TIME_ASC inbox.
+_ORDER: dict[PromiseOrder, tuple[Any, ...]] = {
+    PromiseOrder.CREATED_ASC: (promises.c.seq,),
+    PromiseOrder.CREATED_DESC: (promises.c.seq.desc(),),
+    PromiseOrder.EXPIRE_TIME_ASC: (promises.c.expire_time.asc().nulls_last(), promises.c.seq),
+}
+
+
+def _after_cursor(query: PromiseQuery) -> Any:
+    """SQL for "comes after the cursor row in the query's order"."""
+    c = promises.c
+    if query.order is PromiseOrder.CREATED_ASC:
+        return c.seq > query.after_seq
+    assert query.order is PromiseOrder.CREATED_DESC, "EXPIRE_TIME_ASC pages by two scans"
+    return c.seq < query.after_seq
+
+
+def _state_condition(state: PromiseState, now: int) -> Any:
+    """SQL for "a reader at `now` sees this state" (an expired PENDING row is settled)."""
+    c = promises.c
+    expired = and_(
+        state_in(c.state, PromiseState.PENDING.value),
+        c.expire_time.is_not(None),
+        c.expire_time <= now,
+    )
+    if state is PromiseState.PENDING:
+        return and_(
+            state_in(c.state, PromiseState.PENDING.value),
+            or_(c.expire_time.is_(None), c.expire_time > now),
+        )
+    if state is PromiseState.RESOLVED:
+        return or_(state_in(c.state, state.value), and_(expired, c.timer == true()))
+    if state is PromiseState.REJECTED_TIMEDOUT:
+        return or_(state_in(c.state, state.value), and_(expired, c.timer == false()))
+    return state_in(c.state, state.value)
+
+
+def _glob_to_like(glob: str) -> str:
+    escaped = glob.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return escaped.replace("*", "%")

@@ -1,0 +1,320 @@
+"""Task and callback statements, and the task half of a write transaction.
+
+Core statements executed as they are (not on the promise hot path, which
+`_sql._Compiled` serves): claims, heartbeats, lease sweeps, callbacks, and the
+reads of `SearchTasks`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import Connection, and_, bindparam, case, func, or_, select
+from sqlalchemy.dialects.postgresql import insert as postgresql_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+from troth_server.domain.routing import ANY, Route, workflow_name
+from troth_server.domain.task import UNKNOWN_LEASE_MS, Callback, Task, TaskState
+from troth_server.store._bind import MAX_BOUND_IDS, chunks
+from troth_server.store._rows import load_json, to_task
+from troth_server.store._tables import callbacks, promises, state_in, tasks
+
+if TYPE_CHECKING:
+    from collections.abc import Collection, Sequence
+
+__all__ = ["TaskStatements", "TaskTx", "route_condition"]
+
+
+class TaskStatements:
+    """Task and callback statements: Core, executed as they are (not on the promise hot path)."""
+
+    # Rows a write transaction reads it also locks (FOR UPDATE on PostgreSQL), so a
+    # second replica's transaction waits and then sees the first one's outcome.
+    # Candidates for a claim or a sweep are taken with SKIP LOCKED: replicas
+    # share the work instead of queueing for the same rows.
+    peek = select(tasks).where(tasks.c.id.in_(bindparam("ids", expanding=True)))
+    get = peek.order_by(tasks.c.id).with_for_update()
+    active = (
+        select(tasks)
+        .where(
+            tasks.c.root_promise_id.in_(bindparam("roots", expanding=True)),
+            state_in(tasks.c.state, TaskState.PENDING.value, TaskState.CLAIMED.value),
+        )
+        .order_by(tasks.c.id)
+        .with_for_update()
+    )
+    pending = (
+        select(tasks)
+        .where(
+            tasks.c.group == bindparam("group"), state_in(tasks.c.state, TaskState.PENDING.value)
+        )
+        .order_by(
+            # This worker's resumes first, then tasks nobody is preferred for, and
+            # last those waiting for another worker that may still hold the generator.
+            case(
+                (tasks.c.preferred_worker_id == bindparam("worker"), 0),
+                (tasks.c.preferred_worker_id.is_(None), 1),
+                else_=2,
+            ),
+            tasks.c.create_time,
+        )
+        .limit(bindparam("limit"))
+        .with_for_update(skip_locked=True)
+    )
+    claimed_peek = select(tasks).where(
+        tasks.c.worker_id == bindparam("worker"), state_in(tasks.c.state, TaskState.CLAIMED.value)
+    )
+    claimed = claimed_peek.order_by(tasks.c.id).with_for_update()
+    lease_expired = (
+        select(tasks)
+        .where(
+            state_in(tasks.c.state, TaskState.CLAIMED.value),
+            tasks.c.lease_expire_time <= bindparam("now"),
+            # One lease length since the server came back (domain: task.lease_expired).
+            func.coalesce(tasks.c.lease_ms, UNKNOWN_LEASE_MS) <= bindparam("since_back"),
+        )
+        .order_by(tasks.c.lease_expire_time)
+        .limit(bindparam("limit"))
+        .with_for_update(skip_locked=True)
+    )
+    update = (
+        tasks.update()
+        .where(tasks.c.id == bindparam("b_id"))
+        .values(
+            state=bindparam("b_state"),
+            counter=bindparam("b_counter"),
+            worker_id=bindparam("b_worker_id"),
+            lease_expire_time=bindparam("b_lease_expire_time"),
+            lease_ms=bindparam("b_lease_ms"),
+            preferred_worker_id=bindparam("b_preferred_worker_id"),
+            resume_pending=bindparam("b_resume_pending"),
+            workflow_version=bindparam("b_workflow_version"),
+            complete_time=bindparam("b_complete_time"),
+        )
+    )
+    # The sweeper's cleanup: completed tasks past the window for a repeated CompleteTask.
+    completed_ids = (
+        select(tasks.c.id)
+        .where(
+            state_in(tasks.c.state, TaskState.COMPLETED.value),
+            tasks.c.complete_time <= bindparam("before"),
+        )
+        .order_by(tasks.c.complete_time)
+        .limit(bindparam("limit"))
+    )
+    # A root's workflow and version, for the RESUME tasks its callbacks create.
+    # Unlocked: both are written once (the version when the root's first task
+    # was claimed, which happened before any callback of it was registered).
+    root_workflows = select(promises.c.id, promises.c.tags, promises.c.workflow_version).where(
+        promises.c.id.in_(bindparam("ids", expanding=True))
+    )
+    # SearchTasks: PENDING by the group's partial index, CLAIMED by theirs (few).
+    search_pending = (
+        select(tasks)
+        .where(
+            tasks.c.group == bindparam("group"), state_in(tasks.c.state, TaskState.PENDING.value)
+        )
+        .order_by(tasks.c.create_time, tasks.c.id)
+        .limit(bindparam("limit"))
+    )
+    search_claimed = (
+        select(tasks)
+        .where(
+            state_in(tasks.c.state, TaskState.CLAIMED.value), tasks.c.group == bindparam("group")
+        )
+        .order_by(tasks.c.create_time, tasks.c.id)
+        .limit(bindparam("limit"))
+    )
+    get_callbacks = select(callbacks).where(
+        callbacks.c.promise_id.in_(bindparam("ids", expanding=True))
+    )
+    delete_callbacks = callbacks.delete().where(
+        or_(
+            callbacks.c.promise_id.in_(bindparam("ids", expanding=True)),
+            callbacks.c.root_promise_id.in_(bindparam("roots", expanding=True)),
+        )
+    )
+
+
+class TaskTx:
+    """The task half of a write transaction (mixed into `_WriteTx`)."""
+
+    _conn: Connection
+
+    def get_callbacks(self, promise_ids: Collection[str]) -> list[Callback]:
+        if not promise_ids:
+            return []
+        return [
+            Callback(r.promise_id, r.root_promise_id, r.group, r.worker_id)
+            for part in chunks(sorted(promise_ids))
+            for r in self._conn.execute(TaskStatements.get_callbacks, {"ids": list(part)})
+        ]
+
+    def insert_callbacks(self, items: Sequence[Callback], now: int) -> None:
+        if not items:
+            return
+        insert = sqlite_insert if self._conn.dialect.name == "sqlite" else postgresql_insert
+        stmt = insert(callbacks).on_conflict_do_nothing()
+        self._conn.execute(
+            stmt,
+            [
+                {
+                    "promise_id": c.promise_id,
+                    "root_promise_id": c.root_promise_id,
+                    "group": c.group,
+                    "worker_id": c.worker_id,
+                    "create_time": now,
+                }
+                for c in items
+            ],
+        )
+
+    def delete_callbacks(self, promise_ids: Collection[str], root_ids: Collection[str]) -> None:
+        stmt = TaskStatements.delete_callbacks
+        if len(promise_ids) + len(root_ids) <= MAX_BOUND_IDS:
+            if promise_ids or root_ids:
+                self._conn.execute(stmt, {"ids": list(promise_ids), "roots": list(root_ids)})
+            return
+        for part in chunks(sorted(promise_ids)):
+            self._conn.execute(stmt, {"ids": list(part), "roots": []})
+        for part in chunks(sorted(root_ids)):
+            self._conn.execute(stmt, {"ids": [], "roots": list(part)})
+
+    def get_tasks(self, task_ids: Collection[str], *, lock: bool = True) -> dict[str, Task]:
+        if not task_ids:
+            return {}
+        stmt = TaskStatements.get if lock else TaskStatements.peek
+        return {
+            row["id"]: to_task(row)
+            for part in chunks(sorted(task_ids))
+            for row in self._conn.execute(stmt, {"ids": list(part)}).mappings()
+        }
+
+    def get_active_tasks(self, root_ids: Collection[str]) -> dict[str, Task]:
+        if not root_ids:
+            return {}
+        return {
+            row["root_promise_id"]: to_task(row)
+            for part in chunks(sorted(root_ids))
+            for row in self._conn.execute(TaskStatements.active, {"roots": list(part)}).mappings()
+        }
+
+    def pending_tasks(
+        self, group: str, prefer_worker: str, limit: int, route: Route = ANY
+    ) -> list[Task]:
+        params = {"group": group, "worker": prefer_worker, "limit": limit}
+        stmt = TaskStatements.pending
+        condition = route_condition(route)
+        if condition is not None:
+            stmt = stmt.where(condition)
+        return [to_task(r) for r in self._conn.execute(stmt, params).mappings()]
+
+    def root_workflows(self, root_ids: Collection[str]) -> dict[str, tuple[str | None, str | None]]:
+        if not root_ids:
+            return {}
+        stmt = TaskStatements.root_workflows
+        return {
+            row[0]: (workflow_name(load_json(row[1])), row[2] or None)
+            for part in chunks(sorted(root_ids))
+            for row in self._conn.execute(stmt, {"ids": list(part)})
+        }
+
+    def claimed_tasks(self, worker_id: str, *, lock: bool = True) -> list[Task]:
+        stmt = TaskStatements.claimed if lock else TaskStatements.claimed_peek
+        rows = self._conn.execute(stmt, {"worker": worker_id}).mappings()
+        return [to_task(r) for r in rows]
+
+    def lease_expired_tasks(
+        self, now: int, limit: int, back_since: int | None = None
+    ) -> list[Task]:
+        since_back = now if back_since is None else now - back_since
+        params = {"now": now, "limit": limit, "since_back": since_back}
+        rows = self._conn.execute(TaskStatements.lease_expired, params).mappings()
+        return [to_task(r) for r in rows]
+
+    def insert_tasks(self, items: Sequence[Task], now: int) -> None:
+        if items:
+            self._conn.execute(
+                tasks.insert(),
+                [
+                    {
+                        "id": t.id,
+                        "root_promise_id": t.root_promise_id,
+                        "group": t.group,
+                        "kind": t.kind.value,
+                        "state": t.state.value,
+                        "counter": t.counter,
+                        "worker_id": t.worker_id,
+                        "lease_expire_time": t.lease_expire_time,
+                        "lease_ms": t.lease_ms,
+                        "preferred_worker_id": t.preferred_worker_id,
+                        "resume_pending": t.resume_pending,
+                        "create_time": now,
+                        "workflow": t.workflow,
+                        "workflow_version": t.workflow_version,
+                        "complete_time": _complete_time(t, now),
+                    }
+                    for t in items
+                ],
+            )
+
+    def delete_completed_tasks(self, completed_before: int, limit: int) -> int:
+        params = {"before": completed_before, "limit": limit}
+        select_ids = TaskStatements.completed_ids
+        if self._conn.dialect.name == "postgresql":
+            select_ids = select_ids.with_for_update(skip_locked=True)
+        ids = list(self._conn.execute(select_ids, params).scalars())
+        if ids:
+            self._conn.execute(tasks.delete().where(tasks.c.id.in_(ids)))
+        return len(ids)
+
+    def update_tasks(self, items: Sequence[Task], now: int) -> None:
+        if items:
+            self._conn.execute(
+                TaskStatements.update,
+                [
+                    {
+                        "b_id": t.id,
+                        "b_state": t.state.value,
+                        "b_counter": t.counter,
+                        "b_worker_id": t.worker_id,
+                        "b_lease_expire_time": t.lease_expire_time,
+                        "b_lease_ms": t.lease_ms,
+                        "b_preferred_worker_id": t.preferred_worker_id,
+                        "b_resume_pending": t.resume_pending,
+                        "b_workflow_version": t.workflow_version,
+                        "b_complete_time": _complete_time(t, now),
+                    }
+                    for t in items
+                ],
+            )
+
+
+def _complete_time(task: Task, now: int) -> int | None:
+    """When a task completed: kept from its first completion (a repeat changes nothing)."""
+    if task.state is not TaskState.COMPLETED:
+        return None
+    return task.complete_time if task.complete_time is not None else now
+
+
+def route_condition(route: Route) -> Any:
+    """SQL for `route.accepts(tasks.workflow, tasks.workflow_version)`, or None for any task."""
+    if route.any_task:
+        return None
+    c = tasks.c
+    by_name: dict[str, list[str]] = {}
+    for name, version in sorted(route.accepted):
+        by_name.setdefault(name, []).append(version)
+    versioned = [
+        and_(c.workflow == name, c.workflow_version.in_(versions))
+        for name, versions in by_name.items()
+    ]
+    unversioned = and_(
+        c.workflow_version.is_(None),
+        or_(
+            c.workflow.is_(None),
+            c.workflow.in_(sorted(route.unversioned)),
+            c.workflow.not_in(sorted(route.known)),
+        ),
+    )
+    return or_(*versioned, unversioned)

@@ -1,0 +1,550 @@
+"""Every statement the server runs uses an index, however long its history.
+
+A real server (the composition root `Core` and its gRPC servicers, in this
+process) serves a workload through the SDK: workflows run by a `Worker`, human
+settles by id, child workflows, timers, cancels, expiry, idempotent repeats,
+watches, searches of every shape the API offers, `SearchTasks`, a worker that
+goes silent (its lease expires), one whose stream breaks, and pruning. A
+`before_cursor_execute` listener on every SQLAlchemy engine records each
+statement the store sends, with its parameters, so a statement added later
+cannot escape this test.
+
+Each recorded statement is then planned against tables holding a million rows'
+worth of statistics, with the very parameters it ran with:
+
+- SQLite: `sqlite_stat1` rows describing 1M promises (100k of them pending),
+  1M tasks and 100k callbacks, reloaded with `ANALYZE sqlite_schema`; then
+  `EXPLAIN QUERY PLAN`.
+- PostgreSQL: its statistics cannot be written by hand (and the planner also
+  looks at the relation's real size), so the tables are filled with generated
+  rows shaped like an aged deployment (parked workflows, a long settled
+  history, completed tasks, waiting callbacks) and `ANALYZE`d; then `EXPLAIN`
+  under the default planner settings (not the writer's `enable_seqscan = off`:
+  the index must be the planner's own choice).
+
+A full scan of a large table (SQLite `SCAN promises|tasks|callbacks`,
+PostgreSQL `Seq Scan on ...`) fails the test, unless the statement is in
+`ALLOWED_SCANS`, where each entry says why it may.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import grpc
+import grpc.aio
+import psycopg
+import pytest
+from _pg import fresh_schema
+from _support import PollStream
+from grpc_health.v1 import health, health_pb2_grpc
+from sqlalchemy import Engine, event
+
+from troth import Client, Context, PromiseRejectedError, PromiseState, Worker
+from troth.v1 import promises_pb2, promises_pb2_grpc, tasks_pb2, tasks_pb2_grpc, types_pb2
+from troth_server.api.promises import PromisesServicer
+from troth_server.api.tasks import TasksServicer
+from troth_server.app import Core, grpc_options
+from troth_server.config import settings_from
+
+LARGE_TABLES = ("promises", "tasks", "callbacks")
+
+
+@dataclass(frozen=True)
+class Allowed:
+    """A statement that may scan a large table, and why."""
+
+    name: str
+    matches: Callable[[str], bool]
+    plan_ok: Callable[[str], bool]
+    """The plan is the legitimate one (e.g. an ordered walk that stops at LIMIT)."""
+    why: str
+
+
+def _search_walk(sql: str) -> bool:
+    return bool(
+        re.search(r"\bFROM promises\b", sql)
+        and "ORDER BY promises.seq" in sql
+        and re.search(r"\bLIMIT\b", sql)
+        and not re.search(r"\b(UPDATE|DELETE)\b", sql)
+    )
+
+
+def _ordered_walk(plan: str) -> bool:
+    # SQLite: the rowid (seq) order itself, no sort of the whole table.
+    # PostgreSQL: the primary key's order (forward or backward), never a Seq Scan.
+    if "Seq Scan on promises" in plan:
+        return False
+    return "USE TEMP B-TREE FOR ORDER BY" not in plan or "SCAN promises" not in plan
+
+
+def _search_tasks_claimed(sql: str) -> bool:
+    return bool(
+        re.search(r"FROM tasks WHERE tasks\.state = 'CLAIMED' AND tasks\.\"group\" = ", sql)
+    )
+
+
+def _claimed_index(plan: str) -> bool:
+    return "Seq Scan" not in plan and bool(re.search(r"ix_tasks_claimed_\w+", plan))
+
+
+ALLOWED_SCANS = [
+    Allowed(
+        "SearchTasks: the group's CLAIMED tasks",
+        _search_tasks_claimed,
+        _claimed_index,
+        "It reads the partial index of CLAIMED tasks, whose rows are only the tasks "
+        "workers hold right now (bounded by their Poll capacities), never the "
+        "completed history; a per-group index of them would cost every claim and "
+        "completion an index write to speed up an operator's listing.",
+    ),
+    Allowed(
+        "SearchPromises without a selective indexed filter",
+        _search_walk,
+        _ordered_walk,
+        "A page of a search whose filters no index serves (all promises, settled "
+        "states, tags on SQLite, an id glob starting with `*`) walks promises in "
+        "seq order from the page's cursor and stops at the page size: its cost is "
+        "the rows it reads to fill one page, which is the search's own work, not "
+        "the history's size. Searches that an index can serve (a PENDING filter, "
+        "an id prefix, the deadline order) are planned like every other statement.",
+    ),
+]
+
+
+# -- an in-process server -------------------------------------------------------------
+
+
+@contextmanager
+def in_process_server(db_url: str, *flags: str) -> Iterator[str]:
+    """The server's `Core` and servicers on an event loop of their own; yields its address."""
+    settings = settings_from(
+        [
+            "--db",
+            db_url,
+            "--listen",
+            "127.0.0.1:0",
+            "--migrate",
+            "--sweep-interval",
+            "100ms",
+            *flags,
+        ]
+    )
+    started: dict[str, Any] = {}
+    ready = threading.Event()
+    loop = asyncio.new_event_loop()
+
+    async def serve() -> None:
+        core = Core(settings)
+        server = grpc.aio.server(options=grpc_options(settings))
+        promises_pb2_grpc.add_PromisesServicer_to_server(
+            PromisesServicer(core.service, settings.limits), server
+        )
+        tasks_pb2_grpc.add_TasksServicer_to_server(
+            TasksServicer(core.tasks, core.dispatcher, settings.limits), server
+        )
+        health_pb2_grpc.add_HealthServicer_to_server(health.aio.HealthServicer(), server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        core.start()
+        await server.start()
+        stop = asyncio.Event()
+        started.update(port=port, stop=stop)
+        ready.set()
+        await stop.wait()
+        core.service.stop_watches()
+        core.dispatcher.end_streams()
+        await server.stop(1)
+        await asyncio.to_thread(core.stop)
+
+    thread = threading.Thread(target=lambda: loop.run_until_complete(serve()), daemon=True)
+    thread.start()
+    assert ready.wait(30), "the in-process server did not start"
+    try:
+        yield f"127.0.0.1:{started['port']}"
+    finally:
+        loop.call_soon_threadsafe(started["stop"].set)
+        thread.join(30)
+        loop.close()
+
+
+@dataclass(frozen=True)
+class Executed:
+    sql: str
+    params: Any
+
+
+@contextmanager
+def recording() -> Iterator[list[Executed]]:
+    """Every statement any SQLAlchemy engine of this process sends, with its parameters."""
+    seen: list[Executed] = []
+
+    def record(
+        conn: Any, cursor: Any, statement: str, parameters: Any, context: Any, executemany: bool
+    ) -> None:
+        params = parameters[0] if executemany and parameters else parameters
+        seen.append(Executed(statement, params))
+
+    event.listen(Engine, "before_cursor_execute", record)
+    try:
+        yield seen
+    finally:
+        event.remove(Engine, "before_cursor_execute", record)
+
+
+# -- the workload ---------------------------------------------------------------------
+
+
+def _workflows(worker: Worker) -> None:
+    def notify(what: str) -> str:
+        return f"notified {what}"
+
+    @worker.workflow
+    def approve(ctx: Context, what: str) -> Any:
+        approval = yield ctx.promise(timeout=timedelta(minutes=5))
+        yield ctx.run(notify, what)
+        decision = yield approval
+        return {"what": what, "decision": decision}
+
+    @worker.workflow
+    def child(ctx: Context, n: int) -> Any:
+        yield ctx.sleep(timedelta(milliseconds=150))
+        return n * 2
+
+    @worker.workflow
+    def parent(ctx: Context) -> Any:
+        doubled = yield ctx.rpc("child", 21)
+        now = yield ctx.now()
+        return {"doubled": doubled, "at": str(now)}
+
+
+def _wait_for(client: Client, promise_id: str, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            client.get(promise_id)
+            return
+        except Exception:  # not created yet
+            time.sleep(0.02)
+    raise AssertionError(f"{promise_id} was never created")
+
+
+def run_workload(address: str) -> None:
+    group = "plans"
+    with Client(address) as client:
+        worker = Worker(client, group=group, lease=timedelta(seconds=2))
+        _workflows(worker)
+        worker.start()
+        try:
+            # Human-in-the-loop: start, wait for the latent promise, settle it by id.
+            handles = [
+                client.start("approve", f"post-{n}", id=f"hitl-{n}", group=group) for n in range(3)
+            ]
+            for n in range(3):
+                _wait_for(client, f"hitl-{n}.0")
+            client.resolve("hitl-0.0", {"ok": True}, idempotency_key="k0")
+            client.resolve("hitl-0.0", {"ok": True}, idempotency_key="k0")  # a repeat
+            client.reject("hitl-1.0", {"ok": False})
+            handles[0].result(timeout=20)
+            with pytest.raises(PromiseRejectedError):
+                handles[1].result(timeout=20)
+            client.handle("hitl-2").cancel()  # cancels its pending steps too
+            # A child workflow with a timer, and now().
+            client.start("parent", id="nested", group=group).result(timeout=20)
+            # Standalone promises: repeats, expiry by the sweeper, a watch.
+            client.create("alone-1", {"n": 1}, tags={"team": "a"})
+            client.create("alone-1", {"n": 1}, tags={"team": "a"})
+            client.create("short", ttl=timedelta(milliseconds=100))
+            client.create("forever", never_expires=True)
+            assert client.wait("short", timeout=10).state is PromiseState.REJECTED_TIMEDOUT
+            client.resolve("alone-1", {"done": True})
+            _searches(client)
+            _raw_tasks(address, group)
+        finally:
+            worker.stop()
+
+
+def _searches(client: Client) -> None:
+    for order in ("CREATED_ASC", "CREATED_DESC", "EXPIRE_TIME_ASC"):
+        for kwargs in (
+            {},
+            {"states": ["PENDING"]},
+            {"states": ["RESOLVED", "REJECTED_TIMEDOUT"]},
+            {"tags": {"team": "a"}},
+            {"id": "hitl-*"},
+            {"id": "hitl-0.*"},
+            {"id": "*", "states": ["PENDING"], "tags": {"troth:kind": "promise"}},
+        ):
+            first = client.search(order=order, page_size=1, **kwargs)  # type: ignore[arg-type]
+            if first.next_page_token:
+                client.search(
+                    order=order,  # type: ignore[arg-type]
+                    page_size=1,
+                    page_token=first.next_page_token,
+                    **kwargs,  # type: ignore[arg-type]
+                )
+    client.search(older_than=timedelta(seconds=1))
+
+
+def _raw_tasks(address: str, group: str) -> None:
+    """What the SDK's worker does not do on its own: a lease that runs out, a broken
+    stream, a release, RegisterCallbacks, SearchTasks."""
+    with grpc.insecure_channel(address) as channel:
+        promises = promises_pb2_grpc.PromisesStub(channel)
+        tasks = tasks_pb2_grpc.TasksStub(channel)
+        other = f"{group}-raw"
+        for n in range(3):
+            promises.CreatePromise(
+                promises_pb2.CreatePromiseRequest(
+                    id=f"raw-{n}", tags={"troth:invoke": other, "troth:func": "raw"}
+                )
+            )
+        tasks.SearchTasks(tasks_pb2.SearchTasksRequest(group=other))
+        silent = PollStream(
+            tasks,
+            tasks_pb2.PollRequest(group=other, worker_id="silent", capacity=1, lease=_ms(1000)),
+            wait=20,
+        )
+        got = silent.next_response().task
+        # It never heartbeats: the sweeper takes the lease back and the task returns.
+        again = PollStream(
+            tasks, tasks_pb2.PollRequest(group=other, worker_id="hands", capacity=3), wait=20
+        )
+        held = [again.next_response().task for _ in range(3)]
+        assert got.id in {t.id for t in held}
+        tasks.Heartbeat(tasks_pb2.HeartbeatRequest(worker_id="hands"))
+        first, second, third = held
+        fence = {"task_id": first.id, "counter": first.counter, "worker_id": "hands"}
+        step = f"{first.root_promise_id}.0"
+        promises.CreatePromise(
+            promises_pb2.CreatePromiseRequest(id=step, fence=types_pb2.TaskFence(**fence))
+        )
+        tasks.RegisterCallbacks(tasks_pb2.RegisterCallbacksRequest(**fence, promise_ids=[step]))
+        tasks.CompleteTask(tasks_pb2.CompleteTaskRequest(**fence))
+        tasks.CompleteTask(tasks_pb2.CompleteTaskRequest(**fence))  # a repeat
+        promises.ResolvePromise(promises_pb2.ResolvePromiseRequest(id=step))  # resumes it
+        tasks.ReleaseTask(
+            tasks_pb2.ReleaseTaskRequest(
+                task_id=second.id, counter=second.counter, worker_id="hands"
+            )
+        )
+        tasks.CompleteTask(
+            tasks_pb2.CompleteTaskRequest(
+                task_id=third.id,
+                counter=third.counter,
+                worker_id="hands",
+                resolve_root=types_pb2.Payload(data=b"1"),
+            )
+        )
+        tasks.SearchTasks(tasks_pb2.SearchTasksRequest(group=other))
+        again.cancel()  # a broken stream: its tasks go back at once
+        silent.cancel()
+        time.sleep(0.3)  # a few sweeper ticks with tasks to look at
+        # Retention on demand (the sweeper's own runs with the default 30 days every tick).
+        for dry_run in (True, False):
+            promises.PrunePromises(
+                promises_pb2.PrunePromisesRequest(older_than=_ms(0), dry_run=dry_run)
+            )
+
+
+def _ms(ms: int) -> Any:
+    from google.protobuf.duration_pb2 import Duration
+
+    return Duration(seconds=ms // 1000, nanos=(ms % 1000) * 1_000_000)
+
+
+# -- plans ----------------------------------------------------------------------------
+
+
+def _table_statements(seen: list[Executed]) -> dict[str, Executed]:
+    """One example of each distinct statement that reads or writes a large table
+    (plain inserts excepted: they never scan)."""
+    found: dict[str, Executed] = {}
+    for executed in seen:
+        sql = " ".join(executed.sql.split())
+        if not any(re.search(rf"\b{t}\b", sql) for t in LARGE_TABLES):
+            continue
+        if not re.match(r"(SELECT|UPDATE|DELETE|WITH|INSERT)\b", sql):
+            continue  # DDL (migrations), PRAGMAs, transaction control
+        if re.match(r"INSERT INTO \w+ \(", sql) and " SELECT " not in sql.upper():
+            continue
+        found.setdefault(sql, executed)
+    return found
+
+
+# Statistics of an aged SQLite database: 1M promises (100k parked workflows with a
+# pending step each, the rest a settled history), 1M tasks, 100k callbacks.
+_SQLITE_STATS = {
+    "promises": 1_000_000,
+    "tasks": 1_000_000,
+    "callbacks": 100_000,
+}
+_SQLITE_INDEX_STATS = {
+    "sqlite_autoindex_promises_1": "1000000 1",
+    "ix_promises_pending_expire_time": "200000 2",
+    "ix_promises_parent_seq": "1000000 5 1",
+    "ix_promises_pending_parent": "100000 1",
+    "ix_promises_pending_seq": "200000 1",
+    "ix_promises_expire_seq": "1000000 2 1",
+    "ix_promises_root": "800000 5",
+    "ix_promises_settled_top": "200000 2 1",
+    "sqlite_autoindex_tasks_1": "1000000 1",
+    "ix_tasks_pending_group": "1000 200 1",
+    "ix_tasks_claimed_lease": "1000 1",
+    "ix_tasks_claimed_worker": "1000 10",
+    "ux_tasks_active_root": "2000 1",
+    "ix_tasks_root": "1000000 3",
+    "ix_tasks_completed": "1000000 1",
+    "sqlite_autoindex_callbacks_1": "100000 1 1",
+    "ix_callbacks_root": "100000 1",
+}
+
+
+def _sqlite_plans(path: str, statements: dict[str, Executed]) -> dict[str, str]:
+    conn = sqlite3.connect(path)
+    try:
+        conn.execute("PRAGMA case_sensitive_like=ON")  # as the server's connections
+        conn.execute("ANALYZE")
+        conn.execute("DELETE FROM sqlite_stat1")
+        indexes = conn.execute(
+            "SELECT tbl_name, name FROM sqlite_schema WHERE type = 'index'"
+        ).fetchall()
+        for table, index in indexes:
+            if table not in _SQLITE_STATS:
+                continue
+            stat = _SQLITE_INDEX_STATS.get(index)
+            assert stat is not None, f"give index {index} statistics in _SQLITE_INDEX_STATS"
+            conn.execute("INSERT INTO sqlite_stat1 VALUES (?, ?, ?)", (table, index, stat))
+        for table, rows in _SQLITE_STATS.items():
+            conn.execute("INSERT INTO sqlite_stat1 VALUES (?, NULL, ?)", (table, str(rows)))
+        conn.commit()
+        conn.execute("ANALYZE sqlite_schema")
+        plans = {}
+        for sql, executed in statements.items():
+            rows = conn.execute("EXPLAIN QUERY PLAN " + executed.sql, executed.params or ())
+            plans[sql] = "\n".join(str(row[-1]) for row in rows)
+        return plans
+    finally:
+        conn.close()
+
+
+_PG_FILL = [
+    # 100k parked workflows: a pending root and its pending latent step.
+    """INSERT INTO promises (id, state, param_headers, param_data, value_headers, value_data,
+         tags, timer, create_time, expire_time, root_id, parent_id)
+       SELECT 'park-' || g || s.suffix, 'PENDING', '{}', '', '{}', '',
+         CASE WHEN s.suffix = '' THEN '{"troth:invoke": "parked", "troth:func": "approve"}'::jsonb
+              ELSE '{"troth:kind": "promise"}'::jsonb END,
+         false, 1000 + g, 4000000000000 + g,
+         CASE WHEN s.suffix = '' THEN NULL ELSE 'park-' || g END,
+         CASE WHEN s.suffix = '' THEN NULL ELSE 'park-' || g END
+       FROM generate_series(1, 100000) g, (VALUES (''), ('.0')) s(suffix)""",
+    # 200k finished workflows of 4 settled steps each: 1M rows of history.
+    """INSERT INTO promises (id, state, param_headers, param_data, value_headers, value_data,
+         tags, timer, create_time, settle_time, expire_time, settled_by, root_id, parent_id)
+       SELECT 'done-' || g || s.suffix, 'RESOLVED', '{}', '', '{}', '',
+         CASE WHEN s.suffix = '' THEN '{"troth:invoke": "done", "troth:func": "approve"}'::jsonb
+              ELSE '{"troth:kind": "run"}'::jsonb END,
+         false, 2000 + g, 3000 + g, 4000000000000 + g, 'w',
+         CASE WHEN s.suffix = '' THEN NULL ELSE 'done-' || g END,
+         CASE WHEN s.suffix = '' THEN NULL ELSE 'done-' || g END
+       FROM generate_series(1, 200000) g,
+         (VALUES (''), ('.0'), ('.1'), ('.2'), ('.3')) s(suffix)""",
+    # Their tasks, completed (as they accumulated before completed tasks were deleted).
+    """INSERT INTO tasks (id, root_promise_id, "group", kind, state, counter, resume_pending,
+         create_time, workflow)
+       SELECT 'done-task-' || g || '-' || k, 'done-' || g, 'done', 'RESUME', 'COMPLETED', 1,
+         false, 2000 + g, 'approve'
+       FROM generate_series(1, 200000) g, generate_series(1, 5) k""",
+    # The parked workflows' callbacks.
+    """INSERT INTO callbacks (promise_id, root_promise_id, "group", worker_id, create_time)
+       SELECT 'park-' || g || '.0', 'park-' || g, 'parked', 'w', 1000 + g
+       FROM generate_series(1, 100000) g""",
+]
+
+
+def _pg_plans(url: str, statements: dict[str, Executed]) -> dict[str, str]:
+    conninfo = url.replace("postgresql+psycopg://", "postgresql://", 1)
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        # Building each index once over the filled table is several times faster
+        # than maintaining it row by row (the GIN index over tags above all).
+        indexes = conn.execute(
+            "SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = current_schema()"
+            " AND indexname NOT IN (SELECT conname FROM pg_constraint)"
+        ).fetchall()
+        conn.execute("SET synchronous_commit = off")
+        conn.execute("SET maintenance_work_mem = '128MB'")
+        for name, _ in indexes:
+            conn.execute(f'DROP INDEX "{name}"')
+        for fill in _PG_FILL:
+            conn.execute(fill)
+        for _, definition in indexes:
+            conn.execute(definition)
+        for table in LARGE_TABLES:
+            conn.execute(f"ANALYZE {table}")
+        plans = {}
+        for sql, executed in statements.items():
+            rows = conn.execute("EXPLAIN " + executed.sql, executed.params or None).fetchall()
+            plans[sql] = "\n".join(str(row[0]) for row in rows)
+        return plans
+
+
+def _scans(plan: str) -> list[str]:
+    found = []
+    for table in LARGE_TABLES:
+        if re.search(rf"^(?:.*\s)?SCAN {table}\b", plan, re.MULTILINE) or re.search(
+            rf"Seq Scan on {table}\b", plan
+        ):
+            found.append(table)
+    return found
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path}/plans.db"
+    else:
+        with fresh_schema() as url:
+            yield url
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_every_statement_of_a_workload_uses_an_index(db_url: str) -> None:
+    # From the server's start on (its migrations and start-up reads run once, not per
+    # request), until after it stopped (the release of held tasks on shutdown).
+    with in_process_server(db_url) as address, recording() as seen:
+        run_workload(address)
+    statements = _table_statements(seen)
+    assert len(statements) > 20, f"the workload ran too few statements: {list(statements)}"
+    if db_url.startswith("sqlite"):
+        plans = _sqlite_plans(db_url.removeprefix("sqlite:///"), statements)
+    else:
+        plans = _pg_plans(db_url, statements)
+    failures = []
+    if os.environ.get("TROTH_SHOW_PLANS"):
+        for sql, plan in plans.items():
+            print(f"{sql[:300]}\n    " + plan.replace("\n", "\n    "))
+    for sql, plan in plans.items():
+        scanned = _scans(plan)
+        if not scanned:
+            continue
+        allowed = next((a for a in ALLOWED_SCANS if a.matches(sql)), None)
+        if allowed is not None and allowed.plan_ok(plan):
+            continue
+        failures.append(
+            f"{sql}\n  scans {', '.join(scanned)}:\n    " + plan.replace("\n", "\n    ")
+        )
+    assert not failures, f"{len(failures)} statements scan a large table:\n\n" + "\n\n".join(
+        failures
+    )
