@@ -17,7 +17,12 @@ from hypothesis import strategies as st
 from troth._schema import decision_schema, to_json_compatible
 from troth.codec import JsonCodec
 from troth_server.domain import promise as domain
-from troth_server.domain.errors import InvalidArgument, PromiseAlreadySettled, PromiseNotFound
+from troth_server.domain.errors import (
+    InvalidArgument,
+    PromiseAlreadySettled,
+    PromiseNotFound,
+    ValueNotChecked,
+)
 from troth_server.domain.promise import CreateRequest, Payload, PromiseState, SettleRequest
 from troth_server.domain.schema import check_schema, check_value, field_path
 
@@ -104,10 +109,25 @@ def test_only_a_resolve_is_checked_against_the_schema() -> None:
     pending, _ = domain.create(None, CreateRequest("a", Payload(), {}, schema=SCHEMA), T0)
     bad = json_payload({"approved": "maybe"})
     with pytest.raises(InvalidArgument):
-        domain.settle(pending, SettleRequest("a", PromiseState.RESOLVED, bad), T0 + 1)
+        check_value(SCHEMA, bad)
     for state in (PromiseState.REJECTED, PromiseState.REJECTED_CANCELED):
         settled, applied = domain.settle(pending, SettleRequest("a", state, bad), T0 + 1)
         assert applied and settled.state is state
+
+
+def test_the_writer_applies_a_resolve_only_if_checked_against_the_schema_it_sees() -> None:
+    """The check runs before the write (off the writer); the domain only compares
+    the schema the value was checked against with the promise's."""
+    pending, _ = domain.create(None, CreateRequest("a", Payload(), {}, schema=SCHEMA), T0)
+    good = json_payload({"approved": True})
+    for checked in (None, '{"type": "object"}'):
+        request = SettleRequest("a", PromiseState.RESOLVED, good, checked_schema=checked)
+        with pytest.raises(ValueNotChecked) as missed:
+            domain.settle(pending, request, T0 + 1)
+        assert missed.value.schema == SCHEMA
+    checked = SettleRequest("a", PromiseState.RESOLVED, good, checked_schema=SCHEMA)
+    settled, applied = domain.settle(pending, checked, T0 + 1)
+    assert applied and settled.state is PromiseState.RESOLVED
 
 
 # --- settle before the wait exists ------------------------------------------------------
