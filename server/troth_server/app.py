@@ -153,6 +153,7 @@ class Core:
             self.service.on_remote_settled(event.settled_ids)
 
     def start(self) -> None:
+        self.checks.start()
         self.committer.start()
         self.dispatcher.start()
         self.sweeper.start()

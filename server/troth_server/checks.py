@@ -1,12 +1,17 @@
-"""Schema checks off the writer and off the event loop (DESIGN §4 rule 14).
+"""Schema checks off the writer, off the event loop and off the server's interpreter
+(DESIGN §4 rule 14).
 
 A promise's schema is checked when it is created, and a resolve value against
-the stored schema, on a small pool of threads owned here: never on the group
-commit's writer thread (which would stall every write), nor on the grpc.aio
-event loop (which would stall every call, the health check included). Each
-check is bounded (`domain.schema`, `SchemaBounds`), and the pool is small, so
-however many hostile checks arrive at once they hold at most `workers`
-threads and take their turn for the interpreter with everyone else.
+the stored schema, in a small pool of worker processes owned here, running at a
+lower CPU priority: never on the group commit's writer thread (which would
+stall every write), nor on the grpc.aio event loop (which would stall every
+call, the health check included), nor on another thread of the server: a check
+is pure Python and holds the interpreter lock, and two such threads made every
+write of the server wait its turn for the lock, 5 ms at a time, for whole
+seconds (measured: bench/README.md, "Schema checks"). Each check is bounded
+(`domain.schema`, `SchemaBounds`), so a hostile one ends in seconds; the pool
+is small, so however many arrive at once they cost at most `workers` cores, at a
+priority below the server's.
 
 The writer only compares the schema it sees with the one a value was checked
 against (`SettleRequest.checked_schema`); when they differ (the promise was
@@ -17,18 +22,25 @@ checks the value against that schema here and sends the settle again.
 from __future__ import annotations
 
 import asyncio
-from concurrent.futures import ThreadPoolExecutor
+import multiprocessing
+import os
+import signal
+import threading
+from collections import OrderedDict
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import replace
 from typing import TYPE_CHECKING, TypeVar
 
 from troth_server.domain import schema as schemas
-from troth_server.domain.errors import ValueNotChecked
-from troth_server.domain.promise import PromiseState, SettleRequest
+from troth_server.domain.errors import InvalidArgument, ValueNotChecked
+from troth_server.domain.promise import Payload, PromiseState, SettleRequest
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
+    from collections.abc import Awaitable, Callable, Mapping
+    from concurrent.futures import Future
 
-    from troth_server.domain.promise import Payload, Promise
+    from troth_server.domain.promise import Promise
     from troth_server.domain.schema import SchemaBounds
 
 R = TypeVar("R")
@@ -37,36 +49,135 @@ _ATTEMPTS = 3
 """Schemas never change once created: a settle meets at most one it was not checked
 against (the promise appeared after the check read it); the third is a bug."""
 
+_NICE = 10
+"""Worker processes run below the server's priority: the OS, not the interpreter
+lock, shares the CPU, and it gives the server's calls the CPU first."""
+
+Refusal = tuple[str, str] | None
+"""What a check in a worker answers: None (fine), or (field, message) to refuse."""
+
+
+def _worker_start() -> None:
+    os.nice(_NICE)
+    # The server handles SIGINT/SIGTERM and shuts the pool down itself.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+def _refusal(exc: InvalidArgument) -> Refusal:
+    return exc.field, exc.message.removeprefix(f"{exc.field}: ")
+
+
+def _check_schema(text: str, bounds: SchemaBounds) -> Refusal:
+    try:
+        schemas.check_schema(text, bounds)
+    except InvalidArgument as exc:
+        return _refusal(exc)
+    return None
+
+
+def _check_value(
+    schema: str, headers: Mapping[str, str], data: bytes, bounds: SchemaBounds
+) -> Refusal:
+    try:
+        schemas.check_value(schema, Payload(headers, data), bounds)
+    except InvalidArgument as exc:
+        return _refusal(exc)
+    return None
+
 
 class SchemaChecks:
-    """Owns the check threads; `stop()` ends them (queued checks are dropped)."""
+    """Owns the check processes (started on first use); `stop()` ends them."""
 
     def __init__(self, bounds: SchemaBounds | None = None, workers: int = 2) -> None:
         self.bounds = bounds or schemas.DEFAULT_BOUNDS
-        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="troth-check")
+        self._workers = workers
+        self._lock = threading.Lock()
+        self._pool: ProcessPoolExecutor | None = None
+        self._known: OrderedDict[str, None] = OrderedDict()
+        """Schema texts checked and accepted lately: a repeat needs no check."""
+
+    def start(self) -> None:
+        """Start the worker processes now rather than on the first check."""
+        self._submit(_check_schema, "{}", self.bounds)
 
     def stop(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
 
-    # -- from a thread (not the writer): checked in place -----------------------------
+    def _submit(self, fn: Callable[..., Refusal], *args: object) -> Future[Refusal]:
+        with self._lock:
+            if self._pool is None:
+                # spawn: the server has threads (gRPC's among them), which fork copies badly.
+                self._pool = ProcessPoolExecutor(
+                    self._workers,
+                    mp_context=multiprocessing.get_context("spawn"),
+                    initializer=_worker_start,
+                )
+            return self._pool.submit(fn, *args)
+
+    def _broken(self, pool_error: BrokenProcessPool) -> InvalidArgument:
+        with self._lock:
+            self._pool = None  # the next check starts a fresh pool
+        return InvalidArgument(
+            "value",
+            f"cannot be checked: the check process ended ({pool_error}); it may have run "
+            "out of memory on this value; send a smaller value or simplify the schema",
+        )
+
+    @staticmethod
+    def _answer(refusal: Refusal) -> None:
+        if refusal is not None:
+            raise InvalidArgument(*refusal)
+
+    def _accepted(self, text: str) -> None:
+        with self._lock:
+            self._known[text] = None
+            self._known.move_to_end(text)
+            while len(self._known) > 256:
+                self._known.popitem(last=False)
+
+    def _is_known(self, text: str) -> bool:
+        with self._lock:
+            return text in self._known
+
+    # -- from a thread (not the writer): waits for the check ---------------------------
 
     def schema(self, text: str) -> None:
-        schemas.check_schema(text, self.bounds)
+        if self._is_known(text):
+            return
+        try:
+            self._answer(self._submit(_check_schema, text, self.bounds).result())
+        except BrokenProcessPool as exc:
+            raise self._broken(exc) from None
+        self._accepted(text)
 
     def value(self, schema: str, value: Payload) -> None:
-        schemas.check_value(schema, value, self.bounds)
+        future = self._submit(_check_value, schema, dict(value.headers), value.data, self.bounds)
+        try:
+            self._answer(future.result())
+        except BrokenProcessPool as exc:
+            raise self._broken(exc) from None
 
-    # -- from the event loop: checked on the pool ---------------------------------------
+    # -- from the event loop: awaits the check -------------------------------------------
 
     async def schema_async(self, text: str) -> None:
-        if schemas.is_known(text, self.bounds):
-            return  # checked before: a cache lookup, no hop needed
-        loop = asyncio.get_running_loop()
-        await loop.run_in_executor(self._pool, schemas.check_schema, text, self.bounds)
+        if self._is_known(text):
+            return  # checked before: no check needed
+        try:
+            self._answer(await asyncio.wrap_future(self._submit(_check_schema, text, self.bounds)))
+        except BrokenProcessPool as exc:
+            raise self._broken(exc) from None
+        self._accepted(text)
 
     async def value_async(self, schema: str, value: Payload) -> None:
-        loop = asyncio.get_running_loop()
-        await loop.run_in_executor(self._pool, schemas.check_value, schema, value, self.bounds)
+        future = self._submit(_check_value, schema, dict(value.headers), value.data, self.bounds)
+        try:
+            self._answer(await asyncio.wrap_future(future))
+        except BrokenProcessPool as exc:
+            raise self._broken(exc) from None
 
     # -- a settle, checked before it is written ------------------------------------------
 

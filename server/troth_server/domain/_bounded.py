@@ -448,6 +448,79 @@ def clip(text: str) -> str:
     return text if len(text) <= MESSAGE_LIMIT else text[: MESSAGE_LIMIT - 1] + "…"
 
 
+# --- values whose repr is short -------------------------------------------------------
+# jsonschema writes every error's message at once, quoting the failing value (and
+# parts of the schema) with repr: a check that fails 50,000 times over a 1 MB value
+# would build 50 GB of text. The value and the schema are checked as these
+# subclasses instead, whose repr stops after MESSAGE_LIMIT characters, so an
+# error costs the same whatever it quotes. Equality, hashing, isinstance: unchanged.
+
+
+def short_repr(value: Any) -> str:
+    """repr(value) cut at MESSAGE_LIMIT characters, built no further than that."""
+    out: list[str] = []
+    room = [MESSAGE_LIMIT + 1]
+
+    def emit(text: str) -> bool:
+        out.append(text[: room[0]])
+        room[0] -= len(text)
+        return room[0] > 0
+
+    def walk(node: Any) -> bool:
+        if isinstance(node, dict):
+            if not emit("{"):
+                return False
+            for i, (key, item) in enumerate(node.items()):
+                if (i and not emit(", ")) or not walk(key) or not emit(": ") or not walk(item):
+                    return False
+            return emit("}")
+        if isinstance(node, list):
+            if not emit("["):
+                return False
+            for i, item in enumerate(node):
+                if (i and not emit(", ")) or not walk(item):
+                    return False
+            return emit("]")
+        if isinstance(node, str):
+            return emit(str.__repr__(node[: MESSAGE_LIMIT + 1]))
+        return emit(repr(node))
+
+    walk(value)
+    return clip("".join(out))
+
+
+class _List(list):  # type: ignore[type-arg]
+    __slots__ = ()
+    __repr__ = short_repr
+
+
+class _Dict(dict):  # type: ignore[type-arg]
+    __slots__ = ()
+    __repr__ = short_repr
+
+
+class _Str(str):
+    __slots__ = ()
+    __repr__ = short_repr
+
+
+def quoting_briefly(value: Any) -> Any:
+    """`value` (parsed JSON) with every container, and every long string, as a
+    subclass whose repr is short (see above). Recursion is bounded: the caller
+    checked the depth first."""
+    if isinstance(value, dict):
+        return _Dict((_brief_str(k), quoting_briefly(v)) for k, v in value.items())
+    if isinstance(value, list):
+        return _List(quoting_briefly(v) for v in value)
+    if isinstance(value, str):
+        return _brief_str(value)
+    return value
+
+
+def _brief_str(text: str) -> str:
+    return _Str(text) if len(text) > MESSAGE_LIMIT else text
+
+
 @functools.cache
 def bounded_class(base: type[Any]) -> type[Any]:
     """`base` (a jsonschema draft's validator) with every keyword counted and the

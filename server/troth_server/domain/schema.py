@@ -35,6 +35,7 @@ from troth_server.domain._bounded import (
     Uncheckable,
     bounded_class,
     clip,
+    quoting_briefly,
     run_bounded,
     why_not_re2,
 )
@@ -47,7 +48,7 @@ if TYPE_CHECKING:
 
     from troth_server.domain.promise import Payload
 
-__all__ = ["SchemaBounds", "check_schema", "check_value", "field_path", "is_known"]
+__all__ = ["SchemaBounds", "check_schema", "check_value", "field_path"]
 
 _JSON_TYPES = ("application/json", "")
 DEFAULT_BOUNDS = SchemaBounds()
@@ -62,11 +63,6 @@ def check_schema(text: str, bounds: SchemaBounds = DEFAULT_BOUNDS) -> str:
     """
     _validator(text, bounds)
     return text
-
-
-def is_known(text: str, bounds: SchemaBounds = DEFAULT_BOUNDS) -> bool:
-    """Whether `text` was checked already (a cache hit: `check_schema` costs nothing)."""
-    return _CACHE.get((text, bounds)) is not None
 
 
 def check_value(schema: str, value: Payload, bounds: SchemaBounds = DEFAULT_BOUNDS) -> None:
@@ -150,7 +146,7 @@ def _parse(data: bytes | str, field: str, max_depth: int, flag: str) -> Any:
         raise InvalidArgument(field, f"is not valid JSON ({exc})") from None
     if _depth_over(decoded, max_depth):
         raise InvalidArgument(field, _too_deep(max_depth, flag))
-    return decoded
+    return quoting_briefly(decoded)
 
 
 def _too_deep(max_depth: int, flag: str) -> str:
