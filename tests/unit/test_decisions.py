@@ -24,7 +24,7 @@ from troth_server.domain.errors import (
     ValueNotChecked,
 )
 from troth_server.domain.promise import CreateRequest, Payload, PromiseState, SettleRequest
-from troth_server.domain.schema import check_schema, check_value, field_path
+from troth_server.domain.schema import SchemaBounds, check_schema, check_value, field_path
 
 T0 = 1_767_225_600_000
 
@@ -252,3 +252,44 @@ def test_types_without_a_json_schema_are_refused_with_what_to_do() -> None:
         decision_schema(Odd)
     with pytest.raises(TypeError, match="dataclass or a pydantic model"):
         decision_schema(int)
+
+
+# --- the bounds of a check ----------------------------------------------------------
+
+
+def test_each_bound_is_refused_naming_its_flag() -> None:
+    bounds = SchemaBounds(
+        max_schema_depth=4, max_value_depth=3, max_schema_steps=30, max_unique_items=5
+    )
+    deep = json.dumps({"properties": {"a": {"properties": {"b": {"type": "string"}}}}})
+    with pytest.raises(InvalidArgument, match="--max-schema-depth") as refused:
+        check_schema(deep, bounds)
+    assert refused.value.field == "schema"
+    flat = json.dumps({"type": "array", "uniqueItems": True})
+    check_schema(flat, bounds)
+    with pytest.raises(InvalidArgument, match="--max-value-depth"):
+        check_value(flat, json_payload([[[[1]]]]), bounds)
+    with pytest.raises(InvalidArgument, match=r"6 items.*--max-unique-items"):
+        check_value(flat, json_payload([1, 2, 3, 4, 5, 6]), bounds)
+    check_value(flat, json_payload([1, 2, 3, 4, 5]), bounds)
+    steps = json.dumps({"type": "array", "items": {"type": "integer", "minimum": 0}})
+    check_value(steps, json_payload([1] * 10), bounds)
+    with pytest.raises(InvalidArgument, match="--max-schema-steps"):
+        check_value(steps, json_payload([1] * 40), bounds)
+
+
+def test_unique_items_uses_json_equality() -> None:
+    schema = json.dumps({"type": "array", "uniqueItems": True})
+    for same in ([1, 1.0], [{"a": 1, "b": [2]}, {"b": [2], "a": 1}], [[1, {"x": None}]] * 2):
+        with pytest.raises(InvalidArgument, match="non-unique"):
+            check_value(schema, json_payload(same))
+    for distinct in ([1, True], [0, False], [{"a": 1}, {"a": "1"}], [[1, 2], [2, 1]], ["1", 1]):
+        check_value(schema, json_payload(distinct))
+
+
+def test_a_message_quotes_a_huge_value_briefly() -> None:
+    schema = json.dumps({"type": "object"})
+    with pytest.raises(InvalidArgument) as refused:
+        check_value(schema, json_payload(["x" * 100_000] * 10))
+    assert len(refused.value.message) < 1000
+    assert "is not of type 'object'" in refused.value.message
