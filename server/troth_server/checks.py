@@ -22,10 +22,13 @@ checks the value against that schema here and sends the settle again.
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import ctypes.util
 import multiprocessing
 import os
 import signal
 import threading
+import time
 from collections import OrderedDict
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -53,15 +56,39 @@ _NICE = 10
 """Worker processes run below the server's priority: the OS, not the interpreter
 lock, shares the CPU, and it gives the server's calls the CPU first."""
 
+_PARENT_POLL_S = 1.0
+_PR_SET_PDEATHSIG = 1
+
 Refusal = tuple[str, str] | None
 """What a check in a worker answers: None (fine), or (field, message) to refuse."""
 
 
-def _worker_start() -> None:
+def _worker_start(server_pid: int) -> None:
     os.nice(_NICE)
     # The server handles SIGINT/SIGTERM and shuts the pool down itself.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    _die_with_parent()
+    # The server may have died while this worker started (before the signal was set).
+    threading.Thread(target=_exit_with, args=(server_pid,), daemon=True).start()
+
+
+def _die_with_parent() -> None:
+    """Linux: the kernel kills this worker when the server dies (even by SIGKILL).
+    `start()` creates the workers from the server's main thread, which lives as
+    long as the server (the signal follows the creating thread)."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):  # not Linux: the watchdog below does it
+        pass
+
+
+def _exit_with(parent: int) -> None:
+    """A server killed with SIGKILL cannot stop its pool: its workers end on their own."""
+    while os.getppid() == parent:
+        time.sleep(_PARENT_POLL_S)
+    os._exit(0)
 
 
 def _refusal(exc: InvalidArgument) -> Refusal:
@@ -98,8 +125,9 @@ class SchemaChecks:
         """Schema texts checked and accepted lately: a repeat needs no check."""
 
     def start(self) -> None:
-        """Start the worker processes now rather than on the first check."""
-        self._submit(_check_schema, "{}", self.bounds)
+        """Start every worker process now (from this thread), not on the first checks."""
+        for _ in range(self._workers):
+            self._submit(_check_schema, "{}", self.bounds)
 
     def stop(self) -> None:
         with self._lock:
@@ -115,6 +143,7 @@ class SchemaChecks:
                     self._workers,
                     mp_context=multiprocessing.get_context("spawn"),
                     initializer=_worker_start,
+                    initargs=(os.getpid(),),
                 )
             return self._pool.submit(fn, *args)
 
