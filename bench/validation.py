@@ -162,6 +162,8 @@ def _time_engine(engine: str, name: str, repeat: int) -> float:
         start = time.perf_counter()
         check()
         times.append(time.perf_counter() - start)
+    if engine == "troth+ipc":
+        checks.stop()
     return statistics.median(times)
 
 

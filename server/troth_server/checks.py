@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
-import ctypes.util
 import multiprocessing
 import os
 import signal
@@ -78,8 +77,7 @@ def _die_with_parent() -> None:
     `start()` creates the workers from the server's main thread, which lives as
     long as the server (the signal follows the creating thread)."""
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     except (OSError, AttributeError):  # not Linux: the watchdog below does it
         pass
 
