@@ -51,7 +51,7 @@ _ATTEMPTS = 3
 """Schemas never change once created: a settle meets at most one it was not checked
 against (the promise appeared after the check read it); the third is a bug."""
 
-_NICE = 10
+_NICE = 19
 """Worker processes run below the server's priority: the OS, not the interpreter
 lock, shares the CPU, and it gives the server's calls the CPU first."""
 
