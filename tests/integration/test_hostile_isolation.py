@@ -127,9 +127,7 @@ def test_health_reads_and_writes_answer_within_100ms_during_the_worst_check(
                 timed_ms(lambda: stub.GetPromise(pb.GetPromiseRequest(id=unrelated), timeout=10))
             )
             write = pb.CreatePromiseRequest(id=f"{unrelated}.{i}")
-            into["write"].append(
-                timed_ms(lambda: stub.CreatePromise(write, timeout=10))
-            )
+            into["write"].append(timed_ms(lambda: stub.CreatePromise(write, timeout=10)))
 
         # The same calls without the attack first: what the machine gives right now.
         quiet: dict[str, list[float]] = {"health": [], "read": [], "write": []}
