@@ -23,6 +23,7 @@ from troth_server import _logging
 from troth_server.api._decode import register
 from troth_server.api.promises import PromisesServicer
 from troth_server.api.tasks import TasksServicer
+from troth_server.checks import SchemaChecks
 from troth_server.clock import (
     DatabaseClock,
     GuardedClock,
@@ -111,8 +112,10 @@ class Core:
             on_pending_tasks=lambda groups: self.dispatcher.wake(groups),
             on_store_error=self.outages.store_failed,
         )
-        self.service = PromiseService(self.store, self.committer, WatchHub(), clock)
-        self.tasks = TaskService(self.store, self.committer, clock)
+        # Schema checks run on their own small pool: off the writer, off the loop.
+        self.checks = SchemaChecks(settings.limits.schema_bounds())
+        self.service = PromiseService(self.store, self.committer, WatchHub(), clock, self.checks)
+        self.tasks = TaskService(self.store, self.committer, clock, self.checks)
         self.dispatcher = Dispatcher(self.tasks, self.store)
         self.sweeper = Sweeper(
             self.service,
@@ -155,6 +158,7 @@ class Core:
             self.service.on_remote_settled(event.settled_ids)
 
     def start(self) -> None:
+        self.checks.start()
         self.committer.start()
         self.dispatcher.start()
         self.sweeper.start()
@@ -165,6 +169,7 @@ class Core:
         self.sweeper.stop()
         self.dispatcher.stop()
         self.committer.stop()
+        self.checks.stop()
         self.store.close()
         self.log_stats()
 

@@ -8,6 +8,8 @@ import re
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
+from troth_server.domain.schema import SchemaBounds
+
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 
@@ -40,6 +42,11 @@ class Limits:
     max_idempotency_key_length: int = 256
     max_principal_length: int = 256
     max_schema_bytes: int = 65_536
+    max_schema_depth: int = 32
+    max_value_depth: int = 64
+    max_check_depth: int = 128
+    max_schema_steps: int = 50_000
+    max_unique_items: int = 10_000
     max_title_length: int = 1024
     max_message_bytes: int = 65_536
     default_page_size: int = 100
@@ -51,6 +58,16 @@ class Limits:
     max_poll_capacity: int = 1000
     max_watch_backlog: int = 1000
     max_callback_ids: int = 10_000
+
+    def schema_bounds(self) -> SchemaBounds:
+        """What one schema check may cost (`domain.schema`)."""
+        return SchemaBounds(
+            max_schema_depth=self.max_schema_depth,
+            max_value_depth=self.max_value_depth,
+            max_check_depth=self.max_check_depth,
+            max_schema_steps=self.max_schema_steps,
+            max_unique_items=self.max_unique_items,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +121,24 @@ _OPTIONS: dict[str, tuple[str, type | None, str]] = {
     "max-tag-value-length": ("max_tag_value_length", int, "longest tag value"),
     "max-headers": ("max_headers", int, "most headers in one param or value"),
     "max-idempotency-key-length": ("max_idempotency_key_length", int, "longest idempotency key"),
+    "max-schema-bytes": ("max_schema_bytes", int, "largest promise schema (JSON text, bytes)"),
+    "max-schema-depth": ("max_schema_depth", int, "deepest nesting of a promise schema (JSON)"),
+    "max-value-depth": (
+        "max_value_depth",
+        int,
+        "deepest nesting of a resolve value checked against a schema (JSON)",
+    ),
+    "max-check-depth": (
+        "max_check_depth",
+        int,
+        "schema rules applied inside one another in one check, $refs followed",
+    ),
+    "max-schema-steps": (
+        "max_schema_steps",
+        int,
+        "schema rules applied in one check of a resolve value (its cost budget)",
+    ),
+    "max-unique-items": ("max_unique_items", int, "items of one array uniqueItems may compare"),
     "default-page-size": ("default_page_size", int, "search page size when the request gives none"),
     "max-page-size": ("max_page_size", int, "largest search page"),
     "default-ttl": ("default_ttl_ms", None, "expiry of a promise created without one"),

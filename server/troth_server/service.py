@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 import structlog
 
 from troth_server import paging
+from troth_server.checks import SchemaChecks
 from troth_server.domain import promise as domain
 from troth_server.domain import steps
 from troth_server.domain.errors import PromiseNotFound
@@ -227,11 +228,14 @@ class PromiseService:
         committer: GroupCommitter,
         hub: WatchHub,
         clock: Callable[[], int],
+        checks: SchemaChecks | None = None,
     ) -> None:
         self._store = store
         self._committer = committer
         self._hub = hub
         self._clock = clock
+        self.checks = checks or SchemaChecks()
+        """Schema checks: never on the writer, never on the event loop."""
         self.stopping = threading.Event()
 
     def create(
@@ -243,6 +247,10 @@ class PromiseService:
     ) -> tuple[Promise, bool]:
         """Create a promise (already settled, with `settled_with`), or find its repeat;
         with `fence`, as a step of the workflow whose task the fence names."""
+        if request.schema is not None:
+            self.checks.schema(request.schema)
+            if settled_with is not None:
+                settled_with = self.checks.precheck(settled_with, _as_created(request))
         return self._committer.submit(_CreateOp(request, principal, settled_with, fence))
 
     async def create_async(
@@ -252,16 +260,35 @@ class PromiseService:
         settled_with: SettleRequest | None = None,
         fence: Fence | None = None,
     ) -> tuple[Promise, bool]:
+        if request.schema is not None:
+            await self.checks.schema_async(request.schema)
+            if settled_with is not None:
+                settled_with = await self.checks.precheck_async(settled_with, _as_created(request))
         op = _CreateOp(request, principal, settled_with, fence)
         return await self._committer.submit_async(op)
 
     def settle(self, request: SettleRequest, fence: Fence | None = None) -> tuple[Promise, bool]:
-        return self._committer.submit(_SettleOp(request, fence))
+        """Settle a promise; a resolve value is checked against the promise's schema
+        first, on this thread (never the writer's)."""
+        if request.state is PromiseState.RESOLVED:
+            request = self.checks.precheck(request, self._store.get_promise(request.id))
+        return self.checks.settle_checked(
+            request, lambda checked: self._committer.submit(_SettleOp(checked, fence))
+        )
 
     async def settle_async(
         self, request: SettleRequest, fence: Fence | None = None
     ) -> tuple[Promise, bool]:
-        return await self._committer.submit_async(_SettleOp(request, fence))
+        """`settle` for an event loop: the schema check runs on the check pool."""
+        if request.state is PromiseState.RESOLVED:
+            # A point read by primary key (as GetPromise), for the schema to check.
+            found = self._store.get_promise(request.id)
+            request = await self.checks.precheck_async(request, found)
+
+        async def write(checked: SettleRequest) -> tuple[Promise, bool]:
+            return await self._committer.submit_async(_SettleOp(checked, fence))
+
+        return await self.checks.settle_checked_async(request, write)
 
     def expire_overdue(self, limit: int, now: int | None = None) -> int:
         """Settle up to `limit` promises overdue at `now` (default: the store's clock,
@@ -433,6 +460,19 @@ class PromiseService:
                 new_state=change.promise.state.value,
                 principal=change.principal,
             )
+
+
+def _as_created(request: CreateRequest) -> Promise:
+    """What a create-already-settled checks its value against: the new promise."""
+    return domain.Promise(
+        id=request.id,
+        state=PromiseState.PENDING,
+        param=request.param,
+        value=domain.EMPTY,
+        tags=request.tags,
+        create_time=0,
+        schema=request.schema,
+    )
 
 
 def _due(found: list[Promise], now: int) -> tuple[str, ...]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
+from troth_server.checks import SchemaChecks
 from troth_server.domain import promise as domain
 from troth_server.domain import task as tasks
 from troth_server.domain.errors import PromiseNotFound
@@ -257,10 +258,18 @@ class _ReclaimOp:
 
 
 class TaskService:
-    def __init__(self, store: Store, committer: GroupCommitter, clock: Callable[[], int]) -> None:
+    def __init__(
+        self,
+        store: Store,
+        committer: GroupCommitter,
+        clock: Callable[[], int],
+        checks: SchemaChecks | None = None,
+    ) -> None:
         self._store = store
         self._committer = committer
         self._clock = clock
+        self._checks = checks or SchemaChecks()
+        """A root with a schema: its result is checked off the writer (`checks`)."""
 
     def claim(
         self, group: str, worker_id: str, limit: int, lease_ms: int, route: Route = ANY
@@ -282,7 +291,16 @@ class TaskService:
     ) -> tuple[Task, Promise | None]:
         """Complete the task, settling its root in the same transaction when given
         (the outcome's id is ignored: it is always the task's root)."""
-        return self._committer.submit(_CompleteOp(task_id, counter, worker_id, root_outcome))
+        if root_outcome is None:
+            return self._committer.submit(_CompleteOp(task_id, counter, worker_id, None))
+        # Roots rarely have a schema: the writer says when this one does, and the
+        # value is checked here and sent again (never checked on the writer).
+        return self._checks.settle_checked(
+            root_outcome,
+            lambda checked: self._committer.submit(
+                _CompleteOp(task_id, counter, worker_id, checked)
+            ),
+        )
 
     def suspend(
         self, task_id: str, counter: int, worker_id: str, promise_ids: Sequence[str]
@@ -309,8 +327,17 @@ class TaskService:
     async def complete_async(
         self, task_id: str, counter: int, worker_id: str, root_outcome: SettleRequest | None
     ) -> tuple[Task, Promise | None]:
-        op = _CompleteOp(task_id, counter, worker_id, root_outcome)
-        return await self._committer.submit_async(op)
+        if root_outcome is None:
+            return await self._committer.submit_async(
+                _CompleteOp(task_id, counter, worker_id, None)
+            )
+
+        async def write(checked: SettleRequest) -> tuple[Task, Promise | None]:
+            return await self._committer.submit_async(
+                _CompleteOp(task_id, counter, worker_id, checked)
+            )
+
+        return await self._checks.settle_checked_async(root_outcome, write)
 
     async def heartbeat_async(self, worker_id: str, lease_ms: int) -> Heartbeat:
         return await self._committer.submit_async(_HeartbeatOp(worker_id, lease_ms))

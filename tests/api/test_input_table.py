@@ -161,7 +161,12 @@ def cases_for(rpc: str, bad: BadInput) -> list[Case]:
         case BadInput.NOT_UTF8:
             return [(_not_utf8(message, kw), path) for kw, path in text_cases(message, SNOWMAN)]
         case BadInput.TRUNCATED:
-            first = next(f.name for f in message.fields if f.type == STRING and not f.is_repeated)
+            texts = [f.name for f in message.fields if f.type == STRING and not f.is_repeated]
+            if not texts:  # no text field (PrunePromises): garbage bytes, cut messages
+                first = message.fields[0].name
+                whole = _request(message, {first: {"seconds": 5}}).SerializeToString()
+                return [(whole[:-1], first), (b"\xff", "request")]
+            first = texts[0]
             whole = _request(message, {first: "hello"}).SerializeToString()
             return [(whole[:-1], first), (b"\xff", "request"), (whole + b"\x0a", first)]
         case BadInput.LIST_TOO_LONG:

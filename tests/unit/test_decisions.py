@@ -17,9 +17,14 @@ from hypothesis import strategies as st
 from troth._schema import decision_schema, to_json_compatible
 from troth.codec import JsonCodec
 from troth_server.domain import promise as domain
-from troth_server.domain.errors import InvalidArgument, PromiseAlreadySettled, PromiseNotFound
+from troth_server.domain.errors import (
+    InvalidArgument,
+    PromiseAlreadySettled,
+    PromiseNotFound,
+    ValueNotChecked,
+)
 from troth_server.domain.promise import CreateRequest, Payload, PromiseState, SettleRequest
-from troth_server.domain.schema import check_schema, check_value, field_path
+from troth_server.domain.schema import SchemaBounds, check_schema, check_value, field_path
 
 T0 = 1_767_225_600_000
 
@@ -104,10 +109,25 @@ def test_only_a_resolve_is_checked_against_the_schema() -> None:
     pending, _ = domain.create(None, CreateRequest("a", Payload(), {}, schema=SCHEMA), T0)
     bad = json_payload({"approved": "maybe"})
     with pytest.raises(InvalidArgument):
-        domain.settle(pending, SettleRequest("a", PromiseState.RESOLVED, bad), T0 + 1)
+        check_value(SCHEMA, bad)
     for state in (PromiseState.REJECTED, PromiseState.REJECTED_CANCELED):
         settled, applied = domain.settle(pending, SettleRequest("a", state, bad), T0 + 1)
         assert applied and settled.state is state
+
+
+def test_the_writer_applies_a_resolve_only_if_checked_against_the_schema_it_sees() -> None:
+    """The check runs before the write (off the writer); the domain only compares
+    the schema the value was checked against with the promise's."""
+    pending, _ = domain.create(None, CreateRequest("a", Payload(), {}, schema=SCHEMA), T0)
+    good = json_payload({"approved": True})
+    for checked in (None, '{"type": "object"}'):
+        request = SettleRequest("a", PromiseState.RESOLVED, good, checked_schema=checked)
+        with pytest.raises(ValueNotChecked) as missed:
+            domain.settle(pending, request, T0 + 1)
+        assert missed.value.schema == SCHEMA
+    checked = SettleRequest("a", PromiseState.RESOLVED, good, checked_schema=SCHEMA)
+    settled, applied = domain.settle(pending, checked, T0 + 1)
+    assert applied and settled.state is PromiseState.RESOLVED
 
 
 # --- settle before the wait exists ------------------------------------------------------
@@ -232,3 +252,44 @@ def test_types_without_a_json_schema_are_refused_with_what_to_do() -> None:
         decision_schema(Odd)
     with pytest.raises(TypeError, match="dataclass or a pydantic model"):
         decision_schema(int)
+
+
+# --- the bounds of a check ----------------------------------------------------------
+
+
+def test_each_bound_is_refused_naming_its_flag() -> None:
+    bounds = SchemaBounds(
+        max_schema_depth=4, max_value_depth=3, max_schema_steps=30, max_unique_items=5
+    )
+    deep = json.dumps({"properties": {"a": {"properties": {"b": {"type": "string"}}}}})
+    with pytest.raises(InvalidArgument, match="--max-schema-depth") as refused:
+        check_schema(deep, bounds)
+    assert refused.value.field == "schema"
+    flat = json.dumps({"type": "array", "uniqueItems": True})
+    check_schema(flat, bounds)
+    with pytest.raises(InvalidArgument, match="--max-value-depth"):
+        check_value(flat, json_payload([[[[1]]]]), bounds)
+    with pytest.raises(InvalidArgument, match=r"6 items.*--max-unique-items"):
+        check_value(flat, json_payload([1, 2, 3, 4, 5, 6]), bounds)
+    check_value(flat, json_payload([1, 2, 3, 4, 5]), bounds)
+    steps = json.dumps({"type": "array", "items": {"type": "integer", "minimum": 0}})
+    check_value(steps, json_payload([1] * 10), bounds)
+    with pytest.raises(InvalidArgument, match="--max-schema-steps"):
+        check_value(steps, json_payload([1] * 40), bounds)
+
+
+def test_unique_items_uses_json_equality() -> None:
+    schema = json.dumps({"type": "array", "uniqueItems": True})
+    for same in ([1, 1.0], [{"a": 1, "b": [2]}, {"b": [2], "a": 1}], [[1, {"x": None}]] * 2):
+        with pytest.raises(InvalidArgument, match="non-unique"):
+            check_value(schema, json_payload(same))
+    for distinct in ([1, True], [0, False], [{"a": 1}, {"a": "1"}], [[1, 2], [2, 1]], ["1", 1]):
+        check_value(schema, json_payload(distinct))
+
+
+def test_a_message_quotes_a_huge_value_briefly() -> None:
+    schema = json.dumps({"type": "object"})
+    with pytest.raises(InvalidArgument) as refused:
+        check_value(schema, json_payload(["x" * 100_000] * 10))
+    assert len(refused.value.message) < 1000
+    assert "is not of type 'object'" in refused.value.message

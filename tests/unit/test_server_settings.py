@@ -43,3 +43,14 @@ def test_the_removed_flags_are_not_in_the_help() -> None:
     text = build_parser().format_help()
     assert "--grpc-mode" not in text
     assert "--grpc-workers" not in text
+
+
+def test_the_schema_check_limits_are_flags_and_variables() -> None:
+    settings = settings_from(
+        ["--max-value-depth", "8", "--max-schema-steps", "1000"],
+        {"TROTH_MAX_UNIQUE_ITEMS": "50", "TROTH_MAX_SCHEMA_DEPTH": "12"},
+    )
+    bounds = settings.limits.schema_bounds()
+    assert (bounds.max_value_depth, bounds.max_schema_steps) == (8, 1000)
+    assert (bounds.max_unique_items, bounds.max_schema_depth) == (50, 12)
+    assert bounds.max_check_depth == 128

@@ -54,7 +54,7 @@ class Answer:
 INVALID = Answer("INVALID_ARGUMENT", Reason.INVALID_ARGUMENT)
 INVALID_TOKEN = Answer("INVALID_ARGUMENT", Reason.INVALID_PAGE_TOKEN)
 
-# Every RPC meets these: every request has a text field and arrives as bytes.
+# Most RPCs meet these: their request has a text field, and every one arrives as bytes.
 _EVERY_REQUEST = {BadInput.NUL: INVALID, BadInput.NOT_UTF8: INVALID, BadInput.TRUNCATED: INVALID}
 
 # RPC -> bad input -> answer. Tests check that the classes listed for an RPC are
@@ -79,7 +79,11 @@ ANSWERS: dict[str, dict[BadInput, Answer]] = {
     "troth.v1.Promises/CancelPromise": {**_EVERY_REQUEST, BadInput.LIST_TOO_LONG: INVALID},
     "troth.v1.Promises/WatchPromise": {**_EVERY_REQUEST},
     "troth.v1.Promises/WatchPromises": {**_EVERY_REQUEST, BadInput.LIST_TOO_LONG: INVALID},
-    "troth.v1.Promises/PrunePromises": {**_EVERY_REQUEST, BadInput.BAD_DURATION: INVALID},
+    # No text field: only bytes that are not a message, and its one Duration.
+    "troth.v1.Promises/PrunePromises": {
+        BadInput.TRUNCATED: INVALID,
+        BadInput.BAD_DURATION: INVALID,
+    },
     "troth.v1.Tasks/Poll": {
         **_EVERY_REQUEST,
         BadInput.LIST_TOO_LONG: INVALID,

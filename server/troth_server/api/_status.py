@@ -16,6 +16,7 @@ from troth_server.domain.errors import (
     PromiseAlreadySettled,
     PromiseNotFound,
     PromiseTimedOut,
+    ValueNotChecked,
 )
 from troth_server.domain.steps import ReservedForWorkflow, WorkflowSettled
 from troth_server.domain.task import StaleCounter, TaskNotClaimable, TaskNotFound
@@ -37,6 +38,8 @@ STATUS_CODES: dict[type[Exception], grpc.StatusCode] = {
     PromiseAlreadyExists: grpc.StatusCode.ALREADY_EXISTS,
     PromiseAlreadySettled: grpc.StatusCode.FAILED_PRECONDITION,
     PromiseTimedOut: grpc.StatusCode.FAILED_PRECONDITION,
+    # The service checks and retries it; reaching a client would be a server bug.
+    ValueNotChecked: grpc.StatusCode.INTERNAL,
     ShuttingDown: grpc.StatusCode.UNAVAILABLE,
     StoreUnavailable: grpc.StatusCode.UNAVAILABLE,
     StoreError: grpc.StatusCode.UNAVAILABLE,

@@ -36,6 +36,23 @@ class InvalidArgument(DomainError):
         self.field = field
 
 
+class ValueNotChecked(DomainError):
+    """A resolve reached the writer without its value checked against the schema the
+    writer sees (the promise was created, with a schema, after the check read it).
+
+    The service answers it by checking the value against `schema`, off the
+    writer, and sending the settle again; it never reaches a client.
+    """
+
+    def __init__(self, promise_id: str, schema: str) -> None:
+        super().__init__(
+            f"promise {promise_id!r}: the resolve value was not checked against the "
+            "promise's schema before the write; this is a server bug, please report it",
+            promise_id=promise_id,
+        )
+        self.schema = schema
+
+
 class InvalidPageToken(InvalidArgument):
     reason = Reason.INVALID_PAGE_TOKEN
 

@@ -30,8 +30,8 @@ from troth_server.domain.errors import (
     PromiseAlreadySettled,
     PromiseNotFound,
     PromiseTimedOut,
+    ValueNotChecked,
 )
-from troth_server.domain.schema import check_value
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -138,6 +138,10 @@ class SettleRequest:
     principal: str | None = None
     create_if_missing: bool = False
     """Settle before the wait exists: an unknown id is created already settled."""
+    checked_schema: str | None = None
+    """The schema text `value` was checked against (`domain.schema.check_value`),
+    before the write: a resolve of a promise with another schema is refused with
+    `ValueNotChecked`, so the writer never runs a schema check itself."""
 
 
 def is_expired(promise: Promise, now: int) -> bool:
@@ -290,8 +294,12 @@ def settle(existing: Promise | None, request: SettleRequest, now: int) -> tuple[
     if existing.state is PromiseState.PENDING:
         if is_expired(existing, now):
             raise _timed_out(expire(existing))
-        if existing.schema is not None and request.state is PromiseState.RESOLVED:
-            check_value(existing.schema, request.value)
+        if (
+            existing.schema is not None
+            and request.state is PromiseState.RESOLVED
+            and request.checked_schema != existing.schema
+        ):
+            raise ValueNotChecked(existing.id, existing.schema)
         settled = replace(
             existing,
             state=request.state,
