@@ -41,3 +41,21 @@ def fuzz_settings(ci_examples: int, **overrides: object) -> settings:
         max_examples=examples(ci_examples),
         **overrides,  # type: ignore[arg-type]
     )
+
+
+def server_trouble(log: str, limit: int = 40) -> str:
+    """The server log's lines worth reading after a failure: warnings, errors, and
+    calls that took over a second (the log is JSON, one object a line)."""
+    import json
+
+    picked = []
+    for line in log.splitlines():
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            picked.append(line)
+            continue
+        slow = isinstance(entry, dict) and (entry.get("duration_ms") or 0) > 1000
+        if not isinstance(entry, dict) or entry.get("level") not in ("info", "debug") or slow:
+            picked.append(line[:1000])
+    return "\n".join(picked[-limit:])

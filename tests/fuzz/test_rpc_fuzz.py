@@ -34,7 +34,7 @@ from _fuzz_edges import (
 from _fuzz_integrity import check_store
 from _fuzz_oracle import Call, describe, problems
 from _fuzz_proto import Method, methods, oversized_request, raw_requests, requests
-from _fuzz_settings import fuzz_settings, timeout
+from _fuzz_settings import fuzz_settings, server_trouble, timeout
 from google.protobuf.timestamp_pb2 import Timestamp
 from hypothesis import currently_in_test_context, given, note
 from hypothesis import strategies as st
@@ -208,6 +208,9 @@ def test_every_rpc_answers_every_request_with_a_documented_status(
 
     try:
         fuzz()
+    except BaseException:
+        print(f"server log, warnings and slow calls:\n{server_trouble(server.log())}")
+        raise
     finally:
         caller.close()
     found = check_store(server)
