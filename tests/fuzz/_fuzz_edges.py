@@ -251,7 +251,7 @@ def hostile_values() -> st.SearchStrategy[bytes]:
         st.builds(lambda n: json.dumps("a" * n + "!").encode(), st.integers(25, 28)),  # ReDoS
         st.builds(  # uniqueItems compares every pair
             lambda n: json.dumps([{"k": i, "v": [i, str(i)]} for i in range(n)]).encode(),
-            st.integers(1200, 1600),
+            st.integers(2000, 2600),
         ),
         st.builds(lambda n: _deep(n, "[", "]"), st.sampled_from((100, 400, 3000, 100_000))),
         st.builds(lambda n: _deep(n, '{"a":', "}"), st.sampled_from((100, 400, 3000, 100_000))),
@@ -384,7 +384,9 @@ def field_hint(
     if field.type not in (field.TYPE_STRING, field.TYPE_BYTES):
         return None
     hint = _HOSTILE_HINTS if hostile else _PLAUSIBLE_HINTS
-    if name == "id" and owner in _GLOB_MESSAGES:
+    if name == "key" and owner.endswith(".TagsEntry"):
+        name = "tag_key"
+    elif name == "id" and owner in _GLOB_MESSAGES:
         name = "glob"
     elif name in _ID_FIELDS:
         name = "id"
@@ -392,7 +394,14 @@ def field_hint(
     return None if make is None else make(pools)
 
 
+RESERVED_TAGS = (
+    "troth:invoke", "troth:func", "troth:timer", "troth:kind", "troth:early", "troth:group",
+    "troth:args", "troth:", "troth",
+)  # fmt: skip
+"""Tag keys the server reads: a root's group and workflow, a step's kind, timers."""
+
 _HOSTILE_HINTS: dict[str, Callable[[Pools], st.SearchStrategy[Any]]] = {
+    "tag_key": lambda _: st.one_of(st.sampled_from(RESERVED_TAGS), texts()),
     "glob": lambda _: globs(),
     "id": lambda pools: ids(pools.ids),
     "page_token": page_tokens,
