@@ -30,6 +30,7 @@ from _fuzz_edges import (
     hostile_values,
     json_headers,
     principals,
+    texts,
 )
 from _fuzz_integrity import check_store
 from _fuzz_oracle import Call, describe, problems
@@ -118,14 +119,29 @@ def edited_tokens(pools: Pools) -> st.SearchStrategy[list[Call]]:
     )
 
 
+def hostile_roots() -> st.SearchStrategy[list[Call]]:
+    """A workflow root whose group or workflow name (the tags the server reads to
+    make its task) is hostile: no worker may be left a task it can never poll."""
+    tags = st.fixed_dictionaries(
+        {"troth:invoke": st.one_of(texts(), st.just("fz-group")), "troth:func": texts()}
+    )
+    return st.builds(
+        lambda u, t: [
+            Call(_CREATE, promises_pb2.CreatePromiseRequest(id=f"fz-r{u.hex[:12]}", tags=t), False)
+        ],
+        st.uuids(),
+        tags,
+    )
+
+
 def scenarios(all_methods: list[Method], pools: Pools) -> st.SearchStrategy[list[Call]]:
-    """One to three steps, each a typed call (6 in 10), raw bytes (2), a hostile
-    schema/value pair or an edited page token (1 each)."""
+    """One to three steps, each a typed call (12 in 20), raw bytes (4), a hostile
+    schema/value pair (2), an edited page token or a hostile workflow root (1 each)."""
     typed = st.one_of(*(typed_calls(m, pools) for m in all_methods))
     raw = st.one_of(*(raw_calls(m, pools) for m in all_methods))
-    pairs, tokens = hostile_pairs(), edited_tokens(pools)
-    step = st.integers(0, 9).flatmap(
-        lambda i: typed if i < 6 else raw if i < 8 else pairs if i < 9 else tokens
+    rare = [hostile_pairs(), hostile_pairs(), edited_tokens(pools), hostile_roots()]
+    step = st.integers(0, 19).flatmap(
+        lambda i: typed if i < 12 else raw if i < 16 else rare[i - 16]
     )
     return st.lists(step, min_size=1, max_size=3).map(lambda calls: [c for cs in calls for c in cs])
 
