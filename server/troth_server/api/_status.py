@@ -94,12 +94,34 @@ def invalid_argument(field: str, message: str) -> grpc.Status:
     return status_for(InvalidArgument(field, message))
 
 
+MAX_MESSAGE_BYTES = 2048
+"""Longest status message (UTF-8): it travels twice in the trailers (grpc-message,
+percent-encoded, and inside grpc-status-details-bin), which clients cap at 16 KiB."""
+MAX_METADATA_BYTES = 256
+"""Longest ErrorInfo metadata value, for the same reason."""
+
+
+def _bounded(text: str, limit: int) -> str:
+    """`text`, cut to `limit` UTF-8 bytes (with a note saying so) if it is longer:
+    a message that quotes what the caller sent must not outgrow the trailers."""
+    data = text.encode()
+    if len(data) <= limit:
+        return text
+    kept = data[: limit - 40].decode(errors="ignore")
+    return f"{kept}... ({len(data) - len(kept.encode())} more bytes)"
+
+
 def _status(
     code: grpc.StatusCode, message: str, reason: Reason, metadata: dict[str, str]
 ) -> grpc.Status:
-    info = error_details_pb2.ErrorInfo(reason=reason.value, domain=ERROR_DOMAIN, metadata=metadata)
+    info = error_details_pb2.ErrorInfo(
+        reason=reason.value,
+        domain=ERROR_DOMAIN,
+        metadata={k: _bounded(v, MAX_METADATA_BYTES) for k, v in metadata.items()},
+    )
     detail = any_pb2.Any()
     detail.Pack(info)
+    message = _bounded(message, MAX_MESSAGE_BYTES)
     status = status_pb2.Status(code=code.value[0], message=message, details=[detail])
     result: grpc.Status = rpc_status.to_status(status)
     return result
