@@ -20,7 +20,7 @@ from troth_server.domain.promise import (
     SettleRequest,
 )
 from troth_server.domain.routing import MAX_WORKFLOW_NAME, MAX_WORKFLOW_VERSION
-from troth_server.domain.steps import Fence
+from troth_server.domain.steps import INVOKE_TAG, Fence
 from troth_server.domain.task import Task, TaskKind, TaskState
 from troth_server.store import PromiseOrder
 from troth_server.watch import EventFilter, EventType, PromiseEvent
@@ -78,10 +78,14 @@ def create_request(request: promises_pb2.CreatePromiseRequest, limits: Limits) -
         expire_time = timestamp_ms(request.expire_time, "expire_time")
     elif not request.never_expires:
         ttl = limits.default_ttl_ms
+    checked_tags = tags(request.tags, limits)
+    if INVOKE_TAG in checked_tags:
+        # A workflow root: its group must be one a worker can Poll, or its task waits forever.
+        name(checked_tags[INVOKE_TAG], limits, f"tags[{INVOKE_TAG}]")
     return CreateRequest(
         id=promise_id(request.id, limits),
         param=payload(request.param, limits, "param") if request.HasField("param") else EMPTY,
-        tags=tags(request.tags, limits),
+        tags=checked_tags,
         expire_time=expire_time,
         ttl=ttl,
         idempotency_key=idempotency_key(request.idempotency_key, limits),
