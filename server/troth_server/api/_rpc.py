@@ -1,4 +1,9 @@
-"""Wraps every handler: error mapping (via `_status`) and one canonical log line per RPC."""
+"""Wraps every handler: error mapping (via `_status`) and one canonical log line per RPC.
+
+An `Overloaded` refusal (the write queue is full) is the one error let through
+unanswered and unlogged: `_admission` answers it, counts it and reports it once
+a second, so that an overload costs no log line per refused call.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +15,7 @@ import structlog
 
 from troth.errors import Reason
 from troth_server.api._status import status_for
-from troth_server.domain.errors import DomainError
+from troth_server.domain.errors import DomainError, Overloaded
 from troth_server.store import StoreError
 
 if TYPE_CHECKING:
@@ -68,6 +73,8 @@ def aio_unary(
             started = time.perf_counter()
             try:
                 response = await fn(self, request, context)
+            except Overloaded:
+                raise
             except Exception as exc:
                 status = _finish(method, request, started, exc)
                 assert status is not None
@@ -98,6 +105,8 @@ def aio_server_stream(
                 async for response in fn(self, request, context):
                     sent += 1
                     yield response
+            except Overloaded:
+                raise
             except Exception as exc:
                 status = _finish(method, request, started, exc, messages=sent)
                 assert status is not None
