@@ -8,8 +8,12 @@ This module owns everything that knows about gRPC on the SDK side:
   server enforces its own payload limits); a client of several replicas
   has one channel to all of them, which fails over by itself (`troth._addresses`);
 - the principal sent as `troth-principal` metadata on every call;
-- retries with capped, jittered exponential backoff of `UNAVAILABLE` and
-  `DEADLINE_EXCEEDED`, for idempotent calls only, within the call's deadline;
+- retries with capped, jittered exponential backoff (`troth._backoff`) of
+  `UNAVAILABLE` and `DEADLINE_EXCEEDED`, for idempotent calls only, and of an
+  overload refusal (`RESOURCE_EXHAUSTED`, reason `OVERLOADED`, after its
+  `RetryInfo` delay), for any call: the server did nothing with it; all within
+  the call's deadline, and an error that gives up says after how many attempts
+  over how long;
 - `map_rpc_errors()`, the one place where a `grpc.RpcError` and its
   `google.rpc.ErrorInfo` become the most specific `troth.errors.RpcError`
   (the shape of httpx's `map_httpcore_exceptions`).
@@ -19,10 +23,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import random
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import grpc
@@ -30,6 +32,7 @@ from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
 from troth._addresses import Resolver, channel_target, parse_addresses
+from troth._backoff import RetryPolicy, retry_delay
 from troth.errors import (
     ERROR_DOMAIN,
     AlreadyExistsError,
@@ -40,6 +43,7 @@ from troth.errors import (
     InvalidArgumentError,
     LeaseLostError,
     NotFoundError,
+    OverloadedError,
     PermissionDeniedError,
     PromiseTimedOutError,
     Reason,
@@ -91,32 +95,7 @@ _R = TypeVar("_R")
 
 _RETRYABLE_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
 
-
-@dataclass(frozen=True, slots=True)
-class RetryPolicy:
-    """How idempotent calls are retried after `UNAVAILABLE` or `DEADLINE_EXCEEDED`.
-
-    Attempt n (1-based) that fails waits `min(max_backoff, initial_backoff *
-    multiplier ** (n - 1))`, jittered down by up to half, before attempt n + 1.
-    The defaults give up after 1.5 to 3 s of sleeping: long enough to ride out
-    a brief blip or a replica failover, short enough that a wrong address fails
-    promptly. An established watch is different: it may have waited for days,
-    so it keeps reconnecting through an outage of up to `reconnect_window`
-    seconds (a server restart or deploy) before giving up. Retries never extend
-    a call past its deadline.
-    """
-
-    max_attempts: int = 6
-    initial_backoff: float = 0.1
-    max_backoff: float = 5.0
-    multiplier: float = 2.0
-    reconnect_window: float = 300.0
-
-    def backoff(self, attempt: int) -> float:
-        """Seconds to sleep after failed attempt number `attempt` (1-based), with jitter."""
-        ceiling = min(self.max_backoff, self.initial_backoff * self.multiplier ** (attempt - 1))
-        # Jitter spreads out clients that all lost the same server at once.
-        return ceiling * random.uniform(0.5, 1.0)
+__all__ = ["PRINCIPAL_METADATA_KEY", "RetryPolicy", "Transport", "as_call", "map_rpc_errors"]
 
 
 class PromisesStub(Protocol):
@@ -252,8 +231,10 @@ class Transport:
     ) -> float | None:
         """How long to wait before retrying after `exc`, or None to give up.
 
-        Only idempotent calls are retried: a non-idempotent call that failed
-        with `UNAVAILABLE` may still have been applied.
+        An overload refusal is retried for any call: the server did nothing with
+        it. Otherwise only idempotent calls are retried: a non-idempotent call
+        that failed with `UNAVAILABLE` may still have been applied.
+        `INVALID_ARGUMENT` and every other definite answer are never retried.
 
         Args:
             exc: The failure of attempt number `attempt` (1-based).
@@ -262,15 +243,21 @@ class Transport:
             idempotent: Whether repeating the call is harmless.
             limit_attempts: False when the caller bounds retries itself (by time).
         """
-        if not idempotent or (limit_attempts and attempt >= self.retry.max_attempts):
-            return None
         call = as_call(exc)
-        if call is None or call.code() not in _RETRYABLE_CODES:
+        if call is None:
             return None
-        delay = self.retry.backoff(attempt)
-        if deadline is not None and self._clock() + delay >= deadline:
+        server_delay = overload_delay(call)
+        overloaded = server_delay is not None
+        if not overloaded and (not idempotent or call.code() not in _RETRYABLE_CODES):
             return None
-        return delay
+        return retry_delay(
+            self.retry,
+            attempt,
+            overloaded=overloaded,
+            server_delay=server_delay or None,
+            remaining=self.remaining(deadline),
+            limit_attempts=limit_attempts,
+        )
 
     def reconnect_delay(
         self,
@@ -317,40 +304,94 @@ class Transport:
             troth.errors.RpcError: The most specific subclass for the failure.
         """
         deadline = self.deadline(timeout)
+        started = self._clock()
         attempt = 0
         unreachable: grpc.RpcError | None = None
-        with map_rpc_errors(self.address):
-            while True:
-                attempt += 1
-                try:
-                    return method(request, timeout=self.remaining(deadline), metadata=self.metadata)
-                except grpc.RpcError as exc:
-                    delay = self.retry_delay(exc, attempt, deadline, idempotent=idempotent)
-                    if delay is None:
-                        if (
-                            unreachable is not None
-                            and _code(exc) is grpc.StatusCode.DEADLINE_EXCEEDED
-                        ):
-                            # The deadline ran out while still trying to connect:
-                            # "cannot reach the server" says what is wrong; a
-                            # bare timeout would point at a slow server.
-                            raise unreachable from exc
-                        raise
-                    if _code(exc) is grpc.StatusCode.UNAVAILABLE:
-                        unreachable = exc
-                    _log.debug(
-                        "retrying after %s (attempt %d)",
-                        exc.code().name,
-                        attempt,
-                        extra={"address": self.address, "delay": delay},
-                    )
-                    self._sleep(delay)
+        try:
+            with map_rpc_errors(self.address):
+                while True:
+                    attempt += 1
+                    try:
+                        return method(
+                            request, timeout=self.remaining(deadline), metadata=self.metadata
+                        )
+                    except grpc.RpcError as exc:
+                        delay = self.retry_delay(exc, attempt, deadline, idempotent=idempotent)
+                        if delay is None:
+                            if (
+                                unreachable is not None
+                                and _code(exc) is grpc.StatusCode.DEADLINE_EXCEEDED
+                            ):
+                                # The deadline ran out while still trying to connect:
+                                # "cannot reach the server" says what is wrong; a
+                                # bare timeout would point at a slow server.
+                                raise unreachable from exc
+                            raise
+                        if _code(exc) is grpc.StatusCode.UNAVAILABLE:
+                            unreachable = exc
+                        _log.debug(
+                            "retrying after %s (attempt %d)",
+                            exc.code().name,
+                            attempt,
+                            extra={"address": self.address, "delay": delay},
+                        )
+                        self._sleep(delay)
+        except RpcError as error:
+            if attempt > 1 and error.__cause__ is not None:
+                cause: Any = error.__cause__
+                why = self._why_stopped(cause, attempt, idempotent=idempotent)
+                error.retried(attempt, self._clock() - started, why)
+            raise
+
+    def _why_stopped(self, exc: grpc.RpcError, attempt: int, *, idempotent: bool) -> str:
+        """Why the retries of a call stopped after `exc` (for its error's message)."""
+        call = as_call(exc)
+        overloaded = call is not None and overload_delay(call) is not None
+        if call is None or (
+            not overloaded and (not idempotent or call.code() not in _RETRYABLE_CODES)
+        ):
+            return "that answer is not retried"
+        cap = self.retry.overload_attempts if overloaded else self.retry.max_attempts
+        if attempt >= cap:
+            return f"{cap} attempts is the retry policy's limit"
+        return "another retry would not have finished before the call's deadline"
+
+
+def overload_delay(call: grpc.Call) -> float | None:
+    """For an overload refusal (`RESOURCE_EXHAUSTED` carrying reason `OVERLOADED` or a
+    `google.rpc.RetryInfo`), the seconds the server asked to wait (0.0 when it named
+    none); None for any other answer.
+
+    A `RESOURCE_EXHAUSTED` without either (a message over gRPC's size limit, say)
+    would fail the same way again: it is not retried.
+    """
+    if call.code() is not grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return None
+    status = _rich_status(call)
+    if status is None:
+        return None
+    overloaded = False
+    delay = 0.0
+    for detail in status.details:
+        if detail.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
+            info = error_details_pb2.RetryInfo()
+            detail.Unpack(info)
+            delay = info.retry_delay.ToMilliseconds() / 1000
+            overloaded = True
+        elif detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+            reason = error_details_pb2.ErrorInfo()
+            detail.Unpack(reason)
+            overloaded = overloaded or (
+                reason.reason == Reason.OVERLOADED and reason.domain in ("", ERROR_DOMAIN)
+            )
+    return delay if overloaded else None
 
 
 _BY_REASON: Mapping[str, type[RpcError]] = {
     Reason.ALREADY_SETTLED: AlreadySettledError,
     Reason.TIMED_OUT: PromiseTimedOutError,
     Reason.STALE_COUNTER: LeaseLostError,
+    Reason.OVERLOADED: OverloadedError,
 }
 
 _BY_CODE: Mapping[grpc.StatusCode, type[RpcError]] = {
@@ -396,14 +437,19 @@ def as_call(exc: grpc.RpcError) -> grpc.Call | None:
     return error if isinstance(error, grpc.Call) else None
 
 
-def _error_info(call: grpc.Call) -> tuple[str, dict[str, str]]:
-    """The reason and metadata of the troth `ErrorInfo` in a call's status details."""
+def _rich_status(call: grpc.Call) -> Any:
+    """The call's `google.rpc.Status` (from `grpc-status-details-bin`), or None."""
     try:
-        status = rpc_status.from_call(call)
+        return rpc_status.from_call(call)
     except ValueError:
         # The rich status disagrees with the call's own code or message (an
         # intermediary rewrote one of them): trust the call and skip the details.
-        return "", {}
+        return None
+
+
+def _error_info(call: grpc.Call) -> tuple[str, dict[str, str]]:
+    """The reason and metadata of the troth `ErrorInfo` in a call's status details."""
+    status = _rich_status(call)
     if status is None:
         return "", {}
     for detail in status.details:

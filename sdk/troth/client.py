@@ -5,8 +5,11 @@ keys and retries; `troth._transport` owns the channel and turns gRPC errors
 into `troth.errors`; `troth._convert` turns wire messages into `Promise`.
 
 Idempotency and retries: every call is retried after `UNAVAILABLE` (and a
-server-side `DEADLINE_EXCEEDED`) within its timeout, which is safe because
-every call is idempotent:
+server-side `DEADLINE_EXCEEDED`) and after an overload refusal
+(`RESOURCE_EXHAUSTED`, reason `OVERLOADED`, waiting at least the server's
+`RetryInfo` delay) within its timeout (`troth._backoff` has the policy). An
+overload refusal did nothing, so its retry is safe for any call; the others
+are safe because every call is idempotent:
 
 - reads and watches change nothing;
 - a settle without an `idempotency_key` gets a fresh random one (uuid4 hex),

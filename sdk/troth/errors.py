@@ -13,6 +13,7 @@ TrothError(Exception)
 │   ├── UnauthenticatedError
 │   ├── PermissionDeniedError
 │   ├── ResourceExhaustedError
+│   │   └── OverloadedError      reason OVERLOADED; .retry_after: retried by the SDK
 │   ├── UnavailableError         retryable
 │   └── DeadlineExceededError    also a builtin TimeoutError
 ├── WorkflowError                raised into (or out of) workflow code by the replay engine
@@ -64,6 +65,9 @@ class Reason(enum.StrEnum):
     UNAUTHENTICATED = "UNAUTHENTICATED"
     PERMISSION_DENIED = "PERMISSION_DENIED"
     RESOURCE_EXHAUSTED = "RESOURCE_EXHAUSTED"
+    OVERLOADED = "OVERLOADED"
+    """The server refused the call for now: too many concurrent calls, streams or
+    queued writes. The status carries a `google.rpc.RetryInfo` delay; retry after it."""
     STORE_UNAVAILABLE = "STORE_UNAVAILABLE"
     SHUTTING_DOWN = "SHUTTING_DOWN"
     INTERNAL = "INTERNAL"
@@ -103,6 +107,16 @@ class RpcError(TrothError):
         self.reason = reason
         self.message = message
         self.metadata: dict[str, str] = dict(metadata or {})
+        self.attempts = 1
+        """How many times the SDK made the call before giving up with this error."""
+        self.retried_for = 0.0
+        """Seconds from the first attempt until the SDK gave up."""
+        self.gave_up = ""
+        """Why the SDK stopped retrying, when it retried at all."""
+
+    def retried(self, attempts: int, seconds: float, why: str) -> None:
+        """Record that this is the last answer of `attempts` attempts over `seconds`."""
+        self.attempts, self.retried_for, self.gave_up = attempts, seconds, why
 
     def _what(self) -> str:
         """A few words on what went wrong; the message says the rest."""
@@ -112,13 +126,21 @@ class RpcError(TrothError):
         summary = self._what()
         message = self.message or "(the server sent no message)"
         suffix = f" [{self.reason}]" if self.reason else ""
+        if self.attempts > 1:
+            suffix += (
+                f" (gave up after {self.attempts} attempts over {self.retried_for:.1f}s, "
+                f"the last answered {self.code.name}: {self.gave_up})"
+            )
         return f"{summary}: {message}{suffix}"
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Exception pickles as cls(*args), and args holds only the message;
         # rebuild from the four constructor fields so workers can ship errors
-        # across processes intact (subclass attributes derive from metadata).
-        return (type(self), (self.code, self.reason, self.message, self.metadata))
+        # across processes intact (subclass attributes derive from metadata),
+        # then restore how the SDK retried it.
+        retries = {"attempts": self.attempts, "retried_for": self.retried_for,
+                   "gave_up": self.gave_up}  # fmt: skip
+        return (type(self), (self.code, self.reason, self.message, self.metadata), retries)
 
 
 class NotFoundError(RpcError):
@@ -234,6 +256,35 @@ class ResourceExhaustedError(RpcError):
     """A server limit (rate, size, quota) was hit."""
 
     _summary = "resource exhausted"
+
+
+class OverloadedError(ResourceExhaustedError):
+    """The server refused the call for now, having done nothing with it: too many
+    concurrent calls, streams or queued writes (reason `OVERLOADED`).
+
+    The SDK retries such refusals by itself, after the delay the server asks for
+    (with jitter and backoff), within the call's timeout; this error means it
+    gave up. Retrying later is safe for any call.
+
+    Attributes:
+        limit: The server flag of the limit that was hit, e.g. `max-concurrent-rpcs`
+            (metadata `limit`), when the server sent it.
+
+    .. versionadded:: 0.2.0
+    """
+
+    retryable = True
+    _summary = "server overloaded"
+
+    def __init__(
+        self,
+        code: grpc.StatusCode,
+        reason: str,
+        message: str,
+        metadata: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(code, reason, message, metadata)
+        self.limit: str | None = self.metadata.get("limit")
 
 
 class UnavailableError(RpcError):

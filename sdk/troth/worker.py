@@ -96,7 +96,7 @@ from troth._convert import timedelta_to_proto
 from troth._leases import Held, Leases
 from troth._runner import Runner, describe_version
 from troth._tasks import PollCall, TaskCalls
-from troth._transport import as_call
+from troth._transport import as_call, overload_delay
 from troth._versions import WorkflowRegistration, registration
 from troth.client import connection
 from troth.errors import RegistrationError
@@ -464,6 +464,7 @@ class Worker:
             received = False
             why = "the server ended the stream"
             code: grpc.StatusCode | None = None
+            asked: float | None = None  # the server's RetryInfo delay, when it refused
             try:
                 for response in call:
                     if not received:
@@ -473,6 +474,7 @@ class Worker:
                 rpc = as_call(exc)
                 code = rpc.code() if rpc is not None else None
                 why = f"{rpc.code().name}: {rpc.details()}" if rpc is not None else f"{exc!r}"
+                asked = overload_delay(rpc) if rpc is not None else None
             except Exception:
                 _log.exception("worker %s: error reading the task stream", self.worker_id)
                 why = "an error in the worker"
@@ -493,6 +495,8 @@ class Worker:
             failures += 1
             delay = min(self._max_backoff, _MIN_RECONNECT_BACKOFF * 2 ** (failures - 1))
             delay *= random.uniform(0.5, 1.0)
+            if asked:  # the server is at its stream limit: never sooner than it asked
+                delay = max(delay, asked * random.uniform(1.0, 1.5))
             # A refusal (bad group, capacity or lease; no permission) will not
             # go away by itself: say so loudly, but keep trying, slowly.
             refused = code not in _TRANSIENT_CODES

@@ -20,6 +20,12 @@ from grpc_reflection.v1alpha import reflection
 
 from troth.v1 import promises_pb2, tasks_pb2
 from troth_server import _logging
+from troth_server.api._admission import (
+    Admission,
+    AdmissionInterceptor,
+    OverloadReport,
+    backlog_options,
+)
 from troth_server.api._decode import register
 from troth_server.api.promises import PromisesServicer
 from troth_server.api.tasks import TasksServicer
@@ -70,6 +76,9 @@ def grpc_options(settings: Settings) -> list[tuple[str, int]]:
         # default 5 min, which answers such pings with "too_many_pings".
         ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
         ("grpc.keepalive_permit_without_calls", 1),
+        # Room in gRPC core's backlog of calls not yet picked up, which it would
+        # otherwise answer CANCELLED past 1000: the admission gates answer instead.
+        *backlog_options(settings.max_concurrent_rpcs, settings.max_streams),
     ]
 
 
@@ -111,6 +120,7 @@ class Core:
             max_batch=settings.commit_max_batch,
             on_pending_tasks=lambda groups: self.dispatcher.wake(groups),
             on_store_error=self.outages.store_failed,
+            max_queued=settings.max_queued_writes,
         )
         # Schema checks run on their own small pool: off the writer, off the loop.
         self.checks = SchemaChecks(settings.limits.schema_bounds())
@@ -238,7 +248,15 @@ def serve(argv: list[str]) -> int:
 
 async def _serve_aio(settings: Settings) -> int:
     core = Core(settings)
-    server = grpc.aio.server(options=grpc_options(settings))
+    admission = Admission.with_limits(settings.max_concurrent_rpcs, settings.max_streams)
+    overload = OverloadReport(
+        admission,
+        queued_writes=lambda: core.committer.queued,
+        queue_limit=settings.max_queued_writes,
+    )
+    server = grpc.aio.server(
+        options=grpc_options(settings), interceptors=[AdmissionInterceptor(admission)]
+    )
     health_servicer = health.aio.HealthServicer()
     # Not the generated add_*Servicer_to_server: their deserializers raise on bytes
     # that do not decode, which grpc answers UNKNOWN (api/_decode.py).
@@ -253,6 +271,7 @@ async def _serve_aio(settings: Settings) -> int:
         core.store.close()
         raise
     core.start()
+    overload.start()
     await server.start()
     for name in ("", PROMISES_SERVICE, TASKS_SERVICE):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
@@ -262,7 +281,7 @@ async def _serve_aio(settings: Settings) -> int:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, _aio_stop, stop, signum)
-    loop.add_signal_handler(signal.SIGUSR1, core.log_stats)
+    loop.add_signal_handler(signal.SIGUSR1, _log_stats, core, overload)
     _write_port_file(settings, port)
     await stop.wait()
 
@@ -271,11 +290,17 @@ async def _serve_aio(settings: Settings) -> int:
     core.service.stop_watches()
     core.dispatcher.end_streams()
     await server.stop(settings.shutdown_grace_ms / 1000)
+    await overload.stop()
     # The writer answers its last batch through this loop: stop it from a thread.
     await asyncio.to_thread(core.stop)
     log.info("server.stopped")
     _logging.flush()
     return 0
+
+
+def _log_stats(core: Core, overload: OverloadReport) -> None:
+    overload.report(always=True)
+    core.log_stats()
 
 
 def _aio_stop(stop: asyncio.Event, signum: int) -> None:

@@ -84,6 +84,12 @@ class Settings:
     log_level: str = "info"
     log_format: str = "auto"
     port_file: str | None = None
+    max_concurrent_rpcs: int = 1000
+    """Unary calls handled at once; more are refused RESOURCE_EXHAUSTED (OVERLOADED)."""
+    max_streams: int = 1000
+    """Open Poll / WatchPromise / WatchPromises streams; more are refused likewise."""
+    max_queued_writes: int = 1024
+    """Write requests waiting for the group committer; more are refused likewise."""
     limits: Limits = Limits()
 
 
@@ -114,6 +120,21 @@ _OPTIONS: dict[str, tuple[str, type | None, str]] = {
     "log-level": ("log_level", str, "debug, info, warning or error"),
     "log-format": ("log_format", str, "auto (JSON off a terminal), json or console"),
     "port-file": ("port_file", str, "write the bound port to this file once serving"),
+    "max-concurrent-rpcs": (
+        "max_concurrent_rpcs",
+        int,
+        "unary calls handled at once; more are refused RESOURCE_EXHAUSTED with a retry delay",
+    ),
+    "max-streams": (
+        "max_streams",
+        int,
+        "Poll and Watch streams open at once; more are refused likewise",
+    ),
+    "max-queued-writes": (
+        "max_queued_writes",
+        int,
+        "write requests waiting for the store; more are refused likewise",
+    ),
     "max-id-length": ("max_id_length", int, "longest promise id"),
     "max-payload-bytes": ("max_payload_bytes", int, "largest param or value (data plus headers)"),
     "max-tags": ("max_tags", int, "most tags on one promise"),
@@ -229,7 +250,14 @@ def _parse_bool(text: str) -> bool:
 
 
 def _check(settings: Settings, parser: argparse.ArgumentParser) -> None:
-    positive = ["sweep_interval_ms", "sweep_batch", "commit_max_batch"]
+    positive = [
+        "sweep_interval_ms",
+        "sweep_batch",
+        "commit_max_batch",
+        "max_concurrent_rpcs",
+        "max_streams",
+        "max_queued_writes",
+    ]
     for name in positive:
         if getattr(settings, name) <= 0:
             parser.error(f"{name.replace('_', '-')} must be positive")

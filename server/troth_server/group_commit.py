@@ -11,13 +11,21 @@ by themselves while the previous commit is syncing.
 Threads hand over one request at a time and block on a lock; an event loop
 hands over every request of one loop iteration as one group and is answered
 with one callback per batch.
+
+Requests from an event loop (the RPCs) are refused with `Overloaded` once
+`max_queued` writes wait for the writer: a queue that long already takes
+several commits to drain, and a reply that comes seconds later helps nobody.
+The server's own writes (sweeps, claims, lease expiry: `submit`) are never
+refused.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import queue
 import threading
+import time
 import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, cast
@@ -29,7 +37,7 @@ from troth_server.clock import transaction_clock
 from troth_server.domain import promise as domain
 from troth_server.domain import steps
 from troth_server.domain import task as tasks
-from troth_server.domain.errors import DomainError
+from troth_server.domain.errors import DomainError, Overloaded
 from troth_server.domain.routing import ANY, Route, workflow_name
 from troth_server.domain.steps import INVOKE_TAG as INVOKE_TAG
 from troth_server.domain.task import Callback, Task, TaskKind, TaskState
@@ -334,6 +342,18 @@ class CommitStats:
     commits: int = 0
     requests: int = 0
     largest_batch: int = 0
+    refused: int = 0
+    """Write requests refused because `max_queued` were already waiting."""
+
+
+MAX_QUEUED_FLAG = "max-queued-writes"
+
+
+def drain_estimate_ms(queued: int, max_batch: int, commit_ms: float) -> int:
+    """How long a queue of `queued` writes takes to commit, `max_batch` per commit of
+    `commit_ms` each: the delay a refused write is asked to wait (20 ms to 2 s)."""
+    commits = math.ceil(queued / max_batch) + 1
+    return max(20, min(2000, round(commits * commit_ms)))
 
 
 class GroupCommitter:
@@ -348,6 +368,7 @@ class GroupCommitter:
         max_batch: int = 512,
         on_pending_tasks: Callable[[set[str]], None] | None = None,
         on_store_error: Callable[[], None] | None = None,
+        max_queued: int | None = None,
     ) -> None:
         self._store = store
         self._transaction_time = transaction_clock(clock)
@@ -356,6 +377,11 @@ class GroupCommitter:
         self._on_commit = on_commit
         self._on_pending_tasks = on_pending_tasks
         self._max_batch = max_batch
+        self._max_queued = max_queued
+        self._queued = 0
+        """Requests handed to the writer and not yet taken by it (under `_submit_lock`)."""
+        self._commit_ms = 5.0
+        """A moving average of how long one batch takes: what a refusal's delay is made of."""
         # Each entry is a group of requests: one from a thread, or all those an
         # event loop received in one iteration (fewer hand-offs, fuller batches).
         self._queue: queue.SimpleQueue[list[_Item[Any]] | None] = queue.SimpleQueue()
@@ -380,6 +406,11 @@ class GroupCommitter:
         """Whether requests are queued for the writer right now."""
         return not self._queue.empty() or bool(self._loop_groups)
 
+    @property
+    def queued(self) -> int:
+        """Write requests waiting for the writer now (not those in the batch it commits)."""
+        return self._queued + sum(len(g) for g in self._loop_groups.values())
+
     def submit(self, op: WriteOp[R]) -> R:
         """Queue `op`, wait until its batch is committed, and return its result."""
         item = _BlockingItem(op)
@@ -389,8 +420,19 @@ class GroupCommitter:
     async def submit_async(self, op: WriteOp[R]) -> R:
         """`submit` for an event loop: the loop runs on while the batch commits."""
         loop = asyncio.get_running_loop()
-        item = _AsyncItem(op, loop)
         group = self._loop_groups.get(loop)
+        if self._max_queued is not None:
+            # An unlocked read: off by the odd request at worst, which a limit can afford.
+            waiting = self._queued + (len(group) if group is not None else 0)
+            if waiting >= self._max_queued:
+                self.stats.refused += 1
+                raise Overloaded(
+                    MAX_QUEUED_FLAG,
+                    self._max_queued,
+                    f"{waiting} writes are already queued for the store",
+                    drain_estimate_ms(waiting, self._max_batch, self._commit_ms),
+                )
+        item = _AsyncItem(op, loop)
         if group is None:
             group = self._loop_groups[loop] = []
             # Runs after every callback already ready in this loop iteration.
@@ -411,6 +453,7 @@ class GroupCommitter:
         with self._submit_lock:
             if self._closed:
                 raise ShuttingDown()
+            self._queued += len(group)
             self._queue.put(group)
 
     def _loop(self) -> None:
@@ -428,7 +471,12 @@ class GroupCommitter:
                     continue
                 items.extend(group)
             if items:
+                with self._submit_lock:
+                    self._queued -= len(items)
+                started = time.perf_counter()
                 self._run(items)
+                elapsed_ms = (time.perf_counter() - started) * 1000
+                self._commit_ms += (elapsed_ms - self._commit_ms) / 8
             if stopping:
                 self._refuse_queued()
                 return
@@ -439,6 +487,8 @@ class GroupCommitter:
                 group = self._queue.get_nowait()
             except queue.Empty:
                 return
+            with self._submit_lock:
+                self._queued -= len(group or ())
             for item in group or ():
                 item.answer(False, ShuttingDown())
             _wake_loops(group or [])

@@ -1,5 +1,10 @@
 """Wraps every handler: requests refused as they were decoded (`_decode`), error mapping
-(via `_status`) and one canonical log line per RPC."""
+(via `_status`) and one canonical log line per RPC.
+
+An `Overloaded` refusal (the write queue is full) is the one error let through
+unanswered and unlogged: `_admission` answers it, counts it and reports it once
+a second, so that an overload costs no log line per refused call.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +17,7 @@ import structlog
 from troth.errors import Reason
 from troth_server.api._decode import Refused
 from troth_server.api._status import status_for
-from troth_server.domain.errors import DomainError
+from troth_server.domain.errors import DomainError, Overloaded
 from troth_server.store import StoreError
 
 if TYPE_CHECKING:
@@ -77,6 +82,8 @@ def aio_unary(
             try:
                 _refuse(request)
                 response = await fn(self, request, context)
+            except Overloaded:
+                raise
             except Exception as exc:
                 status = _finish(method, request, started, exc)
                 assert status is not None
@@ -108,6 +115,8 @@ def aio_server_stream(
                 async for response in fn(self, request, context):
                     sent += 1
                     yield response
+            except Overloaded:
+                raise
             except Exception as exc:
                 status = _finish(method, request, started, exc, messages=sent)
                 assert status is not None

@@ -12,6 +12,7 @@ from troth_server.domain.errors import (
     DomainError,
     InvalidArgument,
     InvalidPageToken,
+    Overloaded,
     PromiseAlreadyExists,
     PromiseAlreadySettled,
     PromiseNotFound,
@@ -52,6 +53,7 @@ STATUS_CODES: dict[type[Exception], grpc.StatusCode] = {
     TaskNotClaimable: grpc.StatusCode.FAILED_PRECONDITION,
     TaskNotFound: grpc.StatusCode.NOT_FOUND,
     WatchFellBehind: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    Overloaded: grpc.StatusCode.RESOURCE_EXHAUSTED,
     EventsMissed: grpc.StatusCode.UNAVAILABLE,
 }
 
@@ -65,6 +67,10 @@ def _code(exc: Exception) -> grpc.StatusCode:
 
 def status_for(exc: Exception) -> grpc.Status:
     """The rich status (code, message, ErrorInfo) that answers `exc`."""
+    if isinstance(exc, Overloaded):
+        return _status(
+            _code(exc), exc.message, exc.reason, exc.metadata, retry_after_ms=exc.retry_after_ms
+        )
     if isinstance(exc, DomainError):
         return _status(_code(exc), exc.message, exc.reason, exc.metadata)
     if isinstance(exc, CommitOutcomeUnknown):
@@ -112,7 +118,12 @@ def _bounded(text: str, limit: int) -> str:
 
 
 def _status(
-    code: grpc.StatusCode, message: str, reason: Reason, metadata: dict[str, str]
+    code: grpc.StatusCode,
+    message: str,
+    reason: Reason,
+    metadata: dict[str, str],
+    *,
+    retry_after_ms: int | None = None,
 ) -> grpc.Status:
     info = error_details_pb2.ErrorInfo(
         reason=reason.value,
@@ -122,6 +133,14 @@ def _status(
     detail = any_pb2.Any()
     detail.Pack(info)
     message = _bounded(message, MAX_MESSAGE_BYTES)
-    status = status_pb2.Status(code=code.value[0], message=message, details=[detail])
+    details = [detail]
+    if retry_after_ms is not None:
+        # google.rpc.RetryInfo: how long the client should wait before retrying.
+        retry = error_details_pb2.RetryInfo()
+        retry.retry_delay.FromMilliseconds(retry_after_ms)
+        delay = any_pb2.Any()
+        delay.Pack(retry)
+        details.append(delay)
+    status = status_pb2.Status(code=code.value[0], message=message, details=details)
     result: grpc.Status = rpc_status.to_status(status)
     return result
