@@ -25,11 +25,14 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import importlib
 import json
 import os
 import re
+import signal
 import sys
+import threading
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import IO, TYPE_CHECKING, Any, cast
@@ -339,18 +342,56 @@ def main(argv: list[str] | None = None) -> int:
     out = sys.stdout
     try:
         with Client(args.server, timeout=args.timeout, principal=args.principal) as client:
-            return handler(client, args, out)
+            if threading.current_thread() is not threading.main_thread():
+                return handler(client, args, out)
+            previous = signal.signal(signal.SIGINT, _interrupted)
+            try:
+                return handler(client, args, out)
+            finally:
+                signal.signal(signal.SIGINT, previous)
     except TrothError as exc:
         print(f"troth: error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        return 130
+        return INTERRUPTED
     except BrokenPipeError:
         # The reader (e.g. `| head`) went away: stop quietly. Point stdout at
         # devnull so the interpreter's final flush does not complain again.
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, out.fileno())
         return 1
+
+
+INTERRUPTED = 130
+"""The exit status after Ctrl-C (SIGINT), as shells report it."""
+
+CLEANUP_SECONDS = 2.0
+"""How long an interrupted command may take to close its streams and channel."""
+
+
+def _interrupted(signum: int, frame: object) -> None:
+    """Ctrl-C: stop as Python does (KeyboardInterrupt), and make sure it stops."""
+    _exit_if_cleanup_hangs(INTERRUPTED)
+    raise KeyboardInterrupt
+
+
+def _exit_if_cleanup_hangs(status: int) -> None:
+    """After Ctrl-C: if the command has not ended within `CLEANUP_SECONDS` (closing
+    its stream and channel, the interpreter's own shutdown), end it with `status`.
+
+    `troth approvals watch` was seen, on a busy machine and once under CI, not to
+    exit 10 s after SIGINT (where it hung is not known); a user who pressed Ctrl-C
+    must get the prompt back, with what was printed flushed."""
+
+    def exit_now() -> None:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(status)
+
+    timer = threading.Timer(CLEANUP_SECONDS, exit_now)
+    timer.daemon = True
+    timer.start()
 
 
 def _server_command(command: str, argv: list[str]) -> int:
