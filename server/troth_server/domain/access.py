@@ -1,0 +1,122 @@
+"""Who may call what: principals, roles, and the one RPC x role table (DESIGN §7).
+
+Pure: the authentication interceptor (`troth_server.api._auth`) finds the caller's
+`Principal`; everything here decides from it and the call, without I/O.
+
+Roles:
+
+- `worker`: the task calls (`Poll`, `Heartbeat`, `CompleteTask`, `ReleaseTask`,
+  `RegisterCallbacks`) and its workflows' step writes, for the task groups its
+  grant names (`Principal.groups`);
+- `gateway`: starts workflows, reads, searches and watches promises, settles them;
+- `operator`: reads, searches and watches promises, cancels them, lists tasks;
+- `admin`: everything, including `PrunePromises`.
+
+A principal may further be scoped to id prefixes (`Principal.prefixes`): a tenant
+sees and touches only promises whose ids start with one of them.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+
+class Role(enum.StrEnum):
+    WORKER = "worker"
+    GATEWAY = "gateway"
+    OPERATOR = "operator"
+    ADMIN = "admin"
+
+
+ANY_GROUP = "*"
+"""In `Principal.groups`: every task group."""
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """An authenticated caller (or, with authentication off, the local developer)."""
+
+    name: str
+    roles: frozenset[Role]
+    groups: frozenset[str] = field(default_factory=frozenset)
+    """Task groups a worker may poll and work for (`ANY_GROUP` for all)."""
+    prefixes: tuple[str, ...] = ()
+    """Id prefixes this principal may see and touch; empty for every id."""
+    authenticated: bool = True
+    """False only for `LOCAL_DEVELOPER`, the caller when authentication is off."""
+
+    def has(self, role: Role) -> bool:
+        return role in self.roles or Role.ADMIN in self.roles
+
+    def may_work_for(self, group: str) -> bool:
+        """Whether this principal may poll `group` and write its workflows' steps."""
+        if Role.ADMIN in self.roles:
+            return True
+        return Role.WORKER in self.roles and (ANY_GROUP in self.groups or group in self.groups)
+
+    def may_touch(self, promise_id: str) -> bool:
+        """Whether `promise_id` is inside this principal's id prefixes."""
+        return not self.prefixes or promise_id.startswith(self.prefixes)
+
+
+LOCAL_DEVELOPER = Principal(
+    name="local-developer",
+    roles=frozenset(Role),
+    groups=frozenset({ANY_GROUP}),
+    authenticated=False,
+)
+"""The caller of every RPC when authentication is off (`troth serve --no-auth`,
+loopback only): may do everything, and names itself with `troth-principal`."""
+
+
+_WORKER = frozenset({Role.WORKER, Role.ADMIN})
+_READERS = frozenset({Role.WORKER, Role.GATEWAY, Role.OPERATOR, Role.ADMIN})
+_WATCHERS = frozenset({Role.GATEWAY, Role.OPERATOR, Role.ADMIN})
+
+RPC_ROLES: Mapping[str, frozenset[Role]] = {
+    # troth.v1.Promises
+    "CreatePromise": frozenset({Role.WORKER, Role.GATEWAY, Role.ADMIN}),
+    "GetPromise": _READERS,
+    "SearchPromises": _WATCHERS,
+    "ResolvePromise": frozenset({Role.WORKER, Role.GATEWAY, Role.ADMIN}),
+    "RejectPromise": frozenset({Role.WORKER, Role.GATEWAY, Role.ADMIN}),
+    "CancelPromise": frozenset({Role.OPERATOR, Role.ADMIN}),
+    "WatchPromise": _READERS,
+    "WatchPromises": _WATCHERS,
+    "PrunePromises": frozenset({Role.ADMIN}),
+    # troth.v1.Tasks
+    "Poll": _WORKER,
+    "CompleteTask": _WORKER,
+    "Heartbeat": _WORKER,
+    "ReleaseTask": _WORKER,
+    "RegisterCallbacks": _WORKER,
+    "SearchTasks": frozenset({Role.OPERATOR, Role.ADMIN}),
+}
+"""Which roles may call each RPC (the one table; the README's is generated from it
+by `python -m troth_server.domain.access`). A `ResolvePromise` or `RejectPromise`
+that carries a settle token needs no role: the token is its permission."""
+
+
+def may_call(principal: Principal, rpc: str) -> bool:
+    """Whether `principal` may call `rpc` at all (finer checks come with the request)."""
+    allowed = RPC_ROLES.get(rpc)
+    return allowed is not None and not allowed.isdisjoint(principal.roles)
+
+
+def roles_table() -> str:
+    """`RPC_ROLES` as a Markdown table, for the README."""
+    columns = list(Role)
+    lines = [
+        "| RPC | " + " | ".join(f"`{role}`" for role in columns) + " |",
+        "| --- | " + " | ".join(":-:" for _ in columns) + " |",
+    ]
+    for rpc, allowed in RPC_ROLES.items():
+        marks = " | ".join("yes" if role in allowed else "" for role in columns)
+        lines.append(f"| `{rpc}` | {marks} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(roles_table())
