@@ -85,6 +85,9 @@ RSS_MARGIN_MIB = 48
 RSS_MARGIN_SHARE = 0.20
 GROUP = "soak"
 TIMEOUT_S = 60.0
+TIMED = (("troth-timeout-ms", str(round(TIMEOUT_S * 1000))),)
+"""Every unary call says its timeout, as the SDK does, so the server measures how long
+calls wait before it can start them (and sheds load before they wait too long)."""
 CHANNEL_OPTIONS = [("grpc.use_local_subchannel_pool", 1)]
 MiB = 1024 * 1024
 
@@ -175,7 +178,7 @@ class Load:
             if roll < 0.05:
                 await self.call("SearchPromises", lambda: stub.SearchPromises(
                     promises_pb2.SearchPromisesRequest(id=f"soak-{self.run}-p-*", page_size=10),
-                    timeout=TIMEOUT_S,
+                    timeout=TIMEOUT_S, metadata=TIMED,
                 ))  # fmt: skip
                 continue
             workflow = roll < 0.15
@@ -184,20 +187,23 @@ class Load:
             create = promises_pb2.CreatePromiseRequest(id=pid, tags=tags)
             create.ttl.FromSeconds(600)
             if await self.call("CreatePromise", functools.partial(
-                stub.CreatePromise, create, timeout=TIMEOUT_S
+                stub.CreatePromise, create, timeout=TIMEOUT_S, metadata=TIMED
             )) is None:  # fmt: skip
                 continue
             if workflow:
                 continue  # a poller completes it
             get = functools.partial(
-                stub.GetPromise, promises_pb2.GetPromiseRequest(id=pid), timeout=TIMEOUT_S
+                stub.GetPromise,
+                promises_pb2.GetPromiseRequest(id=pid),
+                timeout=TIMEOUT_S,
+                metadata=TIMED,
             )
             await self.call("GetPromise", get)
             resolve = promises_pb2.ResolvePromiseRequest(
                 id=pid, value=types_pb2.Payload(data=b"{}"), idempotency_key=uuid.uuid4().hex
             )
             await self.call("ResolvePromise", functools.partial(
-                stub.ResolvePromise, resolve, timeout=TIMEOUT_S
+                stub.ResolvePromise, resolve, timeout=TIMEOUT_S, metadata=TIMED
             ))  # fmt: skip
             await self.call("GetPromise", get)
 
@@ -253,7 +259,7 @@ class Load:
                     resolve_root=types_pb2.Payload(data=b"{}"),
                 )  # fmt: skip
                 await self.call("CompleteTask", functools.partial(
-                    tasks.CompleteTask, complete, timeout=TIMEOUT_S
+                    tasks.CompleteTask, complete, timeout=TIMEOUT_S, metadata=TIMED
                 ))  # fmt: skip
         except grpc.aio.AioRpcError:
             ended = True
@@ -274,7 +280,7 @@ class Load:
         create = promises_pb2.CreatePromiseRequest(id=pid)
         create.ttl.FromSeconds(600)
         if await self.call("CreatePromise", lambda: promises.CreatePromise(
-            create, timeout=TIMEOUT_S
+            create, timeout=TIMEOUT_S, metadata=TIMED
         )) is None:  # fmt: skip
             return
         call = promises.WatchPromise(promises_pb2.WatchPromiseRequest(id=pid))
@@ -288,7 +294,7 @@ class Load:
             await self._sleep(random.uniform(0.0, 2.0))
             resolve = promises_pb2.ResolvePromiseRequest(id=pid, idempotency_key=uuid.uuid4().hex)
             if await self.call("ResolvePromise", lambda: promises.ResolvePromise(
-                resolve, timeout=TIMEOUT_S
+                resolve, timeout=TIMEOUT_S, metadata=TIMED
             )) is None:  # fmt: skip
                 return  # the phase ended first: drop the watch
             while (await call.read()) is not grpc.aio.EOF:
@@ -383,7 +389,10 @@ def census(process: psutil.Process, port: int, db_path: str | None) -> Resources
 def quiet_resources(
     process: psutil.Process, port: int, db_path: str | None, settle_s: float = 15.0
 ) -> Resources:
-    """RSS and fds once the fd count has stopped changing (connections closed)."""
+    """RSS and fds once every client connection is closed and the fd count has stopped
+    changing (or after `settle_s`: then what is still open counts against the run). On a
+    loaded machine the server may take seconds to close connections its clients closed;
+    a count that merely stood still for 2 s is not yet quiet."""
     deadline = time.monotonic() + settle_s
     last, stable_since = process.num_fds(), time.monotonic()
     while time.monotonic() < deadline:
@@ -392,7 +401,10 @@ def quiet_resources(
         if now != last:
             last, stable_since = now, time.monotonic()
         elif time.monotonic() - stable_since >= 2.0:
-            break
+            resources = census(process, port, db_path)
+            if resources.clients == 0:
+                return resources
+            stable_since = time.monotonic()
     return census(process, port, db_path)
 
 

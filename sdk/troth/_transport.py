@@ -7,7 +7,8 @@ This module owns everything that knows about gRPC on the SDK side:
   tuned for long `WatchPromise` streams and generous message limits (the
   server enforces its own payload limits); a client of several replicas
   has one channel to all of them, which fails over by itself (`troth._addresses`);
-- the principal sent as `troth-principal` metadata on every call;
+- the principal sent as `troth-principal` metadata on every call, and each call's
+  timeout as `troth-timeout-ms` (the server's measure of how long calls wait);
 - retries with capped, jittered exponential backoff (`troth._backoff`) of
   `UNAVAILABLE` and `DEADLINE_EXCEEDED`, for idempotent calls only, and of an
   overload refusal (`RESOURCE_EXHAUSTED`, reason `OVERLOADED`, after its
@@ -61,6 +62,9 @@ _log = logging.getLogger("troth.client")
 
 PRINCIPAL_METADATA_KEY = "troth-principal"
 """gRPC metadata key carrying the caller's principal (recorded as `settled_by`)."""
+
+TIMEOUT_METADATA_KEY = "troth-timeout-ms"
+"""gRPC metadata key carrying a call's timeout in milliseconds (see `metadata_for`)."""
 
 _MiB = 1024 * 1024
 
@@ -216,6 +220,14 @@ class Transport:
         """Seconds left until `deadline` (never negative), or None for no deadline."""
         return None if deadline is None else max(0.0, deadline - self._clock())
 
+    def metadata_for(self, timeout: float | None) -> tuple[tuple[str, str], ...]:
+        """`metadata` plus the call's timeout (`troth-timeout-ms`), from which the server
+        tells how long the call waited before it could start it, and sheds load before
+        calls wait too long (RESOURCE_EXHAUSTED, reason OVERLOADED)."""
+        if timeout is None:
+            return self.metadata
+        return (*self.metadata, (TIMEOUT_METADATA_KEY, str(max(1, round(timeout * 1000)))))
+
     def now(self) -> float:
         """The monotonic clock deadlines are measured on."""
         return self._clock()
@@ -312,8 +324,9 @@ class Transport:
                 while True:
                     attempt += 1
                     try:
+                        remaining = self.remaining(deadline)
                         return method(
-                            request, timeout=self.remaining(deadline), metadata=self.metadata
+                            request, timeout=remaining, metadata=self.metadata_for(remaining)
                         )
                     except grpc.RpcError as exc:
                         delay = self.retry_delay(exc, attempt, deadline, idempotent=idempotent)

@@ -508,8 +508,9 @@ class Client:
         outage_start: float | None = None  # when an established watch lost its stream
         with map_rpc_errors(transport.address):
             while True:
+                remaining = transport.remaining(deadline)
                 stream = self._stub.WatchPromise(
-                    request, timeout=transport.remaining(deadline), metadata=transport.metadata
+                    request, timeout=remaining, metadata=transport.metadata_for(remaining)
                 )
                 try:
                     for response in stream:

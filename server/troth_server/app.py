@@ -248,7 +248,9 @@ def serve(argv: list[str]) -> int:
 
 async def _serve_aio(settings: Settings) -> int:
     core = Core(settings)
-    admission = Admission.with_limits(settings.max_concurrent_rpcs, settings.max_streams)
+    admission = Admission.with_limits(
+        settings.max_concurrent_rpcs, settings.max_streams, settings.max_queue_delay_ms
+    )
     overload = OverloadReport(
         admission,
         queued_writes=lambda: core.committer.queued,

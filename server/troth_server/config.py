@@ -90,6 +90,9 @@ class Settings:
     """Open Poll / WatchPromise / WatchPromises streams; more are refused likewise."""
     max_queued_writes: int = 1024
     """Write requests waiting for the group committer; more are refused likewise."""
+    max_queue_delay_ms: int = 1000
+    """How long calls may have waited, before the server could start them, while
+    it still takes new ones (api/_admission.py `QueueDelay`)."""
     limits: Limits = Limits()
 
 
@@ -134,6 +137,12 @@ _OPTIONS: dict[str, tuple[str, type | None, str]] = {
         "max_queued_writes",
         int,
         "write requests waiting for the store; more are refused likewise",
+    ),
+    "max-queue-delay": (
+        "max_queue_delay_ms",
+        None,
+        "when every call of the last 100 ms waited longer than this before the server "
+        "could start it, new calls are refused likewise until the backlog drains",
     ),
     "max-id-length": ("max_id_length", int, "longest promise id"),
     "max-payload-bytes": ("max_payload_bytes", int, "largest param or value (data plus headers)"),
@@ -257,6 +266,7 @@ def _check(settings: Settings, parser: argparse.ArgumentParser) -> None:
         "max_concurrent_rpcs",
         "max_streams",
         "max_queued_writes",
+        "max_queue_delay_ms",
     ]
     for name in positive:
         if getattr(settings, name) <= 0:

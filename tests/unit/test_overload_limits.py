@@ -69,7 +69,12 @@ def test_the_report_logs_one_line_with_counts_and_nothing_when_quiet() -> None:
     assert line["refused"] == {"GetPromise": 500}
     assert line["refused_total"] == {"GetPromise": 500}
     assert line["queued_writes"] == 7
-    assert line["limits"] == {"max-concurrent-rpcs": 8, "max-streams": 4, "max-queued-writes": 16}
+    assert line["limits"] == {
+        "max-concurrent-rpcs": 8,
+        "max-streams": 4,
+        "max-queue-delay": 1000,
+        "max-queued-writes": 16,
+    }
 
 
 def test_the_report_runs_on_the_loop_and_flushes_at_stop() -> None:
@@ -98,6 +103,8 @@ def test_core_backlog_leaves_room_beyond_what_the_gates_admit() -> None:
         == options["grpc.server.max_pending_requests"]
     )
     assert dict(backlog_options(10_000, 5_000))["grpc.server.max_pending_requests"] == 150_000
+    # Core never cancels a call for waiting (it would answer CANCELLED after 30 s, unlogged).
+    assert options["grpc.server_max_unrequested_time_in_server"] >= 3600
 
 
 # -- the answer --------------------------------------------------------------------------------

@@ -401,9 +401,26 @@ def test_principal_travels_as_metadata(clock: FakeClock) -> None:
     try:
         method = Scripted()
         t.call(method, object(), timeout=1.0)  # type: ignore[arg-type]
-        assert method.calls[0]["metadata"] == (("troth-principal", "alice"),)
+        assert method.calls[0]["metadata"] == (
+            ("troth-principal", "alice"),
+            ("troth-timeout-ms", "1000"),
+        )
     finally:
         t.close()
+
+
+def test_each_attempt_says_its_timeout_so_the_server_can_tell_how_long_it_waited(
+    transport: Transport, clock: FakeClock
+) -> None:
+    method = Scripted(rich_error(Code.UNAVAILABLE, "restarting", Reason.STORE_UNAVAILABLE))
+    assert transport.call(method, object(), timeout=10.0) == "ok"  # type: ignore[arg-type]
+    sent = [dict(call["metadata"])["troth-timeout-ms"] for call in method.calls]
+    timeouts = [call["timeout"] for call in method.calls]
+    # What is left of the deadline, as gRPC is given it, attempt by attempt.
+    assert sent == [str(round(t * 1000)) for t in timeouts] and timeouts[1] < timeouts[0]
+    method = Scripted()
+    transport.call(method, object(), timeout=None)  # type: ignore[arg-type]
+    assert "troth-timeout-ms" not in dict(method.calls[0]["metadata"])  # no deadline, no wait known
 
 
 def test_backoff_is_capped() -> None:

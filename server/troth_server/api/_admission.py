@@ -9,6 +9,21 @@ committer's queue full (`--max-queued-writes`, raised as `Overloaded` by
 `troth_server.group_commit` and let through by `_rpc` to be answered here).
 Health checks and reflection pass no gate: an operator can always ask.
 
+A third check sees what the gates cannot: calls waiting in gRPC core before the
+server could even start them. grpc.aio picks calls up one per event-loop turn, so
+a saturated (or CPU-starved) server can have thousands waiting there while few are
+in progress, and core cancels, silently, any call that waited 30 s
+(`grpc.server_max_unrequested_time_in_server`; `backlog_options` lifts that too, so
+a call waits until its own deadline instead). The SDK sends the timeout it gave
+each call (`troth-timeout-ms`); from the deadline gRPC derived from it on arrival,
+the server knows how long the call waited. When every call started during the
+last 100 ms waited longer than `--max-queue-delay` (CoDel's test of a standing
+queue, applied to RPCs: `QueueDelay`), new calls are refused `OVERLOADED` at once,
+with the standing delay as their RetryInfo, until the backlog drains; calls that
+finish work already done (`CompleteTask`, `Heartbeat`, `ReleaseTask`) are never
+refused for it. Calls sent without the metadata (grpcurl) are refused with the
+rest but do not measure.
+
 Refusals are counted per RPC (`Admission.refused_total`) and reported by
 `OverloadReport` in one `overload` log line per second while they last, never
 one line per refused call: under overload, a log line per call would be one
@@ -26,6 +41,8 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import math
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeAlias
 
@@ -34,7 +51,7 @@ import grpc.aio
 import structlog
 
 from troth_server.api._status import status_for
-from troth_server.domain.errors import Overloaded
+from troth_server.domain.errors import InvalidArgument, Overloaded
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable
@@ -52,16 +69,35 @@ UNARY_RETRY_MS = 50
 """A unary slot frees within milliseconds: come back soon (the SDK adds jitter and backoff)."""
 STREAM_RETRY_MS = 1000
 """A stream slot frees only when some stream ends: come back later."""
+QUEUE_FLAG = "max-queue-delay"
+QUEUE_INTERVAL_S = 0.1
+"""The window over which every started call must have waited too long (CoDel's interval)."""
+QUEUE_RETRY_MAX_MS = 5000
+TIMEOUT_METADATA = "troth-timeout-ms"
+"""Metadata the SDK sends with every call that has a deadline: the timeout it gave
+grpc, in whole milliseconds (at most `MAX_TIMEOUT_MS`)."""
+MAX_TIMEOUT_MS = 10**12
+FINISHING_WORK = frozenset({"CompleteTask", "Heartbeat", "ReleaseTask"})
+"""Calls never refused for the queue delay: refusing them would waste work already done
+(or a lease), and they add no new work."""
+
+
+UNREQUESTED_CALL_MAX_S = 86_400
 
 
 def backlog_options(max_concurrent_rpcs: int, max_streams: int) -> list[tuple[str, int]]:
     """gRPC core options so that a burst waits in core's backlog instead of being
     CANCELLED: room for ten times what the gates admit (at least 20,000 calls), which a
-    burst fills only if the event loop stops picking calls up altogether."""
+    burst fills only if the event loop stops picking calls up altogether, for as long
+    as each call's own deadline allows."""
     backlog = max(20_000, 10 * (max_concurrent_rpcs + max_streams))
     return [
         ("grpc.server.max_pending_requests", backlog),
         ("grpc.server.max_pending_requests_hard_limit", backlog),
+        # Core would cancel a call that waited this long (default 30 s) with no word;
+        # a call waits for its own deadline instead, and the queue-delay check sheds
+        # load long before.
+        ("grpc.server_max_unrequested_time_in_server", UNREQUESTED_CALL_MAX_S),
     ]
 
 
@@ -92,22 +128,112 @@ class Gate:
 
 
 @dataclass(slots=True)
+class QueueDelay:
+    """How long calls waited before the server could start them, as CoDel judges a queue
+    (Nichols and Jacobson, "Controlling Queue Delay", 2012): a queue is standing when
+    the shortest wait of every call started within an interval is over the target, and
+    at least `min_calls` were started in it (with a backlog, calls are started all the
+    time). One slow client, or a burst the server works off within the interval, is not
+    enough.
+
+    Pure: `sample` and `standing` take the monotonic time; one event loop, no lock.
+    """
+
+    limit_s: float
+    interval_s: float = QUEUE_INTERVAL_S
+    min_calls: int = 4
+    standing_s: float = 0.0
+    """The shortest wait of the calls started in the last complete interval (0 when
+    fewer than `min_calls` were)."""
+    _window_end: float = -math.inf
+    _window_min: float = math.inf
+    _window_calls: int = 0
+
+    def sample(self, waited_s: float, now: float) -> None:
+        """One call started at `now` after waiting `waited_s` seconds."""
+        self._roll(now)
+        self._window_min = min(self._window_min, waited_s)
+        self._window_calls += 1
+
+    def standing(self, now: float) -> float:
+        """The standing delay as of `now` (0 once a whole interval went by unmeasured)."""
+        self._roll(now)
+        return self.standing_s
+
+    def over(self, now: float) -> bool:
+        return self.standing(now) > self.limit_s
+
+    def _roll(self, now: float) -> None:
+        if now < self._window_end:
+            return
+        # The window that ended decides, if `now` is in the very next one; after a
+        # whole window with (almost) no call started, nothing was waiting.
+        fresh = now < self._window_end + self.interval_s and self._window_calls >= self.min_calls
+        self.standing_s = self._window_min if fresh else 0.0
+        self._window_end = now + self.interval_s
+        self._window_min = math.inf
+        self._window_calls = 0
+
+
+def waited_s(timeout_ms: str | None, time_remaining: float | None) -> float | None:
+    """How long a call waited before it was started: the timeout its client gave it
+    (`troth-timeout-ms`) less what gRPC says remains of the deadline it derived from
+    that timeout on arrival; None when the call says nothing. Raises InvalidArgument on
+    metadata that is not a whole number of milliseconds in range."""
+    if timeout_ms is None:
+        return None
+    if not (timeout_ms.isascii() and timeout_ms.isdigit()) or len(timeout_ms) > 13:
+        raise InvalidArgument(
+            TIMEOUT_METADATA,
+            "metadata must be the call's timeout in whole milliseconds (the troth SDK "
+            "sends it); drop it or send digits only",
+        )
+    timeout = int(timeout_ms)
+    if not 0 < timeout <= MAX_TIMEOUT_MS:
+        raise InvalidArgument(
+            TIMEOUT_METADATA, f"metadata must be between 1 and {MAX_TIMEOUT_MS} milliseconds"
+        )
+    if time_remaining is None:  # no deadline reached the server (a proxy dropped it)
+        return None
+    return max(0.0, timeout / 1000 - time_remaining)
+
+
+@dataclass(slots=True)
 class Admission:
     """Both gates and the refusal counters (pure: the interceptor and the report use it)."""
 
     unary: Gate
     streams: Gate
+    queue: QueueDelay
     refused_total: collections.Counter[str] = field(default_factory=collections.Counter)
     """Refused calls per RPC method name, since the start."""
     _since_report: collections.Counter[str] = field(default_factory=collections.Counter)
+    worst_queue_delay_s: float = 0.0
+    """The longest standing queue delay refused for since the last report."""
 
     @classmethod
-    def with_limits(cls, max_concurrent_rpcs: int, max_streams: int) -> Admission:
+    def with_limits(
+        cls, max_concurrent_rpcs: int, max_streams: int, max_queue_delay_ms: int = 1000
+    ) -> Admission:
         return cls(
             unary=Gate(UNARY_FLAG, max_concurrent_rpcs, "unary calls are in progress",
                        UNARY_RETRY_MS),
             streams=Gate(STREAM_FLAG, max_streams, "streams are open", STREAM_RETRY_MS),
+            queue=QueueDelay(max_queue_delay_ms / 1000),
         )  # fmt: skip
+
+    def queue_refusal(self, now: float) -> Overloaded | None:
+        """The refusal of a new call while calls wait too long to be started, else None."""
+        standing = self.queue.standing(now)
+        if standing <= self.queue.limit_s:
+            return None
+        self.worst_queue_delay_s = max(self.worst_queue_delay_s, standing)
+        return Overloaded(
+            QUEUE_FLAG,
+            f"{round(self.queue.limit_s * 1000)}ms",
+            f"calls have waited {standing:.1f} s before it could start them",
+            retry_after_ms=min(QUEUE_RETRY_MAX_MS, max(UNARY_RETRY_MS, round(standing * 1000))),
+        )
 
     def refused(self, method: str) -> None:
         self.refused_total[method] += 1
@@ -121,8 +247,17 @@ class Admission:
         self._since_report.clear()
         return report
 
+    def take_worst_queue_delay(self) -> float:
+        """The worst standing delay refused for since the last call, and reset."""
+        worst, self.worst_queue_delay_s = self.worst_queue_delay_s, 0.0
+        return worst
+
     def limits(self) -> dict[str, int]:
-        return {self.unary.flag: self.unary.limit, self.streams.flag: self.streams.limit}
+        return {
+            self.unary.flag: self.unary.limit,
+            self.streams.flag: self.streams.limit,
+            QUEUE_FLAG: round(self.queue.limit_s * 1000),
+        }
 
 
 class AdmissionInterceptor(grpc.aio.ServerInterceptor):
@@ -175,6 +310,7 @@ class AdmissionInterceptor(grpc.aio.ServerInterceptor):
         gate = self._admission.unary
 
         async def unary(request: Any, context: AioContext) -> Any:
+            await self._check_queue(name, context)
             if not gate.try_enter():
                 await self._refuse(name, context, gate)
             try:
@@ -190,6 +326,7 @@ class AdmissionInterceptor(grpc.aio.ServerInterceptor):
         gate = self._admission.streams
 
         async def stream(request: Any, context: AioContext) -> AsyncIterator[Any]:
+            await self._check_queue(name, context)
             if not gate.try_enter():
                 await self._refuse(name, context, gate)
             # However the stream ends (finished, failed, cancelled by the client), the
@@ -204,6 +341,29 @@ class AdmissionInterceptor(grpc.aio.ServerInterceptor):
                 await self._refuse(name, context, exc)
 
         return stream
+
+    async def _check_queue(self, name: str, context: AioContext) -> None:
+        """Measure how long this call waited (if it says), and refuse it while calls wait
+        too long to be started (unless it finishes work)."""
+        now = time.monotonic()
+        timeout_ms = None
+        for key, value in context.invocation_metadata() or ():
+            if key == TIMEOUT_METADATA:
+                timeout_ms = value if isinstance(value, str) else None
+                break
+        try:
+            waited = waited_s(timeout_ms, context.time_remaining())
+        except InvalidArgument as exc:
+            status = status_for(exc)
+            await context.abort(status.code, status.details, status.trailing_metadata)
+        queue = self._admission.queue
+        if waited is not None:
+            queue.sample(waited, now)
+        if name in FINISHING_WORK:
+            return
+        refusal = self._admission.queue_refusal(now)
+        if refusal is not None:
+            await self._refuse(name, context, refusal)
 
     async def _refuse(self, name: str, context: AioContext, why: Gate | Overloaded) -> None:
         self._admission.refused(name)
@@ -267,6 +427,7 @@ class OverloadReport:
             refused_total=dict(admission.refused_total),
             unary_in_flight=admission.unary.in_use,
             streams_open=admission.streams.in_use,
+            queue_delay_s=round(admission.take_worst_queue_delay(), 3),
             queued_writes=self._queued_writes(),
             limits=limits,
         )

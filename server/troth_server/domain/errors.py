@@ -103,13 +103,14 @@ class Overloaded(DomainError):
     """The server is at one of its capacity limits: refused for now, retry later.
 
     `limit` names the flag that sets it (`max-concurrent-rpcs`, `max-streams`,
-    `max-queued-writes`); `retry_after_ms` is the delay the answer's RetryInfo asks for.
+    `max-queued-writes`, `max-queue-delay`); `retry_after_ms` is the delay the answer's
+    RetryInfo asks for.
     """
 
     reason = Reason.OVERLOADED
     retry_after_ms: int = 100
 
-    def __init__(self, limit: str, value: int, what: str, retry_after_ms: int) -> None:
+    def __init__(self, limit: str, value: int | str, what: str, retry_after_ms: int) -> None:
         super().__init__(
             f"the server is overloaded: {what} (--{limit}={value}); nothing was done, "
             f"retry after {retry_after_ms} ms with backoff (the troth SDK does), or raise "
