@@ -130,4 +130,3 @@ def first_message(call: Any) -> object:
         return next(call)
     finally:
         call.cancel()
-
