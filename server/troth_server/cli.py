@@ -86,6 +86,11 @@ def tokens(argv: Sequence[str]) -> int:
     new.add_argument(
         "--prefixes", default="", help="comma-separated id prefixes it may see and touch"
     )
+    new.add_argument(
+        "--token-out",
+        metavar="FILE",
+        help="write the token to this new file (mode 0600) instead of printing it on stderr",
+    )
     args = parser.parse_args(list(argv))
 
     from troth_server.auth import mint
@@ -98,7 +103,17 @@ def tokens(argv: Sequence[str]) -> int:
     except ValueError as exc:
         print(f"troth tokens: error: {exc}", file=sys.stderr)
         return 2
+    if args.token_out:
+        try:
+            fd = os.open(args.token_out, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except OSError as exc:
+            print(f"troth tokens: error: {args.token_out}: {exc.strerror}", file=sys.stderr)
+            return 1
+        with os.fdopen(fd, "w") as out:
+            out.write(minted.token + "\n")
     sys.stdout.write(minted.entry)
     sys.stdout.flush()
-    print(f"token (shown once; the file keeps only its hash): {minted.token}", file=sys.stderr)
+    if not args.token_out:
+        print("# the token, shown once (the file keeps only its hash):", file=sys.stderr)
+        print(minted.token, file=sys.stderr)
     return 0
