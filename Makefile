@@ -19,8 +19,8 @@ $(VENV)/.installed: sdk/pyproject.toml server/pyproject.toml requirements-dev.tx
 
 install: $(VENV)/.installed ## Create .venv and install troth, troth-server and the dev tools
 
-run: install ## Start the server on the embedded SQLite default (LISTEN=, DB= to override)
-	$(VENV)/bin/troth serve --listen $(LISTEN) --db $(DB)
+run: install ## Start a local server, authentication off, on the embedded SQLite default (LISTEN=, DB= to override)
+	$(VENV)/bin/troth serve --no-auth --listen $(LISTEN) --db $(DB)
 
 proto: install ## Regenerate sdk/troth/v1 from proto/ (grpcio-tools pinned in requirements-dev.txt)
 	rm -f sdk/troth/v1/*_pb2*.py sdk/troth/v1/*_pb2*.pyi

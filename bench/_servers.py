@@ -323,6 +323,15 @@ class Database:
             self.schema = None
 
 
+_AUTH_FLAGS = ("--no-auth", "--auth-tokens", "--jwt-key-file", "--jwt-jwks-file")
+
+
+def _has_auth(args: Sequence[str]) -> bool:
+    """Whether `troth serve` arguments choose authentication (else `--no-auth` is added:
+    a server for tests on a loopback address)."""
+    return any(arg.split("=", 1)[0] in _AUTH_FLAGS for arg in args)
+
+
 class Cluster:
     """The troth server processes of one target on one fresh database.
 
@@ -346,7 +355,8 @@ class Cluster:
                 argv = [
                     sys.executable, "-m", "troth_server", "serve",
                     "--listen", "127.0.0.1:0", *self.database.serve_args,
-                    "--port-file", str(port_file), *extra_args,
+                    "--port-file", str(port_file),
+                    *(() if _has_auth(extra_args) else ("--no-auth",)), *extra_args,
                 ]  # fmt: skip
                 server = ServerProcess(label, argv, workdir, port_file)
                 self.servers.append(server)

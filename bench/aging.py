@@ -67,7 +67,7 @@ def serve(db: Path, code: Path | None, workdir: Path) -> Iterator[str]:
     port_file = workdir / f"port-{time.monotonic_ns()}"
     with (workdir / "server.log").open("ab") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "troth_server", "serve", "--listen", "127.0.0.1:0",
+            [sys.executable, "-m", "troth_server", "serve", "--no-auth", "--listen", "127.0.0.1:0",
              "--db", f"sqlite:///{db}", "--port-file", str(port_file), "--log-level", "warning"],
             stdout=out, stderr=out, env=env,
         )  # fmt: skip

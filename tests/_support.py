@@ -21,7 +21,7 @@ from troth import Client, NotFoundError
 from troth.v1 import promises_pb2_grpc, tasks_pb2, tasks_pb2_grpc
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Sequence
     from pathlib import Path
 
 
@@ -55,6 +55,15 @@ class ServerProcess:
         return self.log_path.read_text(errors="replace")
 
 
+_AUTH_FLAGS = ("--no-auth", "--auth-tokens", "--jwt-key-file", "--jwt-jwks-file")
+
+
+def _has_auth(args: Sequence[str]) -> bool:
+    """Whether `troth serve` arguments choose authentication (else `--no-auth` is added:
+    a server for tests on a loopback address)."""
+    return any(arg.split("=", 1)[0] in _AUTH_FLAGS for arg in args)
+
+
 def start_server(
     workdir: Path, *args: str, db_url: str | None = None, env: dict[str, str] | None = None
 ) -> ServerProcess:
@@ -66,7 +75,7 @@ def start_server(
     command = [
         sys.executable, "-m", "troth_server", "serve",
         "--listen", "127.0.0.1:0", "--db", db_url, "--port-file", str(port_file),
-        *args,
+        *(args if _has_auth(args) else ("--no-auth", *args)),
     ]  # fmt: skip
     with log_path.open("wb") as log_file:
         proc = subprocess.Popen(

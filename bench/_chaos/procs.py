@@ -184,7 +184,7 @@ class ServerReplica:
 
     def start(self, migrate: bool = False) -> None:
         argv = [
-            sys.executable, "-m", "troth_server", "serve",
+            sys.executable, "-m", "troth_server", "serve", "--no-auth",
             "--listen", self.address, "--db", self.db_url, *(["--migrate"] if migrate else []),
             *self.extra,
         ]  # fmt: skip

@@ -12,6 +12,7 @@ troth tasks list --group G [--limit N]   (see _cli_tasks)
 troth approvals list|approve|reject|watch ...   (the inbox; see _cli_approvals)
 troth serve ...          (forwarded to troth_server.cli.serve; needs troth-server)
 troth db upgrade|current [--db URL]   (forwarded to troth_server.cli.db; needs troth-server)
+troth tokens new --name N --roles R [--groups G] [--prefixes P]   (troth_server.cli.tokens)
 ```
 
 Exit codes: 0 success, 1 the server refused or could not be reached (the
@@ -279,6 +280,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="migrate the server's database or show its schema revision "
         "(needs troth-server; see `troth db --help`)",
     ).add_argument("db_args", nargs=argparse.REMAINDER)
+    commands.add_parser(
+        "tokens",
+        help="mint bearer tokens for the server's token file "
+        "(needs troth-server; see `troth tokens new --help`)",
+    ).add_argument("tokens_args", nargs=argparse.REMAINDER)
     return parser
 
 
@@ -327,7 +333,7 @@ def add_state_option(parser: argparse.ArgumentParser, help: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Run the `troth` command; return its exit status."""
     args_list = sys.argv[1:] if argv is None else list(argv)
-    if args_list[:1] in (["serve"], ["db"]):
+    if args_list[:1] in (["serve"], ["db"], ["tokens"]):
         return _server_command(args_list[0], args_list[1:])
     parser = build_parser()
     try:

@@ -393,6 +393,15 @@ def _json_type(value: Any) -> str:
     return names.get(type(value), "a number")
 
 
+_AUTH_FLAGS = ("--no-auth", "--auth-tokens", "--jwt-key-file", "--jwt-jwks-file")
+
+
+def _has_auth(args: Sequence[str]) -> bool:
+    """Whether `troth serve` arguments choose authentication (else `--no-auth` is added:
+    a server for tests on a loopback address)."""
+    return any(arg.split("=", 1)[0] in _AUTH_FLAGS for arg in args)
+
+
 @contextmanager
 def running_server(*args: str, timeout: float = 30.0) -> Iterator[str]:
     """Start `troth serve` on 127.0.0.1, a free port and a fresh SQLite file.
@@ -412,7 +421,7 @@ def running_server(*args: str, timeout: float = 30.0) -> Iterator[str]:
         command = [
             sys.executable, "-m", "troth_server", "serve", "--listen", "127.0.0.1:0",
             "--db", f"sqlite:///{Path(workdir) / 'troth.db'}", "--port-file", str(port_file),
-            *args,
+            *(args if _has_auth(args) else ("--no-auth", *args)),
         ]  # fmt: skip
         with log_path.open("wb") as log:
             proc = subprocess.Popen(command, stdout=log, stderr=log, env=dict(os.environ))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -26,9 +27,11 @@ from troth_server.api._admission import (
     OverloadReport,
     backlog_options,
 )
+from troth_server.api._auth import AuthInterceptor
 from troth_server.api._decode import register
 from troth_server.api.promises import PromisesServicer
 from troth_server.api.tasks import TasksServicer
+from troth_server.auth import AuthConfigError, Authenticator
 from troth_server.checks import SchemaChecks
 from troth_server.clock import (
     DatabaseClock,
@@ -37,7 +40,7 @@ from troth_server.clock import (
     WallClock,
     monotonic_ms,
 )
-from troth_server.config import Settings, settings_from
+from troth_server.config import Settings, auth_refusal, is_loopback, settings_from
 from troth_server.dispatch import Dispatcher
 from troth_server.group_commit import GroupCommitter
 from troth_server.service import PromiseService
@@ -211,7 +214,7 @@ def _bind(server: grpc.aio.Server, settings: Settings) -> int:
     return port
 
 
-def _log_started(settings: Settings, port: int) -> None:
+def _log_started(settings: Settings, port: int, authenticator: Authenticator | None) -> None:
     from sqlalchemy.engine import make_url
 
     log.info(
@@ -219,7 +222,47 @@ def _log_started(settings: Settings, port: int) -> None:
         listen=settings.listen,
         port=port,
         db=make_url(settings.db).render_as_string(hide_password=True),
+        auth=_auth_mode(authenticator),
     )
+
+
+def _auth_mode(authenticator: Authenticator | None) -> str:
+    if authenticator is None:
+        return "off"
+    sources = authenticator.sources
+    modes = (["tokens"] if sources.tokens_file else []) + (["jwt"] if sources.uses_jwt else [])
+    return "+".join(modes)
+
+
+def _warn_no_auth(settings: Settings) -> None:
+    """Every start without authentication says so, first (`make run` shows it)."""
+    if settings.allow_public_without_auth and not is_loopback(settings.listen):
+        log.warning(
+            "auth.off",
+            message=f"authentication is off on {settings.listen}, a PUBLIC address "
+            "(--no-auth --allow-public-without-auth): anyone who reaches it may settle, "
+            "cancel and forge every workflow",
+        )
+        return
+    log.warning(
+        "auth.off",
+        message="authentication is off (--no-auth): every caller may do everything; "
+        "for local development only",
+    )
+
+
+def _authenticator(settings: Settings) -> Authenticator | None:
+    sources = settings.auth_sources()
+    return None if sources is None else Authenticator(sources)
+
+
+def _reload_auth(authenticator: Authenticator) -> None:
+    """SIGHUP: re-read the token file and JWT keys; a file that fails keeps its old table."""
+    errors = authenticator.reload()
+    for error in errors:
+        log.error("auth.reload_failed", error=error, kept="the previous table")
+    if not errors:
+        log.info("auth.reloaded", tokens=authenticator.token_count)
 
 
 def _write_port_file(settings: Settings, port: int) -> None:
@@ -230,9 +273,16 @@ def _write_port_file(settings: Settings, port: int) -> None:
 
 
 def serve(argv: list[str]) -> int:
-    """`troth serve`: run until SIGTERM or SIGINT; SIGUSR1 logs commit statistics."""
+    """`troth serve`: run until SIGTERM or SIGINT; SIGUSR1 logs commit statistics,
+    SIGHUP reloads the token file and JWT keys."""
     settings = settings_from(argv)
+    refusal = auth_refusal(settings)
+    if refusal is not None:
+        print(f"troth serve: error: {refusal}", file=sys.stderr)
+        return 2
     _logging.configure(settings.log_level, settings.log_format)
+    if settings.no_auth:
+        _warn_no_auth(settings)
     try:
         code = asyncio.run(_serve_aio(settings))
         # Stopped cleanly: a repeated SIGTERM or Ctrl-C must not turn the exit into
@@ -240,13 +290,14 @@ def serve(argv: list[str]) -> int:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         return code
-    except StoreError as exc:
+    except (StoreError, AuthConfigError) as exc:
         log.error("server.cannot_start", error=str(exc))
         _logging.flush()
         return 1
 
 
 async def _serve_aio(settings: Settings) -> int:
+    authenticator = _authenticator(settings)  # before the store: a bad file opens nothing
     core = Core(settings)
     admission = Admission.with_limits(
         settings.max_concurrent_rpcs, settings.max_streams, settings.max_queue_delay_ms
@@ -257,7 +308,9 @@ async def _serve_aio(settings: Settings) -> int:
         queue_limit=settings.max_queued_writes,
     )
     server = grpc.aio.server(
-        options=grpc_options(settings), interceptors=[AdmissionInterceptor(admission)]
+        options=grpc_options(settings),
+        # Admission first: a refused flood costs no authentication.
+        interceptors=[AdmissionInterceptor(admission), AuthInterceptor(authenticator)],
     )
     health_servicer = health.aio.HealthServicer()
     # Not the generated add_*Servicer_to_server: their deserializers raise on bytes
@@ -277,13 +330,15 @@ async def _serve_aio(settings: Settings) -> int:
     await server.start()
     for name in ("", PROMISES_SERVICE, TASKS_SERVICE):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    _log_started(settings, port)
+    _log_started(settings, port, authenticator)
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, _aio_stop, stop, signum)
     loop.add_signal_handler(signal.SIGUSR1, _log_stats, core, overload)
+    if authenticator is not None:
+        loop.add_signal_handler(signal.SIGHUP, _reload_auth, authenticator)
     _write_port_file(settings, port)
     await stop.wait()
 

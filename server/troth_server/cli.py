@@ -1,4 +1,4 @@
-"""Entry points the `troth` command delegates to: `troth serve` and `troth db`."""
+"""Entry points the `troth` command delegates to: `troth serve`, `troth db`, `troth tokens`."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from troth_server.app import serve
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-__all__ = ["db", "serve"]
+__all__ = ["db", "serve", "tokens"]
 
 
 def db(argv: Sequence[str]) -> int:
@@ -59,3 +59,61 @@ def db(argv: Sequence[str]) -> int:
     except StoreError as exc:
         print(f"troth db: {exc}", file=sys.stderr)
         return 1
+
+
+def tokens(argv: Sequence[str]) -> int:
+    """`troth tokens new`: mint a token-file entry (printed on stdout, hash only) and
+    its token (printed once, on stderr, so that `>> tokens.toml` keeps it out of the file)."""
+    parser = argparse.ArgumentParser(
+        prog="troth tokens",
+        description="Mint bearer tokens for a troth server's token file (--auth-tokens).",
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    new = commands.add_parser(
+        "new",
+        help="print a [[principal]] entry (the secret's scrypt hash only) and, once, its token",
+        description="Print a new [[principal]] entry for the token file on stdout, and its "
+        "token, once, on stderr: append the entry to the file, send SIGHUP to the server, "
+        "and hand the token to its user (it is not stored anywhere).",
+    )
+    new.add_argument("--name", required=True, help="the principal's name (settled_by, logs)")
+    new.add_argument(
+        "--roles", required=True, help="comma-separated: worker, gateway, operator, admin"
+    )
+    new.add_argument(
+        "--groups", default="", help="comma-separated task groups a worker may poll ('*': all)"
+    )
+    new.add_argument(
+        "--prefixes", default="", help="comma-separated id prefixes it may see and touch"
+    )
+    new.add_argument(
+        "--token-out",
+        metavar="FILE",
+        help="write the token to this new file (mode 0600) instead of printing it on stderr",
+    )
+    args = parser.parse_args(list(argv))
+
+    from troth_server.auth import mint
+
+    def split(text: str) -> list[str]:
+        return [part.strip() for part in text.split(",") if part.strip()]
+
+    try:
+        minted = mint(args.name, split(args.roles), split(args.groups), split(args.prefixes))
+    except ValueError as exc:
+        print(f"troth tokens: error: {exc}", file=sys.stderr)
+        return 2
+    if args.token_out:
+        try:
+            fd = os.open(args.token_out, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except OSError as exc:
+            print(f"troth tokens: error: {args.token_out}: {exc.strerror}", file=sys.stderr)
+            return 1
+        with os.fdopen(fd, "w") as out:
+            out.write(minted.token + "\n")
+    sys.stdout.write(minted.entry)
+    sys.stdout.flush()
+    if not args.token_out:
+        print("# the token, shown once (the file keeps only its hash):", file=sys.stderr)
+        print(minted.token, file=sys.stderr)
+    return 0

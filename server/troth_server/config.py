@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import os
 import re
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import TYPE_CHECKING
 
+from troth_server.auth import SUPPORTED_ALGORITHMS, AuthSources, parse_algorithms
 from troth_server.domain.schema import SchemaBounds
 
 if TYPE_CHECKING:
@@ -93,7 +96,33 @@ class Settings:
     max_queue_delay_ms: int = 1000
     """How long calls may have waited, before the server could start them, while
     it still takes new ones (api/_admission.py `QueueDelay`)."""
+    auth_tokens: str | None = None
+    """The token file (principals with hashed secrets); reloaded on SIGHUP."""
+    jwt_key_file: str | None = None
+    """A PEM public key (RS256, EdDSA) or an HS256 secret that JWTs are signed with."""
+    jwt_jwks_file: str | None = None
+    """A JWKS file of keys that JWTs are signed with (chosen by `kid`)."""
+    jwt_issuer: str | None = None
+    jwt_audience: str | None = None
+    jwt_algorithms: str = ",".join(SUPPORTED_ALGORITHMS)
+    no_auth: bool = False
+    """Authentication off, for local development on a loopback address."""
+    allow_public_without_auth: bool = False
+    """Authentication off even on a non-loopback address (loud; rarely right)."""
     limits: Limits = Limits()
+
+    def auth_sources(self) -> AuthSources | None:
+        """Where principals come from; None when authentication is off (`--no-auth`)."""
+        if self.no_auth:
+            return None
+        return AuthSources(
+            tokens_file=Path(self.auth_tokens) if self.auth_tokens else None,
+            jwt_key_file=Path(self.jwt_key_file) if self.jwt_key_file else None,
+            jwt_jwks_file=Path(self.jwt_jwks_file) if self.jwt_jwks_file else None,
+            jwt_issuer=self.jwt_issuer or None,
+            jwt_audience=self.jwt_audience or None,
+            jwt_algorithms=parse_algorithms(self.jwt_algorithms),
+        )
 
 
 # flag name -> (Settings/Limits field, parser, help). Every flag is also TROTH_<NAME>.
@@ -143,6 +172,42 @@ _OPTIONS: dict[str, tuple[str, type | None, str]] = {
         None,
         "when every call of the last 100 ms waited longer than this before the server "
         "could start it, new calls are refused likewise until the backlog drains",
+    ),
+    "auth-tokens": (
+        "auth_tokens",
+        str,
+        "token file of principals with hashed secrets (`troth tokens new` mints entries); "
+        "reloaded on SIGHUP",
+    ),
+    "jwt-key-file": (
+        "jwt_key_file",
+        str,
+        "accept JWTs signed with this key: a PEM public key (RS256, EdDSA) or an HS256 "
+        "secret; reloaded on SIGHUP",
+    ),
+    "jwt-jwks-file": (
+        "jwt_jwks_file",
+        str,
+        "accept JWTs signed with a key of this JWKS file (picked by kid); reloaded on SIGHUP",
+    ),
+    "jwt-issuer": ("jwt_issuer", str, "the iss every JWT must carry"),
+    "jwt-audience": ("jwt_audience", str, "the aud every JWT must carry"),
+    "jwt-algorithms": (
+        "jwt_algorithms",
+        str,
+        "JWT algorithms accepted, comma-separated, of HS256, RS256, EdDSA",
+    ),
+    "no-auth": (
+        "no_auth",
+        bool,
+        "authentication off: every caller may do everything (local development, loopback "
+        "addresses only)",
+    ),
+    "allow-public-without-auth": (
+        "allow_public_without_auth",
+        bool,
+        "with --no-auth, serve a non-loopback address anyway: anyone who reaches it may do "
+        "everything",
     ),
     "max-id-length": ("max_id_length", int, "longest promise id"),
     "max-payload-bytes": ("max_payload_bytes", int, "largest param or value (data plus headers)"),
@@ -280,6 +345,63 @@ def _check(settings: Settings, parser: argparse.ArgumentParser) -> None:
         parser.error("default-ttl cannot exceed max-ttl")
     if settings.limits.default_lease_ms > settings.limits.max_lease_ms:
         parser.error("default-lease cannot exceed max-lease")
+    _check_auth(settings, parser)
+
+
+_SOURCE_FLAGS = {"auth_tokens": "--auth-tokens", "jwt_key_file": "--jwt-key-file",
+                 "jwt_jwks_file": "--jwt-jwks-file"}  # fmt: skip
+
+NO_AUTH_CONFIGURED = (
+    "authentication is not configured: pass --auth-tokens FILE (a token file; "
+    "`troth tokens new` mints entries) and/or --jwt-key-file FILE or --jwt-jwks-file FILE "
+    "(to accept JWTs), or --no-auth to run without authentication for local development "
+    "on a loopback address (each flag is also a TROTH_* variable, e.g. TROTH_NO_AUTH=1)"
+)
+
+
+def _check_auth(settings: Settings, parser: argparse.ArgumentParser) -> None:
+    sources = [flag for name, flag in _SOURCE_FLAGS.items() if getattr(settings, name)]
+    if settings.no_auth and sources:
+        parser.error(f"--no-auth contradicts {', '.join(sources)}: pick one")
+    uses_jwt = settings.jwt_key_file or settings.jwt_jwks_file
+    for name in ("jwt_issuer", "jwt_audience"):
+        if getattr(settings, name) and not uses_jwt:
+            parser.error(f"--{name.replace('_', '-')} needs --jwt-key-file or --jwt-jwks-file")
+    try:
+        parse_algorithms(settings.jwt_algorithms)
+    except ValueError as exc:
+        parser.error(f"--jwt-algorithms: {exc}")
+
+
+def is_loopback(listen: str) -> bool:
+    """Whether `listen` (HOST:PORT, [v6]:PORT or unix:PATH) is reachable only from this machine."""
+    if listen.startswith(("unix:", "unix-abstract:")):
+        return True
+    host = listen.rsplit(":", 1)[0] if ":" in listen else listen
+    host = host.strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def auth_refusal(settings: Settings) -> str | None:
+    """Why `troth serve` must not start with these settings' authentication, or None."""
+    if not settings.no_auth:
+        return (
+            None if any(getattr(settings, name) for name in _SOURCE_FLAGS) else NO_AUTH_CONFIGURED
+        )
+    if not is_loopback(settings.listen) and not settings.allow_public_without_auth:
+        return (
+            f"--no-auth on {settings.listen}, which is not a loopback address: anyone who "
+            "can reach it could settle, cancel and forge every workflow. Configure "
+            "authentication (--auth-tokens FILE, --jwt-key-file FILE or --jwt-jwks-file "
+            "FILE), listen on 127.0.0.1, or, if you really mean it, add "
+            "--allow-public-without-auth"
+        )
+    return None
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -27,7 +27,7 @@ def troth_db(*args: str) -> subprocess.CompletedProcess[str]:
 
 def serve(db_url: str, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "troth_server", "serve", "--listen", "127.0.0.1:0",
+        [sys.executable, "-m", "troth_server", "serve", "--no-auth", "--listen", "127.0.0.1:0",
          "--db", db_url, *args],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip

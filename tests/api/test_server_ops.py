@@ -100,7 +100,15 @@ def test_environment_variables_and_flags(tmp_path: Path) -> None:
 def test_bad_configuration_is_refused_with_a_clear_message(
     tmp_path: Path, args: list[str], message: str
 ) -> None:
-    command = [sys.executable, "-m", "troth_server", "serve", "--listen", "127.0.0.1:0"]
+    command = [
+        sys.executable,
+        "-m",
+        "troth_server",
+        "serve",
+        "--no-auth",
+        "--listen",
+        "127.0.0.1:0",
+    ]
     if "--db" not in args:
         command += ["--db", f"sqlite:///{tmp_path / 'x.db'}"]
     done = subprocess.run(command + args, capture_output=True, text=True, timeout=60)
@@ -113,7 +121,7 @@ def test_an_address_in_use_is_refused(tmp_path: Path) -> None:
     first = start_server(tmp_path / "a")
     try:
         done = subprocess.run(
-            [sys.executable, "-m", "troth_server", "serve", "--listen", first.address,
+            [sys.executable, "-m", "troth_server", "serve", "--no-auth", "--listen", first.address,
              "--db", f"sqlite:///{tmp_path / 'b.db'}"],
             capture_output=True, text=True, timeout=60,
         )  # fmt: skip

@@ -8,6 +8,7 @@ from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
 from troth.errors import ERROR_DOMAIN, Reason
+from troth_server.auth import AuthError, NotAllowed, Unauthenticated
 from troth_server.domain.errors import (
     DomainError,
     InvalidArgument,
@@ -55,6 +56,9 @@ STATUS_CODES: dict[type[Exception], grpc.StatusCode] = {
     WatchFellBehind: grpc.StatusCode.RESOURCE_EXHAUSTED,
     Overloaded: grpc.StatusCode.RESOURCE_EXHAUSTED,
     EventsMissed: grpc.StatusCode.UNAVAILABLE,
+    AuthError: grpc.StatusCode.PERMISSION_DENIED,
+    Unauthenticated: grpc.StatusCode.UNAUTHENTICATED,
+    NotAllowed: grpc.StatusCode.PERMISSION_DENIED,
 }
 
 

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 from troth.client import WATCH_READY_METADATA
 from troth.v1 import promises_pb2, promises_pb2_grpc
 from troth_server.api import _convert as convert
+from troth_server.api._auth import caller_name
 from troth_server.api._rpc import aio_server_stream, aio_unary
 from troth_server.domain.errors import InvalidArgument
 from troth_server.domain.promise import CreateRequest, Promise, PromiseState, SettleRequest
@@ -52,7 +53,7 @@ class _Handlers:
             raise InvalidArgument(
                 "expire_time", f"is further away than the limit of {self._limits.max_ttl_ms} ms"
             )
-        principal = convert.principal(_metadata(context), self._limits)
+        principal = caller_name(context, self._limits)
         if create.requested_by is None and principal is not None:
             create = replace(create, requested_by=principal)  # the documented default
         settled_with = convert.settled_with(request, create, self._limits, principal)
@@ -61,7 +62,7 @@ class _Handlers:
     def _settle_request(
         self, request: _SettleMessage, state: PromiseState, metadata: AioContext
     ) -> tuple[SettleRequest, Fence | None]:
-        principal = convert.principal(_metadata(metadata), self._limits)
+        principal = caller_name(metadata, self._limits)
         settle = convert.settle_request(request, state, self._limits, principal)
         if isinstance(request, promises_pb2.CancelPromiseRequest):
             return settle, None
@@ -129,14 +130,6 @@ def _settled(result: tuple[Promise, bool]) -> promises_pb2.SettlePromiseResponse
 
 def _watched(promise: Promise) -> promises_pb2.WatchPromiseResponse:
     return promises_pb2.WatchPromiseResponse(promise=convert.to_pb(promise))
-
-
-def _metadata(context: AioContext) -> dict[str, str]:
-    # Only the principal is read; skip copying the rest (user agent and such).
-    for key, value in context.invocation_metadata() or ():
-        if key == "troth-principal" and isinstance(value, str):
-            return {key: value}
-    return {}
 
 
 class PromisesServicer(_Handlers, promises_pb2_grpc.PromisesServicer):

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 
 from troth.v1 import tasks_pb2, tasks_pb2_grpc
 from troth_server.api import _convert as convert
+from troth_server.api._auth import caller, require_group
 from troth_server.api._rpc import aio_server_stream, aio_unary
 from troth_server.dispatch import Delivery, PollStream
 from troth_server.domain.errors import InvalidArgument
@@ -33,10 +34,12 @@ class _Handlers:
         self._limits = limits
 
     def _stream(
-        self, request: tasks_pb2.PollRequest, loop: asyncio.AbstractEventLoop
+        self, request: tasks_pb2.PollRequest, loop: asyncio.AbstractEventLoop, context: AioContext
     ) -> PollStream:
+        group = convert.name(request.group, self._limits, "group")
+        require_group(group, context)
         return PollStream(
-            group=convert.name(request.group, self._limits, "group"),
+            group=group,
             worker_id=convert.name(request.worker_id, self._limits, "worker_id"),
             capacity=convert.capacity(request.capacity, self._limits),
             lease_ms=convert.lease_ms(
@@ -64,8 +67,11 @@ class _Handlers:
         if which is not None:
             state = PromiseState.RESOLVED if which == "resolve_root" else PromiseState.REJECTED
             value = convert.payload(getattr(request, which), self._limits, which)
-            # The root id is the task's; the op fills it in from the task it loads.
-            outcome = SettleRequest(id="", state=state, value=value, principal=worker)
+            # The root id is the task's; the op fills it in from the task it loads. It is
+            # settled by the authenticated worker principal (with auth off, by worker id).
+            who = caller()
+            settler = who.name if who.authenticated else worker
+            outcome = SettleRequest(id="", state=state, value=value, principal=settler)
         return task_id, convert.counter(request.counter), worker, outcome
 
     def _suspend_on(self, request: tasks_pb2.CompleteTaskRequest) -> list[str]:
@@ -128,7 +134,7 @@ class TasksServicer(_Handlers, tasks_pb2_grpc.TasksServicer):
     async def Poll(
         self, request: tasks_pb2.PollRequest, context: AioContext
     ) -> AsyncIterator[tasks_pb2.PollResponse]:
-        stream = self._stream(request, asyncio.get_running_loop())
+        stream = self._stream(request, asyncio.get_running_loop(), context)
         self._dispatcher.connect(stream)
         try:
             while True:

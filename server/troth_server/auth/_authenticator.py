@@ -1,0 +1,142 @@
+"""The sources of principals together: `authorization` metadata -> `Principal`.
+
+`Authenticator.cached` is the hot path (no hashing beyond one SHA-256, no
+signature check): a token seen and verified before. `Authenticator.verify` does
+the work the first time (one scrypt, or one signature check) and is meant to
+run off the event loop. `reload` re-reads every file (on SIGHUP); a file that
+fails to parse keeps its old table, and the error is returned to be logged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from troth.errors import Reason
+from troth_server.auth._errors import AuthConfigError, Unauthenticated
+from troth_server.auth._jwt import SUPPORTED_ALGORITHMS, JwtVerifier
+from troth_server.auth._tokens import TOKEN_PREFIX, TokenTable, split_token
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from troth_server.domain.access import Principal
+
+BEARER = "bearer "
+_MAX_TOKEN = 8192
+
+
+@dataclass(frozen=True, slots=True)
+class AuthSources:
+    """Where principals come from (from `troth serve` flags)."""
+
+    tokens_file: Path | None = None
+    jwt_key_file: Path | None = None
+    jwt_jwks_file: Path | None = None
+    jwt_issuer: str | None = None
+    jwt_audience: str | None = None
+    jwt_algorithms: tuple[str, ...] = SUPPORTED_ALGORITHMS
+
+    @property
+    def configured(self) -> bool:
+        return any((self.tokens_file, self.jwt_key_file, self.jwt_jwks_file))
+
+    @property
+    def uses_jwt(self) -> bool:
+        return self.jwt_key_file is not None or self.jwt_jwks_file is not None
+
+
+def bearer_token(header: str | None) -> str:
+    """The token of `authorization: Bearer <token>`; UNAUTHENTICATED if there is none."""
+    if header is None:
+        raise Unauthenticated(
+            Reason.CREDENTIALS_MISSING,
+            "this server requires authentication: send `authorization: Bearer <token>` "
+            "metadata (a token from the server's token file, or a JWT)",
+        )
+    if not header[: len(BEARER)].lower() == BEARER or len(header) > _MAX_TOKEN:
+        raise Unauthenticated(
+            Reason.CREDENTIALS_MALFORMED,
+            "the authorization metadata must be `Bearer <token>`",
+        )
+    token = header[len(BEARER) :].strip()
+    if not token:
+        raise Unauthenticated(
+            Reason.CREDENTIALS_MALFORMED, "the authorization metadata has an empty token"
+        )
+    return token
+
+
+class Authenticator:
+    """The token table and the JWT verifier of one server; either may be absent."""
+
+    def __init__(self, sources: AuthSources) -> None:
+        self.sources = sources
+        self._tokens: TokenTable | None = None
+        self._jwt: JwtVerifier | None = None
+        errors = self.reload()
+        if errors:
+            raise AuthConfigError("; ".join(errors))
+
+    def reload(self) -> list[str]:
+        """Re-read every configured file; a file that fails keeps its old table.
+        Returns the errors (empty when everything loaded). Caches start empty."""
+        errors: list[str] = []
+        sources = self.sources
+        if sources.tokens_file is not None:
+            try:
+                self._tokens = TokenTable.load(sources.tokens_file)
+            except AuthConfigError as exc:
+                errors.append(str(exc))
+        if sources.uses_jwt:
+            try:
+                self._jwt = JwtVerifier.load(
+                    key_file=sources.jwt_key_file,
+                    jwks_file=sources.jwt_jwks_file,
+                    issuer=sources.jwt_issuer,
+                    audience=sources.jwt_audience,
+                    algorithms=sources.jwt_algorithms,
+                )
+            except AuthConfigError as exc:
+                errors.append(str(exc))
+        return errors
+
+    @property
+    def token_count(self) -> int:
+        return len(self._tokens) if self._tokens is not None else 0
+
+    def cached(self, token: str) -> Principal | None:
+        """The principal of a token verified before; None when it must be `verify`-ed.
+        Raises `Unauthenticated` for a token no source could accept."""
+        if token.startswith(TOKEN_PREFIX):
+            key_id, _secret = split_token(token)
+            return self._token_table().cached(key_id, token)
+        return self._verifier(token).cached(token)
+
+    def verify(self, token: str) -> Principal:
+        """Verify a token (one scrypt or one signature check); blocking."""
+        if token.startswith(TOKEN_PREFIX):
+            key_id, secret = split_token(token)
+            return self._token_table().verify(key_id, secret, token)
+        return self._verifier(token).verify(token)
+
+    def _token_table(self) -> TokenTable:
+        if self._tokens is None:
+            raise Unauthenticated(
+                Reason.TOKEN_UNKNOWN,
+                "this server has no token file (--auth-tokens), so it knows no troth_ token",
+            )
+        return self._tokens
+
+    def _verifier(self, token: str) -> JwtVerifier:
+        if token.count(".") != 2:
+            raise Unauthenticated(
+                Reason.CREDENTIALS_MALFORMED,
+                "the bearer token is neither a troth token (troth_<key id>_<secret>) nor a JWT",
+            )
+        if self._jwt is None:
+            raise Unauthenticated(
+                Reason.TOKEN_UNKNOWN,
+                "this server accepts no JWTs (no --jwt-key-file or --jwt-jwks-file)",
+            )
+        return self._jwt
