@@ -20,6 +20,7 @@ from grpc_reflection.v1alpha import reflection
 
 from troth.v1 import promises_pb2, tasks_pb2
 from troth_server import _logging
+from troth_server._tls import TlsError, TlsMode, TlsServerFiles, load_server_tls
 from troth_server.api._admission import (
     Admission,
     AdmissionInterceptor,
@@ -201,9 +202,12 @@ def _listen_error(settings: Settings, cause: BaseException | None) -> StoreError
     )
 
 
-def _bind(server: grpc.aio.Server, settings: Settings) -> int:
+def _bind(server: grpc.aio.Server, settings: Settings, tls: TlsServerFiles | None) -> int:
     try:
-        port = server.add_insecure_port(settings.listen)
+        if tls is None:
+            port = server.add_insecure_port(settings.listen)
+        else:
+            port = server.add_secure_port(settings.listen, tls.credentials())
     except RuntimeError as exc:
         raise _listen_error(settings, exc) from exc
     if not port:
@@ -211,7 +215,7 @@ def _bind(server: grpc.aio.Server, settings: Settings) -> int:
     return port
 
 
-def _log_started(settings: Settings, port: int) -> None:
+def _log_started(settings: Settings, port: int, tls: TlsServerFiles | None) -> None:
     from sqlalchemy.engine import make_url
 
     log.info(
@@ -219,6 +223,7 @@ def _log_started(settings: Settings, port: int) -> None:
         listen=settings.listen,
         port=port,
         db=make_url(settings.db).render_as_string(hide_password=True),
+        tls=(tls.mode if tls is not None else TlsMode.OFF).value,
     )
 
 
@@ -240,13 +245,15 @@ def serve(argv: list[str]) -> int:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         return code
-    except StoreError as exc:
+    except (StoreError, TlsError) as exc:
         log.error("server.cannot_start", error=str(exc))
         _logging.flush()
         return 1
 
 
 async def _serve_aio(settings: Settings) -> int:
+    # Before the store opens: a bad certificate path stops the start with nothing to undo.
+    tls = load_server_tls(settings.tls_cert, settings.tls_key, settings.tls_client_ca)
     core = Core(settings)
     admission = Admission.with_limits(settings.max_concurrent_rpcs, settings.max_streams)
     overload = OverloadReport(
@@ -266,7 +273,7 @@ async def _serve_aio(settings: Settings) -> int:
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(SERVED, server)
     try:
-        port = _bind(server, settings)
+        port = _bind(server, settings, tls)
     except StoreError:
         core.store.close()
         raise
@@ -275,7 +282,7 @@ async def _serve_aio(settings: Settings) -> int:
     await server.start()
     for name in ("", PROMISES_SERVICE, TASKS_SERVICE):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    _log_started(settings, port)
+    _log_started(settings, port, tls)
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -90,6 +90,10 @@ class Settings:
     """Open Poll / WatchPromise / WatchPromises streams; more are refused likewise."""
     max_queued_writes: int = 1024
     """Write requests waiting for the group committer; more are refused likewise."""
+    # TLS (troth_server._tls): all None serves plaintext.
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_client_ca: str | None = None
     limits: Limits = Limits()
 
 
@@ -134,6 +138,14 @@ _OPTIONS: dict[str, tuple[str, type | None, str]] = {
         "max_queued_writes",
         int,
         "write requests waiting for the store; more are refused likewise",
+    ),
+    # TLS: all three read once at start (troth_server._tls); none given is plaintext.
+    "tls-cert": ("tls_cert", str, "serve TLS with this PEM certificate chain (needs --tls-key)"),
+    "tls-key": ("tls_key", str, "the PEM private key of --tls-cert"),
+    "tls-client-ca": (
+        "tls_client_ca",
+        str,
+        "mTLS: require client certificates signed by these PEM CA certificates",
     ),
     "max-id-length": ("max_id_length", int, "longest promise id"),
     "max-payload-bytes": ("max_payload_bytes", int, "largest param or value (data plus headers)"),
