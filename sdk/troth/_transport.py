@@ -500,6 +500,13 @@ def _tls_hint(details: str, where: str, tls: TlsConfig | None) -> str | None:
             "certificate (TlsConfig(ca_file=...), TROTH_TLS_CA, --tls-ca), and dial a name "
             "the certificate holds (or set TlsConfig(server_name=...))"
         )
+    if tls is not None and "Hostname Verification" in details:
+        checked = f" {tls.server_name!r}" if tls.server_name else " dialled"
+        return (
+            f"the troth server{where} presented a certificate that does not name the "
+            f"host{checked} ({details}); dial a name the certificate holds, or say which "
+            "one to expect with TlsConfig(server_name=...)"
+        )
     if tls is not None and "WRONG_VERSION_NUMBER" in details:
         return (
             f"the troth server{where} does not speak TLS ({details}); it serves plaintext "

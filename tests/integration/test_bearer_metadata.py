@@ -9,6 +9,7 @@ bytes untouched and writes down each call's method and metadata.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -21,7 +22,7 @@ from typing import Any
 
 import grpc
 import pytest
-from _support import ServerProcess, start_server
+from _support import ServerProcess, eventually, start_server
 
 from troth import Client, Context, Worker
 from troth.v1 import promises_pb2, tasks_pb2
@@ -51,8 +52,8 @@ class Relay:
             def service(
                 self, details: grpc.HandlerCallDetails
             ) -> grpc.RpcMethodHandler[Any, Any] | None:
-                method: str = details.method  # type: ignore[attr-defined]
-                metadata = dict(details.invocation_metadata)  # type: ignore[attr-defined]
+                method: str = details.method
+                metadata = {k: str(v) for k, v in details.invocation_metadata}
                 with relay.lock:
                     relay.calls.append((method, metadata))
                 forward = tuple(metadata.items())
@@ -65,30 +66,31 @@ class Relay:
     def _unary(
         self, method: str, metadata: tuple[tuple[str, str], ...]
     ) -> Callable[[bytes, grpc.ServicerContext], bytes]:
-        call = self.upstream.unary_unary(method)
+        call: grpc.UnaryUnaryMultiCallable[bytes, bytes] = self.upstream.unary_unary(method)
 
         def forward(request: bytes, context: grpc.ServicerContext) -> bytes:
             try:
-                reply: bytes = call(request, metadata=metadata, timeout=context.time_remaining())
+                return call(request, metadata=metadata, timeout=context.time_remaining())
             except grpc.RpcError as exc:
-                context.abort(exc.code(), exc.details() or "")  # type: ignore[attr-defined]
-            return reply
+                error: Any = exc
+                context.abort(error.code(), error.details() or "")
 
         return forward
 
     def _stream(
         self, method: str, metadata: tuple[tuple[str, str], ...]
     ) -> Callable[[bytes, grpc.ServicerContext], Iterator[bytes]]:
-        call = self.upstream.unary_stream(method)
+        call: grpc.UnaryStreamMultiCallable[bytes, bytes] = self.upstream.unary_stream(method)
 
         def forward(request: bytes, context: grpc.ServicerContext) -> Iterator[bytes]:
-            upstream = call(request, metadata=metadata)
-            context.add_callback(upstream.cancel)
+            upstream: Any = call(request, metadata=metadata)
+            context.add_callback(lambda: upstream.cancel() and None)
             try:
                 yield from upstream
             except grpc.RpcError as exc:
-                if exc.code() is not grpc.StatusCode.CANCELLED:  # type: ignore[attr-defined]
-                    context.abort(exc.code(), exc.details() or "")  # type: ignore[attr-defined]
+                error: Any = exc
+                if error.code() is not grpc.StatusCode.CANCELLED:
+                    context.abort(error.code(), error.details() or "")
 
         return forward
 
@@ -170,3 +172,9 @@ def test_every_client_and_worker_call_carries_the_bearer_token(
         assert not missing, f"calls without the bearer token: {missing}"
         assert all(metadata.get("troth-principal") == "gateway-1" for _, metadata in recorder.calls)
     assert TOKEN not in caplog.text
+
+
+def test_a_server_without_tls_files_says_it_serves_plaintext(real_server: ServerProcess) -> None:
+    eventually(lambda: '"server.started"' in real_server.log(), what="the server.started line")
+    started = next(line for line in real_server.log().splitlines() if "server.started" in line)
+    assert json.loads(started)["tls"] == "off"
