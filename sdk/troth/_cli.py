@@ -2,7 +2,8 @@
 
 ```
 troth [--server ADDR] [--json] [--principal P] [--timeout S] promises get ID
-      [--tls] [--tls-ca FILE] [--tls-cert FILE --tls-key FILE] [--token-file FILE]
+      [--tls] [--tls-ca FILE] [--tls-cert FILE --tls-key FILE] [--tls-server-name NAME]
+      [--token-file FILE]
 troth promises search [ID_GLOB] [--state S ...] [--tag k=v ...] [--limit N]
 troth promises create ID [--param JSON] [--tag k=v ...] [--ttl 30s|5m|2h|3d] [--never-expires]
                          [--idempotency-key K] [--strict]
@@ -179,6 +180,11 @@ def _global_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
         ("--tls-cert", "TROTH_TLS_CERT", "mTLS: present this client certificate (PEM)"),
         ("--tls-key", "TROTH_TLS_KEY", "the private key of --tls-cert (PEM)"),
         (
+            "--tls-server-name",
+            "TROTH_TLS_SERVER_NAME",
+            "check the server's certificate against NAME (needed with several replicas)",
+        ),
+        (
             "--token-file",
             "TROTH_TOKEN_FILE",
             "send the bearer token in FILE (else env TROTH_TOKEN)",
@@ -186,7 +192,7 @@ def _global_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
     ):
         parser.add_argument(
             flag,
-            metavar="FILE",
+            metavar="NAME" if flag == "--tls-server-name" else "FILE",
             default=default(os.environ.get(env) or None),
             help=f"{help_text} (env {env})" if not suppress else argparse.SUPPRESS,
         )
@@ -397,11 +403,17 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
-def _tls_option(args: argparse.Namespace) -> TlsConfig | bool | None:
+def _tls_option(args: argparse.Namespace) -> TlsConfig | None:
     """`Client(tls=...)` from the flags (whose defaults are the TROTH_TLS_* variables)."""
-    if args.tls_ca or args.tls_cert or args.tls_key:
-        return TlsConfig(ca_file=args.tls_ca, cert_file=args.tls_cert, key_file=args.tls_key)
-    return True if args.tls else None
+    # As in Client: files (or --tls) turn TLS on; a server name alone does not.
+    if args.tls or args.tls_ca or args.tls_cert or args.tls_key:
+        return TlsConfig(
+            ca_file=args.tls_ca,
+            cert_file=args.tls_cert,
+            key_file=args.tls_key,
+            server_name=args.tls_server_name,
+        )
+    return None
 
 
 def _read_token_file(path: str | None) -> str | None:

@@ -32,6 +32,7 @@ __all__ = [
     "AUTHORIZATION_METADATA_KEY",
     "TlsConfig",
     "bearer_metadata",
+    "check_tls_target",
     "check_token_channel",
     "is_loopback",
     "resolve_tls",
@@ -45,6 +46,7 @@ _ENV_TLS = "TROTH_TLS"
 _ENV_CA = "TROTH_TLS_CA"
 _ENV_CERT = "TROTH_TLS_CERT"
 _ENV_KEY = "TROTH_TLS_KEY"
+_ENV_SERVER_NAME = "TROTH_TLS_SERVER_NAME"
 _ENV_TOKEN = "TROTH_TOKEN"
 
 _TRUE = ("1", "true", "yes", "on")
@@ -65,8 +67,9 @@ class TlsConfig:
         cert_file: This client's PEM certificate chain, for mTLS (needs `key_file`).
         key_file: Its unencrypted PEM private key (needs `cert_file`).
         server_name: The name to check the server's certificate against, when it
-            is not the host of the address dialled (e.g. dialling an IP address,
-            or several replicas, whose certificate names a DNS name).
+            is not the host of the address dialled (e.g. dialling an IP address
+            whose certificate names a DNS name). Required with several replica
+            addresses: gRPC checks all of them against one name.
 
     Raises:
         ConfigurationError: A certificate without its key, or a key without its
@@ -127,6 +130,7 @@ class TlsConfig:
 
         Any of `TROTH_TLS_CA`, `TROTH_TLS_CERT`, `TROTH_TLS_KEY` set turns TLS on
         with those files; `TROTH_TLS=true` alone turns it on with the system's roots.
+        `TROTH_TLS_SERVER_NAME` sets `server_name`.
 
         Raises:
             ConfigurationError: `TROTH_TLS` is not a yes/no value, or it says no
@@ -147,7 +151,12 @@ class TlsConfig:
             )
         if not named and flag not in _TRUE:
             return None
-        return cls(ca_file=files[_ENV_CA], cert_file=files[_ENV_CERT], key_file=files[_ENV_KEY])
+        return cls(
+            ca_file=files[_ENV_CA],
+            cert_file=files[_ENV_CERT],
+            key_file=files[_ENV_KEY],
+            server_name=environ.get(_ENV_SERVER_NAME) or None,
+        )
 
 
 def resolve_tls(
@@ -264,6 +273,25 @@ def _is_loopback_host(host: str) -> bool:
     if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
         return ip.ipv4_mapped.is_loopback
     return ip.is_loopback
+
+
+def check_tls_target(addresses: Sequence[str], tls: TlsConfig | None) -> None:
+    """Several replica addresses over TLS need the one name their certificates hold.
+
+    gRPC dials them as one `ipv4:`/`ipv6:` target and checks every replica's
+    certificate against a single name, which is none of the hosts listed.
+
+    Raises:
+        ConfigurationError: Several addresses, TLS, and no `server_name`.
+    """
+    if tls is None or tls.server_name is not None or len(addresses) < 2:
+        return
+    raise ConfigurationError(
+        f"several server addresses over TLS ({', '.join(addresses)}) need the name their "
+        "certificates are checked against, one for all of them: pass "
+        "TlsConfig(server_name='troth.internal') (TROTH_TLS_SERVER_NAME, "
+        "--tls-server-name), a name every replica's certificate holds"
+    )
 
 
 def check_token_channel(

@@ -36,7 +36,12 @@ from grpc_status import rpc_status
 
 from troth._addresses import Resolver, channel_target, parse_addresses
 from troth._backoff import RetryPolicy, retry_delay
-from troth._credentials import TlsConfig, bearer_metadata, check_token_channel
+from troth._credentials import (
+    TlsConfig,
+    bearer_metadata,
+    check_tls_target,
+    check_token_channel,
+)
 from troth.errors import (
     ERROR_DOMAIN,
     AlreadyExistsError,
@@ -195,6 +200,7 @@ class Transport:
                 f"principal {principal!r} must be a non-empty printable string "
                 "(it travels as gRPC metadata); pass None to send none"
             )
+        check_tls_target(self.addresses, tls)
         check_token_channel(self.addresses, tls=tls, token=token, allowed=allow_plaintext_token)
         target = channel_target(self.addresses, resolve=resolve)
         self.address = ",".join(self.addresses)

@@ -124,6 +124,21 @@ def test_the_server_name_can_differ_from_the_host_dialled(
         client.create(run_id())
 
 
+def test_several_replicas_over_tls_with_their_common_name(
+    tls_server: ServerProcess, pki: Pki, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The first address refuses connections; the client fails over to the server.
+    replicas = ["127.0.0.1:1", tls_server.address]
+    tls = TlsConfig(ca_file=pki.ca.cert, server_name="localhost")
+    with Client(replicas, tls=tls) as client:
+        assert client.create(run_id()).created
+    code, _, err = troth(
+        "--server", ",".join(replicas), "--tls-ca", str(pki.ca.cert),
+        "--tls-server-name", "localhost", "promises", "create", run_id(), capsys=capsys,
+    )  # fmt: skip
+    assert code == 0, err
+
+
 def greet(ctx: Context, name: str) -> Generator[Any, Any, str]:
     greeting = yield ctx.run(str.upper, name)
     return f"hello {greeting}"

@@ -196,3 +196,20 @@ def test_troth_token_from_the_environment_is_checked_the_same(
     with pytest.raises(ConfigurationError, match="plaintext") as caught:
         Client("10.0.0.1:7070")
     assert TOKEN not in str(caught.value)
+
+
+# --- several replicas over TLS --------------------------------------------------------
+
+
+def test_several_addresses_over_tls_need_a_server_name(ca: TestCA) -> None:
+    replicas = ["10.0.0.1:7070", "10.0.0.2:7070"]
+    with pytest.raises(ConfigurationError, match=r"need the name.*server_name"):
+        Client(replicas, tls=TlsConfig(ca_file=ca.cert))
+    Client(replicas, tls=TlsConfig(ca_file=ca.cert, server_name="troth.internal")).close()
+    Client(replicas).close()  # plaintext: no name is checked
+
+
+def test_troth_tls_server_name_sets_the_name() -> None:
+    environ = {"TROTH_TLS_CA": "/ca.pem", "TROTH_TLS_SERVER_NAME": "troth.internal"}
+    assert resolve_tls(None, environ) == TlsConfig("/ca.pem", server_name="troth.internal")
+    assert resolve_tls(None, {"TROTH_TLS_SERVER_NAME": "troth.internal"}) is None
