@@ -25,18 +25,46 @@ if TYPE_CHECKING:
     from pathlib import Path
 
 
+@dataclass(frozen=True)
+class ServerTls:
+    """TLS for a test server: its certificate and key, the CA that signed them (which
+    clients trust), and for mTLS the client CA plus a client certificate of it, which
+    the launcher's own health check and `ServerProcess.channel()` present."""
+
+    cert: Path
+    key: Path
+    ca: Path
+    client_ca: Path | None = None
+    client_cert: Path | None = None
+    client_key: Path | None = None
+
+    def args(self) -> list[str]:
+        args = ["--tls-cert", str(self.cert), "--tls-key", str(self.key)]
+        return args + (["--tls-client-ca", str(self.client_ca)] if self.client_ca else [])
+
+    def credentials(self) -> grpc.ChannelCredentials:
+        return grpc.ssl_channel_credentials(
+            root_certificates=self.ca.read_bytes(),
+            private_key=self.client_key.read_bytes() if self.client_key else None,
+            certificate_chain=self.client_cert.read_bytes() if self.client_cert else None,
+        )
+
+
 @dataclass
 class ServerProcess:
     proc: subprocess.Popen[bytes]
     port: int
     db_url: str
     log_path: Path
+    tls: ServerTls | None = None
 
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
 
     def channel(self) -> grpc.Channel:
+        if self.tls is not None:
+            return grpc.secure_channel(self.address, self.tls.credentials())
         return grpc.insecure_channel(self.address)
 
     def stop(self, timeout: float = 20) -> int:
@@ -65,9 +93,14 @@ def _has_auth(args: Sequence[str]) -> bool:
 
 
 def start_server(
-    workdir: Path, *args: str, db_url: str | None = None, env: dict[str, str] | None = None
+    workdir: Path,
+    *args: str,
+    db_url: str | None = None,
+    env: dict[str, str] | None = None,
+    tls: ServerTls | None = None,
 ) -> ServerProcess:
-    """Start `troth serve` on 127.0.0.1:0; return once the health check says SERVING."""
+    """Start `troth serve` on 127.0.0.1:0; return once the health check says SERVING
+    (over TLS, and presenting the client certificate for mTLS, when `tls` is given)."""
     workdir.mkdir(parents=True, exist_ok=True)
     db_url = db_url or f"sqlite:///{workdir / 'troth.db'}"
     port_file = workdir / f"port-{time.monotonic_ns()}"
@@ -75,6 +108,7 @@ def start_server(
     command = [
         sys.executable, "-m", "troth_server", "serve",
         "--listen", "127.0.0.1:0", "--db", db_url, "--port-file", str(port_file),
+        *(tls.args() if tls else []),
         *(args if _has_auth(args) else ("--no-auth", *args)),
     ]  # fmt: skip
     with log_path.open("wb") as log_file:
@@ -89,13 +123,16 @@ def start_server(
             proc.kill()
             raise RuntimeError(f"server did not start:\n{log_path.read_text()}")
         time.sleep(0.02)
-    server = ServerProcess(proc, int(port_file.read_text()), db_url, log_path)
-    wait_serving(server.address, deadline - time.monotonic())
+    server = ServerProcess(proc, int(port_file.read_text()), db_url, log_path, tls)
+    wait_serving(server.address, deadline - time.monotonic(), tls)
     return server
 
 
-def wait_serving(address: str, timeout: float) -> None:
-    with grpc.insecure_channel(address) as channel:
+def wait_serving(address: str, timeout: float, tls: ServerTls | None = None) -> None:
+    channel = (
+        grpc.secure_channel(address, tls.credentials()) if tls else grpc.insecure_channel(address)
+    )
+    with channel:
         reply = health_pb2_grpc.HealthStub(channel).Check(
             health_pb2.HealthCheckRequest(), timeout=max(timeout, 1), wait_for_ready=True
         )

@@ -14,7 +14,7 @@ from troth._promise import (
     SettleResult,
 )
 from troth._versions import WorkflowRegistration
-from troth.client import Client, Handle, PromiseEventStream
+from troth.client import Client, Handle, PromiseEventStream, TlsConfig
 from troth.codec import Codec, JsonCodec, Payload
 from troth.context import Context, PromiseHandle
 from troth.errors import (
@@ -83,6 +83,7 @@ __all__ = [
     "SearchPage",
     "SettleResult",
     "TimedOut",
+    "TlsConfig",
     "TrothError",
     "UnauthenticatedError",
     "UnavailableError",

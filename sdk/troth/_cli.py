@@ -2,6 +2,8 @@
 
 ```
 troth [--server ADDR] [--json] [--principal P] [--timeout S] promises get ID
+      [--tls] [--tls-ca FILE] [--tls-cert FILE --tls-key FILE] [--tls-server-name NAME]
+      [--token-file FILE]
 troth promises search [ID_GLOB] [--state S ...] [--tag k=v ...] [--limit N]
 troth promises create ID [--param JSON] [--tag k=v ...] [--ttl 30s|5m|2h|3d] [--never-expires]
                          [--idempotency-key K] [--strict]
@@ -36,12 +38,14 @@ import sys
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, cast
 
 from troth._convert import timedelta_to_proto
+from troth._credentials import TlsConfig
 from troth._promise import CreateResult, Promise, PromiseState, SettleResult
 from troth.client import DEFAULT_ADDRESS, Client, connection
-from troth.errors import TrothError
+from troth.errors import ConfigurationError, TrothError
 from troth.v1 import promises_pb2
 
 if TYPE_CHECKING:
@@ -167,6 +171,37 @@ def _global_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
         type=_positive_seconds,
         default=default(10.0),
         help="seconds per call, retries included (default %(default)s)"
+        if not suppress
+        else argparse.SUPPRESS,
+    )
+    # Transport security and credentials (troth._credentials): defaults from the
+    # same TROTH_* variables Client reads, so flags override them one by one.
+    for flag, env, help_text in (
+        ("--tls-ca", "TROTH_TLS_CA", "connect over TLS, trusting the CA certificates in FILE"),
+        ("--tls-cert", "TROTH_TLS_CERT", "mTLS: present this client certificate (PEM)"),
+        ("--tls-key", "TROTH_TLS_KEY", "the private key of --tls-cert (PEM)"),
+        (
+            "--tls-server-name",
+            "TROTH_TLS_SERVER_NAME",
+            "check the server's certificate against NAME (needed with several replicas)",
+        ),
+        (
+            "--token-file",
+            "TROTH_TOKEN_FILE",
+            "send the bearer token in FILE (else env TROTH_TOKEN)",
+        ),
+    ):
+        parser.add_argument(
+            flag,
+            metavar="NAME" if flag == "--tls-server-name" else "FILE",
+            default=default(os.environ.get(env) or None),
+            help=f"{help_text} (env {env})" if not suppress else argparse.SUPPRESS,
+        )
+    parser.add_argument(
+        "--tls",
+        action="store_true",
+        default=default(False),
+        help="connect over TLS, trusting the system's root certificates (env TROTH_TLS=true)"
         if not suppress
         else argparse.SUPPRESS,
     )
@@ -347,7 +382,13 @@ def main(argv: list[str] | None = None) -> int:
     handler: Handler = args.handler
     out = sys.stdout
     try:
-        with Client(args.server, timeout=args.timeout, principal=args.principal) as client:
+        with Client(
+            args.server,
+            timeout=args.timeout,
+            principal=args.principal,
+            tls=_tls_option(args),
+            token=_read_token_file(args.token_file),
+        ) as client:
             if threading.current_thread() is not threading.main_thread():
                 return handler(client, args, out)
             previous = signal.signal(signal.SIGINT, _interrupted)
@@ -366,6 +407,34 @@ def main(argv: list[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, out.fileno())
         return 1
+
+
+def _tls_option(args: argparse.Namespace) -> TlsConfig | None:
+    """`Client(tls=...)` from the flags (whose defaults are the TROTH_TLS_* variables)."""
+    # As in Client: files (or --tls) turn TLS on; a server name alone does not.
+    if args.tls or args.tls_ca or args.tls_cert or args.tls_key:
+        return TlsConfig(
+            ca_file=args.tls_ca,
+            cert_file=args.tls_cert,
+            key_file=args.tls_key,
+            server_name=args.tls_server_name,
+        )
+    return None
+
+
+def _read_token_file(path: str | None) -> str | None:
+    """The token in `path` (surrounding whitespace, e.g. a final newline, stripped);
+    None without a file, so that Client reads TROTH_TOKEN."""
+    if path is None:
+        return None
+    try:
+        token = Path(path).read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise ConfigurationError(f"--token-file {path}: cannot be read ({why})") from None
+    if not token:
+        raise ConfigurationError(f"--token-file {path}: is empty; put the bearer token in it")
+    return token
 
 
 INTERRUPTED = 130

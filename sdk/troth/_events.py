@@ -91,7 +91,7 @@ class PromiseEventStream:
                 call = as_call(exc)
                 code = call.code() if call is not None else None
                 if code not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED):
-                    with map_rpc_errors(self._transport.address):
+                    with map_rpc_errors(self._transport.address, tls=self._transport.tls):
                         raise
                 why = f"{code.name}: {call.details() if call is not None else exc}"
             else:
@@ -127,7 +127,7 @@ class PromiseEventStream:
         transport = self._transport
         started = transport.now()
         failures = 0
-        with map_rpc_errors(transport.address):
+        with map_rpc_errors(transport.address, tls=transport.tls):
             while True:
                 stream = transport.promises.WatchPromises(
                     self._request, metadata=transport.metadata

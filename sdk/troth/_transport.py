@@ -7,8 +7,12 @@ This module owns everything that knows about gRPC on the SDK side:
   tuned for long `WatchPromise` streams and generous message limits (the
   server enforces its own payload limits); a client of several replicas
   has one channel to all of them, which fails over by itself (`troth._addresses`);
-- the principal sent as `troth-principal` metadata on every call, and each call's
-  timeout as `troth-timeout-ms` (the server's measure of how long calls wait);
+- the principal sent as `troth-principal` metadata, and the bearer token as
+  `authorization: Bearer ...`, on every call, unary and streaming alike (the
+  one `metadata` tuple every call site passes), and each call's timeout as
+  `troth-timeout-ms` (the server's measure of how long calls wait); TLS or
+  plaintext, and the rule that a token never goes in plaintext off this
+  machine (`troth._credentials`);
 - retries with capped, jittered exponential backoff (`troth._backoff`) of
   `UNAVAILABLE` and `DEADLINE_EXCEEDED`, for idempotent calls only, and of an
   overload refusal (`RESOURCE_EXHAUSTED`, reason `OVERLOADED`, after its
@@ -34,6 +38,12 @@ from grpc_status import rpc_status
 
 from troth._addresses import Resolver, channel_target, parse_addresses
 from troth._backoff import RetryPolicy, retry_delay
+from troth._credentials import (
+    TlsConfig,
+    bearer_metadata,
+    check_tls_target,
+    check_token_channel,
+)
 from troth.errors import (
     ERROR_DOMAIN,
     AlreadyExistsError,
@@ -164,6 +174,11 @@ class Transport:
         address: `host:port` of the server (any gRPC target string); or
             several replicas' `host:port`, as a sequence or comma-separated.
         principal: Sent as `troth-principal` metadata on every call, if given.
+        tls: Connect over TLS with these settings; None is plaintext.
+        token: Sent as `authorization: Bearer <token>` metadata on every call, if
+            given (already checked: `troth._credentials.resolve_token`).
+        allow_plaintext_token: Send the token in plaintext to a non-loopback
+            address (something else encrypts the path); refused otherwise.
         retry: How idempotent calls are retried.
         sleep: Replaced in tests, so retries take no time.
         clock: Monotonic clock for deadlines; replaced in tests.
@@ -176,6 +191,9 @@ class Transport:
         address: str | Sequence[str],
         *,
         principal: str | None = None,
+        tls: TlsConfig | None = None,
+        token: str | None = None,
+        allow_plaintext_token: bool = False,
         retry: RetryPolicy | None = None,
         sleep: Callable[[float], None] = time.sleep,
         clock: Callable[[], float] = time.monotonic,
@@ -187,16 +205,29 @@ class Transport:
                 f"principal {principal!r} must be a non-empty printable string "
                 "(it travels as gRPC metadata); pass None to send none"
             )
+        check_tls_target(self.addresses, tls)
+        check_token_channel(self.addresses, tls=tls, token=token, allowed=allow_plaintext_token)
         target = channel_target(self.addresses, resolve=resolve)
         self.address = ",".join(self.addresses)
         """The addresses, comma-separated: what the user gave, and error messages name."""
         self.retry = retry or RetryPolicy()
-        self.metadata: tuple[tuple[str, str], ...] = (
-            ((PRINCIPAL_METADATA_KEY, principal),) if principal is not None else ()
-        )
+        self.tls = tls
+        """The TLS settings of the channel, or None for plaintext."""
+        metadata: list[tuple[str, str]] = []
+        if principal is not None:
+            metadata.append((PRINCIPAL_METADATA_KEY, principal))
+        if token is not None:
+            metadata.append(bearer_metadata(token))
+        self.metadata: tuple[tuple[str, str], ...] = tuple(metadata)
+        """Sent with every call (its token, if any, shows as `<redacted>` in a repr)."""
         self._sleep = sleep
         self._clock = clock
-        self._channel = grpc.insecure_channel(target, options=CHANNEL_OPTIONS)
+        if tls is None:
+            self._channel = grpc.insecure_channel(target, options=CHANNEL_OPTIONS)
+        else:
+            self._channel = grpc.secure_channel(
+                target, tls.channel_credentials(), options=CHANNEL_OPTIONS + tls.channel_options()
+            )
         # The generated stub is unannotated; PromisesStub gives its methods their types.
         stub = promises_pb2_grpc.PromisesStub(self._channel)  # type: ignore[no-untyped-call,unused-ignore]
         self.promises: PromisesStub = stub
@@ -320,7 +351,7 @@ class Transport:
         attempt = 0
         unreachable: grpc.RpcError | None = None
         try:
-            with map_rpc_errors(self.address):
+            with map_rpc_errors(self.address, tls=self.tls):
                 while True:
                     attempt += 1
                     try:
@@ -422,7 +453,7 @@ _BY_CODE: Mapping[grpc.StatusCode, type[RpcError]] = {
 
 
 @contextlib.contextmanager
-def map_rpc_errors(address: str | None = None) -> Iterator[None]:
+def map_rpc_errors(address: str | None = None, *, tls: TlsConfig | None = None) -> Iterator[None]:
     """Turn any `grpc.RpcError` raised inside the block into the most specific `RpcError`.
 
     The `ErrorInfo.reason` decides first (`ALREADY_SETTLED`, `TIMED_OUT`,
@@ -431,11 +462,13 @@ def map_rpc_errors(address: str | None = None) -> Iterator[None]:
 
     Args:
         address: The server's address, named in the message when it cannot be reached.
+        tls: The channel's TLS settings (None: plaintext), for the hint a failed
+            handshake gets.
     """
     try:
         yield
     except grpc.RpcError as exc:
-        raise _to_troth_error(exc, address) from exc
+        raise _to_troth_error(exc, address, tls) from exc
 
 
 def as_call(exc: grpc.RpcError) -> grpc.Call | None:
@@ -476,12 +509,57 @@ def _error_info(call: grpc.Call) -> tuple[str, dict[str, str]]:
     return "", {}
 
 
+def _tls_hint(details: str, where: str, tls: TlsConfig | None) -> str | None:
+    """For a connection that failed on TLS (gRPC says so only in its details), a
+    message that names the likely mismatch and the setting that fixes it."""
+    if tls is not None and "CERTIFICATE_VERIFY_FAILED" in details:
+        trusted = "the system's root certificates" if tls.ca_file is None else str(tls.ca_file)
+        return (
+            f"the troth server{where} presented a certificate this client does not trust "
+            f"(checked against {trusted}): {details}. Give the CA that signed the server's "
+            "certificate (TlsConfig(ca_file=...), TROTH_TLS_CA, --tls-ca), and dial a name "
+            "the certificate holds (or set TlsConfig(server_name=...))"
+        )
+    if tls is not None and "Hostname Verification" in details:
+        checked = f" {tls.server_name!r}" if tls.server_name else " dialled"
+        return (
+            f"the troth server{where} presented a certificate that does not name the "
+            f"host{checked} ({details}); dial a name the certificate holds, or say which "
+            "one to expect with TlsConfig(server_name=...)"
+        )
+    if tls is not None and "WRONG_VERSION_NUMBER" in details:
+        return (
+            f"the troth server{where} does not speak TLS ({details}); it serves plaintext "
+            "(started without --tls-cert): connect without TLS, or serve TLS"
+        )
+    if tls is not None and "Socket closed" in details:
+        why = (
+            "a client certificate its client CA did not sign"
+            if tls.mutual
+            else "no client certificate"
+        )
+        return (
+            f"the troth server{where} closed the TLS connection ({details}); a server "
+            f"serving mTLS (--tls-client-ca) does so when a client presents {why}: "
+            "present a certificate its client CA signed (TlsConfig(cert_file=..., "
+            "key_file=...), TROTH_TLS_CERT/TROTH_TLS_KEY, --tls-cert/--tls-key)"
+        )
+    if tls is None and "Socket closed" in details:
+        return (
+            f"the troth server{where} closed the connection ({details}); if it serves TLS "
+            "(started with --tls-cert), connect with TLS: tls=True or "
+            "TlsConfig(ca_file=...), TROTH_TLS_CA, --tls-ca for the CLI; else check that "
+            "the server is running"
+        )
+    return None
+
+
 def _code(exc: grpc.RpcError) -> grpc.StatusCode | None:
     call = as_call(exc)
     return None if call is None else call.code()
 
 
-def _to_troth_error(exc: grpc.RpcError, address: str | None) -> RpcError:
+def _to_troth_error(exc: grpc.RpcError, address: str | None, tls: TlsConfig | None) -> RpcError:
     call = as_call(exc)
     reason: str = ""
     metadata: dict[str, str] = {}
@@ -497,7 +575,7 @@ def _to_troth_error(exc: grpc.RpcError, address: str | None) -> RpcError:
         # code, so its message rarely says what to do. Say it.
         where = (f" at any of {address}" if "," in address else f" at {address}") if address else ""
         if code is grpc.StatusCode.UNAVAILABLE:
-            message = (
+            message = _tls_hint(message, where, tls) or (
                 f"cannot reach the troth server{where} ({message or 'no details'}); check the "
                 "address (--server or TROTH_SERVER for the CLI) and that the server is "
                 "running, e.g. `troth serve`"

@@ -47,6 +47,7 @@ from troth._convert import (
     state_to_proto,
     timedelta_to_proto,
 )
+from troth._credentials import TlsConfig, resolve_tls, resolve_token
 from troth._events import WATCH_READY_METADATA, PromiseEventStream
 from troth._handle import Handle
 from troth._promise import (
@@ -76,6 +77,7 @@ __all__ = [
     "Client",
     "Handle",
     "PromiseEventStream",
+    "TlsConfig",
 ]
 
 _log = logging.getLogger("troth.client")
@@ -109,9 +111,24 @@ class Client:
             which take their own).
         principal: Who is calling, sent as `troth-principal` gRPC metadata;
             the server records it as `settled_by`.
+        tls: Connect over TLS: `True` trusts the system's root certificates,
+            a `TlsConfig` names a CA file and, for mTLS, this client's
+            certificate and key; `False` is plaintext. The default (None)
+            reads `TROTH_TLS_CA`, `TROTH_TLS_CERT`, `TROTH_TLS_KEY` (and
+            `TROTH_TLS=true` for the system's roots), and is plaintext when
+            none is set.
+        token: A bearer token, sent as `authorization: Bearer <token>` on
+            every call, streams included (a `Worker` on this client sends it
+            on its Poll stream and heartbeats too); default `TROTH_TOKEN`.
+            It never appears in a repr, a log line or an error message.
+        allow_plaintext_token: A token is refused (ConfigurationError) over
+            plaintext to an address that is not loopback, where anyone on the
+            path could read it; say True only when something else encrypts
+            the path (a service mesh sidecar, a tunnel).
 
     Raises:
-        ConfigurationError: An argument is unusable (the message names a bad address).
+        ConfigurationError: An argument is unusable (the message names a bad
+            address, an unreadable TLS file, or a token sent in plaintext).
 
     Example:
         >>> with Client("127.0.0.1:7070") as client:  # doctest: +SKIP
@@ -128,6 +145,9 @@ class Client:
         codec: Codec | None = None,
         timeout: float = 10.0,
         principal: str | None = None,
+        tls: bool | TlsConfig | None = None,
+        token: str | None = None,
+        allow_plaintext_token: bool = False,
     ) -> None:
         if not (isinstance(timeout, int | float) and math.isfinite(timeout) and timeout > 0):
             raise ConfigurationError(
@@ -141,7 +161,13 @@ class Client:
         self._codec: Codec = codec if codec is not None else JsonCodec()
         self._timeout = float(timeout)
         self._principal = principal
-        self._transport = Transport(address, principal=principal)
+        self._transport = Transport(
+            address,
+            principal=principal,
+            tls=resolve_tls(tls),
+            token=resolve_token(token),
+            allow_plaintext_token=allow_plaintext_token,
+        )
         self._connection = Connection(self._transport, self._timeout)
 
     def __repr__(self) -> str:
@@ -156,6 +182,11 @@ class Client:
     def codec(self) -> Codec:
         """The codec used for params and values."""
         return self._codec
+
+    @property
+    def tls(self) -> TlsConfig | None:
+        """The TLS settings this client connects with, or None for plaintext."""
+        return self._transport.tls
 
     @property
     def principal(self) -> str | None:
@@ -506,7 +537,7 @@ class Client:
         last: Promise | None = None
         failures = 0  # consecutive broken streams without a message in between
         outage_start: float | None = None  # when an established watch lost its stream
-        with map_rpc_errors(transport.address):
+        with map_rpc_errors(transport.address, tls=transport.tls):
             while True:
                 remaining = transport.remaining(deadline)
                 stream = self._stub.WatchPromise(

@@ -69,7 +69,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from os import PathLike
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
@@ -88,6 +88,9 @@ from troth._promise import Promise, PromiseState
 from troth.codec import Codec, JsonCodec, Payload
 from troth.errors import ConfigurationError, NonDeterminismError
 from troth.worker import Worker
+
+if TYPE_CHECKING:
+    from troth._credentials import TlsConfig
 
 __all__ = [
     "HISTORY_FORMAT",
@@ -403,11 +406,15 @@ def _has_auth(args: Sequence[str]) -> bool:
 
 
 @contextmanager
-def running_server(*args: str, timeout: float = 30.0) -> Iterator[str]:
+def running_server(
+    *args: str, timeout: float = 30.0, tls: TlsConfig | None = None
+) -> Iterator[str]:
     """Start `troth serve` on 127.0.0.1, a free port and a fresh SQLite file.
 
     Yields its address (`host:port`) once it accepts calls; stops it (SIGTERM)
-    on exit. Extra `args` go to `troth serve` (e.g. `"--sweep-interval", "100ms"`).
+    on exit. Extra `args` go to `troth serve` (e.g. `"--sweep-interval", "100ms"`,
+    or `"--tls-cert", cert, "--tls-key", key` to serve TLS: then pass `tls`, the
+    client settings the readiness check connects with, as your `Client` will).
 
     Raises:
         ConfigurationError: `troth-server` is not installed, or it did not start
@@ -427,7 +434,7 @@ def running_server(*args: str, timeout: float = 30.0) -> Iterator[str]:
             proc = subprocess.Popen(command, stdout=log, stderr=log, env=dict(os.environ))
         try:
             address = _wait_for_port(proc, port_file, log_path, timeout)
-            _wait_until_serving(address, timeout)
+            _wait_until_serving(address, timeout, tls)
             yield address
         finally:
             if proc.poll() is None:
@@ -456,6 +463,11 @@ def _wait_for_port(
     return f"127.0.0.1:{int(port_file.read_text())}"
 
 
-def _wait_until_serving(address: str, timeout: float) -> None:
-    with grpc.insecure_channel(address) as channel:
+def _wait_until_serving(address: str, timeout: float, tls: TlsConfig | None) -> None:
+    channel = (
+        grpc.insecure_channel(address)
+        if tls is None
+        else grpc.secure_channel(address, tls.channel_credentials(), tls.channel_options())
+    )
+    with channel:
         grpc.channel_ready_future(channel).result(timeout=timeout)

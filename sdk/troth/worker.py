@@ -134,6 +134,9 @@ class Worker:
     Args:
         client: The connection to the server (its codec encodes values); a
             client of several replicas' addresses makes the worker fail over.
+            The worker makes every call through it, so the client's `tls`,
+            `token` and `principal` cover the Poll stream, heartbeats and
+            step writes alike: `Worker(Client(addr, tls=..., token=...))`.
         group: The group whose tasks this worker runs.
         worker_id: Unique per worker process; default `<host>-<pid>-<random>`.
         concurrency: Most tasks run (and held) at once.

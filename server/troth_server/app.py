@@ -21,6 +21,7 @@ from grpc_reflection.v1alpha import reflection
 
 from troth.v1 import promises_pb2, tasks_pb2
 from troth_server import _logging
+from troth_server._tls import TlsError, TlsMode, TlsServerFiles, load_server_tls
 from troth_server.api._admission import (
     Admission,
     AdmissionInterceptor,
@@ -204,9 +205,12 @@ def _listen_error(settings: Settings, cause: BaseException | None) -> StoreError
     )
 
 
-def _bind(server: grpc.aio.Server, settings: Settings) -> int:
+def _bind(server: grpc.aio.Server, settings: Settings, tls: TlsServerFiles | None) -> int:
     try:
-        port = server.add_insecure_port(settings.listen)
+        if tls is None:
+            port = server.add_insecure_port(settings.listen)
+        else:
+            port = server.add_secure_port(settings.listen, tls.credentials())
     except RuntimeError as exc:
         raise _listen_error(settings, exc) from exc
     if not port:
@@ -214,7 +218,9 @@ def _bind(server: grpc.aio.Server, settings: Settings) -> int:
     return port
 
 
-def _log_started(settings: Settings, port: int, authenticator: Authenticator | None) -> None:
+def _log_started(
+    settings: Settings, port: int, authenticator: Authenticator | None, tls: TlsServerFiles | None
+) -> None:
     from sqlalchemy.engine import make_url
 
     log.info(
@@ -223,6 +229,7 @@ def _log_started(settings: Settings, port: int, authenticator: Authenticator | N
         port=port,
         db=make_url(settings.db).render_as_string(hide_password=True),
         auth=_auth_mode(authenticator),
+        tls=(tls.mode if tls is not None else TlsMode.OFF).value,
     )
 
 
@@ -290,7 +297,7 @@ def serve(argv: list[str]) -> int:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         return code
-    except (StoreError, AuthConfigError) as exc:
+    except (StoreError, AuthConfigError, TlsError) as exc:
         log.error("server.cannot_start", error=str(exc))
         _logging.flush()
         return 1
@@ -298,6 +305,8 @@ def serve(argv: list[str]) -> int:
 
 async def _serve_aio(settings: Settings) -> int:
     authenticator = _authenticator(settings)  # before the store: a bad file opens nothing
+    # Before the store opens: a bad certificate path stops the start with nothing to undo.
+    tls = load_server_tls(settings.tls_cert, settings.tls_key, settings.tls_client_ca)
     core = Core(settings)
     admission = Admission.with_limits(
         settings.max_concurrent_rpcs, settings.max_streams, settings.max_queue_delay_ms
@@ -321,7 +330,7 @@ async def _serve_aio(settings: Settings) -> int:
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(SERVED, server)
     try:
-        port = _bind(server, settings)
+        port = _bind(server, settings, tls)
     except StoreError:
         core.store.close()
         raise
@@ -330,7 +339,7 @@ async def _serve_aio(settings: Settings) -> int:
     await server.start()
     for name in ("", PROMISES_SERVICE, TASKS_SERVICE):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    _log_started(settings, port, authenticator)
+    _log_started(settings, port, authenticator, tls)
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -109,6 +109,10 @@ class Settings:
     """Authentication off, for local development on a loopback address."""
     allow_public_without_auth: bool = False
     """Authentication off even on a non-loopback address (loud; rarely right)."""
+    # TLS (troth_server._tls): all None serves plaintext.
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_client_ca: str | None = None
     limits: Limits = Limits()
 
     def auth_sources(self) -> AuthSources | None:
@@ -208,6 +212,14 @@ _OPTIONS: dict[str, tuple[str, type | None, str]] = {
         bool,
         "with --no-auth, serve a non-loopback address anyway: anyone who reaches it may do "
         "everything",
+    ),
+    # TLS: all three read once at start (troth_server._tls); none given is plaintext.
+    "tls-cert": ("tls_cert", str, "serve TLS with this PEM certificate chain (needs --tls-key)"),
+    "tls-key": ("tls_key", str, "the PEM private key of --tls-cert"),
+    "tls-client-ca": (
+        "tls_client_ca",
+        str,
+        "mTLS: require client certificates signed by these PEM CA certificates",
     ),
     "max-id-length": ("max_id_length", int, "longest promise id"),
     "max-payload-bytes": ("max_payload_bytes", int, "largest param or value (data plus headers)"),

@@ -61,3 +61,18 @@ def inbox(client: Client) -> dict[str, Promise]:
 
 def custom_codec() -> Client:
     return Client("127.0.0.1:7070", codec=JsonCodec(), timeout=5.0, principal="gateway")
+
+
+def secure_clients() -> list[Client]:
+    from pathlib import Path
+
+    mtls = troth.TlsConfig(
+        ca_file=Path("tls/ca.pem"), cert_file="tls/alice.crt", key_file="tls/alice.key"
+    )
+    tls: troth.TlsConfig | None = Client("h:7070", tls=mtls, token="t0k").tls
+    print(tls.mutual if tls else None)
+    return [
+        Client("troth.example:7070", tls=True, token="t0k"),
+        Client("10.0.0.1:7070", tls=troth.TlsConfig(server_name="troth.internal")),
+        Client("10.0.0.1:7070", token="t0k", allow_plaintext_token=True),
+    ]
