@@ -321,7 +321,7 @@ def test_the_cli_says_the_same_and_exits_1(
 def serve(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [
-            sys.executable, "-m", "troth_server", "serve", "--listen", "127.0.0.1:0",
+            sys.executable, "-m", "troth_server", "serve", "--no-auth", "--listen", "127.0.0.1:0",
             "--db", f"sqlite:///{tmp_path / 'troth.db'}", *args,
         ],
         capture_output=True, text=True, timeout=60,
@@ -340,7 +340,7 @@ def test_a_key_that_is_not_the_certificates_stops_the_start(pki: Pki, tmp_path: 
 
 def test_a_missing_file_named_in_the_environment_stops_the_start(tmp_path: Path) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "troth_server", "serve", "--listen", "127.0.0.1:0",
+        [sys.executable, "-m", "troth_server", "serve", "--no-auth", "--listen", "127.0.0.1:0",
          "--db", f"sqlite:///{tmp_path / 'troth.db'}"],
         capture_output=True, text=True, timeout=60,
         env={"PATH": "/usr/bin:/bin", "TROTH_TLS_CERT": str(tmp_path / "gone.crt"),

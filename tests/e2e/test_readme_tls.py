@@ -53,7 +53,7 @@ def test_the_readme_tls_section(tmp_path: Path) -> None:
     use = block("tls-use")
     serve, rest = use.split("\n", 1)
     assert serve.startswith("troth serve --tls-cert tls/server.crt --tls-key tls/server.key")
-    assert "--tls-client-ca tls/ca.pem" in serve
+    assert "--tls-client-ca tls/ca.pem" in serve and "--no-auth" in serve
     server = start_server(
         tmp_path / "server",
         tls=ServerTls(
