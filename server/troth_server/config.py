@@ -90,6 +90,8 @@ class Settings:
     """Open Poll / WatchPromise / WatchPromises streams; more are refused likewise."""
     max_queued_writes: int = 1024
     """Write requests waiting for the group committer; more are refused likewise."""
+    settle_token_keys: str | None = None
+    """The settle-token keys file (`troth_server.settle_keys`); None: no settle tokens."""
     limits: Limits = Limits()
 
 
@@ -134,6 +136,12 @@ _OPTIONS: dict[str, tuple[str, type | None, str]] = {
         "max_queued_writes",
         int,
         "write requests waiting for the store; more are refused likewise",
+    ),
+    "settle-token-keys": (
+        "settle_token_keys",
+        str,
+        "JSON file of the keys that sign and verify settle tokens (several, one active; "
+        "re-read when it changes); unset: MintSettleToken is refused",
     ),
     "max-id-length": ("max_id_length", int, "longest promise id"),
     "max-payload-bytes": ("max_payload_bytes", int, "largest param or value (data plus headers)"),
