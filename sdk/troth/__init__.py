@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from troth._approvers import Approvers
 from troth._commands import RetryPolicy
 from troth._promise import (
     CreateResult,
@@ -48,6 +49,7 @@ from troth.worker import Worker
 __all__ = [
     "AlreadyExistsError",
     "AlreadySettledError",
+    "Approvers",
     "Cancelled",
     "Client",
     "Codec",

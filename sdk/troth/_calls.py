@@ -10,21 +10,21 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from troth._convert import payload_to_proto, promise_from_proto, timedelta_to_proto
 from troth._promise import CreateResult
-from troth.v1 import promises_pb2
+from troth.v1 import promises_pb2, types_pb2
 
 if TYPE_CHECKING:
     import grpc
 
+    from troth._approvers import Approvers
     from troth._promise import Promise
     from troth._transport import Transport
     from troth.codec import Payload
-    from troth.v1 import types_pb2
 
 __all__ = ["Connection", "schema_text"]
 
@@ -76,6 +76,7 @@ class Connection:
         message: str = "",
         requested_by: str = "",
         fence: types_pb2.TaskFence | None = None,
+        approvers: Approvers | None = None,
     ) -> CreateResult:
         """Create a promise with a param already encoded (a start, a workflow step); with
         `resolved_with`/`rejected_with` it is created already settled."""
@@ -97,6 +98,8 @@ class Connection:
             request.rejected_with.CopyFrom(payload_to_proto(rejected_with))
         if fence is not None:
             request.fence.CopyFrom(fence)
+        if approvers is not None:
+            request.approvers.CopyFrom(approvers.to_proto())
         response = self.call(self.transport.promises.CreatePromise, request)
         return CreateResult(promise=promise_from_proto(response.promise), created=response.created)
 
@@ -122,6 +125,28 @@ class Connection:
         if fence is not None:
             request.fence.CopyFrom(fence)
         return promise_from_proto(self.call(method, request).promise)
+
+    def mint_settle_token(
+        self,
+        id: str,
+        *,
+        outcomes: Iterable[str] = (),
+        ttl: timedelta | None = None,
+        fence: types_pb2.TaskFence | None = None,
+    ) -> str:
+        """A settle token for the pending promise `id` (outcomes "resolve"/"reject")."""
+        states = {"resolve": types_pb2.RESOLVED, "reject": types_pb2.REJECTED}
+        unknown = sorted(set(outcomes) - set(states))
+        if unknown:
+            raise ValueError(f"settle token outcomes are 'resolve' and 'reject', not {unknown}")
+        request = promises_pb2.MintSettleTokenRequest(
+            promise_id=id, outcomes=[states[o] for o in sorted(set(outcomes))]
+        )
+        if ttl is not None:
+            request.ttl.CopyFrom(timedelta_to_proto(ttl))
+        if fence is not None:
+            request.fence.CopyFrom(fence)
+        return self.call(self.transport.promises.MintSettleToken, request).token
 
 
 def schema_text(schema: Mapping[str, Any] | None) -> str:

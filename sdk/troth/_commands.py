@@ -25,12 +25,13 @@ from __future__ import annotations
 import enum
 import functools
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 if TYPE_CHECKING:
+    from troth._approvers import Approvers
     from troth._schema import DecisionSchema
 
 __all__ = [
@@ -51,6 +52,7 @@ __all__ = [
     "Random",
     "RetryPolicy",
     "RunStep",
+    "SettleToken",
     "Sleep",
     "StartWorkflow",
     "StepCommand",
@@ -82,6 +84,7 @@ class Kind(enum.StrEnum):
     START = "start"
     NOW = "now"
     RANDOM = "random"
+    SETTLE_TOKEN = "settle_token"
 
 
 def func_name(fn: Callable[..., Any]) -> str:
@@ -174,6 +177,31 @@ class PromiseHandle(Command[Any]):
 
     id: str
 
+    def settle_token(
+        self, *, outcomes: Iterable[str] = (), ttl: timedelta | None = None
+    ) -> SettleToken:
+        """A settle token for this promise, minted once and recorded as a step: `yield`
+        it for the token (a str to put in a link), the same on every replay.
+
+        Args:
+            outcomes: "resolve" and/or "reject"; default both.
+            ttl: How long the link works; default until the promise expires.
+        """
+        return SettleToken(self.id, tuple(sorted(set(outcomes))), ttl)
+
+
+@dataclass(frozen=True, slots=True)
+class SettleToken(Command[str]):
+    """Mint a settle token for `promise_id` (`PromiseHandle.settle_token`): the worker
+    asks the server once and records the token on a step, so replays get the same one."""
+
+    promise_id: str
+    outcomes: tuple[str, ...] = ()
+    ttl: timedelta | None = None
+    id: str | None = None
+    check_args: bool = True
+    """Record a digest of the promise id, outcomes and ttl, and check it on replay."""
+
 
 @dataclass(frozen=True, slots=True)
 class CreatePromise(Command[PromiseHandle]):
@@ -188,6 +216,8 @@ class CreatePromise(Command[PromiseHandle]):
     message: str = ""
     check_args: bool = True
     """Record a digest of id, timeout and schema, and check it on replay (`troth._digests`)."""
+    approvers: Approvers | None = None
+    """Who may settle it, enforced by the server (`troth.Approvers`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -298,7 +328,9 @@ class AwaitAtLeast(Command[list[Any]]):
 
     count: int
     handles: tuple[PromiseHandle, ...]
+    distinct: bool = False
+    """Count a resolve only if no other counted one was settled by the same principal."""
 
 
-StepCommand = CreatePromise | RunStep | Sleep | StartWorkflow | Now | Random
+StepCommand = CreatePromise | RunStep | Sleep | StartWorkflow | Now | Random | SettleToken
 """The commands that create a step promise, and so take a position."""

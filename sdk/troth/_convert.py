@@ -11,6 +11,7 @@ from datetime import UTC, datetime, timedelta
 
 from google.protobuf import duration_pb2, timestamp_pb2
 
+from troth._approvers import Approvers
 from troth._promise import Promise, PromiseEvent, PromiseEventType, PromiseOrder, PromiseState
 from troth.codec import Payload
 from troth.v1 import promises_pb2, types_pb2
@@ -111,6 +112,10 @@ def promise_from_proto(message: types_pb2.Promise) -> Promise:
         workflow_version=message.workflow_version,
         root_id=message.root_id,
         parent_id=message.parent_id,
+        approvers=Approvers.from_proto(message.approvers)
+        if message.HasField("approvers")
+        else None,
+        started_by=message.started_by,
     )
 
 

@@ -52,6 +52,7 @@ from troth._commands import (
     Now,
     Random,
     RunStep,
+    SettleToken,
     Sleep,
     StartWorkflow,
     StepCommand,
@@ -113,6 +114,9 @@ def _fields(command: StepCommand) -> list[Any] | None:
         return ["start", command.name, list(command.args), command.id]
     if isinstance(command, Sleep):
         return ["sleep", command.duration.total_seconds()]
+    if isinstance(command, SettleToken):
+        ttl = None if command.ttl is None else command.ttl.total_seconds()
+        return ["settle_token", command.promise_id, list(command.outcomes), ttl]
     return None  # Now, Random: nothing asked
 
 

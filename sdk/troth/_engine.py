@@ -83,6 +83,7 @@ from troth._commands import (
     PromiseHandle,
     Random,
     RunStep,
+    SettleToken,
     Sleep,
     StartWorkflow,
     StepCommand,
@@ -118,7 +119,7 @@ _log = logging.getLogger("troth.engine")
 Workflow = Callable[..., Generator[Any, Any, Any]]
 """A workflow: a generator function `def wf(ctx, *args)`."""
 
-_STEP_TYPES = (CreatePromise, RunStep, Sleep, StartWorkflow, Now, Random)
+_STEP_TYPES = (CreatePromise, RunStep, Sleep, StartWorkflow, Now, Random, SettleToken)
 _AWAIT_TYPES = (PromiseHandle, AwaitAll, AwaitAny, AwaitAtLeast)
 _CLOSE_ATTEMPTS = 5
 
@@ -395,7 +396,7 @@ class Engine:
         if isinstance(command, AwaitAny):
             return self._await_any(command.handles)
         if isinstance(command, AwaitAtLeast):
-            return self._await_at_least(command.count, command.handles)
+            return self._await_at_least(command.count, command.handles, command.distinct)
         assert isinstance(command, _STEP_TYPES), f"engine bug: no command to resolve ({command})"
         return self._resolve_step(command)
 
@@ -499,7 +500,7 @@ class Engine:
         return self._result(first)
 
     def _await_at_least(
-        self, count: int, handles: Sequence[PromiseHandle]
+        self, count: int, handles: Sequence[PromiseHandle], distinct: bool = False
     ) -> _Resolution | Outcome:
         settled = [
             (i, p)
@@ -510,8 +511,14 @@ class Engine:
         # execution made, however many more have settled since.
         values: list[Any] = []
         rejected = 0
+        approvers: set[str] = set()
         for _, promise in sorted(settled, key=lambda item: _settle_order(item[1], item[0])):
             result = self._result(promise)
+            if distinct and isinstance(result, _Send) and promise.settled_by:
+                if promise.settled_by in approvers:
+                    # The same principal again: it counts once, so this one is lost.
+                    result = _Throw(_not_distinct(promise))
+                approvers.add(promise.settled_by)
             if isinstance(result, _Send):
                 values.append(result.value)
                 if len(values) == count:
@@ -598,6 +605,8 @@ class Engine:
             if group:
                 tags[TAG_INVOKE] = group
             return _with_digest(tags, command)
+        if isinstance(command, SettleToken):
+            return _with_digest({TAG_KIND: Kind.SETTLE_TOKEN}, command)
         if isinstance(command, Now):
             return {TAG_KIND: Kind.NOW}
         return {TAG_KIND: Kind.RANDOM}
@@ -651,6 +660,15 @@ def _with_digest(tags: dict[str, str], command: StepCommand) -> dict[str, str]:
 
 def _settled(promise: Promise | None) -> bool:
     return promise is not None and promise.is_settled
+
+
+def _not_distinct(promise: Promise) -> PromiseRejectedError:
+    """What a quorum of distinct approvers raises when it is out of reach because one
+    principal settled several of its promises."""
+    return PromiseRejectedError(
+        promise.id,
+        {"reason": f"{promise.settled_by!r} already approved: approvers must be distinct"},
+    )
 
 
 def _settle_order(promise: Promise, index: int) -> tuple[int, float, int]:

@@ -13,6 +13,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from troth._approvers import Approvers
     from troth.codec import Payload
 
 
@@ -55,6 +56,9 @@ class Promise:
         root_id: A workflow's step: the top-level workflow root it belongs to, as the
             server recorded it; "" for roots and standalone promises.
         parent_id: A workflow's step: the workflow whose task created it; or "".
+        approvers: Who may settle it (`Approvers`), or None for anyone.
+        started_by: The authenticated principal that created it (on a workflow's
+            step: that started the workflow); or "".
 
     .. versionadded:: 0.1.0
     """
@@ -77,6 +81,8 @@ class Promise:
     workflow_version: str = ""
     root_id: str = ""
     parent_id: str = ""
+    approvers: Approvers | None = None
+    started_by: str = ""
 
     @property
     def is_settled(self) -> bool:

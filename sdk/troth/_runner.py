@@ -32,7 +32,7 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from troth._commands import TAG_FUNC, CreatePromise, Now, Random, RunStep
+from troth._commands import TAG_FUNC, CreatePromise, Now, Random, RunStep, SettleToken
 from troth._convert import promise_from_proto
 from troth._engine import CreateStep, Done, Engine, Failed, Suspend, error_value
 from troth._leases import Held, Leases, Lost
@@ -312,7 +312,7 @@ class Runner:
 
     def _step(self, held: Held, step: CreateStep) -> list[Promise]:
         command = step.command
-        if not isinstance(command, RunStep | Now | Random):
+        if not isinstance(command, RunStep | Now | Random | SettleToken):
             if step.exists:
                 return [self._calls.get(step.step_id)]
             try:
@@ -327,6 +327,8 @@ class Runner:
         value: Any
         if isinstance(command, Now | Random):
             ok, value = True, command.draw()
+        elif isinstance(command, SettleToken):
+            ok, value = self._mint(held, command)
         else:
             self._leases.confirm(held, self._wait)
             result = run_with_retry(
@@ -349,6 +351,22 @@ class Runner:
                 )
                 ok, value = False, error_value(result.error)
         return [self._record_until_landed(held, step, ok, value)]
+
+    def _mint(self, held: Held, command: SettleToken) -> tuple[bool, Any]:
+        """Mint the settle token a `settle_token` step records (a refusal is recorded
+        as the step's rejection: the yield raises it)."""
+        try:
+            token = self._calls.mint_settle_token(
+                command.promise_id,
+                outcomes=command.outcomes,
+                ttl=command.ttl,
+                fence=held.fence(self.worker_id),
+            )
+        except RpcError as exc:
+            if exc.retryable:
+                raise
+            return False, error_value(exc)
+        return True, token
 
     def _settled_root(self, held: Held) -> Promise:
         """The root, refused a new pending step because it is settled: if it was
@@ -406,6 +424,7 @@ class Runner:
             message=decision.message if decision else "",
             requested_by=step.requested_by,
             fence=held.fence(self.worker_id),
+            approvers=decision.approvers if decision else None,
         )
 
     def _record(self, held: Held, step: CreateStep, ok: bool, value: Any) -> Promise:

@@ -142,6 +142,9 @@ class PromisesStub(Protocol):
     PrunePromises: grpc.UnaryUnaryMultiCallable[
         promises_pb2.PrunePromisesRequest, promises_pb2.PrunePromisesResponse
     ]
+    MintSettleToken: grpc.UnaryUnaryMultiCallable[
+        promises_pb2.MintSettleTokenRequest, promises_pb2.MintSettleTokenResponse
+    ]
 
 
 class TasksStub(Protocol):

@@ -69,6 +69,7 @@ from troth.errors import (
 from troth.v1 import promises_pb2
 
 if TYPE_CHECKING:
+    from troth._approvers import Approvers
     from troth._transport import PromisesStub
 
 __all__ = [
@@ -238,6 +239,7 @@ class Client:
         title: str = "",
         message: str = "",
         requested_by: str = "",
+        approvers: Approvers | None = None,
     ) -> CreateResult:
         """Create a pending promise, or get the existing one if this is a repeat.
 
@@ -261,6 +263,7 @@ class Client:
             title: A short line for the human who settles it.
             message: The longer text for that human.
             requested_by: Who asks; default the caller's principal.
+            approvers: Who may resolve or reject it (`Approvers`), enforced by the server.
 
         Returns:
             The promise, with the effective `expire_time`, and whether this call created it.
@@ -292,6 +295,8 @@ class Client:
             request.ttl.CopyFrom(timedelta_to_proto(ttl))
         elif expire_time is not None:
             request.expire_time.CopyFrom(datetime_to_proto(expire_time))
+        if approvers is not None:
+            request.approvers.CopyFrom(approvers.to_proto())
         response = self._transport.call(self._stub.CreatePromise, request, timeout=self._timeout)
         return CreateResult(promise=promise_from_proto(response.promise), created=response.created)
 
@@ -406,6 +411,7 @@ class Client:
         idempotency_key: str | None = None,
         strict: bool = False,
         create_if_missing: bool = False,
+        settle_token: str | None = None,
     ) -> SettleResult:
         """Settle a pending promise as `RESOLVED` with `value`.
 
@@ -423,6 +429,8 @@ class Client:
                 it an unknown id is `NotFoundError`. A schema the workflow gives
                 later is not checked by the server against an early value; the
                 workflow's typed decode still is.
+            settle_token: A token from `mint_settle_token` (e.g. from a link): the
+                permission to settle this one promise, once; no other is needed.
 
         Returns:
             The settled promise, and whether this call's settlement counted.
@@ -440,6 +448,7 @@ class Client:
             idempotency_key,
             strict,
             create_if_missing=create_if_missing,
+            settle_token=settle_token,
         )
 
     def reject(
@@ -450,6 +459,7 @@ class Client:
         idempotency_key: str | None = None,
         strict: bool = False,
         create_if_missing: bool = False,
+        settle_token: str | None = None,
     ) -> SettleResult:
         """Settle a pending promise as `REJECTED` with `value` (e.g. an error description).
 
@@ -463,7 +473,16 @@ class Client:
             idempotency_key,
             strict,
             create_if_missing=create_if_missing,
+            settle_token=settle_token,
         )
+
+    def mint_settle_token(
+        self, id: str, *, outcomes: Iterable[str] = (), ttl: timedelta | None = None
+    ) -> str:
+        """A settle token for the pending promise `id`, to put in a link: it lets its
+        bearer resolve or reject that promise (`outcomes`: "resolve", "reject";
+        default both), until `ttl` (default: the promise's expiry), once."""
+        return self._connection.mint_settle_token(id, outcomes=outcomes, ttl=ttl)
 
     def cancel(
         self,
@@ -497,6 +516,7 @@ class Client:
         strict: bool,
         *,
         create_if_missing: bool = False,
+        settle_token: str | None = None,
     ) -> SettleResult:
         generated = not idempotency_key
         key = uuid.uuid4().hex if generated else idempotency_key
@@ -507,6 +527,9 @@ class Client:
             # Only resolve and reject pass it: a cancel of a wait that does not exist yet is no use.
             assert not isinstance(request, promises_pb2.CancelPromiseRequest)
             request.create_if_missing = True
+        if settle_token:
+            assert not isinstance(request, promises_pb2.CancelPromiseRequest)
+            request.settle_token = settle_token
         response = self._transport.call(method, request, timeout=self._timeout)
         promise = promise_from_proto(response.promise)
         # A generated key is unique to this call, so a promise settled with it

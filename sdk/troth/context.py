@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from troth._commands import (
     AwaitAll,
@@ -37,6 +37,9 @@ from troth._commands import (
     StartWorkflow,
 )
 from troth._schema import decision_schema
+
+if TYPE_CHECKING:
+    from troth._approvers import Approvers
 
 __all__ = ["Context", "PromiseHandle", "RetryPolicy"]
 
@@ -99,6 +102,7 @@ class Context:
         title: str = "",
         message: str = "",
         check_args: bool = True,
+        approvers: Approvers | None = None,
     ) -> CreatePromise:
         """A latent promise: `yield` it for a `PromiseHandle`; yield the handle to wait.
 
@@ -126,6 +130,10 @@ class Context:
                 now asks for others at this position. Pass False where they
                 legitimately vary between runs (e.g. a timeout computed from
                 the clock). Title, message and tags are never checked.
+            approvers: Who may resolve or reject it (`troth.Approvers`): the
+                server refuses anyone else (`PermissionDeniedError`, reason
+                `NOT_AN_APPROVER`). A settle token (`handle.settle_token()`)
+                needs no approver.
         """
         user_tags = dict(tags or {})
         reserved = sorted(k for k in user_tags if k.startswith(_RESERVED_TAG_PREFIX))
@@ -141,6 +149,7 @@ class Context:
             title=title,
             message=message,
             check_args=check_args,
+            approvers=approvers,
         )
 
     def run(
@@ -243,9 +252,16 @@ class Context:
             raise ValueError("ctx.any() needs at least one handle")
         return AwaitAny(handles=found)
 
-    def at_least(self, count: int, handles: Iterable[PromiseHandle]) -> AwaitAtLeast:
+    def at_least(
+        self, count: int, handles: Iterable[PromiseHandle], *, distinct: bool = False
+    ) -> AwaitAtLeast:
         """Wait until `count` of the handles are resolved: `yield` it for their values,
-        in settle order. Raises the deciding rejection once `count` is out of reach."""
+        in settle order. Raises the deciding rejection once `count` is out of reach.
+
+        With `distinct`, a resolve counts only if no resolve counted before it was
+        settled by the same principal (`settled_by`): one person cannot fill a
+        quorum. Give the promises `Approvers(distinct=True)` too, and the server
+        refuses the second settle outright."""
         found = _handles(handles)
         if isinstance(count, bool) or not isinstance(count, int):
             raise TypeError(f"ctx.at_least() takes a whole number, not {count!r}")
@@ -254,7 +270,7 @@ class Context:
                 f"ctx.at_least({count}, ...) needs between 1 and {len(found)} "
                 f"(the number of handles given)"
             )
-        return AwaitAtLeast(count=count, handles=found)
+        return AwaitAtLeast(count=count, handles=found, distinct=distinct)
 
     def now(self) -> Now:
         """The current time, recorded: `yield` it for an aware UTC datetime that replays."""

@@ -86,6 +86,28 @@ class Reason(enum.StrEnum):
     STORE_UNAVAILABLE = "STORE_UNAVAILABLE"
     SHUTTING_DOWN = "SHUTTING_DOWN"
     INTERNAL = "INTERNAL"
+    NOT_AN_APPROVER = "NOT_AN_APPROVER"
+    """A resolve or reject by a principal the promise's approver policy does not
+    allow; metadata `rule` names the rule (approvers, not_requester, distinct)."""
+    SETTLE_TOKEN_MALFORMED = "SETTLE_TOKEN_MALFORMED"
+    """A `settle_token` that is not a token at all (cut short, or not one of ours)."""
+    SETTLE_TOKEN_UNKNOWN_KEY = "SETTLE_TOKEN_UNKNOWN_KEY"
+    """A settle token signed with a key this server does not have (retired, or forged)."""
+    SETTLE_TOKEN_BAD_SIGNATURE = "SETTLE_TOKEN_BAD_SIGNATURE"
+    """A settle token whose signature does not match: forged, or altered (its promise,
+    outcomes or expiry)."""
+    SETTLE_TOKEN_EXPIRED = "SETTLE_TOKEN_EXPIRED"
+    SETTLE_TOKEN_WRONG_PROMISE = "SETTLE_TOKEN_WRONG_PROMISE"
+    """A valid settle token, for another promise than the one settled."""
+    SETTLE_TOKEN_OUTCOME_NOT_ALLOWED = "SETTLE_TOKEN_OUTCOME_NOT_ALLOWED"
+    """A valid settle token that does not allow this outcome (e.g. reject-only)."""
+    SETTLE_TOKEN_USED = "SETTLE_TOKEN_USED"
+    """The promise was already settled with this very token: a token works once."""
+    SETTLE_TOKEN_VOID = "SETTLE_TOKEN_VOID"
+    """The token's promise was cancelled (its workflow cancelled or ended): its links
+    are void."""
+    SETTLE_TOKENS_OFF = "SETTLE_TOKENS_OFF"
+    """MintSettleToken on a server started without `--settle-token-keys`."""
 
 
 class TrothError(Exception):

@@ -43,8 +43,11 @@ from troth_server.clock import (
 )
 from troth_server.config import Settings, auth_refusal, is_loopback, settings_from
 from troth_server.dispatch import Dispatcher
+from troth_server.domain.settle_tokens import KeysInvalid
 from troth_server.group_commit import GroupCommitter
+from troth_server.guard import SettleGuard
 from troth_server.service import PromiseService
+from troth_server.settle_keys import SettleKeys
 from troth_server.store import StoreError, StoreEvent, open_store
 from troth_server.sweeper import Sweeper
 from troth_server.task_service import TaskService
@@ -106,6 +109,9 @@ class Core:
 
     def __init__(self, settings: Settings, clock: Callable[[], int] | None = None) -> None:
         self.settings = settings
+        # Settle tokens: keys from --settle-token-keys (re-read when the file changes).
+        # Read first: a bad file stops the start before anything is opened.
+        keys = SettleKeys(settings.settle_token_keys) if settings.settle_token_keys else None
         self.store = open_store(
             settings.db,
             sqlite_synchronous=settings.sqlite_synchronous,
@@ -128,7 +134,10 @@ class Core:
         )
         # Schema checks run on their own small pool: off the writer, off the loop.
         self.checks = SchemaChecks(settings.limits.schema_bounds())
-        self.service = PromiseService(self.store, self.committer, WatchHub(), clock, self.checks)
+        guard = SettleGuard(self.store, self.committer, clock, keys)
+        self.service = PromiseService(
+            self.store, self.committer, WatchHub(), clock, self.checks, guard
+        )
         self.tasks = TaskService(self.store, self.committer, clock, self.checks)
         self.dispatcher = Dispatcher(self.tasks, self.store)
         self.sweeper = Sweeper(
@@ -297,7 +306,7 @@ def serve(argv: list[str]) -> int:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         return code
-    except (StoreError, AuthConfigError, TlsError) as exc:
+    except (StoreError, AuthConfigError, TlsError, KeysInvalid) as exc:
         log.error("server.cannot_start", error=str(exc))
         _logging.flush()
         return 1

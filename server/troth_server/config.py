@@ -113,6 +113,8 @@ class Settings:
     tls_cert: str | None = None
     tls_key: str | None = None
     tls_client_ca: str | None = None
+    settle_token_keys: str | None = None
+    """The settle-token keys file (`troth_server.settle_keys`); None: no settle tokens."""
     limits: Limits = Limits()
 
     def auth_sources(self) -> AuthSources | None:
@@ -220,6 +222,12 @@ _OPTIONS: dict[str, tuple[str, type | None, str]] = {
         "tls_client_ca",
         str,
         "mTLS: require client certificates signed by these PEM CA certificates",
+    ),
+    "settle-token-keys": (
+        "settle_token_keys",
+        str,
+        "JSON file of the keys that sign and verify settle tokens (several, one active; "
+        "re-read when it changes); unset: MintSettleToken is refused",
     ),
     "max-id-length": ("max_id_length", int, "longest promise id"),
     "max-payload-bytes": ("max_payload_bytes", int, "largest param or value (data plus headers)"),

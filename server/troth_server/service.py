@@ -23,11 +23,14 @@ import structlog
 
 from troth_server import paging
 from troth_server.checks import SchemaChecks
+from troth_server.domain import approvers as policies
 from troth_server.domain import promise as domain
-from troth_server.domain import steps
+from troth_server.domain import settle_tokens, steps
+from troth_server.domain.access import LOCAL_DEVELOPER
 from troth_server.domain.errors import PromiseNotFound
 from troth_server.domain.promise import PromiseState, SettleRequest
 from troth_server.group_commit import Keys
+from troth_server.guard import SettleGuard
 from troth_server.store import (
     PromiseOrder,
     PromiseQuery,
@@ -46,6 +49,7 @@ from troth_server.watch import (
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 
+    from troth_server.domain.access import Principal
     from troth_server.domain.promise import CreateRequest, Promise
     from troth_server.domain.steps import Fence
     from troth_server.group_commit import Batch, GroupCommitter, StateChange
@@ -74,6 +78,7 @@ class _CreateOp:
         existing = batch.get(request.id)
         cap: int | None = None
         links: tuple[str, str] | None = None
+        started_by = self.principal
         if self.fence is None:
             roots = {r: batch.get(r) for r in steps.namespace_roots(request.id)}
             steps.check_unfenced_create(request.id, request.tags, roots)
@@ -81,7 +86,11 @@ class _CreateOp:
             workflow = self._workflow(batch, existing)
             # A step never outlives its workflow (nor, so, its top-level root).
             cap, links = workflow.expire_time, steps.links_under(workflow)
-        promise, created = domain.create(existing, request, batch.now, cap=cap, links=links)
+            # Four-eyes compares with who started the top-level workflow (§7).
+            started_by = workflow.started_by
+        promise, created = domain.create(
+            existing, request, batch.now, cap=cap, links=links, started_by=started_by
+        )
         if not created and existing is not None and domain.is_early(existing):
             batch.rewrite(promise)  # a settled-early promise, adopted by its creator
         if created:
@@ -121,6 +130,8 @@ class _SettleOp:
             return Keys(promises=promise_ids, task_ids=(self.fence.task_id,), steps_of=promise_ids)
         if self.request.create_if_missing:
             promise_ids += tuple(steps.namespace_roots(self.request.id))
+        # A distinct quorum's other approvals: who settled them is compared here.
+        promise_ids += self.request.quorum
         return Keys(promises=promise_ids, steps_of=promise_ids[:1])
 
     def apply(self, batch: Batch) -> tuple[Promise, bool]:
@@ -140,6 +151,8 @@ class _SettleOp:
             # workflow may not have reached that wait yet, and the caller retries.
             roots = {r: batch.get(r) for r in steps.namespace_roots(self.request.id)}
             steps.check_unfenced_settle(self.request.id, existing, roots)
+            if existing is not None and not self._guarded(batch, existing):
+                return existing, False
         promise, applied = domain.settle(existing, self.request, batch.now)
         if applied and existing is None:
             # Settled before the wait exists: watchers hear a create, then a settle.
@@ -157,6 +170,23 @@ class _SettleOp:
             # A workflow root's pending steps end with it, in this transaction.
             batch.settle(existing, promise)
         return promise, applied
+
+    def _guarded(self, batch: Batch, existing: Promise) -> bool:
+        """The writer's part of the settle guard (`troth_server.guard`): comparisons
+        only. False for a repeat of a token's own settle, answered as it was."""
+        request = self.request
+        if request.token_id is not None:
+            return settle_tokens.check_use(existing, request.token_id, request.idempotency_key)
+        if existing.is_settled:
+            return True  # the state machine answers: a repeat, or ALREADY_SETTLED
+        if existing.approvers != request.checked_policy:
+            raise policies.PolicyNotChecked(existing.id)
+        if request.quorum:
+            settlers = [p.settled_by for p in map(batch.get, request.quorum) if p is not None]
+            refusal = policies.check_distinct(existing.id, request.principal, settlers)
+            if refusal is not None:
+                raise refusal
+        return True
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,6 +259,7 @@ class PromiseService:
         hub: WatchHub,
         clock: Callable[[], int],
         checks: SchemaChecks | None = None,
+        guard: SettleGuard | None = None,
     ) -> None:
         self._store = store
         self._committer = committer
@@ -236,6 +267,8 @@ class PromiseService:
         self._clock = clock
         self.checks = checks or SchemaChecks()
         """Schema checks: never on the writer, never on the event loop."""
+        self.guard = guard or SettleGuard(store, committer, clock)
+        """Approver policies and settle tokens: checked before the write."""
         self.stopping = threading.Event()
 
     def create(
@@ -267,28 +300,84 @@ class PromiseService:
         op = _CreateOp(request, principal, settled_with, fence)
         return await self._committer.submit_async(op)
 
-    def settle(self, request: SettleRequest, fence: Fence | None = None) -> tuple[Promise, bool]:
+    def settle(
+        self,
+        request: SettleRequest,
+        fence: Fence | None = None,
+        caller: Principal = LOCAL_DEVELOPER,
+        token: str | None = None,
+    ) -> tuple[Promise, bool]:
         """Settle a promise; a resolve value is checked against the promise's schema
-        first, on this thread (never the writer's)."""
-        if request.state is PromiseState.RESOLVED:
-            request = self.checks.precheck(request, self._store.get_promise(request.id))
-        return self.checks.settle_checked(
-            request, lambda checked: self._committer.submit(_SettleOp(checked, fence))
-        )
+        first, on this thread (never the writer's), and an unfenced resolve or reject
+        against its approver policy, or with the settle token it carries."""
+        if token is not None:
+            request = self.guard.with_token(request, token)
+        for attempt in range(_POLICY_ATTEMPTS):
+            found = self._store.get_promise(request.id) if _reads(request, fence) else None
+            if fence is None:
+                request = self.guard.precheck(request, found, caller)
+            if request.state is PromiseState.RESOLVED:
+                request = self.checks.precheck(request, found)
+            try:
+                return self.checks.settle_checked(
+                    request, lambda checked: self._committer.submit(_SettleOp(checked, fence))
+                )
+            except policies.PolicyNotChecked:
+                if attempt == _POLICY_ATTEMPTS - 1:
+                    raise
+        raise AssertionError("unreachable")
 
     async def settle_async(
-        self, request: SettleRequest, fence: Fence | None = None
+        self,
+        request: SettleRequest,
+        fence: Fence | None = None,
+        caller: Principal = LOCAL_DEVELOPER,
+        token: str | None = None,
     ) -> tuple[Promise, bool]:
         """`settle` for an event loop: the schema check runs on the check pool."""
-        if request.state is PromiseState.RESOLVED:
-            # A point read by primary key (as GetPromise), for the schema to check.
-            found = self._store.get_promise(request.id)
-            request = await self.checks.precheck_async(request, found)
+        if token is not None:
+            request = self.guard.with_token(request, token)
 
         async def write(checked: SettleRequest) -> tuple[Promise, bool]:
             return await self._committer.submit_async(_SettleOp(checked, fence))
 
-        return await self.checks.settle_checked_async(request, write)
+        for attempt in range(_POLICY_ATTEMPTS):
+            # A point read by primary key (as GetPromise), for the schema and the policy.
+            found = self._store.get_promise(request.id) if _reads(request, fence) else None
+            if fence is None and found is not None and _quorum_read(found):
+                # A distinct quorum reads the workflow's steps: off the loop.
+                request = await asyncio.to_thread(self.guard.precheck, request, found, caller)
+            elif fence is None:
+                request = self.guard.precheck(request, found, caller)
+            if request.state is PromiseState.RESOLVED:
+                request = await self.checks.precheck_async(request, found)
+            try:
+                return await self.checks.settle_checked_async(request, write)
+            except policies.PolicyNotChecked:
+                if attempt == _POLICY_ATTEMPTS - 1:
+                    raise
+        raise AssertionError("unreachable")
+
+    def mint_settle_token(
+        self,
+        promise_id: str,
+        outcomes: frozenset[PromiseState],
+        ttl_ms: int | None,
+        caller: Principal,
+        fence: Fence | None,
+    ) -> tuple[str, settle_tokens.SettleToken]:
+        """A settle token for a pending promise (see `SettleGuard.mint`); blocking."""
+        token, granted = self.guard.mint(promise_id, outcomes, ttl_ms, caller, fence)
+        log.info(
+            "settle_token.minted",
+            promise_id=promise_id,
+            key_id=granted.key_id,
+            token_id=granted.token_id,
+            outcomes=sorted(o.value for o in granted.outcomes),
+            expire_time=granted.expire_time,
+            principal=caller.name,
+        )
+        return token, granted
 
     def expire_overdue(self, limit: int, now: int | None = None) -> int:
         """Settle up to `limit` promises overdue at `now` (default: the store's clock,
@@ -460,6 +549,28 @@ class PromiseService:
                 new_state=change.promise.state.value,
                 principal=change.principal,
             )
+
+
+_POLICY_ATTEMPTS = 3
+"""A policy never changes once created: a settle meets at most one it was not checked
+against (the promise appeared after the check read it)."""
+
+
+def _reads(request: SettleRequest, fence: Fence | None) -> bool:
+    """Whether a settle needs the promise read before the write: a resolve (for its
+    schema) or an unfenced reject (for the approver policy)."""
+    return request.state is PromiseState.RESOLVED or (
+        fence is None and request.state is PromiseState.REJECTED
+    )
+
+
+def _quorum_read(found: Promise) -> bool:
+    return (
+        found.approvers is not None
+        and found.approvers.distinct
+        and found.parent_id is not None
+        and not found.is_settled
+    )
 
 
 def _as_created(request: CreateRequest) -> Promise:

@@ -34,8 +34,32 @@ CREATED: PromiseEventType
 SETTLED: PromiseEventType
 TIMED_OUT: PromiseEventType
 
+class MintSettleTokenRequest(_message.Message):
+    __slots__ = ("promise_id", "outcomes", "ttl", "fence")
+    PROMISE_ID_FIELD_NUMBER: _ClassVar[int]
+    OUTCOMES_FIELD_NUMBER: _ClassVar[int]
+    TTL_FIELD_NUMBER: _ClassVar[int]
+    FENCE_FIELD_NUMBER: _ClassVar[int]
+    promise_id: str
+    outcomes: _containers.RepeatedScalarFieldContainer[_types_pb2.PromiseState]
+    ttl: _duration_pb2.Duration
+    fence: _types_pb2.TaskFence
+    def __init__(self, promise_id: _Optional[str] = ..., outcomes: _Optional[_Iterable[_Union[_types_pb2.PromiseState, str]]] = ..., ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., fence: _Optional[_Union[_types_pb2.TaskFence, _Mapping]] = ...) -> None: ...
+
+class MintSettleTokenResponse(_message.Message):
+    __slots__ = ("token", "expire_time", "key_id", "token_id")
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    EXPIRE_TIME_FIELD_NUMBER: _ClassVar[int]
+    KEY_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    token: str
+    expire_time: _timestamp_pb2.Timestamp
+    key_id: str
+    token_id: str
+    def __init__(self, token: _Optional[str] = ..., expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., key_id: _Optional[str] = ..., token_id: _Optional[str] = ...) -> None: ...
+
 class CreatePromiseRequest(_message.Message):
-    __slots__ = ("id", "param", "tags", "expire_time", "ttl", "never_expires", "idempotency_key", "strict", "resolved_with", "rejected_with", "schema", "title", "message", "requested_by", "fence")
+    __slots__ = ("id", "param", "tags", "expire_time", "ttl", "never_expires", "idempotency_key", "strict", "resolved_with", "rejected_with", "schema", "title", "message", "requested_by", "fence", "approvers")
     class TagsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -58,6 +82,7 @@ class CreatePromiseRequest(_message.Message):
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     REQUESTED_BY_FIELD_NUMBER: _ClassVar[int]
     FENCE_FIELD_NUMBER: _ClassVar[int]
+    APPROVERS_FIELD_NUMBER: _ClassVar[int]
     id: str
     param: _types_pb2.Payload
     tags: _containers.ScalarMap[str, str]
@@ -73,7 +98,8 @@ class CreatePromiseRequest(_message.Message):
     message: str
     requested_by: str
     fence: _types_pb2.TaskFence
-    def __init__(self, id: _Optional[str] = ..., param: _Optional[_Union[_types_pb2.Payload, _Mapping]] = ..., tags: _Optional[_Mapping[str, str]] = ..., expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., never_expires: _Optional[bool] = ..., idempotency_key: _Optional[str] = ..., strict: _Optional[bool] = ..., resolved_with: _Optional[_Union[_types_pb2.Payload, _Mapping]] = ..., rejected_with: _Optional[_Union[_types_pb2.Payload, _Mapping]] = ..., schema: _Optional[str] = ..., title: _Optional[str] = ..., message: _Optional[str] = ..., requested_by: _Optional[str] = ..., fence: _Optional[_Union[_types_pb2.TaskFence, _Mapping]] = ...) -> None: ...
+    approvers: _types_pb2.Approvers
+    def __init__(self, id: _Optional[str] = ..., param: _Optional[_Union[_types_pb2.Payload, _Mapping]] = ..., tags: _Optional[_Mapping[str, str]] = ..., expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., never_expires: _Optional[bool] = ..., idempotency_key: _Optional[str] = ..., strict: _Optional[bool] = ..., resolved_with: _Optional[_Union[_types_pb2.Payload, _Mapping]] = ..., rejected_with: _Optional[_Union[_types_pb2.Payload, _Mapping]] = ..., schema: _Optional[str] = ..., title: _Optional[str] = ..., message: _Optional[str] = ..., requested_by: _Optional[str] = ..., fence: _Optional[_Union[_types_pb2.TaskFence, _Mapping]] = ..., approvers: _Optional[_Union[_types_pb2.Approvers, _Mapping]] = ...) -> None: ...
 
 class CreatePromiseResponse(_message.Message):
     __slots__ = ("promise", "created")
@@ -129,36 +155,40 @@ class SearchPromisesResponse(_message.Message):
     def __init__(self, promises: _Optional[_Iterable[_Union[_types_pb2.Promise, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class ResolvePromiseRequest(_message.Message):
-    __slots__ = ("id", "value", "idempotency_key", "strict", "create_if_missing", "fence")
+    __slots__ = ("id", "value", "idempotency_key", "strict", "create_if_missing", "fence", "settle_token")
     ID_FIELD_NUMBER: _ClassVar[int]
     VALUE_FIELD_NUMBER: _ClassVar[int]
     IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
     STRICT_FIELD_NUMBER: _ClassVar[int]
     CREATE_IF_MISSING_FIELD_NUMBER: _ClassVar[int]
     FENCE_FIELD_NUMBER: _ClassVar[int]
+    SETTLE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     id: str
     value: _types_pb2.Payload
     idempotency_key: str
     strict: bool
     create_if_missing: bool
     fence: _types_pb2.TaskFence
-    def __init__(self, id: _Optional[str] = ..., value: _Optional[_Union[_types_pb2.Payload, _Mapping]] = ..., idempotency_key: _Optional[str] = ..., strict: _Optional[bool] = ..., create_if_missing: _Optional[bool] = ..., fence: _Optional[_Union[_types_pb2.TaskFence, _Mapping]] = ...) -> None: ...
+    settle_token: str
+    def __init__(self, id: _Optional[str] = ..., value: _Optional[_Union[_types_pb2.Payload, _Mapping]] = ..., idempotency_key: _Optional[str] = ..., strict: _Optional[bool] = ..., create_if_missing: _Optional[bool] = ..., fence: _Optional[_Union[_types_pb2.TaskFence, _Mapping]] = ..., settle_token: _Optional[str] = ...) -> None: ...
 
 class RejectPromiseRequest(_message.Message):
-    __slots__ = ("id", "value", "idempotency_key", "strict", "create_if_missing", "fence")
+    __slots__ = ("id", "value", "idempotency_key", "strict", "create_if_missing", "fence", "settle_token")
     ID_FIELD_NUMBER: _ClassVar[int]
     VALUE_FIELD_NUMBER: _ClassVar[int]
     IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
     STRICT_FIELD_NUMBER: _ClassVar[int]
     CREATE_IF_MISSING_FIELD_NUMBER: _ClassVar[int]
     FENCE_FIELD_NUMBER: _ClassVar[int]
+    SETTLE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     id: str
     value: _types_pb2.Payload
     idempotency_key: str
     strict: bool
     create_if_missing: bool
     fence: _types_pb2.TaskFence
-    def __init__(self, id: _Optional[str] = ..., value: _Optional[_Union[_types_pb2.Payload, _Mapping]] = ..., idempotency_key: _Optional[str] = ..., strict: _Optional[bool] = ..., create_if_missing: _Optional[bool] = ..., fence: _Optional[_Union[_types_pb2.TaskFence, _Mapping]] = ...) -> None: ...
+    settle_token: str
+    def __init__(self, id: _Optional[str] = ..., value: _Optional[_Union[_types_pb2.Payload, _Mapping]] = ..., idempotency_key: _Optional[str] = ..., strict: _Optional[bool] = ..., create_if_missing: _Optional[bool] = ..., fence: _Optional[_Union[_types_pb2.TaskFence, _Mapping]] = ..., settle_token: _Optional[str] = ...) -> None: ...
 
 class CancelPromiseRequest(_message.Message):
     __slots__ = ("id", "value", "idempotency_key", "strict")

@@ -80,6 +80,11 @@ class PromisesStub:
                 request_serializer=troth_dot_v1_dot_promises__pb2.PrunePromisesRequest.SerializeToString,
                 response_deserializer=troth_dot_v1_dot_promises__pb2.PrunePromisesResponse.FromString,
                 _registered_method=True)
+        self.MintSettleToken = channel.unary_unary(
+                '/troth.v1.Promises/MintSettleToken',
+                request_serializer=troth_dot_v1_dot_promises__pb2.MintSettleTokenRequest.SerializeToString,
+                response_deserializer=troth_dot_v1_dot_promises__pb2.MintSettleTokenResponse.FromString,
+                _registered_method=True)
 
 
 class PromisesServicer:
@@ -155,6 +160,18 @@ class PromisesServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def MintSettleToken(self, request, context):
+        """Mints a settle token for a pending promise: a credential that lets its
+        bearer resolve or reject that promise only (for the outcomes it names),
+        until it expires, once. A worker mints for its own workflows' steps (with
+        the fence of the task it holds); gateways and admins for any promise.
+        FAILED_PRECONDITION, reason SETTLE_TOKENS_OFF, when the server has no
+        --settle-token-keys.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PromisesServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -202,6 +219,11 @@ def add_PromisesServicer_to_server(servicer, server):
                     servicer.PrunePromises,
                     request_deserializer=troth_dot_v1_dot_promises__pb2.PrunePromisesRequest.FromString,
                     response_serializer=troth_dot_v1_dot_promises__pb2.PrunePromisesResponse.SerializeToString,
+            ),
+            'MintSettleToken': grpc.unary_unary_rpc_method_handler(
+                    servicer.MintSettleToken,
+                    request_deserializer=troth_dot_v1_dot_promises__pb2.MintSettleTokenRequest.FromString,
+                    response_serializer=troth_dot_v1_dot_promises__pb2.MintSettleTokenResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -448,6 +470,33 @@ class Promises:
             '/troth.v1.Promises/PrunePromises',
             troth_dot_v1_dot_promises__pb2.PrunePromisesRequest.SerializeToString,
             troth_dot_v1_dot_promises__pb2.PrunePromisesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def MintSettleToken(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/troth.v1.Promises/MintSettleToken',
+            troth_dot_v1_dot_promises__pb2.MintSettleTokenRequest.SerializeToString,
+            troth_dot_v1_dot_promises__pb2.MintSettleTokenResponse.FromString,
             options,
             channel_credentials,
             insecure,

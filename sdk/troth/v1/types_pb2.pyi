@@ -5,7 +5,7 @@ from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Mapping as _Mapping
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
@@ -41,7 +41,7 @@ class Payload(_message.Message):
     def __init__(self, headers: _Optional[_Mapping[str, str]] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class Promise(_message.Message):
-    __slots__ = ("id", "state", "param", "value", "tags", "create_time", "settle_time", "expire_time", "idempotency_key_for_create", "idempotency_key_for_settle", "settled_by", "schema", "title", "message", "requested_by", "workflow_version", "root_id", "parent_id")
+    __slots__ = ("id", "state", "param", "value", "tags", "create_time", "settle_time", "expire_time", "idempotency_key_for_create", "idempotency_key_for_settle", "settled_by", "schema", "title", "message", "requested_by", "workflow_version", "root_id", "parent_id", "approvers", "started_by")
     class TagsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -67,6 +67,8 @@ class Promise(_message.Message):
     WORKFLOW_VERSION_FIELD_NUMBER: _ClassVar[int]
     ROOT_ID_FIELD_NUMBER: _ClassVar[int]
     PARENT_ID_FIELD_NUMBER: _ClassVar[int]
+    APPROVERS_FIELD_NUMBER: _ClassVar[int]
+    STARTED_BY_FIELD_NUMBER: _ClassVar[int]
     id: str
     state: PromiseState
     param: Payload
@@ -85,7 +87,23 @@ class Promise(_message.Message):
     workflow_version: str
     root_id: str
     parent_id: str
-    def __init__(self, id: _Optional[str] = ..., state: _Optional[_Union[PromiseState, str]] = ..., param: _Optional[_Union[Payload, _Mapping]] = ..., value: _Optional[_Union[Payload, _Mapping]] = ..., tags: _Optional[_Mapping[str, str]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., settle_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., idempotency_key_for_create: _Optional[str] = ..., idempotency_key_for_settle: _Optional[str] = ..., settled_by: _Optional[str] = ..., schema: _Optional[str] = ..., title: _Optional[str] = ..., message: _Optional[str] = ..., requested_by: _Optional[str] = ..., workflow_version: _Optional[str] = ..., root_id: _Optional[str] = ..., parent_id: _Optional[str] = ...) -> None: ...
+    approvers: Approvers
+    started_by: str
+    def __init__(self, id: _Optional[str] = ..., state: _Optional[_Union[PromiseState, str]] = ..., param: _Optional[_Union[Payload, _Mapping]] = ..., value: _Optional[_Union[Payload, _Mapping]] = ..., tags: _Optional[_Mapping[str, str]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., settle_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., idempotency_key_for_create: _Optional[str] = ..., idempotency_key_for_settle: _Optional[str] = ..., settled_by: _Optional[str] = ..., schema: _Optional[str] = ..., title: _Optional[str] = ..., message: _Optional[str] = ..., requested_by: _Optional[str] = ..., workflow_version: _Optional[str] = ..., root_id: _Optional[str] = ..., parent_id: _Optional[str] = ..., approvers: _Optional[_Union[Approvers, _Mapping]] = ..., started_by: _Optional[str] = ...) -> None: ...
+
+class Approvers(_message.Message):
+    __slots__ = ("principals", "roles", "not_requester", "distinct", "quorum")
+    PRINCIPALS_FIELD_NUMBER: _ClassVar[int]
+    ROLES_FIELD_NUMBER: _ClassVar[int]
+    NOT_REQUESTER_FIELD_NUMBER: _ClassVar[int]
+    DISTINCT_FIELD_NUMBER: _ClassVar[int]
+    QUORUM_FIELD_NUMBER: _ClassVar[int]
+    principals: _containers.RepeatedScalarFieldContainer[str]
+    roles: _containers.RepeatedScalarFieldContainer[str]
+    not_requester: bool
+    distinct: bool
+    quorum: str
+    def __init__(self, principals: _Optional[_Iterable[str]] = ..., roles: _Optional[_Iterable[str]] = ..., not_requester: _Optional[bool] = ..., distinct: _Optional[bool] = ..., quorum: _Optional[str] = ...) -> None: ...
 
 class TaskFence(_message.Message):
     __slots__ = ("task_id", "counter", "worker_id")

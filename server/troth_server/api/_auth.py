@@ -10,8 +10,7 @@ Every call to a `troth.v1` service passes `AuthInterceptor` (after admission):
    all: PERMISSION_DENIED, reason `ROLE_NOT_ALLOWED`, naming the RPC, the
    principal and the roles that may. (A `ResolvePromise` / `RejectPromise` that
    carries a settle token needs no role and no credential: the token is its
-   permission, checked where the settle is; until the request has a
-   `settle_token` field this exemption is inert.)
+   permission, verified by `troth_server.guard` before the write.)
 3. The principal is set for the call: servicers read it with `caller()`. With
    authentication on, `troth-principal` metadata is ignored; with it off
    (`--no-auth`) the caller is `domain.access.LOCAL_DEVELOPER`, named by

@@ -10,6 +10,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from troth.v1 import promises_pb2, tasks_pb2, types_pb2
 from troth_server.api._checks import check_text
 from troth_server.api._inputs import MAX_WORKFLOWS
+from troth_server.domain import approvers as policies
 from troth_server.domain.errors import InvalidArgument
 from troth_server.domain.promise import (
     EMPTY,
@@ -94,6 +95,81 @@ def create_request(request: promises_pb2.CreatePromiseRequest, limits: Limits) -
         title=_text(request.title, limits.max_title_length, "title"),
         message=_message(request.message, limits),
         requested_by=_text(request.requested_by, limits.max_principal_length, "requested_by"),
+        approvers=approvers(request.approvers) if request.HasField("approvers") else None,
+    )
+
+
+def approvers(message: types_pb2.Approvers) -> policies.Approvers | None:
+    """The policy a request gives (None when it restricts nobody)."""
+    return policies.approvers(
+        message.principals,
+        message.roles,
+        not_requester=message.not_requester,
+        distinct=message.distinct,
+        quorum=message.quorum,
+    )
+
+
+def approvers_to_pb(policy: policies.Approvers) -> types_pb2.Approvers:
+    return types_pb2.Approvers(
+        principals=sorted(policy.principals),
+        roles=sorted(policy.roles),
+        not_requester=policy.not_requester,
+        distinct=policy.distinct,
+        quorum=policy.quorum,
+    )
+
+
+MAX_SETTLE_TOKEN_LENGTH = 4096
+
+
+def settle_token(
+    request: promises_pb2.ResolvePromiseRequest | promises_pb2.RejectPromiseRequest,
+) -> str | None:
+    """The settle token a resolve or reject carries, if any (verified by the service)."""
+    token = request.settle_token
+    if not token:
+        return None
+    if len(token) > MAX_SETTLE_TOKEN_LENGTH:
+        raise InvalidArgument(
+            "settle_token",
+            f"is longer than any settle token ({MAX_SETTLE_TOKEN_LENGTH} characters)",
+        )
+    if request.HasField("fence"):
+        raise InvalidArgument(
+            "settle_token", "cannot go with fence: a worker writes its steps with its fence"
+        )
+    return token
+
+
+_TOKEN_OUTCOMES = {
+    types_pb2.RESOLVED: PromiseState.RESOLVED,
+    types_pb2.REJECTED: PromiseState.REJECTED,
+}
+
+
+def mint_request(
+    request: promises_pb2.MintSettleTokenRequest, limits: Limits
+) -> tuple[str, frozenset[PromiseState], int | None, Fence | None]:
+    """(promise id, outcomes, ttl in ms or None, fence) of a MintSettleToken request."""
+    outcomes = set()
+    for i, value in enumerate(request.outcomes):
+        outcome = _TOKEN_OUTCOMES.get(value)
+        if outcome is None:
+            raise InvalidArgument(f"outcomes[{i}]", "must be RESOLVED or REJECTED")
+        outcomes.add(outcome)
+    ttl: int | None = None
+    if request.HasField("ttl"):
+        ttl = _duration_ms(request.ttl)
+        if ttl <= 0:
+            raise InvalidArgument("ttl", "must be positive, e.g. 86400s; omit it for the default")
+        if ttl > limits.max_ttl_ms:
+            raise InvalidArgument("ttl", f"exceeds the limit of {limits.max_ttl_ms} ms")
+    return (
+        promise_id(request.promise_id, limits, "promise_id"),
+        frozenset(outcomes),
+        ttl,
+        fence(request, limits),
     )
 
 
@@ -166,7 +242,8 @@ def settle_request(
 def fence(
     request: promises_pb2.CreatePromiseRequest
     | promises_pb2.ResolvePromiseRequest
-    | promises_pb2.RejectPromiseRequest,
+    | promises_pb2.RejectPromiseRequest
+    | promises_pb2.MintSettleTokenRequest,
     limits: Limits,
 ) -> Fence | None:
     """The step writer's `TaskFence`, or None when the request carries none."""
@@ -438,7 +515,10 @@ def to_pb(promise: Promise) -> types_pb2.Promise:
         workflow_version=promise.workflow_version or "",
         root_id=promise.root_id or "",
         parent_id=promise.parent_id or "",
+        started_by=promise.started_by or "",
     )
+    if promise.approvers is not None:
+        message.approvers.CopyFrom(approvers_to_pb(promise.approvers))
     if promise.settle_time is not None:
         message.settle_time.CopyFrom(_timestamp(promise.settle_time))
     if promise.expire_time is not None:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from troth.errors import Reason
+from troth_server.domain.approvers import MAX_APPROVERS
 
 if TYPE_CHECKING:
     from troth_server.config import Limits
@@ -84,6 +85,11 @@ ANSWERS: dict[str, dict[BadInput, Answer]] = {
         BadInput.TRUNCATED: INVALID,
         BadInput.BAD_DURATION: INVALID,
     },
+    "troth.v1.Promises/MintSettleToken": {
+        **_EVERY_REQUEST,
+        BadInput.LIST_TOO_LONG: INVALID,
+        BadInput.BAD_DURATION: INVALID,
+    },
     "troth.v1.Tasks/Poll": {
         **_EVERY_REQUEST,
         BadInput.LIST_TOO_LONG: INVALID,
@@ -128,6 +134,9 @@ _CALLBACKS = ListLimit("max_callback_ids")
 LIST_LIMITS: dict[tuple[str, str], ListLimit] = {
     ("troth.v1.Payload", "headers"): ListLimit("max_headers"),
     ("troth.v1.CreatePromiseRequest", "tags"): _TAGS,
+    ("troth.v1.Approvers", "principals"): ListLimit(MAX_APPROVERS, "approvers of one promise"),
+    ("troth.v1.Approvers", "roles"): ListLimit(MAX_APPROVERS, "approver roles of one promise"),
+    ("troth.v1.MintSettleTokenRequest", "outcomes"): ListLimit(2, "resolve and reject"),
     ("troth.v1.SearchPromisesRequest", "tags"): _TAGS,
     ("troth.v1.SearchPromisesRequest", "states"): ListLimit(5, "one entry per promise state"),
     ("troth.v1.WatchPromisesRequest", "tags"): _TAGS,

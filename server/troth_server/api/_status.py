@@ -9,6 +9,7 @@ from grpc_status import rpc_status
 
 from troth.errors import ERROR_DOMAIN, Reason
 from troth_server.auth import AuthError, NotAllowed, Unauthenticated
+from troth_server.domain.approvers import NotAnApprover, PolicyNotChecked
 from troth_server.domain.errors import (
     DomainError,
     InvalidArgument,
@@ -19,6 +20,18 @@ from troth_server.domain.errors import (
     PromiseNotFound,
     PromiseTimedOut,
     ValueNotChecked,
+)
+from troth_server.domain.settle_tokens import (
+    BadSignature,
+    OutcomeNotAllowed,
+    SettleTokenError,
+    TokenExpired,
+    TokenMalformed,
+    TokensOff,
+    TokenUsed,
+    TokenVoid,
+    UnknownKey,
+    WrongPromise,
 )
 from troth_server.domain.steps import ReservedForWorkflow, WorkflowSettled
 from troth_server.domain.task import StaleCounter, TaskNotClaimable, TaskNotFound
@@ -59,6 +72,21 @@ STATUS_CODES: dict[type[Exception], grpc.StatusCode] = {
     AuthError: grpc.StatusCode.PERMISSION_DENIED,
     Unauthenticated: grpc.StatusCode.UNAUTHENTICATED,
     NotAllowed: grpc.StatusCode.PERMISSION_DENIED,
+    NotAnApprover: grpc.StatusCode.PERMISSION_DENIED,
+    # Like ValueNotChecked: the service checks the policy again and resends.
+    PolicyNotChecked: grpc.StatusCode.INTERNAL,
+    # A settle token: not one at all is the caller's mistake; one that does not
+    # grant this settle is a refusal; one spent or voided is about the state.
+    SettleTokenError: grpc.StatusCode.PERMISSION_DENIED,
+    TokenMalformed: grpc.StatusCode.INVALID_ARGUMENT,
+    UnknownKey: grpc.StatusCode.PERMISSION_DENIED,
+    BadSignature: grpc.StatusCode.PERMISSION_DENIED,
+    TokenExpired: grpc.StatusCode.PERMISSION_DENIED,
+    WrongPromise: grpc.StatusCode.PERMISSION_DENIED,
+    OutcomeNotAllowed: grpc.StatusCode.PERMISSION_DENIED,
+    TokenUsed: grpc.StatusCode.FAILED_PRECONDITION,
+    TokenVoid: grpc.StatusCode.FAILED_PRECONDITION,
+    TokensOff: grpc.StatusCode.FAILED_PRECONDITION,
 }
 
 

@@ -12,8 +12,9 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 from troth.client import WATCH_READY_METADATA
 from troth.v1 import promises_pb2, promises_pb2_grpc
 from troth_server.api import _convert as convert
-from troth_server.api._auth import caller_name
+from troth_server.api._auth import caller, caller_name
 from troth_server.api._rpc import aio_server_stream, aio_unary
+from troth_server.domain.access import LOCAL_DEVELOPER, Principal
 from troth_server.domain.errors import InvalidArgument
 from troth_server.domain.promise import CreateRequest, Promise, PromiseState, SettleRequest
 
@@ -53,20 +54,34 @@ class _Handlers:
             raise InvalidArgument(
                 "expire_time", f"is further away than the limit of {self._limits.max_ttl_ms} ms"
             )
-        principal = caller_name(context, self._limits)
+        principal = _recorded(_caller(context, self._limits))
         if create.requested_by is None and principal is not None:
             create = replace(create, requested_by=principal)  # the documented default
         settled_with = convert.settled_with(request, create, self._limits, principal)
         return create, principal, settled_with, convert.fence(request, self._limits)
 
     def _settle_request(
-        self, request: _SettleMessage, state: PromiseState, metadata: AioContext
-    ) -> tuple[SettleRequest, Fence | None]:
-        principal = caller_name(metadata, self._limits)
-        settle = convert.settle_request(request, state, self._limits, principal)
+        self, request: _SettleMessage, state: PromiseState, context: AioContext
+    ) -> tuple[SettleRequest, Fence | None, Principal, str | None]:
+        caller = _caller(context, self._limits)
+        settle = convert.settle_request(request, state, self._limits, _recorded(caller))
         if isinstance(request, promises_pb2.CancelPromiseRequest):
-            return settle, None
-        return settle, convert.fence(request, self._limits)
+            return settle, None, caller, None
+        token = convert.settle_token(request)
+        return settle, convert.fence(request, self._limits), caller, token
+
+    def _mint(
+        self, request: promises_pb2.MintSettleTokenRequest, caller: Principal
+    ) -> promises_pb2.MintSettleTokenResponse:
+        promise_id, outcomes, ttl_ms, fence = convert.mint_request(request, self._limits)
+        token, granted = self._service.mint_settle_token(
+            promise_id, outcomes, ttl_ms, caller, fence
+        )
+        response = promises_pb2.MintSettleTokenResponse(
+            token=token, key_id=granted.key_id, token_id=granted.token_id
+        )
+        response.expire_time.FromMilliseconds(granted.expire_time)
+        return response
 
     def _get(self, request: promises_pb2.GetPromiseRequest) -> promises_pb2.GetPromiseResponse:
         promise = self._service.get(convert.promise_id(request.id, self._limits))
@@ -132,6 +147,22 @@ def _watched(promise: Promise) -> promises_pb2.WatchPromiseResponse:
     return promises_pb2.WatchPromiseResponse(promise=convert.to_pb(promise))
 
 
+def _caller(context: AioContext, limits: Limits) -> Principal:
+    """Who makes this call: the one place the api layer decides it. The authenticated
+    principal (`api/_auth.py`); with authentication off, the local developer, named by
+    its `troth-principal` metadata when it sends one."""
+    principal = caller()
+    if principal.authenticated:
+        return principal
+    name = caller_name(context, limits)
+    return principal if name is None else replace(principal, name=name)
+
+
+def _recorded(caller: Principal) -> str | None:
+    """The principal recorded as creator or settler (none for an unnamed developer)."""
+    return None if caller == LOCAL_DEVELOPER else caller.name
+
+
 class PromisesServicer(_Handlers, promises_pb2_grpc.PromisesServicer):
     """For the grpc.aio server: one event loop; commits answer a whole batch at once."""
 
@@ -177,6 +208,13 @@ class PromisesServicer(_Handlers, promises_pb2_grpc.PromisesServicer):
     ) -> promises_pb2.SettlePromiseResponse:
         settle = self._settle_request(request, PromiseState.REJECTED_CANCELED, context)
         return _settled(await self._service.settle_async(*settle))
+
+    @aio_unary("MintSettleToken")
+    async def MintSettleToken(
+        self, request: promises_pb2.MintSettleTokenRequest, context: AioContext
+    ) -> promises_pb2.MintSettleTokenResponse:
+        # A point read, and for a worker a look at its task on the writer: off the loop.
+        return await asyncio.to_thread(self._mint, request, _caller(context, self._limits))
 
     @aio_unary("PrunePromises")
     async def PrunePromises(

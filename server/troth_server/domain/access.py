@@ -86,6 +86,8 @@ RPC_ROLES: Mapping[str, frozenset[Role]] = {
     "WatchPromise": _READERS,
     "WatchPromises": _WATCHERS,
     "PrunePromises": frozenset({Role.ADMIN}),
+    # A worker mints only for its own workflows' steps (with its task's fence).
+    "MintSettleToken": frozenset({Role.WORKER, Role.GATEWAY, Role.ADMIN}),
     # troth.v1.Tasks
     "Poll": _WORKER,
     "CompleteTask": _WORKER,

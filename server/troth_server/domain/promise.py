@@ -36,6 +36,8 @@ from troth_server.domain.errors import (
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
+    from troth_server.domain.approvers import Approvers
+
 TIMER_TAG = "troth:timer"
 """A promise tagged `troth:timer=true` resolves, rather than times out, at expiry."""
 
@@ -99,6 +101,12 @@ class Promise:
     """A workflow's step: the top-level workflow root it belongs to (DESIGN §4.13)."""
     parent_id: str | None = None
     """A workflow's step: the workflow (root or child root) whose task created it."""
+    approvers: Approvers | None = None
+    """Who may resolve or reject it (`domain.approvers`); None: anyone."""
+    started_by: str | None = None
+    """The authenticated creator; on a workflow's step, its top-level root's."""
+    settle_token_id: str | None = None
+    """The settle token it was settled with, if any: what makes a token single-use."""
 
     @property
     def is_timer(self) -> bool:
@@ -125,6 +133,7 @@ class CreateRequest:
     title: str | None = None
     message: str | None = None
     requested_by: str | None = None
+    approvers: Approvers | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +151,14 @@ class SettleRequest:
     """The schema text `value` was checked against (`domain.schema.check_value`),
     before the write: a resolve of a promise with another schema is refused with
     `ValueNotChecked`, so the writer never runs a schema check itself."""
+    token_id: str | None = None
+    """The id of the verified settle token this settle carries (`domain.settle_tokens`)."""
+    checked_policy: Approvers | None = None
+    """The approver policy the caller was checked against before the write; the
+    writer refuses (`PolicyNotChecked`) when the promise's is another."""
+    quorum: tuple[str, ...] = ()
+    """The other promises of the promise's distinct quorum, found before the write:
+    the writer checks that none was settled by this settle's principal."""
 
 
 def is_expired(promise: Promise, now: int) -> bool:
@@ -174,13 +191,15 @@ def create(
     *,
     cap: int | None = None,
     links: tuple[str, str] | None = None,
+    started_by: str | None = None,
 ) -> tuple[Promise, bool]:
     """Create a promise, or recognise a repeat of the create that made `existing`.
 
     `cap` is the latest expire_time allowed (a workflow step never outlives its
     root, DESIGN §4.5); the effective expire_time is in the returned promise.
     `links` is (root_id, parent_id) of a workflow's step, recorded on a promise
-    this create makes (or adopts). Returns the promise (as a reader at `now`
+    this create makes (or adopts); `started_by` the principal recorded as its
+    starter (the creator, or a step's root's starter). Returns the promise (as a reader at `now`
     sees it) and whether it was created.
     """
     if existing is None:
@@ -210,11 +229,13 @@ def create(
             requested_by=request.requested_by,
             root_id=None if links is None else links[0],
             parent_id=None if links is None else links[1],
+            approvers=request.approvers,
+            started_by=started_by,
         )
         return promise, True
 
     if is_early(existing):
-        return adopt(existing, request, links), False
+        return adopt(existing, request, links, started_by), False
     current = effective(existing, now)
     if request.idempotency_key or existing.idempotency_key_for_create:
         if request.idempotency_key != existing.idempotency_key_for_create:
@@ -245,7 +266,12 @@ def is_early(promise: Promise) -> bool:
     return promise.is_settled and promise.tags.get(EARLY_TAG) == "true"
 
 
-def adopt(early: Promise, request: CreateRequest, links: tuple[str, str] | None = None) -> Promise:
+def adopt(
+    early: Promise,
+    request: CreateRequest,
+    links: tuple[str, str] | None = None,
+    started_by: str | None = None,
+) -> Promise:
     """The settled-early promise `early` as the create `request` would have made it.
 
     Its settlement (state, value, time, who) is kept; everything the creator
@@ -261,6 +287,8 @@ def adopt(early: Promise, request: CreateRequest, links: tuple[str, str] | None 
         title=request.title,
         message=request.message,
         requested_by=request.requested_by,
+        approvers=request.approvers,
+        started_by=started_by,
         root_id=early.root_id if links is None else links[0],
         parent_id=early.parent_id if links is None else links[1],
     )
@@ -307,6 +335,7 @@ def settle(existing: Promise | None, request: SettleRequest, now: int) -> tuple[
             settle_time=now,
             idempotency_key_for_settle=request.idempotency_key,
             settled_by=request.principal,
+            settle_token_id=request.token_id,
         )
         return settled, True
 

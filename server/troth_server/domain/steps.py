@@ -49,7 +49,7 @@ INVOKE_TAG = "troth:invoke"
 """A root promise tagged `troth:invoke=<group>` starts a workflow in that group."""
 KIND_TAG = "troth:kind"
 """Which command created a step (`promise`, `run`, `sleep`, `start`, `now`, `random`)."""
-CHECKPOINT_KINDS = frozenset({"run", "sleep", "start", "now", "random"})
+CHECKPOINT_KINDS = frozenset({"run", "sleep", "start", "now", "random", "settle_token"})
 """Step kinds whose value the workflow takes as its own checkpoint: never written
 without the fence of the task holding the workflow. A latent `promise` is settled
 by anyone allowed to settle it."""

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from troth_server.domain.approvers import Approvers
 from troth_server.domain.promise import Payload, Promise, PromiseState
 from troth_server.domain.task import Task, TaskKind, TaskState
 
@@ -62,6 +63,9 @@ def to_row(p: Promise) -> dict[str, Any]:
         "workflow_version": p.workflow_version,
         "root_id": p.root_id,
         "parent_id": p.parent_id,
+        "approvers": None if p.approvers is None else p.approvers.to_json(),
+        "started_by": p.started_by,
+        "settle_token_id": p.settle_token_id,
     }
 
 
@@ -80,7 +84,8 @@ def load_json(value: Any) -> dict[str, str]:
 # statements: seq, id, state, param_headers, param_data, value_headers,
 # value_data, tags, timer, create_time, settle_time, expire_time,
 # idempotency_key_for_create, idempotency_key_for_settle, settled_by, schema,
-# title, message, requested_by, workflow_version, root_id, parent_id.
+# title, message, requested_by, workflow_version, root_id, parent_id, approvers,
+# started_by, settle_token_id.
 def to_promise(row: Sequence[Any]) -> Promise:
     return Promise(
         id=row[1],
@@ -101,4 +106,7 @@ def to_promise(row: Sequence[Any]) -> Promise:
         workflow_version=row[19],
         root_id=row[20],
         parent_id=row[21],
+        approvers=None if row[22] is None else Approvers.from_json(row[22]),
+        started_by=row[23],
+        settle_token_id=row[24],
     )

@@ -69,6 +69,11 @@ promises = Table(
     # (revision 0005). NULL for roots and standalone promises.
     Column("root_id", _promise_id, nullable=True),
     Column("parent_id", _promise_id, nullable=True),
+    # Who may settle it (JSON, `domain.approvers`), its authenticated starter, and the
+    # settle token it was settled with, which makes a token single-use (revision 0008).
+    Column("approvers", _json, nullable=True),
+    Column("started_by", String(1024), nullable=True),
+    Column("settle_token_id", String(64), nullable=True),
 )
 
 # The sweeper's loop: pending promises by expiry. Partial, so settled rows cost nothing.

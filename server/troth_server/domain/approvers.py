@@ -1,0 +1,230 @@
+"""Approver policy: who may resolve or reject a promise (DESIGN §7, issue 11 part 3).
+
+Pure: `decide` answers from the policy recorded on the promise, the caller's
+`Principal`, the principal that started the workflow (`Promise.started_by`) and,
+for a distinct quorum, who settled the other approvals of that quorum. The
+service runs it before the write, off the group commit's writer; the writer only
+compares the policy it sees with the one checked (`SettleRequest.checked_policy`)
+and the quorum's settlers with the caller (`check_distinct`), which are cheap.
+
+Rules, in the order they are checked (the refusal names the first broken one):
+
+| rule            | a settle is refused when                                          |
+|-----------------|-------------------------------------------------------------------|
+| `approvers`     | principals or roles are listed and the caller is none of them     |
+| `not_requester` | four-eyes: the caller is the principal who started the workflow  |
+| `distinct`      | the caller already settled another approval of the same quorum    |
+
+Roles are compared by name with the caller's roles; `admin` counts only where it
+is listed: an administrator may do everything *but* stand in for an approver.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from troth.errors import Reason
+from troth_server.domain.errors import DomainError, InvalidArgument
+
+if TYPE_CHECKING:
+    from collections.abc import Collection, Iterable
+
+    from troth_server.domain.access import Principal
+
+MAX_APPROVERS = 100
+"""Most principals (and, separately, roles) one policy may list."""
+MAX_QUORUM_LENGTH = 128
+
+
+class Rule(enum.StrEnum):
+    APPROVERS = "approvers"
+    NOT_REQUESTER = "not_requester"
+    DISTINCT = "distinct"
+
+
+@dataclass(frozen=True, slots=True)
+class Approvers:
+    """Who may settle a promise. Empty principals and roles: any principal."""
+
+    principals: frozenset[str] = field(default_factory=frozenset)
+    roles: frozenset[str] = field(default_factory=frozenset)
+    not_requester: bool = False
+    """Four-eyes: not the principal that started the workflow (`started_by`)."""
+    distinct: bool = False
+    """One principal settles at most one approval of the workflow's `quorum`."""
+    quorum: str = ""
+    """Names the quorum among a workflow's steps (with `distinct`)."""
+
+    @property
+    def is_open(self) -> bool:
+        """Whether the policy restricts nobody (and so need not be recorded)."""
+        return not (self.principals or self.roles or self.not_requester or self.distinct)
+
+    def to_json(self) -> str:
+        body: dict[str, Any] = {}
+        if self.principals:
+            body["principals"] = sorted(self.principals)
+        if self.roles:
+            body["roles"] = sorted(self.roles)
+        if self.not_requester:
+            body["not_requester"] = True
+        if self.distinct:
+            body["distinct"] = True
+        if self.quorum:
+            body["quorum"] = self.quorum
+        return json.dumps(body, separators=(",", ":"), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, value: str | dict[str, Any]) -> Approvers:
+        """From `to_json`'s text (or, as a PostgreSQL JSONB column reads, its dict)."""
+        body = json.loads(value) if isinstance(value, str) else value
+        return cls(
+            principals=frozenset(body.get("principals", ())),
+            roles=frozenset(body.get("roles", ())),
+            not_requester=bool(body.get("not_requester", False)),
+            distinct=bool(body.get("distinct", False)),
+            quorum=str(body.get("quorum", "")),
+        )
+
+    def describe(self) -> str:
+        """The policy in words, for messages and the inbox."""
+        parts = []
+        if self.principals or self.roles:
+            who = [*(repr(p) for p in sorted(self.principals))]
+            who += [f"role {r!r}" for r in sorted(self.roles)]
+            parts.append("one of " + ", ".join(who))
+        if self.not_requester:
+            parts.append("not the principal who started the workflow")
+        if self.distinct:
+            named = f" {self.quorum!r}" if self.quorum else ""
+            parts.append(f"distinct from the approvers of the other steps of quorum{named}")
+        return "; ".join(parts) or "anyone"
+
+
+def approvers(
+    principals: Iterable[str] = (),
+    roles: Iterable[str] = (),
+    *,
+    not_requester: bool = False,
+    distinct: bool = False,
+    quorum: str = "",
+) -> Approvers | None:
+    """A checked policy from request fields; None when it restricts nobody."""
+    names = _names(principals, "approvers.principals")
+    role_names = _names(roles, "approvers.roles")
+    if len(quorum) > MAX_QUORUM_LENGTH:
+        raise InvalidArgument(
+            "approvers.quorum",
+            f"is {len(quorum)} characters long; the limit is {MAX_QUORUM_LENGTH}",
+        )
+    if quorum and not distinct:
+        raise InvalidArgument("approvers.quorum", "names a distinct quorum: set distinct too")
+    policy = Approvers(names, role_names, not_requester, distinct, quorum)
+    return None if policy.is_open else policy
+
+
+def _names(values: Iterable[str], field: str) -> frozenset[str]:
+    found = list(values)
+    if len(found) > MAX_APPROVERS:
+        raise InvalidArgument(field, f"lists {len(found)}; the limit is {MAX_APPROVERS}")
+    for i, name in enumerate(found):
+        if not name or name != name.strip() or len(name) > 256:
+            raise InvalidArgument(
+                f"{field}[{i}]", "must be a name of 1 to 256 characters, without surrounding spaces"
+            )
+    return frozenset(found)
+
+
+class NotAnApprover(DomainError):
+    """A resolve or reject by a principal the promise's policy does not allow."""
+
+    reason = Reason.NOT_AN_APPROVER
+
+    def __init__(self, promise_id: str, rule: Rule, why: str) -> None:
+        super().__init__(
+            f"promise {promise_id!r} may not be settled by this principal (rule {rule.value}): "
+            f"{why}; nothing was changed",
+            promise_id=promise_id,
+            rule=rule.value,
+        )
+        self.rule = rule
+
+
+class PolicyNotChecked(DomainError):
+    """A settle reached the writer checked against another policy than the promise's
+    (the promise was created meanwhile): the service checks again and resends it."""
+
+    def __init__(self, promise_id: str) -> None:
+        super().__init__(
+            f"promise {promise_id!r}: the settle was not checked against the promise's "
+            "approver policy before the write; this is a server bug, please report it",
+            promise_id=promise_id,
+        )
+
+
+def decide(
+    promise_id: str,
+    policy: Approvers | None,
+    caller: Principal,
+    starter: str | None,
+    quorum_settlers: Collection[str | None] = (),
+) -> NotAnApprover | None:
+    """None if `caller` may settle the promise under `policy`, else the refusal.
+
+    Args:
+        promise_id: For the refusal's message.
+        policy: The promise's policy (None: anyone).
+        caller: Who settles.
+        starter: The principal that started the workflow (`Promise.started_by`).
+        quorum_settlers: Who settled the other promises of the same distinct quorum
+            (None for those not settled by a principal).
+    """
+    if policy is None:
+        return None
+    if policy.principals or policy.roles:
+        named = caller.name in policy.principals
+        by_role = not policy.roles.isdisjoint(role.value for role in caller.roles)
+        if not (named or by_role):
+            return NotAnApprover(
+                promise_id,
+                Rule.APPROVERS,
+                f"{caller.name!r} is not among its approvers ({policy.describe()})",
+            )
+    if policy.not_requester and starter is not None and caller.name == starter:
+        return NotAnApprover(
+            promise_id,
+            Rule.NOT_REQUESTER,
+            f"{caller.name!r} started the workflow, and the policy asks for four eyes: "
+            "someone else must decide",
+        )
+    if policy.distinct:
+        return check_distinct(promise_id, caller.name, quorum_settlers)
+    return None
+
+
+def check_distinct(
+    promise_id: str, caller: str | None, quorum_settlers: Collection[str | None]
+) -> NotAnApprover | None:
+    """The writer's part of `distinct`: a comparison with who settled the quorum."""
+    if caller is not None and caller in quorum_settlers:
+        return NotAnApprover(
+            promise_id,
+            Rule.DISTINCT,
+            f"{caller!r} already settled another approval of this quorum; "
+            "each approval needs a different principal",
+        )
+    return None
+
+
+def same_quorum(policy: Approvers | None, other: Approvers | None) -> bool:
+    """Whether a sibling step with policy `other` is in the distinct quorum of `policy`."""
+    return (
+        policy is not None
+        and other is not None
+        and policy.distinct
+        and other.distinct
+        and policy.quorum == other.quorum
+    )

@@ -1,0 +1,310 @@
+"""Settle tokens: single-promise credentials that a link can carry (issue 11 part 4).
+
+Pure: no I/O, no clock, no randomness (the caller passes `now` and the token's
+random id). A token is an HMAC-SHA256, under one of the server's secret keys,
+over the promise id, the outcomes it allows, its expiry and the key id::
+
+    st1.<key id>.<payload>.<mac>        (each part URL-safe base64 without padding,
+                                         the key id as it is: [A-Za-z0-9_-]{1,32})
+
+    payload = token id (12 bytes) | expiry, ms (8 bytes, big-endian)
+              | outcomes (1 byte: 1 resolve, 2 reject) | promise id (UTF-8)
+    mac     = HMAC-SHA256(key, "troth-settle-token/1" NUL key id NUL payload)
+
+`verify` refuses a token with a distinct error for each way it can be wrong:
+malformed, unknown key, bad signature (forged, or its promise, outcomes or
+expiry altered), expired, for another promise, outcome not allowed. What needs
+the stored promise is `check_use`, a comparison the writer makes: already used
+(the promise was settled with this token) and void (the promise was cancelled,
+with its workflow).
+
+Keys: a keys file (`--settle-token-keys`) holds several keys, one active (it
+signs); the others still verify, so a key can be rotated without breaking the
+links already sent. `parse_keys` reads its JSON text::
+
+    {"active": "k2", "keys": {"k1": "<base64url, >= 32 bytes>", "k2": "..."}}
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hmac
+import json
+import re
+import struct
+from dataclasses import dataclass
+from hashlib import sha256
+from typing import TYPE_CHECKING
+
+from troth.errors import Reason
+from troth_server.domain.errors import DomainError
+from troth_server.domain.promise import PromiseState
+
+if TYPE_CHECKING:
+    from collections.abc import Collection, Mapping
+
+    from troth_server.domain.promise import Promise
+
+PREFIX = "st1"
+TOKEN_ID_BYTES = 12
+MIN_KEY_BYTES = 32
+_MAC = b"troth-settle-token/1"
+_KEY_ID = re.compile(r"[A-Za-z0-9_-]{1,32}")
+_HEAD = struct.Struct(">12sQB")
+_OUTCOME_BITS = {PromiseState.RESOLVED: 1, PromiseState.REJECTED: 2}
+OUTCOMES = frozenset(_OUTCOME_BITS)
+PRINCIPAL_PREFIX = "settle-token:"
+
+
+class SettleTokenError(DomainError):
+    """A settle token that does not allow this settle; `reason` says why."""
+
+
+class TokenMalformed(SettleTokenError):
+    reason = Reason.SETTLE_TOKEN_MALFORMED
+
+    def __init__(self, why: str) -> None:
+        super().__init__(f"settle_token: is not a settle token ({why}); send it as minted")
+
+
+class UnknownKey(SettleTokenError):
+    reason = Reason.SETTLE_TOKEN_UNKNOWN_KEY
+
+    def __init__(self, key_id: str) -> None:
+        super().__init__(
+            f"settle_token: signed with key {key_id!r}, which this server does not have "
+            "(retired, or never one of its keys); ask for a new link",
+            key_id=key_id,
+        )
+
+
+class BadSignature(SettleTokenError):
+    reason = Reason.SETTLE_TOKEN_BAD_SIGNATURE
+
+    def __init__(self) -> None:
+        super().__init__(
+            "settle_token: its signature does not match (forged, or its promise, outcomes "
+            "or expiry altered); nothing was changed"
+        )
+
+
+class TokenExpired(SettleTokenError):
+    reason = Reason.SETTLE_TOKEN_EXPIRED
+
+    def __init__(self, promise_id: str, expire_time: int) -> None:
+        super().__init__(
+            f"settle_token: for promise {promise_id!r} expired at {expire_time} ms since the "
+            "epoch; ask for a new link",
+            promise_id=promise_id,
+        )
+
+
+class WrongPromise(SettleTokenError):
+    reason = Reason.SETTLE_TOKEN_WRONG_PROMISE
+
+    def __init__(self, token_promise: str, promise_id: str) -> None:
+        super().__init__(
+            f"settle_token: is for promise {token_promise!r}, not {promise_id!r}",
+            promise_id=promise_id,
+        )
+
+
+class OutcomeNotAllowed(SettleTokenError):
+    reason = Reason.SETTLE_TOKEN_OUTCOME_NOT_ALLOWED
+
+    def __init__(self, promise_id: str, outcome: PromiseState, allowed: Collection[str]) -> None:
+        super().__init__(
+            f"settle_token: for promise {promise_id!r} allows {', '.join(sorted(allowed))}, "
+            f"not {outcome.value}",
+            promise_id=promise_id,
+        )
+
+
+class TokenUsed(SettleTokenError):
+    reason = Reason.SETTLE_TOKEN_USED
+
+    def __init__(self, promise: Promise) -> None:
+        super().__init__(
+            f"settle_token: promise {promise.id!r} was already {promise.state.value.lower()} "
+            "with this token; a token works once",
+            promise_id=promise.id,
+            state=promise.state.value,
+        )
+
+
+class TokenVoid(SettleTokenError):
+    reason = Reason.SETTLE_TOKEN_VOID
+
+    def __init__(self, promise: Promise) -> None:
+        super().__init__(
+            f"settle_token: promise {promise.id!r} was cancelled (its workflow was cancelled "
+            "or ended), which voids every link to it",
+            promise_id=promise.id,
+            state=promise.state.value,
+        )
+
+
+class TokensOff(DomainError):
+    """A token minted or presented on a server that has no settle-token keys."""
+
+    reason = Reason.SETTLE_TOKENS_OFF
+
+    def __init__(self) -> None:
+        super().__init__(
+            "settle tokens are off on this server: start it with --settle-token-keys FILE "
+            "(python -m troth_server.settle_keys new k1 > FILE makes one)"
+        )
+
+
+class KeysInvalid(ValueError):
+    """A keys file that cannot be used; the message says what to fix."""
+
+
+@dataclass(frozen=True, slots=True)
+class Keyring:
+    """The server's token keys: every one verifies, `active` signs."""
+
+    keys: Mapping[str, bytes]
+    active: str
+
+    def __post_init__(self) -> None:
+        if self.active not in self.keys:
+            raise KeysInvalid(f"the active key {self.active!r} is not among the keys")
+        for key_id, secret in self.keys.items():
+            if not _KEY_ID.fullmatch(key_id):
+                raise KeysInvalid(f"key id {key_id!r}: use 1 to 32 of A-Z a-z 0-9 _ -")
+            if len(secret) < MIN_KEY_BYTES:
+                raise KeysInvalid(f"key {key_id!r} has {len(secret)} bytes; use {MIN_KEY_BYTES}+")
+
+
+def parse_keys(text: str) -> Keyring:
+    """The keyring a keys file's JSON text describes (see the module docstring)."""
+    try:
+        body = json.loads(text)
+    except ValueError as exc:
+        raise KeysInvalid(f"is not JSON: {exc}") from None
+    if not isinstance(body, dict) or not isinstance(body.get("keys"), dict):
+        raise KeysInvalid('needs {"active": "<key id>", "keys": {"<key id>": "<secret>"}}')
+    active = body.get("active")
+    if not isinstance(active, str):
+        raise KeysInvalid('needs "active": the id of the key that signs new tokens')
+    keys: dict[str, bytes] = {}
+    for key_id, secret in body["keys"].items():
+        if not isinstance(secret, str):
+            raise KeysInvalid(f"key {key_id!r}: the secret must be base64url text")
+        try:
+            keys[key_id] = _unb64(secret)
+        except ValueError:
+            raise KeysInvalid(f"key {key_id!r}: the secret is not base64url") from None
+    return Keyring(keys, active)
+
+
+@dataclass(frozen=True, slots=True)
+class SettleToken:
+    """What a verified token grants."""
+
+    key_id: str
+    token_id: str
+    """URL-safe base64 of the token's random id: recorded on the settle it makes."""
+    promise_id: str
+    outcomes: frozenset[PromiseState]
+    expire_time: int
+
+    @property
+    def principal(self) -> str:
+        """The settled_by of a promise settled with this token."""
+        return f"{PRINCIPAL_PREFIX}{self.key_id}:{self.token_id}"
+
+
+def mint(
+    keyring: Keyring,
+    promise_id: str,
+    outcomes: Collection[PromiseState],
+    expire_time: int,
+    token_id: bytes,
+) -> tuple[str, SettleToken]:
+    """A token for `promise_id`, signed with the active key; `token_id` is random."""
+    if len(token_id) != TOKEN_ID_BYTES:
+        raise ValueError(f"token_id must be {TOKEN_ID_BYTES} bytes")
+    allowed = frozenset(outcomes)
+    if not allowed or not allowed <= OUTCOMES:
+        raise ValueError(f"outcomes must be RESOLVED and/or REJECTED, not {sorted(allowed)}")
+    bits = sum(_OUTCOME_BITS[o] for o in allowed)
+    payload = _HEAD.pack(token_id, expire_time, bits) + promise_id.encode()
+    key_id = keyring.active
+    mac = _mac(keyring.keys[key_id], key_id, payload)
+    token = ".".join((PREFIX, key_id, _b64(payload), _b64(mac)))
+    return token, SettleToken(key_id, _b64(token_id), promise_id, allowed, expire_time)
+
+
+def verify(
+    keyring: Keyring, token: str, promise_id: str, outcome: PromiseState, now: int
+) -> SettleToken:
+    """What `token` grants, if it allows settling `promise_id` as `outcome` at `now`."""
+    parts = token.split(".")
+    if len(parts) != 4 or parts[0] != PREFIX:
+        raise TokenMalformed(f"expected 4 dot-separated parts starting {PREFIX!r}")
+    _, key_id, payload_text, mac_text = parts
+    if not _KEY_ID.fullmatch(key_id):
+        raise TokenMalformed("the key id has characters outside A-Z a-z 0-9 _ -")
+    try:
+        payload, mac = _unb64(payload_text), _unb64(mac_text)
+    except ValueError:
+        raise TokenMalformed("a part is not URL-safe base64") from None
+    if len(mac) != sha256().digest_size or len(payload) <= _HEAD.size:
+        raise TokenMalformed("a part has the wrong length")
+    secret = keyring.keys.get(key_id)
+    if secret is None:
+        raise UnknownKey(key_id)
+    if not hmac.compare_digest(mac, _mac(secret, key_id, payload)):
+        raise BadSignature()
+    raw_id, expire_time, bits = _HEAD.unpack_from(payload)
+    try:
+        token_promise = payload[_HEAD.size :].decode()
+    except UnicodeDecodeError:  # signed by us, so never; but never trust a decode
+        raise TokenMalformed("the promise id is not UTF-8") from None
+    allowed = frozenset(o for o, bit in _OUTCOME_BITS.items() if bits & bit)
+    granted = SettleToken(key_id, _b64(raw_id), token_promise, allowed, expire_time)
+    if token_promise != promise_id:
+        raise WrongPromise(token_promise, promise_id)
+    if outcome not in allowed:
+        raise OutcomeNotAllowed(promise_id, outcome, [o.value for o in allowed])
+    if now >= expire_time:
+        raise TokenExpired(promise_id, expire_time)
+    return granted
+
+
+def check_use(promise: Promise, token_id: str, idempotency_key: str | None) -> bool:
+    """The writer's part: whether a settle with the token `token_id` may go on to the
+    promise's state machine. False: a repeat of the token's own settle (same
+    idempotency key), answered with the settled promise. Raises `TokenUsed`, `TokenVoid`."""
+    if promise.settle_token_id == token_id:
+        if idempotency_key and idempotency_key == promise.idempotency_key_for_settle:
+            return False
+        raise TokenUsed(promise)
+    if promise.state is PromiseState.REJECTED_CANCELED:
+        raise TokenVoid(promise)
+    return True
+
+
+def _mac(secret: bytes, key_id: str, payload: bytes) -> bytes:
+    return hmac.new(secret, _MAC + b"\0" + key_id.encode() + b"\0" + payload, sha256).digest()
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def _unb64(text: str) -> bytes:
+    if not re.fullmatch(r"[A-Za-z0-9_-]*", text):
+        raise ValueError("not base64url")
+    try:
+        data = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+    except (binascii.Error, ValueError):
+        raise ValueError("not base64url") from None
+    if _b64(data) != text:
+        # One encoding per value: unused trailing bits set make another text of the
+        # same bytes, which would make a token malleable.
+        raise ValueError("not canonical base64url")
+    return data
