@@ -192,6 +192,8 @@ def test_refused_jwts(jwks_server: ServerProcess, keys: JwtKeys) -> None:
         if got != (grpc.StatusCode.UNAUTHENTICATED, reason):
             wrong.append(f"{what}: {got[0].name} {got[1]}, want {reason}")
     assert wrong == []
+    # The server writes its log out every 0.2 s: wait for every refusal to be in it.
+    eventually(lambda: jwks_server.log().count("auth.refused") >= len(cases), what="refusals")
     log = jwks_server.log()
     for token, _ in cases.values():
         assert token not in log
