@@ -4,6 +4,7 @@ PostgreSQL replicas."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -61,3 +62,13 @@ def test_sweep_bench_tiny_run_on_two_pg_replicas() -> None:
     assert row, out
     assert float(row.group(3)) < 30, out  # drained
     assert re.search(r"^(PASS|MISS) pg2 ", out, re.MULTILINE), out
+
+
+@pytest.mark.slow
+def test_auth_cost_bench_runs_every_mode() -> None:
+    out = _run(str(BENCH / "auth_cost.py"), "--rounds", "1", "--duration", "0.5",
+               "--warmup", "0.2", "--json", timeout=120)  # fmt: skip
+    modes = json.loads(out)["modes"]
+    assert set(modes) == {"off", "token-file", "jwt"}
+    for figures in modes.values():
+        assert figures["median"]["promise_ops_per_s"] > 0 and figures["median"]["hitl_per_s"] > 0
