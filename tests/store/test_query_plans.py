@@ -53,6 +53,7 @@ from sqlalchemy import Engine, event
 
 from troth import Client, Context, PromiseRejectedError, PromiseState, Worker
 from troth.v1 import promises_pb2, promises_pb2_grpc, tasks_pb2, tasks_pb2_grpc, types_pb2
+from troth_server.api._auth import AuthInterceptor
 from troth_server.api.promises import PromisesServicer
 from troth_server.api.tasks import TasksServicer
 from troth_server.app import Core, grpc_options
@@ -136,6 +137,7 @@ def in_process_server(db_url: str, *flags: str) -> Iterator[str]:
             "--listen",
             "127.0.0.1:0",
             "--migrate",
+            "--no-auth",
             "--sweep-interval",
             "100ms",
             *flags,
@@ -147,7 +149,10 @@ def in_process_server(db_url: str, *flags: str) -> Iterator[str]:
 
     async def serve() -> None:
         core = Core(settings)
-        server = grpc.aio.server(options=grpc_options(settings))
+        # Authentication off, as `--no-auth` has it: every caller is the local developer.
+        server = grpc.aio.server(
+            options=grpc_options(settings), interceptors=[AuthInterceptor(None)]
+        )
         promises_pb2_grpc.add_PromisesServicer_to_server(
             PromisesServicer(core.service, settings.limits), server
         )
