@@ -101,6 +101,7 @@ def task_to_json(task: tasks_pb2.Task) -> dict[str, Any]:
         "workflow_version": task.workflow_version or None,
         "create_time": _when(task, "create_time"),
         "waiting_for": task.waiting_for or None,
+        "worker_principal": task.worker_principal or None,
     }
 
 

@@ -79,6 +79,9 @@ class Reason(enum.StrEnum):
     """The caller's roles may not call this RPC (the RPC x role table)."""
     GROUP_NOT_ALLOWED = "GROUP_NOT_ALLOWED"
     """A worker asked for a task group its grant does not name."""
+    NOT_THE_TASKS_WORKER = "NOT_THE_TASKS_WORKER"
+    """A task call (heartbeat, complete, release, callbacks) or a fenced step write
+    from a principal the task was not leased to: the right counter is not enough."""
     RESOURCE_EXHAUSTED = "RESOURCE_EXHAUSTED"
     OVERLOADED = "OVERLOADED"
     """The server refused the call for now: too many concurrent calls, streams or

@@ -59,6 +59,9 @@ class PollStream:
     """The event loop of the gRPC server, where the stream's coroutine waits."""
     registration: Registration = field(default_factory=Registration)
     """The workflow versions its worker runs (none listed: any task)."""
+    principal: str | None = None
+    """The authenticated principal that opened it (None with authentication off): the
+    tasks it claims are leased to it, and only they go back when it breaks."""
     held: set[str] = field(default_factory=set)
     closed: bool = False
     stalled: bool = False
@@ -158,11 +161,13 @@ class Dispatcher:
             group = self._streams.get(stream.group, [])
             if stream in group:
                 group.remove(stream)
-            others = any(s.worker_id == stream.worker_id for s in group)
+            others = any(
+                s.worker_id == stream.worker_id and s.principal == stream.principal for s in group
+            )
         if others or self._stopping:
             return
         try:
-            returned = self._tasks.worker_gone(stream.worker_id)
+            returned = self._tasks.worker_gone(stream.worker_id, stream.principal)
         except StoreError as exc:  # leases expire on their own if this fails
             log.warning("dispatch.release_failed", worker_id=stream.worker_id, error=str(exc))
             return
@@ -292,7 +297,9 @@ class Dispatcher:
                 wanted, route = stream.room, routes[id(stream)]
                 if wanted <= 0 or route in drained:
                     continue
-                claimed = self._tasks.claim(group, stream.worker_id, wanted, stream.lease_ms, route)
+                claimed = self._tasks.claim(
+                    group, stream.worker_id, wanted, stream.lease_ms, route, stream.principal
+                )
                 for n, item in enumerate(claimed):
                     task = item.task
                     if stream.closed:

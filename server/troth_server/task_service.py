@@ -22,6 +22,7 @@ from troth_server.group_commit import Batch, Keys
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
+    from troth_server.domain.access import Principal
     from troth_server.domain.promise import Promise, SettleRequest
     from troth_server.group_commit import GroupCommitter
     from troth_server.store import Store, WriteTx
@@ -54,6 +55,8 @@ class _ClaimOp:
     limit: int
     lease_ms: int
     route: Route = ANY
+    principal: str | None = None
+    """The authenticated principal of the worker's stream, recorded on each task."""
 
     def keys(self, tx: WriteTx, now: int) -> Keys:
         candidates = tx.pending_tasks(self.group, self.worker_id, self.limit, self.route)
@@ -62,7 +65,9 @@ class _ClaimOp:
     def apply(self, batch: Batch) -> list[Claimed]:
         claimed = []
         for candidate in batch.pending_in(self.group, self.limit, self.route):
-            batch.put_task(tasks.claim(candidate, self.worker_id, batch.now, self.lease_ms))
+            batch.put_task(
+                tasks.claim(candidate, self.worker_id, batch.now, self.lease_ms, self.principal)
+            )
             root = batch.get(candidate.root_promise_id)
             # Re-read: reading the root may have expired it, and its settle touched tasks.
             task, root = self._pin(batch, _held(batch, candidate.id), root)
@@ -102,16 +107,28 @@ class Heartbeat:
 class _HeartbeatOp:
     worker_id: str
     lease_ms: int
+    principal: Principal | None = None
+    """The caller: only the tasks leased to it are extended (None: auth off, all)."""
 
     def keys(self, tx: WriteTx, now: int) -> Keys:
         return _claimed_keys(tx, self.worker_id)
 
     def apply(self, batch: Batch) -> Heartbeat:
         extended = []
+        foreign = None
         for task in batch.claimed_by(self.worker_id):
-            renewed = tasks.heartbeat(task, self.worker_id, task.counter, batch.now, self.lease_ms)
+            if not tasks.leased_to(task, self.principal):
+                # Another principal's stream used this worker id: its tasks are not
+                # this caller's to keep alive (nor to refuse this caller's own for).
+                foreign = task
+                continue
+            renewed = tasks.heartbeat(
+                task, self.worker_id, task.counter, batch.now, self.lease_ms, self.principal
+            )
             batch.put_task(renewed)
             extended.append(renewed)
+        if foreign is not None and not extended:
+            tasks.check_leased_to(foreign, self.principal)  # raises: not the caller's
         return Heartbeat(extended, batch.now)
 
 
@@ -121,6 +138,7 @@ class _CompleteOp:
     counter: int
     worker_id: str
     root_outcome: SettleRequest | None
+    principal: Principal | None = None
 
     def keys(self, tx: WriteTx, now: int) -> Keys:
         # Settling the root ends its pending steps in the same transaction (§4.11).
@@ -128,7 +146,7 @@ class _CompleteOp:
 
     def apply(self, batch: Batch) -> tuple[Task, Promise | None]:
         task = _held(batch, self.task_id)
-        done, again = tasks.complete(task, self.worker_id, self.counter, batch.now)
+        done, again = tasks.complete(task, self.worker_id, self.counter, batch.now, self.principal)
         root = batch.get(task.root_promise_id)
         # A root settled meanwhile (cancelled by a gateway, say) keeps that outcome:
         # the workflow saw it as `Cancelled` and finishes without overriding it.
@@ -160,20 +178,24 @@ class _SuspendOp:
     counter: int
     worker_id: str
     promise_ids: tuple[str, ...]
+    principal: Principal | None = None
 
     def keys(self, tx: WriteTx, now: int) -> Keys:
         return Keys(promises=self.promise_ids, task_ids=(self.task_id,))
 
     def apply(self, batch: Batch) -> tuple[Task, list[Promise]]:
         task = _held(batch, self.task_id)
+        tasks.check_leased_to(task, self.principal)
         if tasks.completed_by(task, self.worker_id, self.counter):
             return task, []  # a retry: this worker's suspension already committed
         settled = _RegisterCallbacksOp(
-            self.task_id, self.counter, self.worker_id, self.promise_ids
+            self.task_id, self.counter, self.worker_id, self.promise_ids, self.principal
         ).apply(batch)
         if settled:
             return _held(batch, self.task_id), settled
-        done, _ = _CompleteOp(self.task_id, self.counter, self.worker_id, None).apply(batch)
+        done, _ = _CompleteOp(
+            self.task_id, self.counter, self.worker_id, None, self.principal
+        ).apply(batch)
         return done, []
 
 
@@ -182,12 +204,14 @@ class _ReleaseOp:
     task_id: str
     counter: int
     worker_id: str
+    principal: Principal | None = None
 
     def keys(self, tx: WriteTx, now: int) -> Keys:
         return Keys(task_ids=(self.task_id,))
 
     def apply(self, batch: Batch) -> Task:
-        released = tasks.release(_held(batch, self.task_id), self.worker_id, self.counter)
+        task = _held(batch, self.task_id)
+        released = tasks.release(task, self.worker_id, self.counter, self.principal)
         batch.put_task(released)
         return released
 
@@ -198,13 +222,14 @@ class _RegisterCallbacksOp:
     counter: int
     worker_id: str
     promise_ids: tuple[str, ...]
+    principal: Principal | None = None
 
     def keys(self, tx: WriteTx, now: int) -> Keys:
         return Keys(promises=self.promise_ids, task_ids=(self.task_id,))
 
     def apply(self, batch: Batch) -> list[Promise]:
         task = _held(batch, self.task_id)
-        tasks.check_holder(task, self.worker_id, self.counter)
+        tasks.check_holder(task, self.worker_id, self.counter, self.principal)
         settled = []
         for promise_id in self.promise_ids:
             promise = batch.get(promise_id)
@@ -234,6 +259,8 @@ class _ReclaimOp:
     """When this server last came back from being away (`tasks.lease_expired`), asked
     at the transaction's time: a freeze just before it cannot slip past the check."""
     since: list[int | None] = field(default_factory=lambda: [None])
+    principal: str | None = None
+    """For a broken stream: its authenticated principal (only its tasks go back)."""
 
     def keys(self, tx: WriteTx, now: int) -> Keys:
         if self.worker_id is not None:
@@ -247,7 +274,7 @@ class _ReclaimOp:
         returned = []
         for task in batch.claimed_by(self.worker_id):
             back = (
-                tasks.worker_gone(task, self.worker_id)
+                tasks.worker_gone(task, self.worker_id, self.principal)
                 if self.worker_id is not None
                 else tasks.expire_lease(task, at, self.since[0])
             )
@@ -272,87 +299,137 @@ class TaskService:
         """A root with a schema: its result is checked off the writer (`checks`)."""
 
     def claim(
-        self, group: str, worker_id: str, limit: int, lease_ms: int, route: Route = ANY
+        self,
+        group: str,
+        worker_id: str,
+        limit: int,
+        lease_ms: int,
+        route: Route = ANY,
+        principal: str | None = None,
     ) -> list[Claimed]:
         """Lease up to `limit` PENDING tasks of `group` that `route` accepts to the
-        worker (its resumes first), recording its version on roots that had none."""
-        return self._committer.submit(_ClaimOp(group, worker_id, limit, lease_ms, route))
+        worker (its resumes first), recording its version on roots that had none,
+        and on each task the authenticated `principal` it is leased to."""
+        return self._committer.submit(_ClaimOp(group, worker_id, limit, lease_ms, route, principal))
 
     def search(self, group: str, limit: int) -> list[Task]:
         """The group's tasks that are not completed, oldest first (a read)."""
         return self._store.search_tasks(group, limit)
 
-    def heartbeat(self, worker_id: str, lease_ms: int) -> Heartbeat:
-        """Extend every lease the worker holds; returns the tasks it still holds."""
-        return self._committer.submit(_HeartbeatOp(worker_id, lease_ms))
+    def heartbeat(
+        self, worker_id: str, lease_ms: int, principal: Principal | None = None
+    ) -> Heartbeat:
+        """Extend every lease the worker holds (that is leased to `principal`);
+        returns the tasks it still holds."""
+        return self._committer.submit(_HeartbeatOp(worker_id, lease_ms, principal))
 
     def complete(
-        self, task_id: str, counter: int, worker_id: str, root_outcome: SettleRequest | None
+        self,
+        task_id: str,
+        counter: int,
+        worker_id: str,
+        root_outcome: SettleRequest | None,
+        principal: Principal | None = None,
     ) -> tuple[Task, Promise | None]:
         """Complete the task, settling its root in the same transaction when given
-        (the outcome's id is ignored: it is always the task's root)."""
+        (the outcome's id is ignored: it is always the task's root). `principal`: the
+        caller, who must be the one the task is leased to (None: auth off)."""
         if root_outcome is None:
-            return self._committer.submit(_CompleteOp(task_id, counter, worker_id, None))
+            return self._committer.submit(_CompleteOp(task_id, counter, worker_id, None, principal))
         # Roots rarely have a schema: the writer says when this one does, and the
         # value is checked here and sent again (never checked on the writer).
         return self._checks.settle_checked(
             root_outcome,
             lambda checked: self._committer.submit(
-                _CompleteOp(task_id, counter, worker_id, checked)
+                _CompleteOp(task_id, counter, worker_id, checked, principal)
             ),
         )
 
     def suspend(
-        self, task_id: str, counter: int, worker_id: str, promise_ids: Sequence[str]
+        self,
+        task_id: str,
+        counter: int,
+        worker_id: str,
+        promise_ids: Sequence[str],
+        principal: Principal | None = None,
     ) -> tuple[Task, list[Promise]]:
         """Register callbacks and complete, or answer the promises already settled."""
-        return self._committer.submit(_SuspendOp(task_id, counter, worker_id, tuple(promise_ids)))
+        op = _SuspendOp(task_id, counter, worker_id, tuple(promise_ids), principal)
+        return self._committer.submit(op)
 
     async def suspend_async(
-        self, task_id: str, counter: int, worker_id: str, promise_ids: Sequence[str]
+        self,
+        task_id: str,
+        counter: int,
+        worker_id: str,
+        promise_ids: Sequence[str],
+        principal: Principal | None = None,
     ) -> tuple[Task, list[Promise]]:
-        op = _SuspendOp(task_id, counter, worker_id, tuple(promise_ids))
+        op = _SuspendOp(task_id, counter, worker_id, tuple(promise_ids), principal)
         return await self._committer.submit_async(op)
 
-    def release(self, task_id: str, counter: int, worker_id: str) -> Task:
-        return self._committer.submit(_ReleaseOp(task_id, counter, worker_id))
+    def release(
+        self, task_id: str, counter: int, worker_id: str, principal: Principal | None = None
+    ) -> Task:
+        return self._committer.submit(_ReleaseOp(task_id, counter, worker_id, principal))
 
     def register_callbacks(
-        self, task_id: str, counter: int, worker_id: str, promise_ids: Sequence[str]
+        self,
+        task_id: str,
+        counter: int,
+        worker_id: str,
+        promise_ids: Sequence[str],
+        principal: Principal | None = None,
     ) -> list[Promise]:
         """Callbacks for the promises the root waits on, or those already settled."""
-        op = _RegisterCallbacksOp(task_id, counter, worker_id, tuple(promise_ids))
+        op = _RegisterCallbacksOp(task_id, counter, worker_id, tuple(promise_ids), principal)
         return self._committer.submit(op)
 
     async def complete_async(
-        self, task_id: str, counter: int, worker_id: str, root_outcome: SettleRequest | None
+        self,
+        task_id: str,
+        counter: int,
+        worker_id: str,
+        root_outcome: SettleRequest | None,
+        principal: Principal | None = None,
     ) -> tuple[Task, Promise | None]:
         if root_outcome is None:
             return await self._committer.submit_async(
-                _CompleteOp(task_id, counter, worker_id, None)
+                _CompleteOp(task_id, counter, worker_id, None, principal)
             )
 
         async def write(checked: SettleRequest) -> tuple[Task, Promise | None]:
             return await self._committer.submit_async(
-                _CompleteOp(task_id, counter, worker_id, checked)
+                _CompleteOp(task_id, counter, worker_id, checked, principal)
             )
 
         return await self._checks.settle_checked_async(root_outcome, write)
 
-    async def heartbeat_async(self, worker_id: str, lease_ms: int) -> Heartbeat:
-        return await self._committer.submit_async(_HeartbeatOp(worker_id, lease_ms))
+    async def heartbeat_async(
+        self, worker_id: str, lease_ms: int, principal: Principal | None = None
+    ) -> Heartbeat:
+        return await self._committer.submit_async(_HeartbeatOp(worker_id, lease_ms, principal))
 
-    async def release_async(self, task_id: str, counter: int, worker_id: str) -> Task:
-        return await self._committer.submit_async(_ReleaseOp(task_id, counter, worker_id))
-
-    async def register_callbacks_async(
-        self, task_id: str, counter: int, worker_id: str, promise_ids: Sequence[str]
-    ) -> list[Promise]:
-        op = _RegisterCallbacksOp(task_id, counter, worker_id, tuple(promise_ids))
+    async def release_async(
+        self, task_id: str, counter: int, worker_id: str, principal: Principal | None = None
+    ) -> Task:
+        op = _ReleaseOp(task_id, counter, worker_id, principal)
         return await self._committer.submit_async(op)
 
-    def worker_gone(self, worker_id: str) -> list[Task]:
-        return self._committer.submit(_ReclaimOp(worker_id, None, 0))
+    async def register_callbacks_async(
+        self,
+        task_id: str,
+        counter: int,
+        worker_id: str,
+        promise_ids: Sequence[str],
+        principal: Principal | None = None,
+    ) -> list[Promise]:
+        op = _RegisterCallbacksOp(task_id, counter, worker_id, tuple(promise_ids), principal)
+        return await self._committer.submit_async(op)
+
+    def worker_gone(self, worker_id: str, principal: str | None = None) -> list[Task]:
+        """The worker's stream broke: its tasks (leased to `principal`) go back."""
+        return self._committer.submit(_ReclaimOp(worker_id, None, 0, principal=principal))
 
     def expire_leases(
         self,

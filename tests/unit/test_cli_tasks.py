@@ -85,4 +85,5 @@ def test_json_output_names_fields_as_the_proto_does() -> None:
         "workflow_version": "v1",
         "create_time": "2030-01-02T03:04:05.000Z",
         "waiting_for": "waiting",
+        "worker_principal": None,
     }

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from troth_server.domain import task as tasks
+from troth_server.domain.access import Principal, Role
 from troth_server.domain.task import StaleCounter, Task, TaskKind, TaskNotClaimable, TaskState
 
 LEASE = 1_000
@@ -201,3 +202,53 @@ def test_stale_counter_message_says_what_happened() -> None:
     message = str(caught.value)
     assert "counter 2" in message and "w2" in message and "carried counter 1" in message
     assert caught.value.reason == "STALE_COUNTER"
+
+
+# --- the principal a task is leased to (issue 11) ----------------------------------------
+
+_A = Principal("worker-a", frozenset({Role.WORKER}), frozenset({"g"}))
+_B = Principal("worker-b", frozenset({Role.WORKER}), frozenset({"g"}))
+_ADMIN = Principal("root", frozenset({Role.ADMIN}))
+_A_ELSEWHERE = Principal("worker-a", frozenset({Role.WORKER}), frozenset({"other"}))
+
+
+def _leased() -> Task:
+    return tasks.claim(tasks.create("t1", "r1", "g", TaskKind.INVOKE), "w1", 0, LEASE, "worker-a")
+
+
+def test_a_claim_records_the_principal_and_only_it_may_call_about_the_task() -> None:
+    task = _leased()
+    assert task.worker_principal == "worker-a"
+    tasks.check_holder(task, "w1", task.counter, _A)
+    for other in (_B, _ADMIN):
+        # The principal is compared before the counter: the refusal says nothing of it.
+        with pytest.raises(tasks.NotTheTasksWorker, match="leased to another principal"):
+            tasks.check_holder(task, "w1", task.counter + 7, other)
+        with pytest.raises(tasks.NotTheTasksWorker):
+            tasks.complete(task, "w1", task.counter, 5, other)
+        with pytest.raises(tasks.NotTheTasksWorker):
+            tasks.heartbeat(task, "w1", task.counter, 5, LEASE, other)
+    with pytest.raises(tasks.GroupNotAllowed):
+        tasks.complete(task, "w1", task.counter, 5, _A_ELSEWHERE)
+    # With authentication off (no principal) nothing is compared, as before.
+    done, _ = tasks.complete(task, "w1", task.counter, 5, None)
+    assert done.state is TaskState.COMPLETED
+    with pytest.raises(tasks.NotTheTasksWorker):
+        tasks.complete(done, "w1", task.counter, 6, _B)  # not even as a repeat
+
+
+def test_an_admin_may_release_another_principals_task_and_nobody_else() -> None:
+    task = _leased()
+    with pytest.raises(tasks.NotTheTasksWorker):
+        tasks.release(task, "w1", task.counter, _B)
+    with pytest.raises(StaleCounter):
+        tasks.release(task, "any", task.counter + 1, _ADMIN)
+    back = tasks.release(task, "any", task.counter, _ADMIN)
+    assert back.state is TaskState.PENDING and back.worker_id is None
+
+
+def test_a_broken_stream_gives_back_only_its_own_principals_tasks() -> None:
+    task = _leased()
+    assert tasks.worker_gone(task, "w1", "worker-b") is task
+    assert tasks.worker_gone(task, "w1", "worker-a").state is TaskState.PENDING
+    assert tasks.worker_gone(task, "w1", None).state is TaskState.PENDING

@@ -27,7 +27,7 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from troth.v1 import types_pb2 as troth_dot_v1_dot_types__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14troth/v1/tasks.proto\x12\x08troth.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x14troth/v1/types.proto\"\xcd\x02\n\x04Task\x12\n\n\x02id\x18\x01 \x01(\t\x12\x17\n\x0froot_promise_id\x18\x02 \x01(\t\x12\r\n\x05group\x18\x03 \x01(\t\x12 \n\x04kind\x18\x04 \x01(\x0e\x32\x12.troth.v1.TaskKind\x12\"\n\x05state\x18\x05 \x01(\x0e\x32\x13.troth.v1.TaskState\x12\x0f\n\x07\x63ounter\x18\x06 \x01(\x03\x12\x11\n\tworker_id\x18\x07 \x01(\t\x12\x35\n\x11lease_expire_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08workflow\x18\t \x01(\t\x12\x18\n\x10workflow_version\x18\n \x01(\t\x12/\n\x0b\x63reate_time\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x13\n\x0bwaiting_for\x18\x0c \x01(\t\"0\n\x0fWorkflowVersion\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\"\x99\x01\n\x0bPollRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\x10\n\x08\x63\x61pacity\x18\x03 \x01(\x05\x12(\n\x05lease\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12,\n\tworkflows\x18\x05 \x03(\x0b\x32\x19.troth.v1.WorkflowVersion\"q\n\x0cPollResponse\x12\x1c\n\x04task\x18\x01 \x01(\x0b\x32\x0e.troth.v1.Task\x12\x1f\n\x04root\x18\x02 \x01(\x0b\x32\x11.troth.v1.Promise\x12\"\n\x07history\x18\x03 \x03(\x0b\x32\x11.troth.v1.Promise\"\xc2\x01\n\x13\x43ompleteTaskRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63ounter\x18\x02 \x01(\x03\x12\x11\n\tworker_id\x18\x03 \x01(\t\x12)\n\x0cresolve_root\x18\x04 \x01(\x0b\x32\x11.troth.v1.PayloadH\x00\x12(\n\x0breject_root\x18\x05 \x01(\x0b\x32\x11.troth.v1.PayloadH\x00\x12\x12\n\nsuspend_on\x18\x06 \x03(\tB\r\n\x0broot_result\"y\n\x14\x43ompleteTaskResponse\x12\x1c\n\x04task\x18\x01 \x01(\x0b\x32\x0e.troth.v1.Task\x12\x1f\n\x04root\x18\x02 \x01(\x0b\x32\x11.troth.v1.Promise\x12\"\n\x07settled\x18\x03 \x03(\x0b\x32\x11.troth.v1.Promise\"O\n\x10HeartbeatRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12(\n\x05lease\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\"\xc4\x01\n\x11HeartbeatResponse\x12\x10\n\x08task_ids\x18\x01 \x03(\t\x12;\n\x08\x63ounters\x18\x02 \x03(\x0b\x32).troth.v1.HeartbeatResponse.CountersEntry\x12/\n\x0bserver_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x1a/\n\rCountersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"I\n\x12ReleaseTaskRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63ounter\x18\x02 \x01(\x03\x12\x11\n\tworker_id\x18\x03 \x01(\t\"3\n\x13ReleaseTaskResponse\x12\x1c\n\x04task\x18\x01 \x01(\x0b\x32\x0e.troth.v1.Task\"d\n\x18RegisterCallbacksRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63ounter\x18\x02 \x01(\x03\x12\x11\n\tworker_id\x18\x03 \x01(\t\x12\x13\n\x0bpromise_ids\x18\x04 \x03(\t\"?\n\x19RegisterCallbacksResponse\x12\"\n\x07settled\x18\x01 \x03(\x0b\x32\x11.troth.v1.Promise\"6\n\x12SearchTasksRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\"4\n\x13SearchTasksResponse\x12\x1d\n\x05tasks\x18\x01 \x03(\x0b\x32\x0e.troth.v1.Task*=\n\x08TaskKind\x12\x19\n\x15TASK_KIND_UNSPECIFIED\x10\x00\x12\n\n\x06INVOKE\x10\x01\x12\n\n\x06RESUME\x10\x02*_\n\tTaskState\x12\x1a\n\x16TASK_STATE_UNSPECIFIED\x10\x00\x12\x10\n\x0cTASK_PENDING\x10\x01\x12\x10\n\x0cTASK_CLAIMED\x10\x02\x12\x12\n\x0eTASK_COMPLETED\x10\x03\x32\xcb\x03\n\x05Tasks\x12\x37\n\x04Poll\x12\x15.troth.v1.PollRequest\x1a\x16.troth.v1.PollResponse0\x01\x12M\n\x0c\x43ompleteTask\x12\x1d.troth.v1.CompleteTaskRequest\x1a\x1e.troth.v1.CompleteTaskResponse\x12\x44\n\tHeartbeat\x12\x1a.troth.v1.HeartbeatRequest\x1a\x1b.troth.v1.HeartbeatResponse\x12J\n\x0bReleaseTask\x12\x1c.troth.v1.ReleaseTaskRequest\x1a\x1d.troth.v1.ReleaseTaskResponse\x12\\\n\x11RegisterCallbacks\x12\".troth.v1.RegisterCallbacksRequest\x1a#.troth.v1.RegisterCallbacksResponse\x12J\n\x0bSearchTasks\x12\x1c.troth.v1.SearchTasksRequest\x1a\x1d.troth.v1.SearchTasksResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14troth/v1/tasks.proto\x12\x08troth.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x14troth/v1/types.proto\"\xe7\x02\n\x04Task\x12\n\n\x02id\x18\x01 \x01(\t\x12\x17\n\x0froot_promise_id\x18\x02 \x01(\t\x12\r\n\x05group\x18\x03 \x01(\t\x12 \n\x04kind\x18\x04 \x01(\x0e\x32\x12.troth.v1.TaskKind\x12\"\n\x05state\x18\x05 \x01(\x0e\x32\x13.troth.v1.TaskState\x12\x0f\n\x07\x63ounter\x18\x06 \x01(\x03\x12\x11\n\tworker_id\x18\x07 \x01(\t\x12\x35\n\x11lease_expire_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08workflow\x18\t \x01(\t\x12\x18\n\x10workflow_version\x18\n \x01(\t\x12/\n\x0b\x63reate_time\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x13\n\x0bwaiting_for\x18\x0c \x01(\t\x12\x18\n\x10worker_principal\x18\r \x01(\t\"0\n\x0fWorkflowVersion\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\"\x99\x01\n\x0bPollRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\x10\n\x08\x63\x61pacity\x18\x03 \x01(\x05\x12(\n\x05lease\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12,\n\tworkflows\x18\x05 \x03(\x0b\x32\x19.troth.v1.WorkflowVersion\"q\n\x0cPollResponse\x12\x1c\n\x04task\x18\x01 \x01(\x0b\x32\x0e.troth.v1.Task\x12\x1f\n\x04root\x18\x02 \x01(\x0b\x32\x11.troth.v1.Promise\x12\"\n\x07history\x18\x03 \x03(\x0b\x32\x11.troth.v1.Promise\"\xc2\x01\n\x13\x43ompleteTaskRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63ounter\x18\x02 \x01(\x03\x12\x11\n\tworker_id\x18\x03 \x01(\t\x12)\n\x0cresolve_root\x18\x04 \x01(\x0b\x32\x11.troth.v1.PayloadH\x00\x12(\n\x0breject_root\x18\x05 \x01(\x0b\x32\x11.troth.v1.PayloadH\x00\x12\x12\n\nsuspend_on\x18\x06 \x03(\tB\r\n\x0broot_result\"y\n\x14\x43ompleteTaskResponse\x12\x1c\n\x04task\x18\x01 \x01(\x0b\x32\x0e.troth.v1.Task\x12\x1f\n\x04root\x18\x02 \x01(\x0b\x32\x11.troth.v1.Promise\x12\"\n\x07settled\x18\x03 \x03(\x0b\x32\x11.troth.v1.Promise\"O\n\x10HeartbeatRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12(\n\x05lease\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\"\xc4\x01\n\x11HeartbeatResponse\x12\x10\n\x08task_ids\x18\x01 \x03(\t\x12;\n\x08\x63ounters\x18\x02 \x03(\x0b\x32).troth.v1.HeartbeatResponse.CountersEntry\x12/\n\x0bserver_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x1a/\n\rCountersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"I\n\x12ReleaseTaskRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63ounter\x18\x02 \x01(\x03\x12\x11\n\tworker_id\x18\x03 \x01(\t\"3\n\x13ReleaseTaskResponse\x12\x1c\n\x04task\x18\x01 \x01(\x0b\x32\x0e.troth.v1.Task\"d\n\x18RegisterCallbacksRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63ounter\x18\x02 \x01(\x03\x12\x11\n\tworker_id\x18\x03 \x01(\t\x12\x13\n\x0bpromise_ids\x18\x04 \x03(\t\"?\n\x19RegisterCallbacksResponse\x12\"\n\x07settled\x18\x01 \x03(\x0b\x32\x11.troth.v1.Promise\"6\n\x12SearchTasksRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\"4\n\x13SearchTasksResponse\x12\x1d\n\x05tasks\x18\x01 \x03(\x0b\x32\x0e.troth.v1.Task*=\n\x08TaskKind\x12\x19\n\x15TASK_KIND_UNSPECIFIED\x10\x00\x12\n\n\x06INVOKE\x10\x01\x12\n\n\x06RESUME\x10\x02*_\n\tTaskState\x12\x1a\n\x16TASK_STATE_UNSPECIFIED\x10\x00\x12\x10\n\x0cTASK_PENDING\x10\x01\x12\x10\n\x0cTASK_CLAIMED\x10\x02\x12\x12\n\x0eTASK_COMPLETED\x10\x03\x32\xcb\x03\n\x05Tasks\x12\x37\n\x04Poll\x12\x15.troth.v1.PollRequest\x1a\x16.troth.v1.PollResponse0\x01\x12M\n\x0c\x43ompleteTask\x12\x1d.troth.v1.CompleteTaskRequest\x1a\x1e.troth.v1.CompleteTaskResponse\x12\x44\n\tHeartbeat\x12\x1a.troth.v1.HeartbeatRequest\x1a\x1b.troth.v1.HeartbeatResponse\x12J\n\x0bReleaseTask\x12\x1c.troth.v1.ReleaseTaskRequest\x1a\x1d.troth.v1.ReleaseTaskResponse\x12\\\n\x11RegisterCallbacks\x12\".troth.v1.RegisterCallbacksRequest\x1a#.troth.v1.RegisterCallbacksResponse\x12J\n\x0bSearchTasks\x12\x1c.troth.v1.SearchTasksRequest\x1a\x1d.troth.v1.SearchTasksResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,40 +36,40 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_HEARTBEATRESPONSE_COUNTERSENTRY']._loaded_options = None
   _globals['_HEARTBEATRESPONSE_COUNTERSENTRY']._serialized_options = b'8\001'
-  _globals['_TASKKIND']._serialized_start=1783
-  _globals['_TASKKIND']._serialized_end=1844
-  _globals['_TASKSTATE']._serialized_start=1846
-  _globals['_TASKSTATE']._serialized_end=1941
+  _globals['_TASKKIND']._serialized_start=1809
+  _globals['_TASKKIND']._serialized_end=1870
+  _globals['_TASKSTATE']._serialized_start=1872
+  _globals['_TASKSTATE']._serialized_end=1967
   _globals['_TASK']._serialized_start=122
-  _globals['_TASK']._serialized_end=455
-  _globals['_WORKFLOWVERSION']._serialized_start=457
-  _globals['_WORKFLOWVERSION']._serialized_end=505
-  _globals['_POLLREQUEST']._serialized_start=508
-  _globals['_POLLREQUEST']._serialized_end=661
-  _globals['_POLLRESPONSE']._serialized_start=663
-  _globals['_POLLRESPONSE']._serialized_end=776
-  _globals['_COMPLETETASKREQUEST']._serialized_start=779
-  _globals['_COMPLETETASKREQUEST']._serialized_end=973
-  _globals['_COMPLETETASKRESPONSE']._serialized_start=975
-  _globals['_COMPLETETASKRESPONSE']._serialized_end=1096
-  _globals['_HEARTBEATREQUEST']._serialized_start=1098
-  _globals['_HEARTBEATREQUEST']._serialized_end=1177
-  _globals['_HEARTBEATRESPONSE']._serialized_start=1180
-  _globals['_HEARTBEATRESPONSE']._serialized_end=1376
-  _globals['_HEARTBEATRESPONSE_COUNTERSENTRY']._serialized_start=1329
-  _globals['_HEARTBEATRESPONSE_COUNTERSENTRY']._serialized_end=1376
-  _globals['_RELEASETASKREQUEST']._serialized_start=1378
-  _globals['_RELEASETASKREQUEST']._serialized_end=1451
-  _globals['_RELEASETASKRESPONSE']._serialized_start=1453
-  _globals['_RELEASETASKRESPONSE']._serialized_end=1504
-  _globals['_REGISTERCALLBACKSREQUEST']._serialized_start=1506
-  _globals['_REGISTERCALLBACKSREQUEST']._serialized_end=1606
-  _globals['_REGISTERCALLBACKSRESPONSE']._serialized_start=1608
-  _globals['_REGISTERCALLBACKSRESPONSE']._serialized_end=1671
-  _globals['_SEARCHTASKSREQUEST']._serialized_start=1673
-  _globals['_SEARCHTASKSREQUEST']._serialized_end=1727
-  _globals['_SEARCHTASKSRESPONSE']._serialized_start=1729
-  _globals['_SEARCHTASKSRESPONSE']._serialized_end=1781
-  _globals['_TASKS']._serialized_start=1944
-  _globals['_TASKS']._serialized_end=2403
+  _globals['_TASK']._serialized_end=481
+  _globals['_WORKFLOWVERSION']._serialized_start=483
+  _globals['_WORKFLOWVERSION']._serialized_end=531
+  _globals['_POLLREQUEST']._serialized_start=534
+  _globals['_POLLREQUEST']._serialized_end=687
+  _globals['_POLLRESPONSE']._serialized_start=689
+  _globals['_POLLRESPONSE']._serialized_end=802
+  _globals['_COMPLETETASKREQUEST']._serialized_start=805
+  _globals['_COMPLETETASKREQUEST']._serialized_end=999
+  _globals['_COMPLETETASKRESPONSE']._serialized_start=1001
+  _globals['_COMPLETETASKRESPONSE']._serialized_end=1122
+  _globals['_HEARTBEATREQUEST']._serialized_start=1124
+  _globals['_HEARTBEATREQUEST']._serialized_end=1203
+  _globals['_HEARTBEATRESPONSE']._serialized_start=1206
+  _globals['_HEARTBEATRESPONSE']._serialized_end=1402
+  _globals['_HEARTBEATRESPONSE_COUNTERSENTRY']._serialized_start=1355
+  _globals['_HEARTBEATRESPONSE_COUNTERSENTRY']._serialized_end=1402
+  _globals['_RELEASETASKREQUEST']._serialized_start=1404
+  _globals['_RELEASETASKREQUEST']._serialized_end=1477
+  _globals['_RELEASETASKRESPONSE']._serialized_start=1479
+  _globals['_RELEASETASKRESPONSE']._serialized_end=1530
+  _globals['_REGISTERCALLBACKSREQUEST']._serialized_start=1532
+  _globals['_REGISTERCALLBACKSREQUEST']._serialized_end=1632
+  _globals['_REGISTERCALLBACKSRESPONSE']._serialized_start=1634
+  _globals['_REGISTERCALLBACKSRESPONSE']._serialized_end=1697
+  _globals['_SEARCHTASKSREQUEST']._serialized_start=1699
+  _globals['_SEARCHTASKSREQUEST']._serialized_end=1753
+  _globals['_SEARCHTASKSRESPONSE']._serialized_start=1755
+  _globals['_SEARCHTASKSRESPONSE']._serialized_end=1807
+  _globals['_TASKS']._serialized_start=1970
+  _globals['_TASKS']._serialized_end=2429
 # @@protoc_insertion_point(module_scope)

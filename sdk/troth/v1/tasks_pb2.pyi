@@ -33,7 +33,7 @@ TASK_CLAIMED: TaskState
 TASK_COMPLETED: TaskState
 
 class Task(_message.Message):
-    __slots__ = ("id", "root_promise_id", "group", "kind", "state", "counter", "worker_id", "lease_expire_time", "workflow", "workflow_version", "create_time", "waiting_for")
+    __slots__ = ("id", "root_promise_id", "group", "kind", "state", "counter", "worker_id", "lease_expire_time", "workflow", "workflow_version", "create_time", "waiting_for", "worker_principal")
     ID_FIELD_NUMBER: _ClassVar[int]
     ROOT_PROMISE_ID_FIELD_NUMBER: _ClassVar[int]
     GROUP_FIELD_NUMBER: _ClassVar[int]
@@ -46,6 +46,7 @@ class Task(_message.Message):
     WORKFLOW_VERSION_FIELD_NUMBER: _ClassVar[int]
     CREATE_TIME_FIELD_NUMBER: _ClassVar[int]
     WAITING_FOR_FIELD_NUMBER: _ClassVar[int]
+    WORKER_PRINCIPAL_FIELD_NUMBER: _ClassVar[int]
     id: str
     root_promise_id: str
     group: str
@@ -58,7 +59,8 @@ class Task(_message.Message):
     workflow_version: str
     create_time: _timestamp_pb2.Timestamp
     waiting_for: str
-    def __init__(self, id: _Optional[str] = ..., root_promise_id: _Optional[str] = ..., group: _Optional[str] = ..., kind: _Optional[_Union[TaskKind, str]] = ..., state: _Optional[_Union[TaskState, str]] = ..., counter: _Optional[int] = ..., worker_id: _Optional[str] = ..., lease_expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., workflow: _Optional[str] = ..., workflow_version: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., waiting_for: _Optional[str] = ...) -> None: ...
+    worker_principal: str
+    def __init__(self, id: _Optional[str] = ..., root_promise_id: _Optional[str] = ..., group: _Optional[str] = ..., kind: _Optional[_Union[TaskKind, str]] = ..., state: _Optional[_Union[TaskState, str]] = ..., counter: _Optional[int] = ..., worker_id: _Optional[str] = ..., lease_expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., workflow: _Optional[str] = ..., workflow_version: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., waiting_for: _Optional[str] = ..., worker_principal: _Optional[str] = ...) -> None: ...
 
 class WorkflowVersion(_message.Message):
     __slots__ = ("name", "version")

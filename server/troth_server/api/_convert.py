@@ -246,9 +246,14 @@ def fence(
     | promises_pb2.MintSettleTokenRequest,
     limits: Limits,
 ) -> Fence | None:
-    """The step writer's `TaskFence`, or None when the request carries none."""
+    """The step writer's `TaskFence`, or None when the request carries none. It carries
+    the authenticated caller too: the task must be leased to it (checked on the writer,
+    with the counter)."""
     if not request.HasField("fence"):
         return None
+    # Here, not at the top: `_auth` imports this module.
+    from troth_server.api._auth import caller
+
     sent = request.fence
     if not sent.task_id:
         raise InvalidArgument("fence.task_id", "is required: the id of the task the worker holds")
@@ -256,10 +261,12 @@ def fence(
         raise InvalidArgument("fence.worker_id", "is required: the worker holding the task")
     if sent.counter <= 0:
         raise InvalidArgument("fence.counter", "must be the task's counter as delivered (>= 1)")
+    who = caller()
     return Fence(
         name(sent.task_id, limits, "fence.task_id"),
         sent.counter,
         name(sent.worker_id, limits, "fence.worker_id"),
+        who if who.authenticated else None,
     )
 
 
@@ -450,6 +457,7 @@ def task_to_pb(task: Task, waiting_for: str = "") -> tasks_pb2.Task:
         workflow=task.workflow or "",
         workflow_version=task.workflow_version or "",
         waiting_for=waiting_for,
+        worker_principal=task.worker_principal or "",
     )
     if task.lease_expire_time is not None:
         message.lease_expire_time.CopyFrom(_timestamp(task.lease_expire_time))

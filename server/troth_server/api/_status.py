@@ -34,7 +34,13 @@ from troth_server.domain.settle_tokens import (
     WrongPromise,
 )
 from troth_server.domain.steps import ReservedForWorkflow, WorkflowSettled
-from troth_server.domain.task import StaleCounter, TaskNotClaimable, TaskNotFound
+from troth_server.domain.task import (
+    GroupNotAllowed,
+    NotTheTasksWorker,
+    StaleCounter,
+    TaskNotClaimable,
+    TaskNotFound,
+)
 from troth_server.group_commit import ShuttingDown
 from troth_server.store import (
     CommitOutcomeUnknown,
@@ -66,6 +72,8 @@ STATUS_CODES: dict[type[Exception], grpc.StatusCode] = {
     ReservedForWorkflow: grpc.StatusCode.PERMISSION_DENIED,
     TaskNotClaimable: grpc.StatusCode.FAILED_PRECONDITION,
     TaskNotFound: grpc.StatusCode.NOT_FOUND,
+    NotTheTasksWorker: grpc.StatusCode.PERMISSION_DENIED,
+    GroupNotAllowed: grpc.StatusCode.PERMISSION_DENIED,
     WatchFellBehind: grpc.StatusCode.RESOURCE_EXHAUSTED,
     Overloaded: grpc.StatusCode.RESOURCE_EXHAUSTED,
     EventsMissed: grpc.StatusCode.UNAVAILABLE,

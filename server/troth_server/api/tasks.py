@@ -22,9 +22,17 @@ if TYPE_CHECKING:
 
     from troth_server.config import Limits
     from troth_server.dispatch import Dispatcher
+    from troth_server.domain.access import Principal
     from troth_server.task_service import Heartbeat, TaskService
 
     AioContext: TypeAlias = grpc.aio.ServicerContext[Any, Any]
+
+
+def bound_principal() -> Principal | None:
+    """Who the task a call is about must be leased to: the authenticated caller;
+    None with authentication off (nothing is compared)."""
+    who = caller()
+    return who if who.authenticated else None
 
 
 class _Handlers:
@@ -38,6 +46,7 @@ class _Handlers:
     ) -> PollStream:
         group = convert.name(request.group, self._limits, "group")
         require_group(group, context)
+        who = bound_principal()
         return PollStream(
             group=group,
             worker_id=convert.name(request.worker_id, self._limits, "worker_id"),
@@ -47,6 +56,7 @@ class _Handlers:
             ),
             loop=loop,
             registration=registration(convert.workflows(request.workflows)),
+            principal=None if who is None else who.name,
         )
 
     def _search(self, request: tasks_pb2.SearchTasksRequest) -> tasks_pb2.SearchTasksResponse:
@@ -153,13 +163,16 @@ class TasksServicer(_Handlers, tasks_pb2_grpc.TasksServicer):
         task_id, counter, worker, outcome = self._complete_args(request)
         suspend_on = self._suspend_on(request)
         self._dispatcher.alive(worker)
+        who = bound_principal()
         if suspend_on:
-            task, settled = await self._tasks.suspend_async(task_id, counter, worker, suspend_on)
+            task, settled = await self._tasks.suspend_async(
+                task_id, counter, worker, suspend_on, who
+            )
             if settled:
                 return _not_suspended(task, settled)
             result: tuple[Any, Any] = (task, None)
         else:
-            result = await self._tasks.complete_async(task_id, counter, worker, outcome)
+            result = await self._tasks.complete_async(task_id, counter, worker, outcome, who)
         self._dispatcher.done(worker, task_id)
         return _completed(result)
 
@@ -168,7 +181,7 @@ class TasksServicer(_Handlers, tasks_pb2_grpc.TasksServicer):
         self, request: tasks_pb2.HeartbeatRequest, context: AioContext
     ) -> tasks_pb2.HeartbeatResponse:
         worker, lease = self._heartbeat_args(request)
-        held = await self._tasks.heartbeat_async(worker, lease)
+        held = await self._tasks.heartbeat_async(worker, lease, bound_principal())
         self._dispatcher.alive(worker)
         return _heartbeat_response(held)
 
@@ -178,7 +191,7 @@ class TasksServicer(_Handlers, tasks_pb2_grpc.TasksServicer):
     ) -> tasks_pb2.ReleaseTaskResponse:
         task_id, counter, worker = self._held_args(request)
         self._dispatcher.alive(worker)
-        task = await self._tasks.release_async(task_id, counter, worker)
+        task = await self._tasks.release_async(task_id, counter, worker, bound_principal())
         self._dispatcher.done(worker, task_id)
         self._dispatcher.wake([task.group])
         return tasks_pb2.ReleaseTaskResponse(task=convert.task_to_pb(task))
@@ -190,7 +203,7 @@ class TasksServicer(_Handlers, tasks_pb2_grpc.TasksServicer):
         task_id, counter, worker = self._held_args(request)
         self._dispatcher.alive(worker)
         settled = await self._tasks.register_callbacks_async(
-            task_id, counter, worker, self._promise_ids(request)
+            task_id, counter, worker, self._promise_ids(request), bound_principal()
         )
         return tasks_pb2.RegisterCallbacksResponse(settled=[convert.to_pb(p) for p in settled])
 

@@ -45,6 +45,8 @@ from troth_server.domain.task import Task, TaskNotFound
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
+    from troth_server.domain.access import Principal
+
 INVOKE_TAG = "troth:invoke"
 """A root promise tagged `troth:invoke=<group>` starts a workflow in that group."""
 KIND_TAG = "troth:kind"
@@ -64,6 +66,9 @@ class Fence:
     task_id: str
     counter: int
     worker_id: str
+    principal: Principal | None = None
+    """Who sent it (authenticated): the task must be leased to it, and its grant must
+    name the task's group. None with authentication off."""
 
 
 class ReservedForWorkflow(DomainError):
@@ -159,12 +164,15 @@ def check_fence(task: Task | None, fence: Fence, *, pending: bool) -> Task:
     """The task the fence names, if the fence may write: a pending step needs the
     current holder; a finished result is accepted at any counter the task has had
     (first writer wins by id, so a worker that lost its lease in an outage still
-    records what it computed)."""
+    records what it computed). Either way, with authentication on, only the principal
+    the task is (or was last) leased to writes with it (`NotTheTasksWorker`)."""
     if task is None:
         raise TaskNotFound(fence.task_id)
     if pending:
-        tasks.check_holder(task, fence.worker_id, fence.counter)
-    elif not 1 <= fence.counter <= task.counter:
+        tasks.check_holder(task, fence.worker_id, fence.counter, fence.principal)
+        return task
+    tasks.check_leased_to(task, fence.principal)
+    if not 1 <= fence.counter <= task.counter:
         raise tasks.StaleCounter(task, fence.counter, fence.worker_id)
     return task
 

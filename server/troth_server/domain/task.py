@@ -25,6 +25,16 @@ The counter is the fencing token: it changes on every (re)assignment, so a call
 carrying an older counter comes from a worker that lost the task
 (`StaleCounter`), and it can never complete or corrupt work that moved on.
 
+The counter is not a secret (`SearchTasks` shows it to operators, and a
+`StaleCounter` message names it). With authentication on, a claim also records
+the authenticated principal the task is leased to (`worker_principal`), and
+every call about the task (heartbeat, complete, release, callbacks, a fenced
+step write) must come from that principal (`check_leased_to`, before the
+counter is compared: `NotTheTasksWorker`) and from one whose grant still names
+the task's group (`GroupNotAllowed`). An admin may release another's task (to
+free a stuck one), never complete it or write its steps. With authentication
+off there is no principal (`None`) and nothing is compared.
+
 Versions. A task carries its root's workflow (name) and the version of the code
 the root runs with, which the first worker to take the root records
 (`pin`); RESUME tasks copy both from the root. `domain/routing.py` decides
@@ -39,9 +49,14 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from troth.errors import Reason
+from troth_server.domain.access import Role
 from troth_server.domain.errors import DomainError
+
+if TYPE_CHECKING:
+    from troth_server.domain.access import Principal
 
 
 class TaskKind(enum.StrEnum):
@@ -80,6 +95,11 @@ class Task:
     """Set by the store (when it was inserted)."""
     complete_time: int | None = None
     """Set by the store (when it completed)."""
+    worker_principal: str | None = None
+    """The authenticated principal the task is (or, once back to PENDING, was last)
+    leased to (revision 0009): only it may heartbeat, complete, release or write steps
+    with the task, and record a step's result at a past counter. None with
+    authentication off (or for a task claimed before the revision)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +155,40 @@ class StaleCounter(DomainError):
         self.task = task
 
 
+class NotTheTasksWorker(DomainError):
+    """A call about a task from a principal the task is not leased to."""
+
+    reason = Reason.NOT_THE_TASKS_WORKER
+
+    def __init__(self, task: Task, principal: str) -> None:
+        # Neither the counter nor the holder is named: the caller is not the holder.
+        super().__init__(
+            f"task {task.id!r} was leased to another principal, not to {principal!r}: "
+            "only the worker principal a task was leased to may heartbeat, complete, "
+            "release it or write its workflow's steps",
+            task_id=task.id,
+            principal=principal,
+        )
+        self.task = task
+
+
+class GroupNotAllowed(DomainError):
+    """A task call (or fenced step write) for a group the caller's grant does not name."""
+
+    reason = Reason.GROUP_NOT_ALLOWED
+
+    def __init__(self, task: Task, principal: Principal) -> None:
+        names = ", ".join(sorted(principal.groups)) or "none"
+        super().__init__(
+            f"principal {principal.name!r} may not work for task group {task.group!r} "
+            f"(task {task.id!r}): its grant names the groups {names}",
+            task_id=task.id,
+            principal=principal.name,
+            group=task.group,
+        )
+        self.task = task
+
+
 def create(
     task_id: str,
     root_promise_id: str,
@@ -157,7 +211,11 @@ def create(
     )
 
 
-def claim(task: Task, worker_id: str, now: int, lease_ms: int) -> Task:
+def claim(
+    task: Task, worker_id: str, now: int, lease_ms: int, principal: str | None = None
+) -> Task:
+    """Lease the task to `worker_id`, run by the authenticated `principal` (None with
+    authentication off)."""
     if task.state is not TaskState.PENDING:
         raise TaskNotClaimable(task)
     return replace(
@@ -167,6 +225,7 @@ def claim(task: Task, worker_id: str, now: int, lease_ms: int) -> Task:
         worker_id=worker_id,
         lease_expire_time=now + lease_ms,
         lease_ms=lease_ms,
+        worker_principal=principal,
     )
 
 
@@ -178,8 +237,32 @@ def pin(task: Task, version: str) -> Task:
     return replace(task, workflow_version=version)
 
 
-def check_holder(task: Task, worker_id: str, counter: int) -> None:
-    """Refuse a call unless this worker holds the task at this counter."""
+def leased_to(task: Task, principal: Principal | None) -> bool:
+    """Whether `principal` is the one the task is leased to (always, with auth off)."""
+    return principal is None or task.worker_principal == principal.name
+
+
+def check_leased_to(task: Task, principal: Principal | None, *, release: bool = False) -> None:
+    """Refuse a call about the task from anyone but the principal it is leased to, or
+    from one whose grant no longer names its group. `principal` None: authentication
+    is off, nothing to compare. An admin may `release` any task, nothing more.
+    Comparisons only: this runs on the writer, where the counter is checked."""
+    if principal is None:
+        return
+    if release and Role.ADMIN in principal.roles:
+        return
+    if task.worker_principal != principal.name:
+        raise NotTheTasksWorker(task, principal.name)
+    if not principal.may_work_for(task.group):
+        raise GroupNotAllowed(task, principal)
+
+
+def check_holder(
+    task: Task, worker_id: str, counter: int, principal: Principal | None = None
+) -> None:
+    """Refuse a call unless this worker (run by `principal`) holds the task at this
+    counter; the principal first, so that its refusal says nothing of the lease."""
+    check_leased_to(task, principal)
     if (
         task.state is not TaskState.CLAIMED
         or task.counter != counter
@@ -188,9 +271,16 @@ def check_holder(task: Task, worker_id: str, counter: int) -> None:
         raise StaleCounter(task, counter, worker_id)
 
 
-def heartbeat(task: Task, worker_id: str, counter: int, now: int, lease_ms: int) -> Task:
+def heartbeat(
+    task: Task,
+    worker_id: str,
+    counter: int,
+    now: int,
+    lease_ms: int,
+    principal: Principal | None = None,
+) -> Task:
     """Extend the lease of a task this worker holds at this counter."""
-    check_holder(task, worker_id, counter)
+    check_holder(task, worker_id, counter, principal)
     return replace(task, lease_expire_time=now + lease_ms, lease_ms=lease_ms)
 
 
@@ -204,9 +294,12 @@ def completed_by(task: Task, worker_id: str, counter: int) -> bool:
     )
 
 
-def complete(task: Task, worker_id: str, counter: int, now: int) -> tuple[Task, bool]:
+def complete(
+    task: Task, worker_id: str, counter: int, now: int, principal: Principal | None = None
+) -> tuple[Task, bool]:
     """Complete the task at `now`; the flag says whether the root must be resumed again.
     Completing it again, as the same worker at the same counter, changes nothing."""
+    check_leased_to(task, principal)
     if completed_by(task, worker_id, counter):
         return task, False
     check_holder(task, worker_id, counter)
@@ -214,8 +307,14 @@ def complete(task: Task, worker_id: str, counter: int, now: int) -> tuple[Task, 
     return done, task.resume_pending
 
 
-def release(task: Task, worker_id: str, counter: int) -> Task:
-    """The worker gives the task back (graceful shutdown): others may claim it at once."""
+def release(task: Task, worker_id: str, counter: int, principal: Principal | None = None) -> Task:
+    """The worker gives the task back (graceful shutdown): others may claim it at once.
+    An admin may give back any task (one stuck with a frozen worker), at its counter."""
+    check_leased_to(task, principal, release=True)
+    if principal is not None and Role.ADMIN in principal.roles:
+        if task.state is not TaskState.CLAIMED or task.counter != counter:
+            raise StaleCounter(task, counter, worker_id)
+        return _back_to_pending(task)
     check_holder(task, worker_id, counter)
     return _back_to_pending(task)
 
@@ -254,9 +353,15 @@ def expire_lease(task: Task, now: int, back_since: int | None = None) -> Task:
     return _back_to_pending(task) if lease_expired(task, now, back_since) else task
 
 
-def worker_gone(task: Task, worker_id: str) -> Task:
-    """The worker's stream broke: its claimed tasks go back to the group at once."""
-    if task.state is TaskState.CLAIMED and task.worker_id == worker_id:
+def worker_gone(task: Task, worker_id: str, principal: str | None = None) -> Task:
+    """The worker's stream broke: its claimed tasks go back to the group at once (with
+    authentication on, only those leased to the stream's `principal`: another
+    principal's stream naming the same worker id cannot take them)."""
+    if (
+        task.state is TaskState.CLAIMED
+        and task.worker_id == worker_id
+        and (principal is None or task.worker_principal == principal)
+    ):
         return _back_to_pending(task)
     return task
 

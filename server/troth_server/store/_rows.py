@@ -37,6 +37,7 @@ def to_task(row: Any) -> Task:
         workflow_version=row["workflow_version"],
         create_time=row["create_time"],
         complete_time=row["complete_time"],
+        worker_principal=row["worker_principal"],
     )
 
 

@@ -149,6 +149,9 @@ tasks = Table(
     # The root's workflow name and version, so routing needs no read of the root.
     Column("workflow", String(256), nullable=True),
     Column("workflow_version", String(128), nullable=True),
+    # The authenticated principal the task is leased to: only it may call about the
+    # task (revision 0009). None with authentication off.
+    Column("worker_principal", String(1024), nullable=True),
 )
 
 # The dispatcher's loop: the oldest PENDING tasks of a group.

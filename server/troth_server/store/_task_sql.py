@@ -90,6 +90,7 @@ class TaskStatements:
             resume_pending=bindparam("b_resume_pending"),
             workflow_version=bindparam("b_workflow_version"),
             complete_time=bindparam("b_complete_time"),
+            worker_principal=bindparam("b_worker_principal"),
         )
     )
     # The sweeper's cleanup: completed tasks past the window for a repeated CompleteTask.
@@ -253,6 +254,7 @@ class TaskTx:
                         "workflow": t.workflow,
                         "workflow_version": t.workflow_version,
                         "complete_time": _complete_time(t, now),
+                        "worker_principal": t.worker_principal,
                     }
                     for t in items
                 ],
@@ -284,6 +286,7 @@ class TaskTx:
                         "b_resume_pending": t.resume_pending,
                         "b_workflow_version": t.workflow_version,
                         "b_complete_time": _complete_time(t, now),
+                        "b_worker_principal": t.worker_principal,
                     }
                     for t in items
                 ],
