@@ -36,11 +36,12 @@ from typing import Any
 
 from scripted_model import ScriptedModel, opening
 
-from troth import Context, PromiseHandle, Rejected, RetryPolicy, TimedOut
+from troth import Approvers, Context, PromiseHandle, Rejected, RetryPolicy, TimedOut
 
 __all__ = [
     "APPROVAL_TAG",
     "DEFAULT_APPROVAL_TIMEOUT",
+    "DEFAULT_APPROVERS",
     "DEFAULT_MAX_TURNS",
     "DEFAULT_TOKEN_BUDGET",
     "Budget",
@@ -58,6 +59,9 @@ DEFAULT_APPROVAL_TIMEOUT = timedelta(hours=12).total_seconds()
 """Seconds an editor has to decide. A tool's child workflow gets the server's
 default ttl (`--default-ttl`, 24 h), and a step never outlives its workflow,
 so an approval cannot wait longer than that."""
+
+DEFAULT_APPROVERS = ("editor",)
+"""Who may approve a publish, unless the start names others (`start.py --approver`)."""
 
 _RETRY = RetryPolicy(max_attempts=3, initial_backoff=0.5)
 """For a model call or a tool that fails (a real API times out, rate-limits...)."""
@@ -178,6 +182,7 @@ def agent(
     max_turns: int = DEFAULT_MAX_TURNS,
     token_budget: int = DEFAULT_TOKEN_BUDGET,
     approval_timeout: float = DEFAULT_APPROVAL_TIMEOUT,
+    approvers: list[str] | None = None,
 ) -> Generator[Any, Any, dict[str, Any]]:
     """Let the model write about `topic` and publish it on `channels`, within its limits.
 
@@ -189,6 +194,8 @@ def agent(
         token_budget: Most tokens (prompt plus answer, summed over calls);
             once spent, the model is not called again.
         approval_timeout: Seconds an editor has to decide on each publish.
+        approvers: The principals who may decide (default `DEFAULT_APPROVERS`);
+            the server refuses anyone else, and the principal who started the run.
 
     Returns:
         A report: `status` (`done`, `budget_exhausted` or `turn_limit`), the
@@ -213,7 +220,9 @@ def agent(
         # once, on any workers of the group, and wait for approvals side by side.
         handles: list[PromiseHandle] = []
         for call in calls:
-            tool = ctx.start(run_tool, call, ctx.id, approval_timeout, id=f"{ctx.id}.{call['id']}")
+            tool = ctx.start(
+                run_tool, call, ctx.id, approval_timeout, approvers, id=f"{ctx.id}.{call['id']}"
+            )
             handles.append((yield tool))
         results = yield ctx.all(handles)
         conversation += [
@@ -226,12 +235,16 @@ def agent(
 
 
 def run_tool(
-    ctx: Context, call: dict[str, Any], agent_id: str, approval_timeout: float
+    ctx: Context,
+    call: dict[str, Any],
+    agent_id: str,
+    approval_timeout: float,
+    approvers: list[str] | None = None,
 ) -> Generator[Any, Any, Any]:
     """Run one tool call of the model; its result (never an error) goes back to the model."""
     name, args = str(call["name"]), dict(call.get("args") or {})
     if name == "publish":
-        return (yield from _publish(ctx, call, agent_id, args, approval_timeout))
+        return (yield from _publish(ctx, call, agent_id, args, approval_timeout, approvers))
     if name not in _TOOLS:
         return {"error": f"there is no tool named {name!r}; use one of {sorted(_TOOLS)} or publish"}
     try:
@@ -246,6 +259,7 @@ def _publish(
     agent_id: str,
     args: dict[str, Any],
     approval_timeout: float,
+    approvers: list[str] | None,
 ) -> Generator[Any, Any, dict[str, Any]]:
     channel, draft = str(args["channel"]), str(args["draft"])
     approval = yield ctx.promise(
@@ -255,19 +269,21 @@ def _publish(
         title=f"Publish on {channel}?",
         message=draft,
         tags={"approval": APPROVAL_TAG, "agent": agent_id, "channel": channel},
+        approvers=Approvers(principals=approvers or DEFAULT_APPROVERS, not_requester=True),
     )
     ctx.log.info("waiting for an editor to approve %s", approval.id)
     try:
-        decision: PublishDecision = yield approval
+        decided = yield ctx.decision(approval)  # the PublishDecision, and who made it
     except Rejected as rejected:
         # `troth approvals reject ID --reason TEXT` rejects with {"reason": TEXT}.
         return {"declined": str(rejected.reason or "rejected")}
     except TimedOut:
         return {"declined": "nobody decided in time"}
+    decision: PublishDecision = decided.value
     if not decision.approved:
         return {"declined": decision.note or "not approved"}
     receipt = yield ctx.run(publish_post, agent_id, call["id"], decision.channel, draft)
-    return {"published": True, **receipt, "note": decision.note}
+    return {"published": True, **receipt, "note": decision.note, "approved_by": decided.settled_by}
 
 
 def _report(
@@ -279,7 +295,11 @@ def _report(
     stopped: str | None = None,
 ) -> dict[str, Any]:
     published = [
-        {"channel": m["content"]["channel"], "url": m["content"]["url"]}
+        {
+            "channel": m["content"]["channel"],
+            "url": m["content"]["url"],
+            "approved_by": m["content"].get("approved_by", ""),
+        }
         for m in conversation
         if m["role"] == "tool" and isinstance(m["content"], dict) and m["content"].get("published")
     ]

@@ -6,7 +6,7 @@ a chat log, turns and tokens spent, and why it stopped early if it did.
 `--wait` first waits up to that long for the run to finish; `--json` prints
 the finished report as JSON (for scripts). Exit status 1: the run failed or
 was not found. Settings from the environment: `TROTH_SERVER` (default
-127.0.0.1:7070).
+127.0.0.1:7070) and `TROTH_TOKEN` (a token with role `gateway`).
 """
 
 from __future__ import annotations

@@ -2,8 +2,10 @@
 
 Starting is idempotent by id: a second start of RUN_ID answers the run that
 exists (its first arguments win). `report.py RUN_ID` shows how it went.
-Settings from the environment: `TROTH_SERVER` (default 127.0.0.1:7070) and
-`TROTH_GROUP` (default `agents`).
+Settings from the environment: `TROTH_SERVER` (default 127.0.0.1:7070),
+`TROTH_TOKEN` (a token with role `gateway`; its principal is the run's starter)
+and `TROTH_GROUP` (default `agents`). `--approver NAME` (repeatable; default
+`editor`) names who may approve the run's publishes.
 """
 
 from __future__ import annotations
@@ -14,7 +16,13 @@ import sys
 from collections.abc import Sequence
 from datetime import timedelta
 
-from agent import DEFAULT_APPROVAL_TIMEOUT, DEFAULT_MAX_TURNS, DEFAULT_TOKEN_BUDGET, agent
+from agent import (
+    DEFAULT_APPROVAL_TIMEOUT,
+    DEFAULT_APPROVERS,
+    DEFAULT_MAX_TURNS,
+    DEFAULT_TOKEN_BUDGET,
+    agent,
+)
 
 from troth import Client, TrothError
 
@@ -37,6 +45,12 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
         default=DEFAULT_APPROVAL_TIMEOUT,
         help="seconds an editor has to decide on each publish (at most a day)",
     )
+    parser.add_argument(
+        "--approver",
+        action="append",
+        metavar="PRINCIPAL",
+        help=f"who may approve a publish; repeat for more (default {', '.join(DEFAULT_APPROVERS)})",
+    )
     args = parser.parse_args(argv)
     if args.max_turns < 1 or args.token_budget < 1 or args.approval_timeout <= 0:
         parser.error("--max-turns, --token-budget and --approval-timeout must be above 0")
@@ -55,6 +69,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 args.max_turns,
                 args.token_budget,
                 args.approval_timeout,
+                args.approver or list(DEFAULT_APPROVERS),
                 id=args.run_id,
                 group=group,
                 ttl=RUN_TTL,

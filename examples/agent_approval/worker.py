@@ -7,6 +7,7 @@ Run it from this folder (see README.md):
 Settings, all from the environment:
 
 - `TROTH_SERVER`: the troth server, host:port (default 127.0.0.1:7070).
+- `TROTH_TOKEN`: the worker's bearer token (role `worker`, group `agents`).
 - `TROTH_GROUP`: the worker group to serve (default `agents`).
 - `AGENT_JOURNAL`: the file every model call, tool run and published post
   appends a JSON line to (default `journal.jsonl`).

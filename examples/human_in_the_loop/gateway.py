@@ -7,6 +7,7 @@ It holds no state of its own: everything lives on the troth server.
     POST /posts/{post_id}/publish              start workflow `publish-{post_id}` (once)
     GET  /posts/{post_id}[?wait=SECONDS]        its state, and its result once finished
     GET  /approvals                             the approvals waiting for a decision
+                                                (with a bearer token: those its holder may decide)
     POST /approvals/{promise_id}/approve        approve (body: {"reviewer", "comment"}, optional)
     POST /approvals/{promise_id}/reject         reject  (same body)
 
@@ -14,13 +15,21 @@ A second click on approve or reject answers 409 with how, when and by whom
 the approval was settled; send the same `Idempotency-Key` header to make a
 retried click succeed instead (`applied: false`).
 
+Who decides: a request carrying `Authorization: Bearer <troth token>` is made
+to troth in that token's name (the editor's, or for a start the author's), so
+the server checks the approval's approver policy against the human who
+clicked and records them as `settled_by`. Without one, the gateway's own token
+is used, which the policy refuses for approve and reject (403).
+
 Run it (see README.md):
 
     TROTH_SERVER=127.0.0.1:7070 uvicorn gateway:app --port 8000
 
 Settings, from the environment: `TROTH_SERVER` (default 127.0.0.1:7070),
-`TROTH_GROUP` (default `workers`), `TROTH_PRINCIPAL` (recorded as `settled_by`,
-default `gateway`).
+`TROTH_GROUP` (default `workers`), `TROTH_TOKEN` (the gateway's own token, role
+`gateway`), `EDITORS` (comma-separated principals who may approve; default
+`alice,bob`), `TROTH_PRINCIPAL` (with `--no-auth` only: the name recorded for
+the gateway's own calls, default `gateway`).
 """
 
 from __future__ import annotations
@@ -39,13 +48,16 @@ from pydantic import BaseModel, Field
 from troth import (
     AlreadySettledError,
     Client,
+    ConfigurationError,
     DeadlineExceededError,
     InvalidArgumentError,
     NotFoundError,
+    PermissionDeniedError,
     Promise,
     PromiseState,
     PromiseTimedOutError,
     RpcError,
+    UnauthenticatedError,
     UnavailableError,
 )
 
@@ -98,6 +110,7 @@ class ApprovalView(BaseModel):
     expires_at: datetime | None
     settled_at: datetime | None
     settled_by: str | None
+    approvers: list[str] = Field(default_factory=list)
     decision: Any = None
     approve_url: str
     reject_url: str
@@ -130,26 +143,54 @@ def workflow_id(post_id: str) -> str:
     return f"publish-{post_id}"
 
 
+MAX_CALLER_CLIENTS = 64
+"""Connections kept open for callers' tokens (one per token, the oldest closed first)."""
+
+
 def create_app(address: str | None = None, group: str | None = None) -> FastAPI:
     """The gateway app, talking to the troth server at `address` (default `TROTH_SERVER`)."""
-    client = Client(
-        address or os.environ.get("TROTH_SERVER", "127.0.0.1:7070"),
-        principal=os.environ.get("TROTH_PRINCIPAL", "gateway"),
-    )
+    address = address or os.environ.get("TROTH_SERVER", "127.0.0.1:7070")
+    client = Client(address, principal=os.environ.get("TROTH_PRINCIPAL", "gateway"))
     group = group or os.environ.get("TROTH_GROUP", "workers")
+    editors = [e.strip() for e in os.environ.get("EDITORS", "alice,bob").split(",") if e.strip()]
+    callers: dict[str, Client] = {}
+
+    def client_for(authorization: str | None) -> Client:
+        """The caller's own client when it sent a bearer token, else the gateway's."""
+        if not authorization:
+            return client
+        scheme, _, token = authorization.partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise ConfigurationError("the Authorization header must be 'Bearer <troth token>'")
+        token = token.strip()
+        if token not in callers:
+            if len(callers) >= MAX_CALLER_CLIENTS:
+                callers.pop(next(iter(callers))).close()
+            callers[token] = Client(address, token=token)
+        return callers[token]
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         yield
         client.close()
+        for caller in callers.values():
+            caller.close()
 
     app = FastAPI(title="troth human-in-the-loop gateway", lifespan=lifespan)
 
     # The SDK's errors, as HTTP answers: a client's mistake is never a 500.
+    @app.exception_handler(ConfigurationError)
+    async def bad_credentials(request: Request, exc: Exception) -> JSONResponse:
+        return JSONResponse({"detail": str(exc), "reason": "CREDENTIALS_MALFORMED"}, 401)
+
     @app.exception_handler(RpcError)
     async def rpc_error(request: Request, exc: Exception) -> JSONResponse:
         status = 502
-        if isinstance(exc, NotFoundError):
+        if isinstance(exc, UnauthenticatedError):
+            status = 401
+        elif isinstance(exc, PermissionDeniedError):
+            status = 403
+        elif isinstance(exc, NotFoundError):
             status = 404
         elif isinstance(exc, InvalidArgumentError):
             status = 422
@@ -172,6 +213,7 @@ def create_app(address: str | None = None, group: str | None = None) -> FastAPI:
             expires_at=promise.expire_time,
             settled_at=promise.settle_time,
             settled_by=promise.settled_by or None,
+            approvers=list(promise.approvers.principals) if promise.approvers else [],
             decision=decision,
             approve_url=f"/approvals/{promise.id}/approve",
             reject_url=f"/approvals/{promise.id}/reject",
@@ -194,13 +236,20 @@ def create_app(address: str | None = None, group: str | None = None) -> FastAPI:
         return view
 
     @app.post("/posts/{post_id}/publish", status_code=202)
-    def start_publish(post_id: str, body: StartRequest | None = None) -> WorkflowView:
-        """Start the approval workflow of a post; a repeat returns the same execution."""
+    def start_publish(
+        post_id: str,
+        body: StartRequest | None = None,
+        authorization: Annotated[str | None, Header()] = None,
+    ) -> WorkflowView:
+        """Start the approval workflow of a post; a repeat returns the same execution.
+        With the author's bearer token, the author is its starter: four eyes then
+        keep them from approving their own post."""
         timeout = (body or StartRequest()).approval_timeout_seconds
-        handle = client.start(
+        handle = client_for(authorization).start(
             WORKFLOW,
             post_id,
             timeout,
+            editors,
             id=workflow_id(post_id),
             group=group,
             ttl=timedelta(seconds=timeout) + WORKFLOW_SLACK,
@@ -221,13 +270,24 @@ def create_app(address: str | None = None, group: str | None = None) -> FastAPI:
         return workflow_view(post_id, root)
 
     @app.get("/approvals")
-    def list_approvals() -> list[ApprovalView]:
-        """The approvals waiting for a decision, oldest first."""
-        pending = client.search_all(tags={"approval": APPROVAL_TAG}, states=[PromiseState.PENDING])
+    def list_approvals(
+        authorization: Annotated[str | None, Header()] = None,
+    ) -> list[ApprovalView]:
+        """The approvals waiting for a decision, oldest first; with a bearer token,
+        only those its holder may decide (the server checks each approver policy)."""
+        pending = client_for(authorization).search_all(
+            tags={"approval": APPROVAL_TAG},
+            states=[PromiseState.PENDING],
+            mine=authorization is not None,
+        )
         return [approval_view(promise) for promise in pending]
 
     def settle(
-        promise_id: str, approve: bool, body: DecisionRequest | None, key: str | None
+        promise_id: str,
+        approve: bool,
+        body: DecisionRequest | None,
+        key: str | None,
+        authorization: str | None,
     ) -> SettledView | JSONResponse:
         # Only approval promises may be settled here: never a workflow's root or
         # another of its steps, whatever id the caller sends.
@@ -237,7 +297,8 @@ def create_app(address: str | None = None, group: str | None = None) -> FastAPI:
                 status_code=404,
             )
         decision = {"approved": approve, **(body or DecisionRequest()).model_dump()}
-        settle_call = client.resolve if approve else client.reject
+        decider = client_for(authorization)  # the policy is checked against this caller
+        settle_call = decider.resolve if approve else decider.reject
         try:
             result = settle_call(promise_id, decision, idempotency_key=key)
         except (AlreadySettledError, PromiseTimedOutError) as exc:
@@ -267,18 +328,20 @@ def create_app(address: str | None = None, group: str | None = None) -> FastAPI:
         promise_id: str,
         body: DecisionRequest | None = None,
         idempotency_key: Annotated[str | None, Header()] = None,
+        authorization: Annotated[str | None, Header()] = None,
     ) -> SettledView | JSONResponse:
         """Approve: the workflow continues with the decision."""
-        return settle(promise_id, True, body, idempotency_key)
+        return settle(promise_id, True, body, idempotency_key, authorization)
 
     @app.post("/approvals/{promise_id}/reject", responses=conflict_doc, response_model=SettledView)
     def reject(
         promise_id: str,
         body: DecisionRequest | None = None,
         idempotency_key: Annotated[str | None, Header()] = None,
+        authorization: Annotated[str | None, Header()] = None,
     ) -> SettledView | JSONResponse:
         """Reject: the workflow sees the rejection and reports it."""
-        return settle(promise_id, False, body, idempotency_key)
+        return settle(promise_id, False, body, idempotency_key, authorization)
 
     return app
 

@@ -8,7 +8,12 @@ A post is published only once an editor approves it. The workflow
    checkpointed step: once recorded it is never sent again, however often the
    workflow replays or moves to another worker,
 3. waits for the decision, for days if need be, costing no worker memory,
-4. returns the decision: approved, rejected, or timed out.
+4. returns the decision: approved (and by whom), rejected, or timed out.
+
+Only an editor may decide: the approval carries an approver policy
+(`Approvers(principals=editors, not_requester=True)`): the server refuses a
+settle by anyone else, and by the principal who started the workflow
+(four eyes: an editor who asks to publish their own post cannot approve it).
 
 Run it (see README.md):
 
@@ -17,6 +22,8 @@ Run it (see README.md):
 Settings, all from the environment:
 
 - `TROTH_SERVER`: the troth server, host:port (default 127.0.0.1:7070).
+- `TROTH_TOKEN`: the worker's bearer token (a token with role `worker` for the
+  group), read by the SDK; unset when the server runs `--no-auth`.
 - `TROTH_GROUP`: the worker group to serve (default `workers`).
 - `OUTBOX`: the file the notifications are appended to, one JSON object a
   line, standing in for an email or chat service (default `outbox.jsonl`).
@@ -32,9 +39,16 @@ from collections.abc import Generator
 from datetime import timedelta
 from typing import Any
 
-from troth import Client, Context, PromiseRejectedError, PromiseTimedOutError, Worker
+from troth import Approvers, Client, Context, PromiseRejectedError, PromiseTimedOutError, Worker
 
-__all__ = ["APPROVAL_TAG", "DEFAULT_APPROVAL_TIMEOUT", "build_worker", "main", "publish"]
+__all__ = [
+    "APPROVAL_TAG",
+    "DEFAULT_APPROVAL_TIMEOUT",
+    "DEFAULT_EDITORS",
+    "build_worker",
+    "main",
+    "publish",
+]
 
 _log = logging.getLogger("human_in_the_loop.worker")
 
@@ -43,6 +57,9 @@ APPROVAL_TAG = "publish-post"
 
 DEFAULT_APPROVAL_TIMEOUT = timedelta(days=3).total_seconds()
 """How long an editor has to decide, in seconds, unless the start says otherwise."""
+
+DEFAULT_EDITORS = ("alice", "bob")
+"""The principals who may approve, unless the start names others (the gateway's `EDITORS`)."""
 
 
 def send_notification(post_id: str, approval_id: str) -> dict[str, str]:
@@ -67,7 +84,10 @@ def send_notification(post_id: str, approval_id: str) -> dict[str, str]:
 
 
 def publish(
-    ctx: Context, post_id: str, approval_timeout: float = DEFAULT_APPROVAL_TIMEOUT
+    ctx: Context,
+    post_id: str,
+    approval_timeout: float = DEFAULT_APPROVAL_TIMEOUT,
+    editors: list[str] | None = None,
 ) -> Generator[Any, Any, dict[str, Any]]:
     """Ask an editor to approve `post_id`, wait for the decision, and report it.
 
@@ -77,26 +97,34 @@ def publish(
         approval_timeout: Seconds the editors have to decide. It is an argument
             (recorded with the start) rather than a setting of the worker, so
             that every replay, on any worker, creates the same promise.
+        editors: The principals who may decide (default `DEFAULT_EDITORS`);
+            never the one who started the workflow.
 
     Returns:
         `{"post", "status", "approval_id", ...}` where `status` is `approved`
-        (with the editor's `decision`), `rejected` (with the `decision`) or
-        `timed_out`.
+        (with the editor's `decision` and `approved_by`, the authenticated
+        principal who approved), `rejected` (with the `decision`) or `timed_out`.
     """
     approval = yield ctx.promise(
         timeout=timedelta(seconds=approval_timeout),
         tags={"approval": APPROVAL_TAG, "post": post_id, "workflow": ctx.id},
+        approvers=Approvers(principals=editors or DEFAULT_EDITORS, not_requester=True),
     )
     yield ctx.run(send_notification, post_id, approval.id)
     ctx.log.info("waiting for a decision on %s (approval %s)", post_id, approval.id)
     outcome: dict[str, Any] = {"post": post_id, "approval_id": approval.id}
     try:
-        decision = yield approval
+        decision = yield ctx.decision(approval)  # the value, and who settled it
     except PromiseTimedOutError:
         return {**outcome, "status": "timed_out"}
     except PromiseRejectedError as rejected:
         return {**outcome, "status": "rejected", "decision": rejected.value}
-    return {**outcome, "status": "approved", "decision": decision}
+    return {
+        **outcome,
+        "status": "approved",
+        "decision": decision.value,
+        "approved_by": decision.settled_by,
+    }
 
 
 def build_worker(client: Client, group: str = "workers") -> Worker:

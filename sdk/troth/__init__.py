@@ -6,6 +6,7 @@ from troth._approvers import Approvers
 from troth._commands import RetryPolicy
 from troth._promise import (
     CreateResult,
+    Decision,
     Promise,
     PromiseEvent,
     PromiseEventType,
@@ -57,6 +58,7 @@ __all__ = [
     "Context",
     "CreateResult",
     "DeadlineExceededError",
+    "Decision",
     "FailedPreconditionError",
     "Handle",
     "InvalidArgumentError",

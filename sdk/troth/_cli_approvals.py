@@ -1,7 +1,7 @@
 """`troth approvals`: the inbox of what waits for a human, from a shell.
 
 ```
-troth approvals list [--group G] [--older-than 2h] [--tag k=v ...]
+troth approvals list [--mine] [--group G] [--older-than 2h] [--tag k=v ...]
                      [--order oldest|newest|deadline] [--limit N]
 troth approvals approve ID [--value JSON] [--key K]
 troth approvals reject ID [--reason TEXT | --value JSON] [--key K]
@@ -10,7 +10,10 @@ troth approvals watch [--group G] [--tag k=v ...]
 
 An approval is a PENDING promise that a workflow created to wait on
 (`ctx.promise()`: tag `troth:kind=promise`); `--group G` keeps those of
-workflows of group G (tag `troth:group=G`, which the SDK puts on such steps).
+workflows of group G (tag `troth:group=G`, which the SDK puts on such steps);
+`--mine` keeps those the caller (its token's principal) may settle now: the
+server checks each one's approver policy (approvers, four-eyes, distinct
+quorum), the caller's roles and its id prefixes.
 
 `approve` resolves with `--value`, or with `true` when none is given; `reject`
 rejects with `{"reason": TEXT}` for `--reason TEXT`, with `--value`, or with no
@@ -79,6 +82,11 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
     listing = leaf("list", "list pending approvals, oldest first", _cmd_list)
     _filter_options(listing)
+    listing.add_argument(
+        "--mine",
+        action="store_true",
+        help="only those you may approve (checked by the server against each approver policy)",
+    )
     listing.add_argument(
         "--older-than",
         type=parse_duration,
@@ -149,13 +157,14 @@ def _cmd_list(client: Client, args: argparse.Namespace, out: IO[str]) -> int:
         page_size=min(limit, 1000) if limit else None,
         order=_ORDERS[args.order],
         older_than=args.older_than,
+        mine=args.mine,
     )
     shown = emit_listing(results, limit, promise_to_json if args.json else None, out)
     if not args.json:
         if shown:
             out.write(format_inbox(shown, datetime.now(UTC)))
         else:
-            print("nothing waits for a human", file=sys.stderr)
+            print("nothing waits for " + ("you" if args.mine else "a human"), file=sys.stderr)
     return 0
 
 

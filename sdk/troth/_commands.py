@@ -302,6 +302,8 @@ class AwaitAll(Command[list[Any]]):
     """
 
     handles: tuple[PromiseHandle, ...]
+    decisions: bool = False
+    """Give a `Decision` (value, settled_by, settle_time) for each, not the bare value."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -313,6 +315,8 @@ class AwaitAny(Command[Any]):
     """
 
     handles: tuple[PromiseHandle, ...]
+    decisions: bool = False
+    """Give a `Decision` (value, settled_by, settle_time), not the bare value."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -330,6 +334,8 @@ class AwaitAtLeast(Command[list[Any]]):
     handles: tuple[PromiseHandle, ...]
     distinct: bool = False
     """Count a resolve only if no other counted one was settled by the same principal."""
+    decisions: bool = False
+    """Give a `Decision` (value, settled_by, settle_time) for each, not the bare value."""
 
 
 StepCommand = CreatePromise | RunStep | Sleep | StartWorkflow | Now | Random | SettleToken

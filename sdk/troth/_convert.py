@@ -141,3 +141,34 @@ def event_from_proto(message: promises_pb2.WatchPromisesResponse) -> PromiseEven
     server's), which a caller skips."""
     kind = _EVENT_TYPE_FROM_PROTO.get(message.type)
     return None if kind is None else PromiseEvent(kind, promise_from_proto(message.promise))
+
+
+def parse_order(value: PromiseOrder | str) -> PromiseOrder:
+    """A search order from its enum or name (ValueError naming the known ones)."""
+    try:
+        return PromiseOrder(value)
+    except ValueError:
+        names = ", ".join(order.value for order in PromiseOrder)
+        raise ValueError(f"unknown search order {value!r}; use one of {names}") from None
+
+
+def search_cut_off(
+    created_before: datetime | None, older_than: timedelta | None
+) -> datetime | None:
+    """A search's `created_before`: given, or `older_than` ago by this machine's clock."""
+    if older_than is None:
+        return created_before
+    if created_before is not None:
+        raise ValueError("pass created_before or older_than, not both")
+    if older_than < timedelta(0):
+        raise ValueError(f"older_than={older_than!r} must not be negative")
+    return datetime.now(UTC) - older_than
+
+
+def parse_state(value: PromiseState | str) -> PromiseState:
+    """A promise state from its enum or name (ValueError naming the known ones)."""
+    try:
+        return PromiseState(value)
+    except ValueError:
+        names = ", ".join(state.value for state in PromiseState)
+        raise ValueError(f"unknown promise state {value!r}; use one of {names}") from None

@@ -89,7 +89,7 @@ from troth._commands import (
     StepCommand,
 )
 from troth._digests import args_digest, describe_args
-from troth._promise import Promise, PromiseState
+from troth._promise import Decision, Promise, PromiseState
 from troth.codec import Codec, JsonCodec, Payload
 from troth.context import Context
 from troth.errors import (
@@ -392,11 +392,13 @@ class Engine:
         if isinstance(command, PromiseHandle):
             return self._await_all((command,), single=True)
         if isinstance(command, AwaitAll):
-            return self._await_all(command.handles, single=False)
+            return self._await_all(command.handles, single=False, decisions=command.decisions)
         if isinstance(command, AwaitAny):
-            return self._await_any(command.handles)
+            return self._await_any(command.handles, command.decisions)
         if isinstance(command, AwaitAtLeast):
-            return self._await_at_least(command.count, command.handles, command.distinct)
+            return self._await_at_least(
+                command.count, command.handles, command.distinct, command.decisions
+            )
         assert isinstance(command, _STEP_TYPES), f"engine bug: no command to resolve ({command})"
         return self._resolve_step(command)
 
@@ -471,11 +473,11 @@ class Engine:
         return resolution
 
     def _await_all(
-        self, handles: Sequence[PromiseHandle], *, single: bool
+        self, handles: Sequence[PromiseHandle], *, single: bool, decisions: bool = False
     ) -> _Resolution | Outcome:
         promises = [self._known.get(h.id) for h in handles]
         settled = [(i, p) for i, p in enumerate(promises) if p is not None and p.is_settled]
-        results = {i: self._result(p) for i, p in settled}
+        results = {i: self._result(p, decisions) for i, p in settled}
         failed = [(i, p) for i, p in settled if isinstance(results[i], _Throw)]
         if failed:
             first, _ = min(failed, key=lambda item: _settle_order(item[1], item[0]))
@@ -488,7 +490,9 @@ class Engine:
             return values[0]
         return _Send([v.value for v in values if isinstance(v, _Send)])
 
-    def _await_any(self, handles: Sequence[PromiseHandle]) -> _Resolution | Outcome:
+    def _await_any(
+        self, handles: Sequence[PromiseHandle], decisions: bool = False
+    ) -> _Resolution | Outcome:
         settled = [
             (i, p)
             for i, p in enumerate(self._known.get(h.id) for h in handles)
@@ -497,10 +501,14 @@ class Engine:
         if not settled:
             return self._suspend(tuple(dict.fromkeys(h.id for h in handles)))
         _, first = min(settled, key=lambda item: _settle_order(item[1], item[0]))
-        return self._result(first)
+        return self._result(first, decisions)
 
     def _await_at_least(
-        self, count: int, handles: Sequence[PromiseHandle], distinct: bool = False
+        self,
+        count: int,
+        handles: Sequence[PromiseHandle],
+        distinct: bool = False,
+        decisions: bool = False,
     ) -> _Resolution | Outcome:
         settled = [
             (i, p)
@@ -513,7 +521,7 @@ class Engine:
         rejected = 0
         approvers: set[str] = set()
         for _, promise in sorted(settled, key=lambda item: _settle_order(item[1], item[0])):
-            result = self._result(promise)
+            result = self._result(promise, decisions)
             if distinct and isinstance(result, _Send) and promise.settled_by:
                 if promise.settled_by in approvers:
                     # The same principal again: it counts once, so this one is lost.
@@ -611,8 +619,16 @@ class Engine:
             return {TAG_KIND: Kind.NOW}
         return {TAG_KIND: Kind.RANDOM}
 
-    def _result(self, promise: Promise) -> _Resolution:
-        """What a settled promise gives the `yield` that awaits it."""
+    def _result(self, promise: Promise, decisions: bool = False) -> _Resolution:
+        """What a settled promise gives the `yield` that awaits it: with `decisions`,
+        a resolved one's value as a `Decision` carrying who settled it, from the record."""
+        result = self._plain_result(promise)
+        if decisions and isinstance(result, _Send):
+            decision = Decision(promise.id, result.value, promise.settled_by, promise.settle_time)
+            return _Send(decision)
+        return result
+
+    def _plain_result(self, promise: Promise) -> _Resolution:
         state = promise.state
         is_timer = promise.tags.get(TAG_TIMER) == "true"
         if state is PromiseState.RESOLVED or (is_timer and state is PromiseState.REJECTED_TIMEDOUT):

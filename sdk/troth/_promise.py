@@ -122,6 +122,30 @@ class SettleResult:
     applied: bool
 
 
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """A settled promise as a workflow reads it with `decisions=True`: its value and
+    who decided (`yield ctx.decision(approval)`, `ctx.at_least(..., decisions=True)`).
+
+    Read from the recorded promise, so every replay sees the same decision.
+
+    Attributes:
+        promise_id: The promise that was settled.
+        value: Its decoded value (an instance of its schema's class, if it has one).
+        settled_by: The authenticated principal that settled it
+            (`settle-token:<key id>:<token id>` for a settle token); "" if none was
+            recorded (authentication off and no `troth-principal`).
+        settle_time: When it was settled (UTC).
+
+    .. versionadded:: 0.2.0
+    """
+
+    promise_id: str
+    value: Any
+    settled_by: str = ""
+    settle_time: datetime | None = None
+
+
 class PromiseOrder(enum.StrEnum):
     """The order of `Client.search` results. Values match the proto enum names.
 

@@ -31,7 +31,7 @@ import logging
 import math
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
@@ -42,8 +42,11 @@ from troth._commands import TAG_FUNC, TAG_INVOKE
 from troth._convert import (
     datetime_to_proto,
     order_to_proto,
+    parse_order,
+    parse_state,
     payload_to_proto,
     promise_from_proto,
+    search_cut_off,
     state_to_proto,
     timedelta_to_proto,
 )
@@ -321,6 +324,7 @@ class Client:
         order: PromiseOrder | str = PromiseOrder.CREATED_ASC,
         created_before: datetime | None = None,
         older_than: timedelta | None = None,
+        mine: bool = False,
     ) -> SearchPage:
         """Read one page of the promises matching a query, in creation order by default.
 
@@ -338,6 +342,10 @@ class Client:
                 machine's clock): `created_before=now - older_than`. As it moves
                 with the clock, a page token cannot follow it: page with
                 `created_before`, or use `search_all`.
+            mine: Only the PENDING promises this client's principal may resolve or
+                reject now (its roles, prefixes and each promise's approver policy,
+                checked by the server row by row): its inbox. A page may then hold
+                fewer than `page_size`, even none, and still have a next page.
 
         Raises:
             InvalidArgumentError: Bad glob, page size or page token.
@@ -353,13 +361,14 @@ class Client:
             )
         request = promises_pb2.SearchPromisesRequest(
             id=id,
-            states=[state_to_proto(_state(state)) for state in states],
+            states=[state_to_proto(parse_state(state)) for state in states],
             tags=dict(tags or {}),
             page_size=page_size or 0,
             page_token=page_token or "",
-            order=order_to_proto(_order(order)),
+            order=order_to_proto(parse_order(order)),
+            mine=mine,
         )
-        cut_off = _created_before(created_before, older_than)
+        cut_off = search_cut_off(created_before, older_than)
         if cut_off is not None:
             request.created_before.CopyFrom(datetime_to_proto(cut_off))
         response = self._transport.call(self._stub.SearchPromises, request, timeout=self._timeout)
@@ -378,6 +387,7 @@ class Client:
         order: PromiseOrder | str = PromiseOrder.CREATED_ASC,
         created_before: datetime | None = None,
         older_than: timedelta | None = None,
+        mine: bool = False,
     ) -> Iterator[Promise]:
         """Iterate over every matching promise, fetching pages as needed.
 
@@ -386,7 +396,7 @@ class Client:
         one call with the client's timeout.
         """
         states = tuple(states)
-        cut_off = _created_before(created_before, older_than)
+        cut_off = search_cut_off(created_before, older_than)
         token: str | None = None
         while True:
             page = self.search(
@@ -397,6 +407,7 @@ class Client:
                 page_token=token,
                 order=order,
                 created_before=cut_off,
+                mine=mine,
             )
             yield from page.promises
             if page.next_page_token is None:
@@ -765,31 +776,3 @@ def _expiry_args(
         ("expire_time", expire_time is not None),
         ("never_expires", never_expires),
     )
-
-
-def _order(value: PromiseOrder | str) -> PromiseOrder:
-    try:
-        return PromiseOrder(value)
-    except ValueError:
-        names = ", ".join(order.value for order in PromiseOrder)
-        raise ValueError(f"unknown search order {value!r}; use one of {names}") from None
-
-
-def _created_before(
-    created_before: datetime | None, older_than: timedelta | None
-) -> datetime | None:
-    if older_than is None:
-        return created_before
-    if created_before is not None:
-        raise ValueError("pass created_before or older_than, not both")
-    if older_than < timedelta(0):
-        raise ValueError(f"older_than={older_than!r} must not be negative")
-    return datetime.now(UTC) - older_than
-
-
-def _state(value: PromiseState | str) -> PromiseState:
-    try:
-        return PromiseState(value)
-    except ValueError:
-        names = ", ".join(state.value for state in PromiseState)
-        raise ValueError(f"unknown promise state {value!r}; use one of {names}") from None

@@ -241,19 +241,35 @@ class Context:
             check_args=check_args,
         )
 
-    def all(self, handles: Iterable[PromiseHandle]) -> AwaitAll:
-        """Wait for every handle: `yield` it for their values, in order (fails fast)."""
-        return AwaitAll(handles=_handles(handles))
+    def all(self, handles: Iterable[PromiseHandle], *, decisions: bool = False) -> AwaitAll:
+        """Wait for every handle: `yield` it for their values, in order (fails fast).
+        With `decisions`, a `Decision` (value, settled_by, settle_time) for each."""
+        return AwaitAll(handles=_handles(handles), decisions=decisions)
 
-    def any(self, handles: Iterable[PromiseHandle]) -> AwaitAny:
-        """Wait for the first handle to settle: `yield` it for its value (or its error)."""
+    def any(self, handles: Iterable[PromiseHandle], *, decisions: bool = False) -> AwaitAny:
+        """Wait for the first handle to settle: `yield` it for its value (or its error).
+        With `decisions`, a `Decision` (value, settled_by, settle_time)."""
         found = _handles(handles)
         if not found:
             raise ValueError("ctx.any() needs at least one handle")
-        return AwaitAny(handles=found)
+        return AwaitAny(handles=found, decisions=decisions)
+
+    def decision(self, handle: PromiseHandle) -> AwaitAny:
+        """Wait for one promise like `yield handle`, but get a `Decision`: its value and
+        who settled it (`settled_by`, `settle_time`), as recorded, so replays agree.
+        A rejection or timeout raises, as `yield handle` does.
+
+        .. versionadded:: 0.2.0
+        """
+        return AwaitAny(handles=_handles((handle,)), decisions=True)
 
     def at_least(
-        self, count: int, handles: Iterable[PromiseHandle], *, distinct: bool = False
+        self,
+        count: int,
+        handles: Iterable[PromiseHandle],
+        *,
+        distinct: bool = False,
+        decisions: bool = False,
     ) -> AwaitAtLeast:
         """Wait until `count` of the handles are resolved: `yield` it for their values,
         in settle order. Raises the deciding rejection once `count` is out of reach.
@@ -261,7 +277,8 @@ class Context:
         With `distinct`, a resolve counts only if no resolve counted before it was
         settled by the same principal (`settled_by`): one person cannot fill a
         quorum. Give the promises `Approvers(distinct=True)` too, and the server
-        refuses the second settle outright."""
+        refuses the second settle outright. With `decisions`, the yield gives a
+        `Decision` (value, settled_by, settle_time) for each counted resolve."""
         found = _handles(handles)
         if isinstance(count, bool) or not isinstance(count, int):
             raise TypeError(f"ctx.at_least() takes a whole number, not {count!r}")
@@ -270,7 +287,7 @@ class Context:
                 f"ctx.at_least({count}, ...) needs between 1 and {len(found)} "
                 f"(the number of handles given)"
             )
-        return AwaitAtLeast(count=count, handles=found, distinct=distinct)
+        return AwaitAtLeast(count=count, handles=found, distinct=distinct, decisions=decisions)
 
     def now(self) -> Now:
         """The current time, recorded: `yield` it for an aware UTC datetime that replays."""

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from troth_server.domain import approvers as policies
 from troth_server.domain import settle_tokens, steps
-from troth_server.domain.access import Role
+from troth_server.domain.access import Role, may_call
 from troth_server.domain.errors import InvalidArgument, PromiseAlreadySettled, PromiseNotFound
 from troth_server.domain.promise import PromiseState
 from troth_server.group_commit import Keys
@@ -110,6 +110,23 @@ class SettleGuard:
         if refusal is not None:
             raise refusal
         return replace(request, checked_policy=policy, quorum=tuple(p.id for p in quorum))
+
+    def may_settle(self, found: Promise, caller: Principal) -> bool:
+        """Whether `caller` may resolve or reject `found` now, as `precheck` and the
+        writer would decide (the inbox's `mine`): pending, an RPC its roles allow, an id
+        inside its prefixes, no workflow's checkpoint, and the approver policy."""
+        if found.is_settled or not caller.may_touch(found.id):
+            return False
+        if not (may_call(caller, "ResolvePromise") or may_call(caller, "RejectPromise")):
+            return False
+        if found.parent_id is not None and steps.is_checkpoint(found.tags):
+            return False
+        policy = found.approvers
+        if policy is None:
+            return True
+        quorum = self._quorum(found) if policy.distinct else []
+        settlers = [p.settled_by for p in quorum]
+        return policies.decide(found.id, policy, caller, found.started_by, settlers) is None
 
     def _quorum(self, promise: Promise) -> list[Promise]:
         """The other promises of `promise`'s distinct quorum: its workflow's steps

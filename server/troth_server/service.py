@@ -467,7 +467,11 @@ class PromiseService:
         page_token: str,
         order: PromiseOrder = PromiseOrder.CREATED_ASC,
         created_before: int | None = None,
+        settleable_by: Principal | None = None,
     ) -> SearchPage:
+        """A page of matching promises; with `settleable_by`, only those it may settle
+        now (`SettleGuard.may_settle`, row by row: the page may come out shorter, even
+        empty, and keeps the token of the rows it read)."""
         query = paging.fingerprint(id_glob, states, tags, order, created_before)
         after = paging.decode(page_token, order, query) if page_token else paging.START
         now = self._clock()
@@ -493,6 +497,8 @@ class PromiseService:
             # A row the filter took as timed out that the writer found settled
             # otherwise (or, at its time, not yet due) is not what was asked for.
             found = [p for p in found if p.state in states]
+        if settleable_by is not None:
+            found = [p for p in found if self.guard.may_settle(p, settleable_by)]
         return SearchPage(found, token)
 
     def watch(self, promise_id: str) -> PromiseWatch:

@@ -10,7 +10,10 @@ append to (one line per model call, tool run and published post):
 - a rejection reaches the model as a declined tool result, and the model adapts;
 - the turn count and the token budget survive the wait: a run that resumes
   with its budget (or its turns) spent stops on that rule, without calling the model;
-- two approvals in one turn both wait, and both must be settled before the next model call.
+- two approvals in one turn both wait, and both must be settled before the next model call;
+- with authentication on, as the README sets it up: only the editor named by the
+  approvals' policy may decide (the gateway's token is refused), the editor's
+  inbox (`--mine`) lists them, and the report says who approved each post.
 """
 
 from __future__ import annotations
@@ -70,6 +73,28 @@ def eventually(probe: Callable[[], T | None], what: str, detail: Callable[[], st
         time.sleep(0.02)
 
 
+PARTIES = (
+    # troth tokens new --name NAME --roles ROLES [--groups G] --token-out FILE >> tokens.toml
+    ("agent-worker", "worker", "agents", "worker.token"),
+    ("agent-gateway", "gateway", None, "gateway.token"),
+    ("editor", "gateway", None, "editor.token"),
+)
+
+
+def mint_tokens(workdir: Path) -> dict[str, str]:
+    """The README's `troth tokens new` lines; returns token file name -> token."""
+    tokens: dict[str, str] = {}
+    with (workdir / "tokens.toml").open("ab") as toml:
+        for name, roles, groups, out in PARTIES:
+            command = [str(BIN / "troth"), "tokens", "new", "--name", name, "--roles", roles]
+            command += ["--groups", groups] if groups else []
+            subprocess.run(
+                [*command, "--token-out", out], cwd=workdir, stdout=toml, timeout=60, check=True
+            )
+            tokens[out] = (workdir / out).read_text().strip()
+    return tokens
+
+
 @dataclass
 class Stack:
     """The server and a worker, started with the README's commands; the scripts and the
@@ -78,6 +103,7 @@ class Stack:
     workdir: Path
     server: ServerProcess
     client: Client
+    tokens: dict[str, str]
     worker: subprocess.Popen[bytes] | None = None
     logs: list[Path] = field(default_factory=list)
 
@@ -87,20 +113,23 @@ class Stack:
 
     @property
     def env(self) -> dict[str, str]:
+        # export TROTH_TOKEN=$(cat gateway.token): the scripts run as the gateway
         return {
             **os.environ,
+            "TROTH_TOKEN": self.tokens["gateway.token"],
             "TROTH_SERVER": self.server.address,
             "AGENT_JOURNAL": str(self.journal),
         }
 
     def start_worker(self) -> None:
         # cd examples/agent_approval
-        # TROTH_SERVER=127.0.0.1:7070 AGENT_JOURNAL=journal.jsonl python worker.py
+        # TROTH_TOKEN=$(cat worker.token) TROTH_SERVER=... AGENT_JOURNAL=... python worker.py
         log = self.workdir / f"worker-{len(self.logs)}.log"
         self.logs.append(log)
+        env = {**self.env, "TROTH_TOKEN": self.tokens["worker.token"]}
         with log.open("wb") as out:
             self.worker = subprocess.Popen(
-                [sys.executable, "worker.py"], cwd=EXAMPLE, stdout=out, stderr=out, env=self.env
+                [sys.executable, "worker.py"], cwd=EXAMPLE, stdout=out, stderr=out, env=env
             )
 
     def kill_worker(self) -> None:
@@ -126,9 +155,18 @@ class Stack:
         assert done.returncode == 0, done.stderr
         assert done.stdout.startswith(f"started {run_id}"), done.stdout
 
-    def troth(self, *args: str) -> subprocess.CompletedProcess[str]:
+    def troth(self, *args: str, token: str = "editor.token") -> subprocess.CompletedProcess[str]:
+        # troth --token-file editor.token approvals ...: the editor decides
+        token_file = str(self.workdir / token)
         return subprocess.run(
-            [str(BIN / "troth"), "--server", self.server.address, *args],
+            [
+                str(BIN / "troth"),
+                "--server",
+                self.server.address,
+                "--token-file",
+                token_file,
+                *args,
+            ],
             capture_output=True,
             text=True,
             timeout=30,
@@ -215,10 +253,12 @@ class Stack:
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     workdir = tmp_path_factory.mktemp("agent-approval")
-    server = start_server(workdir)  # `troth serve --listen ... --db sqlite:///...`
+    tokens = mint_tokens(workdir)
+    # troth serve --auth-tokens tokens.toml --listen ... --db sqlite:///...
+    server = start_server(workdir, "--auth-tokens", str(workdir / "tokens.toml"))
     worker_code: int | None = None
-    with Client(server.address) as client:
-        running = Stack(workdir, server, client)
+    with Client(server.address, token=tokens["gateway.token"]) as client:
+        running = Stack(workdir, server, client, tokens)
         try:
             running.start_worker()
             yield running
@@ -252,6 +292,20 @@ def test_after_an_approval_no_recorded_turn_or_finished_tool_runs_again(stack: S
     assert running.returncode == 3, running.stderr
     assert f"waiting: {approval.id}  Publish on blog?\n    {TOPIC}: what" in running.stdout
 
+    # The editor's inbox lists it; the gateway's token may not decide it.
+    inbox = stack.troth("--json", "approvals", "list", "--mine")
+    assert inbox.returncode == 0, inbox.stderr
+    assert approval.id in [json.loads(line)["id"] for line in inbox.stdout.splitlines()]
+    assert approval.approvers is not None and list(approval.approvers.principals) == ["editor"]
+    refused = stack.troth(
+        "approvals", "approve", approval.id, "--value", '{"approved": true, "channel": "blog"}',
+        token="gateway.token",
+    )  # fmt: skip
+    assert refused.returncode == 1, refused.stderr
+    assert "rule approvers" in refused.stderr and "agent-gateway" in refused.stderr
+    theirs = stack.troth("--json", "approvals", "list", "--mine", token="gateway.token")
+    assert approval.id not in theirs.stdout
+
     # A new worker, sharing nothing with the first, takes the run over.
     stack.kill_worker()
     stack.start_worker()
@@ -267,7 +321,9 @@ def test_after_an_approval_no_recorded_turn_or_finished_tool_runs_again(stack: S
     report = stack.report(run)
     assert report["status"] == "done", report
     assert report["turns"] == 3
-    assert report["published"] == [{"channel": "blog", "url": f"https://example.com/blog/{run}"}]
+    assert report["published"] == [
+        {"channel": "blog", "url": f"https://example.com/blog/{run}", "approved_by": "editor"}
+    ]
     assert report["answer"].startswith(f"Published on blog: https://example.com/blog/{run}")
 
     # Turns 1 and 2 were recorded before the wait: the model was called for
@@ -328,7 +384,7 @@ def test_the_budget_and_the_turn_count_survive_the_wait(stack: Stack) -> None:
     for run, report in (("agent-budget", spent), ("agent-turns", turns)):
         # The turn's tools still ran (the editor approved); the model was not called after.
         assert report["published"] == [
-            {"channel": "blog", "url": f"https://example.com/blog/{run}"}
+            {"channel": "blog", "url": f"https://example.com/blog/{run}", "approved_by": "editor"}
         ]
         assert stack.model_turns(run) == [1, 2], stack.describe()
 

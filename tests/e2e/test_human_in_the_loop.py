@@ -3,7 +3,10 @@
 Then driven over HTTP as a user (or a web page) would: start a workflow, see
 the notification go out once, find the pending approval, approve or reject
 it, click twice, start twice, let an approval time out, and kill the worker
-while a workflow waits.
+while a workflow waits. Authentication is on, as the README sets it up: tokens
+minted with `troth tokens new`, the server on the token file, the worker and
+the gateway each with its own token, the editors' decisions made with theirs
+(the approver policy refuses anyone else, and four eyes the starter).
 """
 
 from __future__ import annotations
@@ -56,6 +59,30 @@ def eventually(
         time.sleep(0.05)
 
 
+PARTIES = (
+    # troth tokens new --name NAME --roles ROLES [--groups G] --token-out FILE >> tokens.toml
+    ("hitl-worker", "worker", "workers", "worker.token"),
+    ("gateway", "gateway", None, "gateway.token"),
+    ("alice", "gateway", None, "alice.token"),
+    ("bob", "gateway", None, "bob.token"),
+)
+
+
+def mint_tokens(workdir: Path) -> dict[str, str]:
+    """The README's `troth tokens new` lines; returns token file name -> token."""
+    tokens: dict[str, str] = {}
+    with (workdir / "tokens.toml").open("ab") as toml:
+        for name, roles, groups, out in PARTIES:
+            command = [str(BIN / "troth"), "tokens", "new", "--name", name, "--roles", roles]
+            command += ["--groups", groups] if groups else []
+            done = subprocess.run(
+                [*command, "--token-out", out], cwd=workdir, stdout=toml, timeout=60, check=True
+            )
+            assert done.returncode == 0
+            tokens[out] = (workdir / out).read_text().strip()
+    return tokens
+
+
 @dataclass
 class Stack:
     """The server, a worker and the gateway, started with the README's commands."""
@@ -64,6 +91,7 @@ class Stack:
     server: ServerProcess
     outbox: Path
     gateway_url: str
+    tokens: dict[str, str]
     worker: subprocess.Popen[bytes] | None = None
     gateway: subprocess.Popen[bytes] | None = None
     logs: list[Path] = field(default_factory=list)
@@ -78,11 +106,13 @@ class Stack:
 
     def start_worker(self) -> None:
         # cd examples/human_in_the_loop
-        # TROTH_SERVER=... OUTBOX=outbox.jsonl GATEWAY_URL=... python worker.py
+        # TROTH_TOKEN=$(cat worker.token) TROTH_SERVER=... OUTBOX=outbox.jsonl GATEWAY_URL=...
+        #   python worker.py
         self.worker = self._spawn(
             "worker",
             [sys.executable, "worker.py"],
             {
+                "TROTH_TOKEN": self.tokens["worker.token"],
                 "TROTH_SERVER": self.server.address,
                 "OUTBOX": str(self.outbox),
                 "GATEWAY_URL": self.gateway_url,
@@ -91,12 +121,21 @@ class Stack:
 
     def start_gateway(self, port: int) -> None:
         # cd examples/human_in_the_loop
-        # TROTH_SERVER=... uvicorn gateway:app --host 127.0.0.1 --port 8000
+        # TROTH_TOKEN=$(cat gateway.token) TROTH_SERVER=... EDITORS=alice,bob
+        #   uvicorn gateway:app --host 127.0.0.1 --port 8000
         self.gateway = self._spawn(
             "gateway",
             [str(BIN / "uvicorn"), "gateway:app", "--host", "127.0.0.1", "--port", str(port)],
-            {"TROTH_SERVER": self.server.address},
+            {
+                "TROTH_TOKEN": self.tokens["gateway.token"],
+                "TROTH_SERVER": self.server.address,
+                "EDITORS": "alice,bob",
+            },
         )
+
+    def as_(self, who: str) -> dict[str, str]:
+        """The header of a request made by `who` (ALICE="authorization: Bearer ...")."""
+        return {"authorization": f"Bearer {self.tokens[f'{who}.token']}"}
 
     def gateway_log(self) -> Path:
         return next(log for log in self.logs if log.name.startswith("gateway-"))
@@ -134,9 +173,11 @@ def notifications(outbox: Path, post: str | None = None) -> list[dict[str, Any]]
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     workdir = tmp_path_factory.mktemp("human-in-the-loop")
-    server = start_server(workdir)  # `troth serve --listen ... --db sqlite:///...`
+    tokens = mint_tokens(workdir)
+    # troth serve --auth-tokens tokens.toml --listen ... --db sqlite:///...
+    server = start_server(workdir, "--auth-tokens", str(workdir / "tokens.toml"))
     port = free_port()
-    running = Stack(workdir, server, workdir / "outbox.jsonl", f"http://127.0.0.1:{port}")
+    running = Stack(workdir, server, workdir / "outbox.jsonl", f"http://127.0.0.1:{port}", tokens)
     try:
         running.start_worker()
         running.start_gateway(port)
@@ -219,11 +260,24 @@ def test_approve_completes_once_and_a_second_click_is_told_how_it_was_settled(
     assert sent[0]["approval_id"] == approval["id"]
     assert sent[0]["approve"] == f"{stack.gateway_url}/approvals/publish-post-7.0/approve"
 
+    assert approval["approvers"] == ["alice", "bob"]
+    # alice's inbox holds it (the server checked the policy for her).
+    inbox = http.get("/approvals", headers=stack.as_("alice"))
+    assert approval["id"] in [a["id"] for a in inbox.json()], inbox.text
+    # The gateway's own token is no editor's: the server refuses it.
+    anonymous = http.post(f"/approvals/{approval['id']}/approve")
+    assert anonymous.status_code == 403, anonymous.text
+    assert anonymous.json()["reason"] == "NOT_AN_APPROVER"
+    assert "rule approvers" in anonymous.json()["detail"]
+
     decision = {"reviewer": "alice", "comment": "ship it"}
-    approved = http.post(f"/approvals/{approval['id']}/approve", json=decision)
+    approved = http.post(
+        f"/approvals/{approval['id']}/approve", json=decision, headers=stack.as_("alice")
+    )
     assert approved.status_code == 200, approved.text
     assert approved.json()["applied"] is True
     assert approved.json()["approval"]["state"] == "RESOLVED"
+    assert approved.json()["approval"]["settled_by"] == "alice"
 
     view = finished(http, post)
     assert view["state"] == "RESOLVED", view
@@ -232,11 +286,16 @@ def test_approve_completes_once_and_a_second_click_is_told_how_it_was_settled(
         "approval_id": "publish-post-7.0",
         "status": "approved",
         "decision": {"approved": True, **decision},
+        "approved_by": "alice",
     }
     assert pending_approval(http, post) is None
 
     for action in ("approve", "reject"):
-        again = http.post(f"/approvals/{approval['id']}/{action}", json={"reviewer": "bob"})
+        again = http.post(
+            f"/approvals/{approval['id']}/{action}",
+            json={"reviewer": "bob"},
+            headers=stack.as_("bob"),
+        )
         assert again.status_code == 409, again.text
         body = again.json()
         assert body["reason"] == "ALREADY_SETTLED"
@@ -259,7 +318,7 @@ def test_a_retried_click_with_its_idempotency_key_succeeds_without_effect(
     approval = eventually(
         lambda: pending_approval(http, post), "the pending approval", detail=stack.describe
     )
-    headers = {"Idempotency-Key": "click-42"}
+    headers = {"Idempotency-Key": "click-42", **stack.as_("bob")}
     first = http.post(f"/approvals/{approval['id']}/approve", headers=headers)
     again = http.post(f"/approvals/{approval['id']}/approve", headers=headers)
     assert first.status_code == again.status_code == 200, (first.text, again.text)
@@ -274,7 +333,9 @@ def test_reject_is_reflected_in_the_result(stack: Stack, http: httpx.Client) -> 
         lambda: pending_approval(http, post), "the pending approval", detail=stack.describe
     )
     decision = {"reviewer": "bob", "comment": "needs sources"}
-    rejected = http.post(f"/approvals/{approval['id']}/reject", json=decision)
+    rejected = http.post(
+        f"/approvals/{approval['id']}/reject", json=decision, headers=stack.as_("bob")
+    )
     assert rejected.status_code == 200, rejected.text
     assert rejected.json()["approval"]["state"] == "REJECTED"
 
@@ -283,7 +344,7 @@ def test_reject_is_reflected_in_the_result(stack: Stack, http: httpx.Client) -> 
     assert view["result"]["status"] == "rejected"
     assert view["result"]["decision"] == {"approved": False, **decision}
 
-    late = http.post(f"/approvals/{approval['id']}/approve")
+    late = http.post(f"/approvals/{approval['id']}/approve", headers=stack.as_("alice"))
     assert late.status_code == 409, late.text
     assert late.json()["approval"]["outcome"] == "rejected"
     assert "already rejected" in late.json()["detail"]
@@ -300,7 +361,7 @@ def test_an_approval_that_times_out_is_reflected_in_the_result(
     assert view["result"]["status"] == "timed_out"
     assert view["approval"]["state"] == "REJECTED_TIMEDOUT"
 
-    late = http.post(f"/approvals/{view['approval']['id']}/approve")
+    late = http.post(f"/approvals/{view['approval']['id']}/approve", headers=stack.as_("alice"))
     assert late.status_code == 409, late.text
     assert late.json()["approval"]["outcome"] == "timed_out"
     assert len(notifications(stack.outbox, post)) == 1
@@ -317,7 +378,8 @@ def test_concurrent_starts_make_one_execution(stack: Stack, http: httpx.Client) 
         lambda: pending_approval(http, post), "the pending approval", detail=stack.describe
     )
     eventually(lambda: notifications(stack.outbox, post) or None, "the notification")
-    assert http.post(f"/approvals/{approval['id']}/approve").status_code == 200
+    approved = http.post(f"/approvals/{approval['id']}/approve", headers=stack.as_("alice"))
+    assert approved.status_code == 200
     assert finished(http, post)["result"]["status"] == "approved"
     assert len(notifications(stack.outbox, post)) == 1, stack.describe()
 
@@ -331,7 +393,7 @@ def test_a_workflow_waiting_survives_its_worker(stack: Stack, http: httpx.Client
     eventually(lambda: notifications(stack.outbox, post) or None, "the notification")
     # Kill it only once the notification step is recorded: until then, sending
     # again is the documented at-least-once behaviour, not what this test is about.
-    with Client(stack.server.address) as troth:
+    with Client(stack.server.address, token=stack.tokens["gateway.token"]) as troth:
         eventually(
             lambda: troth.get(f"publish-{post}.1").is_settled or None,
             "the notification step to be recorded",
@@ -342,8 +404,9 @@ def test_a_workflow_waiting_survives_its_worker(stack: Stack, http: httpx.Client
     stack.worker.wait(10)
     stack.start_worker()  # another worker of the group, sharing nothing with the first
 
-    assert http.post(f"/approvals/{approval['id']}/approve").status_code == 200
-    assert finished(http, post)["result"]["status"] == "approved"
+    approved = http.post(f"/approvals/{approval['id']}/approve", headers=stack.as_("bob"))
+    assert approved.status_code == 200
+    assert finished(http, post)["result"]["approved_by"] == "bob"
     assert len(notifications(stack.outbox, post)) == 1, stack.describe()
 
 
@@ -360,5 +423,39 @@ def test_unknown_ids_are_404_and_only_approvals_can_be_settled(
     root = http.post(f"/approvals/publish-{post}/approve")  # a workflow's root is no approval
     assert root.status_code == 404, root.text
     assert http.get(f"/posts/{post}").json()["state"] == "PENDING"
-    assert http.post(f"/approvals/publish-{post}.0/reject").status_code == 200
+    assert (
+        http.post(f"/approvals/publish-{post}.0/reject", headers=stack.as_("bob")).status_code
+        == 200
+    )
     assert finished(http, post)["result"]["status"] == "rejected"
+
+
+def test_four_eyes_the_author_may_not_approve_their_own_post(
+    stack: Stack, http: httpx.Client
+) -> None:
+    # curl -X POST .../posts/post-bob/publish -H "$BOB": bob is the workflow's starter.
+    post = "post-bob"
+    response = http.post(f"/posts/{post}/publish", headers=stack.as_("bob"))
+    assert response.status_code == 202, response.text
+    approval = eventually(
+        lambda: pending_approval(http, post), "the pending approval", detail=stack.describe
+    )
+    # Not in bob's inbox, in alice's.
+    mine = [a["id"] for a in http.get("/approvals", headers=stack.as_("bob")).json()]
+    theirs = [a["id"] for a in http.get("/approvals", headers=stack.as_("alice")).json()]
+    assert approval["id"] not in mine and approval["id"] in theirs
+    own = http.post(f"/approvals/{approval['id']}/approve", headers=stack.as_("bob"))
+    assert own.status_code == 403, own.text
+    assert own.json()["reason"] == "NOT_AN_APPROVER"
+    assert "rule not_requester" in own.json()["detail"]
+    other = http.post(f"/approvals/{approval['id']}/approve", headers=stack.as_("alice"))
+    assert other.status_code == 200, other.text
+    view = finished(http, post)
+    assert view["result"]["approved_by"] == "alice"
+    assert view["approval"]["settled_by"] == "alice"
+
+
+def test_a_token_the_server_does_not_know_is_401(stack: Stack, http: httpx.Client) -> None:
+    forged = {"authorization": "Bearer troth_0000000000000000_not-a-secret"}
+    assert http.get("/approvals", headers=forged).status_code == 401
+    assert http.get("/approvals", headers={"authorization": "Basic abc"}).status_code == 401

@@ -88,7 +88,7 @@ class _Handlers:
         return promises_pb2.GetPromiseResponse(promise=convert.to_pb(promise))
 
     def _search(
-        self, request: promises_pb2.SearchPromisesRequest
+        self, request: promises_pb2.SearchPromisesRequest, caller: Principal
     ) -> promises_pb2.SearchPromisesResponse:
         page = self._service.search(
             id_glob=convert.search_id_glob(request.id, self._limits),
@@ -98,6 +98,7 @@ class _Handlers:
             page_token=request.page_token,
             order=convert.search_order(request.order),
             created_before=convert.created_before(request),
+            settleable_by=caller if request.mine else None,
         )
         return promises_pb2.SearchPromisesResponse(
             promises=[convert.to_pb(p) for p in page.promises],
@@ -186,7 +187,7 @@ class PromisesServicer(_Handlers, promises_pb2_grpc.PromisesServicer):
         self, request: promises_pb2.SearchPromisesRequest, context: AioContext
     ) -> promises_pb2.SearchPromisesResponse:
         # A search may scan: run it off the loop so it cannot stall other calls.
-        return await asyncio.to_thread(self._search, request)
+        return await asyncio.to_thread(self._search, request, _caller(context, self._limits))
 
     @aio_unary("ResolvePromise")
     async def ResolvePromise(
