@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import sqlite3
+import subprocess
 import sys
 import uuid
 from collections.abc import Generator, Iterator
@@ -233,3 +234,29 @@ def test_the_codec_reads_what_the_server_wrote_in_clear() -> None:
     tampered = Payload(sealed.headers, sealed.data[:-1] + bytes([sealed.data[-1] ^ 1]))
     with pytest.raises(InvalidTag):
         codec.decode(tampered)
+
+
+def _python_block_after(text: str, heading: str) -> str:
+    section = text.split(heading, 1)[1]
+    return section.split("```python\n", 1)[1].split("```", 1)[0]
+
+
+@pytest.mark.parametrize(
+    ("readme", "heading"),
+    [
+        ("README.md", "## Payload privacy and end-to-end encryption"),
+        ("examples/encrypted_payloads/README.md", "# Encrypted payloads"),
+    ],
+)
+def test_the_readme_snippets_run(readme: str, heading: str) -> None:
+    root = Path(__file__).resolve().parents[2]
+    snippet = _python_block_after((root / readme).read_text(encoding="utf-8"), heading)
+    check = "\nassert client.decode(client.encode({'a': 1})) == {'a': 1}\nclient.close()\n"
+    done = subprocess.run(
+        [sys.executable, "-c", snippet + check],
+        cwd=root / "examples" / "encrypted_payloads",
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
