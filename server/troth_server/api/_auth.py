@@ -21,8 +21,9 @@ load balancers probe health with no credentials, and reflection describes only
 the public schema (the .proto files of this repository), never data, so that
 `grpcurl list` works before one has a token.
 
-Every refusal is logged once (`auth.refused`: rpc, reason, principal if known,
-peer address), never with the token; successful calls add no log line.
+Every refusal is logged once (`auth.refused`, by `api/_audit.py`: rpc, reason,
+principal if known, peer address), never with the token; successful calls add no
+log line.
 """
 
 from __future__ import annotations
@@ -33,9 +34,9 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 
 import grpc
 import grpc.aio
-import structlog
 
 from troth.errors import Reason
+from troth_server.api import _audit as audit
 from troth_server.api import _convert as convert
 from troth_server.api._status import status_for
 from troth_server.auth import AuthError, NotAllowed, bearer_token
@@ -48,8 +49,6 @@ if TYPE_CHECKING:
     from troth_server.config import Limits
 
     AioContext: TypeAlias = grpc.aio.ServicerContext[Any, Any]
-
-log = structlog.get_logger("troth.auth")
 
 GUARDED_PREFIX = "/troth.v1."
 """Only troth's own services are guarded (not health, not reflection)."""
@@ -105,14 +104,7 @@ def require_group(group: str, context: AioContext, rpc: str = "Poll") -> None:
 
 
 def _audit(rpc: str, error: AuthError, principal: str | None, context: AioContext) -> None:
-    log.warning(
-        "auth.refused",
-        rpc=rpc,
-        reason=error.reason.value,
-        principal=principal,
-        peer=context.peer(),
-        message=error.message,
-    )
+    audit.auth_refused(rpc, error, principal, context)
 
 
 def _authorization(context: AioContext) -> str | None:

@@ -11,11 +11,12 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 
 from troth.client import WATCH_READY_METADATA
 from troth.v1 import promises_pb2, promises_pb2_grpc
+from troth_server.api import _audit as audit
 from troth_server.api import _convert as convert
 from troth_server.api._auth import caller, caller_name
 from troth_server.api._rpc import aio_server_stream, aio_unary
 from troth_server.domain.access import LOCAL_DEVELOPER, Principal
-from troth_server.domain.errors import InvalidArgument
+from troth_server.domain.errors import DomainError, InvalidArgument
 from troth_server.domain.promise import CreateRequest, Promise, PromiseState, SettleRequest
 
 if TYPE_CHECKING:
@@ -69,6 +70,20 @@ class _Handlers:
             return settle, None, caller, None
         token = convert.settle_token(request)
         return settle, convert.fence(request, self._limits), caller, token
+
+    async def _settle(
+        self, rpc: str, request: _SettleMessage, state: PromiseState, context: AioContext
+    ) -> promises_pb2.SettlePromiseResponse:
+        """A resolve, reject or cancel, with its audit line (`api/_audit.py`)."""
+        settle, fence, caller, token = self._settle_request(request, state, context)
+        try:
+            promise, applied = await self._service.settle_async(settle, fence, caller, token)
+        except DomainError as exc:
+            audit.settle_refused(rpc, settle, caller, exc, context)
+            raise
+        if applied:
+            audit.settled(rpc, promise, caller, token is not None, context)
+        return _settled((promise, applied))
 
     def _mint(
         self, request: promises_pb2.MintSettleTokenRequest, caller: Principal
@@ -193,22 +208,19 @@ class PromisesServicer(_Handlers, promises_pb2_grpc.PromisesServicer):
     async def ResolvePromise(
         self, request: promises_pb2.ResolvePromiseRequest, context: AioContext
     ) -> promises_pb2.SettlePromiseResponse:
-        settle = self._settle_request(request, PromiseState.RESOLVED, context)
-        return _settled(await self._service.settle_async(*settle))
+        return await self._settle("ResolvePromise", request, PromiseState.RESOLVED, context)
 
     @aio_unary("RejectPromise")
     async def RejectPromise(
         self, request: promises_pb2.RejectPromiseRequest, context: AioContext
     ) -> promises_pb2.SettlePromiseResponse:
-        settle = self._settle_request(request, PromiseState.REJECTED, context)
-        return _settled(await self._service.settle_async(*settle))
+        return await self._settle("RejectPromise", request, PromiseState.REJECTED, context)
 
     @aio_unary("CancelPromise")
     async def CancelPromise(
         self, request: promises_pb2.CancelPromiseRequest, context: AioContext
     ) -> promises_pb2.SettlePromiseResponse:
-        settle = self._settle_request(request, PromiseState.REJECTED_CANCELED, context)
-        return _settled(await self._service.settle_async(*settle))
+        return await self._settle("CancelPromise", request, PromiseState.REJECTED_CANCELED, context)
 
     @aio_unary("MintSettleToken")
     async def MintSettleToken(

@@ -77,8 +77,11 @@ def check_value(schema: str, value: Payload, bounds: SchemaBounds = DEFAULT_BOUN
     if content_type.split(";")[0].strip() not in _JSON_TYPES:
         raise InvalidArgument(
             "value",
-            f"the promise has a schema, so its value must be JSON, not {content_type!r}; "
-            "send it with the JSON codec (content-type application/json)",
+            f"the promise has a schema, so its value must be JSON, not {content_type!r}: "
+            "the server checks it against the schema, which it cannot do on an encrypted "
+            "or otherwise opaque value; send it with the JSON codec (content-type "
+            "application/json), or give the promise no schema and check the value where "
+            "it is decoded",
         )
     if not value.data:
         raise InvalidArgument(

@@ -1,0 +1,111 @@
+"""Audit lines: the one home of every log line that says who did, or was refused, what.
+
+Three events, each logged once per call, at the api layer (the only place that
+knows the caller's peer address) and never with a token, a secret or a payload:
+
+- `auth.refused` (warning): a call refused by authentication or the RPC x role
+  table (`api/_auth.py`): rpc, reason, principal (when it was authenticated),
+  peer, message.
+- `audit.refused` (warning): a settle refused by the promise's approver policy
+  (`NOT_AN_APPROVER`, with the `rule`) or a settle token that does not allow it
+  (`SETTLE_TOKEN_*`): rpc, promise_id, outcome asked for, principal, reason,
+  rule, peer, message. Other failures of a settle (not found, already settled,
+  a bad value) are not refusals of a person and are left to the `rpc` line.
+- `audit.settled` (info): a resolve, reject or cancel that changed the promise
+  (`applied`; a repeat with the winner's idempotency key is not a settle):
+  rpc, promise_id, outcome, principal (the caller), settled_by (what is
+  recorded on the promise: the caller, or `settle-token:<key>:<id>` when a
+  settle token was its permission), via (`credential` or `settle_token`), peer.
+
+`promise.state_changed` (`service.py`) stays the state machine's log: every
+change of every promise, including the ones nobody asked for (timeouts,
+children cancelled with their root, a workflow's steps ended with it), without a
+peer. It is not an audit line and this module does not repeat it.
+
+The settle path is hot: each function is one log call and reads nothing but
+the call's peer.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, TypeAlias
+
+import structlog
+
+from troth.errors import Reason
+
+if TYPE_CHECKING:
+    import grpc.aio
+
+    from troth_server.auth import AuthError
+    from troth_server.domain.access import Principal
+    from troth_server.domain.errors import DomainError
+    from troth_server.domain.promise import Promise, SettleRequest
+
+    AioContext: TypeAlias = grpc.aio.ServicerContext[Any, Any]
+
+log = structlog.get_logger("troth.audit")
+
+REFUSALS = frozenset(
+    {
+        Reason.NOT_AN_APPROVER,
+        Reason.SETTLE_TOKEN_MALFORMED,
+        Reason.SETTLE_TOKEN_UNKNOWN_KEY,
+        Reason.SETTLE_TOKEN_BAD_SIGNATURE,
+        Reason.SETTLE_TOKEN_EXPIRED,
+        Reason.SETTLE_TOKEN_WRONG_PROMISE,
+        Reason.SETTLE_TOKEN_OUTCOME_NOT_ALLOWED,
+        Reason.SETTLE_TOKEN_USED,
+        Reason.SETTLE_TOKEN_VOID,
+        Reason.SETTLE_TOKENS_OFF,
+    }
+)
+"""The settle refusals that are audited: a person (or a link) not allowed to settle."""
+
+
+def auth_refused(rpc: str, error: AuthError, principal: str | None, context: AioContext) -> None:
+    """A call refused by authentication or authorization (`auth.refused`)."""
+    log.warning(
+        "auth.refused",
+        rpc=rpc,
+        reason=error.reason.value,
+        principal=principal,
+        peer=context.peer(),
+        message=error.message,
+    )
+
+
+def settle_refused(
+    rpc: str, request: SettleRequest, caller: Principal, error: DomainError, context: AioContext
+) -> None:
+    """A settle refused by approver policy or settle token (`audit.refused`); any other
+    error is not logged here."""
+    if error.reason not in REFUSALS:
+        return
+    log.warning(
+        "audit.refused",
+        rpc=rpc,
+        promise_id=request.id,
+        outcome=request.state.value,
+        principal=caller.name,
+        reason=error.reason.value,
+        rule=error.metadata.get("rule"),
+        peer=context.peer(),
+        message=error.message,
+    )
+
+
+def settled(
+    rpc: str, promise: Promise, caller: Principal, by_token: bool, context: AioContext
+) -> None:
+    """A settle that changed the promise (`audit.settled`)."""
+    log.info(
+        "audit.settled",
+        rpc=rpc,
+        promise_id=promise.id,
+        outcome=promise.state.value,
+        principal=caller.name,
+        settled_by=promise.settled_by,
+        via="settle_token" if by_token else "credential",
+        peer=context.peer(),
+    )
