@@ -11,6 +11,7 @@ share group `g`; a JWT names one of them with a grant for another group only.
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Generator
 from contextlib import ExitStack
@@ -226,6 +227,17 @@ def test_a_forged_complete_task_with_the_right_counter_is_refused(
     done = leased.complete("worker-a", resolve_root=types_pb2.Payload(data=b'"real"'))
     assert done.root.state == types_pb2.RESOLVED and done.root.value.data == b'"real"'
     assert done.root.settled_by == "worker-a"
+
+    # The workflow's result is audited like any settle (one line; the log is written
+    # out every 0.2 s).
+    def audited() -> list[dict[str, Any]]:
+        lines = [json.loads(x) for x in setup.server.log().splitlines() if "audit.settled" in x]
+        return [x for x in lines if x.get("promise_id") == leased.root]
+
+    eventually(lambda: bool(audited()), what="the audit.settled line of the root")
+    (line,) = audited()
+    assert line["rpc"] == "CompleteTask" and line["principal"] == "worker-a"
+    assert line["outcome"] == "RESOLVED" and line["peer"]
     # A repeat by another principal is refused too (the completed task keeps its holder).
     assert (
         code_and_reason(

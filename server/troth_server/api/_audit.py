@@ -11,7 +11,8 @@ knows the caller's peer address) and never with a token, a secret or a payload:
   (`SETTLE_TOKEN_*`): rpc, promise_id, outcome asked for, principal, reason,
   rule, peer, message. Other failures of a settle (not found, already settled,
   a bad value) are not refusals of a person and are left to the `rpc` line.
-- `audit.settled` (info): a resolve, reject or cancel that changed the promise
+- `audit.settled` (info): a resolve, reject or cancel that changed the promise, or a
+  `CompleteTask` that settled its workflow's root
   (`applied`; a repeat with the winner's idempotency key is not a settle):
   rpc, promise_id, outcome, principal (the caller), settled_by (what is
   recorded on the promise: the caller, or `settle-token:<key>:<id>` when a

@@ -6,6 +6,7 @@ import asyncio
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from troth.v1 import tasks_pb2, tasks_pb2_grpc
+from troth_server.api import _audit as audit
 from troth_server.api import _convert as convert
 from troth_server.api._auth import caller, require_group
 from troth_server.api._rpc import aio_server_stream, aio_unary
@@ -173,6 +174,10 @@ class TasksServicer(_Handlers, tasks_pb2_grpc.TasksServicer):
             result: tuple[Any, Any] = (task, None)
         else:
             result = await self._tasks.complete_async(task_id, counter, worker, outcome, who)
+            root = result[1]
+            if outcome is not None and root is not None and root.state is outcome.state:
+                # The workflow's result, settled by its worker: audited like any settle.
+                audit.settled("CompleteTask", root, caller(), False, context)
         self._dispatcher.done(worker, task_id)
         return _completed(result)
 
