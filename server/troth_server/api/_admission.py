@@ -47,21 +47,20 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 import grpc
-import grpc.aio
 import structlog
 
+from troth_server.api._intercept import MethodInterceptor
 from troth_server.api._status import status_for
 from troth_server.domain.errors import InvalidArgument, Overloaded
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Awaitable, Callable
+    from collections.abc import AsyncIterator, Callable
+
+    import grpc.aio
 
     AioContext: TypeAlias = grpc.aio.ServicerContext[Any, Any]
 
 log = structlog.get_logger("troth.overload")
-
-LIMITED_PREFIX = "/troth.v1."
-"""Only troth's own services pass the gates (not health, not reflection)."""
 
 UNARY_FLAG = "max-concurrent-rpcs"
 STREAM_FLAG = "max-streams"
@@ -260,51 +259,13 @@ class Admission:
         }
 
 
-class AdmissionInterceptor(grpc.aio.ServerInterceptor):
+class AdmissionInterceptor(MethodInterceptor):
     """Puts each troth RPC behind its gate; the wrapped handlers are built once per method."""
 
     def __init__(self, admission: Admission) -> None:
         self._admission = admission
-        self._handlers: dict[str, grpc.RpcMethodHandler[Any, Any] | None] = {}
+        super().__init__()
         self._statuses: dict[str, grpc.Status] = {}
-
-    async def intercept_service(
-        self,
-        continuation: Callable[
-            [grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any] | None]
-        ],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler[Any, Any] | None:
-        method: str = handler_call_details.method
-        try:
-            cached = self._handlers[method]
-        except KeyError:
-            cached = self._handlers[method] = self._wrap(
-                method, await continuation(handler_call_details)
-            )
-        if cached is None:  # not ours (health, reflection) or unknown: as gRPC has it
-            return await continuation(handler_call_details)
-        return cached
-
-    def _wrap(
-        self, method: str, handler: grpc.RpcMethodHandler[Any, Any] | None
-    ) -> grpc.RpcMethodHandler[Any, Any] | None:
-        if handler is None or not method.startswith(LIMITED_PREFIX):
-            return None
-        name = method.rsplit("/", 1)[-1]
-        if handler.unary_unary is not None:
-            return grpc.unary_unary_rpc_method_handler(
-                self._unary(name, handler.unary_unary),
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
-        if handler.unary_stream is not None:
-            return grpc.unary_stream_rpc_method_handler(
-                self._stream(name, handler.unary_stream),
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
-        return None  # troth has no client-streaming RPCs
 
     def _unary(self, name: str, inner: Callable[..., Any]) -> Callable[..., Any]:
         gate = self._admission.unary

@@ -33,25 +33,24 @@ from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 import grpc
-import grpc.aio
 
 from troth.errors import Reason
 from troth_server.api import _audit as audit
 from troth_server.api import _convert as convert
+from troth_server.api._intercept import MethodInterceptor
 from troth_server.api._status import status_for
 from troth_server.auth import AuthError, NotAllowed, bearer_token
 from troth_server.domain.access import LOCAL_DEVELOPER, RPC_ROLES, Principal, Role, may_call
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Awaitable, Callable
+    from collections.abc import AsyncIterator, Callable
+
+    import grpc.aio
 
     from troth_server.auth import Authenticator
     from troth_server.config import Limits
 
     AioContext: TypeAlias = grpc.aio.ServicerContext[Any, Any]
-
-GUARDED_PREFIX = "/troth.v1."
-"""Only troth's own services are guarded (not health, not reflection)."""
 
 SETTLE_TOKEN_RPCS = frozenset({"ResolvePromise", "RejectPromise"})
 SETTLE_TOKEN_BEARER = Principal(name="troth:settle-token", roles=frozenset())
@@ -137,7 +136,7 @@ def _role_refusal(rpc: str, principal: Principal) -> NotAllowed:
     )
 
 
-class AuthInterceptor(grpc.aio.ServerInterceptor):
+class AuthInterceptor(MethodInterceptor):
     """Authenticates and gates each troth RPC; the wrapped handlers are built once per method.
 
     `authenticator` None means authentication is off: every caller is `LOCAL_DEVELOPER`.
@@ -145,45 +144,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
 
     def __init__(self, authenticator: Authenticator | None) -> None:
         self._auth = authenticator
-        self._handlers: dict[str, grpc.RpcMethodHandler[Any, Any] | None] = {}
-
-    async def intercept_service(
-        self,
-        continuation: Callable[
-            [grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any] | None]
-        ],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler[Any, Any] | None:
-        method: str = handler_call_details.method
-        try:
-            cached = self._handlers[method]
-        except KeyError:
-            cached = self._handlers[method] = self._wrap(
-                method, await continuation(handler_call_details)
-            )
-        if cached is None:  # health, reflection, or unknown: as gRPC has it
-            return await continuation(handler_call_details)
-        return cached
-
-    def _wrap(
-        self, method: str, handler: grpc.RpcMethodHandler[Any, Any] | None
-    ) -> grpc.RpcMethodHandler[Any, Any] | None:
-        if handler is None or not method.startswith(GUARDED_PREFIX):
-            return None
-        name = method.rsplit("/", 1)[-1]
-        if handler.unary_unary is not None:
-            return grpc.unary_unary_rpc_method_handler(
-                self._unary(name, handler.unary_unary),
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
-        if handler.unary_stream is not None:
-            return grpc.unary_stream_rpc_method_handler(
-                self._stream(name, handler.unary_stream),
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
-        raise RuntimeError(f"{method}: troth has no client-streaming RPCs to guard")
+        super().__init__()
 
     def _unary(self, name: str, inner: Callable[..., Any]) -> Callable[..., Any]:
         async def unary(request: Any, context: AioContext) -> Any:
