@@ -79,6 +79,9 @@ class Reason(enum.StrEnum):
     """The caller's roles may not call this RPC (the RPC x role table)."""
     GROUP_NOT_ALLOWED = "GROUP_NOT_ALLOWED"
     """A worker asked for a task group its grant does not name."""
+    OUTSIDE_PREFIXES = "OUTSIDE_PREFIXES"
+    """A principal scoped to id prefixes named a promise outside them (or polled:
+    a scoped principal works for no task group)."""
     RESOURCE_EXHAUSTED = "RESOURCE_EXHAUSTED"
     OVERLOADED = "OVERLOADED"
     """The server refused the call for now: too many concurrent calls, streams or

@@ -60,6 +60,27 @@ class Principal:
         """Whether `promise_id` is inside this principal's id prefixes."""
         return not self.prefixes or promise_id.startswith(self.prefixes)
 
+    def scope(self, id_glob: str) -> tuple[str, ...] | None:
+        """What a search or watch by `id_glob` is narrowed to (`narrow`)."""
+        return narrow(id_glob, self.prefixes)
+
+
+def narrow(id_glob: str, prefixes: tuple[str, ...]) -> tuple[str, ...] | None:
+    """The id prefixes a search by `id_glob` (`*` any run of characters) must also
+    match for a principal scoped to `prefixes`: () when every id the glob matches is
+    inside them already (or the principal is unscoped), None when none can be (the
+    search returns nothing), else those of `prefixes` the glob's matches may start with.
+    """
+    if not prefixes:
+        return ()
+    literal = id_glob.split("*", 1)[0]
+    if literal.startswith(prefixes):
+        return ()
+    if "*" not in id_glob:
+        return None  # one id, outside every prefix
+    inside = tuple(p for p in prefixes if p.startswith(literal))
+    return inside or None
+
 
 LOCAL_DEVELOPER = Principal(
     name="local-developer",
