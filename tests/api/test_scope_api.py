@@ -319,15 +319,20 @@ class Workflow:
     def __init__(self, calls: Calls) -> None:
         self.calls = calls
         self.id = _id("wf-")
-        calls.create("gateway", self.id, tags={"troth:invoke": GROUP, "troth:func": "f"})
+        self.worker_id = _id("w-")  # a worker with a free slot: one task each
+        tags = {"troth:invoke": GROUP, "troth:func": "f"}
+        calls.create("gateway", self.id, tags=tags, idempotency_key=f"start-{self.id}")
         self.stream = calls.tasks.Poll(
-            tasks_pb2.PollRequest(group=GROUP, worker_id="w1", capacity=1),
+            tasks_pb2.PollRequest(group=GROUP, worker_id=self.worker_id, capacity=8),
             metadata=calls.md("worker"),
         )
-        task = next(self.stream).task
-        while task.root_promise_id != self.id:  # an earlier test's leftover task
-            task = next(self.stream).task
-        self.fence = types_pb2.TaskFence(task_id=task.id, counter=task.counter, worker_id="w1")
+        self.delivery = next(self.stream)
+        while self.delivery.task.root_promise_id != self.id:  # an earlier test's leftover
+            self.delivery = next(self.stream)
+        task = self.delivery.task
+        self.fence = types_pb2.TaskFence(
+            task_id=task.id, counter=task.counter, worker_id=self.worker_id
+        )
 
     def step(self, n: int, kind: str, **fields: Any) -> types_pb2.Promise:
         tags = {"troth:kind": kind}
@@ -426,3 +431,29 @@ def test_an_early_settle_counts_only_if_the_adopting_policy_allows_its_settler(
         ),
         what="the early_settle_refused line",
     )
+
+
+def test_a_worker_gets_its_workflow_without_the_starters_key(
+    calls: Calls, workflow: Workflow
+) -> None:
+    root = workflow.delivery.root
+    assert root.id == workflow.id
+    assert root.idempotency_key_for_create == ""  # the gateway's, not the worker's
+    assert calls.get("gateway", workflow.id).idempotency_key_for_create == f"start-{workflow.id}"
+    assert calls.get("admin", workflow.id).idempotency_key_for_create == f"start-{workflow.id}"
+
+
+def test_a_scoped_operator_lists_only_the_tasks_of_its_workflows(calls: Calls) -> None:
+    group = f"g-{uuid.uuid4().hex[:8]}"  # no worker polls it: its tasks stay pending
+    tags = {"troth:invoke": group, "troth:func": "f"}
+    inside = calls.create("gateway", _id("acme-wf-"), tags=tags).promise.id
+    outside = calls.create("gateway", _id("globex-wf-"), tags=tags).promise.id
+
+    def roots(who: str) -> set[str]:
+        found = calls.tasks.SearchTasks(
+            tasks_pb2.SearchTasksRequest(group=group), metadata=calls.md(who), timeout=10
+        )
+        return {t.root_promise_id for t in found.tasks}
+
+    assert roots("ops") == {inside, outside}
+    assert roots("acme-ops") == {inside}
