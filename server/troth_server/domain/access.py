@@ -13,7 +13,9 @@ Roles:
 - `admin`: everything, including `PrunePromises`.
 
 A principal may further be scoped to id prefixes (`Principal.prefixes`): a tenant
-sees and touches only promises whose ids start with one of them.
+sees and touches only promises whose ids start with one of them (`may_touch`; its
+searches and watches narrowed by `narrow`). Such a principal works for no task
+group: workers are scoped by their groups, whose workflows' ids their starters chose.
 """
 
 from __future__ import annotations
