@@ -457,3 +457,30 @@ def test_a_scoped_operator_lists_only_the_tasks_of_its_workflows(calls: Calls) -
 
     assert roots("ops") == {inside, outside}
     assert roots("acme-ops") == {inside}
+
+
+def test_a_workflows_approval_settled_early_by_someone_else_waits_for_its_approver(
+    calls: Calls, workflow: Workflow
+) -> None:
+    # `ctx.promise(id=...)`: an id of the caller's choosing, outside the step namespace.
+    def approval(approvers: types_pb2.Approvers) -> types_pb2.Promise:
+        promise_id = _id("approval-")
+        assert calls.resolve("gateway-2", promise_id, create_if_missing=True).applied
+        return calls.create(
+            "worker",
+            promise_id,
+            tags={"troth:kind": "promise"},
+            fence=workflow.fence,
+            approvers=approvers,
+        ).promise
+
+    step = approval(types_pb2.Approvers(principals=["admin"]))
+    assert (step.state, step.parent_id) == (types_pb2.PENDING, workflow.id)
+    assert calls.resolve("admin", step.id).promise.settled_by == "admin"
+    # Named by the policy: the early settle is adopted, as without one.
+    named = approval(types_pb2.Approvers(principals=["gateway-2"]))
+    assert (named.state, named.settled_by, named.parent_id) == (
+        types_pb2.RESOLVED,
+        "gateway-2",
+        workflow.id,
+    )

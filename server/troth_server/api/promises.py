@@ -95,10 +95,14 @@ class _Handlers:
         self, promises: list[Promise], reader: Principal, sent_key: str | None = None
     ) -> list[types_pb2.Promise]:
         """`promises` on the wire as `reader` may see them (`domain.visibility`)."""
+        # A worker's view of a step may need its workflow's group (a point read):
+        # only when, without it, something would be withheld.
         wanted = {
             p.parent_id
             for p in promises
-            if p.parent_id is not None and visibility.needs_group(p, reader)
+            if p.parent_id is not None
+            and visibility.needs_group(p, reader)
+            and visibility.view(p, reader, sent_key=sent_key) is not p
         }
         groups = self._service.workflow_groups(wanted) if wanted else {}
         return [
