@@ -124,14 +124,18 @@ def _completed(result: tuple[Any, Any]) -> tasks_pb2.CompleteTaskResponse:
     task, root = result
     response = tasks_pb2.CompleteTaskResponse(task=convert.task_to_pb(task))
     if root is not None:
-        response.root.CopyFrom(convert.to_pb(root))
+        response.root.CopyFrom(convert.to_pb(visibility.view(root, caller())))
     return response
 
 
 def _not_suspended(task: Any, settled: list[Any]) -> tasks_pb2.CompleteTaskResponse:
-    return tasks_pb2.CompleteTaskResponse(
-        task=convert.task_to_pb(task), settled=[convert.to_pb(p) for p in settled]
-    )
+    return tasks_pb2.CompleteTaskResponse(task=convert.task_to_pb(task), settled=_awaited(settled))
+
+
+def _awaited(settled: list[Any]) -> list[Any]:
+    """Promises a workflow waits for (latent ones), as the worker may see them."""
+    reader = caller()
+    return [convert.to_pb(visibility.view(p, reader)) for p in settled]
 
 
 class TasksServicer(_Handlers, tasks_pb2_grpc.TasksServicer):
@@ -199,7 +203,7 @@ class TasksServicer(_Handlers, tasks_pb2_grpc.TasksServicer):
         settled = await self._tasks.register_callbacks_async(
             task_id, counter, worker, self._promise_ids(request)
         )
-        return tasks_pb2.RegisterCallbacksResponse(settled=[convert.to_pb(p) for p in settled])
+        return tasks_pb2.RegisterCallbacksResponse(settled=_awaited(settled))
 
     @aio_unary("SearchTasks")
     async def SearchTasks(
