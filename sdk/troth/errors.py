@@ -82,6 +82,9 @@ class Reason(enum.StrEnum):
     NOT_THE_TASKS_WORKER = "NOT_THE_TASKS_WORKER"
     """A task call (heartbeat, complete, release, callbacks) or a fenced step write
     from a principal the task was not leased to: the right counter is not enough."""
+    OUTSIDE_PREFIXES = "OUTSIDE_PREFIXES"
+    """A principal scoped to id prefixes named a promise outside them (or polled:
+    a scoped principal works for no task group)."""
     RESOURCE_EXHAUSTED = "RESOURCE_EXHAUSTED"
     OVERLOADED = "OVERLOADED"
     """The server refused the call for now: too many concurrent calls, streams or

@@ -79,6 +79,7 @@ class _CreateOp:
         cap: int | None = None
         links: tuple[str, str] | None = None
         started_by = self.principal
+        early_refused = False
         if self.fence is None:
             roots = {r: batch.get(r) for r in steps.namespace_roots(request.id)}
             steps.check_unfenced_create(request.id, request.tags, roots)
@@ -88,13 +89,34 @@ class _CreateOp:
             cap, links = workflow.expire_time, steps.links_under(workflow)
             # Four-eyes compares with who started the top-level workflow (§7).
             started_by = workflow.started_by
+        if (
+            existing is not None
+            and domain.is_early(existing)
+            and not steps.is_workflow_start(request.tags)
+        ):
+            refusal = policies.early_refusal(request.approvers, existing, started_by)
+            if refusal is not None:
+                # Settled before its policy existed, by someone it does not allow:
+                # that settle never counts; the promise is created pending (DESIGN §7).
+                log.warning(
+                    "promise.early_settle_refused",
+                    promise_id=request.id,
+                    settled_by=existing.settled_by,
+                    rule=refusal.rule.value,
+                    message=refusal.message,
+                )
+                existing = None
+                early_refused = True
         promise, created = domain.create(
             existing, request, batch.now, cap=cap, links=links, started_by=started_by
         )
         if not created and existing is not None and domain.is_early(existing):
             batch.rewrite(promise)  # a settled-early promise, adopted by its creator
         if created:
-            batch.add(promise, self.principal)
+            if early_refused:
+                batch.rewrite(promise)  # the row of the early settle, pending again
+            else:
+                batch.add(promise, self.principal)
             if self.settled_with is not None:
                 settled, _ = domain.settle(promise, self.settled_with, batch.now)
                 batch.settle(promise, settled)
@@ -468,10 +490,12 @@ class PromiseService:
         order: PromiseOrder = PromiseOrder.CREATED_ASC,
         created_before: int | None = None,
         settleable_by: Principal | None = None,
+        prefixes: tuple[str, ...] = (),
     ) -> SearchPage:
-        """A page of matching promises; with `settleable_by`, only those it may settle
-        now (`SettleGuard.may_settle`, row by row: the page may come out shorter, even
-        empty, and keeps the token of the rows it read)."""
+        """A page of matching promises; with `prefixes`, only those whose ids start with
+        one of them (a scoped principal's search); with `settleable_by`, only those it may
+        settle now (`SettleGuard.may_settle`, row by row: the page may come out shorter,
+        even empty, and keeps the token of the rows it read)."""
         query = paging.fingerprint(id_glob, states, tags, order, created_before)
         after = paging.decode(page_token, order, query) if page_token else paging.START
         now = self._clock()
@@ -485,6 +509,7 @@ class PromiseService:
                 order=order,
                 after_expire_time=after.expire_time,
                 created_before=created_before,
+                id_prefixes=prefixes,
             ),
             now,
         )
@@ -500,6 +525,15 @@ class PromiseService:
         if settleable_by is not None:
             found = [p for p in found if self.guard.may_settle(p, settleable_by)]
         return SearchPage(found, token)
+
+    def workflow_groups(self, workflow_ids: Iterable[str]) -> dict[str, str]:
+        """The task group of each of these workflows (roots or child roots) that exists:
+        whose workers see its steps' keys and settle tokens (`domain.visibility`)."""
+        wanted = set(workflow_ids)
+        if not wanted:
+            return {}
+        found = self._store.get_promises(wanted)
+        return {p.id: p.tags[steps.INVOKE_TAG] for p in found if steps.INVOKE_TAG in p.tags}
 
     def watch(self, promise_id: str) -> PromiseWatch:
         """The promise now, then once more when it settles (see `PromiseWatch`)."""

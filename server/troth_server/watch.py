@@ -240,8 +240,12 @@ class EventFilter:
 
     id_glob: str = "*"
     tags: Mapping[str, str] = field(default_factory=dict)
+    prefixes: tuple[str, ...] = ()
+    """Only ids starting with one of these, when given (a scoped principal's watch)."""
 
     def matches(self, promise: Promise) -> bool:
+        if self.prefixes and not promise.id.startswith(self.prefixes):
+            return False
         tags = promise.tags
         for key, value in self.tags.items():
             if tags.get(key) != value:

@@ -87,6 +87,20 @@ def _declared(context: AioContext) -> dict[str, str]:
 def require_group(group: str, context: AioContext, rpc: str = "Poll") -> None:
     """A worker may poll (and work for) only the task groups its grant names."""
     principal = caller()
+    if principal.prefixes:
+        # A task group is what a worker is trusted with: its workflows' ids are
+        # chosen by whoever starts them, so no id prefix can scope a worker.
+        scoped = NotAllowed(
+            Reason.OUTSIDE_PREFIXES,
+            f"principal {principal.name!r} is scoped to the id prefixes "
+            f"{_prefixes(principal)} and so may not {rpc} any task group: give a "
+            "worker a grant without prefixes, scoped by its groups",
+            rpc=rpc,
+            principal=principal.name,
+            prefixes=_prefixes(principal),
+        )
+        _audit(rpc, scoped, principal.name, context)
+        raise scoped
     if principal.may_work_for(group):
         return
     names = ", ".join(sorted(principal.groups)) or "none"
@@ -100,6 +114,30 @@ def require_group(group: str, context: AioContext, rpc: str = "Poll") -> None:
     )
     _audit(rpc, error, principal.name, context)
     raise error
+
+
+def require_inside(promise_id: str, context: AioContext, rpc: str) -> None:
+    """A principal scoped to id prefixes names only promises inside them. Decided
+    from the id alone, before any read: the refusal says nothing of whether the
+    promise exists."""
+    principal = caller()
+    if principal.may_touch(promise_id):
+        return
+    error = NotAllowed(
+        Reason.OUTSIDE_PREFIXES,
+        f"principal {principal.name!r} may not {rpc} promise {promise_id!r}: it is "
+        f"scoped to ids starting with {_prefixes(principal)}",
+        rpc=rpc,
+        principal=principal.name,
+        promise_id=promise_id,
+        prefixes=_prefixes(principal),
+    )
+    _audit(rpc, error, principal.name, context)
+    raise error
+
+
+def _prefixes(principal: Principal) -> str:
+    return ", ".join(repr(p) for p in principal.prefixes)
 
 
 def _audit(rpc: str, error: AuthError, principal: str | None, context: AioContext) -> None:

@@ -329,9 +329,13 @@ _PB_EVENT_TYPES = {
 }
 
 
-def event_to_pb(event: PromiseEvent) -> promises_pb2.WatchPromisesResponse:
+def event_to_pb(
+    event: PromiseEvent, shown: types_pb2.Promise | None = None
+) -> promises_pb2.WatchPromisesResponse:
+    """`event` on the wire; `shown` is its promise as the watcher may see it."""
     return promises_pb2.WatchPromisesResponse(
-        type=_PB_EVENT_TYPES[event.type], promise=to_pb(event.promise)
+        type=_PB_EVENT_TYPES[event.type],
+        promise=to_pb(event.promise) if shown is None else shown,
     )
 
 

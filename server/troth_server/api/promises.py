@@ -10,11 +10,12 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from troth.client import WATCH_READY_METADATA
-from troth.v1 import promises_pb2, promises_pb2_grpc
+from troth.v1 import promises_pb2, promises_pb2_grpc, types_pb2
 from troth_server.api import _audit as audit
 from troth_server.api import _convert as convert
-from troth_server.api._auth import caller, caller_name
+from troth_server.api._auth import caller, caller_name, require_inside
 from troth_server.api._rpc import aio_server_stream, aio_unary
+from troth_server.domain import visibility
 from troth_server.domain.access import LOCAL_DEVELOPER, Principal
 from troth_server.domain.errors import DomainError, InvalidArgument
 from troth_server.domain.promise import CreateRequest, Promise, PromiseState, SettleRequest
@@ -37,6 +38,11 @@ _SettleMessage = (
     | promises_pb2.RejectPromiseRequest
     | promises_pb2.CancelPromiseRequest
 )
+_SETTLE_RPCS = {
+    PromiseState.RESOLVED: "ResolvePromise",
+    PromiseState.REJECTED: "RejectPromise",
+    PromiseState.REJECTED_CANCELED: "CancelPromise",
+}
 
 
 class _Handlers:
@@ -50,6 +56,7 @@ class _Handlers:
         self, request: promises_pb2.CreatePromiseRequest, context: AioContext
     ) -> tuple[CreateRequest, str | None, SettleRequest | None, Fence | None]:
         create = convert.create_request(request, self._limits)
+        require_inside(create.id, context, "CreatePromise")
         too_far = self._service.now() + self._limits.max_ttl_ms
         if create.expire_time is not None and create.expire_time > too_far:
             raise InvalidArgument(
@@ -66,6 +73,7 @@ class _Handlers:
     ) -> tuple[SettleRequest, Fence | None, Principal, str | None]:
         caller = _caller(context, self._limits)
         settle = convert.settle_request(request, state, self._limits, _recorded(caller))
+        require_inside(settle.id, context, _SETTLE_RPCS[state])
         if isinstance(request, promises_pb2.CancelPromiseRequest):
             return settle, None, caller, None
         token = convert.settle_token(request)
@@ -83,7 +91,7 @@ class _Handlers:
             raise
         if applied:
             audit.settled(rpc, promise, caller, token is not None, context)
-        return _settled((promise, applied))
+        return self._settled((promise, applied), caller, settle.idempotency_key)
 
     def _mint(
         self, request: promises_pb2.MintSettleTokenRequest, caller: Principal
@@ -98,25 +106,63 @@ class _Handlers:
         response.expire_time.FromMilliseconds(granted.expire_time)
         return response
 
-    def _get(self, request: promises_pb2.GetPromiseRequest) -> promises_pb2.GetPromiseResponse:
-        promise = self._service.get(convert.promise_id(request.id, self._limits))
-        return promises_pb2.GetPromiseResponse(promise=convert.to_pb(promise))
+    def _shown(
+        self, promises: list[Promise], reader: Principal, sent_key: str | None = None
+    ) -> list[types_pb2.Promise]:
+        """`promises` on the wire as `reader` may see them (`domain.visibility`)."""
+        # A worker's view of a step may need its workflow's group (a point read):
+        # only when, without it, something would be withheld.
+        wanted = {
+            p.parent_id
+            for p in promises
+            if p.parent_id is not None
+            and visibility.needs_group(p, reader)
+            and visibility.view(p, reader, sent_key=sent_key) is not p
+        }
+        groups = self._service.workflow_groups(wanted) if wanted else {}
+        return [
+            convert.to_pb(
+                visibility.view(
+                    p,
+                    reader,
+                    None if p.parent_id is None else groups.get(p.parent_id),
+                    sent_key=sent_key,
+                )
+            )
+            for p in promises
+        ]
+
+    def _one(
+        self, promise: Promise, reader: Principal, sent_key: str | None = None
+    ) -> types_pb2.Promise:
+        return self._shown([promise], reader, sent_key)[0]
+
+    def _read_id(self, value: str, context: AioContext, rpc: str) -> str:
+        promise_id = convert.promise_id(value, self._limits)
+        require_inside(promise_id, context, rpc)
+        return promise_id
 
     def _search(
-        self, request: promises_pb2.SearchPromisesRequest, caller: Principal
+        self, request: promises_pb2.SearchPromisesRequest, reader: Principal
     ) -> promises_pb2.SearchPromisesResponse:
+        id_glob = convert.search_id_glob(request.id, self._limits)
+        prefixes = reader.scope(id_glob)
+        if prefixes is None:
+            # Every id the glob matches is outside the reader's prefixes.
+            return promises_pb2.SearchPromisesResponse()
         page = self._service.search(
-            id_glob=convert.search_id_glob(request.id, self._limits),
+            id_glob=id_glob,
             states=convert.search_states(list(request.states)),
             tags=convert.tags(request.tags, self._limits),
             page_size=convert.page_size(request.page_size, self._limits),
             page_token=request.page_token,
             order=convert.search_order(request.order),
             created_before=convert.created_before(request),
-            settleable_by=caller if request.mine else None,
+            settleable_by=reader if request.mine else None,
+            prefixes=prefixes,
         )
         return promises_pb2.SearchPromisesResponse(
-            promises=[convert.to_pb(p) for p in page.promises],
+            promises=self._shown(page.promises, reader),
             next_page_token=page.next_page_token,
         )
 
@@ -144,23 +190,27 @@ class _Handlers:
             dry_run=request.dry_run,
         )
 
-    def _watch_id(self, request: promises_pb2.WatchPromiseRequest) -> str:
-        return convert.promise_id(request.id, self._limits)
+    def _event_filter(
+        self, request: promises_pb2.WatchPromisesRequest, reader: Principal
+    ) -> EventFilter | None:
+        """The filter of a WatchPromises stream (None: nothing the reader may see)."""
+        wanted = convert.event_filter(request, self._limits)
+        prefixes = reader.scope(wanted.id_glob)
+        return None if prefixes is None else replace(wanted, prefixes=prefixes)
 
-    def _event_filter(self, request: promises_pb2.WatchPromisesRequest) -> EventFilter:
-        return convert.event_filter(request, self._limits)
+    def _created(
+        self, result: tuple[Promise, bool], reader: Principal, sent_key: str | None
+    ) -> promises_pb2.CreatePromiseResponse:
+        return promises_pb2.CreatePromiseResponse(
+            promise=self._one(result[0], reader, sent_key), created=result[1]
+        )
 
-
-def _created(result: tuple[Promise, bool]) -> promises_pb2.CreatePromiseResponse:
-    return promises_pb2.CreatePromiseResponse(promise=convert.to_pb(result[0]), created=result[1])
-
-
-def _settled(result: tuple[Promise, bool]) -> promises_pb2.SettlePromiseResponse:
-    return promises_pb2.SettlePromiseResponse(promise=convert.to_pb(result[0]), applied=result[1])
-
-
-def _watched(promise: Promise) -> promises_pb2.WatchPromiseResponse:
-    return promises_pb2.WatchPromiseResponse(promise=convert.to_pb(promise))
+    def _settled(
+        self, result: tuple[Promise, bool], reader: Principal, sent_key: str | None
+    ) -> promises_pb2.SettlePromiseResponse:
+        return promises_pb2.SettlePromiseResponse(
+            promise=self._one(result[0], reader, sent_key), applied=result[1]
+        )
 
 
 def _caller(context: AioContext, limits: Limits) -> Principal:
@@ -186,7 +236,10 @@ class PromisesServicer(_Handlers, promises_pb2_grpc.PromisesServicer):
     async def CreatePromise(
         self, request: promises_pb2.CreatePromiseRequest, context: AioContext
     ) -> promises_pb2.CreatePromiseResponse:
-        return _created(await self._service.create_async(*self._create_request(request, context)))
+        create = self._create_request(request, context)
+        reader = _caller(context, self._limits)
+        result = await self._service.create_async(*create)
+        return self._created(result, reader, create[0].idempotency_key)
 
     @aio_unary("GetPromise")
     async def GetPromise(
@@ -194,8 +247,11 @@ class PromisesServicer(_Handlers, promises_pb2_grpc.PromisesServicer):
     ) -> promises_pb2.GetPromiseResponse:
         # A point read by primary key: cheaper inline than a hop to a thread. One
         # past its expire_time is decided by the writer, awaited without blocking.
-        promise = await self._service.get_async(convert.promise_id(request.id, self._limits))
-        return promises_pb2.GetPromiseResponse(promise=convert.to_pb(promise))
+        promise_id = self._read_id(request.id, context, "GetPromise")
+        promise = await self._service.get_async(promise_id)
+        return promises_pb2.GetPromiseResponse(
+            promise=self._one(promise, _caller(context, self._limits))
+        )
 
     @aio_unary("SearchPromises")
     async def SearchPromises(
@@ -227,6 +283,7 @@ class PromisesServicer(_Handlers, promises_pb2_grpc.PromisesServicer):
         self, request: promises_pb2.MintSettleTokenRequest, context: AioContext
     ) -> promises_pb2.MintSettleTokenResponse:
         # A point read, and for a worker a look at its task on the writer: off the loop.
+        require_inside(request.promise_id, context, "MintSettleToken")
         return await asyncio.to_thread(self._mint, request, _caller(context, self._limits))
 
     @aio_unary("PrunePromises")
@@ -240,19 +297,25 @@ class PromisesServicer(_Handlers, promises_pb2_grpc.PromisesServicer):
     async def WatchPromise(
         self, request: promises_pb2.WatchPromiseRequest, context: AioContext
     ) -> AsyncIterator[promises_pb2.WatchPromiseResponse]:
-        watch = self._service.watch_async(self._watch_id(request))
+        reader = _caller(context, self._limits)
+        watch = self._service.watch_async(self._read_id(request.id, context, "WatchPromise"))
         context.add_done_callback(lambda _ctx: watch.cancel())  # type: ignore[arg-type]
         async for promise in watch:
-            yield _watched(promise)
+            yield promises_pb2.WatchPromiseResponse(promise=self._one(promise, reader))
 
     @aio_server_stream("WatchPromises")
     async def WatchPromises(
         self, request: promises_pb2.WatchPromisesRequest, context: AioContext
     ) -> AsyncIterator[promises_pb2.WatchPromisesResponse]:
-        watch = self._service.watch_events_async(
-            self._event_filter(request), self._limits.max_watch_backlog
-        )
+        reader = _caller(context, self._limits)
+        wanted = self._event_filter(request, reader)
+        if wanted is None:
+            # Nothing the reader may see can match: no subscription, and the stream
+            # ends at once, as it would at shutdown.
+            await context.send_initial_metadata((WATCH_READY_METADATA,))
+            return
+        watch = self._service.watch_events_async(wanted, self._limits.max_watch_backlog)
         context.add_done_callback(lambda _ctx: watch.cancel())  # type: ignore[arg-type]
         await context.send_initial_metadata((WATCH_READY_METADATA,))
         async for event in watch:
-            yield convert.event_to_pb(event)
+            yield convert.event_to_pb(event, self._one(event.promise, reader))

@@ -11,6 +11,7 @@ from troth_server.api import _convert as convert
 from troth_server.api._auth import caller, require_group
 from troth_server.api._rpc import aio_server_stream, aio_unary
 from troth_server.dispatch import Delivery, PollStream
+from troth_server.domain import visibility
 from troth_server.domain.errors import InvalidArgument
 from troth_server.domain.promise import PromiseState, SettleRequest
 from troth_server.domain.routing import registration
@@ -63,6 +64,9 @@ class _Handlers:
     def _search(self, request: tasks_pb2.SearchTasksRequest) -> tasks_pb2.SearchTasksResponse:
         group = convert.name(request.group, self._limits, "group")
         found = self._tasks.search(group, convert.page_size(request.page_size, self._limits))
+        # A principal scoped to id prefixes sees the tasks of its workflows only
+        # (a page may come back shorter than asked).
+        found = [t for t in found if caller().may_touch(t.root_promise_id)]
         waiting = self._dispatcher.waiting_for([t for t in found if t.state is TaskState.PENDING])
         return tasks_pb2.SearchTasksResponse(
             tasks=[convert.task_to_pb(t, waiting.get(t.id, "")) for t in found]
@@ -115,12 +119,15 @@ class _Handlers:
 
 
 def _poll_response(delivery: Delivery) -> tasks_pb2.PollResponse:
+    # The worker works for the task's group: it sees its workflow's steps whole
+    # (keys, settle tokens); of the root, what any reader sees (`domain.visibility`).
+    reader, group = caller(), delivery.task.group
     response = tasks_pb2.PollResponse(
         task=convert.task_to_pb(delivery.task),
-        history=[convert.to_pb(p) for p in delivery.history],
+        history=[convert.to_pb(visibility.view(p, reader, group)) for p in delivery.history],
     )
     if delivery.root is not None:
-        response.root.CopyFrom(convert.to_pb(delivery.root))
+        response.root.CopyFrom(convert.to_pb(visibility.view(delivery.root, reader)))
     return response
 
 
@@ -128,14 +135,18 @@ def _completed(result: tuple[Any, Any]) -> tasks_pb2.CompleteTaskResponse:
     task, root = result
     response = tasks_pb2.CompleteTaskResponse(task=convert.task_to_pb(task))
     if root is not None:
-        response.root.CopyFrom(convert.to_pb(root))
+        response.root.CopyFrom(convert.to_pb(visibility.view(root, caller())))
     return response
 
 
 def _not_suspended(task: Any, settled: list[Any]) -> tasks_pb2.CompleteTaskResponse:
-    return tasks_pb2.CompleteTaskResponse(
-        task=convert.task_to_pb(task), settled=[convert.to_pb(p) for p in settled]
-    )
+    return tasks_pb2.CompleteTaskResponse(task=convert.task_to_pb(task), settled=_awaited(settled))
+
+
+def _awaited(settled: list[Any]) -> list[Any]:
+    """Promises a workflow waits for (latent ones), as the worker may see them."""
+    reader = caller()
+    return [convert.to_pb(visibility.view(p, reader)) for p in settled]
 
 
 class TasksServicer(_Handlers, tasks_pb2_grpc.TasksServicer):
@@ -210,7 +221,7 @@ class TasksServicer(_Handlers, tasks_pb2_grpc.TasksServicer):
         settled = await self._tasks.register_callbacks_async(
             task_id, counter, worker, self._promise_ids(request), bound_principal()
         )
-        return tasks_pb2.RegisterCallbacksResponse(settled=[convert.to_pb(p) for p in settled])
+        return tasks_pb2.RegisterCallbacksResponse(settled=_awaited(settled))
 
     @aio_unary("SearchTasks")
     async def SearchTasks(

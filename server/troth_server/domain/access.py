@@ -13,7 +13,9 @@ Roles:
 - `admin`: everything, including `PrunePromises`.
 
 A principal may further be scoped to id prefixes (`Principal.prefixes`): a tenant
-sees and touches only promises whose ids start with one of them.
+sees and touches only promises whose ids start with one of them (`may_touch`; its
+searches and watches narrowed by `narrow`). Such a principal works for no task
+group: workers are scoped by their groups, whose workflows' ids their starters chose.
 """
 
 from __future__ import annotations
@@ -59,6 +61,27 @@ class Principal:
     def may_touch(self, promise_id: str) -> bool:
         """Whether `promise_id` is inside this principal's id prefixes."""
         return not self.prefixes or promise_id.startswith(self.prefixes)
+
+    def scope(self, id_glob: str) -> tuple[str, ...] | None:
+        """What a search or watch by `id_glob` is narrowed to (`narrow`)."""
+        return narrow(id_glob, self.prefixes)
+
+
+def narrow(id_glob: str, prefixes: tuple[str, ...]) -> tuple[str, ...] | None:
+    """The id prefixes a search by `id_glob` (`*` any run of characters) must also
+    match for a principal scoped to `prefixes`: () when every id the glob matches is
+    inside them already (or the principal is unscoped), None when none can be (the
+    search returns nothing), else those of `prefixes` the glob's matches may start with.
+    """
+    if not prefixes:
+        return ()
+    literal = id_glob.split("*", 1)[0]
+    if literal.startswith(prefixes):
+        return ()
+    if "*" not in id_glob:
+        return None  # one id, outside every prefix
+    inside = tuple(p for p in prefixes if p.startswith(literal))
+    return inside or None
 
 
 LOCAL_DEVELOPER = Principal(

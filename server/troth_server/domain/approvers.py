@@ -27,12 +27,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from troth.errors import Reason
+from troth_server.domain.access import Principal
 from troth_server.domain.errors import DomainError, InvalidArgument
 
 if TYPE_CHECKING:
     from collections.abc import Collection, Iterable
 
-    from troth_server.domain.access import Principal
+    from troth_server.domain.promise import Promise
 
 MAX_APPROVERS = 100
 """Most principals (and, separately, roles) one policy may list."""
@@ -203,6 +204,39 @@ def decide(
     if policy.distinct:
         return check_distinct(promise_id, caller.name, quorum_settlers)
     return None
+
+
+def early_refusal(
+    policy: Approvers | None, early: Promise, starter: str | None
+) -> NotAnApprover | None:
+    """Whether the policy of a create refuses the settle that came before it
+    (`create_if_missing`): None when that settle counts.
+
+    It was made before any policy existed, so it is checked now, from what the
+    promise records of it: the settler's name. A policy that lists roles, or
+    asks for a distinct quorum, cannot be decided from a name afterwards: it
+    refuses every early settle (its approvers settle once the promise exists).
+    """
+    if policy is None:
+        return None
+    settler = early.settled_by
+    if policy.distinct:
+        return NotAnApprover(
+            early.id,
+            Rule.DISTINCT,
+            "it was settled before it existed, and a distinct quorum is counted only "
+            "from settles of the created promise",
+        )
+    if settler is None or (policy.roles and settler not in policy.principals):
+        who = "an unnamed caller" if settler is None else repr(settler)
+        return NotAnApprover(
+            early.id,
+            Rule.APPROVERS,
+            f"it was settled before it existed by {who}, whose roles the policy "
+            f"({policy.describe()}) cannot check afterwards; only a principal it names "
+            "may settle it early",
+        )
+    return decide(early.id, policy, Principal(name=settler, roles=frozenset()), starter)
 
 
 def check_distinct(

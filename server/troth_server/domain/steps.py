@@ -107,6 +107,11 @@ def is_workflow(promise: Promise) -> bool:
     return INVOKE_TAG in promise.tags
 
 
+def is_workflow_start(tags: Mapping[str, str]) -> bool:
+    """Whether a create with these tags starts a workflow (its root's INVOKE task)."""
+    return INVOKE_TAG in tags
+
+
 def is_checkpoint(tags: Mapping[str, str]) -> bool:
     """Whether these tags mark a `run`, `sleep`, child start, `now` or `random` step."""
     return tags.get(KIND_TAG) in CHECKPOINT_KINDS

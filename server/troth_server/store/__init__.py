@@ -69,6 +69,8 @@ class PromiseQuery:
     after_expire_time: int | None = None
     created_before: int | None = None
     """Only promises whose create_time is earlier than this (ms), when given."""
+    id_prefixes: tuple[str, ...] = ()
+    """Only ids starting with one of these, when given (a scoped principal's search)."""
 
 
 @dataclass(frozen=True, slots=True)

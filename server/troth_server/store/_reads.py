@@ -85,6 +85,15 @@ class PromiseReads:
         conditions: list[Any] = list(cursor)
         if query.id_glob not in ("", "*"):
             conditions.append(promises.c.id.like(_glob_to_like(query.id_glob), escape="\\"))
+        if query.id_prefixes:
+            conditions.append(
+                or_(
+                    *(
+                        promises.c.id.like(_prefix_to_like(p), escape="\\")
+                        for p in query.id_prefixes
+                    )
+                )
+            )
         if query.states:
             conditions.append(or_(*(_state_condition(s, now) for s in query.states)))
         if query.tags:
@@ -171,6 +180,11 @@ def _state_condition(state: PromiseState, now: int) -> Any:
     if state is PromiseState.REJECTED_TIMEDOUT:
         return or_(state_in(c.state, state.value), and_(expired, c.timer == false()))
     return state_in(c.state, state.value)
+
+
+def _prefix_to_like(prefix: str) -> str:
+    """A prefix as a LIKE pattern: every character literal, then any run."""
+    return prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
 
 
 def _glob_to_like(glob: str) -> str:
