@@ -35,6 +35,8 @@ _SCHEMES = ("dns:", "ipv4:", "ipv6:", "unix:", "unix-abstract:", "vsock:")
 """gRPC target schemes: a string starting with one is a single target, commas and all."""
 
 _EXAMPLE = "e.g. '10.0.0.1:7070,10.0.0.2:7070'"
+DEFAULT_PORT = 7070
+"""The port of an address given without one (`troth serve` listens on 7070 by default)."""
 
 
 def parse_addresses(address: str | Sequence[str]) -> tuple[str, ...]:
@@ -84,6 +86,7 @@ def parse_addresses(address: str | Sequence[str]) -> tuple[str, ...]:
                 f"server address {entry!r} (entry {number} of {source}) is empty or has "
                 f"surrounding spaces; list host:port entries, {_EXAMPLE}"
             )
+        entry = with_default_port(entry)
         split_host_port(entry)
         if entry in seen:
             raise ConfigurationError(
@@ -188,7 +191,18 @@ def _single(address: str) -> str:
             f"server address {address!r} is empty or has surrounding spaces; "
             "pass host:port, e.g. '127.0.0.1:7070'"
         )
-    return address
+    return with_default_port(address)
+
+
+def with_default_port(address: str) -> str:
+    """`address` with `DEFAULT_PORT` added when it names a host without a port
+    (`127.0.0.1`, `troth.internal`, `[::1]`); gRPC would otherwise take 443. A target
+    with a scheme, a path, or a bare IPv6 address is left as it is."""
+    if address.lower().startswith(_SCHEMES) or "/" in address:
+        return address
+    if address.startswith("["):
+        return f"{address}:{DEFAULT_PORT}" if address.endswith("]") else address
+    return address if ":" in address else f"{address}:{DEFAULT_PORT}"
 
 
 def _getaddrinfo(host: str, port: int) -> list[str]:

@@ -44,6 +44,13 @@ def fake_dns(table: dict[str, list[str]]) -> Callable[[str, int], Sequence[str]]
         ("ipv4:10.0.0.1:1,10.0.0.2:2", ("ipv4:10.0.0.1:1,10.0.0.2:2",)),
         ("dns:///troth.internal:7070", ("dns:///troth.internal:7070",)),
         ("unix:/run/troth.sock", ("unix:/run/troth.sock",)),
+        # A missing port is troth's 7070, never gRPC's 443.
+        ("127.0.0.1", ("127.0.0.1:7070",)),
+        ("troth.internal", ("troth.internal:7070",)),
+        ("[::1]", ("[::1]:7070",)),
+        (["db"], ("db:7070",)),
+        ("a:1,b", ("a:1", "b:7070")),
+        (["10.0.0.1", "[::2]"], ("10.0.0.1:7070", "[::2]:7070")),
     ],
 )
 def test_addresses_are_parsed(given: str | list[str], expected: tuple[str, ...]) -> None:
@@ -61,14 +68,12 @@ def test_addresses_are_parsed(given: str | list[str], expected: tuple[str, ...])
         (["a:1", ""], "entry 2 of", "empty"),
         (["a:1", " b:2"], "' b:2'", "surrounding spaces"),
         (["a:1", 7070], "7070", "not a string"),
-        ("a:1,b", "'b'", "add the port, e.g. 'b:7070'"),
         ("a:1,b:", "'b:'", "port from 1 to 65535"),
         ("a:1,:2", "':2'", "not host:port"),
         ("a:1,b:0", "'b:0'", "port from 1 to 65535"),
         ("a:1,b:65536", "'b:65536'", "port from 1 to 65535"),
         ("a:1,b:http", "'b:http'", "port from 1 to 65535"),
         ("a:1,::1:2", "'::1:2'", "brackets, e.g. '[::1]:7070'"),
-        ("a:1,[::1]", "'[::1]'", "[ipv6]:port"),
         ("a:1,[::1:2", "'[::1:2'", "[ipv6]:port"),
         ("a:1,dns:///b:2", "'dns:///b:2'", "scheme"),
         ("a:1,a:1", "'a:1' is listed twice", "once"),
@@ -145,8 +150,8 @@ def test_client_takes_a_list_or_a_comma_separated_string() -> None:
 
 
 def test_client_refuses_a_bad_entry_by_name() -> None:
-    with pytest.raises(ConfigurationError, match=r"'127\.0\.0\.1' is not host:port"):
-        Client("127.0.0.1:1,127.0.0.1")
+    with pytest.raises(ConfigurationError, match=r"'127\.0\.0\.1:x' needs a host and a port"):
+        Client("127.0.0.1:1,127.0.0.1:x")
 
 
 def test_transport_keeps_the_addresses() -> None:
@@ -197,6 +202,6 @@ def test_unreachable_replicas_are_all_named() -> None:
 def test_cli_takes_several_addresses_from_the_environment(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setenv("TROTH_SERVER", "127.0.0.1:1,127.0.0.1")
+    monkeypatch.setenv("TROTH_SERVER", "127.0.0.1:1,127.0.0.1:x")
     assert main(["promises", "get", "p"]) == 1
-    assert "'127.0.0.1' is not host:port" in capsys.readouterr().err
+    assert "'127.0.0.1:x' needs a host and a port" in capsys.readouterr().err
