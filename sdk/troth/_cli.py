@@ -32,7 +32,6 @@ import contextlib
 import importlib
 import json
 import os
-import re
 import signal
 import sys
 import threading
@@ -43,6 +42,7 @@ from typing import IO, TYPE_CHECKING, Any, cast
 
 from troth._convert import timedelta_to_proto
 from troth._credentials import TlsConfig
+from troth._durations import EXAMPLES, duration_ms
 from troth._promise import CreateResult, Promise, PromiseState, SettleResult
 from troth.client import DEFAULT_ADDRESS, Client, connection
 from troth.errors import ConfigurationError, TrothError
@@ -56,9 +56,6 @@ _SERVER_MISSING = "troth {command} needs the server: pip install troth-server"
 _DEFAULT_LIMIT = 100
 _PREVIEW_WIDTH = 40
 
-_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
-_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
-_DURATION = re.compile(rf"(?:{_DURATION_PART.pattern})+")
 
 Handler = Callable[[Client, argparse.Namespace, IO[str]], int]
 
@@ -69,17 +66,15 @@ Handler = Callable[[Client, argparse.Namespace, IO[str]], int]
 
 
 def parse_duration(text: str) -> timedelta:
-    """Parse `30s`, `5m`, `2h`, `3d`, `250ms`, or a sum such as `1h30m`."""
-    cleaned = text.strip().lower()
-    if not _DURATION.fullmatch(cleaned):
+    """Parse `30s`, `5m`, `2h`, `3d`, `250ms`, or a sum such as `1h30m` (`troth._durations`)."""
+    ms = duration_ms(text)
+    if ms is None or (ms == 0 and text.strip() == "0"):
         raise argparse.ArgumentTypeError(
-            f"invalid duration {text!r}: use a number and a unit (ms, s, m, h, d), "
-            "e.g. 30s, 5m, 2h, 3d or 1h30m"
+            f"invalid duration {text!r}: use a number and a unit (ms, s, m, h, d), {EXAMPLES}"
         )
-    seconds = sum(float(n) * _UNITS[unit] for n, unit in _DURATION_PART.findall(cleaned))
-    if seconds <= 0:
+    if ms <= 0:
         raise argparse.ArgumentTypeError(f"invalid duration {text!r}: it must be more than 0")
-    return timedelta(seconds=seconds)
+    return timedelta(milliseconds=ms)
 
 
 def parse_json(text: str) -> Any:

@@ -5,31 +5,25 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import os
-import re
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from troth._durations import EXAMPLES, duration_ms
 from troth_server.auth import SUPPORTED_ALGORITHMS, AuthSources, parse_algorithms
 from troth_server.domain.schema import SchemaBounds
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d)$")
-_UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
-
 
 def parse_duration_ms(text: str) -> int:
-    """`250ms`, `30s`, `5m`, `24h`, `7d` -> milliseconds (a bare `0` is 0)."""
-    if text.strip() == "0":
-        return 0
-    match = _DURATION.match(text.strip())
-    if not match:
-        raise ValueError(
-            f"{text!r} is not a duration; write it like 250ms, 30s, 5m, 24h or 7d (or 0)"
-        )
-    return int(float(match.group(1)) * _UNIT_MS[match.group(2)])
+    """`250ms`, `30s`, `5m`, `24h`, `7d`, sums such as `1h30m` -> milliseconds (a bare
+    `0` is 0): the CLI's syntax (`troth._durations`)."""
+    ms = duration_ms(text)
+    if ms is None:
+        raise ValueError(f"{text!r} is not a duration; write it like {EXAMPLES} (or 0)")
+    return ms
 
 
 @dataclass(frozen=True, slots=True)

@@ -54,3 +54,21 @@ def test_the_schema_check_limits_are_flags_and_variables() -> None:
     assert (bounds.max_value_depth, bounds.max_schema_steps) == (8, 1000)
     assert (bounds.max_unique_items, bounds.max_schema_depth) == (50, 12)
     assert bounds.max_check_depth == 128
+
+
+def test_server_durations_are_the_clis_one_syntax() -> None:
+    from datetime import timedelta
+
+    from troth._cli import parse_duration
+
+    settings = settings_from(["--default-ttl", "1h30m", "--max-ttl", "7d", "--sweep-interval",
+                              "1.5s", "--retention", "0"], environ={})  # fmt: skip
+    assert settings.limits.default_ttl_ms == 5_400_000
+    assert settings.limits.max_ttl_ms == 7 * 86_400_000
+    assert settings.sweep_interval_ms == 1500 and settings.retention_ms == 0
+    # The CLI reads the same text the same way.
+    assert parse_duration("1h30m") == timedelta(milliseconds=5_400_000)
+    assert parse_duration("1.5s") == timedelta(milliseconds=1500)
+    for bad in ("soon", "1h 30m", "90", "-5s", "1x"):
+        with pytest.raises(SystemExit):
+            settings_from(["--default-ttl", bad], environ={})
