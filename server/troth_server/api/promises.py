@@ -110,27 +110,23 @@ class _Handlers:
         self, promises: list[Promise], reader: Principal, sent_key: str | None = None
     ) -> list[types_pb2.Promise]:
         """`promises` on the wire as `reader` may see them (`domain.visibility`)."""
+        views = [visibility.view(p, reader, sent_key=sent_key) for p in promises]
         # A worker's view of a step may need its workflow's group (a point read):
-        # only when, without it, something would be withheld.
+        # only when, without it, something was withheld.
         wanted = {
             p.parent_id
-            for p in promises
-            if p.parent_id is not None
-            and visibility.needs_group(p, reader)
-            and visibility.view(p, reader, sent_key=sent_key) is not p
+            for p, seen in zip(promises, views, strict=True)
+            if seen is not p and p.parent_id is not None and visibility.needs_group(p, reader)
         }
-        groups = self._service.workflow_groups(wanted) if wanted else {}
-        return [
-            convert.to_pb(
-                visibility.view(
-                    p,
-                    reader,
-                    None if p.parent_id is None else groups.get(p.parent_id),
-                    sent_key=sent_key,
-                )
-            )
-            for p in promises
-        ]
+        if wanted:
+            groups = self._service.workflow_groups(wanted)
+            views = [
+                visibility.view(p, reader, groups.get(p.parent_id), sent_key=sent_key)
+                if p.parent_id in wanted
+                else seen
+                for p, seen in zip(promises, views, strict=True)
+            ]
+        return [convert.to_pb(seen) for seen in views]
 
     def _one(
         self, promise: Promise, reader: Principal, sent_key: str | None = None
