@@ -190,6 +190,28 @@ def test_a_burst_of_3000_calls_is_answered_never_cancelled(default_server: Serve
     assert len(health_ms) == 5  # health was answered SERVING during the burst
 
 
+def test_a_malformed_call_timeout_is_invalid_argument_naming_it(
+    default_server: ServerProcess,
+) -> None:
+    with default_server.channel() as channel:
+        stub = promises_pb2_grpc.PromisesStub(channel)
+        for bad in ("soon", "-5", "0", "9" * 14):
+            with pytest.raises(grpc.RpcError) as info:
+                stub.GetPromise(
+                    pb.GetPromiseRequest(id="overload-known"),
+                    metadata=(("troth-timeout-ms", bad),),
+                    timeout=10,
+                )
+            assert info.value.code() is grpc.StatusCode.INVALID_ARGUMENT  # type: ignore[attr-defined]
+            assert error_info(info.value).metadata["field"] == "troth-timeout-ms"
+        # Well-formed, it is only a measurement: the call is answered as usual.
+        stub.CreatePromise(
+            pb.CreatePromiseRequest(id="overload-timed"),
+            metadata=(("troth-timeout-ms", "10000"),),
+            timeout=10,
+        )
+
+
 def test_refusals_carry_retry_info_and_are_counted_and_logged_once_a_second(
     small_server: ServerProcess,
 ) -> None:
