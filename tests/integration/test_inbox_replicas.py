@@ -139,10 +139,20 @@ def test_the_sdk_watch_moves_to_b_when_a_stops(pair: Pair) -> None:
             reconnects.append(True)
             client.create(f"{run}.after")
 
-        with client.watch_promises(f"{run}.*", on_reconnect=reconnected) as events:
+        with (
+            Client(pair.b.address) as on_b,
+            on_b.watch_promises(f"{run}.*") as b_events,
+            client.watch_promises(f"{run}.*", on_reconnect=reconnected) as events,
+        ):
             client.create(f"{run}.before")
             first = next(events)
             assert (first.type, first.promise.id) == (PromiseEventType.CREATED, f"{run}.before")
+            # B learns of A's writes through the database's notifications, which may lag
+            # on a loaded machine: wait until B has seen `.before`, so that the watch
+            # which moves to B starts after it (a watch has no cursor: what B learns
+            # after the move, it sends).
+            seen_on_b = next(b_events)
+            assert seen_on_b.promise.id == f"{run}.before"
             pair.a.proc.send_signal(signal.SIGTERM)  # graceful: A ends its watches
             second = next(events)
         assert (second.type, second.promise.id) == (PromiseEventType.CREATED, f"{run}.after")
