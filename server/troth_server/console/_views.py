@@ -1,0 +1,192 @@
+"""What the console's pages show, from the SDK's `Promise`s: pure (the clock is an argument).
+
+The tag names are the SDK's (`troth._commands`, checked equal by a unit test):
+the console is a client of the API and reads steps as any client may.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from troth import PromiseState
+from troth.errors import Reason
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable
+
+    from troth import Payload, Promise
+    from troth.errors import RpcError
+
+    Decode = Callable[[Payload], Any]
+
+__all__ = [
+    "TAG_FUNC",
+    "TAG_GROUP",
+    "TAG_INVOKE",
+    "TAG_KIND",
+    "InboxRow",
+    "Step",
+    "duration_words",
+    "error_words",
+    "inbox_rows",
+    "pretty",
+    "timeline",
+]
+
+TAG_KIND = "troth:kind"
+TAG_FUNC = "troth:func"
+TAG_GROUP = "troth:group"
+TAG_INVOKE = "troth:invoke"
+APPROVAL = "promise"
+"""`troth:kind` of a step a workflow waits on for a human (`ctx.promise()`)."""
+
+_WAITING_KINDS = {"promise": "a decision", "sleep": "a timer", "start": "a child workflow"}
+
+
+def duration_words(span: timedelta) -> str:
+    """`span` as an operator reads it: `45s`, `12m`, `3h 5m`, `2d 4h`."""
+    seconds = max(0, int(span.total_seconds()))
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, seconds = divmod(rest, 60)
+    if days:
+        return f"{days}d {hours}h" if hours else f"{days}d"
+    if hours:
+        return f"{hours}h {minutes}m" if minutes else f"{hours}h"
+    if minutes:
+        return f"{minutes}m"
+    return f"{seconds}s"
+
+
+def _deadline(expire: datetime | None, now: datetime) -> str:
+    if expire is None:
+        return "none"
+    if expire <= now:
+        return "expired"
+    return f"in {duration_words(expire - now)}"
+
+
+def _stamp(when: datetime | None) -> str:
+    return when.strftime("%Y-%m-%d %H:%M:%S UTC") if when is not None else ""
+
+
+@dataclass(frozen=True, slots=True)
+class InboxRow:
+    id: str
+    title: str
+    message: str
+    age: str
+    deadline: str
+    requested_by: str
+    group: str
+    root_id: str
+
+
+def inbox_rows(promises: Iterable[Promise], now: datetime) -> list[InboxRow]:
+    """The inbox's rows: pending promises, oldest first as listed."""
+    return [
+        InboxRow(
+            id=p.id,
+            title=p.title or p.id,
+            message=p.message,
+            age=duration_words(now - p.create_time),
+            deadline=_deadline(p.expire_time, now),
+            requested_by=p.requested_by,
+            group=p.tags.get(TAG_GROUP, ""),
+            root_id=p.root_id if p.root_id and p.root_id != p.id else "",
+        )
+        for p in promises
+        if p.state is PromiseState.PENDING
+    ]
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One line of a workflow's timeline."""
+
+    id: str
+    kind: str
+    name: str
+    state: str
+    created: str
+    settled: str
+    settled_by: str
+    title: str
+    waiting: str
+    """For the point the workflow waits at: what it waits for; else ""."""
+    value: str
+
+
+def _value_text(promise: Promise, decode: Decode) -> str:
+    if promise.state is PromiseState.PENDING:
+        return ""
+    try:
+        value = decode(promise.value)
+    except Exception:  # any codec's failure: show the size of the bytes instead
+        return f"({len(promise.value.data)} bytes the console cannot decode)"
+    if value is None:
+        return ""
+    text = json.dumps(value, sort_keys=True, default=str)
+    return text if len(text) <= 200 else text[:199] + "…"
+
+
+def timeline(root: Promise, steps: Iterable[Promise], decode: Decode) -> list[Step]:
+    """The root, then its steps in creation order; pending steps it waits on marked."""
+    ordered = sorted(steps, key=lambda p: (p.create_time, p.id))
+    lines = [_step(root, "workflow", root.tags.get(TAG_FUNC, ""), decode)]
+    for step in ordered:
+        kind = step.tags.get(TAG_KIND, "")
+        lines.append(_step(step, kind or "promise", step.tags.get(TAG_FUNC, ""), decode))
+    return lines
+
+
+def _step(promise: Promise, kind: str, name: str, decode: Decode) -> Step:
+    pending = promise.state is PromiseState.PENDING
+    waiting = _WAITING_KINDS.get(kind, "") if pending else ""
+    return Step(
+        id=promise.id,
+        kind=kind,
+        name=name,
+        state=promise.state.value,
+        created=_stamp(promise.create_time),
+        settled=_stamp(promise.settle_time),
+        settled_by=promise.settled_by,
+        title=promise.title,
+        waiting=waiting,
+        value=_value_text(promise, decode),
+    )
+
+
+_WORDS: dict[str, str] = {
+    Reason.NOT_AN_APPROVER: "You are not one of the approvers of this promise",
+    Reason.ALREADY_SETTLED: "Someone settled this promise already",
+    Reason.TIMED_OUT: "This promise timed out before your decision arrived",
+    Reason.NOT_FOUND: "There is no such promise (any more)",
+    Reason.INVALID_ARGUMENT: "The server refused the value",
+    Reason.PERMISSION_DENIED: "You may not do this",
+    Reason.ROLE_NOT_ALLOWED: "Your roles do not allow this",
+    Reason.OUTSIDE_PREFIXES: "This promise is outside the ids you may touch",
+    Reason.UNAUTHENTICATED: "The server did not accept your token",
+    Reason.TOKEN_UNKNOWN: "The server does not know your token",
+    Reason.TOKEN_INVALID: "Your token is not valid",
+    Reason.TOKEN_EXPIRED: "Your token has expired; sign in again",
+    Reason.OVERLOADED: "The server is overloaded; try again in a moment",
+}
+
+
+def error_words(error: RpcError) -> str:
+    """A refusal in words for the human, with the server's own message after it."""
+    lead = _WORDS.get(error.reason, "The server refused")
+    detail = error.message or str(error)
+    return f"{lead}: {detail} ({error.reason or error.code.name})"
+
+
+def pretty(value: Any) -> str:
+    """A decoded value as indented JSON, for reading."""
+    try:
+        return json.dumps(value, indent=2, sort_keys=True, default=str)
+    except (TypeError, ValueError):
+        return repr(value)
