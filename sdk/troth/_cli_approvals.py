@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import IO, TYPE_CHECKING, Any
 
 from troth._cli import (
@@ -46,6 +46,7 @@ from troth._cli import (
     promise_to_json,
 )
 from troth._commands import TAG_GROUP, TAG_KIND, Kind
+from troth._durations import format_duration
 from troth._promise import PromiseEventType, PromiseOrder, PromiseState
 from troth.errors import InvalidArgumentError
 
@@ -223,8 +224,8 @@ def format_inbox(promises: list[Promise], now: datetime) -> str:
         (
             p.id,
             _cut(p.title or "-", _TITLE_WIDTH),
-            format_age(now - p.create_time),
-            "never" if p.expire_time is None else "in " + format_age(p.expire_time - now),
+            format_duration(now - p.create_time),
+            "never" if p.expire_time is None else "in " + format_duration(p.expire_time - now),
             p.requested_by or "-",
             p.tags.get(TAG_GROUP, "-"),
             _user_tags(p),
@@ -246,22 +247,6 @@ def format_event(event: PromiseEvent) -> str:
     elif event.type is PromiseEventType.CREATED and p.requested_by:
         line += f"  (requested by {p.requested_by})"
     return line
-
-
-def format_age(delta: timedelta) -> str:
-    """A duration in its largest unit and the next: `3d`, `3d4h`, `2h5m`, `45s`
-    (`0s` if negative)."""
-    seconds = max(0, int(delta.total_seconds()))
-    units = (("d", 86400), ("h", 3600), ("m", 60), ("s", 1))
-    for i, (unit, size) in enumerate(units):
-        if seconds >= size or unit == "s":
-            text = f"{seconds // size}{unit}"
-            if i + 1 < len(units):
-                next_unit, next_size = units[i + 1]
-                if (rest := seconds % size // next_size) > 0:
-                    text += f"{rest}{next_unit}"
-            return text
-    raise AssertionError("unreachable: the last unit always matches")
 
 
 def _user_tags(promise: Promise) -> str:

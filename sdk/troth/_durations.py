@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import re
+from datetime import timedelta
 
 _PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 _WHOLE = re.compile(rf"(?:{_PART.pattern})+")
@@ -21,3 +22,19 @@ def duration_ms(text: str) -> int | None:
     if not _WHOLE.fullmatch(cleaned):
         return None
     return int(sum(float(n) * _UNIT_MS[unit] for n, unit in _PART.findall(cleaned)))
+
+
+def format_duration(delta: timedelta) -> str:
+    """A duration for people, in its largest unit and the next: `3d`, `3d4h`, `2h5m`,
+    `45s` (`0s` if negative); in this syntax, so `duration_ms` reads it back (rounded)."""
+    seconds = max(0, int(delta.total_seconds()))
+    units = (("d", 86400), ("h", 3600), ("m", 60), ("s", 1))
+    for i, (unit, size) in enumerate(units):
+        if seconds >= size or unit == "s":
+            text = f"{seconds // size}{unit}"
+            if i + 1 < len(units):
+                next_unit, next_size = units[i + 1]
+                if (rest := seconds % size // next_size) > 0:
+                    text += f"{rest}{next_unit}"
+            return text
+    raise AssertionError("unreachable: the last unit always matches")

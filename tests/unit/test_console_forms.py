@@ -123,7 +123,7 @@ def test_inbox_rows_say_age_and_deadline_in_words() -> None:
     settled = _promise("b", PromiseState.RESOLVED, timedelta(seconds=1))
     (row,) = _views.inbox_rows([pending, settled], NOW)
     assert (row.title, row.age, row.deadline, row.group, row.root_id) == (
-        "Publish?", "3h 5m", "in 2d 4h", "editors", "wf",
+        "Publish?", "3h5m", "in 2d4h", "editors", "wf",
     )  # fmt: skip
 
 

@@ -15,7 +15,8 @@ from troth import Payload, PromiseEvent, PromiseEventType
 from troth import Promise as SdkPromise
 from troth import PromiseState as SdkState
 from troth._cli import main
-from troth._cli_approvals import format_age, format_event, format_inbox, inbox_tags
+from troth._cli_approvals import format_event, format_inbox, inbox_tags
+from troth._durations import format_duration
 from troth_server import paging
 from troth_server.domain.errors import InvalidPageToken
 from troth_server.domain.promise import TIMEOUT_PRINCIPAL, Promise, PromiseState
@@ -300,7 +301,7 @@ def test_a_stopping_server_ends_watches_quietly() -> None:
     ],
 )
 def test_ages(delta: timedelta, text: str) -> None:
-    assert format_age(delta) == text
+    assert format_duration(delta) == text
 
 
 def test_inbox_tags() -> None:

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from troth import PromiseState
+from troth._durations import format_duration
 from troth.errors import Reason
 
 if TYPE_CHECKING:
@@ -29,7 +30,6 @@ __all__ = [
     "TAG_KIND",
     "InboxRow",
     "Step",
-    "duration_words",
     "error_words",
     "inbox_rows",
     "pretty",
@@ -46,27 +46,12 @@ APPROVAL = "promise"
 _WAITING_KINDS = {"promise": "a decision", "sleep": "a timer", "start": "a child workflow"}
 
 
-def duration_words(span: timedelta) -> str:
-    """`span` as an operator reads it: `45s`, `12m`, `3h 5m`, `2d 4h`."""
-    seconds = max(0, int(span.total_seconds()))
-    days, rest = divmod(seconds, 86400)
-    hours, rest = divmod(rest, 3600)
-    minutes, seconds = divmod(rest, 60)
-    if days:
-        return f"{days}d {hours}h" if hours else f"{days}d"
-    if hours:
-        return f"{hours}h {minutes}m" if minutes else f"{hours}h"
-    if minutes:
-        return f"{minutes}m"
-    return f"{seconds}s"
-
-
 def _deadline(expire: datetime | None, now: datetime) -> str:
     if expire is None:
         return "none"
     if expire <= now:
         return "expired"
-    return f"in {duration_words(expire - now)}"
+    return f"in {format_duration(expire - now)}"
 
 
 def _stamp(when: datetime | None) -> str:
@@ -92,7 +77,7 @@ def inbox_rows(promises: Iterable[Promise], now: datetime) -> list[InboxRow]:
             id=p.id,
             title=p.title or p.id,
             message=p.message,
-            age=duration_words(now - p.create_time),
+            age=format_duration(now - p.create_time),
             deadline=_deadline(p.expire_time, now),
             requested_by=p.requested_by,
             group=p.tags.get(TAG_GROUP, ""),
