@@ -1,7 +1,7 @@
 """What the console's pages show, from the SDK's `Promise`s: pure (the clock is an argument).
 
-The tag names are the SDK's (`troth._commands`, checked equal by a unit test):
-the console is a client of the API and reads steps as any client may.
+The step tags are the SDK's own (`troth._commands`, their one home): the console is a
+client of the API and reads steps as any client may.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from troth import PromiseState
+from troth._commands import TAG_FUNC, TAG_GROUP, TAG_INVOKE, TAG_KIND
 from troth._durations import format_duration
 from troth.errors import Reason
 
@@ -36,10 +37,6 @@ __all__ = [
     "timeline",
 ]
 
-TAG_KIND = "troth:kind"
-TAG_FUNC = "troth:func"
-TAG_GROUP = "troth:group"
-TAG_INVOKE = "troth:invoke"
 APPROVAL = "promise"
 """`troth:kind` of a step a workflow waits on for a human (`ctx.promise()`)."""
 
