@@ -51,7 +51,14 @@ from troth.v1 import promises_pb2
 if TYPE_CHECKING:
     from troth.codec import Payload
 
-_SERVER_MISSING = "troth {command} needs the server: pip install troth-server"
+INSTALL_SERVER = (
+    "pip install ./server from a troth checkout "
+    "(./server[postgres] for PostgreSQL; the SDK, troth, is already installed)"
+)
+"""The server package, troth-server, is installed from the repository beside the SDK."""
+_SERVER_MISSING = "troth {command} needs the server, troth-server, which is not installed: " + (
+    INSTALL_SERVER
+)
 
 _DEFAULT_LIMIT = 100
 _PREVIEW_WIDTH = 40

@@ -454,8 +454,10 @@ def _wait_for_port(
         if proc.poll() is not None or time.monotonic() > deadline:
             log = log_path.read_text(errors="replace")
             if "No module named troth_server" in log:
+                from troth._cli import INSTALL_SERVER  # the CLI's own words for it
+
                 raise ConfigurationError(
-                    "running_server needs the server: pip install troth-server"
+                    f"running_server needs the server, troth-server: {INSTALL_SERVER}"
                 )
             proc.kill()
             raise ConfigurationError(f"the troth server did not start:\n{log[-4000:]}")

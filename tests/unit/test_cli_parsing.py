@@ -150,9 +150,11 @@ def test_serve_without_the_server_package(
     monkeypatch.delitem(sys.modules, "troth_server.cli", raising=False)
     command = next(arg for arg in argv if not arg.startswith("-"))
     assert main(argv) == 1
-    assert capsys.readouterr().err == (
-        f"troth {command} needs the server: pip install troth-server\n"
-    )
+    err = capsys.readouterr().err
+    assert err.startswith(f"troth {command} needs the server, troth-server, which is not installed")
+    # The command that works: troth-server installs from the checkout, beside the SDK.
+    assert "pip install ./server from a troth checkout" in err
+    assert "./server[postgres] for PostgreSQL" in err
 
 
 def test_db_forwards_the_rest_of_the_command_line(monkeypatch: pytest.MonkeyPatch) -> None:
