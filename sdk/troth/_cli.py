@@ -1,7 +1,7 @@
 """The `troth` command: operate on promises from a shell, and start the server.
 
 ```
-troth [--server ADDR] [--json] [--principal P] [--timeout S] promises get ID
+troth [--server ADDR] [--json] [--principal P] [--timeout DURATION] promises get ID
       [--tls] [--tls-ca FILE] [--tls-cert FILE --tls-key FILE] [--tls-server-name NAME]
       [--token-file FILE]
 troth promises search [ID_GLOB] [--state S ...] [--tag k=v ...] [--limit N]
@@ -32,6 +32,7 @@ import contextlib
 import importlib
 import json
 import os
+import re
 import signal
 import sys
 import threading
@@ -42,7 +43,7 @@ from typing import IO, TYPE_CHECKING, Any, cast
 
 from troth._convert import timedelta_to_proto
 from troth._credentials import TlsConfig
-from troth._durations import EXAMPLES, duration_ms
+from troth._durations import EXAMPLES, duration_ms, format_duration
 from troth._promise import CreateResult, Promise, PromiseState, SettleResult
 from troth.client import DEFAULT_ADDRESS, Client, connection
 from troth.errors import ConfigurationError, TrothError
@@ -61,6 +62,8 @@ _SERVER_MISSING = "troth {command} needs the server, troth-server, which is not 
 )
 
 _DEFAULT_LIMIT = 100
+_DEFAULT_TIMEOUT = timedelta(seconds=10)
+_BARE_NUMBER = re.compile(r"\d+(?:\.\d+)?")
 _PREVIEW_WIDTH = 40
 
 
@@ -75,6 +78,11 @@ Handler = Callable[[Client, argparse.Namespace, IO[str]], int]
 def parse_duration(text: str) -> timedelta:
     """Parse `30s`, `5m`, `2h`, `3d`, `250ms`, or a sum such as `1h30m` (`troth._durations`)."""
     ms = duration_ms(text)
+    if _BARE_NUMBER.fullmatch(text.strip()) and text.strip() != "0":
+        raise argparse.ArgumentTypeError(
+            f"invalid duration {text!r}: give it a unit, e.g. {text.strip()}s "
+            "(ms, s, m, h, d; or a sum such as 1h30m)"
+        )
     if ms is None or (ms == 0 and text.strip() == "0"):
         raise argparse.ArgumentTypeError(
             f"invalid duration {text!r}: use a number and a unit (ms, s, m, h, d), {EXAMPLES}"
@@ -124,16 +132,6 @@ def _positive_int(text: str) -> int:
     return number
 
 
-def _positive_seconds(text: str) -> float:
-    try:
-        seconds = float(text)
-    except ValueError:
-        seconds = -1.0
-    if not seconds > 0:
-        raise argparse.ArgumentTypeError(f"invalid timeout {text!r}: use seconds above 0, e.g. 10")
-    return seconds
-
-
 # --- parser -----------------------------------------------------------------
 
 
@@ -169,10 +167,11 @@ def _global_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
     )
     parser.add_argument(
         "--timeout",
-        metavar="SECONDS",
-        type=_positive_seconds,
-        default=default(10.0),
-        help="seconds per call, retries included (default %(default)s)"
+        metavar="DURATION",
+        type=parse_duration,
+        default=default(_DEFAULT_TIMEOUT),
+        help=f"how long each call may take, retries included ({EXAMPLES}; "
+        f"default {format_duration(_DEFAULT_TIMEOUT)})"
         if not suppress
         else argparse.SUPPRESS,
     )
@@ -386,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with Client(
             args.server,
-            timeout=args.timeout,
+            timeout=args.timeout.total_seconds(),
             principal=args.principal,
             tls=_tls_option(args),
             token=_read_token_file(args.token_file),

@@ -24,9 +24,14 @@ def duration_ms(text: str) -> int | None:
     return int(sum(float(n) * _UNIT_MS[unit] for n, unit in _PART.findall(cleaned)))
 
 
-def format_duration(delta: timedelta) -> str:
+def format_duration(delta: timedelta, *, exact: bool = False) -> str:
     """A duration for people, in its largest unit and the next: `3d`, `3d4h`, `2h5m`,
-    `45s` (`0s` if negative); in this syntax, so `duration_ms` reads it back (rounded)."""
+    `45s` (`0s` if negative); in this syntax, so `duration_ms` reads it back (rounded).
+
+    `exact=True` (defaults and limits, which must read back as they are) writes every
+    unit down to milliseconds instead: `1d`, `1h30m`, `1s500ms`, `250ms`."""
+    if exact:
+        return _exact(max(0, delta // timedelta(milliseconds=1)))
     seconds = max(0, int(delta.total_seconds()))
     units = (("d", 86400), ("h", 3600), ("m", 60), ("s", 1))
     for i, (unit, size) in enumerate(units):
@@ -38,3 +43,15 @@ def format_duration(delta: timedelta) -> str:
                     text += f"{rest}{next_unit}"
             return text
     raise AssertionError("unreachable: the last unit always matches")
+
+
+def _exact(ms: int) -> str:
+    parts = []
+    for unit, size in _UNIT_MS_DESCENDING:
+        count, ms = divmod(ms, size)
+        if count:
+            parts.append(f"{count}{unit}")
+    return "".join(parts) or "0s"
+
+
+_UNIT_MS_DESCENDING = sorted(_UNIT_MS.items(), key=lambda item: -item[1])

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from troth._durations import EXAMPLES, duration_ms
 from troth_server.auth import SUPPORTED_ALGORITHMS, AuthSources, parse_algorithms
 from troth_server.domain.schema import SchemaBounds
+from troth_server.units import duration_text, size_text
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -431,7 +432,10 @@ def build_parser() -> argparse.ArgumentParser:
         if kind is bool:
             parser.add_argument(f"--{flag}", action="store_true", default=None, help=help_text)
             continue
-        shown = f"{default}ms" if kind is None else default
+        if kind is None:
+            shown = duration_text(default)
+        else:
+            shown = size_text(default) if name.endswith("_bytes") else default
         parser.add_argument(f"--{flag}", default=None, help=f"{help_text} (default: {shown})")
     for flag in _REMOVED:
         parser.add_argument(f"--{flag}", default=None, help=argparse.SUPPRESS)

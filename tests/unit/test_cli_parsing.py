@@ -133,7 +133,7 @@ def test_global_options_work_before_and_after_the_command(monkeypatch: pytest.Mo
     monkeypatch.delenv("TROTH_PRINCIPAL", raising=False)
     assert main(["promises", "get", "p", "--json"]) == 0
     assert (
-        main(["--server", "a:1", "promises", "get", "p", "--principal", "ann", "--timeout", "2"])
+        main(["--server", "a:1", "promises", "get", "p", "--principal", "ann", "--timeout", "2s"])
         == 0
     )
     assert main(["promises", "get", "p", "--server", "b:2"]) == 0
