@@ -57,7 +57,7 @@ from troth._cli import (
 from troth._commands import TAG_FUNC, TAG_INVOKE
 from troth._engine import CreateStep, Done, Failed, Outcome, Suspend, Workflow, describe_tags
 from troth.errors import NonDeterminismError, TrothError
-from troth.testing import HISTORY_FORMAT, History, load_histories, replay_history
+from troth.testing import HISTORY_FORMAT, History, load_histories, replay_history_counted
 from troth.worker import Worker
 
 if TYPE_CHECKING:
@@ -227,6 +227,8 @@ def _promise_json(promise: Promise) -> dict[str, Any]:
     ):
         if moment is not None:
             item[key] = moment.isoformat().replace("+00:00", "Z")
+    if promise.parent_id:
+        item["parent_id"] = promise.parent_id  # a step of this workflow, named or not
     if promise.settled_by:
         item["settled_by"] = promise.settled_by
     if promise.workflow_version:
@@ -283,21 +285,24 @@ class CheckResult:
         source: Where it was read from (a file path, or "server").
         outcome: Where the replay stopped when it did not diverge.
         divergence: The first divergent step, if any.
+        replayed: The recorded steps the code reached and was answered from
+            (named steps too); 0 when it diverged.
     """
 
     history: History
     source: str
     outcome: Outcome | None = None
     divergence: NonDeterminismError | None = None
+    replayed: int = 0
 
 
 def check_history(history: History, workflow: Workflow, source: str = "") -> CheckResult:
     """Replay `history` against `workflow`: the result, divergent or not."""
     try:
-        outcome = replay_history(history, workflow)
+        outcome, replayed = replay_history_counted(history, workflow)
     except NonDeterminismError as error:
         return CheckResult(history, source, divergence=error)
-    return CheckResult(history, source, outcome=outcome)
+    return CheckResult(history, source, outcome=outcome, replayed=replayed)
 
 
 def render_result(result: CheckResult) -> str:
@@ -307,7 +312,7 @@ def render_result(result: CheckResult) -> str:
     error = result.divergence
     if error is None:
         assert result.outcome is not None
-        replayed = _plural(_recorded_steps(history), "step", "steps")
+        replayed = _plural(result.replayed, "step", "steps")
         return f"{head}: OK, {replayed} replayed; {describe_outcome(result.outcome)}"
     where = f"id {error.step_id}" if error.step_id else "no id"
     if error.recorded is None:
@@ -343,15 +348,6 @@ def _plural(count: int, one: str, many: str) -> str:
     return f"{count} {one if count == 1 else many}"
 
 
-def _recorded_steps(history: History) -> int:
-    prefix = f"{history.root_id}."
-    return sum(
-        1
-        for promise in history.promises
-        if promise.id.startswith(prefix) and promise.id[len(prefix) :].isdigit()
-    )
-
-
 def _result_json(result: CheckResult) -> dict[str, Any]:
     error = result.divergence
     return {
@@ -359,6 +355,7 @@ def _result_json(result: CheckResult) -> dict[str, Any]:
         "workflow": result.history.workflow,
         "source": result.source,
         "ok": error is None,
+        "replayed": result.replayed,
         "outcome": describe_outcome(result.outcome) if result.outcome is not None else None,
         "divergence": None
         if error is None
