@@ -37,6 +37,18 @@ from typing import TYPE_CHECKING, Any, Self
 
 import grpc
 
+from troth._approvers import Approvers
+from troth._arguments import (
+    check_bool,
+    check_count,
+    check_duration,
+    check_id,
+    check_moment,
+    check_optional_text,
+    check_seconds,
+    check_tags,
+    check_text,
+)
 from troth._calls import Connection, schema_text
 from troth._commands import TAG_FUNC, TAG_INVOKE
 from troth._convert import (
@@ -72,7 +84,6 @@ from troth.errors import (
 from troth.v1 import promises_pb2
 
 if TYPE_CHECKING:
-    from troth._approvers import Approvers
     from troth._transport import PromisesStub
 
 __all__ = [
@@ -276,6 +287,21 @@ class Client:
             InvalidArgumentError: Bad id, ttl or payload (see `.field`).
             ValueError: More than one of ttl, expire_time, never_expires; naive datetime.
         """
+        call = "Client.create"
+        check_id(call, id)
+        tags = check_tags(call, tags)
+        ttl = check_duration(call, ttl, "ttl")
+        expire_time = check_moment(call, expire_time, "expire_time")
+        check_bool(call, never_expires, "never_expires")
+        check_bool(call, strict, "strict")
+        check_optional_text(call, idempotency_key, "idempotency_key")
+        for name, text in (("title", title), ("message", message), ("requested_by", requested_by)):
+            check_text(call, text, name)
+        if approvers is not None and not isinstance(approvers, Approvers):
+            raise TypeError(
+                f"{call}: approvers must be a troth.Approvers such as "
+                f"Approvers(principals=['ann']), not {type(approvers).__name__}"
+            )
         expiries = [name for name, given in _expiry_args(ttl, expire_time, never_expires) if given]
         if len(expiries) > 1:
             raise ValueError(
@@ -285,7 +311,7 @@ class Client:
         request = promises_pb2.CreatePromiseRequest(
             id=id,
             param=payload_to_proto(self.encode(param)),
-            tags=dict(tags or {}),
+            tags=tags,
             never_expires=never_expires,
             idempotency_key=idempotency_key or "",
             strict=strict,
@@ -309,7 +335,7 @@ class Client:
         Raises:
             NotFoundError: No promise has this id.
         """
-        request = promises_pb2.GetPromiseRequest(id=id)
+        request = promises_pb2.GetPromiseRequest(id=check_id("Client.get", id))
         response = self._transport.call(self._stub.GetPromise, request, timeout=self._timeout)
         return promise_from_proto(response.promise)
 
@@ -353,6 +379,14 @@ class Client:
                 datetime; `created_before` with `older_than`, or `older_than`
                 with `page_token`.
         """
+        call = "Client.search"
+        check_id(call, id)
+        tags = check_tags(call, tags)
+        check_count(call, page_size, "page_size")
+        check_optional_text(call, page_token, "page_token")
+        created_before = check_moment(call, created_before, "created_before")
+        older_than = check_duration(call, older_than, "older_than")
+        check_bool(call, mine, "mine")
         if older_than is not None and page_token:
             raise ValueError(
                 "older_than is relative to now, so the next page would be another search; "
@@ -362,7 +396,7 @@ class Client:
         request = promises_pb2.SearchPromisesRequest(
             id=id,
             states=[state_to_proto(parse_state(state)) for state in states],
-            tags=dict(tags or {}),
+            tags=tags,
             page_size=page_size or 0,
             page_token=page_token or "",
             order=order_to_proto(parse_order(order)),
@@ -396,6 +430,9 @@ class Client:
         one call with the client's timeout.
         """
         states = tuple(states)
+        call = "Client.search_all"
+        created_before = check_moment(call, created_before, "created_before")
+        older_than = check_duration(call, older_than, "older_than")
         cut_off = search_cut_off(created_before, older_than)
         token: str | None = None
         while True:
@@ -493,7 +530,9 @@ class Client:
         """A settle token for the pending promise `id`, to put in a link: it lets its
         bearer resolve or reject that promise (`outcomes`: "resolve", "reject";
         default both), until `ttl` (default: the promise's expiry), once."""
-        return self._connection.mint_settle_token(id, outcomes=outcomes, ttl=ttl)
+        call = "Client.mint_settle_token"
+        ttl = check_duration(call, ttl, "ttl")
+        return self._connection.mint_settle_token(check_id(call, id), outcomes=outcomes, ttl=ttl)
 
     def cancel(
         self,
@@ -529,6 +568,12 @@ class Client:
         create_if_missing: bool = False,
         settle_token: str | None = None,
     ) -> SettleResult:
+        call = f"Client.{request_type.__name__.removesuffix('PromiseRequest').lower()}"
+        check_id(call, id)
+        check_optional_text(call, idempotency_key, "idempotency_key")
+        check_bool(call, strict, "strict")
+        check_bool(call, create_if_missing, "create_if_missing")
+        check_optional_text(call, settle_token, "settle_token")
         generated = not idempotency_key
         key = uuid.uuid4().hex if generated else idempotency_key
         request = request_type(
@@ -563,8 +608,8 @@ class Client:
             NotFoundError: No promise has this id.
             DeadlineExceededError: It had not settled within `timeout` (also a `TimeoutError`).
         """
-        if timeout is not None and not timeout > 0:
-            raise ValueError(f"timeout={timeout!r} must be positive, or None to wait indefinitely")
+        check_id("Client.watch", id)
+        timeout = check_seconds("Client.watch", timeout)
         transport = self._transport
         deadline = transport.deadline(timeout)
         request = promises_pb2.WatchPromiseRequest(id=id)
@@ -672,7 +717,9 @@ class Client:
 
         .. versionadded:: 0.2.0
         """
-        request = promises_pb2.WatchPromisesRequest(id=id, tags=dict(tags or {}))
+        call = "Client.watch_promises"
+        tags = check_tags(call, tags)
+        request = promises_pb2.WatchPromisesRequest(id=check_id(call, id), tags=tags)
         return PromiseEventStream(self._transport, request, on_reconnect)
 
     def wait(self, id: str, timeout: float | None = None) -> Promise:
@@ -686,6 +733,8 @@ class Client:
             NotFoundError: No promise has this id.
             DeadlineExceededError: It had not settled within `timeout` (also a `TimeoutError`).
         """
+        check_id("Client.wait", id)
+        timeout = check_seconds("Client.wait", timeout)
         for promise in self.watch(id, timeout=timeout):
             if promise.is_settled:
                 return promise
@@ -727,6 +776,10 @@ class Client:
             InvalidArgumentError: Bad id or ttl, or arguments over the payload limit.
             TypeError: The codec cannot encode the arguments.
         """
+        call = "Client.start"
+        check_id(call, id)
+        check_text(call, group, "group")
+        ttl = check_duration(call, ttl, "ttl")
         name = _workflow_name(workflow)
         self._connection.create(
             id,
@@ -740,7 +793,7 @@ class Client:
 
     def handle(self, id: str) -> Handle:
         """A handle to the workflow (or any promise) with this id; makes no call."""
-        return Handle(self, id)
+        return Handle(self, check_id("Client.handle", id))
 
 
 def connection(client: Client) -> Connection:

@@ -21,8 +21,17 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from troth._approvers import Approvers
+from troth._arguments import (
+    check_bool,
+    check_duration,
+    check_optional_id,
+    check_optional_text,
+    check_tags,
+    check_text,
+)
 from troth._commands import (
     AwaitAll,
     AwaitAny,
@@ -37,9 +46,6 @@ from troth._commands import (
     StartWorkflow,
 )
 from troth._schema import decision_schema
-
-if TYPE_CHECKING:
-    from troth._approvers import Approvers
 
 __all__ = ["Context", "PromiseHandle", "RetryPolicy"]
 
@@ -135,7 +141,17 @@ class Context:
                 `NOT_AN_APPROVER`). A settle token (`handle.settle_token()`)
                 needs no approver.
         """
-        user_tags = dict(tags or {})
+        call = "ctx.promise"
+        check_optional_id(call, id)
+        timeout = check_duration(call, timeout, "timeout")
+        user_tags = check_tags(call, tags)
+        check_text(call, title, "title")
+        check_text(call, message, "message")
+        check_bool(call, check_args, "check_args")
+        if approvers is not None and not isinstance(approvers, Approvers):
+            raise TypeError(
+                f"{call}: approvers must be a troth.Approvers, not {type(approvers).__name__}"
+            )
         reserved = sorted(k for k in user_tags if k.startswith(_RESERVED_TAG_PREFIX))
         if reserved:
             raise ValueError(f"tags {reserved} use the reserved prefix 'troth:'; rename them")
@@ -180,6 +196,16 @@ class Context:
                 with no canonical JSON encoding (objects of unknown classes)
                 are not checked; see `troth._digests`.
         """
+        if not callable(fn):
+            raise TypeError(
+                f"ctx.run: fn must be a function (ctx.run(fn, *args)), not {type(fn).__name__}"
+            )
+        if retry is not None and not isinstance(retry, RetryPolicy):
+            raise TypeError(
+                f"ctx.run: retry must be a troth.RetryPolicy, not {type(retry).__name__}"
+            )
+        check_optional_id("ctx.run", id)
+        check_bool("ctx.run", check_args, "check_args")
         return RunStep(fn=fn, args=args, retry=retry or RetryPolicy(), id=id, check_args=check_args)
 
     def sleep(
@@ -191,7 +217,10 @@ class Context:
         a replay that asks for another one fails with `NonDeterminismError`;
         pass False for a duration computed from the clock (`deadline - now`).
         """
-        delta = duration if isinstance(duration, timedelta) else timedelta(seconds=duration)
+        delta = check_duration("ctx.sleep", duration, "duration", seconds=True)
+        if delta is None:
+            raise TypeError("ctx.sleep: duration must be a datetime.timedelta or seconds, not None")
+        check_optional_id("ctx.sleep", id)
         if delta < timedelta(0):
             raise ValueError(f"duration must not be negative, not {delta}")
         return Sleep(duration=delta, id=id, check_args=check_args)
@@ -216,6 +245,8 @@ class Context:
                 starts the child with others at this position. Pass False where
                 they legitimately vary between runs.
         """
+        check_optional_id("ctx.start", id)
+        check_optional_text("ctx.start", group, "group")
         return StartWorkflow(
             name=_workflow_name(workflow), args=args, id=id, group=group, check_args=check_args
         )
@@ -232,6 +263,8 @@ class Context:
 
         `check_args` as for `start`.
         """
+        check_optional_id("ctx.rpc", id)
+        check_optional_text("ctx.rpc", group, "group")
         return StartWorkflow(
             name=_workflow_name(workflow),
             args=args,
