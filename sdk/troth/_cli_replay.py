@@ -32,14 +32,10 @@ be reached, 2 for a bad command line or an id that is not a workflow.
 from __future__ import annotations
 
 import argparse
-import hashlib
-import importlib
-import importlib.util
 import inspect
 import json
 import os
 import sys
-import traceback
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,6 +52,7 @@ from troth._cli import (
 )
 from troth._commands import TAG_FUNC, TAG_INVOKE
 from troth._engine import CreateStep, Done, Failed, Outcome, Suspend, Workflow, describe_tags
+from troth._modules import UsageError, add_import_paths, import_module, split_spec
 from troth.errors import NonDeterminismError, TrothError
 from troth.testing import HISTORY_FORMAT, History, load_histories, replay_history_counted
 from troth.worker import Worker
@@ -77,10 +74,6 @@ __all__ = [
 
 _PAGE_SIZE = 1000  # the server caps it at its own maximum
 _FILENAME_SAFE = "._~@+=-"
-
-
-class UsageError(Exception):
-    """Input that stops a command before it does anything: exit status 2."""
 
 
 def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -479,14 +472,12 @@ def load_workflows(specs: Sequence[str], paths: Sequence[str] = ()) -> dict[str,
         UsageError: A module cannot be imported, names nothing, or two
             modules give one name to different functions.
     """
-    # As `python -m` does, the current directory is importable too: the
-    # console script's own sys.path[0] is the virtualenv's bin directory.
-    sys.path[0:0] = [str(Path(directory).resolve()) for directory in (*paths, os.curdir)]
+    add_import_paths(paths)
     registry: dict[str, Workflow] = {}
     origin: dict[str, str] = {}
     for spec in specs:
-        module_name, attr = _split_spec(spec)
-        module = _import(module_name)
+        module_name, attr = split_spec(spec)
+        module = import_module(module_name)
         for name, workflow in _workflows_in(module, attr, spec).items():
             if name in registry and registry[name] is not workflow:
                 raise UsageError(
@@ -496,51 +487,6 @@ def load_workflows(specs: Sequence[str], paths: Sequence[str] = ()) -> dict[str,
             registry[name] = workflow
             origin[name] = spec
     return registry
-
-
-def _split_spec(spec: str) -> tuple[str, str | None]:
-    module, sep, attr = spec.rpartition(":")
-    if sep and attr.isidentifier() and module:
-        return module, attr
-    return spec, None
-
-
-def _import(name: str) -> ModuleType:
-    try:
-        if name.endswith(".py"):
-            return _import_file(Path(name))
-        return importlib.import_module(name)
-    except UsageError:
-        raise
-    except Exception as exc:
-        if isinstance(exc, ModuleNotFoundError) and exc.name == name.partition(".")[0]:
-            raise UsageError(
-                f"cannot import module {name!r}: no such module on the import path; "
-                "give --path DIR for the directory that holds it, or a path to the .py file"
-            ) from None
-        trace = "".join(traceback.format_exception(exc)).rstrip()
-        raise UsageError(f"importing {name} failed:\n{trace}") from None
-
-
-def _import_file(path: Path) -> ModuleType:
-    if not path.is_file():
-        raise UsageError(f"no such file: {path}")
-    resolved = path.resolve()
-    sys.path.insert(0, str(resolved.parent))
-    # A name of its own, so it neither shadows nor is shadowed by an installed module.
-    digest = hashlib.sha256(str(resolved).encode()).hexdigest()[:12]
-    module_name = f"_troth_replay_{digest}_{resolved.stem}"
-    spec = importlib.util.spec_from_file_location(module_name, resolved)
-    if spec is None or spec.loader is None:
-        raise UsageError(f"cannot import {path}: not a Python module")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module  # dataclasses and pickling look modules up here
-    try:
-        spec.loader.exec_module(module)
-    except BaseException:
-        del sys.modules[module_name]
-        raise
-    return module
 
 
 def _workflows_in(module: ModuleType, attr: str | None, spec: str) -> dict[str, Workflow]:

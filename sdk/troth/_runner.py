@@ -257,6 +257,12 @@ class Runner:
                         outcome = engine.advance(settled)
                         continue
                     keep = True
+                    _log.info(
+                        "workflow %r waits on %s",
+                        held.root_id,
+                        ", ".join(outcome.awaiting),
+                        extra={"workflow_id": held.root_id},
+                    )
                     return
                 elif isinstance(outcome, Done):
                     try:
@@ -265,6 +271,11 @@ class Runner:
                         self._complete(held, reject=error_value(exc))
                     else:
                         self._complete(held, resolve=value)
+                        _log.info(
+                            "workflow %r returned",
+                            held.root_id,
+                            extra={"workflow_id": held.root_id},
+                        )
                     return
                 else:
                     self._failed(held, outcome)
