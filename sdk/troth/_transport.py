@@ -3,7 +3,7 @@
 This module owns everything that knows about gRPC on the SDK side:
 
 - one channel per `Client`, and the typed stubs of both services on it
-  (`Promises`, and `Tasks` for the worker and `troth tasks`), with keepalive
+  (`PromiseService`, and `TaskService` for the worker and `troth tasks`), with keepalive
   tuned for long `WatchPromise` streams and generous message limits (the
   server enforces its own payload limits); a client of several replicas
   has one channel to all of them, which fails over by itself (`troth._addresses`);

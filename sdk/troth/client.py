@@ -97,7 +97,7 @@ _SettleRequest = (
 
 
 class Client:
-    """A connection to a troth server's `Promises` service.
+    """A connection to a troth server's `PromiseService`.
 
     Thread-safe; create one per process and share it. Use it as a context
     manager, or call `close()`, to release the channel.

@@ -8,12 +8,15 @@ import shutil
 import subprocess
 import sys
 import uuid
+from collections.abc import Generator
+from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
+from _support import eventually, exists
 
-from troth import Client
+from troth import Client, Context, Worker
 
 if TYPE_CHECKING:
     from _support import ServerProcess
@@ -122,6 +125,41 @@ def test_a_json_payload_that_contradicts_itself_is_refused(
     )  # fmt: skip
     assert done.returncode != 0
     assert "InvalidArgument" in done.stderr and words in done.stderr and field in done.stderr
+
+
+def waits_for_a_human(ctx: Context) -> Generator[Any, Any, Any]:
+    approval = yield ctx.promise(timeout=timedelta(minutes=5))
+    decision = yield approval
+    return repr(decision)  # bytes do not encode as JSON; their repr does
+
+
+@pytest.mark.parametrize(
+    ("value", "received"),
+    [
+        ({"json": {"approved": True, "by": "ops"}}, {"approved": True, "by": "ops"}),
+        # `data` without a content type is opaque bytes, even when it parses as JSON.
+        ({"data": base64.b64encode(b'"from-grpcurl"').decode()}, b'"from-grpcurl"'),
+    ],
+)
+def test_a_workflow_reads_what_grpcurl_settled(
+    server: ServerProcess, value: dict[str, object], received: object
+) -> None:
+    with Client(server.address, timeout=10) as client:
+        worker = Worker(client, concurrency=2, group=f"grpcurl-{uuid.uuid4().hex[:6]}")
+        worker.workflow(waits_for_a_human)
+        worker.start()
+        try:
+            handle = client.start(
+                "waits_for_a_human", id=f"grpcurl-flow-{uuid.uuid4().hex[:8]}", group=worker.group
+            )
+            eventually(lambda: exists(client, f"{handle.id}.0"), timeout=30, what="the wait")
+            grpcurl(
+                server, "troth.v1.PromiseService/ResolvePromise",
+                data={"id": f"{handle.id}.0", "value": value},
+            )  # fmt: skip
+            assert handle.result(timeout=30) == repr(received)
+        finally:
+            worker.stop()
 
 
 def test_health_check_answers_serving(server: ServerProcess) -> None:
