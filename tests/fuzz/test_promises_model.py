@@ -109,7 +109,7 @@ def call(rpc: Any, request: Any, metadata: tuple[tuple[str, str], ...]) -> Reply
 def fields_of(p: types_pb2.Promise) -> dict[str, object]:
     return {
         "id": p.id,
-        "state": types_pb2.PromiseState.Name(p.state),
+        "state": types_pb2.PromiseState.Name(p.state).removeprefix("PROMISE_STATE_"),
         "param": p.param.data,
         "value": p.value.data,
         "tags": dict(p.tags),
@@ -460,7 +460,9 @@ class PromisesMachine(RuleBasedStateMachine):
         )
         message = promises_pb2.SearchPromisesRequest(
             id=query.glob,
-            states=[types_pb2.PromiseState.Value(s) for s in sorted(query.states)],  # type: ignore[misc]
+            states=[
+                types_pb2.PromiseState.Value("PROMISE_STATE_" + s) for s in sorted(query.states)
+            ],  # type: ignore[misc]
             tags=query.tags,
             page_size=page_size,
             order=order,

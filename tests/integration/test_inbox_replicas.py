@@ -78,7 +78,8 @@ def open_watch(
 
 
 def event(response: pb.WatchPromisesResponse) -> tuple[str, str, int]:
-    return pb.PromiseEventType.Name(response.type), response.promise.id, response.promise.state
+    kind = pb.PromiseEventType.Name(response.type).removeprefix("PROMISE_EVENT_TYPE_")
+    return kind, response.promise.id, response.promise.state
 
 
 def test_a_watch_on_a_hears_what_happens_through_b(pair: Pair) -> None:

@@ -390,7 +390,7 @@ def test_two_replicas_settle_the_same_promise(
     winners = [
         name
         for name, got in outcomes.items()
-        if isinstance(got, pb.SettlePromiseResponse) and got.applied
+        if isinstance(got, (pb.ResolvePromiseResponse, pb.RejectPromiseResponse)) and got.applied
     ]
     assert winners == [first], outcomes
     winner = winners[0]
@@ -398,7 +398,7 @@ def test_two_replicas_settle_the_same_promise(
     lost = outcomes[loser]
     if keys == "same":
         # A repeat carrying the winner's idempotency key: success, nothing changed.
-        assert isinstance(lost, pb.SettlePromiseResponse), lost
+        assert isinstance(lost, (pb.ResolvePromiseResponse, pb.RejectPromiseResponse)), lost
         assert not lost.applied
         assert lost.promise.value.data == f'"from {winner}"'.encode()
     else:
@@ -773,7 +773,7 @@ def test_a_completion_and_a_cancel_of_one_workflow_on_two_replicas(
 
     cancelled, completed = cancel.result(), complete.result()
     assert write_retries(cluster, "deadlock") == deadlocks_before
-    assert isinstance(cancelled, pb.SettlePromiseResponse), cancelled
+    assert isinstance(cancelled, pb.CancelPromiseResponse), cancelled
     assert cancelled.applied
     assert isinstance(completed, tasks_pb2.CompleteTaskResponse), completed
     assert completed.task.state == tasks_pb2.TASK_STATE_COMPLETED
