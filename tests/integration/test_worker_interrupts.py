@@ -100,7 +100,7 @@ def _wait_for(log: Path, proc: subprocess.Popen[bytes], text: str, timeout: floa
 
 def _task_states(server: ServerProcess, group: str) -> list[int]:
     with server.channel() as channel:
-        stub = tasks_pb2_grpc.TasksStub(channel)
+        stub = tasks_pb2_grpc.TaskServiceStub(channel)
         reply = stub.SearchTasks(tasks_pb2.SearchTasksRequest(group=group), timeout=10)
     return [task.state for task in reply.tasks]
 
@@ -121,7 +121,7 @@ def test_ctrl_c_twice_says_what_it_waits_for_then_stops_at_once(
         _wait_for(log, proc, "got SIGINT: waiting up to 1m for 1 running task(s) "
                              "(workflows interrupt-slow-1)")  # fmt: skip
         _wait_for(log, proc, "press Ctrl-C again to stop at once")
-        assert _task_states(server, GROUP) == [tasks_pb2.TASK_CLAIMED]  # still its
+        assert _task_states(server, GROUP) == [tasks_pb2.TASK_STATE_CLAIMED]  # still its
 
         proc.send_signal(signal.SIGINT)
         assert proc.wait(30) == 130, log.read_text()
@@ -133,7 +133,7 @@ def test_ctrl_c_twice_says_what_it_waits_for_then_stops_at_once(
     assert "got a second signal: stopping now, giving back 1 task(s)" in text
     assert "Traceback" not in text, text
     # Given back by ReleaseTask: its lease (60 s) is far from over.
-    assert _task_states(server, GROUP) == [tasks_pb2.TASK_PENDING]
+    assert _task_states(server, GROUP) == [tasks_pb2.TASK_STATE_PENDING]
 
 
 def test_troth_worker_builds_the_worker_from_its_flags_and_logs(
