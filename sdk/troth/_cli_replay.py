@@ -10,10 +10,11 @@ troth replay --workflows MODULE[:ATTR] [--path DIR ...] --search GLOB [--tag k=v
 
 Export reads each workflow root (given by id, or every promise matching the
 search that is a workflow root: tagged `troth:func` and `troth:invoke`) and
-all its descendants (`<root>.*`) and writes them as history JSON in the shape
-`troth.testing` documents. To stdout or a file (`-o FILE`) it writes one JSON
-list of histories; to a directory (`-o DIR/`, or an existing directory) one
-file per workflow, `<root id>.json` (`/` and `:` in ids percent-encoded).
+all its steps (by record, `parent_id`: steps with explicit ids too) and
+writes them as history JSON in the shape `troth.testing` documents. To stdout
+or a file (`-o FILE`) it writes one JSON list of histories; to a directory
+(`-o DIR/`, or an existing directory) one file per workflow, `<root id>.json`
+(`/` and `:` in ids percent-encoded).
 
 Replay imports the workflow code (`--workflows`, see `load_workflows`),
 reads the histories (files, directories of `*.json` files, or straight from
@@ -253,7 +254,9 @@ def _fetch(client: Client, root: Promise) -> dict[str, Any]:
     # The root is read before its steps: a workflow that ends meanwhile then
     # shows a pending root with all its steps, which replays fine, never an
     # ended root missing its last steps, which would read as a change.
-    descendants = client.search_all(f"{root.id}.*", page_size=_PAGE_SIZE)
+    # By record (parent_id), as a worker's delivery reads it: steps with explicit
+    # ids are the workflow's too, and `<root>.x` may be anyone's.
+    descendants = client.search_all(parent_id=root.id, page_size=_PAGE_SIZE)
     return history_to_json(root, descendants)
 
 

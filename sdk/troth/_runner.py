@@ -203,7 +203,7 @@ class Runner:
         if refresh:
             # Steps the older task recorded after this delivery left the server:
             # read them, so that none of their functions runs again.
-            history += self._client.search_all(f"{root.id}.*")
+            history += self._client.search_all(parent_id=root.id)
         engine = self._cache_take(root.id)
         if engine is not None:
             outcome = engine.advance(history)

@@ -44,6 +44,7 @@ from troth._arguments import (
     check_duration,
     check_id,
     check_moment,
+    check_optional_id,
     check_optional_text,
     check_seconds,
     check_tags,
@@ -351,6 +352,7 @@ class Client:
         created_before: datetime | None = None,
         older_than: timedelta | None = None,
         mine: bool = False,
+        parent_id: str | None = None,
     ) -> SearchPage:
         """Read one page of the promises matching a query, in creation order by default.
 
@@ -372,6 +374,8 @@ class Client:
                 reject now (its roles, prefixes and each promise's approver policy,
                 checked by the server row by row): its inbox. A page may then hold
                 fewer than `page_size`, even none, and still have a next page.
+            parent_id: Only the steps of this workflow (its root's id), by record:
+                steps with explicit ids too, not a child workflow's steps.
 
         Raises:
             InvalidArgumentError: Bad glob, page size or page token.
@@ -387,6 +391,7 @@ class Client:
         created_before = check_moment(call, created_before, "created_before")
         older_than = check_duration(call, older_than, "older_than")
         check_bool(call, mine, "mine")
+        parent_id = check_optional_id(call, parent_id, "parent_id")
         if older_than is not None and page_token:
             raise ValueError(
                 "older_than is relative to now, so the next page would be another search; "
@@ -401,6 +406,7 @@ class Client:
             page_token=page_token or "",
             order=order_to_proto(parse_order(order)),
             mine=mine,
+            parent_id=parent_id or "",
         )
         cut_off = search_cut_off(created_before, older_than)
         if cut_off is not None:
@@ -422,6 +428,7 @@ class Client:
         created_before: datetime | None = None,
         older_than: timedelta | None = None,
         mine: bool = False,
+        parent_id: str | None = None,
     ) -> Iterator[Promise]:
         """Iterate over every matching promise, fetching pages as needed.
 
@@ -445,6 +452,7 @@ class Client:
                 order=order,
                 created_before=cut_off,
                 mine=mine,
+                parent_id=parent_id,
             )
             yield from page.promises
             if page.next_page_token is None:

@@ -40,7 +40,8 @@ this shape; a file holds one such object, or a list of them::
   replays as cancelled; one `RESOLVED` or `REJECTED` says the recorded run
   had ended, so code that now yields a step after the last recorded one
   diverges.
-- `promises`: the root's descendants (`<root_id>.*`), in any order.
+- `promises`: the root's steps, in any order (`troth export` reads them by
+  record, `parent_id`; files from before it hold the `<root_id>.*` ids).
 
 Each promise has `id`, `state` (default `RESOLVED`), `tags` (a step's
 `troth:args`, its argument digest, is checked on replay when present; files
@@ -126,7 +127,7 @@ class History:
         root_id: The workflow's id (its root promise's).
         workflow: The name the workflow is registered under; "" if the file names none.
         args: The workflow's arguments after `ctx`.
-        promises: The root's descendants (`<root_id>.*`) the server held.
+        promises: The root's steps the server held (see the module docstring).
         root: The root promise, if the history has it.
 
     .. versionadded:: 0.1.0
@@ -191,9 +192,13 @@ def replay_history_counted(
         and root.state in _ENDED
         and isinstance(outcome, CreateStep)
         and not outcome.exists
-        # A step with an explicit id outside `<root>.*` was never exported:
-        # not knowing it is no evidence that the code changed.
-        and outcome.step_id.startswith(f"{history.root_id}.")
+        # A history exported by record (its steps carry parent_id) holds the
+        # named steps too; an older one held only `<root>.*`, so there a step
+        # with an explicit id it lacks is no evidence that the code changed.
+        and (
+            outcome.step_id.startswith(f"{history.root_id}.")
+            or any(p.parent_id == history.root_id for p in history.promises)
+        )
     ):
         raise NonDeterminismError(
             outcome.position,

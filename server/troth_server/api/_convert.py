@@ -319,6 +319,11 @@ def search_order(value: int) -> PromiseOrder:
     return order
 
 
+def search_parent(value: str, limits: Limits) -> str | None:
+    """`SearchPromisesRequest.parent_id`: a workflow's id, or None (empty: any promise)."""
+    return promise_id(value, limits, "parent_id") if value else None
+
+
 def created_before(request: promises_pb2.SearchPromisesRequest) -> int | None:
     if not request.HasField("created_before"):
         return None

@@ -170,6 +170,7 @@ class _Handlers:
             created_before=convert.created_before(request),
             settleable_by=reader if request.mine else None,
             prefixes=prefixes,
+            parent_id=convert.search_parent(request.parent_id, self._limits),
         )
         return promises_pb2.SearchPromisesResponse(
             promises=self._shown(page.promises, reader),
