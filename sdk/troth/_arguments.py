@@ -6,26 +6,35 @@ naming the call, the argument, what it must be and what it got, e.g.
 `Client.create: ttl must be a datetime.timedelta such as timedelta(hours=1),
 not int 3600 (for seconds, write timedelta(seconds=3600))`, instead of
 protobuf's `TypeError` naming no argument. Each check returns the value as the
-caller will use it.
+caller will use it. Callers import the module (`from troth import _arguments
+as check`) and call `check.duration(...)`, `check.tags(...)`.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
+from typing import Any
+
+from troth._approvers import Approvers
 
 __all__ = [
-    "check_bool",
-    "check_count",
-    "check_duration",
-    "check_id",
-    "check_moment",
-    "check_optional_id",
-    "check_optional_text",
-    "check_seconds",
-    "check_tags",
-    "check_text",
+    "approvers",
+    "at_most_one_expiry",
+    "count",
+    "duration",
+    "flag",
+    "flags",
+    "moment",
+    "optional_id",
+    "optional_text",
+    "promise_id",
+    "seconds",
+    "tags",
+    "text",
+    "texts",
+    "workflow_name",
 ]
 
 _DURATION = "a datetime.timedelta such as timedelta(hours=1)"
@@ -42,49 +51,47 @@ def _wrong_type(call: str, name: str, expected: str, value: object, hint: str = 
     return TypeError(f"{call}: {name} must be {expected}, not {_got(value)}{hint}")
 
 
-def check_id(call: str, value: object, name: str = "id") -> str:
+def promise_id(call: str, value: object, name: str = "id") -> str:
     """A promise or workflow id: a str (what it may hold, the server checks, naming it)."""
     if not isinstance(value, str):
         raise _wrong_type(call, name, "a str such as 'approval-7'", value)
     return value
 
 
-def check_optional_id(call: str, value: object, name: str = "id") -> str | None:
-    return None if value is None else check_id(call, value, name)
+def optional_id(call: str, value: object, name: str = "id") -> str | None:
+    return None if value is None else promise_id(call, value, name)
 
 
-def check_text(call: str, value: object, name: str) -> str:
+def text(call: str, value: object, name: str) -> str:
     if not isinstance(value, str):
         raise _wrong_type(call, name, "a str", value)
     return value
 
 
-def check_optional_text(call: str, value: object, name: str) -> str | None:
-    return None if value is None else check_text(call, value, name)
+def optional_text(call: str, value: object, name: str) -> str | None:
+    return None if value is None else text(call, value, name)
 
 
-def check_bool(call: str, value: object, name: str) -> bool:
+def flag(call: str, value: object, name: str) -> bool:
     if not isinstance(value, bool):
         raise _wrong_type(call, name, "True or False", value)
     return value
 
 
-def check_duration(
-    call: str, value: object, name: str, *, seconds: bool = False
-) -> timedelta | None:
-    """A duration: a timedelta (also a number of seconds when `seconds`), or None. Its
+def duration(call: str, value: object, name: str, *, in_seconds: bool = False) -> timedelta | None:
+    """A duration: a timedelta (also a number of seconds when `in_seconds`), or None. Its
     sign is left to the caller (the server refuses a ttl that is not positive, naming it)."""
     if value is None:
         return None
     if isinstance(value, timedelta):
         return value
     number = isinstance(value, int | float) and not isinstance(value, bool)
-    if seconds and number:
+    if in_seconds and number:
         assert isinstance(value, int | float)
         if not math.isfinite(value):
             raise ValueError(f"{call}: {name} must be a finite number of seconds, not {value!r}")
         return timedelta(seconds=value)
-    expected = f"{_DURATION} or a number of seconds" if seconds else _DURATION
+    expected = f"{_DURATION} or a number of seconds" if in_seconds else _DURATION
     hint = ""
     if number:
         hint = f" (for seconds, write timedelta(seconds={value!r}))"
@@ -93,7 +100,7 @@ def check_duration(
     raise _wrong_type(call, name, expected, value, hint)
 
 
-def check_seconds(call: str, value: object, name: str = "timeout") -> float | None:
+def seconds(call: str, value: object, name: str = "timeout") -> float | None:
     """A wait in seconds: a positive finite number (a timedelta is accepted), or None."""
     if value is None:
         return None
@@ -106,7 +113,7 @@ def check_seconds(call: str, value: object, name: str = "timeout") -> float | No
     return float(value)
 
 
-def check_moment(call: str, value: object, name: str) -> datetime | None:
+def moment(call: str, value: object, name: str) -> datetime | None:
     """A point in time: an aware datetime, or None."""
     if value is None:
         return None
@@ -120,7 +127,7 @@ def check_moment(call: str, value: object, name: str) -> datetime | None:
     return value
 
 
-def check_tags(call: str, value: object, name: str = "tags") -> dict[str, str]:
+def tags(call: str, value: object, name: str = "tags") -> dict[str, str]:
     """String tags: a mapping of str to str, or None (no tags)."""
     if value is None:
         return {}
@@ -136,10 +143,50 @@ def check_tags(call: str, value: object, name: str = "tags") -> dict[str, str]:
     return tags
 
 
-def check_count(call: str, value: object, name: str) -> int | None:
+def count(call: str, value: object, name: str) -> int | None:
     """A whole number, or None (its bounds, the server checks, naming it)."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
         raise _wrong_type(call, name, "a whole number such as 100", value)
     return value
+
+
+def flags(call: str, **values: object) -> None:
+    """Each of these arguments is True or False."""
+    for name, value in values.items():
+        flag(call, value, name)
+
+
+def texts(call: str, *, optional: bool = False, **values: object) -> None:
+    """Each of these arguments is a str (or None, when `optional`)."""
+    for name, value in values.items():
+        if not (optional and value is None):
+            text(call, value, name)
+
+
+def approvers(call: str, value: object) -> None:
+    """None, or a `troth.Approvers`."""
+    if value is not None and not isinstance(value, Approvers):
+        raise _wrong_type(
+            call, "approvers", "a troth.Approvers such as Approvers(principals=['ann'])", value
+        )
+
+
+def workflow_name(workflow: str | Callable[..., Any]) -> str:
+    """The name a workflow is registered under: the name given, or the function's."""
+    if isinstance(workflow, str):
+        if not workflow:
+            raise ValueError("workflow name must not be empty")
+        return workflow
+    return str(getattr(workflow, "__name__", None) or type(workflow).__name__)
+
+
+def at_most_one_expiry(call: str, ttl: object, expire_time: object, never_expires: bool) -> None:
+    given = [n for n, value in (("ttl", ttl), ("expire_time", expire_time)) if value is not None]
+    given += ["never_expires"] if never_expires else []
+    if len(given) > 1:
+        raise ValueError(
+            f"{call} got {' and '.join(given)}; pass at most one of ttl, expire_time and "
+            "never_expires"
+        )

@@ -37,19 +37,7 @@ from typing import TYPE_CHECKING, Any, Self
 
 import grpc
 
-from troth._approvers import Approvers
-from troth._arguments import (
-    check_bool,
-    check_count,
-    check_duration,
-    check_id,
-    check_moment,
-    check_optional_id,
-    check_optional_text,
-    check_seconds,
-    check_tags,
-    check_text,
-)
+from troth import _arguments as check
 from troth._calls import Connection, schema_text
 from troth._commands import TAG_FUNC, TAG_INVOKE
 from troth._convert import (
@@ -85,6 +73,7 @@ from troth.errors import (
 from troth.v1 import promises_pb2
 
 if TYPE_CHECKING:
+    from troth._approvers import Approvers
     from troth._transport import PromiseServiceStub
 
 __all__ = [
@@ -289,26 +278,15 @@ class Client:
             ValueError: More than one of ttl, expire_time, never_expires; naive datetime.
         """
         call = "Client.create"
-        check_id(call, id)
-        tags = check_tags(call, tags)
-        ttl = check_duration(call, ttl, "ttl")
-        expire_time = check_moment(call, expire_time, "expire_time")
-        check_bool(call, never_expires, "never_expires")
-        check_bool(call, strict, "strict")
-        check_optional_text(call, idempotency_key, "idempotency_key")
-        for name, text in (("title", title), ("message", message), ("requested_by", requested_by)):
-            check_text(call, text, name)
-        if approvers is not None and not isinstance(approvers, Approvers):
-            raise TypeError(
-                f"{call}: approvers must be a troth.Approvers such as "
-                f"Approvers(principals=['ann']), not {type(approvers).__name__}"
-            )
-        expiries = [name for name, given in _expiry_args(ttl, expire_time, never_expires) if given]
-        if len(expiries) > 1:
-            raise ValueError(
-                f"create({id!r}) got {' and '.join(expiries)}; pass at most one of ttl, "
-                "expire_time and never_expires"
-            )
+        check.promise_id(call, id)
+        tags = check.tags(call, tags)
+        ttl = check.duration(call, ttl, "ttl")
+        expire_time = check.moment(call, expire_time, "expire_time")
+        check.flags(call, never_expires=never_expires, strict=strict)
+        check.texts(call, title=title, message=message, requested_by=requested_by)
+        check.texts(call, optional=True, idempotency_key=idempotency_key)
+        check.approvers(call, approvers)
+        check.at_most_one_expiry(f"create({id!r})", ttl, expire_time, never_expires)
         request = promises_pb2.CreatePromiseRequest(
             id=id,
             param=payload_to_proto(self.encode(param)),
@@ -336,7 +314,7 @@ class Client:
         Raises:
             NotFoundError: No promise has this id.
         """
-        request = promises_pb2.GetPromiseRequest(id=check_id("Client.get", id))
+        request = promises_pb2.GetPromiseRequest(id=check.promise_id("Client.get", id))
         response = self._transport.call(self._stub.GetPromise, request, timeout=self._timeout)
         return promise_from_proto(response.promise)
 
@@ -384,14 +362,14 @@ class Client:
                 with `page_token`.
         """
         call = "Client.search"
-        check_id(call, id)
-        tags = check_tags(call, tags)
-        check_count(call, page_size, "page_size")
-        check_optional_text(call, page_token, "page_token")
-        created_before = check_moment(call, created_before, "created_before")
-        older_than = check_duration(call, older_than, "older_than")
-        check_bool(call, mine, "mine")
-        parent_id = check_optional_id(call, parent_id, "parent_id")
+        check.promise_id(call, id)
+        tags = check.tags(call, tags)
+        check.count(call, page_size, "page_size")
+        check.optional_text(call, page_token, "page_token")
+        created_before = check.moment(call, created_before, "created_before")
+        older_than = check.duration(call, older_than, "older_than")
+        check.flag(call, mine, "mine")
+        parent_id = check.optional_id(call, parent_id, "parent_id")
         if older_than is not None and page_token:
             raise ValueError(
                 "older_than is relative to now, so the next page would be another search; "
@@ -438,8 +416,8 @@ class Client:
         """
         states = tuple(states)
         call = "Client.search_all"
-        created_before = check_moment(call, created_before, "created_before")
-        older_than = check_duration(call, older_than, "older_than")
+        created_before = check.moment(call, created_before, "created_before")
+        older_than = check.duration(call, older_than, "older_than")
         cut_off = search_cut_off(created_before, older_than)
         token: str | None = None
         while True:
@@ -539,8 +517,10 @@ class Client:
         bearer resolve or reject that promise (`outcomes`: "resolve", "reject";
         default both), until `ttl` (default: the promise's expiry), once."""
         call = "Client.mint_settle_token"
-        ttl = check_duration(call, ttl, "ttl")
-        return self._connection.mint_settle_token(check_id(call, id), outcomes=outcomes, ttl=ttl)
+        ttl = check.duration(call, ttl, "ttl")
+        return self._connection.mint_settle_token(
+            check.promise_id(call, id), outcomes=outcomes, ttl=ttl
+        )
 
     def cancel(
         self,
@@ -577,11 +557,9 @@ class Client:
         settle_token: str | None = None,
     ) -> SettleResult:
         call = f"Client.{request_type.__name__.removesuffix('PromiseRequest').lower()}"
-        check_id(call, id)
-        check_optional_text(call, idempotency_key, "idempotency_key")
-        check_bool(call, strict, "strict")
-        check_bool(call, create_if_missing, "create_if_missing")
-        check_optional_text(call, settle_token, "settle_token")
+        check.promise_id(call, id)
+        check.texts(call, optional=True, idempotency_key=idempotency_key, settle_token=settle_token)
+        check.flags(call, strict=strict, create_if_missing=create_if_missing)
         generated = not idempotency_key
         key = uuid.uuid4().hex if generated else idempotency_key
         request = request_type(
@@ -616,8 +594,8 @@ class Client:
             NotFoundError: No promise has this id.
             DeadlineExceededError: It had not settled within `timeout` (also a `TimeoutError`).
         """
-        check_id("Client.watch", id)
-        timeout = check_seconds("Client.watch", timeout)
+        check.promise_id("Client.watch", id)
+        timeout = check.seconds("Client.watch", timeout)
         transport = self._transport
         deadline = transport.deadline(timeout)
         request = promises_pb2.WatchPromiseRequest(id=id)
@@ -726,8 +704,8 @@ class Client:
         .. versionadded:: 0.2.0
         """
         call = "Client.watch_promises"
-        tags = check_tags(call, tags)
-        request = promises_pb2.WatchPromisesRequest(id=check_id(call, id), tags=tags)
+        tags = check.tags(call, tags)
+        request = promises_pb2.WatchPromisesRequest(id=check.promise_id(call, id), tags=tags)
         return PromiseEventStream(self._transport, request, on_reconnect)
 
     def wait(self, id: str, timeout: float | None = None) -> Promise:
@@ -741,8 +719,8 @@ class Client:
             NotFoundError: No promise has this id.
             DeadlineExceededError: It had not settled within `timeout` (also a `TimeoutError`).
         """
-        check_id("Client.wait", id)
-        timeout = check_seconds("Client.wait", timeout)
+        check.promise_id("Client.wait", id)
+        timeout = check.seconds("Client.wait", timeout)
         for promise in self.watch(id, timeout=timeout):
             if promise.is_settled:
                 return promise
@@ -785,10 +763,10 @@ class Client:
             TypeError: The codec cannot encode the arguments.
         """
         call = "Client.start"
-        check_id(call, id)
-        check_text(call, group, "group")
-        ttl = check_duration(call, ttl, "ttl")
-        name = _workflow_name(workflow)
+        check.promise_id(call, id)
+        check.text(call, group, "group")
+        ttl = check.duration(call, ttl, "ttl")
+        name = check.workflow_name(workflow)
         self._connection.create(
             id,
             self._codec.encode(list(args)),
@@ -801,7 +779,7 @@ class Client:
 
     def handle(self, id: str) -> Handle:
         """A handle to the workflow (or any promise) with this id; makes no call."""
-        return Handle(self, check_id("Client.handle", id))
+        return Handle(self, check.promise_id("Client.handle", id))
 
 
 def connection(client: Client) -> Connection:
@@ -819,21 +797,3 @@ def _start_key(id: str) -> str:
 
 
 _MAX_READABLE_KEY = 128
-
-
-def _workflow_name(workflow: str | Callable[..., Any]) -> str:
-    if isinstance(workflow, str):
-        if not workflow:
-            raise ValueError("workflow name must not be empty")
-        return workflow
-    return str(getattr(workflow, "__name__", None) or type(workflow).__name__)
-
-
-def _expiry_args(
-    ttl: timedelta | None, expire_time: datetime | None, never_expires: bool
-) -> tuple[tuple[str, bool], ...]:
-    return (
-        ("ttl", ttl is not None),
-        ("expire_time", expire_time is not None),
-        ("never_expires", never_expires),
-    )

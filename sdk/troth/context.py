@@ -21,17 +21,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from troth._approvers import Approvers
-from troth._arguments import (
-    check_bool,
-    check_duration,
-    check_optional_id,
-    check_optional_text,
-    check_tags,
-    check_text,
-)
+from troth import _arguments as check
 from troth._commands import (
     AwaitAll,
     AwaitAny,
@@ -46,6 +38,9 @@ from troth._commands import (
     StartWorkflow,
 )
 from troth._schema import decision_schema
+
+if TYPE_CHECKING:
+    from troth._approvers import Approvers
 
 __all__ = ["Context", "PromiseHandle", "RetryPolicy"]
 
@@ -142,16 +137,12 @@ class Context:
                 needs no approver.
         """
         call = "ctx.promise"
-        check_optional_id(call, id)
-        timeout = check_duration(call, timeout, "timeout")
-        user_tags = check_tags(call, tags)
-        check_text(call, title, "title")
-        check_text(call, message, "message")
-        check_bool(call, check_args, "check_args")
-        if approvers is not None and not isinstance(approvers, Approvers):
-            raise TypeError(
-                f"{call}: approvers must be a troth.Approvers, not {type(approvers).__name__}"
-            )
+        check.optional_id(call, id)
+        timeout = check.duration(call, timeout, "timeout")
+        user_tags = check.tags(call, tags)
+        check.texts(call, title=title, message=message)
+        check.flag(call, check_args, "check_args")
+        check.approvers(call, approvers)
         reserved = sorted(k for k in user_tags if k.startswith(_RESERVED_TAG_PREFIX))
         if reserved:
             raise ValueError(f"tags {reserved} use the reserved prefix 'troth:'; rename them")
@@ -204,8 +195,8 @@ class Context:
             raise TypeError(
                 f"ctx.run: retry must be a troth.RetryPolicy, not {type(retry).__name__}"
             )
-        check_optional_id("ctx.run", id)
-        check_bool("ctx.run", check_args, "check_args")
+        check.optional_id("ctx.run", id)
+        check.flag("ctx.run", check_args, "check_args")
         return RunStep(fn=fn, args=args, retry=retry or RetryPolicy(), id=id, check_args=check_args)
 
     def sleep(
@@ -217,10 +208,10 @@ class Context:
         a replay that asks for another one fails with `NonDeterminismError`;
         pass False for a duration computed from the clock (`deadline - now`).
         """
-        delta = check_duration("ctx.sleep", duration, "duration", seconds=True)
+        delta = check.duration("ctx.sleep", duration, "duration", in_seconds=True)
         if delta is None:
             raise TypeError("ctx.sleep: duration must be a datetime.timedelta or seconds, not None")
-        check_optional_id("ctx.sleep", id)
+        check.optional_id("ctx.sleep", id)
         if delta < timedelta(0):
             raise ValueError(f"duration must not be negative, not {delta}")
         return Sleep(duration=delta, id=id, check_args=check_args)
@@ -245,10 +236,10 @@ class Context:
                 starts the child with others at this position. Pass False where
                 they legitimately vary between runs.
         """
-        check_optional_id("ctx.start", id)
-        check_optional_text("ctx.start", group, "group")
+        check.optional_id("ctx.start", id)
+        check.optional_text("ctx.start", group, "group")
         return StartWorkflow(
-            name=_workflow_name(workflow), args=args, id=id, group=group, check_args=check_args
+            name=check.workflow_name(workflow), args=args, id=id, group=group, check_args=check_args
         )
 
     def rpc(
@@ -263,10 +254,10 @@ class Context:
 
         `check_args` as for `start`.
         """
-        check_optional_id("ctx.rpc", id)
-        check_optional_text("ctx.rpc", group, "group")
+        check.optional_id("ctx.rpc", id)
+        check.optional_text("ctx.rpc", group, "group")
         return StartWorkflow(
-            name=_workflow_name(workflow),
+            name=check.workflow_name(workflow),
             args=args,
             id=id,
             group=group,
@@ -332,14 +323,6 @@ class Context:
 
     def __repr__(self) -> str:
         return f"Context(id={self.id!r})"
-
-
-def _workflow_name(workflow: str | Callable[..., Any]) -> str:
-    if isinstance(workflow, str):
-        if not workflow:
-            raise ValueError("workflow name must not be empty")
-        return workflow
-    return str(getattr(workflow, "__name__", None) or type(workflow).__name__)
 
 
 def _handles(handles: Iterable[PromiseHandle]) -> tuple[PromiseHandle, ...]:
