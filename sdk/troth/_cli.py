@@ -202,13 +202,33 @@ def _global_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
     )
 
 
+def version_text() -> str:
+    """`troth --version`: the SDK's version, and troth-server's when it is installed."""
+    from importlib import metadata
+
+    def version(dist: str) -> str | None:
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            return None
+
+    server = version("troth-server")
+    return f"troth {version('troth') or 'unknown'}\n" + (
+        f"troth-server {server}"
+        if server
+        else "troth-server not installed (pip install troth-server)"
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The whole command line of `troth`."""
     parser = argparse.ArgumentParser(
         prog="troth",
         description="Operate a troth durable-promise server.",
         epilog="Run `troth promises -h` for the promise commands.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,  # --version's two lines
     )
+    parser.add_argument("--version", action="version", version=version_text())
     _global_options(parser, suppress=False)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
