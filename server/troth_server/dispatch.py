@@ -28,6 +28,7 @@ from troth_server.domain import routing
 from troth_server.domain.errors import DomainError
 from troth_server.domain.routing import Candidate, Deployments, Registration, Route
 from troth_server.domain.task import TaskState
+from troth_server.domain.workers import StreamView
 from troth_server.store import StoreError
 
 if TYPE_CHECKING:
@@ -93,24 +94,6 @@ class PollStream:
 def wall_ms() -> int:
     """This server's wall clock in ms: what operators are shown (connect, last seen)."""
     return time.time_ns() // 1_000_000
-
-
-@dataclass(frozen=True, slots=True)
-class StreamView:
-    """One open Poll stream as operators see it (`troth workers list`, the metrics)."""
-
-    worker_id: str
-    group: str
-    principal: str | None
-    workflows: tuple[tuple[str, str], ...]
-    """(workflow, version) pairs it runs, sorted; empty: any task of the group."""
-    capacity: int
-    held: tuple[str, ...]
-    """Ids of the tasks it holds, sorted."""
-    connected_ms: int
-    last_seen_ms: int
-    """Its worker's last task call (heartbeat, completion...) here, else its connect time."""
-    stalled: bool
 
 
 class Dispatcher:
