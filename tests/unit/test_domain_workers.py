@@ -35,10 +35,10 @@ def test_a_workers_streams_are_one_worker() -> None:
         [
             stream(
                 "w1", workflows=(("a", "v1"),), capacity=2, held=("t2",), connected=50, seen=300
-            ),  # fmt: skip
+            ),
             stream(
                 "w1", workflows=(("a", "v1"), ("b", "v2")), held=("t1",), seen=200, stalled=True
-            ),  # fmt: skip
+            ),
         ]
     )
     assert worker.worker_id == "w1" and worker.group == "g" and worker.streams == 2
