@@ -53,6 +53,7 @@ from troth._convert import (
 from troth._credentials import TlsConfig, resolve_tls, resolve_token
 from troth._events import WATCH_READY_METADATA, PromiseEventStream
 from troth._handle import Handle
+from troth._operators import OperatorCalls
 from troth._promise import (
     CreateResult,
     Promise,
@@ -103,8 +104,9 @@ _SPANS: dict[type[_SettleRequest], str] = {
 """The span of each settle (`troth._tracing`)."""
 
 
-class Client:
-    """A connection to a troth server's `Promises` service.
+class Client(OperatorCalls):
+    """A connection to a troth server's `Promises` service (and, for operators, the
+    reads of its `Tasks` service: `search_tasks`, `list_workers`).
 
     Thread-safe; create one per process and share it. Use it as a context
     manager, or call `close()`, to release the channel.
