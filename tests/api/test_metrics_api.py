@@ -219,3 +219,14 @@ def _exists(client: Client, promise_id: str) -> bool:
     except NotFoundError:
         return False
     return True
+
+
+def test_a_metrics_address_in_use_stops_the_start(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(RuntimeError, match="server exited with 1") as failed:
+            start_server(tmp_path, "--metrics-listen", f"127.0.0.1:{port}")
+    assert f"cannot serve metrics on 127.0.0.1:{port}" in str(failed.value)
+    assert "--metrics-listen HOST:PORT" in str(failed.value)
