@@ -75,7 +75,7 @@ from troth.v1 import promises_pb2
 
 if TYPE_CHECKING:
     from troth._approvers import Approvers
-    from troth._transport import PromisesStub
+    from troth._transport import PromiseServiceStub
 
 __all__ = [
     "DEFAULT_ADDRESS",
@@ -105,8 +105,8 @@ _SPANS: dict[type[_SettleRequest], str] = {
 
 
 class Client(OperatorCalls):
-    """A connection to a troth server's `Promises` service (and, for operators, the
-    reads of its `Tasks` service: `search_tasks`, `list_workers`).
+    """A connection to a troth server's `PromiseService` (and, for operators, the
+    reads of its `TaskService`: `search_tasks`, `list_workers`).
 
     Thread-safe; create one per process and share it. Use it as a context
     manager, or call `close()`, to release the channel.
@@ -233,7 +233,7 @@ class Client(OperatorCalls):
         return None if payload.is_empty else self._codec.decode(payload)
 
     @property
-    def _stub(self) -> PromisesStub:
+    def _stub(self) -> PromiseServiceStub:
         return self._transport.promises
 
     def create(
@@ -528,7 +528,7 @@ class Client(OperatorCalls):
 
     def _settle(
         self,
-        method: grpc.UnaryUnaryMultiCallable[Any, promises_pb2.SettlePromiseResponse],
+        method: grpc.UnaryUnaryMultiCallable[Any, Any],
         request_type: type[_SettleRequest],
         id: str,
         value: Any,

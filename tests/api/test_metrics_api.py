@@ -93,8 +93,8 @@ def _ms(ms: int) -> Duration:
 def test_a_scrape_shows_the_work_done(metered: tuple[ServerProcess, int]) -> None:
     server, port = metered
     with Client(server.address) as client, server.channel() as channel:
-        stub = promises_pb2_grpc.PromisesStub(channel)
-        tasks = tasks_pb2_grpc.TasksStub(channel)
+        stub = promises_pb2_grpc.PromiseServiceStub(channel)
+        tasks = tasks_pb2_grpc.TaskServiceStub(channel)
         # Plain RPCs: OK, NOT_FOUND, and an expiry by the sweeper.
         client.create("m-alone", {"n": 1})
         client.resolve("m-alone", {"ok": True})
