@@ -112,6 +112,9 @@ class WorkerInfo:
     """Its last heartbeat (or other task call) to that server; its connect time before."""
     streams: int
     """Poll streams it has open (a second one adds capacity)."""
+    stalled: bool
+    """A lease of it ran out (it stopped heartbeating): no task goes to it until it
+    heartbeats again."""
 
 
 class OperatorCalls:
@@ -137,3 +140,49 @@ class OperatorCalls:
         stub = self._connection.transport.tasks
         response = self._connection.call(stub.SearchTasks, request)
         return [TaskInfo.from_proto(task) for task in response.tasks]
+
+    def list_workers(self, group: str | None = None) -> list[WorkerInfo]:
+        """The workers connected to the server this client talks to, by group then
+        worker id, every page followed.
+
+        Each server knows the Poll streams open to it: with several replicas, this
+        lists those of the one answering (a client of each replica lists all).
+
+        Args:
+            group: Only this group's workers; None: every group.
+
+        Raises:
+            InvalidArgumentError: A group name that is not a valid name.
+            PermissionDeniedError: With authentication on, the caller is not an
+                operator or admin.
+        """
+        stub = self._connection.transport.tasks
+        found: list[WorkerInfo] = []
+        token = ""
+        while True:
+            request = tasks_pb2.SearchWorkersRequest(
+                group=group or "", page_size=MAX_PAGE, page_token=token
+            )
+            response = self._connection.call(stub.SearchWorkers, request)
+            found += [_worker_from_proto(w) for w in response.workers]
+            token = response.next_page_token
+            if not token:
+                return found
+
+
+def _worker_from_proto(worker: tasks_pb2.Worker) -> WorkerInfo:
+    def when(field: str) -> datetime | None:
+        return datetime_from_proto(getattr(worker, field)) if worker.HasField(field) else None
+
+    return WorkerInfo(
+        worker_id=worker.worker_id,
+        group=worker.group,
+        principal=worker.principal or None,
+        workflows=tuple((w.name, w.version) for w in worker.workflows),
+        capacity=worker.capacity,
+        task_ids=tuple(worker.task_ids),
+        connect_time=when("connect_time"),
+        last_heartbeat_time=when("last_heartbeat_time"),
+        streams=worker.streams,
+        stalled=worker.stalled,
+    )
