@@ -164,6 +164,9 @@ class TaskServiceStub(Protocol):
     SearchTasks: grpc.UnaryUnaryMultiCallable[
         tasks_pb2.SearchTasksRequest, tasks_pb2.SearchTasksResponse
     ]
+    SearchWorkers: grpc.UnaryUnaryMultiCallable[
+        tasks_pb2.SearchWorkersRequest, tasks_pb2.SearchWorkersResponse
+    ]
 
 
 class Transport:

@@ -27,15 +27,12 @@ are safe because every call is idempotent:
 from __future__ import annotations
 
 import hashlib
-import logging
 import math
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime, timedelta
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
-
-import grpc
 
 from troth import _arguments as check
 from troth._calls import Connection, schema_text
@@ -52,8 +49,9 @@ from troth._convert import (
     timedelta_to_proto,
 )
 from troth._credentials import TlsConfig, resolve_tls, resolve_token
-from troth._events import WATCH_READY_METADATA, PromiseEventStream
+from troth._events import WATCH_READY_METADATA, PromiseEventStream, watch_promise
 from troth._handle import Handle
+from troth._operators import OperatorCalls
 from troth._promise import (
     CreateResult,
     Promise,
@@ -63,16 +61,17 @@ from troth._promise import (
     SettleResult,
 )
 from troth._schema import decision_schema
-from troth._transport import Transport, as_call, map_rpc_errors
+from troth._tracing import TRACEPARENT_TAG, client_span
+from troth._transport import Transport
 from troth.codec import Codec, JsonCodec, Payload
 from troth.errors import (
     ConfigurationError,
-    DeadlineExceededError,
-    UnavailableError,
 )
 from troth.v1 import promises_pb2
 
 if TYPE_CHECKING:
+    import grpc
+
     from troth._approvers import Approvers
     from troth._transport import PromiseServiceStub
 
@@ -85,7 +84,6 @@ __all__ = [
     "TlsConfig",
 ]
 
-_log = logging.getLogger("troth.client")
 
 DEFAULT_ADDRESS = "127.0.0.1:7070"
 """Where `troth serve` listens by default."""
@@ -95,10 +93,17 @@ _SettleRequest = (
     | promises_pb2.RejectPromiseRequest
     | promises_pb2.CancelPromiseRequest
 )
+_SPANS: dict[type[_SettleRequest], str] = {
+    promises_pb2.ResolvePromiseRequest: "troth.resolve",
+    promises_pb2.RejectPromiseRequest: "troth.reject",
+    promises_pb2.CancelPromiseRequest: "troth.cancel",
+}
+"""The span of each settle (`troth._tracing`)."""
 
 
-class Client:
-    """A connection to a troth server's `PromiseService`.
+class Client(OperatorCalls):
+    """A connection to a troth server's `PromiseService` (and, for operators, the
+    reads of its `TaskService`: `search_tasks`, `list_workers`).
 
     Thread-safe; create one per process and share it. Use it as a context
     manager, or call `close()`, to release the channel.
@@ -572,7 +577,8 @@ class Client:
         if settle_token:
             assert not isinstance(request, promises_pb2.CancelPromiseRequest)
             request.settle_token = settle_token
-        response = self._transport.call(method, request, timeout=self._timeout)
+        with client_span(_SPANS[request_type], **{"troth.promise.id": id}):
+            response = self._transport.call(method, request, timeout=self._timeout)
         promise = promise_from_proto(response.promise)
         # A generated key is unique to this call, so a promise settled with it
         # was settled by this call: an earlier attempt whose reply was lost.
@@ -596,72 +602,7 @@ class Client:
         """
         check.promise_id("Client.watch", id)
         timeout = check.seconds("Client.watch", timeout)
-        transport = self._transport
-        deadline = transport.deadline(timeout)
-        request = promises_pb2.WatchPromiseRequest(id=id)
-        last: Promise | None = None
-        failures = 0  # consecutive broken streams without a message in between
-        outage_start: float | None = None  # when an established watch lost its stream
-        with map_rpc_errors(transport.address, tls=transport.tls):
-            while True:
-                remaining = transport.remaining(deadline)
-                stream = self._stub.WatchPromise(
-                    request, timeout=remaining, metadata=transport.metadata_for(remaining)
-                )
-                try:
-                    for response in stream:
-                        failures, outage_start = 0, None
-                        promise = promise_from_proto(response.promise)
-                        # After a reconnect the server repeats the current state.
-                        if promise != last:
-                            last = promise
-                            yield promise
-                        if promise.is_settled:
-                            return
-                except grpc.RpcError as exc:
-                    call = as_call(exc)
-                    if (
-                        timeout is not None
-                        and call is not None
-                        and call.code() is grpc.StatusCode.DEADLINE_EXCEEDED
-                        and transport.remaining(deadline) == 0
-                    ):
-                        raise DeadlineExceededError(
-                            grpc.StatusCode.DEADLINE_EXCEEDED,
-                            "",
-                            f"promise {id!r} did not settle within {timeout:g}s; wait longer, "
-                            f"or find out who should settle it (`troth promises get {id}`)",
-                        ) from exc
-                    failures += 1
-                    if last is not None and outage_start is None:
-                        outage_start = transport.now()
-                    delay = transport.reconnect_delay(
-                        exc, failures, deadline, outage_start=outage_start
-                    )
-                    if delay is None:
-                        raise
-                    _log.warning(
-                        "watch of promise %r broke (%s); reconnecting in %.1fs",
-                        id,
-                        call.code().name if call is not None else exc,
-                        delay,
-                        extra={"promise_id": id, "address": transport.address},
-                    )
-                    transport.sleep(delay)
-                    continue
-                finally:
-                    stream.cancel()
-                # The server ended the stream before the promise settled (e.g. it
-                # is shutting down): reopen, with the same backoff as a failure.
-                failures += 1
-                if failures >= transport.retry.max_attempts:
-                    raise UnavailableError(
-                        grpc.StatusCode.UNAVAILABLE,
-                        "",
-                        f"the server at {transport.address} kept ending the watch of promise "
-                        f"{id!r} before it settled; check the server's logs, then watch again",
-                    )
-                transport.sleep(transport.retry.backoff(failures))
+        yield from watch_promise(self._transport, self._stub, id, timeout)
 
     def watch_promises(
         self,
@@ -767,14 +708,21 @@ class Client:
         check.text(call, group, "group")
         ttl = check.duration(call, ttl, "ttl")
         name = check.workflow_name(workflow)
-        self._connection.create(
-            id,
-            self._codec.encode(list(args)),
-            tags={TAG_INVOKE: group, TAG_FUNC: name},
-            ttl=ttl,
-            # Deterministic, so every start of this id is a repeat of the first.
-            idempotency_key=_start_key(id),
-        )
+        tags = {TAG_INVOKE: group, TAG_FUNC: name}
+        with client_span("troth.start", **{"troth.workflow.id": id, "troth.workflow.name": name,
+                                           "troth.group": group}) as traceparent:  # fmt: skip
+            if traceparent:
+                # Where the workflow's tasks continue the trace (troth._tracing). A
+                # repeat start of this id keeps the first one's.
+                tags[TRACEPARENT_TAG] = traceparent
+            self._connection.create(
+                id,
+                self._codec.encode(list(args)),
+                tags=tags,
+                ttl=ttl,
+                # Deterministic, so every start of this id is a repeat of the first.
+                idempotency_key=_start_key(id),
+            )
         return Handle(self, id)
 
     def handle(self, id: str) -> Handle:

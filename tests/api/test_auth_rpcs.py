@@ -132,6 +132,9 @@ def _calls(channel: grpc.Channel, tag: str) -> dict[str, Callable[[Any], object]
         "SearchTasks": lambda md: t.SearchTasks(
             tasks_pb2.SearchTasksRequest(group="g"), metadata=md, timeout=10
         ),
+        "SearchWorkers": lambda md: t.SearchWorkers(
+            tasks_pb2.SearchWorkersRequest(), metadata=md, timeout=10
+        ),
     }
 
 
