@@ -62,6 +62,7 @@ from troth._promise import (
     SettleResult,
 )
 from troth._schema import decision_schema
+from troth._tasks import TaskCalls
 from troth._transport import Transport, as_call, map_rpc_errors
 from troth.codec import Codec, JsonCodec, Payload
 from troth.errors import (
@@ -69,7 +70,7 @@ from troth.errors import (
     DeadlineExceededError,
     UnavailableError,
 )
-from troth.v1 import promises_pb2
+from troth.v1 import promises_pb2, tasks_pb2
 
 if TYPE_CHECKING:
     from troth._approvers import Approvers
@@ -737,6 +738,20 @@ class Client:
             idempotency_key=_start_key(id),
         )
         return Handle(self, id)
+
+    def search_tasks(self, group: str, *, limit: int = 100) -> list[tasks_pb2.Task]:
+        """The tasks of worker group `group` not completed yet, oldest first, at most
+        `limit`: what `troth tasks list` and the console's tasks page show.
+
+        Returns the `troth.v1.Task` messages as the server sends them (state, kind,
+        workflow, the worker holding each, what each waits for).
+
+        Raises:
+            InvalidArgumentError: An empty group, or a limit the server refuses.
+
+        .. versionadded:: 0.2.0
+        """
+        return TaskCalls(self._connection).search(group, limit)
 
     def handle(self, id: str) -> Handle:
         """A handle to the workflow (or any promise) with this id; makes no call."""

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from troth import PromiseState
 from troth._commands import TAG_FUNC, TAG_GROUP, TAG_INVOKE, TAG_KIND
 from troth._durations import format_duration
 from troth.errors import Reason
+from troth.v1 import tasks_pb2
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
@@ -31,9 +32,11 @@ __all__ = [
     "TAG_KIND",
     "InboxRow",
     "Step",
+    "TaskRow",
     "error_words",
     "inbox_rows",
     "pretty",
+    "task_rows",
     "timeline",
 ]
 
@@ -172,3 +175,46 @@ def pretty(value: Any) -> str:
         return json.dumps(value, indent=2, sort_keys=True, default=str)
     except (TypeError, ValueError):
         return repr(value)
+
+
+@dataclass(frozen=True, slots=True)
+class TaskRow:
+    """One line of the tasks page."""
+
+    id: str
+    root_id: str
+    kind: str
+    state: str
+    workflow: str
+    version: str
+    age: str
+    worker: str
+    """Who holds it (a claimed task), or why it waits (a pending one)."""
+
+
+def _enum_word(name: str) -> str:
+    for prefix in ("TASK_KIND_", "TASK_STATE_", "TASK_"):
+        name = name.removeprefix(prefix)
+    return name.lower()
+
+
+def task_rows(tasks: Iterable[tasks_pb2.Task], now: datetime) -> list[TaskRow]:
+    """The tasks page's rows, in the server's order (oldest first)."""
+    rows = []
+    for task in tasks:
+        created = task.create_time.ToDatetime(UTC) if task.HasField("create_time") else None
+        state = _enum_word(tasks_pb2.TaskState.Name(task.state))
+        holder = task.worker_id if state == "claimed" else task.waiting_for
+        rows.append(
+            TaskRow(
+                id=task.id,
+                root_id=task.root_promise_id,
+                kind=_enum_word(tasks_pb2.TaskKind.Name(task.kind)),
+                state=state,
+                workflow=task.workflow,
+                version=task.workflow_version,
+                age=format_duration(now - created) if created else "",
+                worker=holder,
+            )
+        )
+    return rows
