@@ -55,8 +55,11 @@
   if (main.dataset.watchKind) query.set("kind", main.dataset.watchKind);
   const source = new EventSource("/events?" + query.toString());
   source.addEventListener("ready", () => {
+    // The watch is in place from now on: re-read the page once, for what changed
+    // between its rendering and now (as Client.watch_promises says to).
     dot.classList.add("on");
     document.body.dataset.live = "ready";
+    schedule();
   });
   source.addEventListener("promise", schedule);
   source.addEventListener("reload", schedule);
