@@ -57,6 +57,11 @@ def review(ctx: Context, post: int, approver: str) -> Generator[Any, Any, Any]:
     return {"published": decision}
 
 
+def named(ctx: Context, post: int) -> Generator[Any, Any, Any]:
+    approval = yield ctx.promise(id=f"approval-{ctx.id}", title=f"Named approval {post}")
+    return (yield approval)
+
+
 class Site:
     def __init__(
         self, server: ServerProcess, console: ConsoleProcess, tokens: dict[str, str]
@@ -114,6 +119,7 @@ def worker(site: Site) -> Iterator[Worker]:
     with Client(site.server.address, timeout=10, token=site.tokens["worker"]) as client:
         w = Worker(client, group=GROUP, lease=timedelta(seconds=5))
         w.workflow(review)
+        w.workflow(named)
         w.start()
         yield w
         w.stop()
@@ -321,3 +327,17 @@ def test_events_bridge_the_watch_stream_as_server_sent_events(site: Site, starte
                 if line.startswith("data: ") and "CREATED" in line:
                     break
             assert f'"id": "{prefix}.a"' in line and '"state": "PENDING"' in line
+
+
+def test_the_timeline_shows_a_pending_step_with_an_id_of_its_own_as_the_waiting_point(
+    site: Site, worker: Worker, starter: Client
+) -> None:
+    wid = f"named-{uuid.uuid4().hex[:8]}"
+    starter.start("named", 9, id=wid, group=GROUP)
+    eventually(lambda: _pending(starter, f"approval-{wid}"), 20, "the named approval")
+    with site.http() as http:
+        site.sign_in(http, "alice")
+        page = http.get(f"/workflows/{wid}").text
+    assert f'href="/promises/approval-{wid}">Named approval 9</a>' in page
+    assert "Waiting for\n" in page or "Waiting for" in page
+    assert "waiting for a decision" in page

@@ -210,7 +210,14 @@ def _workflow(client: Client, id: str) -> tuple[Promise, list[Promise]]:
     # The root first, then its steps: a workflow that ends meanwhile then shows a
     # pending root with all its steps, never an ended root missing its last ones.
     steps = list(islice(client.search_all(f"{id}.*", page_size=STEPS_LIMIT), STEPS_LIMIT))
-    return root, steps
+    # A step with an id of its own (`ctx.promise(id=...)`) is not under `<root>.*`:
+    # a pending one (the point the workflow waits at) is found among the approvals.
+    # (A settled one is not shown: SearchPromises has no filter by root yet.)
+    if root.state is not PromiseState.PENDING:
+        return root, steps
+    known = {step.id for step in steps}
+    named = [p for p in _inbox(client, mine=False) if p.root_id == id and p.id not in known]
+    return root, steps + named
 
 
 @_page
