@@ -327,6 +327,9 @@ def test_events_bridge_the_watch_stream_as_server_sent_events(site: Site, starte
                 if line.startswith("data: ") and "CREATED" in line:
                     break
             assert f'"id": "{prefix}.a"' in line and '"state": "PENDING"' in line
+            assert "live pages: 1" in http.get("/healthz").text
+        # The browser went away: the console closes its watch.
+        eventually(lambda: "live pages: 0" in http.get("/healthz").text, 20, "the watch closed")
 
 
 def test_the_timeline_shows_a_pending_step_with_an_id_of_its_own_as_the_waiting_point(

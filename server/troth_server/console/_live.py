@@ -71,19 +71,33 @@ async def event_lines(
 ) -> AsyncIterator[str]:
     """The SSE frames of the promises matching `id` and `tags`: `ready` once the
     watch is in place, then one `promise` frame per event, `reload` after a
-    reconnect, `failed` (and the end) if the watch cannot go on."""
+    reconnect, `failed` (and the end) if the watch cannot go on or too many
+    pages are open."""
+    if not bridges.try_acquire():
+        yield _frame("failed", {"message": "too many live pages are open; reload later"})
+        return
+    try:
+        async for frame in _watched(client, id, tags):
+            yield frame
+    finally:
+        bridges.release()
+
+
+async def _watched(client: Client, id: str, tags: Mapping[str, str]) -> AsyncIterator[str]:
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue[object] = asyncio.Queue()
 
     def put(item: object) -> None:
-        loop.call_soon_threadsafe(queue.put_nowait, item)
+        try:
+            loop.call_soon_threadsafe(queue.put_nowait, item)
+        except RuntimeError:  # the loop has closed: nobody is listening any more
+            pass
 
     try:
         stream: PromiseEventStream = await asyncio.to_thread(
             client.watch_promises, id, tags=dict(tags), on_reconnect=lambda: put("reload")
         )
     except TrothError as exc:
-        bridges.release()
         yield _frame("failed", {"message": str(exc)})
         return
 
@@ -91,9 +105,7 @@ async def event_lines(
         try:
             for event in stream:
                 put(_event_data(event))
-        except TrothError as exc:
-            put(exc)
-        except Exception as exc:  # the thread must always say it ended
+        except Exception as exc:  # a TrothError, or anything: the page must hear it ended
             put(exc)
         put(_END)
 
@@ -117,4 +129,3 @@ async def event_lines(
                 yield _frame("promise", item)
     finally:
         stream.close()
-        bridges.release()

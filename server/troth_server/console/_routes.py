@@ -287,13 +287,10 @@ async def events(request: Request) -> Response:
     id = request.query_params.get("id", "*") or "*"
     kind = request.query_params.get("kind", "")
     tags = {_views.TAG_KIND: kind} if kind else {}
-    if not console.bridges.try_acquire():
-        return Response("too many live pages open; reload later", status_code=503)
     try:
         client = _client(request)
-    except ConfigurationError:
-        console.bridges.release()
-        raise
+    except ConfigurationError as exc:
+        return Response(f"{exc}\n", status_code=400, media_type="text/plain")
     return StreamingResponse(
         event_lines(client, id, tags, console.bridges),
         media_type="text/event-stream",
@@ -348,7 +345,9 @@ async def sign_out(request: Request) -> Response:
 
 
 async def health(request: Request) -> Response:
-    return Response("ok\n", media_type="text/plain")
+    """Up, and how many live pages hold a watch of the server now."""
+    live = _console(request).bridges.open
+    return Response(f"ok\nlive pages: {live}\n", media_type="text/plain")
 
 
 ROUTES: list[tuple[str, Endpoint, list[str]]] = [
