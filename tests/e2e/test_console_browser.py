@@ -127,6 +127,16 @@ def wait(driver: WebDriver, check: Any, what: str, timeout: float = 30) -> Any:
     return WebDriverWait(driver, timeout, poll_frequency=0.05).until(check, message=what)
 
 
+def text_of(driver: WebDriver, selector: str) -> str:
+    """The text of the element `selector` finds now ("" if none): read in one script,
+    so a live update swapping the page's content in between cannot make it stale."""
+    found = driver.execute_script(
+        "const e = document.querySelector(arguments[0]); return e ? e.textContent : ''",
+        selector,
+    )
+    return str(found).strip()
+
+
 def live(driver: WebDriver, page: str) -> None:
     """Wait until the page's event stream is in place and the page has re-read itself
     once (what the stream's `ready` does), so that its elements stay put after."""
@@ -175,7 +185,7 @@ def test_approve_in_the_browser_and_watch_the_timeline_update(
     card.find_element(By.NAME, "note").send_keys("Lovely, ship it.")
     card.find_element(By.CSS_SELECTOR, "button.approve").click()
     wait(browser, lambda d: f"/workflows/{wid}" in d.current_url, "the timeline")
-    wait(browser, lambda d: "Legal sign-off" in d.find_element(By.ID, "waiting").text,
+    wait(browser, lambda d: "Legal sign-off" in text_of(d, "#waiting"),
          "the workflow waiting for legal")  # fmt: skip
     assert "was recorded" in browser.page_source
     assert "by <b>ada</b>" in browser.page_source  # who settled what
@@ -187,10 +197,10 @@ def test_approve_in_the_browser_and_watch_the_timeline_update(
     browser.execute_script("window.trothMarker = 'same page'")
     with Client(client.address, timeout=10, principal="legal") as legal:
         legal.resolve(f"{wid}.2", {"ok": True})
-    wait(browser, lambda d: d.find_element(By.ID, "root-state").text.lower() == "resolved",
+    wait(browser, lambda d: text_of(d, "#root-state").lower() == "resolved",
          "the timeline showing the workflow resolved", timeout=60)  # fmt: skip
     assert browser.execute_script("return window.trothMarker") == "same page"
-    assert "post 7 published on newsletter" in browser.find_element(By.TAG_NAME, "main").text
+    assert "post 7 published on newsletter" in text_of(browser, "main")
     assert client.decode(client.get(wid).value) == "post 7 published on newsletter"
     screenshot(browser, "console-timeline-done", tmp_path)
 
