@@ -206,6 +206,7 @@ def test_someone_the_policy_does_not_name_is_refused_in_words(
         refused = http.post(f"/settle/{step}", data=form)
     assert refused.status_code == 403
     assert "You are not one of the approvers of this promise" in refused.text
+    assert 'action="/settle/' in refused.text, "the form again, to try as someone else"
     assert "NOT_AN_APPROVER" in refused.text
     assert starter.get(step).state is PromiseState.PENDING
 
@@ -342,5 +343,9 @@ def test_the_timeline_shows_a_pending_step_with_an_id_of_its_own_as_the_waiting_
         site.sign_in(http, "alice")
         page = http.get(f"/workflows/{wid}").text
     assert f'href="/promises/approval-{wid}">Named approval 9</a>' in page
+    with site.http() as http:
+        site.sign_in(http, "alice")
+        root = http.get(f"/promises/{wid}").text
+    assert "Your decision" not in root, "a workflow's root is not decided in the console"
     assert "Waiting for\n" in page or "Waiting for" in page
     assert "waiting for a decision" in page

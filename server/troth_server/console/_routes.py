@@ -160,7 +160,19 @@ def _promise_page(
         value=_decoded(client, promise, "value"),
         schema=_views.pretty(promise.schema) if promise.schema else "",
         error=error,
+        decidable=_decidable(promise),
         root=promise.root_id if promise.root_id and promise.root_id != promise.id else "",
+    )
+
+
+def _decidable(promise: Promise) -> bool:
+    """A pending wait for a decision (`ctx.promise()`, or a standalone promise), not a
+    workflow's root or a step a worker settles (`run`, `sleep`, `start`)."""
+    tags = promise.tags
+    return (
+        promise.state is PromiseState.PENDING
+        and _views.TAG_INVOKE not in tags
+        and tags.get(_views.TAG_KIND, _views.APPROVAL) == _views.APPROVAL
     )
 
 
