@@ -162,9 +162,15 @@ _WORDS: dict[str, str] = {
 }
 
 
+_CODE_WORDS: dict[str, str] = {
+    "UNAVAILABLE": "The troth server cannot be reached now; try again in a moment",
+    "DEADLINE_EXCEEDED": "The troth server did not answer in time; try again",
+}
+
+
 def error_words(error: RpcError) -> str:
     """A refusal in words for the human, with the server's own message after it."""
-    lead = _WORDS.get(error.reason, "The server refused")
+    lead = _WORDS.get(error.reason) or _CODE_WORDS.get(error.code.name, "The server refused")
     detail = error.message or str(error)
     return f"{lead}: {detail} ({error.reason or error.code.name})"
 
