@@ -296,15 +296,16 @@ def test_the_tasks_page_lists_a_groups_tasks(site: Site, starter: Client) -> Non
     assert "<td>review</td>" in row
 
 
-def test_the_workers_page_says_when_the_server_cannot_list_them(site: Site) -> None:
+def test_the_workers_page_lists_the_connected_workers(site: Site, worker: Worker) -> None:
     with site.http() as http:
         site.sign_in(http, "ops")
         page = http.get("/workers")
-    assert page.status_code == 200
-    assert "Connected workers" in page.text
-    # Until the server has SearchWorkers (Client.list_workers), the page says so.
-    listing = getattr(Client, "list_workers", None)
-    assert listing is not None or "not available on this server" in page.text
+    assert page.status_code == 200, page.text
+    assert f"<code>{worker.worker_id}</code>" in page.text
+    row = page.text[page.text.index(f"<code>{worker.worker_id}</code>") :]
+    assert f">{GROUP}</a>" in row and "<td>worker</td>" in row, "its group and principal"
+    assert "review " in row and "named " in row, "the workflows and versions it runs"
+    assert " ago</td>" in row
 
 
 def test_the_console_never_sends_a_token_of_its_own(

@@ -4,18 +4,15 @@ a template; the server's refusals are shown in words (`_views.error_words`)."""
 
 from __future__ import annotations
 
-import dataclasses
 import uuid
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from functools import wraps
 from itertools import islice
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 from urllib.parse import parse_qsl, quote
 
 import grpc
-from google.protobuf.json_format import MessageToDict
-from google.protobuf.message import Message
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import RedirectResponse, Response, StreamingResponse
 
@@ -270,25 +267,18 @@ async def tasks(request: Request) -> Response:
     return render(request, "tasks.html", group=group, rows=rows, limit=TASKS_LIMIT)
 
 
-def _fields(item: object) -> dict[str, Any]:
-    if isinstance(item, Message):
-        fields: dict[str, Any] = MessageToDict(item, preserving_proto_field_name=True)
-        return fields
-    if dataclasses.is_dataclass(item) and not isinstance(item, type):
-        return dataclasses.asdict(item)
-    return {"worker": str(item)}
-
-
 @_page
 async def workers(request: Request) -> Response:
     client = _client(request)
-    # `Client.list_workers` (the SearchWorkers RPC) is newer than this console may be.
-    listing: Callable[[], Any] | None = getattr(client, "list_workers", None)
-    if listing is None:
-        return render(request, "workers.html", available=False, rows=[], columns=[])
-    found = [_fields(item) for item in await run_in_threadpool(listing)]
-    columns = list(dict.fromkeys(key for row in found for key in row))
-    return render(request, "workers.html", available=True, rows=found, columns=columns)
+    try:
+        found = await run_in_threadpool(client.list_workers)
+    except RpcError as exc:
+        if exc.code is not grpc.StatusCode.UNIMPLEMENTED:
+            raise
+        # A server older than SearchWorkers: say so rather than fail.
+        return render(request, "workers.html", available=False, rows=[])
+    rows = _views.worker_rows(found, _now())
+    return render(request, "workers.html", available=True, rows=rows)
 
 
 # --- live updates ----------------------------------------------------------------------

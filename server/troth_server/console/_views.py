@@ -8,19 +8,18 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from troth import PromiseState
+from troth import PromiseState, TaskState
 from troth._commands import TAG_FUNC, TAG_GROUP, TAG_INVOKE, TAG_KIND
 from troth._durations import format_duration
 from troth.errors import Reason
-from troth.v1 import tasks_pb2
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
 
-    from troth import Payload, Promise
+    from troth import Payload, Promise, TaskInfo, WorkerInfo
     from troth.errors import RpcError
 
     Decode = Callable[[Payload], Any]
@@ -33,11 +32,13 @@ __all__ = [
     "InboxRow",
     "Step",
     "TaskRow",
+    "WorkerRow",
     "error_words",
     "inbox_rows",
     "pretty",
     "task_rows",
     "timeline",
+    "worker_rows",
 ]
 
 APPROVAL = "promise"
@@ -198,29 +199,55 @@ class TaskRow:
     """Who holds it (a claimed task), or why it waits (a pending one)."""
 
 
-def _enum_word(name: str) -> str:
-    for prefix in ("TASK_KIND_", "TASK_STATE_", "TASK_"):
-        name = name.removeprefix(prefix)
-    return name.lower()
-
-
-def task_rows(tasks: Iterable[tasks_pb2.Task], now: datetime) -> list[TaskRow]:
+def task_rows(tasks: Iterable[TaskInfo], now: datetime) -> list[TaskRow]:
     """The tasks page's rows, in the server's order (oldest first)."""
-    rows = []
-    for task in tasks:
-        created = task.create_time.ToDatetime(UTC) if task.HasField("create_time") else None
-        state = _enum_word(tasks_pb2.TaskState.Name(task.state))
-        holder = task.worker_id if state == "claimed" else task.waiting_for
-        rows.append(
-            TaskRow(
-                id=task.id,
-                root_id=task.root_promise_id,
-                kind=_enum_word(tasks_pb2.TaskKind.Name(task.kind)),
-                state=state,
-                workflow=task.workflow,
-                version=task.workflow_version,
-                age=format_duration(now - created) if created else "",
-                worker=holder,
-            )
+    return [
+        TaskRow(
+            id=task.id,
+            root_id=task.root_id,
+            kind=task.kind.value.lower(),
+            state=task.state.value.lower(),
+            workflow=task.workflow or "",
+            version=task.workflow_version or "",
+            age=format_duration(now - task.create_time) if task.create_time else "",
+            worker=(task.worker_id if task.state is TaskState.CLAIMED else task.waiting_for) or "",
         )
-    return rows
+        for task in tasks
+    ]
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerRow:
+    """One line of the workers page."""
+
+    worker_id: str
+    group: str
+    principal: str
+    workflows: str
+    """`name version` pairs it runs, or "any" (every task of its group)."""
+    held: str
+    """Tasks held of its capacity, e.g. "2 / 16"."""
+    connected: str
+    heartbeat: str
+    stalled: bool
+
+
+def _ago(when: datetime | None, now: datetime) -> str:
+    return f"{format_duration(max(now - when, timedelta(0)))} ago" if when else ""
+
+
+def worker_rows(workers: Iterable[WorkerInfo], now: datetime) -> list[WorkerRow]:
+    """The workers page's rows, in the server's order (by group, then worker id)."""
+    return [
+        WorkerRow(
+            worker_id=worker.worker_id,
+            group=worker.group,
+            principal=worker.principal or "",
+            workflows=", ".join(f"{name} {version}" for name, version in worker.workflows) or "any",
+            held=f"{len(worker.task_ids)} / {worker.capacity}",
+            connected=_ago(worker.connect_time, now),
+            heartbeat=_ago(worker.last_heartbeat_time, now),
+            stalled=worker.stalled,
+        )
+        for worker in workers
+    ]
