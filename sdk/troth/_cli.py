@@ -57,13 +57,10 @@ if TYPE_CHECKING:
     from troth.codec import Payload
 
 INSTALL_SERVER = (
-    "pip install ./server from a troth checkout "
-    "(./server[postgres] for PostgreSQL; the SDK, troth, is already installed)"
+    "pip install ./server from a troth checkout (./server[postgres] for PostgreSQL; "
+    "the SDK, troth, is already installed)"
 )
-"""The server package, troth-server, is installed from the repository beside the SDK."""
-_SERVER_MISSING = "troth {command} needs the server, troth-server, which is not installed: " + (
-    INSTALL_SERVER
-)
+_SERVER_MISSING = "troth {command} needs the server, troth-server, which is not installed: "
 
 _DEFAULT_LIMIT = 100
 _DEFAULT_TIMEOUT = timedelta(seconds=10)
@@ -512,7 +509,7 @@ def _server_command(command: str, argv: list[str]) -> int:
     except ModuleNotFoundError as exc:
         if exc.name not in ("troth_server", "troth_server.cli"):
             raise  # troth-server is installed but broken: show the real problem
-        print(_SERVER_MISSING.format(command=command), file=sys.stderr)
+        print(_SERVER_MISSING.format(command=command) + INSTALL_SERVER, file=sys.stderr)
         return 1
     entry = cast("Callable[[list[str]], int]", getattr(module, command))
     return entry(argv)
