@@ -397,8 +397,14 @@ def _json_payload(value: types_pb2.Payload, field: str) -> types_pb2.Payload:
             f"is {sent_type!r}, but json carries JSON: drop the header or send data instead",
         )
     try:
+        # Keys sorted: a JSON object arrives as a protobuf map, whose order is not kept,
+        # so sorting is what makes one value always stored as the same bytes.
         text = json.dumps(
-            _plain(value.json), separators=(",", ":"), ensure_ascii=False, allow_nan=False
+            _plain(value.json),
+            separators=(",", ":"),
+            ensure_ascii=False,
+            allow_nan=False,
+            sort_keys=True,
         )
     except ValueError:
         raise InvalidArgument(
