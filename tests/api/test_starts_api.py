@@ -179,11 +179,14 @@ def test_a_child_workflow_gets_the_ttl_it_asks_for(client: Client, worker: Worke
 
 
 def test_a_child_without_a_ttl_lives_as_long_as_its_parent(client: Client, worker: Worker) -> None:
+    """The issue's case: a 7-day approval in a child of a 10-day parent, no ttl given
+    to the child (it used to get the promise default, a day)."""
     wid = _wid("parent")
-    client.start(parent, None, 2, id=wid, group=GROUP, ttl=10 * DAY)
+    client.start(parent, None, 7, id=wid, group=GROUP, ttl=10 * DAY)
     eventually(lambda: exists(client, f"{wid}.0.0"), 20, "the child's approval")
     root, child = client.get(wid), client.get(f"{wid}.0")
-    assert child.expire_time == root.expire_time  # 30 days asked of nobody, cut to 10
+    assert child.expire_time == root.expire_time  # the 30-day default, cut to the parent's
+    assert abs(_lifetime(client.get(f"{wid}.0.0")) - 7 * DAY) < SLACK
     client.cancel(wid)
 
 
