@@ -93,7 +93,7 @@ def _start_request(
 
 
 def test_a_raw_start_repeated_is_the_same_run_and_another_is_refused_naming_it(
-    stub: promises_pb2_grpc.PromisesStub,
+    stub: promises_pb2_grpc.PromiseServiceStub,
 ) -> None:
     wid = _wid("raw")
     first = stub.CreatePromise(_start_request(wid, key="req-1"))
