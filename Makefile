@@ -22,6 +22,9 @@ install: $(VENV)/.installed ## Create .venv and install troth, troth-server and 
 run: install ## Start a local server, authentication off, on the embedded SQLite default (LISTEN=, DB= to override)
 	$(VENV)/bin/troth serve --no-auth --listen $(LISTEN) --db $(DB)
 
+console: install ## Serve the web console on 127.0.0.1:7080 for the server at LISTEN (start one with `make run`)
+	$(VENV)/bin/troth console --server $(LISTEN)
+
 proto: install ## Regenerate sdk/troth/v1 from proto/ (grpcio-tools pinned in requirements-dev.txt)
 	rm -f sdk/troth/v1/*_pb2*.py sdk/troth/v1/*_pb2*.pyi
 	$(PY) -m grpc_tools.protoc -I proto --python_out=sdk --pyi_out=sdk --grpc_python_out=sdk proto/troth/v1/*.proto
@@ -68,4 +71,4 @@ bench: install ## Run the benchmarks in bench/ and print their figures
 
 ci: install proto-check lint typecheck test ## What CI runs
 
-.PHONY: help install run proto proto-check fmt lint breaking typecheck test-unit test bench ci
+.PHONY: help install run console proto proto-check fmt lint breaking typecheck test-unit test bench ci
