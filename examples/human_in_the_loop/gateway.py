@@ -4,7 +4,8 @@ It is what a web app does with troth: start a workflow by id, show what
 waits for a human, settle a human's decision by promise id, show the outcome.
 It holds no state of its own: everything lives on the troth server.
 
-    POST /posts/{post_id}/publish              start workflow `publish-{post_id}` (once)
+    POST /posts/{post_id}/publish              start workflow `publish-{post_id}` (once; a
+                                                repeat with another timeout is 409)
     GET  /posts/{post_id}[?wait=SECONDS]        its state, and its result once finished
     GET  /approvals                             the approvals waiting for a decision
                                                 (with a bearer token: those its holder may decide)
@@ -46,6 +47,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
 from troth import (
+    AlreadyExistsError,
     AlreadySettledError,
     Client,
     ConfigurationError,
@@ -192,6 +194,8 @@ def create_app(address: str | None = None, group: str | None = None) -> FastAPI:
             status = 403
         elif isinstance(exc, NotFoundError):
             status = 404
+        elif isinstance(exc, AlreadyExistsError):
+            status = 409  # e.g. a start of a post already started with another timeout
         elif isinstance(exc, InvalidArgumentError):
             status = 422
         elif isinstance(exc, UnavailableError):
@@ -241,7 +245,8 @@ def create_app(address: str | None = None, group: str | None = None) -> FastAPI:
         body: StartRequest | None = None,
         authorization: Annotated[str | None, Header()] = None,
     ) -> WorkflowView:
-        """Start the approval workflow of a post; a repeat returns the same execution.
+        """Start the approval workflow of a post; a repeat returns the same execution (a
+        start of it with another approval timeout is 409, saying what differs).
         With the author's bearer token, the author is its starter: four eyes then
         keep them from approving their own post."""
         timeout = (body or StartRequest()).approval_timeout_seconds
@@ -254,7 +259,7 @@ def create_app(address: str | None = None, group: str | None = None) -> FastAPI:
             group=group,
             ttl=timedelta(seconds=timeout) + WORKFLOW_SLACK,
         )
-        _log.info("started (or found) workflow %s", handle.id)
+        _log.info("%s workflow %s", "started" if handle.created else "found", handle.id)
         return workflow_view(post_id, handle.get())
 
     @app.get("/posts/{post_id}")

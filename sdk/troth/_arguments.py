@@ -3,9 +3,9 @@
 `Client` and `Context` methods check what they were given before building any
 request, so a wrong type is a `TypeError` and a wrong value a `ValueError`
 naming the call, the argument, what it must be and what it got, e.g.
-`Client.create: ttl must be a datetime.timedelta such as timedelta(hours=1),
-not int 3600 (for seconds, write timedelta(seconds=3600))`, instead of
-protobuf's `TypeError` naming no argument. Each check returns the value as the
+`Client.create: ttl must be a timedelta (datetime.timedelta) such as
+timedelta(hours=1), not int 3600 (for seconds, write timedelta(seconds=3600))`,
+instead of protobuf's `TypeError` naming no argument. Each check returns the value as the
 caller will use it. Callers import the module (`from troth import _arguments
 as check`) and call `check.duration(...)`, `check.tags(...)`.
 """
@@ -37,7 +37,7 @@ __all__ = [
     "workflow_name",
 ]
 
-_DURATION = "a datetime.timedelta such as timedelta(hours=1)"
+_DURATION = "a timedelta (datetime.timedelta) such as timedelta(hours=1)"
 
 
 def _got(value: object) -> str:

@@ -117,7 +117,9 @@ class Context:
                 name it knows, even before the workflow gets here (see
                 `Client.resolve(..., create_if_missing=True)`).
             timeout: After this long it is rejected as timed out (the wait raises
-                `TimedOut`); default the server's (capped by the root's).
+                `TimedOut`); default the server's (`--default-ttl`, 1 day). Capped
+                by the workflow's own expiry (its `ttl`, default 30 days): the
+                worker logs a warning naming both when it is.
             tags: Extra string tags; keys starting with `troth:` are reserved.
             schema: What a decision must look like: a JSON Schema dict, a
                 dataclass or a pydantic model class. The server refuses a
@@ -223,6 +225,7 @@ class Context:
         id: str | None = None,
         group: str | None = None,
         check_args: bool = True,
+        ttl: timedelta | None = None,
     ) -> StartWorkflow:
         """Start a child workflow: `yield` it for a `PromiseHandle`; yield that for the result.
 
@@ -231,15 +234,26 @@ class Context:
             args: Its arguments; they must be encodable with the codec.
             id: The child's id; default `<workflow id>.<n>` (its steps nest below it).
             group: The group whose workers run it; default this workflow's group.
-            check_args: Record a digest of the name, `args` and `id` on the step
-                and, on replay, fail with `NonDeterminismError` if the code now
-                starts the child with others at this position. Pass False where
-                they legitimately vary between runs.
+            check_args: Record a digest of the name, `args`, `id` and `ttl` on
+                the step and, on replay, fail with `NonDeterminismError` if the
+                code now starts the child with others at this position. Pass
+                False where they legitimately vary between runs.
+            ttl: How long the child may take in all (it times out after);
+                default the server's workflow lifetime (`--default-workflow-ttl`,
+                30 days). Capped by this workflow's own expiry: the worker logs
+                a warning naming both when it is.
+
+        .. versionchanged:: 0.2.0 `ttl`.
         """
         check.optional_id("ctx.start", id)
         check.optional_text("ctx.start", group, "group")
         return StartWorkflow(
-            name=check.workflow_name(workflow), args=args, id=id, group=group, check_args=check_args
+            name=check.workflow_name(workflow),
+            args=args,
+            id=id,
+            group=group,
+            check_args=check_args,
+            ttl=_child_ttl("ctx.start", ttl),
         )
 
     def rpc(
@@ -249,10 +263,11 @@ class Context:
         id: str | None = None,
         group: str | None = None,
         check_args: bool = True,
+        ttl: timedelta | None = None,
     ) -> StartWorkflow:
         """Start a child workflow and wait for it: `yield` it for the child's result.
 
-        `check_args` as for `start`.
+        `check_args` and `ttl` as for `start`.
         """
         check.optional_id("ctx.rpc", id)
         check.optional_text("ctx.rpc", group, "group")
@@ -263,6 +278,7 @@ class Context:
             group=group,
             wait=True,
             check_args=check_args,
+            ttl=_child_ttl("ctx.rpc", ttl),
         )
 
     def all(self, handles: Iterable[PromiseHandle], *, decisions: bool = False) -> AwaitAll:
@@ -323,6 +339,13 @@ class Context:
 
     def __repr__(self) -> str:
         return f"Context(id={self.id!r})"
+
+
+def _child_ttl(call: str, ttl: object) -> timedelta | None:
+    delta = check.duration(call, ttl, "ttl")
+    if delta is not None and delta <= timedelta(0):
+        raise ValueError(f"{call}: ttl must be positive, not {delta}")
+    return delta
 
 
 def _handles(handles: Iterable[PromiseHandle]) -> tuple[PromiseHandle, ...]:

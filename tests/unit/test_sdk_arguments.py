@@ -23,8 +23,8 @@ CTX = Context("wf-1")
 
 CASES: list[tuple[str, Callable[[Client], Any], type[Exception], str]] = [
     ("ttl in seconds", lambda c: c.create("a", ttl=3600), TypeError,
-     "Client.create: ttl must be a datetime.timedelta such as timedelta(hours=1), not int 3600 "
-     "(for seconds, write timedelta(seconds=3600))"),
+     "Client.create: ttl must be a timedelta (datetime.timedelta) such as timedelta(hours=1), "
+     "not int 3600 (for seconds, write timedelta(seconds=3600))"),
     ("ttl as CLI text", lambda c: c.create("a", ttl="1h"), TypeError,
      "'1h30m' is the CLI's syntax"),
     ("id not a str", lambda c: c.create(7), TypeError,
@@ -47,7 +47,7 @@ CASES: list[tuple[str, Callable[[Client], Any], type[Exception], str]] = [
     ("page_size as text", lambda c: c.search(page_size="10"), TypeError,
      "Client.search: page_size must be a whole number"),
     ("older_than in seconds", lambda c: c.search(older_than=60), TypeError,
-     "Client.search: older_than must be a datetime.timedelta"),
+     "Client.search: older_than must be a timedelta (datetime.timedelta)"),
     ("resolve by int", lambda c: c.resolve(7, True), TypeError, "Client.resolve: id must be a str"),
     ("reject key not a str", lambda c: c.reject("a", idempotency_key=1), TypeError,
      "Client.reject: idempotency_key must be a str"),
@@ -60,15 +60,16 @@ CASES: list[tuple[str, Callable[[Client], Any], type[Exception], str]] = [
     ("watch timeout as text", lambda c: next(c.watch("a", timeout="5s")), TypeError,
      "Client.watch: timeout must be a number of seconds"),
     ("start ttl in seconds", lambda c: c.start("wf", id="s", ttl=60), TypeError,
-     "Client.start: ttl must be a datetime.timedelta"),
+     "Client.start: ttl must be a timedelta (datetime.timedelta)"),
     ("start id not a str", lambda c: c.start("wf", id=None), TypeError,
      "Client.start: id must be a str"),
     ("mint ttl in seconds", lambda c: c.mint_settle_token("a", ttl=60), TypeError,
-     "Client.mint_settle_token: ttl must be a datetime.timedelta"),
+     "Client.mint_settle_token: ttl must be a timedelta (datetime.timedelta)"),
     ("watch_promises tags", lambda c: c.watch_promises(tags={"a": 1}), TypeError,
      "Client.watch_promises: tags['a'] must be a str"),
     ("ctx.promise timeout in seconds", lambda _: CTX.promise(timeout=3600), TypeError,
-     "ctx.promise: timeout must be a datetime.timedelta such as timedelta(hours=1), not int 3600"),
+     "ctx.promise: timeout must be a timedelta (datetime.timedelta) such as "
+     "timedelta(hours=1), not int 3600"),
     ("ctx.promise id", lambda _: CTX.promise(id=7), TypeError, "ctx.promise: id must be a str"),
     ("ctx.promise tags", lambda _: CTX.promise(tags={"a": 1}), TypeError,
      "ctx.promise: tags['a'] must be a str"),
@@ -77,8 +78,8 @@ CASES: list[tuple[str, Callable[[Client], Any], type[Exception], str]] = [
     ("ctx.run retry", lambda _: CTX.run(print, retry=3), TypeError,
      "ctx.run: retry must be a troth.RetryPolicy"),
     ("ctx.sleep as text", lambda _: CTX.sleep("5m"), TypeError,
-     "ctx.sleep: duration must be a datetime.timedelta such as timedelta(hours=1) or a number "
-     "of seconds, not str '5m'"),
+     "ctx.sleep: duration must be a timedelta (datetime.timedelta) such as timedelta(hours=1) "
+     "or a number of seconds, not str '5m'"),
     ("ctx.sleep forever", lambda _: CTX.sleep(float("inf")), ValueError,
      "ctx.sleep: duration must be a finite number of seconds"),
     ("ctx.start id", lambda _: CTX.start("child", id=3), TypeError, "ctx.start: id must be a str"),
