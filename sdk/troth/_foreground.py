@@ -8,8 +8,9 @@ is still running the process exits (status 130) rather than wait for it (its
 step runs again elsewhere: steps are at least once). No traceback either way.
 
 The signal handler only counts (no lock, no I/O: it runs between two bytecodes
-of the main thread, which may hold any lock); `Interrupts.watch` turns the count
-into log lines and the hard exit, on a thread of its own.
+of the main thread, which may hold any lock); `run()` says what the first
+means, and `Interrupts.watch`, on a thread of its own, what the second means,
+and exits if giving the tasks back hangs.
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ from typing import TYPE_CHECKING, Any, Self
 from troth._durations import format_duration
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
     from types import FrameType, TracebackType
 
 __all__ = [
@@ -101,18 +101,33 @@ class Interrupts:
         if not self.name:
             self.name = signal.Signals(signum).name
 
-    def watch(self, running: Callable[[], list[str]], grace: float) -> None:
-        """On a thread of its own: after the first signal, log what the stop waits for
-        (`running`: the roots of the tasks held); after the second, that it stops now;
-        then, if `run()` has not returned within `HURRY_SECONDS`, exit."""
+    def say_stopping(self, running: list[str], grace: float) -> None:
+        """After the first signal (from `run()`'s thread, not the handler): what the
+        graceful stop waits for (`running`: the roots of the tasks held)."""
+        roots = sorted(set(running))
+        again = "; press Ctrl-C again to stop at once (the tasks are given back without waiting)"
+        _log.info(
+            "worker %s got %s: %s%s",
+            self.worker_id, self.name, describe_wait(roots, grace), again if roots else "",
+            extra={"worker_id": self.worker_id},
+        )  # fmt: skip
+
+    def watch(self) -> None:
+        """On a thread of its own: after a second signal, say that the worker stops now,
+        and if `run()` has not returned within `HURRY_SECONDS`, exit."""
 
         def loop() -> None:
-            seen = 0
-            while seen < 2 and not self._done.wait(0.05):
-                if self.count > seen:
-                    seen += 1
-                    self._say(seen, sorted(set(running())), grace)
-            if seen >= 2 and not self._done.wait(HURRY_SECONDS):
+            while not self.now:
+                if self._done.wait(0.05):
+                    return
+            # No count here: the stop may be giving them back already (it says how many).
+            _log.warning(
+                "worker %s got a second signal: stopping now, giving the held tasks back "
+                "without waiting for their steps",
+                self.worker_id,
+                extra={"worker_id": self.worker_id},
+            )
+            if not self._done.wait(HURRY_SECONDS):
                 _log.warning(
                     "worker %s: giving the tasks back took over %s; exiting now",
                     self.worker_id,
@@ -121,24 +136,6 @@ class Interrupts:
                 exit_now()
 
         threading.Thread(target=loop, name="troth-interrupts", daemon=True).start()
-
-    def _say(self, seen: int, roots: list[str], grace: float) -> None:
-        extra = {"worker_id": self.worker_id}
-        if seen == 1:
-            again = (
-                "; press Ctrl-C again to stop at once (the tasks are given back without waiting)"
-            )
-            _log.info(
-                "worker %s got %s: %s%s",
-                self.worker_id, self.name, describe_wait(roots, grace), again if roots else "",
-                extra=extra,
-            )  # fmt: skip
-        else:
-            _log.warning(
-                "worker %s got a second signal: stopping now, giving back %d task(s) without "
-                "waiting for their steps",
-                self.worker_id, len(roots), extra=extra,
-            )  # fmt: skip
 
 
 def exit_now() -> None:

@@ -383,6 +383,14 @@ class Worker:
                 self._idle.wait(min(remaining, 0.1))
             busy = self._running
         self._abandon.set()
+        # The stream first: a task released while it is open could be delivered
+        # to it again, after the list below was taken, and stay leased to us.
+        with self._lock:
+            call, self._poll_call = self._poll_call, None
+        if call is not None:
+            call.cancel()
+        if self._poller is not None:
+            self._poller.join()
         held = self._leases.held()
         if busy:
             _log.warning(
@@ -394,12 +402,6 @@ class Worker:
         for task in held:
             if not task.lost:
                 self._leases.release(task)
-        with self._lock:
-            call, self._poll_call = self._poll_call, None
-        if call is not None:
-            call.cancel()
-        if self._poller is not None:
-            self._poller.join()
         self._leases.stop()
         if self._pool is not None:
             self._pool.shutdown(wait=not busy, cancel_futures=True)
@@ -423,11 +425,13 @@ class Worker:
         show_logs()
         with Interrupts(self.worker_id) as interrupts:
             self._hurry = lambda: interrupts.now
-            interrupts.watch(lambda: [held.root_id for held in self._leases.held()], self._grace)
+            interrupts.watch()
             try:
                 self.start()
                 while not interrupts.count and not self._stopping.wait(0.1):
                     pass
+                if interrupts.count:
+                    interrupts.say_stopping([h.root_id for h in self._leases.held()], self._grace)
             finally:
                 self.stop()
         with self._lock:
