@@ -44,6 +44,7 @@ from troth.errors import (
     UnauthenticatedError,
     UnavailableError,
     WorkflowError,
+    WorkflowFailed,
 )
 from troth.worker import Worker
 
@@ -93,5 +94,6 @@ __all__ = [
     "UnavailableError",
     "Worker",
     "WorkflowError",
+    "WorkflowFailed",
     "WorkflowRegistration",
 ]

@@ -220,13 +220,13 @@ class Batch:
             self._active[task.root_promise_id] = task.id
 
     def pending_in(self, group: str, limit: int, route: Route = ANY) -> list[Task]:
-        """Loaded PENDING tasks of `group` that `route` accepts, in the order they
-        were read (preferred first)."""
+        """Loaded PENDING tasks of `group` that `route` accepts and that are past any
+        retry backoff, in the order they were read (preferred first)."""
         found = [t for t in self._tasks.values() if t.group == group]
         return [
             t
             for t in found
-            if t.state is TaskState.PENDING and route.accepts(t.workflow, t.workflow_version)
+            if t.claimable(self.now) and route.accepts(t.workflow, t.workflow_version)
         ][:limit]
 
     def workflow_of(self, root_id: str) -> tuple[str | None, str | None]:
