@@ -86,7 +86,7 @@ class Runner:
     Args:
         client: Its codec encodes and decodes values.
         connection: The client's transport and deadline (promise calls).
-        tasks: The `Tasks` calls, as the worker makes them.
+        tasks: The `TaskService` calls, as the worker makes them.
         leases: The worker's leases.
         registrations: The registered workflows by name, with their versions.
         group: The worker's group (the default of child workflows).

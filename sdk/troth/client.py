@@ -73,7 +73,7 @@ from troth.v1 import promises_pb2
 
 if TYPE_CHECKING:
     from troth._approvers import Approvers
-    from troth._transport import PromisesStub
+    from troth._transport import PromiseServiceStub
 
 __all__ = [
     "DEFAULT_ADDRESS",
@@ -97,7 +97,7 @@ _SettleRequest = (
 
 
 class Client:
-    """A connection to a troth server's `Promises` service.
+    """A connection to a troth server's `PromiseService`.
 
     Thread-safe; create one per process and share it. Use it as a context
     manager, or call `close()`, to release the channel.
@@ -224,7 +224,7 @@ class Client:
         return None if payload.is_empty else self._codec.decode(payload)
 
     @property
-    def _stub(self) -> PromisesStub:
+    def _stub(self) -> PromiseServiceStub:
         return self._transport.promises
 
     def create(
@@ -519,7 +519,7 @@ class Client:
 
     def _settle(
         self,
-        method: grpc.UnaryUnaryMultiCallable[Any, promises_pb2.SettlePromiseResponse],
+        method: grpc.UnaryUnaryMultiCallable[Any, Any],
         request_type: type[_SettleRequest],
         id: str,
         value: Any,

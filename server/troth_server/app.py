@@ -30,8 +30,8 @@ from troth_server.api._admission import (
 )
 from troth_server.api._auth import AuthInterceptor
 from troth_server.api._decode import register
-from troth_server.api.promises import PromisesServicer
-from troth_server.api.tasks import TasksServicer
+from troth_server.api.promises import PromiseServiceServicer
+from troth_server.api.tasks import TaskServiceServicer
 from troth_server.auth import AuthConfigError, Authenticator
 from troth_server.checks import SchemaChecks
 from troth_server.clock import (
@@ -60,8 +60,8 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("troth.server")
 
-PROMISES = promises_pb2.DESCRIPTOR.services_by_name["Promises"]
-TASKS = tasks_pb2.DESCRIPTOR.services_by_name["Tasks"]
+PROMISES = promises_pb2.DESCRIPTOR.services_by_name["PromiseService"]
+TASKS = tasks_pb2.DESCRIPTOR.services_by_name["TaskService"]
 PROMISES_SERVICE = PROMISES.full_name
 TASKS_SERVICE = TASKS.full_name
 HEALTH_SERVICE = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
@@ -334,8 +334,8 @@ async def _serve_aio(settings: Settings) -> int:
     # Not the generated add_*Servicer_to_server: their deserializers raise on bytes
     # that do not decode, which grpc answers UNKNOWN (api/_decode.py).
     limits = settings.limits
-    register(server, PROMISES, PromisesServicer(core.service, limits), limits)
-    register(server, TASKS, TasksServicer(core.tasks, core.dispatcher, limits), limits)
+    register(server, PROMISES, PromiseServiceServicer(core.service, limits), limits)
+    register(server, TASKS, TaskServiceServicer(core.tasks, core.dispatcher, limits), limits)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(SERVED, server)
     try:

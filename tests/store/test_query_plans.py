@@ -54,8 +54,8 @@ from sqlalchemy import Engine, event
 from troth import Client, Context, PromiseRejectedError, PromiseState, Worker
 from troth.v1 import promises_pb2, promises_pb2_grpc, tasks_pb2, tasks_pb2_grpc, types_pb2
 from troth_server.api._auth import AuthInterceptor
-from troth_server.api.promises import PromisesServicer
-from troth_server.api.tasks import TasksServicer
+from troth_server.api.promises import PromiseServiceServicer
+from troth_server.api.tasks import TaskServiceServicer
 from troth_server.app import Core, grpc_options
 from troth_server.config import settings_from
 
@@ -153,11 +153,11 @@ def in_process_server(db_url: str, *flags: str) -> Iterator[str]:
         server = grpc.aio.server(
             options=grpc_options(settings), interceptors=[AuthInterceptor(None)]
         )
-        promises_pb2_grpc.add_PromisesServicer_to_server(
-            PromisesServicer(core.service, settings.limits), server
+        promises_pb2_grpc.add_PromiseServiceServicer_to_server(
+            PromiseServiceServicer(core.service, settings.limits), server
         )
-        tasks_pb2_grpc.add_TasksServicer_to_server(
-            TasksServicer(core.tasks, core.dispatcher, settings.limits), server
+        tasks_pb2_grpc.add_TaskServiceServicer_to_server(
+            TaskServiceServicer(core.tasks, core.dispatcher, settings.limits), server
         )
         health_pb2_grpc.add_HealthServicer_to_server(health.aio.HealthServicer(), server)
         port = server.add_insecure_port("127.0.0.1:0")
@@ -305,8 +305,8 @@ def _raw_tasks(address: str, group: str) -> None:
     """What the SDK's worker does not do on its own: a lease that runs out, a broken
     stream, a release, RegisterCallbacks, SearchTasks."""
     with grpc.insecure_channel(address) as channel:
-        promises = promises_pb2_grpc.PromisesStub(channel)
-        tasks = tasks_pb2_grpc.TasksStub(channel)
+        promises = promises_pb2_grpc.PromiseServiceStub(channel)
+        tasks = tasks_pb2_grpc.TaskServiceStub(channel)
         other = f"{group}-raw"
         for n in range(3):
             promises.CreatePromise(

@@ -15,22 +15,22 @@ DESCRIPTOR: _descriptor.FileDescriptor
 class TaskKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     TASK_KIND_UNSPECIFIED: _ClassVar[TaskKind]
-    INVOKE: _ClassVar[TaskKind]
-    RESUME: _ClassVar[TaskKind]
+    TASK_KIND_INVOKE: _ClassVar[TaskKind]
+    TASK_KIND_RESUME: _ClassVar[TaskKind]
 
 class TaskState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     TASK_STATE_UNSPECIFIED: _ClassVar[TaskState]
-    TASK_PENDING: _ClassVar[TaskState]
-    TASK_CLAIMED: _ClassVar[TaskState]
-    TASK_COMPLETED: _ClassVar[TaskState]
+    TASK_STATE_PENDING: _ClassVar[TaskState]
+    TASK_STATE_CLAIMED: _ClassVar[TaskState]
+    TASK_STATE_COMPLETED: _ClassVar[TaskState]
 TASK_KIND_UNSPECIFIED: TaskKind
-INVOKE: TaskKind
-RESUME: TaskKind
+TASK_KIND_INVOKE: TaskKind
+TASK_KIND_RESUME: TaskKind
 TASK_STATE_UNSPECIFIED: TaskState
-TASK_PENDING: TaskState
-TASK_CLAIMED: TaskState
-TASK_COMPLETED: TaskState
+TASK_STATE_PENDING: TaskState
+TASK_STATE_CLAIMED: TaskState
+TASK_STATE_COMPLETED: TaskState
 
 class Task(_message.Message):
     __slots__ = ("id", "root_promise_id", "group", "kind", "state", "counter", "worker_id", "lease_expire_time", "workflow", "workflow_version", "create_time", "waiting_for", "worker_principal")

@@ -1,4 +1,4 @@
-"""The `troth.v1.Tasks` servicer (grpc.aio), for workers."""
+"""The `troth.v1.TaskService` servicer (grpc.aio), for workers."""
 
 from __future__ import annotations
 
@@ -149,7 +149,7 @@ def _awaited(settled: list[Any]) -> list[Any]:
     return [convert.to_pb(visibility.view(p, reader)) for p in settled]
 
 
-class TasksServicer(_Handlers, tasks_pb2_grpc.TasksServicer):
+class TaskServiceServicer(_Handlers, tasks_pb2_grpc.TaskServiceServicer):
     """For the grpc.aio server: a Poll stream is a coroutine waiting on its mailbox."""
 
     @aio_server_stream("Poll")
