@@ -1,4 +1,4 @@
-"""`TaskCalls`: the `Tasks` RPCs, each with its deadline, for the worker, `troth tasks`
+"""`TaskCalls`: the `TaskService` RPCs, each with its deadline, for the worker, `troth tasks`
 and `troth workflows`.
 
 The worker's poll loop opens the stream here, its leases heartbeat and

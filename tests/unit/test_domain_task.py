@@ -94,6 +94,8 @@ class TaskMachine(RuleBasedStateMachine):
         self.tasks[task_id] = claimed
         expected.state, expected.counter = TaskState.CLAIMED, expected.counter + 1
         expected.worker, expected.lease_until = worker, self.now + LEASE
+        expected.not_before = None
+        assert claimed.next_attempt_time is None
 
     @rule(
         data=st.data(),

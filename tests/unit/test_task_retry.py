@@ -71,6 +71,7 @@ def test_a_failed_task_goes_back_to_its_group_after_a_backoff_with_the_failure_k
         tasks.claim(failed, "w2", 10_499, LEASE)
     again = tasks.claim(failed, "w2", 10_500, LEASE)
     assert again.counter == task.counter + 1 and again.failed_attempts == 1
+    assert again.next_attempt_time is None and again.last_error == "NameError: x"
     twice = tasks.fail(again, "w2", again.counter, 20_000, "NameError: y", "tb", 0.0)
     assert (twice.failed_attempts, twice.last_error) == (2, "NameError: y")
     assert twice.next_attempt_time == 21_000

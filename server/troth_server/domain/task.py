@@ -253,6 +253,7 @@ def claim(
         lease_expire_time=now + lease_ms,
         lease_ms=lease_ms,
         worker_principal=principal,
+        next_attempt_time=None,  # its backoff is over; failures and the last error stay
     )
 
 
