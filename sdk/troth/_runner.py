@@ -39,12 +39,13 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from troth._commands import TAG_FUNC, CreatePromise, Now, Random, RunStep, SettleToken
+from troth._commands import TAG_FUNC, TAG_KIND, CreatePromise, Now, Random, RunStep, SettleToken
 from troth._convert import promise_from_proto
 from troth._engine import CreateStep, Done, Engine, Failed, Suspend, error_value
 from troth._failures import describe_error, fails_workflow, format_traceback
 from troth._leases import Held, Leases, Lost
 from troth._promise import PromiseState
+from troth._tracing import step_span, task_span
 from troth._worker_steps import Exhausted, Interrupted, Succeeded, run_with_retry
 from troth.errors import (
     AlreadyExistsError,
@@ -61,6 +62,7 @@ from troth.errors import (
     RpcError,
     UnavailableError,
 )
+from troth.v1 import tasks_pb2
 
 if TYPE_CHECKING:
     from troth._calls import Connection
@@ -69,7 +71,6 @@ if TYPE_CHECKING:
     from troth._versions import WorkflowRegistration
     from troth.client import Client
     from troth.codec import Payload
-    from troth.v1 import tasks_pb2
 
 __all__ = ["Runner", "Stopping", "describe_version", "foreign_version"]
 
@@ -140,7 +141,15 @@ class Runner:
                 return  # left for the release sweep
             if held.lost:
                 return
-            self._execute(held, response, refresh=waited)
+            root = response.root
+            with task_span(root.tags, **{
+                "troth.workflow.id": root.id,
+                "troth.workflow.name": root.tags.get(TAG_FUNC, ""),
+                "troth.task.id": held.task_id,
+                "troth.task.kind": tasks_pb2.TaskKind.Name(response.task.kind),
+                "troth.worker.id": self.worker_id,
+            }):  # fmt: skip
+                self._execute(held, response, refresh=waited)
             self._leases.forget(held)
         except (Lost, LeaseLostError) as exc:
             _log.info(
@@ -250,7 +259,8 @@ class Runner:
                 if isinstance(outcome, CreateStep):
                     self._check(held)
                     try:
-                        created = self._step(held, outcome)
+                        with step_span(**_step_attributes(outcome)):
+                            created = self._step(held, outcome)
                     except AlreadyExistsError as exc:
                         # The step's id is taken by a promise that is not this
                         # workflow's step (the server says whose): no retry helps,
@@ -536,6 +546,14 @@ class Runner:
             self._cache.clear()
         for engine in engines:
             engine.close()
+
+
+def _step_attributes(step: CreateStep) -> dict[str, str]:
+    command = step.command
+    attributes = {"troth.step.id": step.step_id, "troth.step.kind": step.tags.get(TAG_KIND, "")}
+    if isinstance(command, RunStep):
+        attributes["troth.step.function"] = command.name
+    return attributes
 
 
 def foreign_version(

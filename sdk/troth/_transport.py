@@ -168,6 +168,9 @@ class TaskServiceStub(Protocol):
     FailWorkflow: grpc.UnaryUnaryMultiCallable[
         tasks_pb2.FailWorkflowRequest, tasks_pb2.FailWorkflowResponse
     ]
+    SearchWorkers: grpc.UnaryUnaryMultiCallable[
+        tasks_pb2.SearchWorkersRequest, tasks_pb2.SearchWorkersResponse
+    ]
 
 
 class Transport:

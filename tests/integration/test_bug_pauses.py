@@ -170,6 +170,8 @@ def test_a_name_error_after_an_approval_pauses_the_workflow_until_fixed_code_res
         assert "yield ctx.run(send, ctx.id, decison)" in task.last_traceback
         version = client.get(wid).workflow_version
         assert version
+        (typed,) = [t for t in client.search_tasks(GROUP) if t.root_id == wid]
+        assert typed.failed_attempts >= 2 and typed.last_error == task.last_error
 
         # What an operator sees.
         status, out, _ = cli(paused_server, "tasks", "list", "--group", GROUP)

@@ -236,3 +236,45 @@ class FailWorkflowResponse(_message.Message):
     ROOT_FIELD_NUMBER: _ClassVar[int]
     root: _types_pb2.Promise
     def __init__(self, root: _Optional[_Union[_types_pb2.Promise, _Mapping]] = ...) -> None: ...
+
+class SearchWorkersRequest(_message.Message):
+    __slots__ = ("group", "page_size", "page_token")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    page_size: int
+    page_token: str
+    def __init__(self, group: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class SearchWorkersResponse(_message.Message):
+    __slots__ = ("workers", "next_page_token")
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    workers: _containers.RepeatedCompositeFieldContainer[Worker]
+    next_page_token: str
+    def __init__(self, workers: _Optional[_Iterable[_Union[Worker, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class Worker(_message.Message):
+    __slots__ = ("worker_id", "group", "principal", "workflows", "capacity", "task_ids", "connect_time", "last_heartbeat_time", "streams", "stalled")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    PRINCIPAL_FIELD_NUMBER: _ClassVar[int]
+    WORKFLOWS_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    TASK_IDS_FIELD_NUMBER: _ClassVar[int]
+    CONNECT_TIME_FIELD_NUMBER: _ClassVar[int]
+    LAST_HEARTBEAT_TIME_FIELD_NUMBER: _ClassVar[int]
+    STREAMS_FIELD_NUMBER: _ClassVar[int]
+    STALLED_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    group: str
+    principal: str
+    workflows: _containers.RepeatedCompositeFieldContainer[WorkflowVersion]
+    capacity: int
+    task_ids: _containers.RepeatedScalarFieldContainer[str]
+    connect_time: _timestamp_pb2.Timestamp
+    last_heartbeat_time: _timestamp_pb2.Timestamp
+    streams: int
+    stalled: bool
+    def __init__(self, worker_id: _Optional[str] = ..., group: _Optional[str] = ..., principal: _Optional[str] = ..., workflows: _Optional[_Iterable[_Union[WorkflowVersion, _Mapping]]] = ..., capacity: _Optional[int] = ..., task_ids: _Optional[_Iterable[str]] = ..., connect_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_heartbeat_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., streams: _Optional[int] = ..., stalled: _Optional[bool] = ...) -> None: ...

@@ -79,6 +79,11 @@ class TaskServiceStub:
                 request_serializer=troth_dot_v1_dot_tasks__pb2.FailWorkflowRequest.SerializeToString,
                 response_deserializer=troth_dot_v1_dot_tasks__pb2.FailWorkflowResponse.FromString,
                 _registered_method=True)
+        self.SearchWorkers = channel.unary_unary(
+                '/troth.v1.TaskService/SearchWorkers',
+                request_serializer=troth_dot_v1_dot_tasks__pb2.SearchWorkersRequest.SerializeToString,
+                response_deserializer=troth_dot_v1_dot_tasks__pb2.SearchWorkersResponse.FromString,
+                _registered_method=True)
 
 
 class TaskServiceServicer:
@@ -160,6 +165,15 @@ class TaskServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SearchWorkers(self, request, context):
+        """Lists the workers connected to this server (their Poll streams), by group
+        then worker id: what each runs, the tasks it holds, when it last heartbeat.
+        Each server knows its own connections: with replicas, ask each one.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TaskServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -202,6 +216,11 @@ def add_TaskServiceServicer_to_server(servicer, server):
                     servicer.FailWorkflow,
                     request_deserializer=troth_dot_v1_dot_tasks__pb2.FailWorkflowRequest.FromString,
                     response_serializer=troth_dot_v1_dot_tasks__pb2.FailWorkflowResponse.SerializeToString,
+            ),
+            'SearchWorkers': grpc.unary_unary_rpc_method_handler(
+                    servicer.SearchWorkers,
+                    request_deserializer=troth_dot_v1_dot_tasks__pb2.SearchWorkersRequest.FromString,
+                    response_serializer=troth_dot_v1_dot_tasks__pb2.SearchWorkersResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -425,6 +444,33 @@ class TaskService:
             '/troth.v1.TaskService/FailWorkflow',
             troth_dot_v1_dot_tasks__pb2.FailWorkflowRequest.SerializeToString,
             troth_dot_v1_dot_tasks__pb2.FailWorkflowResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SearchWorkers(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/troth.v1.TaskService/SearchWorkers',
+            troth_dot_v1_dot_tasks__pb2.SearchWorkersRequest.SerializeToString,
+            troth_dot_v1_dot_tasks__pb2.SearchWorkersResponse.FromString,
             options,
             channel_credentials,
             insecure,

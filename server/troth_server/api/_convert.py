@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from google.protobuf.duration_pb2 import Duration
 
     from troth_server.config import Limits
+    from troth_server.domain.workers import WorkerSummary
 
 ID_PATTERN = re.compile(r"[A-Za-z0-9._~:@/+=\-]+")
 ID_CHARSET = "letters, digits and . _ ~ : @ / + = -"
@@ -528,6 +529,27 @@ def task_to_pb(task: Task, waiting_for: str = "") -> tasks_pb2.Task:
     if task.create_time is not None:
         message.create_time.CopyFrom(_timestamp(task.create_time))
     return message
+
+
+def worker_to_pb(worker: WorkerSummary) -> tasks_pb2.Worker:
+    message = tasks_pb2.Worker(
+        worker_id=worker.worker_id,
+        group=worker.group,
+        principal=worker.principal or "",
+        workflows=[tasks_pb2.WorkflowVersion(name=n, version=v) for n, v in worker.workflows],
+        capacity=worker.capacity,
+        task_ids=worker.task_ids,
+        streams=worker.streams,
+        stalled=worker.stalled,
+    )
+    message.connect_time.CopyFrom(_timestamp(worker.connect_ms))
+    message.last_heartbeat_time.CopyFrom(_timestamp(worker.last_seen_ms))
+    return message
+
+
+def optional_group(value: str, limits: Limits) -> str:
+    """A search's group filter: empty (every group), or a group name."""
+    return name(value, limits, "group") if value else ""
 
 
 def workflows(values: Sequence[tasks_pb2.WorkflowVersion]) -> list[tuple[str, str]]:

@@ -10,12 +10,13 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 import structlog
 
 from troth.v1 import tasks_pb2, tasks_pb2_grpc
+from troth_server import paging
 from troth_server.api import _audit as audit
 from troth_server.api import _convert as convert
 from troth_server.api._auth import caller, caller_name, require_group, require_inside
 from troth_server.api._rpc import aio_server_stream, aio_unary
 from troth_server.dispatch import Delivery, PollStream
-from troth_server.domain import visibility
+from troth_server.domain import visibility, workers
 from troth_server.domain.errors import InvalidArgument
 from troth_server.domain.promise import Payload, PromiseState, SettleRequest
 from troth_server.domain.routing import registration
@@ -87,6 +88,18 @@ class _Handlers:
                 waiting[t.id] = _backing_off(t)
         return tasks_pb2.SearchTasksResponse(
             tasks=[convert.task_to_pb(t, waiting.get(t.id, "")) for t in found]
+        )
+
+    def _workers(self, request: tasks_pb2.SearchWorkersRequest) -> tasks_pb2.SearchWorkersResponse:
+        group = convert.optional_group(request.group, self._limits)
+        size = convert.page_size(request.page_size, self._limits)
+        after = paging.decode_workers(request.page_token, group) if request.page_token else None
+        shown, more = workers.page(
+            workers.summarize(self._dispatcher.streams(), group), size, after
+        )
+        return tasks_pb2.SearchWorkersResponse(
+            workers=[convert.worker_to_pb(w) for w in shown],
+            next_page_token="" if more is None else paging.encode_workers(more, group),
         )
 
     def _complete_args(
@@ -298,6 +311,13 @@ class TaskServiceServicer(_Handlers, tasks_pb2_grpc.TaskServiceServicer):
         if applied:
             audit.settled("FailWorkflow", root, caller(), False, context)
         return tasks_pb2.FailWorkflowResponse(root=convert.to_pb(visibility.view(root, caller())))
+
+    @aio_unary("SearchWorkers")
+    async def SearchWorkers(
+        self, request: tasks_pb2.SearchWorkersRequest, context: AioContext
+    ) -> tasks_pb2.SearchWorkersResponse:
+        # The dispatcher's table, in memory: no store read, on the loop.
+        return self._workers(request)
 
     @aio_unary("SearchTasks")
     async def SearchTasks(

@@ -121,6 +121,7 @@ RPC_ROLES: Mapping[str, frozenset[Role]] = {
     # A worker fails only the task it holds (fenced); an operator fails a workflow.
     "FailTask": _WORKER,
     "FailWorkflow": frozenset({Role.OPERATOR, Role.ADMIN}),
+    "SearchWorkers": frozenset({Role.OPERATOR, Role.ADMIN}),
 }
 """Which roles may call each RPC (the one table; the README's is generated from it
 by `python -m troth_server.domain.access`). A `ResolvePromise` or `RejectPromise`
