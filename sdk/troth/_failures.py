@@ -17,7 +17,8 @@ Anything else (a `NameError`, a `KeyError`, a `TypeError`, and non-determinism,
 which a deploy of the right code cures as well) fails only the task: the
 worker reports it with `FailTask` (the message and traceback), the server
 retries the task after a backoff, and the root stays PENDING, resumable from
-its checkpoints by fixed code. Pure functions; the runner does the I/O.
+its checkpoints by fixed code. Pure functions, and `log_paused`, the worker's
+one ERROR line per failed attempt; the runner does the calls.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from troth.errors import (
 )
 
 if TYPE_CHECKING:
+    import logging
     from collections.abc import Sequence
 
 __all__ = [
@@ -43,6 +45,7 @@ __all__ = [
     "describe_error",
     "fails_workflow",
     "format_traceback",
+    "log_paused",
 ]
 
 OUTCOME_ERRORS: tuple[type[Exception], ...] = (
@@ -89,3 +92,37 @@ def format_traceback(error: BaseException) -> str:
 
 def _cut_end(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def log_paused(
+    log: logging.Logger,
+    error: BaseException,
+    *,
+    workflow_id: str,
+    task_id: str,
+    attempt: int,
+    version: str,
+    worker_id: str,
+) -> None:
+    """The worker's one ERROR line for an attempt that failed on a bug, with the
+    traceback (not for non-determinism: its message says it all), and what to do."""
+    hint = (
+        f"; fix the code and deploy it (declaring compatible=({version!r},) if its version changes)"
+        if version
+        else "; fix the code and deploy it"
+    )
+    log.error(
+        "workflow %r (task %s, attempt %d) raised %s: %s. Its task is retried with "
+        "backoff and the workflow stays pending%s, or fail it on purpose with "
+        "troth.WorkflowFailed, @worker.workflow(fail_on=...) or "
+        "`troth workflows fail %s --reason ...`",
+        workflow_id,
+        task_id,
+        attempt,
+        type(error).__name__,
+        error,
+        hint,
+        workflow_id,
+        exc_info=None if isinstance(error, NonDeterminismError) else error,
+        extra={"worker_id": worker_id, "workflow_id": workflow_id, "attempt": attempt},
+    )

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 from troth._commands import TAG_FUNC, TAG_KIND, CreatePromise, Now, Random, RunStep, SettleToken
 from troth._convert import promise_from_proto
 from troth._engine import CreateStep, Done, Engine, Failed, Suspend, error_value
-from troth._failures import describe_error, fails_workflow, format_traceback
+from troth._failures import describe_error, fails_workflow, format_traceback, log_paused
 from troth._leases import Held, Leases, Lost
 from troth._promise import PromiseState
 from troth._tracing import step_span, task_span
@@ -54,7 +54,6 @@ from troth.errors import (
     FailedPreconditionError,
     InvalidArgumentError,
     LeaseLostError,
-    NonDeterminismError,
     PromiseTimedOutError,
     Reason,
     RegistrationError,
@@ -314,29 +313,14 @@ class Runner:
         if fails_workflow(error, registered.fail_on if registered else ()):
             self._reject(held, error)
             return
-        attempt = response.task.failed_attempts + 1
-        version = response.task.workflow_version or response.root.workflow_version
-        hint = (
-            f"; fix the code and deploy it (declaring compatible=({version!r},) if its "
-            "version changes)"
-            if version
-            else "; fix the code and deploy it"
-        )
-        _log.error(
-            "workflow %r (task %s, attempt %d) raised %s: %s. Its task is retried with "
-            "backoff and the workflow stays pending%s, or fail it on purpose with "
-            "troth.WorkflowFailed, @worker.workflow(fail_on=...) or "
-            "`troth workflows fail %s --reason ...`",
-            held.root_id,
-            held.task_id,
-            attempt,
-            type(error).__name__,
+        log_paused(
+            _log,
             error,
-            hint,
-            held.root_id,
-            # Non-determinism names the step and both commands; its stack is the engine's.
-            exc_info=None if isinstance(error, NonDeterminismError) else error,
-            extra={"worker_id": self.worker_id, "workflow_id": held.root_id, "attempt": attempt},
+            workflow_id=held.root_id,
+            task_id=held.task_id,
+            attempt=response.task.failed_attempts + 1,
+            version=response.task.workflow_version or response.root.workflow_version,
+            worker_id=self.worker_id,
         )
         # A lease lost meanwhile: `run` drops the task; whoever holds it now retries.
         self._tasks.fail(held.task_id, held.counter, describe_error(error), format_traceback(error))

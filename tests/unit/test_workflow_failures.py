@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 import pickle
 from collections.abc import Generator, Iterator
 from typing import Any
@@ -27,6 +28,7 @@ from troth._failures import (
     describe_error,
     fails_workflow,
     format_traceback,
+    log_paused,
 )
 from troth.errors import timed_out
 
@@ -153,3 +155,27 @@ def test_fail_on_is_registered_with_the_workflow(client: Client) -> None:
         worker.workflow(fail_on="ValueError")(with_a_typo)  # type: ignore[call-overload]
     with pytest.raises(RegistrationError, match="give exception types"):
         worker.workflow(name="other", fail_on=(ValueError, int))(with_a_typo)  # type: ignore[call-overload]
+
+
+def test_a_paused_attempt_is_logged_once_at_error_with_its_traceback_and_what_to_do(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    log = logging.getLogger("troth.worker")
+    with caplog.at_level(logging.INFO, logger="troth.worker"):
+        log_paused(
+            log, _raise(NameError("name 'x' is not defined")), workflow_id="wf", task_id="t1",
+            attempt=3, version="9efa4b1f6d27", worker_id="w",
+        )  # fmt: skip
+        log_paused(
+            log, NonDeterminismError(0, "run(a)", "run(b)"), workflow_id="wf", task_id="t1",
+            attempt=4, version="", worker_id="w",
+        )  # fmt: skip
+    first, second = caplog.records
+    assert first.levelno == second.levelno == logging.ERROR
+    message = first.getMessage()
+    assert "workflow 'wf' (task t1, attempt 3) raised NameError" in message
+    assert "compatible=('9efa4b1f6d27',)" in message
+    assert "troth workflows fail wf --reason" in message
+    assert first.exc_info is not None and first.exc_info[0] is NameError
+    assert second.exc_info is None  # non-determinism: its message names everything
+    assert "fix the code and deploy it, or fail it" in second.getMessage()
