@@ -176,6 +176,17 @@ class Batch:
             self._resume(callback)
         if INVOKE_TAG in new.tags and new.is_settled and not old.is_settled:
             self._end_steps(new)
+            if new.state is domain.PromiseState.REJECTED_CANCELED:
+                self._hurry(new.id)
+
+    def _hurry(self, root_id: str) -> None:
+        """A cancelled workflow whose task waits out a retry backoff (loaded by
+        `Keys.roots`) hears of it now: the task is claimable at once."""
+        active = self.active_task(root_id)
+        if active is not None:
+            hurried = tasks.hurry(active)
+            if hurried is not active:
+                self.put_task(hurried)
 
     def _end_steps(self, root: Promise) -> None:
         """A workflow root settled: its steps still PENDING (loaded by `Keys.steps_of`)

@@ -439,6 +439,19 @@ class TaskService:
     ) -> Task:
         return self._committer.submit(_ReleaseOp(task_id, counter, worker_id, principal))
 
+    def fail(
+        self,
+        task_id: str,
+        counter: int,
+        worker_id: str,
+        error: str,
+        traceback: str,
+        principal: Principal | None = None,
+    ) -> tuple[Task, Promise | None]:
+        """As `fail_async`, blocking."""
+        op = _FailOp(task_id, counter, worker_id, error, traceback, random.random(), principal)
+        return self._committer.submit(op)
+
     async def fail_async(
         self,
         task_id: str,

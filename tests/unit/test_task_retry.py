@@ -100,3 +100,13 @@ def test_finish_ends_a_waiting_task_once() -> None:
     assert done.state is TaskState.COMPLETED and done.complete_time == 9
     assert done.next_attempt_time is None and done.last_error == "E"
     assert tasks.finish(done, 20) is done
+
+
+def test_hurry_makes_only_a_task_in_its_backoff_claimable_at_once() -> None:
+    failed = tasks.fail(_claimed(), "w1", 1, 5, "E", "tb", 0.5)
+    hurried = tasks.hurry(failed)
+    assert hurried.claimable(5) and hurried.failed_attempts == 1 and hurried.last_error == "E"
+    claimed = _claimed()
+    assert tasks.hurry(claimed) is claimed
+    plain = tasks.create("t2", "root", "g", TaskKind.INVOKE)
+    assert tasks.hurry(plain) is plain

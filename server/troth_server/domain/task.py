@@ -16,6 +16,7 @@ Legal moves, the one table of this machine:
 | CLAIMED   | release (same counter)         | PENDING   | same    |
 | CLAIMED   | fail (same counter), root open | PENDING** | same    |
 | CLAIMED   | fail (same counter), root done | COMPLETED | same    |
+| PENDING** | its root is cancelled          | PENDING   | same    |
 | CLAIMED   | lease expired (now ≥ lease)*   | PENDING   | same    |
 | CLAIMED   | W's stream broke               | PENDING   | same    |
 | COMPLETED | anything                       | unchanged, or an error |
@@ -393,6 +394,15 @@ def fail(
         last_traceback=traceback,
         next_attempt_time=now + retry_delay_ms(failures, draw),
     )
+
+
+def hurry(task: Task) -> Task:
+    """A PENDING task waiting out a retry backoff, claimable at once: its root was
+    cancelled, and the workflow must hear of it (`Cancelled`, and compensate) now,
+    not after the backoff. Any other task is returned unchanged."""
+    if task.state is TaskState.PENDING and task.next_attempt_time is not None:
+        return replace(task, next_attempt_time=None)
+    return task
 
 
 def finish(task: Task, now: int) -> Task:
