@@ -134,13 +134,15 @@ def check_data(snippet: Snippet) -> None:
 
 
 def ports(blocks: list[Snippet]) -> list[int]:
-    """The local ports the blocks name (`127.0.0.1:7070`, `localhost:8000`), first seen first."""
+    """The local ports the blocks name (`127.0.0.1:7070`, `localhost:8000`, `--port 8000`)."""
     seen: list[int] = []
     for block in blocks:
         if block.skip is None:
-            for match in _ADDRESS.finditer(block.code):
-                if int(match["port"]) not in seen:
-                    seen.append(int(match["port"]))
+            named = [m["port"] for m in _ADDRESS.finditer(block.code)]
+            named += re.findall(r"--port[ =](\d+)\b", block.code)
+            for port in map(int, named):
+                if port not in seen:
+                    seen.append(port)
     return seen
 
 
