@@ -18,10 +18,12 @@ never by this file, so a new block is run without changing it. Per document:
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -37,6 +39,8 @@ from _snippets import (
     substitute,
 )
 from _support import wait_serving
+
+from troth import Client
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -90,6 +94,32 @@ def scope(snippet: Snippet) -> tuple[tuple[int, str, int], ...]:
 def still_inside(opened: tuple[tuple[int, str, int], ...], now: Snippet) -> bool:
     """Whether `now` is still in the section where background commands were started."""
     return now.headings[: len(opened)] == opened
+
+
+def human_in_the_loop_outcomes(work: Path, address: str) -> None:
+    """What the example's README says its curl session leads to (curl exits 0 on any
+    HTTP status, so the answers are checked here, against its server, still running)."""
+    example = work / "examples" / "human_in_the_loop"
+    token = (example / "gateway.token").read_text().strip()
+    with Client(address, token=token) as client:
+        results = {
+            post: client.decode(client.get(f"publish-{post}").value)
+            for post in ("post-7", "post-8", "post-bob", "post-9")
+        }
+    assert results["post-7"]["status"] == "approved", results
+    assert results["post-7"]["approved_by"] == "alice", results
+    assert results["post-8"]["status"] == "rejected", results
+    assert results["post-bob"]["approved_by"] == "alice", results
+    assert results["post-9"]["status"] == "timed_out", results
+    sent = (example / "outbox.jsonl").read_text(encoding="utf-8").splitlines()
+    assert sorted(json.loads(line)["post"] for line in sent) == sorted(results), sent
+
+
+AFTERWARDS: dict[str, Callable[[Path, str], None]] = {
+    "examples/human_in_the_loop/README.md": human_in_the_loop_outcomes,
+}
+"""Checks of what a document's commands led to, run at its end (before its background
+commands stop), where exit statuses alone do not show it."""
 
 
 def run_document(document: Path, tmp: Path) -> list[str]:
@@ -150,6 +180,8 @@ def run_document(document: Path, tmp: Path) -> list[str]:
             if block.background or starting or "&" in code:
                 opened = opened or scope(block)
                 own_server = own_server or starting
+        if afterwards := AFTERWARDS.get(str(document.relative_to(ROOT))):
+            afterwards(work, address)
         terminal.stop_jobs(f"{document.name}: the end")
     finally:
         terminal.close()
