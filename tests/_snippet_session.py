@@ -112,7 +112,9 @@ class Terminal:
                 )
             if time.monotonic() > deadline:
                 raise SnippetFailed(
-                    f"{where}: still running after {timeout}s:\n{self._output_since(offset)}"
+                    f"{where}: still running after {timeout}s (a command that runs until "
+                    "Ctrl-C goes in a `<!-- snippet: background -->` block, or ends with &):"
+                    f"\n{self._output_since(offset)}"
                 )
             time.sleep(0.02)
         return self._output_since(offset)

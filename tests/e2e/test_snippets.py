@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -210,3 +211,18 @@ def test_the_extractor_sees_every_block() -> None:
         assert all(b.kind != "unknown" or b.skip for b in found), [
             b.where for b in found if b.kind == "unknown" and not b.skip
         ]
+        # Issue 12 item 6: every grpcurl line is run, none is exempt.
+        assert not [b.where for b in found if b.skip and "grpcurl " in b.code]
+    assert sum("grpcurl " in b.code for b in snippets(ROOT / "README.md")) >= 3
+
+
+def test_the_readmes_links_stay_inside_the_repository() -> None:
+    """Relative links of the READMEs name files of this repository (issue 12: the
+    contract was linked outside it)."""
+    for document in [*DOCUMENTS, ROOT / "ARCHITECTURE.md"]:
+        text = document.read_text(encoding="utf-8")
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text):
+            if "://" in target:
+                continue
+            path = (document.parent / target).resolve()
+            assert path.is_relative_to(ROOT) and path.exists(), (document.name, target)
