@@ -17,7 +17,8 @@ that lasts the whole document: `cd`, `export` and background jobs carry over),
 `toml`/`json` (data: parsed), `text` (output shown: not run). Any other block, or one
 without a language, is an error, so nothing in a README goes unchecked by accident.
 
-Inside shell blocks, two conventions of the READMEs are understood: a command whose
+In any block, a comment `#=> TEXT` says what the block prints: its output must
+contain TEXT. Inside shell blocks, two conventions of the READMEs are understood: a command whose
 comment says `(exit N)` must exit with N, and a command followed by shown output
 lines `#   troth: error: TEXT ...` must fail with TEXT (up to the first `...`).
 """
@@ -41,6 +42,7 @@ _MARKER = re.compile(r"^ *<!-- *snippet: *(?P<kind>[a-z-]+)(?: +(?P<arg>.*?))? *
 _OTHER_COMMENT = re.compile(r"^ *<!--.*--> *$")
 _ADDRESS = re.compile(r"\b(?:127\.0\.0\.1|localhost):(?P<port>\d{2,5})\b")
 _EXIT_NOTE = re.compile(r"\(exit (?P<code>\d+)\)")
+_PRINTS = re.compile(r"#=> (?P<text>.+?) *$", re.MULTILINE)
 _LISTEN = re.compile(r"--listen[ =](?:\S+:)?(?P<port>\d+)\b|--port[ =](?P<port2>\d+)\b")
 KINDS = ("skip", "background", "cwd")
 
@@ -69,6 +71,11 @@ class Snippet:
     @property
     def background(self) -> bool:
         return "background" in self.markers
+
+    @property
+    def expected(self) -> list[str]:
+        """What the block must print: the text after each `#=> ` comment in it."""
+        return [m["text"] for m in _PRINTS.finditer(self.code)]
 
     @property
     def kind(self) -> str:

@@ -171,11 +171,16 @@ def run_document(document: Path, tmp: Path) -> list[str]:
             if "cwd" in block.markers:
                 terminal.run(block.where, f"pushd {block.markers['cwd']} > /dev/null\n")
             if block.kind == "python":
-                terminal.python(
+                output = terminal.python(
                     block.where, f"snippet-{block.line}.py", code, background=block.background
                 )
             else:
-                terminal.run(block.where, shell_script(block, code, mapping[DEFAULT_PORT]))
+                output = terminal.run(block.where, shell_script(block, code, mapping[DEFAULT_PORT]))
+            missing = [text for text in block.expected if text not in output]
+            if missing and not block.background:
+                raise SnippetFailed(
+                    f"{block.where}: it did not print {missing}; it printed:\n{output}"
+                )
             if "cwd" in block.markers:
                 terminal.run(block.where, "popd > /dev/null\n")
             if block.background or starting or "&" in code:

@@ -28,7 +28,7 @@ uvicorn app:app --port 8000
 ```
 
 ```python
-print("hi")  # 127.0.0.1:7070
+print("hi")  # 127.0.0.1:7070  #=> hi
 ```
 
 ```
@@ -51,6 +51,7 @@ def test_blocks_markers_headings_and_kinds(tmp_path: Path) -> None:
     assert found[0].skip == "it installs things"
     assert found[1].background and found[1].headings[-1][1] == "Run"
     assert not found[2].markers  # a marker belongs to the block right below it
+    assert found[2].expected == ["hi"] and found[1].expected == []
     assert ports(found) == [7070, 8000]
     assert starts_server(found[1]) and not starts_server(found[2])
 
