@@ -35,10 +35,22 @@ fmt: install ## Format and autofix
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
-lint: install ## ruff format --check, ruff check, and the import contracts (lint-imports)
+lint: install ## ruff format --check, ruff check, the import contracts (lint-imports), buf lint and buf breaking
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
+	$(VENV)/bin/buf lint
+	$(MAKE) --no-print-directory breaking
+
+# The API as of the previous commit is the baseline; the commit that added buf.yaml
+# (and fixed the names once, before any release) has none.
+BREAKING_AGAINST ?= HEAD~1
+breaking: install ## buf breaking: proto/ must stay wire- and source-compatible with BREAKING_AGAINST (default HEAD~1)
+	@if git cat-file -e $(BREAKING_AGAINST):buf.yaml 2>/dev/null; then \
+	  $(VENV)/bin/buf breaking --against ".git#ref=$(BREAKING_AGAINST)"; \
+	else \
+	  echo "buf breaking: $(BREAKING_AGAINST) has no buf.yaml (or is not in this clone): nothing to compare with"; \
+	fi
 
 typecheck: install ## mypy --strict on both packages
 	$(VENV)/bin/mypy
@@ -56,4 +68,4 @@ bench: install ## Run the benchmarks in bench/ and print their figures
 
 ci: install proto-check lint typecheck test ## What CI runs
 
-.PHONY: help install run proto proto-check fmt lint typecheck test-unit test bench ci
+.PHONY: help install run proto proto-check fmt lint breaking typecheck test-unit test bench ci

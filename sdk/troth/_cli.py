@@ -11,6 +11,8 @@ troth promises resolve|reject|cancel ID [--value JSON] [--idempotency-key K] [--
 troth promises watch ID [--max-wait DURATION]
 troth export|replay ...  (recorded workflow histories; see _cli_replay)
 troth tasks list --group G [--limit N]   (see _cli_tasks)
+troth workers list [--group G]   (connected workers; see _cli_workers)
+troth --version
 troth approvals list|approve|reject|watch ...   (the inbox; see _cli_approvals)
 troth serve ...          (forwarded to troth_server.cli.serve; needs troth-server)
 troth db upgrade|current [--db URL]   (forwarded to troth_server.cli.db; needs troth-server)
@@ -202,13 +204,33 @@ def _global_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
     )
 
 
+def version_text() -> str:
+    """`troth --version`: the SDK's version, and troth-server's when it is installed."""
+    from importlib import metadata
+
+    def version(dist: str) -> str | None:
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            return None
+
+    server = version("troth-server")
+    return f"troth {version('troth') or 'unknown'}\n" + (
+        f"troth-server {server}"
+        if server
+        else "troth-server not installed (pip install troth-server)"
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The whole command line of `troth`."""
     parser = argparse.ArgumentParser(
         prog="troth",
         description="Operate a troth durable-promise server.",
         epilog="Run `troth promises -h` for the promise commands.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,  # --version's two lines
     )
+    parser.add_argument("--version", action="version", version=version_text())
     _global_options(parser, suppress=False)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
@@ -296,10 +318,12 @@ def build_parser() -> argparse.ArgumentParser:
     from troth._cli_approvals import add_commands as add_approvals_commands
     from troth._cli_replay import add_commands as add_replay_commands
     from troth._cli_tasks import add_commands as add_tasks_commands
+    from troth._cli_workers import add_commands as add_workers_commands
 
     add_replay_commands(commands)
     add_approvals_commands(commands)
     add_tasks_commands(commands)
+    add_workers_commands(commands)
 
     # Listed for --help only: main() forwards `troth serve ...` before parsing.
     commands.add_parser(

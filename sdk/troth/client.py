@@ -53,6 +53,7 @@ from troth._convert import (
 from troth._credentials import TlsConfig, resolve_tls, resolve_token
 from troth._events import WATCH_READY_METADATA, PromiseEventStream
 from troth._handle import Handle
+from troth._operators import OperatorCalls
 from troth._promise import (
     CreateResult,
     Promise,
@@ -62,6 +63,7 @@ from troth._promise import (
     SettleResult,
 )
 from troth._schema import decision_schema
+from troth._tracing import TRACEPARENT_TAG, client_span
 from troth._transport import Transport, as_call, map_rpc_errors
 from troth.codec import Codec, JsonCodec, Payload
 from troth.errors import (
@@ -73,7 +75,7 @@ from troth.v1 import promises_pb2
 
 if TYPE_CHECKING:
     from troth._approvers import Approvers
-    from troth._transport import PromisesStub
+    from troth._transport import PromiseServiceStub
 
 __all__ = [
     "DEFAULT_ADDRESS",
@@ -94,10 +96,17 @@ _SettleRequest = (
     | promises_pb2.RejectPromiseRequest
     | promises_pb2.CancelPromiseRequest
 )
+_SPANS: dict[type[_SettleRequest], str] = {
+    promises_pb2.ResolvePromiseRequest: "troth.resolve",
+    promises_pb2.RejectPromiseRequest: "troth.reject",
+    promises_pb2.CancelPromiseRequest: "troth.cancel",
+}
+"""The span of each settle (`troth._tracing`)."""
 
 
-class Client:
-    """A connection to a troth server's `Promises` service.
+class Client(OperatorCalls):
+    """A connection to a troth server's `PromiseService` (and, for operators, the
+    reads of its `TaskService`: `search_tasks`, `list_workers`).
 
     Thread-safe; create one per process and share it. Use it as a context
     manager, or call `close()`, to release the channel.
@@ -224,7 +233,7 @@ class Client:
         return None if payload.is_empty else self._codec.decode(payload)
 
     @property
-    def _stub(self) -> PromisesStub:
+    def _stub(self) -> PromiseServiceStub:
         return self._transport.promises
 
     def create(
@@ -519,7 +528,7 @@ class Client:
 
     def _settle(
         self,
-        method: grpc.UnaryUnaryMultiCallable[Any, promises_pb2.SettlePromiseResponse],
+        method: grpc.UnaryUnaryMultiCallable[Any, Any],
         request_type: type[_SettleRequest],
         id: str,
         value: Any,
@@ -541,7 +550,8 @@ class Client:
         if settle_token:
             assert not isinstance(request, promises_pb2.CancelPromiseRequest)
             request.settle_token = settle_token
-        response = self._transport.call(method, request, timeout=self._timeout)
+        with client_span(_SPANS[request_type], **{"troth.promise.id": id}):
+            response = self._transport.call(method, request, timeout=self._timeout)
         promise = promise_from_proto(response.promise)
         # A generated key is unique to this call, so a promise settled with it
         # was settled by this call: an earlier attempt whose reply was lost.
@@ -728,14 +738,21 @@ class Client:
             TypeError: The codec cannot encode the arguments.
         """
         name = _workflow_name(workflow)
-        self._connection.create(
-            id,
-            self._codec.encode(list(args)),
-            tags={TAG_INVOKE: group, TAG_FUNC: name},
-            ttl=ttl,
-            # Deterministic, so every start of this id is a repeat of the first.
-            idempotency_key=_start_key(id),
-        )
+        tags = {TAG_INVOKE: group, TAG_FUNC: name}
+        with client_span("troth.start", **{"troth.workflow.id": id, "troth.workflow.name": name,
+                                           "troth.group": group}) as traceparent:  # fmt: skip
+            if traceparent:
+                # Where the workflow's tasks continue the trace (troth._tracing). A
+                # repeat start of this id keeps the first one's.
+                tags[TRACEPARENT_TAG] = traceparent
+            self._connection.create(
+                id,
+                self._codec.encode(list(args)),
+                tags=tags,
+                ttl=ttl,
+                # Deterministic, so every start of this id is a repeat of the first.
+                idempotency_key=_start_key(id),
+            )
         return Handle(self, id)
 
     def handle(self, id: str) -> Handle:

@@ -109,6 +109,8 @@ class Settings:
     tls_client_ca: str | None = None
     settle_token_keys: str | None = None
     """The settle-token keys file (`troth_server.settle_keys`); None: no settle tokens."""
+    metrics_listen: str | None = None
+    """HOST:PORT to serve Prometheus metrics on (`troth_server.metrics`); None: off."""
     limits: Limits = Limits()
 
     def auth_sources(self) -> AuthSources | None:
@@ -222,6 +224,12 @@ _OPTIONS: dict[str, tuple[str, type | None, str]] = {
         str,
         "JSON file of the keys that sign and verify settle tokens (several, one active; "
         "re-read when it changes); unset: MintSettleToken is refused",
+    ),
+    "metrics-listen": (
+        "metrics_listen",
+        str,
+        "serve Prometheus metrics over HTTP on HOST:PORT (/metrics; the README lists them); "
+        "unset: no metrics",
     ),
     "max-id-length": ("max_id_length", int, "longest promise id"),
     "max-payload-bytes": ("max_payload_bytes", int, "largest param or value (data plus headers)"),
@@ -359,6 +367,11 @@ def _check(settings: Settings, parser: argparse.ArgumentParser) -> None:
         parser.error("default-ttl cannot exceed max-ttl")
     if settings.limits.default_lease_ms > settings.limits.max_lease_ms:
         parser.error("default-lease cannot exceed max-lease")
+    if settings.metrics_listen is not None:
+        try:
+            split_listen(settings.metrics_listen)
+        except ValueError as exc:
+            parser.error(f"--metrics-listen: {exc}")
     _check_auth(settings, parser)
 
 
@@ -385,6 +398,14 @@ def _check_auth(settings: Settings, parser: argparse.ArgumentParser) -> None:
         parse_algorithms(settings.jwt_algorithms)
     except ValueError as exc:
         parser.error(f"--jwt-algorithms: {exc}")
+
+
+def split_listen(listen: str) -> tuple[str, int]:
+    """`HOST:PORT` or `[v6]:PORT` -> (host, port); ValueError naming the problem."""
+    host, sep, port = listen.rpartition(":")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"{listen!r} is not HOST:PORT; write it like 127.0.0.1:9464")
+    return host.strip("[]"), int(port)
 
 
 def is_loopback(listen: str) -> bool:

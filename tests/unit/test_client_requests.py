@@ -15,7 +15,7 @@ NOW = datetime(2030, 1, 2, 3, 4, 5, tzinfo=UTC)
 
 
 def wire_promise(**fields: Any) -> types_pb2.Promise:
-    message = types_pb2.Promise(id="p", state=types_pb2.PENDING, create_time=NOW)
+    message = types_pb2.Promise(id="p", state=types_pb2.PROMISE_STATE_PENDING, create_time=NOW)
     for name, value in fields.items():
         if isinstance(value, datetime):
             getattr(message, name).FromDatetime(value)
@@ -110,8 +110,8 @@ def test_create_refuses_two_expiries_and_naive_datetimes(client: Client) -> None
 
 def test_settle_generates_a_fresh_key(client: Client, recorder: Recorder) -> None:
     recorder.responses += [
-        promises_pb2.SettlePromiseResponse(
-            promise=wire_promise(state=types_pb2.RESOLVED), applied=True
+        promises_pb2.ResolvePromiseResponse(
+            promise=wire_promise(state=types_pb2.PROMISE_STATE_RESOLVED), applied=True
         )
     ] * 2
     client.resolve("a", {"ok": True})
@@ -128,9 +128,9 @@ def test_settle_recognises_its_own_earlier_attempt(client: Client, recorder: Rec
     # generated key the winner can only have been this call's lost first attempt.
     def answer(method: object, request: Any, **_: Any) -> Any:
         recorder.requests.append(request)
-        return promises_pb2.SettlePromiseResponse(
+        return promises_pb2.CancelPromiseResponse(
             promise=wire_promise(
-                state=types_pb2.REJECTED_CANCELED,
+                state=types_pb2.PROMISE_STATE_REJECTED_CANCELED,
                 idempotency_key_for_settle=request.idempotency_key,
             ),
             applied=False,
@@ -144,8 +144,10 @@ def test_settle_recognises_its_own_earlier_attempt(client: Client, recorder: Rec
 
 def test_settle_with_own_key_reports_the_server_verdict(client: Client, recorder: Recorder) -> None:
     recorder.responses.append(
-        promises_pb2.SettlePromiseResponse(
-            promise=wire_promise(state=types_pb2.REJECTED, idempotency_key_for_settle="k"),
+        promises_pb2.RejectPromiseResponse(
+            promise=wire_promise(
+                state=types_pb2.PROMISE_STATE_REJECTED, idempotency_key_for_settle="k"
+            ),
             applied=False,
         )
     )
@@ -165,7 +167,7 @@ def test_search_pages(client: Client, recorder: Recorder) -> None:
     ids = [p.id for p in client.search_all("a*", states=["RESOLVED"], tags={"k": "v"}, page_size=2)]
     assert ids == ["a", "b", "c"]
     first, second = recorder.requests
-    assert first.id == "a*" and list(first.states) == [types_pb2.RESOLVED]
+    assert first.id == "a*" and list(first.states) == [types_pb2.PROMISE_STATE_RESOLVED]
     assert dict(first.tags) == {"k": "v"} and first.page_size == 2 and first.page_token == ""
     assert second.page_token == "t1"
 
