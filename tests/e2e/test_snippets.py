@@ -195,6 +195,7 @@ def run_document(document: Path, tmp: Path) -> list[str]:
     return skipped
 
 
+@pytest.mark.timeout(300)  # a document is a reader's session: servers, workers, a gateway
 @pytest.mark.parametrize("document", DOCUMENTS, ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_snippet_runs_as_written(document: Path, tmp_path: Path) -> None:
     if shutil.which("openssl") is None:
