@@ -17,6 +17,7 @@ troth approvals list|approve|reject|watch ...   (the inbox; see _cli_approvals)
 troth serve ...          (forwarded to troth_server.cli.serve; needs troth-server)
 troth db upgrade|current [--db URL]   (forwarded to troth_server.cli.db; needs troth-server)
 troth tokens new --name N --roles R [--groups G] [--prefixes P]   (troth_server.cli.tokens)
+troth console [--listen HOST:PORT] [--server ADDR] ...   (troth_server.cli.console)
 ```
 
 Exit codes: 0 success, 1 the server refused or could not be reached (the
@@ -339,6 +340,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="mint bearer tokens for the server's token file "
         "(needs troth-server; see `troth tokens new --help`)",
     ).add_argument("tokens_args", nargs=argparse.REMAINDER)
+    commands.add_parser(
+        "console",
+        help="serve the web console: approvals inbox, workflow timelines, tasks, workers "
+        "(needs troth-server[console]; see `troth console --help`)",
+    ).add_argument("console_args", nargs=argparse.REMAINDER)
     return parser
 
 
@@ -387,7 +393,7 @@ def add_state_option(parser: argparse.ArgumentParser, help: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Run the `troth` command; return its exit status."""
     args_list = sys.argv[1:] if argv is None else list(argv)
-    if args_list[:1] in (["serve"], ["db"], ["tokens"]):
+    if args_list[:1] in (["serve"], ["db"], ["tokens"], ["console"]):
         return _server_command(args_list[0], args_list[1:])
     parser = build_parser()
     try:
