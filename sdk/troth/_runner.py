@@ -44,6 +44,7 @@ from troth._convert import promise_from_proto
 from troth._engine import CreateStep, Done, Engine, Failed, Suspend, error_value
 from troth._failures import describe_error, fails_workflow, format_traceback, log_paused
 from troth._leases import Held, Leases, Lost
+from troth._lifetimes import cut_short
 from troth._promise import PromiseState
 from troth._tracing import step_span, task_span
 from troth._worker_steps import Exhausted, Interrupted, Succeeded, run_with_retry
@@ -351,11 +352,16 @@ class Runner:
             if step.exists:
                 return [self._calls.get(step.step_id)]
             try:
-                return [self._create(held, step).promise]
+                created = self._create(held, step).promise
             except FailedPreconditionError as exc:
                 if exc.reason != Reason.WORKFLOW_SETTLED:
                     raise
                 return [self._settled_root(held)]
+            if (warning := cut_short(step, created)) is not None:
+                _log.warning(
+                    "%s", warning, extra={"step_id": step.step_id, "workflow_id": created.parent_id}
+                )
+            return [created]
         # A step that computes its value records it with its creation, in one call.
         # Dying before that call means the step runs again: at-least-once
         # execution, exactly-once recording (the first record wins).

@@ -26,7 +26,6 @@ are safe because every call is idempotent:
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 import uuid
@@ -709,15 +708,19 @@ class Client(OperatorCalls):
         id: str,
         group: str = "workers",
         ttl: timedelta | None = None,
+        idempotency_key: str | None = None,
     ) -> Handle:
-        """Start a workflow by id, once: a second start of the same id returns its handle.
+        """Start a workflow by id, once: a repeat of the start returns the existing run.
 
         Creates the workflow's root promise, tagged for `group`, with the
         arguments (encoded with the codec, as a list) as its param; the server
-        hands it to a worker of the group. Starting is deduplicated by id:
-        any later start of the same id (from any process, with any
-        arguments) is answered with the existing execution, which never runs
-        twice; the first start's arguments win.
+        hands it to a worker of the group. A workflow's id is its identity:
+        a later start of the same id (from any process) with the same
+        workflow, group and arguments is answered with the existing run
+        (`handle.created` is False), which never runs twice; one that names
+        another workflow, group or other arguments is refused
+        (`AlreadyExistsError`, reason `WORKFLOW_ALREADY_EXISTS`, saying what
+        differs), unless it carries the original start's `idempotency_key`.
 
         Args:
             workflow: The registered workflow name, or the workflow function
@@ -727,33 +730,43 @@ class Client(OperatorCalls):
                 id and the prefix of its step ids.
             group: The group whose workers run it.
             ttl: How long the workflow may take in all (it times out after);
-                None for the server's default. Every step's timeout is capped by it.
+                None for the server's default workflow lifetime
+                (`--default-workflow-ttl`, 30 days). Every step's timeout is
+                capped by it (the worker logs a warning when one is).
+            idempotency_key: Identifies this start: a later start carrying the
+                same key gets the existing run whatever its arguments (e.g. a
+                retried request whose arguments were rebuilt). Default none:
+                repeats are recognised by workflow, group and arguments.
 
         Returns:
-            A handle to the execution.
+            A handle to the execution; `created` says whether this call started it.
 
         Raises:
-            AlreadyExistsError: A promise with this id exists that is not a workflow start.
+            AlreadyExistsError: The id is taken by another workflow, group or
+                arguments (reason `WORKFLOW_ALREADY_EXISTS`), or by a promise that
+                is not a workflow.
             InvalidArgumentError: Bad id or ttl, or arguments over the payload limit.
-            TypeError: The codec cannot encode the arguments.
+            TypeError: The codec cannot encode the arguments, or `ttl` is not a timedelta.
         """
         name = _workflow_name(workflow)
+        if ttl is not None and not isinstance(ttl, timedelta):
+            raise TypeError(f"start(ttl={ttl!r}): ttl must be a timedelta, e.g. timedelta(days=7)")
         tags = {TAG_INVOKE: group, TAG_FUNC: name}
         with client_span("troth.start", **{"troth.workflow.id": id, "troth.workflow.name": name,
                                            "troth.group": group}) as traceparent:  # fmt: skip
             if traceparent:
                 # Where the workflow's tasks continue the trace (troth._tracing). A
-                # repeat start of this id keeps the first one's.
+                # repeat start of this id keeps the first one's (the server compares
+                # a start by workflow, group and arguments, not by its other tags).
                 tags[TRACEPARENT_TAG] = traceparent
-            self._connection.create(
+            result = self._connection.create(
                 id,
                 self._codec.encode(list(args)),
                 tags=tags,
                 ttl=ttl,
-                # Deterministic, so every start of this id is a repeat of the first.
-                idempotency_key=_start_key(id),
+                idempotency_key=idempotency_key,
             )
-        return Handle(self, id)
+        return Handle(self, id, created=result.created)
 
     def handle(self, id: str) -> Handle:
         """A handle to the workflow (or any promise) with this id; makes no call."""
@@ -764,17 +777,6 @@ def connection(client: Client) -> Connection:
     """The client's transport and call deadline, for the SDK's own modules (the worker,
     `troth tasks`): not a public API."""
     return client._connection
-
-
-def _start_key(id: str) -> str:
-    """The idempotency key of every start of workflow `id` (short enough for any id)."""
-    key = f"troth:start:{id}"
-    if len(key) <= _MAX_READABLE_KEY:
-        return key
-    return f"troth:start:sha256:{hashlib.sha256(id.encode()).hexdigest()}"
-
-
-_MAX_READABLE_KEY = 128
 
 
 def _workflow_name(workflow: str | Callable[..., Any]) -> str:

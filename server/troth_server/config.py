@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -24,6 +24,10 @@ def parse_duration_ms(text: str) -> int:
     if ms is None:
         raise ValueError(f"{text!r} is not a duration; write it like {EXAMPLES} (or 0)")
     return ms
+
+
+DEFAULT_WORKFLOW_TTL_MS = 30 * 86_400_000
+"""30 days: a workflow started without a ttl outlives a 3-day (or 2-week) approval."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +53,9 @@ class Limits:
     default_page_size: int = 100
     max_page_size: int = 1000
     default_ttl_ms: int = 86_400_000
+    default_workflow_ttl_ms: int = DEFAULT_WORKFLOW_TTL_MS
+    """A workflow's lifetime when its start gives none (`--default-workflow-ttl`):
+    long enough for the approvals it waits on, which its lifetime caps."""
     max_ttl_ms: int = 366 * 86_400_000
     default_lease_ms: int = 10_000
     max_lease_ms: int = 600_000
@@ -258,7 +265,17 @@ _OPTIONS: dict[str, tuple[str, type | None, str]] = {
     "max-unique-items": ("max_unique_items", int, "items of one array uniqueItems may compare"),
     "default-page-size": ("default_page_size", int, "search page size when the request gives none"),
     "max-page-size": ("max_page_size", int, "largest search page"),
-    "default-ttl": ("default_ttl_ms", None, "expiry of a promise created without one"),
+    "default-ttl": (
+        "default_ttl_ms",
+        None,
+        "expiry of a promise created without one (a workflow's steps: capped by the workflow)",
+    ),
+    "default-workflow-ttl": (
+        "default_workflow_ttl_ms",
+        None,
+        "lifetime of a workflow started without a ttl (a root or child start: a create "
+        "tagged troth:invoke), at most --max-ttl; its steps never outlive it",
+    ),
     "max-ttl": ("max_ttl_ms", None, "longest ttl (and furthest expire_time) accepted"),
     "default-lease": ("default_lease_ms", None, "lease of a delivered task when Poll gives none"),
     "max-lease": ("max_lease_ms", None, "longest task lease a worker may ask for"),
@@ -319,6 +336,13 @@ def settings_from(argv: Sequence[str], environ: Mapping[str, str] = os.environ) 
     other = {k: v for k, v in values.items() if k not in _LIMIT_FIELDS}
     settings = Settings(**other, limits=Limits(**limit_values))  # type: ignore[arg-type]
     _check(settings, parser)
+    limits = settings.limits
+    if limits.default_workflow_ttl_ms > limits.max_ttl_ms:
+        if "default_workflow_ttl_ms" in values:
+            parser.error("default-workflow-ttl cannot exceed max-ttl")
+        # The 30-day default gives way to a shorter --max-ttl.
+        limits = replace(limits, default_workflow_ttl_ms=limits.max_ttl_ms)
+        settings = replace(settings, limits=limits)
     return settings
 
 

@@ -108,6 +108,37 @@ def test_create_refuses_two_expiries_and_naive_datetimes(client: Client) -> None
         client.create("a", expire_time=datetime(2030, 1, 1))
 
 
+@pytest.mark.parametrize("created", [True, False])
+def test_start_sends_the_workflow_and_tells_whether_it_created_the_run(
+    client: Client, recorder: Recorder, created: bool
+) -> None:
+    """No idempotency key unless given: the server recognises a repeat by workflow,
+    group and arguments, and the caller's own key vouches for any arguments."""
+    recorder.responses.append(
+        promises_pb2.CreatePromiseResponse(promise=wire_promise(id="w-1"), created=created)
+    )
+    handle = client.start("publish", "post-7", id="w-1", group="editors")
+    assert handle.created is created and handle.id == "w-1"
+    (sent,) = recorder.requests
+    assert dict(sent.tags) == {"troth:invoke": "editors", "troth:func": "publish"}
+    assert sent.idempotency_key == "" and not sent.HasField("ttl")
+    assert JsonCodec().decode(Payload(dict(sent.param.headers), sent.param.data)) == ["post-7"]
+
+    recorder.responses.append(
+        promises_pb2.CreatePromiseResponse(promise=wire_promise(id="w-1"), created=False)
+    )
+    client.start("publish", id="w-1", ttl=timedelta(days=7), idempotency_key="req-42")
+    sent = recorder.requests[-1]
+    assert sent.idempotency_key == "req-42"
+    assert sent.ttl.ToTimedelta() == timedelta(days=7)
+    assert client.handle("w-1").created is False
+
+
+def test_start_ttl_must_be_a_timedelta(client: Client) -> None:
+    with pytest.raises(TypeError, match="ttl must be a timedelta"):
+        client.start("publish", id="w-1", ttl=3600)  # type: ignore[arg-type]
+
+
 def test_settle_generates_a_fresh_key(client: Client, recorder: Recorder) -> None:
     recorder.responses += [
         promises_pb2.ResolvePromiseResponse(

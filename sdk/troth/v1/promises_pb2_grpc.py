@@ -94,6 +94,11 @@ class PromiseServiceServicer:
     def CreatePromise(self, request, context):
         """Creates a promise, or returns the existing one when the create is a
         repeat (same idempotency key, or no keys and identical param and tags).
+        A workflow start (tags troth:invoke and troth:func) of an existing
+        workflow is a repeat when it carries the original start's idempotency key
+        or names the same troth:func, troth:invoke and param (whatever its other
+        tags, expiry or key); else ALREADY_EXISTS, reason WORKFLOW_ALREADY_EXISTS,
+        metadata `workflow` and `differences` (workflow, group, arguments).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -76,6 +76,11 @@ def create_request(request: promises_pb2.CreatePromiseRequest, limits: Limits) -
         )
     ttl: int | None = None
     expire_time: int | None = None
+    checked_tags = tags(request.tags, limits)
+    start = INVOKE_TAG in checked_tags
+    if start:
+        # A workflow root: its group must be one a worker can Poll, or its task waits forever.
+        name(checked_tags[INVOKE_TAG], limits, f"tags[{INVOKE_TAG}]")
     if expiry == "ttl":
         ttl = _duration_ms(request.ttl)
         if ttl <= 0:
@@ -85,11 +90,13 @@ def create_request(request: promises_pb2.CreatePromiseRequest, limits: Limits) -
     elif expiry == "expire_time":
         expire_time = timestamp_ms(request.expire_time, "expire_time")
     elif not request.never_expires:
-        ttl = limits.default_ttl_ms
-    checked_tags = tags(request.tags, limits)
-    if INVOKE_TAG in checked_tags:
-        # A workflow root: its group must be one a worker can Poll, or its task waits forever.
-        name(checked_tags[INVOKE_TAG], limits, f"tags[{INVOKE_TAG}]")
+        # A workflow's default lifetime is its own (--default-workflow-ttl, 30 days):
+        # its steps are capped by it, so a promise's day would cut a 3-day approval.
+        ttl = (
+            min(limits.default_workflow_ttl_ms, limits.max_ttl_ms)
+            if start
+            else limits.default_ttl_ms
+        )
     return CreateRequest(
         id=promise_id(request.id, limits),
         param=payload(request.param, limits, "param") if request.HasField("param") else EMPTY,
@@ -397,8 +404,14 @@ def _json_payload(value: types_pb2.Payload, field: str) -> types_pb2.Payload:
             f"is {sent_type!r}, but json carries JSON: drop the header or send data instead",
         )
     try:
+        # Keys sorted: a JSON object arrives as a protobuf map, whose order is not kept,
+        # so sorting is what makes one value always stored as the same bytes.
         text = json.dumps(
-            _plain(value.json), separators=(",", ":"), ensure_ascii=False, allow_nan=False
+            _plain(value.json),
+            separators=(",", ":"),
+            ensure_ascii=False,
+            allow_nan=False,
+            sort_keys=True,
         )
     except ValueError:
         raise InvalidArgument(
