@@ -37,7 +37,6 @@ import contextlib
 import importlib
 import json
 import os
-import re
 import signal
 import sys
 import threading
@@ -48,7 +47,7 @@ from typing import IO, TYPE_CHECKING, Any, cast
 
 from troth._convert import timedelta_to_proto
 from troth._credentials import TlsConfig
-from troth._durations import EXAMPLES, duration_ms, format_duration
+from troth._durations import EXAMPLES, duration_ms, format_duration, unit_hint
 from troth._promise import CreateResult, Promise, PromiseState, SettleResult
 from troth.client import DEFAULT_ADDRESS, Client, connection
 from troth.errors import ConfigurationError, TrothError
@@ -65,7 +64,6 @@ _SERVER_MISSING = "troth {command} needs the server, troth-server, which is not 
 
 _DEFAULT_LIMIT = 100
 _DEFAULT_TIMEOUT = timedelta(seconds=10)
-_BARE_NUMBER = re.compile(r"\d+(?:\.\d+)?")
 _PREVIEW_WIDTH = 40
 
 
@@ -80,11 +78,8 @@ Handler = Callable[[Client, argparse.Namespace, IO[str]], int]
 def parse_duration(text: str) -> timedelta:
     """Parse `30s`, `5m`, `2h`, `3d`, `250ms`, or a sum such as `1h30m` (`troth._durations`)."""
     ms = duration_ms(text)
-    if _BARE_NUMBER.fullmatch(text.strip()) and text.strip() != "0":
-        raise argparse.ArgumentTypeError(
-            f"invalid duration {text!r}: give it a unit, e.g. {text.strip()}s "
-            "(ms, s, m, h, d; or a sum such as 1h30m)"
-        )
+    if hint := unit_hint(text):
+        raise argparse.ArgumentTypeError(f"invalid duration {text!r}: {hint}")
     if ms is None or (ms == 0 and text.strip() == "0"):
         raise argparse.ArgumentTypeError(
             f"invalid duration {text!r}: use a number and a unit (ms, s, m, h, d), {EXAMPLES}"

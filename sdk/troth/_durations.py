@@ -11,6 +11,7 @@ _WHOLE = re.compile(rf"(?:{_PART.pattern})+")
 _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 
 EXAMPLES = "e.g. 250ms, 30s, 5m, 2h, 3d or 1h30m"
+_BARE_NUMBER = re.compile(r"\d+(?:\.\d+)?")
 
 
 def duration_ms(text: str) -> int | None:
@@ -22,6 +23,14 @@ def duration_ms(text: str) -> int | None:
     if not _WHOLE.fullmatch(cleaned):
         return None
     return int(sum(float(n) * _UNIT_MS[unit] for n, unit in _PART.findall(cleaned)))
+
+
+def unit_hint(text: str) -> str | None:
+    """For a bare number (`90`, which is no duration but `0`): how to write one."""
+    cleaned = text.strip()
+    if _BARE_NUMBER.fullmatch(cleaned) and cleaned != "0":
+        return f"give it a unit, e.g. {cleaned}s (ms, s, m, h, d; or a sum such as 1h30m)"
+    return None
 
 
 def format_duration(delta: timedelta, *, exact: bool = False) -> str:

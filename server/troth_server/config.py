@@ -9,7 +9,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from troth._durations import EXAMPLES, duration_ms
+from troth._durations import EXAMPLES, duration_ms, unit_hint
 from troth_server.auth import SUPPORTED_ALGORITHMS, AuthSources, parse_algorithms
 from troth_server.domain.schema import SchemaBounds
 from troth_server.units import duration_text, size_text
@@ -23,7 +23,8 @@ def parse_duration_ms(text: str) -> int:
     `0` is 0): the CLI's syntax (`troth._durations`)."""
     ms = duration_ms(text)
     if ms is None:
-        raise ValueError(f"{text!r} is not a duration; write it like {EXAMPLES} (or 0)")
+        how = unit_hint(text) or f"write it like {EXAMPLES} (or 0)"
+        raise ValueError(f"{text!r} is not a duration; {how}")
     return ms
 
 

@@ -17,7 +17,7 @@ from troth._durations import duration_ms, format_duration
 from troth.v1 import promises_pb2 as pb
 from troth.v1 import types_pb2 as types
 from troth_server.api import _convert as convert
-from troth_server.config import _OPTIONS, Limits, Settings, build_parser
+from troth_server.config import _OPTIONS, Limits, Settings, build_parser, parse_duration_ms
 from troth_server.domain.errors import InvalidArgument
 from troth_server.units import duration_text, size_text
 
@@ -96,6 +96,9 @@ def test_a_bare_number_of_seconds_is_refused_saying_how_to_write_it(
     assert "argument --timeout: invalid duration '10': give it a unit, e.g. 10s" in err
     with pytest.raises(argparse.ArgumentTypeError, match=r"e\.g\. 1\.5s"):
         parse_duration("1.5")
+    # troth serve reads its flags with the same hint.
+    with pytest.raises(ValueError, match=r"'90' is not a duration; give it a unit, e\.g\. 90s"):
+        parse_duration_ms("90")
 
 
 def _refusal(call: object) -> InvalidArgument:
