@@ -23,6 +23,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+from _guarded import DISARM
+
 GUARDED = str(Path(__file__).with_name("_guarded.py"))
 
 _guards: dict[int, int] = {}
@@ -34,7 +36,8 @@ P = TypeVar("P", bound="subprocess.Popen[Any]")
 
 def spawn(command: Sequence[str], **popen: Any) -> subprocess.Popen[Any]:
     """`subprocess.Popen(command, **popen)` for a Python program, `[sys.executable,
-    "-m", MODULE, ...]` or `[sys.executable, SCRIPT, ...]`, that dies when this
+    "-m", MODULE, ...]`, `[sys.executable, SCRIPT, ...]` or `[sys.executable, "-c",
+    CODE, ...]`, that dies when this
     process does (reap it with `reap`, which also releases its pipe)."""
     if not command or command[0] != sys.executable:
         raise ValueError(f"spawn runs Python programs ([sys.executable, ...]), not {command!r}")
@@ -131,9 +134,15 @@ class Cleanup:
             os.close(read)
         self._write: int | None = write
 
-    def close(self, timeout: float = 120.0) -> None:
-        """Run the command now and wait for it."""
+    def cancel(self) -> None:
+        """The caller cleaned up itself: end the watchdog without running the command."""
+        self.close(disarm=True)
+
+    def close(self, timeout: float = 120.0, *, disarm: bool = False) -> None:
+        """Run the command now and wait for it (with `disarm`: do not run it)."""
         if self._write is not None:
+            if disarm:
+                os.write(self._write, DISARM)
             os.close(self._write)
             self._write = None
         try:
