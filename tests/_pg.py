@@ -224,7 +224,7 @@ _shared: _Shared | None = None
 def _unavailable(why: str) -> NoReturn:
     if required():
         pytest.fail(f"{REQUIRED}, and there is no PostgreSQL ({why}); {HOW_TO_RUN}", pytrace=False)
-    pytest.skip(f"{SKIPPED} ({why}): see the last line of the run")
+    pytest.skip(f"{SKIPPED} ({why}); the run's summary says how to run them")
 
 
 def admin_url() -> str:
@@ -332,6 +332,19 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_report_header(config: pytest.Config) -> str:
     return f"postgresql: {decision().describe()}"
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Iterator[None] | Iterator[pytest.TestReport]:
+    """A skip of ours is located here, not at the test (as pytest does for a skip in a
+    fixture), so that `-ra` folds them all into one line."""
+    report: pytest.TestReport = yield  # type: ignore[misc]
+    longrepr = report.longrepr
+    if report.skipped and isinstance(longrepr, tuple) and SKIPPED in str(longrepr[2]):
+        report.longrepr = (__file__, _unavailable.__code__.co_firstlineno, longrepr[2])
+    return report  # type: ignore[misc]
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:

@@ -19,6 +19,7 @@ from _pg import fresh_schema
 from _pg import pytest_configure as pytest_configure
 from _pg import pytest_report_header as pytest_report_header
 from _pg import pytest_runtest_logreport as pytest_runtest_logreport
+from _pg import pytest_runtest_makereport as pytest_runtest_makereport
 from _pg import pytest_terminal_summary as pytest_terminal_summary
 from _pg import pytest_unconfigure as pytest_unconfigure
 from _support import ServerProcess, promises_stub, start_server

@@ -17,6 +17,12 @@ from _pg import admin_url
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 
 
+def bench_pg() -> dict[str, str]:
+    """The benchmarks' PostgreSQL: TROTH_BENCH_PG when given, else this run's (the
+    calling test is skipped without one)."""
+    return {"TROTH_BENCH_PG": os.environ.get("TROTH_BENCH_PG") or admin_url()}
+
+
 def _run(*args: str, timeout: float, env: dict[str, str] | None = None) -> str:
     run = subprocess.run(
         [sys.executable, *args],
@@ -50,11 +56,9 @@ def test_workflow_bench_quick_run_prints_figures() -> None:
 
 @pytest.mark.slow
 def test_sweep_bench_tiny_run_on_two_pg_replicas() -> None:
-    # TROTH_BENCH_PG when given, else this run's PostgreSQL (skipped without one).
-    pg = os.environ.get("TROTH_BENCH_PG") or admin_url()
     out = _run(str(BENCH / "sweep.py"), "--targets", "pg2", "--count", "300", "--window", "0.5",
                "--warmup", "0", "--in-flight", "8", "--troth-arg=--sweep-interval=100ms",
-               timeout=40, env={"TROTH_BENCH_PG": pg})  # fmt: skip
+               timeout=40, env=bench_pg())  # fmt: skip
     row = re.search(r"^pg2\s+([\d,]+)\s+([\d,]+)\s+\S+\s+([\d.]+)\s", out, re.MULTILINE)
     assert row, out
     assert float(row.group(3)) < 30, out  # drained

@@ -29,6 +29,7 @@ sys.path.insert(0, {str(TESTS)!r})
 from _pg import pytest_configure as pytest_configure
 from _pg import pytest_report_header as pytest_report_header
 from _pg import pytest_runtest_logreport as pytest_runtest_logreport
+from _pg import pytest_runtest_makereport as pytest_runtest_makereport
 from _pg import pytest_terminal_summary as pytest_terminal_summary
 from _pg import pytest_unconfigure as pytest_unconfigure
 """
@@ -38,7 +39,17 @@ import os
 import signal
 
 import pytest
-from _pg import admin, admin_url
+from _pg import admin, admin_url, fresh_schema
+
+
+@pytest.fixture
+def schema():
+    with fresh_schema(migrate=False) as url:
+        yield url
+
+
+def test_through_a_fixture(schema):
+    assert "search_path" in schema
 
 
 @pytest.mark.parametrize("n", range(4))
@@ -92,10 +103,12 @@ def test_without_postgres_every_postgres_test_is_skipped_with_one_loud_line(tmp_
     done, rows = probe(tmp_path, "-n", "2", **hidden(tmp_path))
     output = done.stdout + done.stderr
     assert done.returncode == 0, output
-    assert "1 passed, 4 skipped" in output, output
+    assert "1 passed, 5 skipped" in output, output
     loud = [line for line in output.splitlines() if "PostgreSQL tests SKIPPED" in line]
     assert len(loud) == 1, output
-    assert "4 PostgreSQL tests SKIPPED" in loud[0]
+    assert "5 PostgreSQL tests SKIPPED" in loud[0]
+    # -ra folds the skips, a fixture's too, into one line.
+    assert len([line for line in output.splitlines() if line.startswith("SKIPPED")]) == 1
     assert "install the PostgreSQL server binaries" in loud[0] and f"{URL_ENV}=" in loud[0]
     assert rows == []
 
@@ -104,8 +117,8 @@ def test_under_ci_the_postgres_tests_fail_saying_why(tmp_path: Path) -> None:
     done, rows = probe(tmp_path, "-n", "0", CI="true", **hidden(tmp_path))
     output = done.stdout + done.stderr
     assert done.returncode == 1, output
-    assert "4 failed, 1 passed" in output, output
-    assert "4 PostgreSQL tests FAILED: CI=true requires the PostgreSQL tests" in output, output
+    assert "4 failed, 1 passed, 1 error" in output, output
+    assert "5 PostgreSQL tests FAILED: CI=true requires the PostgreSQL tests" in output, output
     assert "Traceback" not in output
     assert rows == []
 
@@ -120,7 +133,7 @@ def test_with_binaries_and_no_server_the_run_starts_one_cluster_and_stops_it(
     done, rows = probe(tmp_path, "-n", "2", "--dist", "each", **{DEFAULT_ENV: closed})
     output = done.stdout + done.stderr
     assert done.returncode == 0, output
-    assert "10 passed" in output, output
+    assert "12 passed" in output, output
     assert len(rows) == 8, output
     assert len({pid for pid, _, _ in rows}) == 2, f"both workers ran PostgreSQL tests: {rows}"
     urls = {url for _, url, _ in rows}
@@ -138,7 +151,9 @@ def test_a_killed_run_has_its_cluster_stopped_by_the_watchdog(tmp_path: Path) ->
     if pg_bindir() is None:
         skip_without_binaries("needs initdb and pg_ctl to start a cluster")
     closed = f"postgresql://postgres@127.0.0.1:{free_port()}/test"
-    done, rows = probe(tmp_path, "-n", "0", "-x", PROBE_DIE="1", **{DEFAULT_ENV: closed})
+    done, rows = probe(
+        tmp_path, "-n", "0", "-k", "uses_postgres", PROBE_DIE="1", **{DEFAULT_ENV: closed}
+    )
     assert done.returncode == -9, done.stdout + done.stderr
     (_, url, data) = rows[0]
 
@@ -157,5 +172,5 @@ def test_troth_test_pg_is_used_as_given(tmp_path: Path) -> None:
     done, rows = probe(tmp_path, "-n", "0", **{URL_ENV: given}, **hidden(tmp_path))
     output = done.stdout + done.stderr
     assert done.returncode == 0, output
-    assert "5 passed" in output, output
+    assert "6 passed" in output, output
     assert {url for _, url, _ in rows} == {given}

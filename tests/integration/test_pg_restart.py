@@ -204,7 +204,7 @@ def test_restart_under_load_loses_nothing_acknowledged(
             10,
             "a call to fail while the database is down",
         )
-        time.sleep(0.5)
+        time.sleep(0.5)  # on purpose: the outage lasts a while, calls failing meanwhile
         cluster.start()
         up = time.monotonic()
         wait_for(lambda: bool(load.successes_after(up)), RECOVERY_SECONDS, "a call to succeed")
