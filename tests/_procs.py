@@ -27,8 +27,10 @@ from _guarded import DISARM
 
 GUARDED = str(Path(__file__).with_name("_guarded.py"))
 
-_guards: dict[int, int] = {}
-"""pid of a spawned child -> the write end of its pipe."""
+_guards: dict[int, tuple[subprocess.Popen[Any], int]] = {}
+"""pid of a spawned child -> it and the write end of its pipe. The reference keeps
+a child that a test forgot from being garbage-collected while it runs (a
+ResourceWarning, attributed to whichever test runs then); `reap_all` ends them."""
 _guards_lock = threading.Lock()
 
 P = TypeVar("P", bound="subprocess.Popen[Any]")
@@ -52,15 +54,23 @@ def spawn(command: Sequence[str], **popen: Any) -> subprocess.Popen[Any]:
     finally:
         os.close(read)
     with _guards_lock:
-        _guards[proc.pid] = write
+        _guards[proc.pid] = (proc, write)
     return proc
 
 
 def _release(proc: subprocess.Popen[Any]) -> None:
     with _guards_lock:
-        write = _guards.pop(proc.pid, None)
-    if write is not None:
-        os.close(write)
+        guard = _guards.pop(proc.pid, None)
+    if guard is not None:
+        os.close(guard[1])
+
+
+def reap_all() -> None:
+    """Reap every spawned child still unreaped (at the end of the test session)."""
+    with _guards_lock:
+        left = [proc for proc, _ in _guards.values()]
+    for proc in left:
+        reap(proc, grace=5)
 
 
 def reap(proc: P, grace: float = 10.0) -> int:

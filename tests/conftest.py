@@ -22,6 +22,7 @@ from _pg import pytest_runtest_logreport as pytest_runtest_logreport
 from _pg import pytest_runtest_makereport as pytest_runtest_makereport
 from _pg import pytest_terminal_summary as pytest_terminal_summary
 from _pg import pytest_unconfigure as pytest_unconfigure
+from _procs import reap_all
 from _support import ServerProcess, promises_stub, start_server
 
 if TYPE_CHECKING:
@@ -30,6 +31,11 @@ if TYPE_CHECKING:
     import grpc
 
     from troth.v1 import promises_pb2_grpc
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Nothing a test started outlives the session (what a test forgot is reaped)."""
+    reap_all()
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgres"])
