@@ -23,6 +23,7 @@ import grpc
 import pytest
 from _pg import skip_without_binaries
 from _pg_cluster import Cluster, ClusterUnavailable
+from _procs import Cleanup
 from _support import ServerProcess, error_info, start_server
 
 from troth.v1 import promises_pb2 as pb
@@ -43,11 +44,13 @@ def cluster() -> Iterator[Cluster]:
         made = Cluster.create()
     except ClusterUnavailable as exc:
         skip_without_binaries(str(exc))
+    watchdog = Cleanup(made.stop_command(), remove=made.root)  # if this run is killed
     try:
         made.start_on_a_free_port()
         yield made
     finally:
         made.destroy()
+        watchdog.cancel()
 
 
 @pytest.fixture
