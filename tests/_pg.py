@@ -171,6 +171,8 @@ class _Shared:
         while self.url is None:
             with self._locked():
                 state = self.state_dir / "state.json"
+                if state.exists() and not _alive(json.loads(state.read_text())["pid"]):
+                    state.unlink()  # its starter died (its watchdog stopped it): a new one
                 if state.exists():
                     if self._use():
                         self.url = json.loads(state.read_text())["url"]
@@ -193,7 +195,8 @@ class _Shared:
             watchdog.close()
             raise
         self._started = (cluster, watchdog)
-        assert self._use(), "nobody else can hold `users` exclusively while we hold the lock"
+        if not self._use():  # pragma: no cover - only a starter takes it exclusively
+            raise RuntimeError("the run's PostgreSQL users file is locked exclusively")
         state.write_text(json.dumps({"url": url, "pid": os.getpid(), "root": str(cluster.root)}))
         return url
 
@@ -219,6 +222,16 @@ class _Shared:
 
 
 _shared: _Shared | None = None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _unavailable(why: str) -> NoReturn:
