@@ -22,6 +22,9 @@ install: $(VENV)/.installed ## Create .venv and install troth, troth-server and 
 run: install ## Start a local server, authentication off, on the embedded SQLite default (LISTEN=, DB= to override)
 	$(VENV)/bin/troth serve --no-auth --listen $(LISTEN) --db $(DB)
 
+console: install ## Serve the web console on 127.0.0.1:7080 for the server at LISTEN (start one with `make run`)
+	$(VENV)/bin/troth console --server $(LISTEN)
+
 proto: install ## Regenerate sdk/troth/v1 from proto/ (grpcio-tools pinned in requirements-dev.txt)
 	rm -f sdk/troth/v1/*_pb2*.py sdk/troth/v1/*_pb2*.pyi
 	$(PY) -m grpc_tools.protoc -I proto --python_out=sdk --pyi_out=sdk --grpc_python_out=sdk proto/troth/v1/*.proto
@@ -35,10 +38,29 @@ fmt: install ## Format and autofix
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
-lint: install ## ruff format --check, ruff check, and the import contracts (lint-imports)
+lint: install ## ruff format --check, ruff check, the import contracts (lint-imports), buf lint and buf breaking
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
+	$(VENV)/bin/buf lint
+	$(MAKE) --no-print-directory breaking
+
+# The API as of the previous commit is the baseline: each parent of HEAD that has a
+# buf.yaml (the commit that added it, and fixed the names once before any release,
+# has none). BREAKING_AGAINST=REF compares with REF instead.
+BREAKING_AGAINST ?=
+breaking: install ## buf breaking: proto/ must stay wire- and source-compatible with the previous commit (or BREAKING_AGAINST)
+	@refs="$(BREAKING_AGAINST)"; \
+	if [ -z "$$refs" ]; then refs=$$(git rev-list --parents -n 1 HEAD | cut -d' ' -f2-); fi; \
+	compared=0; \
+	for ref in $$refs; do \
+	  if git cat-file -e $$ref:buf.yaml 2>/dev/null; then \
+	    echo "buf breaking --against $$ref"; \
+	    $(VENV)/bin/buf breaking --against ".git#ref=$$ref" || exit 1; \
+	    compared=1; \
+	  fi; \
+	done; \
+	if [ $$compared = 0 ]; then echo "buf breaking: no earlier commit with a buf.yaml in this clone: nothing to compare with"; fi
 
 typecheck: install ## mypy --strict on both packages
 	$(VENV)/bin/mypy
@@ -59,4 +81,4 @@ bench: install ## Run the benchmarks in bench/ and print their figures
 
 ci: install proto-check lint typecheck test ## What CI runs
 
-.PHONY: help install run proto proto-check fmt lint typecheck test-unit test test-loaded bench ci
+.PHONY: help install run console proto proto-check fmt lint breaking typecheck test-unit test test-loaded bench ci

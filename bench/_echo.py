@@ -1,4 +1,4 @@
-"""A trivial ``troth.v1.Promises`` server: the gRPC ceiling for ``bench/promises.py``.
+"""A trivial ``troth.v1.PromiseService`` server: the gRPC ceiling for ``bench/promises.py``.
 
 CreatePromise and ResolvePromise answer with a Promise built from the request
 (same id, state PENDING or RESOLVED, the param or value echoed back) and store
@@ -47,28 +47,32 @@ STOP_GRACE_S = 1.0
 
 
 # The generated gRPC module is untyped; calls go through Any.
-add_servicer: Any = promises_pb2_grpc.add_PromisesServicer_to_server
+add_servicer: Any = promises_pb2_grpc.add_PromiseServiceServicer_to_server
 
 
 def _create_response(
     request: promises_pb2.CreatePromiseRequest,
 ) -> promises_pb2.CreatePromiseResponse:
     return promises_pb2.CreatePromiseResponse(
-        promise=types_pb2.Promise(id=request.id, state=types_pb2.PENDING, param=request.param),
+        promise=types_pb2.Promise(
+            id=request.id, state=types_pb2.PROMISE_STATE_PENDING, param=request.param
+        ),
         created=True,
     )
 
 
 def _resolve_response(
     request: promises_pb2.ResolvePromiseRequest,
-) -> promises_pb2.SettlePromiseResponse:
-    return promises_pb2.SettlePromiseResponse(
-        promise=types_pb2.Promise(id=request.id, state=types_pb2.RESOLVED, value=request.value),
+) -> promises_pb2.ResolvePromiseResponse:
+    return promises_pb2.ResolvePromiseResponse(
+        promise=types_pb2.Promise(
+            id=request.id, state=types_pb2.PROMISE_STATE_RESOLVED, value=request.value
+        ),
         applied=True,
     )
 
 
-class SyncEchoServicer(promises_pb2_grpc.PromisesServicer):
+class SyncEchoServicer(promises_pb2_grpc.PromiseServiceServicer):
     def CreatePromise(
         self, request: promises_pb2.CreatePromiseRequest, context: grpc.ServicerContext
     ) -> promises_pb2.CreatePromiseResponse:
@@ -76,11 +80,11 @@ class SyncEchoServicer(promises_pb2_grpc.PromisesServicer):
 
     def ResolvePromise(
         self, request: promises_pb2.ResolvePromiseRequest, context: grpc.ServicerContext
-    ) -> promises_pb2.SettlePromiseResponse:
+    ) -> promises_pb2.ResolvePromiseResponse:
         return _resolve_response(request)
 
 
-class AioEchoServicer(promises_pb2_grpc.PromisesServicer):
+class AioEchoServicer(promises_pb2_grpc.PromiseServiceServicer):
     async def CreatePromise(
         self,
         request: promises_pb2.CreatePromiseRequest,
@@ -92,7 +96,7 @@ class AioEchoServicer(promises_pb2_grpc.PromisesServicer):
         self,
         request: promises_pb2.ResolvePromiseRequest,
         context: grpc.aio.ServicerContext[Any, Any],
-    ) -> promises_pb2.SettlePromiseResponse:
+    ) -> promises_pb2.ResolvePromiseResponse:
         return _resolve_response(request)
 
 
@@ -106,7 +110,7 @@ def _write_port_file(path: Path, port: int) -> None:
 def _health() -> health.HealthServicer:
     servicer = health.HealthServicer()
     servicer.set("", health_pb2.HealthCheckResponse.SERVING)
-    servicer.set("troth.v1.Promises", health_pb2.HealthCheckResponse.SERVING)
+    servicer.set("troth.v1.PromiseService", health_pb2.HealthCheckResponse.SERVING)
     return servicer
 
 

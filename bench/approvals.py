@@ -86,7 +86,7 @@ from workflows import short
 from troth._commands import TAG_FUNC, TAG_GROUP, TAG_KIND, Kind
 from troth.v1 import promises_pb2, promises_pb2_grpc, types_pb2
 
-PromisesStub: Any = promises_pb2_grpc.PromisesStub
+PromiseServiceStub: Any = promises_pb2_grpc.PromiseServiceStub
 DEFAULT_TARGETS = "sqlite,pg"
 TARGETS = ("sqlite", "pg")
 JSON_HEADERS = {"content-type": "application/json"}
@@ -136,11 +136,11 @@ INVALID_DECISION = json.dumps(
 ).encode()
 VARIANTS = ("plain", "schema")
 
-SETTLED = promises_pb2.SETTLED
-PENDING = types_pb2.PENDING
+SETTLED = promises_pb2.PROMISE_EVENT_TYPE_SETTLED
+PENDING = types_pb2.PROMISE_STATE_PENDING
 ORDERS = {
-    "EXPIRE_TIME_ASC": promises_pb2.EXPIRE_TIME_ASC,
-    "CREATED_DESC": promises_pb2.CREATED_DESC,
+    "EXPIRE_TIME_ASC": promises_pb2.PROMISE_ORDER_EXPIRE_TIME_ASC,
+    "CREATED_DESC": promises_pb2.PROMISE_ORDER_CREATED_DESC,
 }
 
 
@@ -590,7 +590,7 @@ def refusal_example(address: str, promise_id: str) -> str:
     """One refused resolve, as a gateway would see it (code and message)."""
     with grpc.insecure_channel(address) as channel:
         try:
-            PromisesStub(channel).ResolvePromise(
+            PromiseServiceStub(channel).ResolvePromise(
                 promises_pb2.ResolvePromiseRequest(
                     id=promise_id,
                     value=types_pb2.Payload(headers=JSON_HEADERS, data=INVALID_DECISION),
@@ -701,7 +701,7 @@ def part_inbox(target: str, settings: Settings, root: Path, run_id: str, out: Re
         client = None
         channel = sync_channel(cluster.addresses[0])
         try:
-            stub = PromisesStub(channel)
+            stub = PromiseServiceStub(channel)
             # Once as the load left the table, once after ANALYZE: the plan of a
             # tag-filtered page depends on the planner's statistics, which a fresh
             # table lacks until autovacuum (if it runs) or ANALYZE gathers them.
@@ -905,7 +905,10 @@ async def watch_round(
         grpc.aio.insecure_channel(watch_at) as watch_channel,
         grpc.aio.insecure_channel(settle_at) as settle_channel,
     ):
-        watch_stub, settle_stub = PromisesStub(watch_channel), PromisesStub(settle_channel)
+        watch_stub, settle_stub = (
+            PromiseServiceStub(watch_channel),
+            PromiseServiceStub(settle_channel),
+        )
         calls = [
             watch_stub.WatchPromises(promises_pb2.WatchPromisesRequest(tags=tags))
             for _ in range(watchers)

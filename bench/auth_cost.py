@@ -75,7 +75,7 @@ async def promise_ops(address: str, token: str | None, seconds: float) -> float:
 
     async def loop(n: int) -> None:
         nonlocal done
-        stub = promises_pb2_grpc.PromisesStub(channels[n % len(channels)])
+        stub = promises_pb2_grpc.PromiseServiceStub(channels[n % len(channels)])
         i = 0
         while time.monotonic() < stop:
             pid = f"ops-{run}-{n}-{i}"

@@ -1,7 +1,7 @@
 """Create + resolve throughput and latency of troth, against the gRPC echo ceiling.
 
 For each target (the troth server, and a trivial echo server of the same
-``troth.v1.Promises`` service built with the same grpcio settings, in its
+``troth.v1.PromiseService`` service built with the same grpcio settings, in its
 thread-pool and grpc.aio variants) and each in-flight level, this script runs
 CreatePromise with unique ids for a fixed time, then ResolvePromise on the ids
 it created, from one load-generating client in this process, and reports
@@ -85,7 +85,7 @@ RESOLVE_VALUE = b'{"ok": true}'
 OPS = ("create", "resolve")
 RPC_NAMES = {"create": "CreatePromise", "resolve": "ResolvePromise"}
 # The generated gRPC module is untyped; calls go through Any.
-PromisesStub: Any = promises_pb2_grpc.PromisesStub
+PromiseServiceStub: Any = promises_pb2_grpc.PromiseServiceStub
 
 Request: TypeAlias = promises_pb2.CreatePromiseRequest | promises_pb2.ResolvePromiseRequest
 NextRequest: TypeAlias = Callable[[], Request | None]
@@ -191,7 +191,7 @@ class AioClient:
         self._channels: list[grpc.aio.Channel] = [
             self._runner.run(self._open(address)) for address in addresses
         ]
-        stubs = [PromisesStub(channel) for channel in self._channels]
+        stubs = [PromiseServiceStub(channel) for channel in self._channels]
         self._calls: dict[str, list[Any]] = {
             op: [getattr(stub, RPC_NAMES[op]) for stub in stubs] for op in OPS
         }
@@ -249,7 +249,7 @@ class FutureClient:
 
     def __init__(self, addresses: list[str]) -> None:
         self._channels = [sync_channel(address) for address in addresses]
-        stubs = [PromisesStub(channel) for channel in self._channels]
+        stubs = [PromiseServiceStub(channel) for channel in self._channels]
         self._calls: dict[str, list[Any]] = {
             op: [getattr(stub, RPC_NAMES[op]) for stub in stubs] for op in OPS
         }
@@ -320,7 +320,7 @@ class ThreadsClient:
 
     def __init__(self, addresses: list[str]) -> None:
         self._channels = [sync_channel(address) for address in addresses]
-        stubs = [PromisesStub(channel) for channel in self._channels]
+        stubs = [PromiseServiceStub(channel) for channel in self._channels]
         self._calls: dict[str, list[Any]] = {
             op: [getattr(stub, RPC_NAMES[op]) for stub in stubs] for op in OPS
         }

@@ -172,7 +172,7 @@ class Load:
     # -- unary loops --------------------------------------------------------------------
 
     async def unary_loop(self, n: int) -> None:
-        stub = promises_pb2_grpc.PromisesStub(self.shared[n % len(self.shared)])
+        stub = promises_pb2_grpc.PromiseServiceStub(self.shared[n % len(self.shared)])
         while not self.stopping.is_set():
             roll = random.random()
             if roll < 0.05:
@@ -229,7 +229,7 @@ class Load:
             await self._stream_session("Poll", lambda channel: self._poll(channel, n))
 
     async def _poll(self, channel: grpc.aio.Channel, n: int) -> None:
-        tasks = tasks_pb2_grpc.TasksStub(channel)
+        tasks = tasks_pb2_grpc.TaskServiceStub(channel)
         worker = f"soak-{self.run}-worker-{n}"
         request = tasks_pb2.PollRequest(
             group=GROUP, worker_id=worker, capacity=4, lease=duration_pb2.Duration(seconds=10)
@@ -275,7 +275,7 @@ class Load:
             await self._stream_session("WatchPromise", self._watch)
 
     async def _watch(self, channel: grpc.aio.Channel) -> None:
-        promises = promises_pb2_grpc.PromisesStub(channel)
+        promises = promises_pb2_grpc.PromiseServiceStub(channel)
         pid = self.new_id("watched")
         create = promises_pb2.CreatePromiseRequest(id=pid)
         create.ttl.FromSeconds(600)
@@ -310,7 +310,7 @@ class Load:
             await self._stream_session("WatchPromises", self._events)
 
     async def _events(self, channel: grpc.aio.Channel) -> None:
-        promises = promises_pb2_grpc.PromisesStub(channel)
+        promises = promises_pb2_grpc.PromiseServiceStub(channel)
         call = promises.WatchPromises(promises_pb2.WatchPromisesRequest(id=f"soak-{self.run}-*"))
         ends = time.monotonic() + random.uniform(1.0, 10.0)
         ended = False

@@ -72,7 +72,7 @@ JSON_HEADERS = {"content-type": "application/json"}
 LOAD_TTL = duration_pb2.Duration(seconds=3600)
 VALUE = types_pb2.Payload(headers=JSON_HEADERS, data=b'{"ok": true}')
 PARAM = types_pb2.Payload(headers=JSON_HEADERS, data=b"{}")
-PromisesStub: Any = promises_pb2_grpc.PromisesStub
+PromiseServiceStub: Any = promises_pb2_grpc.PromiseServiceStub
 
 
 @dataclass
@@ -133,7 +133,7 @@ class Load:
         self._channels = [
             self._runner.run(self._open(address, self._runner)) for address in addresses
         ]
-        self._stubs = [PromisesStub(channel) for channel in self._channels]
+        self._stubs = [PromiseServiceStub(channel) for channel in self._channels]
         self._run_id = run_id
         self._counter = itertools.count()
 

@@ -235,7 +235,7 @@ def attack(samples: int) -> dict[str, tuple[float, float, float]]:
                 grpc.insecure_channel(server.address) as attack_ch,
             ):
                 health = health_pb2_grpc.HealthStub(ch)
-                stub = promises_pb2_grpc.PromisesStub(ch)
+                stub = promises_pb2_grpc.PromiseServiceStub(ch)
                 stub.CreatePromise(
                     pb.CreatePromiseRequest(id="worst", schema=json.dumps(worst_schema()))
                 )

@@ -100,8 +100,8 @@ TARGET_KILL_P99_S = 1.0
 TARGET_STOP_SLACK_S = 1.0  # frozen: within lease + this
 TARGET_LATENCY_P50_MS = 10.0
 
-PromisesStub: Any = promises_pb2_grpc.PromisesStub
-TasksStub: Any = tasks_pb2_grpc.TasksStub
+PromiseServiceStub: Any = promises_pb2_grpc.PromiseServiceStub
+TaskServiceStub: Any = tasks_pb2_grpc.TaskServiceStub
 DEFAULT_TARGETS = "sqlite,pg,pg2"
 
 
@@ -805,14 +805,14 @@ async def build_history(
     """
     worker_id = f"{group}-builder-{uuid.uuid4().hex[:6]}"
     async with grpc.aio.insecure_channel(address) as channel:
-        stub = PromisesStub(channel)
-        tasks = TasksStub(channel)
+        stub = PromiseServiceStub(channel)
+        tasks = TaskServiceStub(channel)
         request = tasks_pb2.PollRequest(group=group, worker_id=worker_id, capacity=1)
         request.lease.seconds = 600  # the build outlasts the default lease at 50k steps
         poll = tasks.Poll(request)
         try:
             task = (await asyncio.wait_for(poll.read(), CYCLE_TIMEOUT_S)).task
-            if task.root_promise_id != workflow_id or task.kind != tasks_pb2.INVOKE:
+            if task.root_promise_id != workflow_id or task.kind != tasks_pb2.TASK_KIND_INVOKE:
                 raise RuntimeError(f"expected the INVOKE task of {workflow_id}, got {task}")
             fence = types_pb2.TaskFence(task_id=task.id, counter=task.counter, worker_id=worker_id)
             gate_tags = {TAG_KIND: str(Kind.PROMISE), TAG_GROUP: group}

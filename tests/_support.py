@@ -157,8 +157,8 @@ def wait_serving(address: str, timeout: float, tls: ServerTls | None = None) -> 
         assert reply.status == health_pb2.HealthCheckResponse.SERVING
 
 
-def promises_stub(channel: grpc.Channel) -> promises_pb2_grpc.PromisesStub:
-    return promises_pb2_grpc.PromisesStub(channel)
+def promises_stub(channel: grpc.Channel) -> promises_pb2_grpc.PromiseServiceStub:
+    return promises_pb2_grpc.PromiseServiceStub(channel)
 
 
 def error_info(error: grpc.RpcError) -> error_details_pb2.ErrorInfo:
@@ -210,7 +210,7 @@ class PollStream:
     with a deadline (one home for the tests that play a worker by hand)."""
 
     def __init__(
-        self, stub: tasks_pb2_grpc.TasksStub, request: tasks_pb2.PollRequest, wait: float
+        self, stub: tasks_pb2_grpc.TaskServiceStub, request: tasks_pb2.PollRequest, wait: float
     ) -> None:
         self.worker = request.worker_id
         self._wait = wait

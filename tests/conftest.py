@@ -64,5 +64,5 @@ def channel(server: ServerProcess) -> Iterator[grpc.Channel]:
 
 
 @pytest.fixture(scope="module")
-def stub(channel: grpc.Channel) -> promises_pb2_grpc.PromisesStub:
+def stub(channel: grpc.Channel) -> promises_pb2_grpc.PromiseServiceStub:
     return promises_stub(channel)

@@ -45,3 +45,18 @@ def test_sdk_imports_without_the_server_stack() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 0, result.stderr
+
+
+def test_sdk_imports_no_opentelemetry_until_a_span_is_made() -> None:
+    # Tracing is optional (troth[otel]): importing the SDK, or a client making no
+    # call, never imports it.
+    code = (
+        "import sys, troth, troth.client, troth.worker, troth._cli\n"
+        "troth.Client('127.0.0.1:1').close()\n"
+        "heavy = sorted(m for m in sys.modules if m.startswith('opentelemetry'))\n"
+        "assert not heavy, heavy\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr

@@ -28,7 +28,8 @@ Settle plans (the brief's "twice, early, late, after timeout, cancels mid-step")
   promise of its own that only shares the prefix: it must outlive the cancel.
 
 About one start in six is repeated later with other arguments (a new nonce):
-the checker expects the first start's execution only.
+the server refuses it (`refused:WORKFLOW_ALREADY_EXISTS` in the ack), and the
+checker expects the first start's execution only.
 """
 
 from __future__ import annotations

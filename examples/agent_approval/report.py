@@ -3,7 +3,9 @@
 While the run goes on, it prints the approvals the run waits for, with
 their drafts (exit status 3). Once the run has finished: the conversation as
 a chat log, turns and tokens spent, and why it stopped early if it did.
-`--wait` first waits up to that long for the run to finish; `--json` prints
+`--wait` first waits up to that long for the run to finish, or, with
+`--approvals N`, until N approvals of the run wait for an editor (the model and
+the tools have got that far: for scripts and the README); `--json` prints
 the finished report as JSON (for scripts). Exit status 1: the run failed or
 was not found. Settings from the environment: `TROTH_SERVER` (default
 127.0.0.1:7070) and `TROTH_TOKEN` (a token with role `gateway`).
@@ -15,12 +17,13 @@ import argparse
 import json
 import os
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from agent import APPROVAL_TAG
 
-from troth import Client, DeadlineExceededError, PromiseState, TrothError
+from troth import Client, DeadlineExceededError, Promise, PromiseState, TrothError
 
 _WIDTH = 100
 
@@ -66,8 +69,36 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="Show an agent run (see README.md).")
     parser.add_argument("run_id", help="the run's id, as given to start.py")
     parser.add_argument("--wait", type=float, default=0, help="wait this long for it to finish")
+    parser.add_argument(
+        "--approvals",
+        type=int,
+        metavar="N",
+        help="with --wait: wait until N approvals wait for an editor instead (or the run ended)",
+    )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.approvals is not None and (args.approvals < 1 or not args.wait):
+        parser.error("--approvals needs a count above 0 and --wait SECONDS")
+    return args
+
+
+def pending_approvals(client: Client, run_id: str) -> int:
+    found = client.search_all(
+        f"{run_id}.*", tags={"approval": APPROVAL_TAG}, states=[PromiseState.PENDING]
+    )
+    return sum(1 for _ in found)
+
+
+def wait_for_approvals(client: Client, run_id: str, count: int, timeout: float) -> Promise:
+    """The run's root once `count` of its approvals are pending, it ended, or `timeout` passed."""
+    deadline = time.monotonic() + timeout
+    while True:
+        root = client.get(run_id)
+        if root.is_settled or pending_approvals(client, run_id) >= count:
+            return root
+        if time.monotonic() > deadline:
+            return root
+        time.sleep(0.1)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -75,7 +106,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with Client(os.environ.get("TROTH_SERVER", "127.0.0.1:7070")) as client:
             root = client.get(args.run_id)
-            if args.wait and not root.is_settled:
+            if args.approvals and not root.is_settled:
+                root = wait_for_approvals(client, args.run_id, args.approvals, args.wait)
+            elif args.wait and not root.is_settled:
                 try:
                     root = client.wait(args.run_id, timeout=args.wait)
                 except DeadlineExceededError:

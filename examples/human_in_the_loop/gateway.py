@@ -4,7 +4,9 @@ It is what a web app does with troth: start a workflow by id, show what
 waits for a human, settle a human's decision by promise id, show the outcome.
 It holds no state of its own: everything lives on the troth server.
 
-    POST /posts/{post_id}/publish              start workflow `publish-{post_id}` (once)
+    POST /posts/{post_id}/publish[?wait=SECONDS]  start workflow `publish-{post_id}` (once; a
+                                                repeat with another timeout is 409); with
+                                                `wait`, answer once its editor was notified
     GET  /posts/{post_id}[?wait=SECONDS]        its state, and its result once finished
     GET  /approvals                             the approvals waiting for a decision
                                                 (with a bearer token: those its holder may decide)
@@ -36,6 +38,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
@@ -46,6 +49,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
 from troth import (
+    AlreadyExistsError,
     AlreadySettledError,
     Client,
     ConfigurationError,
@@ -192,6 +196,8 @@ def create_app(address: str | None = None, group: str | None = None) -> FastAPI:
             status = 403
         elif isinstance(exc, NotFoundError):
             status = 404
+        elif isinstance(exc, AlreadyExistsError):
+            status = 409  # e.g. a start of a post already started with another timeout
         elif isinstance(exc, InvalidArgumentError):
             status = 422
         elif isinstance(exc, UnavailableError):
@@ -235,15 +241,34 @@ def create_app(address: str | None = None, group: str | None = None) -> FastAPI:
             view.error = {"state": root.state, "value": client.decode(root.value)}
         return view
 
+    def notified(post_id: str, timeout: float) -> Promise:
+        """The workflow's root once it waits for its editor (the approval asked for and the
+        notification step recorded: step 1 of worker.py's `publish`), once it ended, or
+        once `timeout` seconds passed, whichever comes first."""
+        deadline = time.monotonic() + timeout
+        while True:
+            root = client.get(workflow_id(post_id))
+            if root.is_settled or time.monotonic() > deadline:
+                return root
+            try:
+                if client.get(f"{root.id}.1").is_settled:
+                    return root
+            except NotFoundError:
+                pass
+            time.sleep(0.05)
+
     @app.post("/posts/{post_id}/publish", status_code=202)
     def start_publish(
         post_id: str,
         body: StartRequest | None = None,
         authorization: Annotated[str | None, Header()] = None,
+        wait: Annotated[float, Query(ge=0, le=60)] = 0,
     ) -> WorkflowView:
-        """Start the approval workflow of a post; a repeat returns the same execution.
+        """Start the approval workflow of a post; a repeat returns the same execution (a
+        start of it with another approval timeout is 409, saying what differs).
         With the author's bearer token, the author is its starter: four eyes then
-        keep them from approving their own post."""
+        keep them from approving their own post. With `wait`, first wait up to that
+        many seconds until the editor was notified (the approval is then pending)."""
         timeout = (body or StartRequest()).approval_timeout_seconds
         handle = client_for(authorization).start(
             WORKFLOW,
@@ -254,8 +279,8 @@ def create_app(address: str | None = None, group: str | None = None) -> FastAPI:
             group=group,
             ttl=timedelta(seconds=timeout) + WORKFLOW_SLACK,
         )
-        _log.info("started (or found) workflow %s", handle.id)
-        return workflow_view(post_id, handle.get())
+        _log.info("%s workflow %s", "started" if handle.created else "found", handle.id)
+        return workflow_view(post_id, notified(post_id, wait) if wait else handle.get())
 
     @app.get("/posts/{post_id}")
     def get_post(post_id: str, wait: Annotated[float, Query(ge=0, le=60)] = 0) -> WorkflowView:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from troth._approvers import Approvers
 from troth._commands import RetryPolicy
+from troth._operators import TaskInfo, TaskKind, TaskState, WorkerInfo
 from troth._promise import (
     CreateResult,
     Decision,
@@ -86,12 +87,16 @@ __all__ = [
     "RpcError",
     "SearchPage",
     "SettleResult",
+    "TaskInfo",
+    "TaskKind",
+    "TaskState",
     "TimedOut",
     "TlsConfig",
     "TrothError",
     "UnauthenticatedError",
     "UnavailableError",
     "Worker",
+    "WorkerInfo",
     "WorkflowError",
     "WorkflowRegistration",
 ]

@@ -108,23 +108,21 @@ class Connection:
     ) -> Promise:
         """Resolve (`ok`) or reject a pending promise with an encoded value; a fresh
         idempotency key makes a retry of a settle whose reply was lost harmless."""
-        request: promises_pb2.ResolvePromiseRequest | promises_pb2.RejectPromiseRequest
-        method: grpc.UnaryUnaryMultiCallable[Any, promises_pb2.SettlePromiseResponse]
         promises = self.transport.promises
         key = uuid.uuid4().hex
         if ok:
-            request = promises_pb2.ResolvePromiseRequest(
+            resolve = promises_pb2.ResolvePromiseRequest(
                 id=id, value=payload_to_proto(value), idempotency_key=key
             )
-            method = promises.ResolvePromise
-        else:
-            request = promises_pb2.RejectPromiseRequest(
-                id=id, value=payload_to_proto(value), idempotency_key=key
-            )
-            method = promises.RejectPromise
+            if fence is not None:
+                resolve.fence.CopyFrom(fence)
+            return promise_from_proto(self.call(promises.ResolvePromise, resolve).promise)
+        reject = promises_pb2.RejectPromiseRequest(
+            id=id, value=payload_to_proto(value), idempotency_key=key
+        )
         if fence is not None:
-            request.fence.CopyFrom(fence)
-        return promise_from_proto(self.call(method, request).promise)
+            reject.fence.CopyFrom(fence)
+        return promise_from_proto(self.call(promises.RejectPromise, reject).promise)
 
     def mint_settle_token(
         self,
@@ -135,7 +133,10 @@ class Connection:
         fence: types_pb2.TaskFence | None = None,
     ) -> str:
         """A settle token for the pending promise `id` (outcomes "resolve"/"reject")."""
-        states = {"resolve": types_pb2.RESOLVED, "reject": types_pb2.REJECTED}
+        states = {
+            "resolve": types_pb2.PROMISE_STATE_RESOLVED,
+            "reject": types_pb2.PROMISE_STATE_REJECTED,
+        }
         unknown = sorted(set(outcomes) - set(states))
         if unknown:
             raise ValueError(f"settle token outcomes are 'resolve' and 'reject', not {unknown}")

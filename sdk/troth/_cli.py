@@ -11,10 +11,13 @@ troth promises resolve|reject|cancel ID [--value JSON] [--idempotency-key K] [--
 troth promises watch ID [--max-wait DURATION]
 troth export|replay ...  (recorded workflow histories; see _cli_replay)
 troth tasks list --group G [--limit N]   (see _cli_tasks)
+troth workers list [--group G]   (connected workers; see _cli_workers)
+troth --version
 troth approvals list|approve|reject|watch ...   (the inbox; see _cli_approvals)
 troth serve ...          (forwarded to troth_server.cli.serve; needs troth-server)
 troth db upgrade|current [--db URL]   (forwarded to troth_server.cli.db; needs troth-server)
 troth tokens new --name N --roles R [--groups G] [--prefixes P]   (troth_server.cli.tokens)
+troth console [--listen HOST:PORT] [--server ADDR] ...   (troth_server.cli.console)
 ```
 
 Exit codes: 0 success, 1 the server refused or could not be reached (the
@@ -201,13 +204,33 @@ def _global_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
     )
 
 
+def version_text() -> str:
+    """`troth --version`: the SDK's version, and troth-server's when it is installed."""
+    from importlib import metadata
+
+    def version(dist: str) -> str | None:
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            return None
+
+    server = version("troth-server")
+    return f"troth {version('troth') or 'unknown'}\n" + (
+        f"troth-server {server}"
+        if server
+        else "troth-server not installed (pip install troth-server)"
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The whole command line of `troth`."""
     parser = argparse.ArgumentParser(
         prog="troth",
         description="Operate a troth durable-promise server.",
         epilog="Run `troth promises -h` for the promise commands.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,  # --version's two lines
     )
+    parser.add_argument("--version", action="version", version=version_text())
     _global_options(parser, suppress=False)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
@@ -295,10 +318,12 @@ def build_parser() -> argparse.ArgumentParser:
     from troth._cli_approvals import add_commands as add_approvals_commands
     from troth._cli_replay import add_commands as add_replay_commands
     from troth._cli_tasks import add_commands as add_tasks_commands
+    from troth._cli_workers import add_commands as add_workers_commands
 
     add_replay_commands(commands)
     add_approvals_commands(commands)
     add_tasks_commands(commands)
+    add_workers_commands(commands)
 
     # Listed for --help only: main() forwards `troth serve ...` before parsing.
     commands.add_parser(
@@ -314,6 +339,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="mint bearer tokens for the server's token file "
         "(needs troth-server; see `troth tokens new --help`)",
     ).add_argument("tokens_args", nargs=argparse.REMAINDER)
+    commands.add_parser(
+        "console",
+        help="serve the web console: approvals inbox, workflow timelines, tasks, workers "
+        "(needs troth-server[console]; see `troth console --help`)",
+    ).add_argument("console_args", nargs=argparse.REMAINDER)
     return parser
 
 
@@ -362,7 +392,7 @@ def add_state_option(parser: argparse.ArgumentParser, help: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Run the `troth` command; return its exit status."""
     args_list = sys.argv[1:] if argv is None else list(argv)
-    if args_list[:1] in (["serve"], ["db"], ["tokens"]):
+    if args_list[:1] in (["serve"], ["db"], ["tokens"], ["console"]):
         return _server_command(args_list[0], args_list[1:])
     parser = build_parser()
     try:

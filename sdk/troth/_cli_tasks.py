@@ -28,11 +28,11 @@ if TYPE_CHECKING:
 
 _MAX_LIMIT = 1000
 
-_KINDS = {tasks_pb2.INVOKE: "INVOKE", tasks_pb2.RESUME: "RESUME"}
+_KINDS = {tasks_pb2.TASK_KIND_INVOKE: "INVOKE", tasks_pb2.TASK_KIND_RESUME: "RESUME"}
 _STATES = {
-    tasks_pb2.TASK_PENDING: "PENDING",
-    tasks_pb2.TASK_CLAIMED: "CLAIMED",
-    tasks_pb2.TASK_COMPLETED: "COMPLETED",
+    tasks_pb2.TASK_STATE_PENDING: "PENDING",
+    tasks_pb2.TASK_STATE_CLAIMED: "CLAIMED",
+    tasks_pb2.TASK_STATE_COMPLETED: "COMPLETED",
 }
 _COLUMNS = ("ROOT", "KIND", "STATE", "WORKFLOW", "VERSION", "CREATED", "WORKER / WAITING FOR")
 
@@ -115,7 +115,9 @@ def format_tasks(found: list[tasks_pb2.Task]) -> str:
             task.workflow or "-",
             task.workflow_version or "-",
             (_when(task, "create_time") or "-").replace("T", " "),
-            task.worker_id if task.state == tasks_pb2.TASK_CLAIMED else task.waiting_for or "-",
+            task.worker_id
+            if task.state == tasks_pb2.TASK_STATE_CLAIMED
+            else task.waiting_for or "-",
         )
         for task in found
     ]

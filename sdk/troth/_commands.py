@@ -258,7 +258,9 @@ class StartWorkflow(Command[Any]):
         group: The group that runs it; default the parent's group.
         wait: True for `ctx.rpc` (the yield returns the result), False for
             `ctx.start` (the yield returns a `PromiseHandle`).
-        check_args: Record a digest of name, arguments and id, and check it on replay.
+        check_args: Record a digest of name, arguments, id and ttl, and check it on replay.
+        ttl: The child's lifetime; None for the server's default workflow
+            lifetime. Capped by the parent's (the worker warns when it is).
     """
 
     name: str
@@ -267,6 +269,7 @@ class StartWorkflow(Command[Any]):
     group: str | None = None
     wait: bool = False
     check_args: bool = True
+    ttl: timedelta | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,11 +28,11 @@ def payload_from_proto(message: types_pb2.Payload) -> Payload:
 
 
 _STATE_TO_PROTO: dict[PromiseState, types_pb2.PromiseState] = {
-    PromiseState.PENDING: types_pb2.PENDING,
-    PromiseState.RESOLVED: types_pb2.RESOLVED,
-    PromiseState.REJECTED: types_pb2.REJECTED,
-    PromiseState.REJECTED_CANCELED: types_pb2.REJECTED_CANCELED,
-    PromiseState.REJECTED_TIMEDOUT: types_pb2.REJECTED_TIMEDOUT,
+    PromiseState.PENDING: types_pb2.PROMISE_STATE_PENDING,
+    PromiseState.RESOLVED: types_pb2.PROMISE_STATE_RESOLVED,
+    PromiseState.REJECTED: types_pb2.PROMISE_STATE_REJECTED,
+    PromiseState.REJECTED_CANCELED: types_pb2.PROMISE_STATE_REJECTED_CANCELED,
+    PromiseState.REJECTED_TIMEDOUT: types_pb2.PROMISE_STATE_REJECTED_TIMEDOUT,
 }
 _STATE_FROM_PROTO: dict[int, PromiseState] = {
     int(number): state for state, number in _STATE_TO_PROTO.items()
@@ -120,14 +120,14 @@ def promise_from_proto(message: types_pb2.Promise) -> Promise:
 
 
 _ORDER_TO_PROTO: dict[PromiseOrder, promises_pb2.PromiseOrder] = {
-    PromiseOrder.CREATED_ASC: promises_pb2.CREATED_ASC,
-    PromiseOrder.CREATED_DESC: promises_pb2.CREATED_DESC,
-    PromiseOrder.EXPIRE_TIME_ASC: promises_pb2.EXPIRE_TIME_ASC,
+    PromiseOrder.CREATED_ASC: promises_pb2.PROMISE_ORDER_CREATED_ASC,
+    PromiseOrder.CREATED_DESC: promises_pb2.PROMISE_ORDER_CREATED_DESC,
+    PromiseOrder.EXPIRE_TIME_ASC: promises_pb2.PROMISE_ORDER_EXPIRE_TIME_ASC,
 }
 _EVENT_TYPE_FROM_PROTO: dict[int, PromiseEventType] = {
-    promises_pb2.CREATED: PromiseEventType.CREATED,
-    promises_pb2.SETTLED: PromiseEventType.SETTLED,
-    promises_pb2.TIMED_OUT: PromiseEventType.TIMED_OUT,
+    promises_pb2.PROMISE_EVENT_TYPE_CREATED: PromiseEventType.CREATED,
+    promises_pb2.PROMISE_EVENT_TYPE_SETTLED: PromiseEventType.SETTLED,
+    promises_pb2.PROMISE_EVENT_TYPE_TIMED_OUT: PromiseEventType.TIMED_OUT,
 }
 
 

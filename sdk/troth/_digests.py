@@ -23,11 +23,12 @@ The fields per command (what "what was asked" means):
 |-----------|----------------------------------------------------------------|
 | `run`     | function name; args; a `functools.partial`'s bound args/kwargs |
 | `promise` | explicit id or null; timeout in seconds or null; JSON Schema   |
-| `start`   | workflow name; args; explicit id or null                       |
+| `start`   | workflow name; args; explicit id or null; ttl in seconds (*)   |
 | `sleep`   | duration in seconds                                            |
 
 `now` and `random` take no arguments: they get no digest. A promise's title,
 message and tags, a child's group and `start` versus `rpc` are not part of it.
+(*) Only when given, so a start without a ttl keeps the digest it had before ttls.
 
 Arguments the encoding cannot represent (an object of a class it does not
 know, NaN, a dict with keys of mixed types...) give no digest: the step is
@@ -111,7 +112,9 @@ def _fields(command: StepCommand) -> list[Any] | None:
         schema = None if command.schema is None else dict(command.schema.json_schema)
         return ["promise", command.id, timeout, schema]
     if isinstance(command, StartWorkflow):
-        return ["start", command.name, list(command.args), command.id]
+        fields = ["start", command.name, list(command.args), command.id]
+        # Only when given: a start without one keeps the digest it always had.
+        return fields if command.ttl is None else [*fields, command.ttl.total_seconds()]
     if isinstance(command, Sleep):
         return ["sleep", command.duration.total_seconds()]
     if isinstance(command, SettleToken):

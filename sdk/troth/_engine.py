@@ -134,8 +134,8 @@ class CreateStep:
         command: What the workflow yielded.
         tags: The tags to create it with (they record what was yielded).
         param: The param to create it with (a child workflow's encoded arguments).
-        ttl: Its timeout (`ctx.promise(timeout=...)`, a sleep's duration), or
-            None for the server's default.
+        ttl: Its timeout (`ctx.promise(timeout=...)`, a sleep's duration, a
+            child workflow's ttl), or None for the server's default.
         exists: True when the history already holds the step, pending: a
             `RunStep` (or `Now`/`Random`) whose worker died before recording
             its result. Run it again and settle the existing promise.
@@ -460,6 +460,7 @@ class Engine:
                 param = self._codec.encode(list(command.args))
             except Exception as exc:  # the codec's TypeError/ValueError, at the yield
                 return self._consume(_Throw(exc))
+            ttl = command.ttl
         elif isinstance(command, CreatePromise):
             ttl = command.timeout
         elif isinstance(command, Sleep):

@@ -21,15 +21,20 @@ class Handle:
 
     Attributes:
         id: The workflow's id (its root promise's id).
+        created: True when the `Client.start` that made this handle started the
+            run; False when the run existed already (the start was a repeat) and
+            for a handle found by id (`Client.handle`).
 
     .. versionadded:: 0.1.0
+    .. versionchanged:: 0.2.0 `created`.
     """
 
-    __slots__ = ("_client", "id")
+    __slots__ = ("_client", "created", "id")
 
-    def __init__(self, client: Client, id: str) -> None:
+    def __init__(self, client: Client, id: str, *, created: bool = False) -> None:
         self._client = client
         self.id = id
+        self.created = created
 
     def __repr__(self) -> str:
         return f"Handle({self.id!r})"

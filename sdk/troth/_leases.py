@@ -94,7 +94,7 @@ class Leases:
     """The held-task table and the heartbeat thread of one worker; see the module docstring.
 
     Args:
-        tasks: The `Tasks` calls, as this worker makes them.
+        tasks: The `TaskService` calls, as this worker makes them.
         lease: The lease the worker asks for.
         clock: The monotonic clock; replaced in tests.
     """

@@ -32,11 +32,13 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from troth._commands import TAG_FUNC, CreatePromise, Now, Random, RunStep, SettleToken
+from troth._commands import TAG_FUNC, TAG_KIND, CreatePromise, Now, Random, RunStep, SettleToken
 from troth._convert import promise_from_proto
 from troth._engine import CreateStep, Done, Engine, Failed, Suspend, error_value
 from troth._leases import Held, Leases, Lost
+from troth._lifetimes import cut_short
 from troth._promise import PromiseState
+from troth._tracing import step_span, task_span
 from troth._worker_steps import Exhausted, Interrupted, Succeeded, run_with_retry
 from troth.errors import (
     AlreadyExistsError,
@@ -53,6 +55,7 @@ from troth.errors import (
     RpcError,
     UnavailableError,
 )
+from troth.v1 import tasks_pb2
 
 if TYPE_CHECKING:
     from troth._calls import Connection
@@ -61,7 +64,6 @@ if TYPE_CHECKING:
     from troth._versions import WorkflowRegistration
     from troth.client import Client
     from troth.codec import Payload
-    from troth.v1 import tasks_pb2
 
 __all__ = ["Runner", "Stopping", "describe_version", "foreign_version"]
 
@@ -86,7 +88,7 @@ class Runner:
     Args:
         client: Its codec encodes and decodes values.
         connection: The client's transport and deadline (promise calls).
-        tasks: The `Tasks` calls, as the worker makes them.
+        tasks: The `TaskService` calls, as the worker makes them.
         leases: The worker's leases.
         registrations: The registered workflows by name, with their versions.
         group: The worker's group (the default of child workflows).
@@ -132,7 +134,15 @@ class Runner:
                 return  # left for the release sweep
             if held.lost:
                 return
-            self._execute(held, response, refresh=waited)
+            root = response.root
+            with task_span(root.tags, **{
+                "troth.workflow.id": root.id,
+                "troth.workflow.name": root.tags.get(TAG_FUNC, ""),
+                "troth.task.id": held.task_id,
+                "troth.task.kind": tasks_pb2.TaskKind.Name(response.task.kind),
+                "troth.worker.id": self.worker_id,
+            }):  # fmt: skip
+                self._execute(held, response, refresh=waited)
             self._leases.forget(held)
         except (Lost, LeaseLostError) as exc:
             _log.info(
@@ -242,7 +252,8 @@ class Runner:
                 if isinstance(outcome, CreateStep):
                     self._check(held)
                     try:
-                        created = self._step(held, outcome)
+                        with step_span(**_step_attributes(outcome)):
+                            created = self._step(held, outcome)
                     except AlreadyExistsError as exc:
                         # The step's id is taken by a promise that is not this
                         # workflow's step (the server says whose): no retry helps.
@@ -316,11 +327,16 @@ class Runner:
             if step.exists:
                 return [self._calls.get(step.step_id)]
             try:
-                return [self._create(held, step).promise]
+                created = self._create(held, step).promise
             except FailedPreconditionError as exc:
                 if exc.reason != Reason.WORKFLOW_SETTLED:
                     raise
                 return [self._settled_root(held)]
+            if (warning := cut_short(step, created)) is not None:
+                _log.warning(
+                    "%s", warning, extra={"step_id": step.step_id, "workflow_id": created.parent_id}
+                )
+            return [created]
         # A step that computes its value records it with its creation, in one call.
         # Dying before that call means the step runs again: at-least-once
         # execution, exactly-once recording (the first record wins).
@@ -495,6 +511,14 @@ class Runner:
             self._cache.clear()
         for engine in engines:
             engine.close()
+
+
+def _step_attributes(step: CreateStep) -> dict[str, str]:
+    command = step.command
+    attributes = {"troth.step.id": step.step_id, "troth.step.kind": step.tags.get(TAG_KIND, "")}
+    if isinstance(command, RunStep):
+        attributes["troth.step.function"] = command.name
+    return attributes
 
 
 def foreign_version(

@@ -1,4 +1,4 @@
-"""`TaskCalls`: the `Tasks` RPCs, each with its deadline, for the worker and `troth tasks`.
+"""`TaskCalls`: the `TaskService` RPCs, each with its deadline, for the worker and `troth tasks`.
 
 The worker's poll loop opens the stream here, its leases heartbeat and
 release here, and its runner suspends and completes tasks here; the CLI
@@ -33,7 +33,7 @@ class PollCall(Protocol):
 
 
 class TaskCalls:
-    """The `Tasks` service as worker `worker_id` calls it (the CLI's is "")."""
+    """The `TaskService` as worker `worker_id` calls it (the CLI's is "")."""
 
     def __init__(self, connection: Connection, worker_id: str = "") -> None:
         self.connection = connection

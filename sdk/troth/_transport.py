@@ -3,7 +3,7 @@
 This module owns everything that knows about gRPC on the SDK side:
 
 - one channel per `Client`, and the typed stubs of both services on it
-  (`Promises`, and `Tasks` for the worker and `troth tasks`), with keepalive
+  (`PromiseService`, and `TaskService` for the worker and `troth tasks`), with keepalive
   tuned for long `WatchPromise` streams and generous message limits (the
   server enforces its own payload limits); a client of several replicas
   has one channel to all of them, which fails over by itself (`troth._addresses`);
@@ -112,8 +112,8 @@ _RETRYABLE_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADL
 __all__ = ["PRINCIPAL_METADATA_KEY", "RetryPolicy", "Transport", "as_call", "map_rpc_errors"]
 
 
-class PromisesStub(Protocol):
-    """The typed shape of the generated `troth.v1.Promises` stub."""
+class PromiseServiceStub(Protocol):
+    """The typed shape of the generated `troth.v1.PromiseService` stub."""
 
     CreatePromise: grpc.UnaryUnaryMultiCallable[
         promises_pb2.CreatePromiseRequest, promises_pb2.CreatePromiseResponse
@@ -125,13 +125,13 @@ class PromisesStub(Protocol):
         promises_pb2.SearchPromisesRequest, promises_pb2.SearchPromisesResponse
     ]
     ResolvePromise: grpc.UnaryUnaryMultiCallable[
-        promises_pb2.ResolvePromiseRequest, promises_pb2.SettlePromiseResponse
+        promises_pb2.ResolvePromiseRequest, promises_pb2.ResolvePromiseResponse
     ]
     RejectPromise: grpc.UnaryUnaryMultiCallable[
-        promises_pb2.RejectPromiseRequest, promises_pb2.SettlePromiseResponse
+        promises_pb2.RejectPromiseRequest, promises_pb2.RejectPromiseResponse
     ]
     CancelPromise: grpc.UnaryUnaryMultiCallable[
-        promises_pb2.CancelPromiseRequest, promises_pb2.SettlePromiseResponse
+        promises_pb2.CancelPromiseRequest, promises_pb2.CancelPromiseResponse
     ]
     WatchPromise: grpc.UnaryStreamMultiCallable[
         promises_pb2.WatchPromiseRequest, promises_pb2.WatchPromiseResponse
@@ -147,8 +147,8 @@ class PromisesStub(Protocol):
     ]
 
 
-class TasksStub(Protocol):
-    """The typed shape of the generated `troth.v1.Tasks` stub."""
+class TaskServiceStub(Protocol):
+    """The typed shape of the generated `troth.v1.TaskService` stub."""
 
     Poll: grpc.UnaryStreamMultiCallable[tasks_pb2.PollRequest, tasks_pb2.PollResponse]
     CompleteTask: grpc.UnaryUnaryMultiCallable[
@@ -163,6 +163,9 @@ class TasksStub(Protocol):
     ]
     SearchTasks: grpc.UnaryUnaryMultiCallable[
         tasks_pb2.SearchTasksRequest, tasks_pb2.SearchTasksResponse
+    ]
+    SearchWorkers: grpc.UnaryUnaryMultiCallable[
+        tasks_pb2.SearchWorkersRequest, tasks_pb2.SearchWorkersResponse
     ]
 
 
@@ -231,11 +234,11 @@ class Transport:
             self._channel = grpc.secure_channel(
                 target, tls.channel_credentials(), options=CHANNEL_OPTIONS + tls.channel_options()
             )
-        # The generated stub is unannotated; PromisesStub gives its methods their types.
-        stub = promises_pb2_grpc.PromisesStub(self._channel)  # type: ignore[no-untyped-call,unused-ignore]
-        self.promises: PromisesStub = stub
-        tasks = tasks_pb2_grpc.TasksStub(self._channel)  # type: ignore[no-untyped-call,unused-ignore]
-        self.tasks: TasksStub = tasks
+        # The generated stub is unannotated; PromiseServiceStub gives its methods their types.
+        stub = promises_pb2_grpc.PromiseServiceStub(self._channel)  # type: ignore[no-untyped-call,unused-ignore]
+        self.promises: PromiseServiceStub = stub
+        tasks = tasks_pb2_grpc.TaskServiceStub(self._channel)  # type: ignore[no-untyped-call,unused-ignore]
+        self.tasks: TaskServiceStub = tasks
 
     @property
     def channel(self) -> grpc.Channel:

@@ -26,7 +26,6 @@ are safe because every call is idempotent:
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 import uuid
@@ -53,6 +52,7 @@ from troth._convert import (
 from troth._credentials import TlsConfig, resolve_tls, resolve_token
 from troth._events import WATCH_READY_METADATA, PromiseEventStream
 from troth._handle import Handle
+from troth._operators import OperatorCalls
 from troth._promise import (
     CreateResult,
     Promise,
@@ -62,6 +62,7 @@ from troth._promise import (
     SettleResult,
 )
 from troth._schema import decision_schema
+from troth._tracing import TRACEPARENT_TAG, client_span
 from troth._transport import Transport, as_call, map_rpc_errors
 from troth.codec import Codec, JsonCodec, Payload
 from troth.errors import (
@@ -73,7 +74,7 @@ from troth.v1 import promises_pb2
 
 if TYPE_CHECKING:
     from troth._approvers import Approvers
-    from troth._transport import PromisesStub
+    from troth._transport import PromiseServiceStub
 
 __all__ = [
     "DEFAULT_ADDRESS",
@@ -94,10 +95,17 @@ _SettleRequest = (
     | promises_pb2.RejectPromiseRequest
     | promises_pb2.CancelPromiseRequest
 )
+_SPANS: dict[type[_SettleRequest], str] = {
+    promises_pb2.ResolvePromiseRequest: "troth.resolve",
+    promises_pb2.RejectPromiseRequest: "troth.reject",
+    promises_pb2.CancelPromiseRequest: "troth.cancel",
+}
+"""The span of each settle (`troth._tracing`)."""
 
 
-class Client:
-    """A connection to a troth server's `Promises` service.
+class Client(OperatorCalls):
+    """A connection to a troth server's `PromiseService` (and, for operators, the
+    reads of its `TaskService`: `search_tasks`, `list_workers`).
 
     Thread-safe; create one per process and share it. Use it as a context
     manager, or call `close()`, to release the channel.
@@ -224,7 +232,7 @@ class Client:
         return None if payload.is_empty else self._codec.decode(payload)
 
     @property
-    def _stub(self) -> PromisesStub:
+    def _stub(self) -> PromiseServiceStub:
         return self._transport.promises
 
     def create(
@@ -519,7 +527,7 @@ class Client:
 
     def _settle(
         self,
-        method: grpc.UnaryUnaryMultiCallable[Any, promises_pb2.SettlePromiseResponse],
+        method: grpc.UnaryUnaryMultiCallable[Any, Any],
         request_type: type[_SettleRequest],
         id: str,
         value: Any,
@@ -541,7 +549,8 @@ class Client:
         if settle_token:
             assert not isinstance(request, promises_pb2.CancelPromiseRequest)
             request.settle_token = settle_token
-        response = self._transport.call(method, request, timeout=self._timeout)
+        with client_span(_SPANS[request_type], **{"troth.promise.id": id}):
+            response = self._transport.call(method, request, timeout=self._timeout)
         promise = promise_from_proto(response.promise)
         # A generated key is unique to this call, so a promise settled with it
         # was settled by this call: an earlier attempt whose reply was lost.
@@ -699,15 +708,19 @@ class Client:
         id: str,
         group: str = "workers",
         ttl: timedelta | None = None,
+        idempotency_key: str | None = None,
     ) -> Handle:
-        """Start a workflow by id, once: a second start of the same id returns its handle.
+        """Start a workflow by id, once: a repeat of the start returns the existing run.
 
         Creates the workflow's root promise, tagged for `group`, with the
         arguments (encoded with the codec, as a list) as its param; the server
-        hands it to a worker of the group. Starting is deduplicated by id:
-        any later start of the same id (from any process, with any
-        arguments) is answered with the existing execution, which never runs
-        twice; the first start's arguments win.
+        hands it to a worker of the group. A workflow's id is its identity:
+        a later start of the same id (from any process) with the same
+        workflow, group and arguments is answered with the existing run
+        (`handle.created` is False), which never runs twice; one that names
+        another workflow, group or other arguments is refused
+        (`AlreadyExistsError`, reason `WORKFLOW_ALREADY_EXISTS`, saying what
+        differs), unless it carries the original start's `idempotency_key`.
 
         Args:
             workflow: The registered workflow name, or the workflow function
@@ -717,26 +730,43 @@ class Client:
                 id and the prefix of its step ids.
             group: The group whose workers run it.
             ttl: How long the workflow may take in all (it times out after);
-                None for the server's default. Every step's timeout is capped by it.
+                None for the server's default workflow lifetime
+                (`--default-workflow-ttl`, 30 days). Every step's timeout is
+                capped by it (the worker logs a warning when one is).
+            idempotency_key: Identifies this start: a later start carrying the
+                same key gets the existing run whatever its arguments (e.g. a
+                retried request whose arguments were rebuilt). Default none:
+                repeats are recognised by workflow, group and arguments.
 
         Returns:
-            A handle to the execution.
+            A handle to the execution; `created` says whether this call started it.
 
         Raises:
-            AlreadyExistsError: A promise with this id exists that is not a workflow start.
+            AlreadyExistsError: The id is taken by another workflow, group or
+                arguments (reason `WORKFLOW_ALREADY_EXISTS`), or by a promise that
+                is not a workflow.
             InvalidArgumentError: Bad id or ttl, or arguments over the payload limit.
-            TypeError: The codec cannot encode the arguments.
+            TypeError: The codec cannot encode the arguments, or `ttl` is not a timedelta.
         """
         name = _workflow_name(workflow)
-        self._connection.create(
-            id,
-            self._codec.encode(list(args)),
-            tags={TAG_INVOKE: group, TAG_FUNC: name},
-            ttl=ttl,
-            # Deterministic, so every start of this id is a repeat of the first.
-            idempotency_key=_start_key(id),
-        )
-        return Handle(self, id)
+        if ttl is not None and not isinstance(ttl, timedelta):
+            raise TypeError(f"start(ttl={ttl!r}): ttl must be a timedelta, e.g. timedelta(days=7)")
+        tags = {TAG_INVOKE: group, TAG_FUNC: name}
+        with client_span("troth.start", **{"troth.workflow.id": id, "troth.workflow.name": name,
+                                           "troth.group": group}) as traceparent:  # fmt: skip
+            if traceparent:
+                # Where the workflow's tasks continue the trace (troth._tracing). A
+                # repeat start of this id keeps the first one's (the server compares
+                # a start by workflow, group and arguments, not by its other tags).
+                tags[TRACEPARENT_TAG] = traceparent
+            result = self._connection.create(
+                id,
+                self._codec.encode(list(args)),
+                tags=tags,
+                ttl=ttl,
+                idempotency_key=idempotency_key,
+            )
+        return Handle(self, id, created=result.created)
 
     def handle(self, id: str) -> Handle:
         """A handle to the workflow (or any promise) with this id; makes no call."""
@@ -747,17 +777,6 @@ def connection(client: Client) -> Connection:
     """The client's transport and call deadline, for the SDK's own modules (the worker,
     `troth tasks`): not a public API."""
     return client._connection
-
-
-def _start_key(id: str) -> str:
-    """The idempotency key of every start of workflow `id` (short enough for any id)."""
-    key = f"troth:start:{id}"
-    if len(key) <= _MAX_READABLE_KEY:
-        return key
-    return f"troth:start:sha256:{hashlib.sha256(id.encode()).hexdigest()}"
-
-
-_MAX_READABLE_KEY = 128
 
 
 def _workflow_name(workflow: str | Callable[..., Any]) -> str:

@@ -116,7 +116,9 @@ class Context:
                 name it knows, even before the workflow gets here (see
                 `Client.resolve(..., create_if_missing=True)`).
             timeout: After this long it is rejected as timed out (the wait raises
-                `TimedOut`); default the server's (capped by the root's).
+                `TimedOut`); default the server's (`--default-ttl`, 1 day). Capped
+                by the workflow's own expiry (its `ttl`, default 30 days): the
+                worker logs a warning naming both when it is.
             tags: Extra string tags; keys starting with `troth:` are reserved.
             schema: What a decision must look like: a JSON Schema dict, a
                 dataclass or a pydantic model class. The server refuses a
@@ -203,6 +205,7 @@ class Context:
         id: str | None = None,
         group: str | None = None,
         check_args: bool = True,
+        ttl: timedelta | None = None,
     ) -> StartWorkflow:
         """Start a child workflow: `yield` it for a `PromiseHandle`; yield that for the result.
 
@@ -211,13 +214,24 @@ class Context:
             args: Its arguments; they must be encodable with the codec.
             id: The child's id; default `<workflow id>.<n>` (its steps nest below it).
             group: The group whose workers run it; default this workflow's group.
-            check_args: Record a digest of the name, `args` and `id` on the step
-                and, on replay, fail with `NonDeterminismError` if the code now
-                starts the child with others at this position. Pass False where
-                they legitimately vary between runs.
+            check_args: Record a digest of the name, `args`, `id` and `ttl` on
+                the step and, on replay, fail with `NonDeterminismError` if the
+                code now starts the child with others at this position. Pass
+                False where they legitimately vary between runs.
+            ttl: How long the child may take in all (it times out after);
+                default the server's workflow lifetime (`--default-workflow-ttl`,
+                30 days). Capped by this workflow's own expiry: the worker logs
+                a warning naming both when it is.
+
+        .. versionchanged:: 0.2.0 `ttl`.
         """
         return StartWorkflow(
-            name=_workflow_name(workflow), args=args, id=id, group=group, check_args=check_args
+            name=_workflow_name(workflow),
+            args=args,
+            id=id,
+            group=group,
+            check_args=check_args,
+            ttl=_child_ttl(ttl),
         )
 
     def rpc(
@@ -227,10 +241,11 @@ class Context:
         id: str | None = None,
         group: str | None = None,
         check_args: bool = True,
+        ttl: timedelta | None = None,
     ) -> StartWorkflow:
         """Start a child workflow and wait for it: `yield` it for the child's result.
 
-        `check_args` as for `start`.
+        `check_args` and `ttl` as for `start`.
         """
         return StartWorkflow(
             name=_workflow_name(workflow),
@@ -239,6 +254,7 @@ class Context:
             group=group,
             wait=True,
             check_args=check_args,
+            ttl=_child_ttl(ttl),
         )
 
     def all(self, handles: Iterable[PromiseHandle], *, decisions: bool = False) -> AwaitAll:
@@ -307,6 +323,16 @@ def _workflow_name(workflow: str | Callable[..., Any]) -> str:
             raise ValueError("workflow name must not be empty")
         return workflow
     return str(getattr(workflow, "__name__", None) or type(workflow).__name__)
+
+
+def _child_ttl(ttl: timedelta | None) -> timedelta | None:
+    if ttl is None:
+        return None
+    if not isinstance(ttl, timedelta):
+        raise TypeError(f"ttl={ttl!r} must be a timedelta, e.g. timedelta(days=7)")
+    if ttl <= timedelta(0):
+        raise ValueError(f"ttl must be positive, not {ttl}")
+    return ttl
 
 
 def _handles(handles: Iterable[PromiseHandle]) -> tuple[PromiseHandle, ...]:

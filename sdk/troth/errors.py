@@ -53,6 +53,10 @@ class Reason(enum.StrEnum):
     INVALID_ARGUMENT = "INVALID_ARGUMENT"
     NOT_FOUND = "NOT_FOUND"
     ALREADY_EXISTS = "ALREADY_EXISTS"
+    WORKFLOW_ALREADY_EXISTS = "WORKFLOW_ALREADY_EXISTS"
+    """A start of a workflow id that exists as another workflow, group or arguments
+    (ALREADY_EXISTS); metadata `workflow` names the existing one and `differences`
+    what differs (`workflow`, `group`, `arguments`)."""
     ALREADY_SETTLED = "ALREADY_SETTLED"
     TIMED_OUT = "TIMED_OUT"
     STALE_COUNTER = "STALE_COUNTER"

@@ -16,7 +16,7 @@ bounded thread pool::
 
 Layout. This module is the registry, the lifecycle and the poll loop;
 `troth._leases` holds the leases (fencing, heartbeats), `troth._runner` runs
-each task, `troth._tasks` makes the `Tasks` calls (see ARCHITECTURE.md).
+each task, `troth._tasks` makes the `TaskService` calls (see ARCHITECTURE.md).
 
 Running a task. The worker builds a `troth._engine.Engine` from the
 registered function, the arguments in the root promise's param and the

@@ -1,10 +1,10 @@
-"""`python -m troth_server serve|db|tokens ...` (the same as `troth serve|db|tokens ...`)."""
+"""`python -m troth_server serve|db|tokens|console ...`: the same as `troth serve ...` etc."""
 
 from __future__ import annotations
 
 import sys
 
-from troth_server.cli import db, serve, tokens
+from troth_server.cli import console, db, serve, tokens
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -13,6 +13,8 @@ def main(argv: list[str] | None = None) -> int:
         return db(args[1:])
     if args[:1] == ["tokens"]:
         return tokens(args[1:])
+    if args[:1] == ["console"]:
+        return console(args[1:])
     if args[:1] == ["serve"]:
         args = args[1:]
     return serve(args)

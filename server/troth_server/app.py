@@ -30,8 +30,9 @@ from troth_server.api._admission import (
 )
 from troth_server.api._auth import AuthInterceptor
 from troth_server.api._decode import register
-from troth_server.api.promises import PromisesServicer
-from troth_server.api.tasks import TasksServicer
+from troth_server.api._metrics import MetricsInterceptor
+from troth_server.api.promises import PromiseServiceServicer
+from troth_server.api.tasks import TaskServiceServicer
 from troth_server.auth import AuthConfigError, Authenticator
 from troth_server.checks import SchemaChecks
 from troth_server.clock import (
@@ -46,6 +47,7 @@ from troth_server.dispatch import Dispatcher
 from troth_server.domain.settle_tokens import KeysInvalid
 from troth_server.group_commit import GroupCommitter
 from troth_server.guard import SettleGuard
+from troth_server.metrics import Metrics
 from troth_server.service import PromiseService
 from troth_server.settle_keys import SettleKeys
 from troth_server.store import StoreError, StoreEvent, open_store
@@ -56,12 +58,13 @@ from troth_server.watch import WatchHub
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from troth_server.group_commit import StateChange
     from troth_server.store import Store
 
 log = structlog.get_logger("troth.server")
 
-PROMISES = promises_pb2.DESCRIPTOR.services_by_name["Promises"]
-TASKS = tasks_pb2.DESCRIPTOR.services_by_name["Tasks"]
+PROMISES = promises_pb2.DESCRIPTOR.services_by_name["PromiseService"]
+TASKS = tasks_pb2.DESCRIPTOR.services_by_name["TaskService"]
 PROMISES_SERVICE = PROMISES.full_name
 TASKS_SERVICE = TASKS.full_name
 HEALTH_SERVICE = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
@@ -107,8 +110,15 @@ def store_clock(store: Store, wall: Callable[[], int]) -> Callable[[], int]:
 class Core:
     """Everything but gRPC: the store, its single writer, the service, the sweeper."""
 
-    def __init__(self, settings: Settings, clock: Callable[[], int] | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        clock: Callable[[], int] | None = None,
+        metrics: Metrics | None = None,
+    ) -> None:
         self.settings = settings
+        self.metrics = metrics
+        """Where the components report what they do (`--metrics-listen`); None: off."""
         # Settle tokens: keys from --settle-token-keys (re-read when the file changes).
         # Read first: a bad file stops the start before anything is opened.
         keys = SettleKeys(settings.settle_token_keys) if settings.settle_token_keys else None
@@ -126,11 +136,12 @@ class Core:
         self.committer = GroupCommitter(
             self.store,
             clock,
-            on_commit=lambda changes: self.service.on_commit(changes),
+            on_commit=self._on_commit,
             max_batch=settings.commit_max_batch,
             on_pending_tasks=lambda groups: self.dispatcher.wake(groups),
             on_store_error=self.outages.store_failed,
             max_queued=settings.max_queued_writes,
+            on_batch=None if metrics is None else metrics.commit,
         )
         # Schema checks run on their own small pool: off the writer, off the loop.
         self.checks = SchemaChecks(settings.limits.schema_bounds())
@@ -149,15 +160,27 @@ class Core:
             on_store_error=self.outages.store_failed,
             retention_ms=settings.retention_ms,
             forget_completed=self.tasks.forget_completed,
+            on_pass=None if metrics is None else metrics.sweep,
         )
+        if metrics is not None:
+            live = metrics.live
+            live.streams = self.dispatcher.streams
+            live.live_counts = self.store.live_counts
+            live.queued_writes = lambda: self.committer.queued
+
+    def _on_commit(self, changes: list[StateChange]) -> None:
+        self.service.on_commit(changes)
+        if self.metrics is not None:
+            self.metrics.changes(changes)
 
     def _tick(self) -> None:
         # Back from being away (frozen, or cut off from the store)? Then workers
         # could not heartbeat: no lease is taken for one lease length from then.
         # Asked inside the sweep's transaction, at its time.
-        self.dispatcher.lost(
-            self.tasks.expire_leases(self.settings.sweep_batch, came_back=self._came_back)
-        )
+        lost = self.tasks.expire_leases(self.settings.sweep_batch, came_back=self._came_back)
+        if self.metrics is not None:
+            self.metrics.lost(lost)
+        self.dispatcher.lost(lost)
         # The fallbacks: a missed wake-up (or announcement from another replica)
         # only delays a task or a watcher by one tick, never loses it.
         self.dispatcher.wake_all()
@@ -181,6 +204,9 @@ class Core:
             self.service.on_remote_settled(event.settled_ids)
 
     def start(self) -> None:
+        """Start the threads; with metrics, serve them (OSError: their address is taken)."""
+        if self.metrics is not None and self.settings.metrics_listen is not None:
+            self.metrics.serve(self.settings.metrics_listen)
         self.checks.start()
         self.committer.start()
         self.dispatcher.start()
@@ -193,6 +219,8 @@ class Core:
         self.dispatcher.stop()
         self.committer.stop()
         self.checks.stop()
+        if self.metrics is not None:
+            self.metrics.stop()
         self.store.close()
         self.log_stats()
 
@@ -228,7 +256,11 @@ def _bind(server: grpc.aio.Server, settings: Settings, tls: TlsServerFiles | Non
 
 
 def _log_started(
-    settings: Settings, port: int, authenticator: Authenticator | None, tls: TlsServerFiles | None
+    settings: Settings,
+    port: int,
+    authenticator: Authenticator | None,
+    tls: TlsServerFiles | None,
+    metrics: Metrics | None = None,
 ) -> None:
     from sqlalchemy.engine import make_url
 
@@ -236,6 +268,7 @@ def _log_started(
         "server.started",
         listen=settings.listen,
         port=port,
+        metrics_port=None if metrics is None else metrics.port,
         db=make_url(settings.db).render_as_string(hide_password=True),
         auth=_auth_mode(authenticator),
         tls=(tls.mode if tls is not None else TlsMode.OFF).value,
@@ -316,10 +349,24 @@ async def _serve_aio(settings: Settings) -> int:
     authenticator = _authenticator(settings)  # before the store: a bad file opens nothing
     # Before the store opens: a bad certificate path stops the start with nothing to undo.
     tls = load_server_tls(settings.tls_cert, settings.tls_key, settings.tls_client_ca)
-    core = Core(settings)
+    metrics = Metrics() if settings.metrics_listen is not None else None
+    core = Core(settings, metrics=metrics)
     admission = Admission.with_limits(
         settings.max_concurrent_rpcs, settings.max_streams, settings.max_queue_delay_ms
     )
+    interceptors: list[grpc.aio.ServerInterceptor] = [
+        # Admission first: a refused flood costs no authentication.
+        AdmissionInterceptor(admission),
+        AuthInterceptor(authenticator),
+    ]
+    if metrics is not None:
+        # Outermost: every call counts with the code its caller saw.
+        interceptors.insert(0, MetricsInterceptor(metrics))
+        admission.on_refused = metrics.refused
+        metrics.live.in_flight = lambda: {
+            "unary": admission.unary.in_use,
+            "stream": admission.streams.in_use,
+        }
     overload = OverloadReport(
         admission,
         queued_writes=lambda: core.committer.queued,
@@ -327,15 +374,14 @@ async def _serve_aio(settings: Settings) -> int:
     )
     server = grpc.aio.server(
         options=grpc_options(settings),
-        # Admission first: a refused flood costs no authentication.
-        interceptors=[AdmissionInterceptor(admission), AuthInterceptor(authenticator)],
+        interceptors=interceptors,
     )
     health_servicer = health.aio.HealthServicer()
     # Not the generated add_*Servicer_to_server: their deserializers raise on bytes
     # that do not decode, which grpc answers UNKNOWN (api/_decode.py).
     limits = settings.limits
-    register(server, PROMISES, PromisesServicer(core.service, limits), limits)
-    register(server, TASKS, TasksServicer(core.tasks, core.dispatcher, limits), limits)
+    register(server, PROMISES, PromiseServiceServicer(core.service, limits), limits)
+    register(server, TASKS, TaskServiceServicer(core.tasks, core.dispatcher, limits), limits)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(SERVED, server)
     try:
@@ -343,12 +389,19 @@ async def _serve_aio(settings: Settings) -> int:
     except StoreError:
         core.store.close()
         raise
-    core.start()
+    try:
+        core.start()
+    except OSError as exc:
+        core.store.close()
+        raise StoreError(
+            f"cannot serve metrics on {settings.metrics_listen}: {exc.strerror or exc}; "
+            "pick another address with --metrics-listen HOST:PORT"
+        ) from exc
     overload.start()
     await server.start()
     for name in ("", PROMISES_SERVICE, TASKS_SERVICE):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    _log_started(settings, port, authenticator, tls)
+    _log_started(settings, port, authenticator, tls, metrics)
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -1,4 +1,5 @@
-"""Entry points the `troth` command delegates to: `troth serve`, `troth db`, `troth tokens`."""
+"""Entry points the `troth` command delegates to: `troth serve`, `troth db`, `troth tokens`,
+`troth console`."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ from troth_server.app import serve
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-__all__ = ["db", "serve", "tokens"]
+__all__ = ["console", "db", "serve", "tokens"]
+
+_CONSOLE_DEPENDENCIES = ("starlette", "jinja2", "uvicorn", "markupsafe", "anyio")
 
 
 def db(argv: Sequence[str]) -> int:
@@ -117,3 +120,20 @@ def tokens(argv: Sequence[str]) -> int:
         print("# the token, shown once (the file keeps only its hash):", file=sys.stderr)
         print(minted.token, file=sys.stderr)
     return 0
+
+
+def console(argv: Sequence[str]) -> int:
+    """`troth console`: the web console, a client of a troth server (its web
+    dependencies come with the `console` extra: Starlette, Jinja2, uvicorn)."""
+    try:
+        from troth_server.console._app import main
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").split(".")[0] not in _CONSOLE_DEPENDENCIES:
+            raise
+        print(
+            f"troth console: error: {exc.name} is not installed; "
+            "install the console's dependencies: pip install 'troth-server[console]'",
+            file=sys.stderr,
+        )
+        return 1
+    return main(list(argv))

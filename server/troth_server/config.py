@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -24,6 +24,10 @@ def parse_duration_ms(text: str) -> int:
     if ms is None:
         raise ValueError(f"{text!r} is not a duration; write it like {EXAMPLES} (or 0)")
     return ms
+
+
+DEFAULT_WORKFLOW_TTL_MS = 30 * 86_400_000
+"""30 days: a workflow started without a ttl outlives a 3-day (or 2-week) approval."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +53,9 @@ class Limits:
     default_page_size: int = 100
     max_page_size: int = 1000
     default_ttl_ms: int = 86_400_000
+    default_workflow_ttl_ms: int = DEFAULT_WORKFLOW_TTL_MS
+    """A workflow's lifetime when its start gives none (`--default-workflow-ttl`):
+    long enough for the approvals it waits on, which its lifetime caps."""
     max_ttl_ms: int = 366 * 86_400_000
     default_lease_ms: int = 10_000
     max_lease_ms: int = 600_000
@@ -109,6 +116,8 @@ class Settings:
     tls_client_ca: str | None = None
     settle_token_keys: str | None = None
     """The settle-token keys file (`troth_server.settle_keys`); None: no settle tokens."""
+    metrics_listen: str | None = None
+    """HOST:PORT to serve Prometheus metrics on (`troth_server.metrics`); None: off."""
     limits: Limits = Limits()
 
     def auth_sources(self) -> AuthSources | None:
@@ -223,6 +232,12 @@ _OPTIONS: dict[str, tuple[str, type | None, str]] = {
         "JSON file of the keys that sign and verify settle tokens (several, one active; "
         "re-read when it changes); unset: MintSettleToken is refused",
     ),
+    "metrics-listen": (
+        "metrics_listen",
+        str,
+        "serve Prometheus metrics over HTTP on HOST:PORT (/metrics; the README lists them); "
+        "unset: no metrics",
+    ),
     "max-id-length": ("max_id_length", int, "longest promise id"),
     "max-payload-bytes": ("max_payload_bytes", int, "largest param or value (data plus headers)"),
     "max-tags": ("max_tags", int, "most tags on one promise"),
@@ -250,7 +265,17 @@ _OPTIONS: dict[str, tuple[str, type | None, str]] = {
     "max-unique-items": ("max_unique_items", int, "items of one array uniqueItems may compare"),
     "default-page-size": ("default_page_size", int, "search page size when the request gives none"),
     "max-page-size": ("max_page_size", int, "largest search page"),
-    "default-ttl": ("default_ttl_ms", None, "expiry of a promise created without one"),
+    "default-ttl": (
+        "default_ttl_ms",
+        None,
+        "expiry of a promise created without one (a workflow's steps: capped by the workflow)",
+    ),
+    "default-workflow-ttl": (
+        "default_workflow_ttl_ms",
+        None,
+        "lifetime of a workflow started without a ttl (a root or child start: a create "
+        "tagged troth:invoke), at most --max-ttl; its steps never outlive it",
+    ),
     "max-ttl": ("max_ttl_ms", None, "longest ttl (and furthest expire_time) accepted"),
     "default-lease": ("default_lease_ms", None, "lease of a delivered task when Poll gives none"),
     "max-lease": ("max_lease_ms", None, "longest task lease a worker may ask for"),
@@ -311,6 +336,13 @@ def settings_from(argv: Sequence[str], environ: Mapping[str, str] = os.environ) 
     other = {k: v for k, v in values.items() if k not in _LIMIT_FIELDS}
     settings = Settings(**other, limits=Limits(**limit_values))  # type: ignore[arg-type]
     _check(settings, parser)
+    limits = settings.limits
+    if limits.default_workflow_ttl_ms > limits.max_ttl_ms:
+        if "default_workflow_ttl_ms" in values:
+            parser.error("default-workflow-ttl cannot exceed max-ttl")
+        # The 30-day default gives way to a shorter --max-ttl.
+        limits = replace(limits, default_workflow_ttl_ms=limits.max_ttl_ms)
+        settings = replace(settings, limits=limits)
     return settings
 
 
@@ -359,6 +391,11 @@ def _check(settings: Settings, parser: argparse.ArgumentParser) -> None:
         parser.error("default-ttl cannot exceed max-ttl")
     if settings.limits.default_lease_ms > settings.limits.max_lease_ms:
         parser.error("default-lease cannot exceed max-lease")
+    if settings.metrics_listen is not None:
+        try:
+            split_listen(settings.metrics_listen)
+        except ValueError as exc:
+            parser.error(f"--metrics-listen: {exc}")
     _check_auth(settings, parser)
 
 
@@ -385,6 +422,14 @@ def _check_auth(settings: Settings, parser: argparse.ArgumentParser) -> None:
         parse_algorithms(settings.jwt_algorithms)
     except ValueError as exc:
         parser.error(f"--jwt-algorithms: {exc}")
+
+
+def split_listen(listen: str) -> tuple[str, int]:
+    """`HOST:PORT` or `[v6]:PORT` -> (host, port); ValueError naming the problem."""
+    host, sep, port = listen.rpartition(":")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"{listen!r} is not HOST:PORT; write it like 127.0.0.1:9464")
+    return host.strip("[]"), int(port)
 
 
 def is_loopback(listen: str) -> bool:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -27,6 +28,7 @@ from troth_server.domain import routing
 from troth_server.domain.errors import DomainError
 from troth_server.domain.routing import Candidate, Deployments, Registration, Route
 from troth_server.domain.task import TaskState
+from troth_server.domain.workers import StreamView
 from troth_server.store import StoreError
 
 if TYPE_CHECKING:
@@ -68,6 +70,9 @@ class PollStream:
     """A lease of this worker ran out: it is frozen or cut off, though its
     connection looks open. It gets nothing more until it heartbeats again."""
 
+    connected_ms: int = field(default_factory=lambda: wall_ms())
+    """When it connected, by this server's wall clock (for operators, never decisions)."""
+
     def __post_init__(self) -> None:
         self._async: asyncio.Queue[Delivery | None] = asyncio.Queue()
 
@@ -86,6 +91,11 @@ class PollStream:
         return await self._async.get()
 
 
+def wall_ms() -> int:
+    """This server's wall clock in ms: what operators are shown (connect, last seen)."""
+    return time.time_ns() // 1_000_000
+
+
 class Dispatcher:
     """Owns the Poll streams and the dispatch thread; `start()`/`stop()` bound it."""
 
@@ -97,6 +107,8 @@ class Dispatcher:
         self._wanted: set[str] = set()
         self._gone: list[PollStream] = []
         self._stalled_workers: set[str] = set()
+        self._last_seen: dict[str, int] = {}
+        """worker id -> its last task call here (wall ms); dropped with its last stream."""
         self._deployments = Deployments()
         self._stopping = False
         self._thread = threading.Thread(target=self._loop, name="troth-dispatch", daemon=True)
@@ -125,10 +137,32 @@ class Dispatcher:
         with self._lock:
             self._deployments.register(stream.group, stream.registration)
             self._streams.setdefault(stream.group, []).append(stream)
+            self._last_seen.setdefault(stream.worker_id, stream.connected_ms)
         workflows = sorted(f"{n}@{v}" for n, v in stream.registration.accepted)
         log.info("worker.connected", group=stream.group, worker_id=stream.worker_id,
                  capacity=stream.capacity, workflows=workflows or "any")  # fmt: skip
         self.wake([stream.group])
+
+    def streams(self) -> list[StreamView]:
+        """Every open Poll stream, by group then worker id."""
+        with self._lock:
+            views = [
+                StreamView(
+                    worker_id=s.worker_id,
+                    group=s.group,
+                    principal=s.principal,
+                    workflows=tuple(sorted(s.registration.accepted)),
+                    capacity=s.capacity,
+                    held=tuple(sorted(s.held)),
+                    connected_ms=s.connected_ms,
+                    last_seen_ms=max(s.connected_ms, self._last_seen.get(s.worker_id, 0)),
+                    stalled=s.stalled,
+                )
+                for group in self._streams.values()
+                for s in group
+                if not s.closed
+            ]
+        return sorted(views, key=lambda v: (v.group, v.worker_id, v.connected_ms))
 
     def waiting_for(self, tasks: Iterable[Task]) -> dict[str, str]:
         """Why each of these PENDING tasks is not delivered, as this server sees it."""
@@ -164,6 +198,10 @@ class Dispatcher:
             others = any(
                 s.worker_id == stream.worker_id and s.principal == stream.principal for s in group
             )
+            if not any(
+                s.worker_id == stream.worker_id for ss in self._streams.values() for s in ss
+            ):
+                self._last_seen.pop(stream.worker_id, None)
         if others or self._stopping:
             return
         try:
@@ -206,6 +244,8 @@ class Dispatcher:
     def alive(self, worker_id: str) -> None:
         """The worker made a call (a heartbeat, a completion...): its stalled streams
         may take tasks again. Cheap when nothing is stalled: every task call runs it."""
+        if worker_id in self._last_seen:  # one dict write (GIL-atomic), no lock
+            self._last_seen[worker_id] = wall_ms()
         if worker_id not in self._stalled_workers:
             return
         groups = set()
@@ -333,4 +373,4 @@ class Dispatcher:
                 continue  # it moved on already (its lease ran out meanwhile)
 
 
-__all__ = ["Delivery", "Dispatcher", "PollStream", "TaskState"]
+__all__ = ["Delivery", "Dispatcher", "PollStream", "StreamView", "TaskState"]

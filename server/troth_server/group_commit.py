@@ -369,8 +369,11 @@ class GroupCommitter:
         on_pending_tasks: Callable[[set[str]], None] | None = None,
         on_store_error: Callable[[], None] | None = None,
         max_queued: int | None = None,
+        on_batch: Callable[[int, float], None] | None = None,
     ) -> None:
         self._store = store
+        self._on_batch = on_batch
+        """Each committed batch: its size and how long it took, in seconds (the metrics)."""
         self._transaction_time = transaction_clock(clock)
         """The store's clock (`troth_server.clock`): read once per transaction, inside it."""
         self._on_store_error = on_store_error
@@ -498,6 +501,7 @@ class GroupCommitter:
             # One clock read per transaction: the whole batch decides at that time.
             return _fold(tx, items, self._transaction_time(tx))
 
+        started = time.perf_counter()
         try:
             outcomes, changes, pending_groups = self._store.write(work)
         except StoreError as exc:
@@ -522,6 +526,8 @@ class GroupCommitter:
         self.stats.commits += 1
         self.stats.requests += len(items)
         self.stats.largest_batch = max(self.stats.largest_batch, len(items))
+        if self._on_batch is not None:
+            self._on_batch(len(items), time.perf_counter() - started)
         for item, (ok, value) in zip(items, outcomes, strict=True):
             item.answer(ok, value)
         _wake_loops(items)

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from troth_server.domain.errors import InvalidPageToken
+from troth_server.domain.workers import After
 from troth_server.store import PromiseOrder
 
 if TYPE_CHECKING:
@@ -123,6 +124,41 @@ def decode(token: str, order: PromiseOrder, query: str) -> Cursor:
     if not (expire is None or _in_range(expire, 0)):
         raise _not_issued("its expire time is out of range")
     return Cursor(after, expire if order is PromiseOrder.EXPIRE_TIME_ASC else None)  # type: ignore[arg-type]
+
+
+_WORKER_KEYS = frozenset({"group", "worker", "principal", "query"})
+
+
+def worker_fingerprint(group: str) -> str:
+    """The digest a `SearchWorkers` token is bound to: its group filter."""
+    return hashlib.sha256(json.dumps(["workers", group]).encode()).hexdigest()[:16]
+
+
+def encode_workers(after: After, group: str) -> str:
+    """The `SearchWorkers` page token for the page after worker `after`."""
+    fields = {"group": after.group, "worker": after.worker_id, "principal": after.principal,
+              "query": worker_fingerprint(group)}  # fmt: skip
+    raw = json.dumps(fields, separators=(",", ":")).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_workers(token: str, group: str) -> After:
+    """The worker a `SearchWorkers` page token starts after; validated like `decode`.
+
+    Raises:
+        InvalidPageToken: Malformed, or issued for another group filter or search.
+    """
+    fields = _parse(token)
+    if set(fields) != _WORKER_KEYS or not all(isinstance(v, str) for v in fields.values()):
+        raise _not_issued("its fields are not those of a SearchWorkers page token")
+    if not _FINGERPRINT.fullmatch(str(fields["query"])):
+        raise _not_issued("its query fingerprint is malformed")
+    if fields["query"] != worker_fingerprint(group):
+        raise InvalidPageToken(
+            "belongs to a different search; repeat the group of the request that returned "
+            "it, or start over without a page_token"
+        )
+    return After(str(fields["group"]), str(fields["worker"]), str(fields["principal"]))
 
 
 def _parse(token: str) -> dict[str, object]:

@@ -57,6 +57,7 @@ class Sweeper:
         on_store_error: Callable[[], None] = lambda: None,
         retention_ms: int = 0,
         forget_completed: Callable[[int], int] | None = None,
+        on_pass: Callable[[SweepCounts | None, float], None] | None = None,
     ) -> None:
         if interval <= 0 or batch_size <= 0:
             raise ValueError("sweeper interval and batch size must be positive")
@@ -75,6 +76,8 @@ class Sweeper:
         """Where the next retention batch starts (None: from the oldest)."""
         self._forget_completed = forget_completed
         """Deletes one batch of completed tasks past their keeping; returns how many."""
+        self._on_pass = on_pass
+        """Each pass of the loop: what it did (None: it failed) and its seconds (metrics)."""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="troth-sweeper", daemon=True)
         self.swept = threading.Event()
@@ -141,13 +144,19 @@ class Sweeper:
 
     def _loop(self) -> None:
         while not self._stop.wait(self._interval):
+            started = time.monotonic()
+            counts: SweepCounts | None = None
             try:
-                self.run_once()
+                counts = self.run_once()
                 if self._on_tick is not None:
                     self._on_tick()
             except StoreError as exc:
+                counts = None
                 self._on_store_error()
                 log.warning("sweeper.store_unavailable", error=str(exc))
             except Exception:
+                counts = None
                 log.exception("sweeper.failed")
+            if self._on_pass is not None:
+                self._on_pass(counts, time.monotonic() - started)
             self.swept.set()

@@ -2,7 +2,7 @@
 
 Each is one write op through the group committer, so a task's completion and
 its root's settlement, or a settle and the RESUME task it causes, commit in
-one transaction. The gRPC `Tasks` service and the dispatcher that pushes
+one transaction. The gRPC `TaskService` and the dispatcher that pushes
 claimed tasks down workers' Poll streams build on these (issue 3).
 """
 

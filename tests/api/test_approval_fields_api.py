@@ -41,7 +41,7 @@ def refused(call: object, request: object, field: str) -> grpc.RpcError:
 
 
 def test_requested_by_defaults_to_the_callers_principal(
-    stub: promises_pb2_grpc.PromisesStub,
+    stub: promises_pb2_grpc.PromiseServiceStub,
 ) -> None:
     alice = [("troth-principal", "alice")]
     made = stub.CreatePromise(pb.CreatePromiseRequest(id=uid()), metadata=alice).promise
@@ -51,7 +51,7 @@ def test_requested_by_defaults_to_the_callers_principal(
     assert stub.CreatePromise(pb.CreatePromiseRequest(id=uid())).promise.requested_by == ""
 
 
-def test_approval_fields_round_trip(stub: promises_pb2_grpc.PromisesStub) -> None:
+def test_approval_fields_round_trip(stub: promises_pb2_grpc.PromiseServiceStub) -> None:
     request = pb.CreatePromiseRequest(
         id=uid(), schema=SCHEMA, title="Publish?", message="é" * 100, requested_by="ops"
     )
@@ -80,13 +80,13 @@ def test_approval_fields_round_trip(stub: promises_pb2_grpc.PromisesStub) -> Non
     ],
 )
 def test_bad_approval_fields_are_refused_naming_the_field(
-    stub: promises_pb2_grpc.PromisesStub, fields: dict[str, str], field: str
+    stub: promises_pb2_grpc.PromiseServiceStub, fields: dict[str, str], field: str
 ) -> None:
     refused(stub.CreatePromise, pb.CreatePromiseRequest(id=uid(), **fields), field)  # type: ignore[arg-type]
 
 
 def test_a_resolve_must_match_the_schema_and_a_reject_need_not(
-    stub: promises_pb2_grpc.PromisesStub,
+    stub: promises_pb2_grpc.PromiseServiceStub,
 ) -> None:
     promise_id = uid()
     stub.CreatePromise(pb.CreatePromiseRequest(id=promise_id, schema=SCHEMA))
@@ -96,13 +96,16 @@ def test_a_resolve_must_match_the_schema_and_a_reject_need_not(
     refused(resolve, pb.ResolvePromiseRequest(id=promise_id, value=wrong), "value.approved")
     text = types.Payload(headers={"content-type": "text/plain"}, data=b"yes")
     refused(resolve, pb.ResolvePromiseRequest(id=promise_id, value=text), "value")
-    assert stub.GetPromise(pb.GetPromiseRequest(id=promise_id)).promise.state == types.PENDING
+    assert (
+        stub.GetPromise(pb.GetPromiseRequest(id=promise_id)).promise.state
+        == types.PROMISE_STATE_PENDING
+    )
     settled = stub.RejectPromise(pb.RejectPromiseRequest(id=promise_id, value=text))
-    assert settled.applied and settled.promise.state == types.REJECTED
+    assert settled.applied and settled.promise.state == types.PROMISE_STATE_REJECTED
 
 
 def test_a_schema_whose_ref_cannot_be_resolved_refuses_resolves_but_not_rejects(
-    stub: promises_pb2_grpc.PromisesStub,
+    stub: promises_pb2_grpc.PromiseServiceStub,
 ) -> None:
     promise_id = uid()
     schema = json.dumps({"properties": {"a": {"$ref": "https://example.invalid/a.json"}}})
@@ -115,11 +118,11 @@ def test_a_schema_whose_ref_cannot_be_resolved_refuses_resolves_but_not_rejects(
     )
     assert "example.invalid" in (error.details() or "")
     settled = stub.RejectPromise(pb.RejectPromiseRequest(id=promise_id))
-    assert settled.applied and settled.promise.state == types.REJECTED
+    assert settled.applied and settled.promise.state == types.PROMISE_STATE_REJECTED
 
 
 def test_an_early_settle_is_adopted_once_and_a_pending_early_tag_changes_nothing(
-    stub: promises_pb2_grpc.PromisesStub,
+    stub: promises_pb2_grpc.PromiseServiceStub,
 ) -> None:
     early_id = uid()
     early = stub.ResolvePromise(
@@ -128,7 +131,7 @@ def test_an_early_settle_is_adopted_once_and_a_pending_early_tag_changes_nothing
     assert early.applied and dict(early.promise.tags) == {"troth:early": "true"}
     create = pb.CreatePromiseRequest(id=early_id, tags={"inbox": "x"}, title="Go?")
     adopted = stub.CreatePromise(create)
-    assert not adopted.created and adopted.promise.state == types.RESOLVED
+    assert not adopted.created and adopted.promise.state == types.PROMISE_STATE_RESOLVED
     read = stub.GetPromise(pb.GetPromiseRequest(id=early_id)).promise
     assert (dict(read.tags), read.title) == ({"inbox": "x"}, "Go?")
 
@@ -146,7 +149,9 @@ def test_an_early_settle_is_adopted_once_and_a_pending_early_tag_changes_nothing
     }
 
 
-def test_without_the_flag_an_unknown_id_is_not_found(stub: promises_pb2_grpc.PromisesStub) -> None:
+def test_without_the_flag_an_unknown_id_is_not_found(
+    stub: promises_pb2_grpc.PromiseServiceStub,
+) -> None:
     with pytest.raises(grpc.RpcError) as caught:
         stub.RejectPromise(pb.RejectPromiseRequest(id=uid()), timeout=10)
     assert caught.value.code() == grpc.StatusCode.NOT_FOUND

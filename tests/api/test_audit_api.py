@@ -41,7 +41,7 @@ class Run:
         self.tokens = tokens
         self.keys_file = keys_file
         self.channel = grpc.insecure_channel(server.address)
-        self.stub = promises_pb2_grpc.PromisesStub(self.channel)
+        self.stub = promises_pb2_grpc.PromiseServiceStub(self.channel)
         self.secrets: list[str] = [*tokens.values(), *_key_secrets(keys_file)]
         self.messages: list[str] = []
         self.ids: dict[str, str] = {}
@@ -165,7 +165,9 @@ def acted(run: Run) -> Run:
     by_link = run.create("by-link", only_alice)
     other = run.create("other")
     minted = stub.MintSettleToken(
-        promises_pb2.MintSettleTokenRequest(promise_id=by_link, outcomes=[types_pb2.RESOLVED]),
+        promises_pb2.MintSettleTokenRequest(
+            promise_id=by_link, outcomes=[types_pb2.PROMISE_STATE_RESOLVED]
+        ),
         metadata=run.as_("gateway"),
         timeout=10,
     )

@@ -75,7 +75,7 @@ def hs_server(
 
 def _create(server: ServerProcess, token: str, promise_id: str) -> tuple[grpc.StatusCode, str]:
     with server.channel() as channel:
-        stub = promises_pb2_grpc.PromisesStub(channel)
+        stub = promises_pb2_grpc.PromiseServiceStub(channel)
         return code_and_reason(
             lambda: stub.CreatePromise(
                 promises_pb2.CreatePromiseRequest(id=promise_id), metadata=bearer(token), timeout=10
@@ -85,7 +85,7 @@ def _create(server: ServerProcess, token: str, promise_id: str) -> tuple[grpc.St
 
 def _settled_by(server: ServerProcess, token: str, promise_id: str) -> str:
     with server.channel() as channel:
-        stub = promises_pb2_grpc.PromisesStub(channel)
+        stub = promises_pb2_grpc.PromiseServiceStub(channel)
         stub.CreatePromise(
             promises_pb2.CreatePromiseRequest(id=promise_id), metadata=bearer(token), timeout=10
         )
@@ -109,7 +109,7 @@ def test_hs256_and_the_token_file_together(
     hs = make_jwt(keys.hs_secret, "HS256", "gw-hs", ["gateway"], **CLAIMS)
     assert _settled_by(server, hs, "jwt-hs-1") == "gw-hs"
     with server.channel() as channel:
-        stub = promises_pb2_grpc.PromisesStub(channel)
+        stub = promises_pb2_grpc.PromiseServiceStub(channel)
         stub.SearchPromises(
             promises_pb2.SearchPromisesRequest(id="*"), metadata=bearer(file_token), timeout=10
         )
@@ -212,7 +212,7 @@ def test_claims_give_the_roles_and_the_groups(jwks_server: ServerProcess, keys: 
     worker = make_jwt(keys.ed_private, "EdDSA", "wk", ["worker"], groups=["billing"], kid="ed-1",
                       **CLAIMS)  # fmt: skip
     with jwks_server.channel() as channel:
-        stub = tasks_pb2_grpc.TasksStub(channel)
+        stub = tasks_pb2_grpc.TaskServiceStub(channel)
 
         def poll(group: str) -> tuple[grpc.StatusCode, str]:
             return code_and_reason(

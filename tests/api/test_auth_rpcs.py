@@ -70,8 +70,8 @@ REFUSED_BEFORE_AUTH = {
 
 def _calls(channel: grpc.Channel, tag: str) -> dict[str, Callable[[Any], object]]:
     """One minimal call per RPC, taking the metadata to send."""
-    p = promises_pb2_grpc.PromisesStub(channel)
-    t = tasks_pb2_grpc.TasksStub(channel)
+    p = promises_pb2_grpc.PromiseServiceStub(channel)
+    t = tasks_pb2_grpc.TaskServiceStub(channel)
     missing = "walk-missing"
 
     def stream(method: Any, request: Any) -> Callable[[Any], object]:
@@ -132,6 +132,9 @@ def _calls(channel: grpc.Channel, tag: str) -> dict[str, Callable[[Any], object]
         "SearchTasks": lambda md: t.SearchTasks(
             tasks_pb2.SearchTasksRequest(group="g"), metadata=md, timeout=10
         ),
+        "SearchWorkers": lambda md: t.SearchWorkers(
+            tasks_pb2.SearchWorkersRequest(), metadata=md, timeout=10
+        ),
     }
 
 
@@ -166,7 +169,7 @@ def test_every_rpc_with_every_credential(setup: dict[str, Any], rpc: str) -> Non
 def test_a_role_refusal_names_the_rpc_the_principal_and_the_roles_that_may(
     setup: dict[str, Any],
 ) -> None:
-    stub = promises_pb2_grpc.PromisesStub(setup["channel"])
+    stub = promises_pb2_grpc.PromiseServiceStub(setup["channel"])
     with pytest.raises(grpc.RpcError) as caught:
         stub.CancelPromise(
             promises_pb2.CancelPromiseRequest(id="walk-missing"),
@@ -180,7 +183,7 @@ def test_a_role_refusal_names_the_rpc_the_principal_and_the_roles_that_may(
 
 
 def test_a_worker_polls_only_the_groups_its_grant_names(setup: dict[str, Any]) -> None:
-    stub = tasks_pb2_grpc.TasksStub(setup["channel"])
+    stub = tasks_pb2_grpc.TaskServiceStub(setup["channel"])
     worker = setup["credentials"]["worker"]
     code, reason = code_and_reason(
         lambda: first_message(
@@ -216,12 +219,12 @@ def test_health_and_reflection_stay_open(setup: dict[str, Any]) -> None:
         iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=10
     )
     names = {s.name for a in answers for s in a.list_services_response.service}
-    assert "troth.v1.Promises" in names
+    assert "troth.v1.PromiseService" in names
 
 
 def test_every_refusal_is_logged_once_without_the_token(setup: dict[str, Any]) -> None:
     server: ServerProcess = setup["server"]
-    stub = promises_pb2_grpc.PromisesStub(setup["channel"])
+    stub = promises_pb2_grpc.PromiseServiceStub(setup["channel"])
     token = "troth_0123456789abcdef_auditsecretauditsecret"
     code_and_reason(
         lambda: stub.GetPromise(

@@ -55,7 +55,7 @@ def _call(fn: Any) -> tuple[grpc.StatusCode, str]:
 
 
 def test_troth_principal_is_ignored_with_auth_on(setup: dict[str, Any]) -> None:
-    stub = promises_pb2_grpc.PromisesStub(setup["channel"])
+    stub = promises_pb2_grpc.PromiseServiceStub(setup["channel"])
     metadata = (*bearer(setup["tokens"]["gateway-1"]), ("troth-principal", "mallory"))
     stub.CreatePromise(promises_pb2.CreatePromiseRequest(id="who-1"), metadata=metadata, timeout=10)
     settled = stub.ResolvePromise(
@@ -67,7 +67,7 @@ def test_troth_principal_is_ignored_with_auth_on(setup: dict[str, Any]) -> None:
 
 
 def test_a_repeated_token_is_answered_from_the_cache(setup: dict[str, Any]) -> None:
-    stub = promises_pb2_grpc.PromisesStub(setup["channel"])
+    stub = promises_pb2_grpc.PromiseServiceStub(setup["channel"])
     metadata = bearer(setup["tokens"]["operator-1"])
     stub.SearchPromises(promises_pb2.SearchPromisesRequest(id="*"), metadata=metadata, timeout=10)
     started = time.perf_counter()
@@ -82,7 +82,7 @@ def test_a_repeated_token_is_answered_from_the_cache(setup: dict[str, Any]) -> N
 def test_sighup_reload_adds_and_revokes_tokens(setup: dict[str, Any]) -> None:
     server: ServerProcess = setup["server"]
     path: Path = setup["path"]
-    stub = promises_pb2_grpc.PromisesStub(setup["channel"])
+    stub = promises_pb2_grpc.PromiseServiceStub(setup["channel"])
     old = setup["tokens"]["operator-1"]
 
     def search(token: str) -> tuple[grpc.StatusCode, str]:
@@ -172,7 +172,7 @@ def test_the_loud_flag_serves_a_public_address_without_auth_and_says_so(tmp_path
 def test_no_token_or_secret_in_any_log_line_or_message(setup: dict[str, Any]) -> None:
     """Last in the module: after every refusal above, and a few more."""
     server: ServerProcess = setup["server"]
-    stub = promises_pb2_grpc.PromisesStub(setup["channel"])
+    stub = promises_pb2_grpc.PromiseServiceStub(setup["channel"])
     tokens: dict[str, str] = setup["tokens"]
     key_id = tokens["gateway-1"].split("_")[1]
     forged = f"troth_{key_id}_forgedsecretforgedsecret"

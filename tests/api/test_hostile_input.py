@@ -43,8 +43,8 @@ def refused(call: object, request: object, field: str, reason: str = "INVALID_AR
 
 
 @pytest.fixture(scope="module")
-def tasks(channel: grpc.Channel) -> tasks_pb2_grpc.TasksStub:
-    return tasks_pb2_grpc.TasksStub(channel)
+def tasks(channel: grpc.Channel) -> tasks_pb2_grpc.TaskServiceStub:
+    return tasks_pb2_grpc.TaskServiceStub(channel)
 
 
 # --- NUL -------------------------------------------------------------------------------
@@ -67,7 +67,7 @@ def tasks(channel: grpc.Channel) -> tasks_pb2_grpc.TasksStub:
     ],
 )
 def test_a_nul_in_a_create_is_refused_naming_the_field(
-    stub: promises_pb2_grpc.PromisesStub, request_: pb.CreatePromiseRequest, field: str
+    stub: promises_pb2_grpc.PromiseServiceStub, request_: pb.CreatePromiseRequest, field: str
 ) -> None:
     request_.id = uid()
     assert "NUL" in refused(stub.CreatePromise, request_, field)
@@ -76,7 +76,9 @@ def test_a_nul_in_a_create_is_refused_naming_the_field(
     assert missing.value.code() == grpc.StatusCode.NOT_FOUND
 
 
-def test_a_nul_in_a_settle_or_a_search_is_refused(stub: promises_pb2_grpc.PromisesStub) -> None:
+def test_a_nul_in_a_settle_or_a_search_is_refused(
+    stub: promises_pb2_grpc.PromiseServiceStub,
+) -> None:
     pid = uid()
     stub.CreatePromise(pb.CreatePromiseRequest(id=pid))
     refused(
@@ -91,11 +93,13 @@ def test_a_nul_in_a_settle_or_a_search_is_refused(stub: promises_pb2_grpc.Promis
     )
     refused(stub.SearchPromises, pb.SearchPromisesRequest(tags={"k": "\x00"}), "tags[k]")
     refused(stub.WatchPromises, pb.WatchPromisesRequest(tags={"k": "\x00"}), "tags[k]")
-    assert stub.GetPromise(pb.GetPromiseRequest(id=pid)).promise.state == types.PENDING
+    assert (
+        stub.GetPromise(pb.GetPromiseRequest(id=pid)).promise.state == types.PROMISE_STATE_PENDING
+    )
 
 
 def test_the_sdk_gets_invalid_argument_at_once_and_does_not_retry(
-    server: ServerProcess, stub: promises_pb2_grpc.PromisesStub
+    server: ServerProcess, stub: promises_pb2_grpc.PromiseServiceStub
 ) -> None:
     pid, marker = uid(), uid()
     with Client(server.address) as client, pytest.raises(InvalidArgumentError) as caught:
@@ -118,7 +122,7 @@ def test_the_sdk_gets_invalid_argument_at_once_and_does_not_retry(
 
 
 def test_over_65535_awaited_ids_are_refused_naming_the_limit(
-    tasks: tasks_pb2_grpc.TasksStub,
+    tasks: tasks_pb2_grpc.TaskServiceStub,
 ) -> None:
     ids = [f"p{i}" for i in range(70_000)]
     held = {"task_id": "t", "counter": 1, "worker_id": "w"}
@@ -136,7 +140,9 @@ def test_over_65535_awaited_ids_are_refused_naming_the_limit(
 # --- page tokens -----------------------------------------------------------------------
 
 
-def test_a_deep_page_token_is_an_invalid_page_token(stub: promises_pb2_grpc.PromisesStub) -> None:
+def test_a_deep_page_token_is_an_invalid_page_token(
+    stub: promises_pb2_grpc.PromiseServiceStub,
+) -> None:
     deep = base64.urlsafe_b64encode(b"[" * 3000).decode()
     refused(
         stub.SearchPromises,
@@ -147,12 +153,16 @@ def test_a_deep_page_token_is_an_invalid_page_token(stub: promises_pb2_grpc.Prom
 
 
 def test_a_hand_edited_page_token_is_an_invalid_page_token(
-    stub: promises_pb2_grpc.PromisesStub,
+    stub: promises_pb2_grpc.PromiseServiceStub,
 ) -> None:
     run = uid()
     for i in range(3):
         stub.CreatePromise(pb.CreatePromiseRequest(id=f"{run}.{i}"))
-    for order in (pb.CREATED_ASC, pb.CREATED_DESC, pb.EXPIRE_TIME_ASC):
+    for order in (
+        pb.PROMISE_ORDER_CREATED_ASC,
+        pb.PROMISE_ORDER_CREATED_DESC,
+        pb.PROMISE_ORDER_EXPIRE_TIME_ASC,
+    ):
         query = {"id": f"{run}.*", "page_size": 1, "order": order}
         issued = stub.SearchPromises(pb.SearchPromisesRequest(**query)).next_page_token  # type: ignore[arg-type]
         fields = json.loads(base64.urlsafe_b64decode(issued + "=" * (-len(issued) % 4)))
@@ -164,7 +174,7 @@ def test_a_hand_edited_page_token_is_an_invalid_page_token(
                 "page_token",
                 "INVALID_PAGE_TOKEN",
             )
-        if order == pb.EXPIRE_TIME_ASC:
+        if order == pb.PROMISE_ORDER_EXPIRE_TIME_ASC:
             edited = base64.urlsafe_b64encode(json.dumps({**fields, "expire": 10**25}).encode())
             refused(
                 stub.SearchPromises,
@@ -182,7 +192,7 @@ def test_a_hand_edited_page_token_is_an_invalid_page_token(
     [Timestamp(seconds=10**17), Timestamp(seconds=253_402_300_800), Timestamp(nanos=10**9)],
 )
 def test_a_far_future_created_before_is_refused(
-    stub: promises_pb2_grpc.PromisesStub, created_before: Timestamp
+    stub: promises_pb2_grpc.PromiseServiceStub, created_before: Timestamp
 ) -> None:
     refused(
         stub.SearchPromises,
@@ -191,7 +201,7 @@ def test_a_far_future_created_before_is_refused(
     )
 
 
-def test_the_latest_timestamp_is_still_accepted(stub: promises_pb2_grpc.PromisesStub) -> None:
+def test_the_latest_timestamp_is_still_accepted(stub: promises_pb2_grpc.PromiseServiceStub) -> None:
     stub.SearchPromises(
         pb.SearchPromisesRequest(id=uid(), created_before=Timestamp(seconds=253_402_300_799)),
         timeout=10,
@@ -208,7 +218,9 @@ def test_the_latest_timestamp_is_still_accepted(stub: promises_pb2_grpc.Promises
     ],
 )
 def test_durations_with_bad_nanos_are_refused(
-    stub: promises_pb2_grpc.PromisesStub, tasks: tasks_pb2_grpc.TasksStub, duration: Duration
+    stub: promises_pb2_grpc.PromiseServiceStub,
+    tasks: tasks_pb2_grpc.TaskServiceStub,
+    duration: Duration,
 ) -> None:
     refused(stub.CreatePromise, pb.CreatePromiseRequest(id=uid(), ttl=duration), "ttl")
     refused(tasks.Heartbeat, tasks_pb2.HeartbeatRequest(worker_id="w", lease=duration), "lease")
@@ -221,10 +233,10 @@ def test_durations_with_bad_nanos_are_refused(
 @pytest.mark.parametrize(
     ("method", "data", "field"),
     [
-        ("/troth.v1.Promises/GetPromise", b"\x0a\x02\xff\xfe", "id"),
-        ("/troth.v1.Promises/CreatePromise", b"\x0a\x01a\x62\x03\xed\xa0\x80", "title"),
-        ("/troth.v1.Promises/GetPromise", b"\x0a\x10abc", "id"),
-        ("/troth.v1.Tasks/Heartbeat", b"\xff\xff", "request"),
+        ("/troth.v1.PromiseService/GetPromise", b"\x0a\x02\xff\xfe", "id"),
+        ("/troth.v1.PromiseService/CreatePromise", b"\x0a\x01a\x62\x03\xed\xa0\x80", "title"),
+        ("/troth.v1.PromiseService/GetPromise", b"\x0a\x10abc", "id"),
+        ("/troth.v1.TaskService/Heartbeat", b"\xff\xff", "request"),
     ],
 )
 def test_undecodable_bytes_are_invalid_argument_with_error_info(

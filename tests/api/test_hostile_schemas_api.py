@@ -49,14 +49,14 @@ def refused(call: Any, request: object, field: str, *words: str) -> str:
     return details
 
 
-def create(stub: promises_pb2_grpc.PromisesStub, schema: object) -> str:
+def create(stub: promises_pb2_grpc.PromiseServiceStub, schema: object) -> str:
     promise_id = uid()
     request = pb.CreatePromiseRequest(id=promise_id, schema=json.dumps(schema))
     stub.CreatePromise(request, timeout=DEADLINE)
     return promise_id
 
 
-def resolve(stub: promises_pb2_grpc.PromisesStub, promise_id: str, value: object) -> Any:
+def resolve(stub: promises_pb2_grpc.PromiseServiceStub, promise_id: str, value: object) -> Any:
     request = pb.ResolvePromiseRequest(id=promise_id, value=json_value(value))
     return stub.ResolvePromise(request, timeout=DEADLINE)
 
@@ -76,7 +76,7 @@ def nested_list(levels: int) -> Any:
 
 
 def test_a_catastrophic_backtracking_pattern_answers_at_once(
-    stub: promises_pb2_grpc.PromisesStub,
+    stub: promises_pb2_grpc.PromiseServiceStub,
 ) -> None:
     promise_id = create(stub, {"type": "string", "pattern": "^(a+)+$"})
     # 27 `a`s stalled Python's backtracking engine for 6-10 s; 40 would take days.
@@ -87,7 +87,7 @@ def test_a_catastrophic_backtracking_pattern_answers_at_once(
 
 
 def test_pattern_properties_and_additional_properties_use_the_linear_engine(
-    stub: promises_pb2_grpc.PromisesStub,
+    stub: promises_pb2_grpc.PromiseServiceStub,
 ) -> None:
     schema = {
         "type": "object",
@@ -106,7 +106,7 @@ def test_pattern_properties_and_additional_properties_use_the_linear_engine(
     [("(a)\\1", "backreference"), ("a(?=b)", "lookaround"), ("(?<!x)y", "lookaround")],
 )
 def test_a_pattern_the_linear_engine_cannot_run_is_refused_at_create(
-    stub: promises_pb2_grpc.PromisesStub, pattern: str, why: str
+    stub: promises_pb2_grpc.PromiseServiceStub, pattern: str, why: str
 ) -> None:
     schema = {"type": "object", "properties": {"name": {"type": "string", "pattern": pattern}}}
     request = pb.CreatePromiseRequest(id=uid(), schema=json.dumps(schema))
@@ -117,7 +117,7 @@ def test_a_pattern_the_linear_engine_cannot_run_is_refused_at_create(
 
 
 def test_unique_items_over_thousands_of_objects_answers_at_once(
-    stub: promises_pb2_grpc.PromisesStub,
+    stub: promises_pb2_grpc.PromiseServiceStub,
 ) -> None:
     promise_id = create(stub, {"type": "array", "uniqueItems": True})
     # 2,500 distinct objects (30 KB) stalled every write for 6-11 s.
@@ -132,7 +132,7 @@ def test_unique_items_over_thousands_of_objects_answers_at_once(
 
 
 def test_unique_items_up_to_the_value_limit_is_refused_naming_the_limit(
-    stub: promises_pb2_grpc.PromisesStub,
+    stub: promises_pb2_grpc.PromiseServiceStub,
 ) -> None:
     promise_id = create(stub, {"type": "array", "uniqueItems": True})
     items = [{"i": i} for i in range(65_000)]  # just under 1 MB of JSON
@@ -147,14 +147,14 @@ def test_unique_items_up_to_the_value_limit_is_refused_naming_the_limit(
 
 
 def test_a_schema_400_levels_deep_is_refused_at_create(
-    stub: promises_pb2_grpc.PromisesStub,
+    stub: promises_pb2_grpc.PromiseServiceStub,
 ) -> None:
     request = pb.CreatePromiseRequest(id=uid(), schema=json.dumps(deep_schema(400)))
     refused(stub.CreatePromise, request, "schema", "deeper than", "--max-schema-depth")
 
 
 def test_a_value_under_a_recursive_ref_schema_is_bounded(
-    stub: promises_pb2_grpc.PromisesStub,
+    stub: promises_pb2_grpc.PromiseServiceStub,
 ) -> None:
     schema = {"$defs": {"node": {"type": "array", "items": {"$ref": "#/$defs/node"}}}}
     promise_id = create(stub, {**schema, "$ref": "#/$defs/node"})
@@ -170,7 +170,7 @@ def test_a_value_under_a_recursive_ref_schema_is_bounded(
 
 
 def test_a_ref_cycle_that_never_descends_is_refused_not_crashed(
-    stub: promises_pb2_grpc.PromisesStub,
+    stub: promises_pb2_grpc.PromiseServiceStub,
 ) -> None:
     schema = {"$defs": {"a": {"allOf": [{"$ref": "#/$defs/a"}]}}, "$ref": "#/$defs/a"}
     promise_id = create(stub, schema)
@@ -183,7 +183,7 @@ def test_a_ref_cycle_that_never_descends_is_refused_not_crashed(
 
 
 def test_an_exponential_schema_is_stopped_by_the_step_budget(
-    stub: promises_pb2_grpc.PromisesStub,
+    stub: promises_pb2_grpc.PromiseServiceStub,
 ) -> None:
     # 40 definitions, each trying the next one twice: 2**40 checks of one value.
     defs: dict[str, Any] = {
@@ -203,7 +203,7 @@ def test_an_exponential_schema_is_stopped_by_the_step_budget(
 
 
 def test_a_draft_named_inside_a_schema_is_refused_at_create(
-    stub: promises_pb2_grpc.PromisesStub,
+    stub: promises_pb2_grpc.PromiseServiceStub,
 ) -> None:
     # A nested `$schema` would switch the check to a validator outside the bounds.
     inner = {"$schema": "http://json-schema.org/draft-07/schema#", "pattern": "^(a+)+$"}

@@ -33,7 +33,7 @@ def ids(reply: pb.SearchPromisesResponse) -> list[str]:
 
 
 def all_pages(
-    stub: promises_pb2_grpc.PromisesStub, page_size: int, **query: object
+    stub: promises_pb2_grpc.PromiseServiceStub, page_size: int, **query: object
 ) -> tuple[list[str], int]:
     """Every id the query pages through, and how many pages it took."""
     seen: list[str] = []
@@ -56,7 +56,7 @@ def at(ms: int) -> Timestamp:
 
 
 def invalid(
-    stub: promises_pb2_grpc.PromisesStub, request: pb.SearchPromisesRequest
+    stub: promises_pb2_grpc.PromiseServiceStub, request: pb.SearchPromisesRequest
 ) -> grpc.RpcError:
     with pytest.raises(grpc.RpcError) as caught:
         stub.SearchPromises(request)
@@ -68,20 +68,20 @@ def invalid(
 
 
 def test_newest_first_pages_backwards_through_creation_order(
-    stub: promises_pb2_grpc.PromisesStub,
+    stub: promises_pb2_grpc.PromiseServiceStub,
 ) -> None:
     run = uid()
     made = [f"{run}.{i}" for i in range(7)]
     for pid in made:
         stub.CreatePromise(pb.CreatePromiseRequest(id=pid))
-    seen, pages = all_pages(stub, 3, id=f"{run}.*", order=pb.CREATED_DESC)
+    seen, pages = all_pages(stub, 3, id=f"{run}.*", order=pb.PROMISE_ORDER_CREATED_DESC)
     assert (seen, pages) == (made[::-1], 3)
-    oldest, _ = all_pages(stub, 3, id=f"{run}.*", order=pb.CREATED_ASC)
+    oldest, _ = all_pages(stub, 3, id=f"{run}.*", order=pb.PROMISE_ORDER_CREATED_ASC)
     assert oldest == made
 
 
 def test_deadline_order_puts_ties_in_creation_order_and_never_last(
-    stub: promises_pb2_grpc.PromisesStub,
+    stub: promises_pb2_grpc.PromiseServiceStub,
 ) -> None:
     run = uid()
     soon = at(int(time.time() * 1000) + 3_600_000)
@@ -100,16 +100,22 @@ def test_deadline_order_puts_ties_in_creation_order_and_never_last(
         stub.CreatePromise(request)
     expected = ["minute", "soon1", "soon2", "soon3", "later", "never1", "never2"]
     for page_size in (1, 2, 3, 100):
-        seen, _ = all_pages(stub, page_size, id=f"{run}.*", order=pb.EXPIRE_TIME_ASC)
+        seen, _ = all_pages(stub, page_size, id=f"{run}.*", order=pb.PROMISE_ORDER_EXPIRE_TIME_ASC)
         assert [i.rsplit(".", 1)[1] for i in seen] == expected, page_size
     # Pending only, as an inbox asks: a settled promise drops out, the order stays.
     stub.ResolvePromise(pb.ResolvePromiseRequest(id=f"{run}.soon2"))
-    seen, _ = all_pages(stub, 2, id=f"{run}.*", states=[types.PENDING], order=pb.EXPIRE_TIME_ASC)
+    seen, _ = all_pages(
+        stub,
+        2,
+        id=f"{run}.*",
+        states=[types.PROMISE_STATE_PENDING],
+        order=pb.PROMISE_ORDER_EXPIRE_TIME_ASC,
+    )
     assert [i.rsplit(".", 1)[1] for i in seen] == [e for e in expected if e != "soon2"]
 
 
 def test_deadline_pages_repeat_nothing_while_promises_come_and_go(
-    stub: promises_pb2_grpc.PromisesStub,
+    stub: promises_pb2_grpc.PromiseServiceStub,
 ) -> None:
     run = uid()
     base = int(time.time() * 1000) + 3_600_000
@@ -120,7 +126,7 @@ def test_deadline_pages_repeat_nothing_while_promises_come_and_go(
     while True:
         reply = stub.SearchPromises(
             pb.SearchPromisesRequest(
-                id=f"{run}.*", page_size=3, page_token=token, order=pb.EXPIRE_TIME_ASC
+                id=f"{run}.*", page_size=3, page_token=token, order=pb.PROMISE_ORDER_EXPIRE_TIME_ASC
             )
         )
         seen += ids(reply)
@@ -136,7 +142,7 @@ def test_deadline_pages_repeat_nothing_while_promises_come_and_go(
     assert all(".late" in i for i in seen[10:])
 
 
-def test_created_before_is_a_cut_off(stub: promises_pb2_grpc.PromisesStub) -> None:
+def test_created_before_is_a_cut_off(stub: promises_pb2_grpc.PromiseServiceStub) -> None:
     run = uid()
     first = stub.CreatePromise(pb.CreatePromiseRequest(id=f"{run}.old")).promise
     # Create until the server's clock has moved on (a millisecond at most, usually none).
@@ -150,23 +156,30 @@ def test_created_before_is_a_cut_off(stub: promises_pb2_grpc.PromisesStub) -> No
     reply = stub.SearchPromises(pb.SearchPromisesRequest(id=f"{run}.*", created_before=cut))
     assert ids(reply) == [f"{run}.old"] + [f"{run}.new{i}" for i in range(n)]
     desc = stub.SearchPromises(
-        pb.SearchPromisesRequest(id=f"{run}.*", created_before=at(0), order=pb.CREATED_DESC)
+        pb.SearchPromisesRequest(
+            id=f"{run}.*", created_before=at(0), order=pb.PROMISE_ORDER_CREATED_DESC
+        )
     )
     assert ids(desc) == []
 
 
-def test_a_token_is_bound_to_its_order_and_cut_off(stub: promises_pb2_grpc.PromisesStub) -> None:
+def test_a_token_is_bound_to_its_order_and_cut_off(
+    stub: promises_pb2_grpc.PromiseServiceStub,
+) -> None:
     run = uid()
     for i in range(3):
         stub.CreatePromise(pb.CreatePromiseRequest(id=f"{run}.{i}"))
     cut = at(int(time.time() * 1000) + 60_000)
     first = stub.SearchPromises(
-        pb.SearchPromisesRequest(id=f"{run}.*", page_size=1, order=pb.EXPIRE_TIME_ASC)
+        pb.SearchPromisesRequest(id=f"{run}.*", page_size=1, order=pb.PROMISE_ORDER_EXPIRE_TIME_ASC)
     )
     error = invalid(
         stub,
         pb.SearchPromisesRequest(
-            id=f"{run}.*", page_size=1, page_token=first.next_page_token, order=pb.CREATED_DESC
+            id=f"{run}.*",
+            page_size=1,
+            page_token=first.next_page_token,
+            order=pb.PROMISE_ORDER_CREATED_DESC,
         ),
     )
     assert error_info(error).reason == "INVALID_PAGE_TOKEN"
@@ -182,7 +195,7 @@ def test_a_token_is_bound_to_its_order_and_cut_off(stub: promises_pb2_grpc.Promi
     assert "created_before" in (error.details() or "")
 
 
-def test_bad_order_and_cut_off_name_the_field(stub: promises_pb2_grpc.PromisesStub) -> None:
+def test_bad_order_and_cut_off_name_the_field(stub: promises_pb2_grpc.PromiseServiceStub) -> None:
     for request, field in [
         (pb.SearchPromisesRequest(order=7), "order"),  # type: ignore[arg-type]
         (pb.SearchPromisesRequest(created_before=Timestamp(seconds=-1)), "created_before"),
@@ -197,7 +210,7 @@ def test_bad_order_and_cut_off_name_the_field(stub: promises_pb2_grpc.PromisesSt
 
 
 def open_watch(
-    stub: promises_pb2_grpc.PromisesStub, **filter: object
+    stub: promises_pb2_grpc.PromiseServiceStub, **filter: object
 ) -> Iterator[pb.WatchPromisesResponse]:
     """A watch the server confirmed is in place (what the SDK waits for, too)."""
     stream = stub.WatchPromises(pb.WatchPromisesRequest(**filter), timeout=30)  # type: ignore[arg-type]
@@ -208,13 +221,17 @@ def open_watch(
 def take(stream: Iterator[pb.WatchPromisesResponse], count: int) -> list[tuple[str, str, int]]:
     """The next `count` events as (type, id, state)."""
     return [
-        (pb.PromiseEventType.Name(e.type), e.promise.id, e.promise.state)
+        (
+            pb.PromiseEventType.Name(e.type).removeprefix("PROMISE_EVENT_TYPE_"),
+            e.promise.id,
+            e.promise.state,
+        )
         for e in (next(stream) for _ in range(count))
     ]
 
 
 def test_a_watch_sees_creates_settles_and_timeouts_that_match(
-    stub: promises_pb2_grpc.PromisesStub,
+    stub: promises_pb2_grpc.PromiseServiceStub,
 ) -> None:
     run = uid()
     inbox = {"inbox": run}
@@ -239,17 +256,23 @@ def test_a_watch_sees_creates_settles_and_timeouts_that_match(
     for kind, pid, state in events:
         by_promise.setdefault(pid.rsplit(".", 1)[1], []).append((kind, state))
     assert by_promise == {
-        "a": [("CREATED", types.PENDING), ("SETTLED", types.REJECTED)],
-        "timer": [("CREATED", types.PENDING), ("TIMED_OUT", types.RESOLVED)],
-        "short": [("CREATED", types.PENDING), ("TIMED_OUT", types.REJECTED_TIMEDOUT)],
+        "a": [("CREATED", types.PROMISE_STATE_PENDING), ("SETTLED", types.PROMISE_STATE_REJECTED)],
+        "timer": [
+            ("CREATED", types.PROMISE_STATE_PENDING),
+            ("TIMED_OUT", types.PROMISE_STATE_RESOLVED),
+        ],
+        "short": [
+            ("CREATED", types.PROMISE_STATE_PENDING),
+            ("TIMED_OUT", types.PROMISE_STATE_REJECTED_TIMEDOUT),
+        ],
     }
     # Commit order: the reject was committed before `short` existed.
-    assert events.index(("SETTLED", f"{run}.a", types.REJECTED)) < events.index(
-        ("CREATED", f"{run}.short", types.PENDING)
+    assert events.index(("SETTLED", f"{run}.a", types.PROMISE_STATE_REJECTED)) < events.index(
+        ("CREATED", f"{run}.short", types.PROMISE_STATE_PENDING)
     )
 
 
-def test_a_watch_filters_by_id_glob(stub: promises_pb2_grpc.PromisesStub) -> None:
+def test_a_watch_filters_by_id_glob(stub: promises_pb2_grpc.PromiseServiceStub) -> None:
     run = uid()
     stream = open_watch(stub, id=f"{run}.approve-*")
     for name in ("approve-1", "other", "approve-2"):
@@ -259,15 +282,17 @@ def test_a_watch_filters_by_id_glob(stub: promises_pb2_grpc.PromisesStub) -> Non
         pb.CreatePromiseRequest(id=f"{run}.approve-3", resolved_with=types.Payload(data=b"1"))
     )
     assert take(stream, 4) == [
-        ("CREATED", f"{run}.approve-1", types.PENDING),
-        ("CREATED", f"{run}.approve-2", types.PENDING),
-        ("CREATED", f"{run}.approve-3", types.PENDING),
-        ("SETTLED", f"{run}.approve-3", types.RESOLVED),
+        ("CREATED", f"{run}.approve-1", types.PROMISE_STATE_PENDING),
+        ("CREATED", f"{run}.approve-2", types.PROMISE_STATE_PENDING),
+        ("CREATED", f"{run}.approve-3", types.PROMISE_STATE_PENDING),
+        ("SETTLED", f"{run}.approve-3", types.PROMISE_STATE_RESOLVED),
     ]
     stream.cancel()  # type: ignore[attr-defined]
 
 
-def test_a_bad_filter_is_refused_naming_the_field(stub: promises_pb2_grpc.PromisesStub) -> None:
+def test_a_bad_filter_is_refused_naming_the_field(
+    stub: promises_pb2_grpc.PromiseServiceStub,
+) -> None:
     for request, field in [
         (pb.WatchPromisesRequest(id="a b*"), "id"),
         (pb.WatchPromisesRequest(tags={"": "x"}), "tags"),
@@ -281,7 +306,7 @@ def test_a_bad_filter_is_refused_naming_the_field(stub: promises_pb2_grpc.Promis
 
 
 def test_watches_come_and_go_without_holding_the_server(
-    stub: promises_pb2_grpc.PromisesStub,
+    stub: promises_pb2_grpc.PromiseServiceStub,
 ) -> None:
     # More abandoned watches than the thread server has handler threads.
     for _ in range(150):
@@ -290,7 +315,7 @@ def test_watches_come_and_go_without_holding_the_server(
     run = uid()
     stream = open_watch(stub, id=f"{run}*")
     stub.CreatePromise(pb.CreatePromiseRequest(id=run), timeout=10)
-    assert take(stream, 1) == [("CREATED", run, types.PENDING)]
+    assert take(stream, 1) == [("CREATED", run, types.PROMISE_STATE_PENDING)]
     stream.cancel()  # type: ignore[attr-defined]
 
 
@@ -362,7 +387,7 @@ def test_a_watch_that_falls_behind_is_ended_with_resource_exhausted(
     small_backlog_server: ServerProcess,
 ) -> None:
     with small_backlog_server.channel() as channel:
-        stub = promises_pb2_grpc.PromisesStub(channel)
+        stub = promises_pb2_grpc.PromiseServiceStub(channel)
         run = uid()
         stream = open_watch(stub, id=f"{run}.*")
         # Large events fill the connection's flow-control window (a few MB), then

@@ -28,8 +28,8 @@ from troth_server.config import Limits
 
 LIMITS = Limits()
 SERVICES = [
-    promises_pb2.DESCRIPTOR.services_by_name["Promises"],
-    tasks_pb2.DESCRIPTOR.services_by_name["Tasks"],
+    promises_pb2.DESCRIPTOR.services_by_name["PromiseService"],
+    tasks_pb2.DESCRIPTOR.services_by_name["TaskService"],
 ]
 METHODS: dict[str, MethodDescriptor] = {
     f"{s.full_name}/{m.name}": m for s in SERVICES for m in s.methods
@@ -262,7 +262,9 @@ def test_a_good_request_still_works(raw_channel: grpc.Channel) -> None:
     # The same raw path, with valid bytes: what the walk sends is only the bad part.
     ok = promises_pb2.CreatePromiseRequest(id="input-table-ok", title=SNOWMAN, tags={"k": "v"})
     raw = raw_channel.unary_unary(
-        "/troth.v1.Promises/CreatePromise", request_serializer=None, response_deserializer=None
+        "/troth.v1.PromiseService/CreatePromise",
+        request_serializer=None,
+        response_deserializer=None,
     )
     reply = promises_pb2.CreatePromiseResponse.FromString(raw(ok.SerializeToString(), timeout=10))
     assert reply.promise.title == SNOWMAN

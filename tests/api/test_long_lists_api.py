@@ -44,7 +44,7 @@ def big_server(
 @pytest.fixture(scope="module")
 def stubs(big_server: ServerProcess) -> Iterator[tuple[Any, Any]]:
     with big_server.channel() as channel:
-        yield promises_pb2_grpc.PromisesStub(channel), tasks_pb2_grpc.TasksStub(channel)
+        yield promises_pb2_grpc.PromiseServiceStub(channel), tasks_pb2_grpc.TaskServiceStub(channel)
 
 
 def hold_a_task(stubs: tuple[Any, Any]) -> tuple[str, dict[str, Any], PollStream]:
@@ -111,11 +111,11 @@ def test_a_workflow_suspends_on_thousands_and_resumes_on_one(
         )
         assert list(registered.settled) == []
         done = tasks.CompleteTask(tasks_pb2.CompleteTaskRequest(**held, suspend_on=ids), timeout=60)
-        assert done.task.state == tasks_pb2.TASK_COMPLETED and list(done.settled) == []
+        assert done.task.state == tasks_pb2.TASK_STATE_COMPLETED and list(done.settled) == []
         promises.ResolvePromise(
             pb.ResolvePromiseRequest(id=ids[-1], value=types.Payload(data=b"1")), timeout=60
         )
         resume = poll.next_response()
-        assert (resume.task.kind, resume.root.id) == (tasks_pb2.RESUME, root)
+        assert (resume.task.kind, resume.root.id) == (tasks_pb2.TASK_KIND_RESUME, root)
     finally:
         poll.cancel()

@@ -158,7 +158,7 @@ async def _burst(
 
 def _create(prefix: str) -> Any:
     async def make(channel: grpc.aio.Channel, i: int) -> None:
-        stub = promises_pb2_grpc.PromisesStub(channel)
+        stub = promises_pb2_grpc.PromiseServiceStub(channel)
         await stub.CreatePromise(pb.CreatePromiseRequest(id=f"{prefix}-{i}"), timeout=60)
 
     return make
@@ -166,7 +166,7 @@ def _create(prefix: str) -> Any:
 
 def _create_or_get(prefix: str) -> Any:
     async def make(channel: grpc.aio.Channel, i: int) -> None:
-        stub = promises_pb2_grpc.PromisesStub(channel)
+        stub = promises_pb2_grpc.PromiseServiceStub(channel)
         if i % 2:
             await stub.CreatePromise(pb.CreatePromiseRequest(id=f"{prefix}-{i}"), timeout=60)
         else:
@@ -177,7 +177,7 @@ def _create_or_get(prefix: str) -> Any:
 
 def test_a_burst_of_3000_calls_is_answered_never_cancelled(default_server: ServerProcess) -> None:
     with default_server.channel() as channel:
-        promises_pb2_grpc.PromisesStub(channel).CreatePromise(
+        promises_pb2_grpc.PromiseServiceStub(channel).CreatePromise(
             pb.CreatePromiseRequest(id="overload-known")
         )
     codes, refused, health_ms = asyncio.run(
@@ -194,7 +194,7 @@ def test_a_malformed_call_timeout_is_invalid_argument_naming_it(
     default_server: ServerProcess,
 ) -> None:
     with default_server.channel() as channel:
-        stub = promises_pb2_grpc.PromisesStub(channel)
+        stub = promises_pb2_grpc.PromiseServiceStub(channel)
         for bad in ("soon", "-5", "0", "9" * 14):
             with pytest.raises(grpc.RpcError) as info:
                 stub.GetPromise(
@@ -248,8 +248,8 @@ def test_refusals_carry_retry_info_and_are_counted_and_logged_once_a_second(
 
 def test_streams_have_their_own_limit(small_server: ServerProcess) -> None:
     with small_server.channel() as channel, ExitStack() as stack:
-        promises = promises_pb2_grpc.PromisesStub(channel)
-        tasks = tasks_pb2_grpc.TasksStub(channel)
+        promises = promises_pb2_grpc.PromiseServiceStub(channel)
+        tasks = tasks_pb2_grpc.TaskServiceStub(channel)
         watches = []
         for i in range(4):
             promises.CreatePromise(pb.CreatePromiseRequest(id=f"streamed-{i}"))
@@ -288,7 +288,7 @@ def test_unary_calls_cannot_starve_streams(small_server: ServerProcess) -> None:
         flood = asyncio.ensure_future(_burst(small_server.address, 600, _create("starve")))
         await asyncio.sleep(0)
         async with grpc.aio.insecure_channel(small_server.address) as channel:
-            stub = promises_pb2_grpc.PromisesStub(channel)
+            stub = promises_pb2_grpc.PromiseServiceStub(channel)
             await stub.CreatePromise(pb.CreatePromiseRequest(id="watched-during-flood"))
             # Refusals of the flood do not touch the stream slots: the watch opens.
             watch = stub.WatchPromise(pb.WatchPromiseRequest(id="watched-during-flood"))

@@ -176,7 +176,7 @@ def test_hostile_payloads_are_stored_and_returned_verbatim(
 
     stored: dict[str, tuple[types_pb2.Payload, types_pb2.Payload]] = {}
     with server.channel() as channel:
-        stub = promises_pb2_grpc.PromisesStub(channel)
+        stub = promises_pb2_grpc.PromiseServiceStub(channel)
         for kind, payload in hostile.items():
             promise_id = f"hostile-{kind}-{uuid.uuid4().hex[:6]}"
             stub.CreatePromise(

@@ -1,4 +1,4 @@
-"""Every RPC of troth.v1.Promises against a real server process: results and error reasons."""
+"""Every RPC of troth.v1.PromiseService against a real server process: results and error reasons."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def fails(call: object, request: object, code: grpc.StatusCode, reason: str) -> 
 
 
 def test_create_returns_the_promise_with_default_expiry(
-    stub: promises_pb2_grpc.PromisesStub,
+    stub: promises_pb2_grpc.PromiseServiceStub,
 ) -> None:
     pid = uid()
     reply = stub.CreatePromise(
@@ -52,7 +52,7 @@ def test_create_returns_the_promise_with_default_expiry(
     p = reply.promise
     assert (p.id, p.state, p.param.data, dict(p.param.headers)) == (
         pid,
-        types.PENDING,
+        types.PROMISE_STATE_PENDING,
         b'{"n": 1}',
         JSON,
     )
@@ -63,8 +63,33 @@ def test_create_returns_the_promise_with_default_expiry(
     assert stub.GetPromise(pb.GetPromiseRequest(id=pid)).promise == p
 
 
+def test_a_json_param_is_stored_as_the_codecs_json_and_nan_is_refused(
+    stub: promises_pb2_grpc.PromiseServiceStub,
+) -> None:
+    from google.protobuf import struct_pb2
+
+    pid = uid()
+    value = struct_pb2.Value()
+    value.struct_value.update({"big": 2.0**53, "past": 2.0**53 * 4 + 0.0, "half": 0.5})
+    created = stub.CreatePromise(pb.CreatePromiseRequest(id=pid, param=types.Payload(json=value)))
+    # Whole numbers a double holds exactly come back as integers; beyond 2**53 a double
+    # is what was sent. Keys are sorted (a protobuf map keeps no order).
+    assert (
+        created.promise.param.data
+        == b'{"big":9007199254740992,"half":0.5,"past":3.602879701896397e+16}'
+    )
+    assert dict(created.promise.param.headers) == JSON
+    assert not created.promise.param.HasField("json")
+    nan = types.Payload(json=struct_pb2.Value(number_value=float("nan")))
+    error = fails(
+        stub.CreatePromise, pb.CreatePromiseRequest(id=uid(), param=nan),
+        grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT",
+    )  # fmt: skip
+    assert "param.json" in (error.details() or "") and "NaN" in (error.details() or "")
+
+
 def test_create_with_ttl_expire_time_and_never_expires(
-    stub: promises_pb2_grpc.PromisesStub,
+    stub: promises_pb2_grpc.PromiseServiceStub,
 ) -> None:
     a = stub.CreatePromise(pb.CreatePromiseRequest(id=uid(), ttl=Duration(seconds=90))).promise
     assert a.expire_time.ToMilliseconds() - a.create_time.ToMilliseconds() == 90_000
@@ -76,7 +101,7 @@ def test_create_with_ttl_expire_time_and_never_expires(
     assert not c.HasField("expire_time")
 
 
-def test_create_is_idempotent_by_id(stub: promises_pb2_grpc.PromisesStub) -> None:
+def test_create_is_idempotent_by_id(stub: promises_pb2_grpc.PromiseServiceStub) -> None:
     pid = uid()
     request = pb.CreatePromiseRequest(id=pid, param=payload(b"1"), tags={"k": "v"})
     first = stub.CreatePromise(request)
@@ -91,7 +116,7 @@ def test_create_is_idempotent_by_id(stub: promises_pb2_grpc.PromisesStub) -> Non
     )
 
 
-def test_create_with_idempotency_key(stub: promises_pb2_grpc.PromisesStub) -> None:
+def test_create_with_idempotency_key(stub: promises_pb2_grpc.PromiseServiceStub) -> None:
     pid = uid()
     first = stub.CreatePromise(pb.CreatePromiseRequest(id=pid, idempotency_key="k1"))
     # The key identifies the request: a different param with the same key is a repeat.
@@ -110,13 +135,13 @@ def test_create_with_idempotency_key(stub: promises_pb2_grpc.PromisesStub) -> No
 
 
 def test_strict_create_of_a_settled_promise_is_refused(
-    stub: promises_pb2_grpc.PromisesStub,
+    stub: promises_pb2_grpc.PromiseServiceStub,
 ) -> None:
     pid = uid()
     stub.CreatePromise(pb.CreatePromiseRequest(id=pid, idempotency_key="k"))
     stub.ResolvePromise(pb.ResolvePromiseRequest(id=pid))
     lenient = stub.CreatePromise(pb.CreatePromiseRequest(id=pid, idempotency_key="k"))
-    assert not lenient.created and lenient.promise.state == types.RESOLVED
+    assert not lenient.created and lenient.promise.state == types.PROMISE_STATE_RESOLVED
     fails(
         stub.CreatePromise,
         pb.CreatePromiseRequest(id=pid, idempotency_key="k", strict=True),
@@ -152,7 +177,7 @@ def test_strict_create_of_a_settled_promise_is_refused(
     ],
 )
 def test_create_rejects_bad_input_naming_the_field(
-    stub: promises_pb2_grpc.PromisesStub, request_: pb.CreatePromiseRequest, field: str
+    stub: promises_pb2_grpc.PromiseServiceStub, request_: pb.CreatePromiseRequest, field: str
 ) -> None:
     error = fails(
         stub.CreatePromise, request_, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT"
@@ -164,7 +189,7 @@ def test_create_rejects_bad_input_naming_the_field(
 # --- get ------------------------------------------------------------------------------
 
 
-def test_get_missing_and_invalid(stub: promises_pb2_grpc.PromisesStub) -> None:
+def test_get_missing_and_invalid(stub: promises_pb2_grpc.PromiseServiceStub) -> None:
     error = fails(
         stub.GetPromise, pb.GetPromiseRequest(id=uid()), grpc.StatusCode.NOT_FOUND, "NOT_FOUND"
     )
@@ -183,13 +208,13 @@ def test_get_missing_and_invalid(stub: promises_pb2_grpc.PromisesStub) -> None:
 @pytest.mark.parametrize(
     ("method", "request_type", "state"),
     [
-        ("ResolvePromise", pb.ResolvePromiseRequest, types.RESOLVED),
-        ("RejectPromise", pb.RejectPromiseRequest, types.REJECTED),
-        ("CancelPromise", pb.CancelPromiseRequest, types.REJECTED_CANCELED),
+        ("ResolvePromise", pb.ResolvePromiseRequest, types.PROMISE_STATE_RESOLVED),
+        ("RejectPromise", pb.RejectPromiseRequest, types.PROMISE_STATE_REJECTED),
+        ("CancelPromise", pb.CancelPromiseRequest, types.PROMISE_STATE_REJECTED_CANCELED),
     ],
 )
 def test_settle_once(
-    stub: promises_pb2_grpc.PromisesStub, method: str, request_type: type, state: int
+    stub: promises_pb2_grpc.PromiseServiceStub, method: str, request_type: type, state: int
 ) -> None:
     pid = uid()
     stub.CreatePromise(pb.CreatePromiseRequest(id=pid))
@@ -212,16 +237,22 @@ def test_settle_once(
         grpc.StatusCode.FAILED_PRECONDITION, "ALREADY_SETTLED",
     )  # fmt: skip
     assert "alice" in (error.details() or "")
-    assert error_info(error).metadata["state"] == types.PromiseState.Name(state)
+    # ErrorInfo names the state as troth.PromiseState does (RESOLVED, not the enum value's
+    # PROMISE_STATE_RESOLVED).
+    assert error_info(error).metadata["state"] == types.PromiseState.Name(state).removeprefix(
+        "PROMISE_STATE_"
+    )
     assert stub.GetPromise(pb.GetPromiseRequest(id=pid)).promise == p
 
 
-def test_strict_repeat_must_ask_for_the_same_state(stub: promises_pb2_grpc.PromisesStub) -> None:
+def test_strict_repeat_must_ask_for_the_same_state(
+    stub: promises_pb2_grpc.PromiseServiceStub,
+) -> None:
     pid = uid()
     stub.CreatePromise(pb.CreatePromiseRequest(id=pid))
     stub.ResolvePromise(pb.ResolvePromiseRequest(id=pid, idempotency_key="k"))
     lenient = stub.RejectPromise(pb.RejectPromiseRequest(id=pid, idempotency_key="k"))
-    assert not lenient.applied and lenient.promise.state == types.RESOLVED
+    assert not lenient.applied and lenient.promise.state == types.PROMISE_STATE_RESOLVED
     fails(
         stub.RejectPromise,
         pb.RejectPromiseRequest(id=pid, idempotency_key="k", strict=True),
@@ -230,7 +261,7 @@ def test_strict_repeat_must_ask_for_the_same_state(stub: promises_pb2_grpc.Promi
     )
 
 
-def test_settle_missing_and_invalid(stub: promises_pb2_grpc.PromisesStub) -> None:
+def test_settle_missing_and_invalid(stub: promises_pb2_grpc.PromiseServiceStub) -> None:
     fails(
         stub.ResolvePromise,
         pb.ResolvePromiseRequest(id=uid()),
@@ -246,7 +277,9 @@ def test_settle_missing_and_invalid(stub: promises_pb2_grpc.PromisesStub) -> Non
         "INVALID_ARGUMENT",
     )
     assert error_info(error).metadata["field"] == "value"
-    assert stub.GetPromise(pb.GetPromiseRequest(id=pid)).promise.state == types.PENDING
+    assert (
+        stub.GetPromise(pb.GetPromiseRequest(id=pid)).promise.state == types.PROMISE_STATE_PENDING
+    )
     bad_principal = [("troth-principal", "p" * 300)]
     with pytest.raises(grpc.RpcError) as caught:
         stub.CancelPromise(pb.CancelPromiseRequest(id=pid), metadata=bad_principal)
@@ -262,7 +295,7 @@ def test_timeout_is_exact_on_read_and_settle(tmp_path_factory: pytest.TempPathFa
     server = start_server(tmp_path_factory.mktemp("nosweep"), "--sweep-interval", "1h")
     try:
         with server.channel() as channel:
-            stub = promises_pb2_grpc.PromisesStub(channel)
+            stub = promises_pb2_grpc.PromiseServiceStub(channel)
             pid, timer = uid(), uid("timer")
             stub.CreatePromise(pb.CreatePromiseRequest(id=pid, ttl=Duration(nanos=300_000_000)))
             stub.CreatePromise(
@@ -279,16 +312,19 @@ def test_timeout_is_exact_on_read_and_settle(tmp_path_factory: pytest.TempPathFa
             while time.time() * 1000 < due:
                 time.sleep(0.05)
             got = stub.GetPromise(pb.GetPromiseRequest(id=pid)).promise
-            assert got.state == types.REJECTED_TIMEDOUT
+            assert got.state == types.PROMISE_STATE_REJECTED_TIMEDOUT
             assert got.settle_time == got.expire_time
             assert got.settled_by == "troth:timeout"
-            assert stub.GetPromise(pb.GetPromiseRequest(id=timer)).promise.state == types.RESOLVED
+            assert (
+                stub.GetPromise(pb.GetPromiseRequest(id=timer)).promise.state
+                == types.PROMISE_STATE_RESOLVED
+            )
             found = stub.SearchPromises(
-                pb.SearchPromisesRequest(id=pid, states=[types.PENDING])
+                pb.SearchPromisesRequest(id=pid, states=[types.PROMISE_STATE_PENDING])
             ).promises
             assert list(found) == []
             found = stub.SearchPromises(
-                pb.SearchPromisesRequest(id=pid, states=[types.REJECTED_TIMEDOUT])
+                pb.SearchPromisesRequest(id=pid, states=[types.PROMISE_STATE_REJECTED_TIMEDOUT])
             ).promises
             assert [p.id for p in found] == [pid]
             error = fails(
@@ -307,7 +343,7 @@ def test_timeout_is_exact_on_read_and_settle(tmp_path_factory: pytest.TempPathFa
 # --- search ---------------------------------------------------------------------------
 
 
-def test_search_by_glob_state_and_tags(stub: promises_pb2_grpc.PromisesStub) -> None:
+def test_search_by_glob_state_and_tags(stub: promises_pb2_grpc.PromiseServiceStub) -> None:
     run = uid("s")
     ids = [f"{run}.order_{i}" for i in range(6)]
     for i, pid in enumerate(ids):
@@ -323,8 +359,10 @@ def test_search_by_glob_state_and_tags(stub: promises_pb2_grpc.PromisesStub) -> 
 
     # `_` is literal, not a one-character wildcard: .orderX9 does not match .order_*
     assert search(id=f"{run}.order_*") == ids
-    assert search(id=f"{run}.*", states=[types.RESOLVED]) == ids[:2]
-    assert search(id=f"{run}.order_*", states=[types.PENDING], tags={"parity": "even"}) == [
+    assert search(id=f"{run}.*", states=[types.PROMISE_STATE_RESOLVED]) == ids[:2]
+    assert search(
+        id=f"{run}.order_*", states=[types.PROMISE_STATE_PENDING], tags={"parity": "even"}
+    ) == [
         ids[2],
         ids[4],
     ]
@@ -333,7 +371,7 @@ def test_search_by_glob_state_and_tags(stub: promises_pb2_grpc.PromisesStub) -> 
 
 
 def test_search_pagination_is_stable_under_concurrent_inserts(
-    stub: promises_pb2_grpc.PromisesStub,
+    stub: promises_pb2_grpc.PromiseServiceStub,
 ) -> None:
     run = uid("page")
     for i in range(25):
@@ -357,7 +395,7 @@ def test_search_pagination_is_stable_under_concurrent_inserts(
     assert set(seen[25:]) <= {f"{run}.new{i}" for i in range(1, pages + 1)}
 
 
-def test_search_rejects_bad_input(stub: promises_pb2_grpc.PromisesStub) -> None:
+def test_search_rejects_bad_input(stub: promises_pb2_grpc.PromiseServiceStub) -> None:
     reply = stub.SearchPromises(pb.SearchPromisesRequest(id="*", page_size=1))
     assert reply.next_page_token
     error = fails(
@@ -388,38 +426,47 @@ def test_search_rejects_bad_input(stub: promises_pb2_grpc.PromisesStub) -> None:
 # --- watch ----------------------------------------------------------------------------
 
 
-def test_watch_sends_current_then_settled_and_ends(stub: promises_pb2_grpc.PromisesStub) -> None:
+def test_watch_sends_current_then_settled_and_ends(
+    stub: promises_pb2_grpc.PromiseServiceStub,
+) -> None:
     pid = uid()
     stub.CreatePromise(pb.CreatePromiseRequest(id=pid))
     stream = stub.WatchPromise(pb.WatchPromiseRequest(id=pid), timeout=20)
     first = next(stream)
-    assert first.promise.state == types.PENDING
+    assert first.promise.state == types.PROMISE_STATE_PENDING
     threading.Timer(
         0.2, lambda: stub.ResolvePromise(pb.ResolvePromiseRequest(id=pid, value=payload(b"7")))
     ).start()
     second = next(stream)
-    assert second.promise.state == types.RESOLVED and second.promise.value.data == b"7"
+    assert (
+        second.promise.state == types.PROMISE_STATE_RESOLVED and second.promise.value.data == b"7"
+    )
     assert list(stream) == []
 
 
-def test_watch_of_a_settled_promise_sends_it_once(stub: promises_pb2_grpc.PromisesStub) -> None:
+def test_watch_of_a_settled_promise_sends_it_once(
+    stub: promises_pb2_grpc.PromiseServiceStub,
+) -> None:
     pid = uid()
     stub.CreatePromise(pb.CreatePromiseRequest(id=pid))
     stub.CancelPromise(pb.CancelPromiseRequest(id=pid))
     replies = list(stub.WatchPromise(pb.WatchPromiseRequest(id=pid), timeout=20))
-    assert [r.promise.state for r in replies] == [types.REJECTED_CANCELED]
+    assert [r.promise.state for r in replies] == [types.PROMISE_STATE_REJECTED_CANCELED]
 
 
-def test_watch_sees_a_timeout(stub: promises_pb2_grpc.PromisesStub) -> None:
+def test_watch_sees_a_timeout(stub: promises_pb2_grpc.PromiseServiceStub) -> None:
     pid = uid()
     stub.CreatePromise(pb.CreatePromiseRequest(id=pid, ttl=Duration(nanos=400_000_000)))
     started = time.monotonic()
     replies = list(stub.WatchPromise(pb.WatchPromiseRequest(id=pid), timeout=20))
-    assert [r.promise.state for r in replies] == [types.PENDING, types.REJECTED_TIMEDOUT]
+    assert [r.promise.state for r in replies] == [
+        types.PROMISE_STATE_PENDING,
+        types.PROMISE_STATE_REJECTED_TIMEDOUT,
+    ]
     assert time.monotonic() - started < 5
 
 
-def test_watch_errors(stub: promises_pb2_grpc.PromisesStub) -> None:
+def test_watch_errors(stub: promises_pb2_grpc.PromiseServiceStub) -> None:
     for request, code, reason in [
         (pb.WatchPromiseRequest(id=uid()), grpc.StatusCode.NOT_FOUND, "NOT_FOUND"),
         (pb.WatchPromiseRequest(id="bad id"), grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT"),
@@ -431,7 +478,7 @@ def test_watch_errors(stub: promises_pb2_grpc.PromisesStub) -> None:
 
 
 def test_a_cancelled_watch_frees_the_server(
-    stub: promises_pb2_grpc.PromisesStub, server: ServerProcess
+    stub: promises_pb2_grpc.PromiseServiceStub, server: ServerProcess
 ) -> None:
     # More abandoned watches than handler threads: the server must still answer.
     pid = uid()
@@ -440,16 +487,19 @@ def test_a_cancelled_watch_frees_the_server(
         stream = stub.WatchPromise(pb.WatchPromiseRequest(id=pid))
         next(stream)
         stream.cancel()
-    assert stub.GetPromise(pb.GetPromiseRequest(id=pid), timeout=10).promise.state == types.PENDING
+    assert (
+        stub.GetPromise(pb.GetPromiseRequest(id=pid), timeout=10).promise.state
+        == types.PROMISE_STATE_PENDING
+    )
 
 
-def test_create_already_settled_in_one_call(stub: promises_pb2_grpc.PromisesStub) -> None:
+def test_create_already_settled_in_one_call(stub: promises_pb2_grpc.PromiseServiceStub) -> None:
     pid = uid("step")
     request = pb.CreatePromiseRequest(
         id=pid, idempotency_key="step-key", resolved_with=payload(b'{"sent": true}')
     )
     first = stub.CreatePromise(request)
-    assert first.created and first.promise.state == types.RESOLVED
+    assert first.created and first.promise.state == types.PROMISE_STATE_RESOLVED
     assert first.promise.value.data == b'{"sent": true}'
     assert first.promise.idempotency_key_for_settle == "step-key"
     again = stub.CreatePromise(request)  # a retry after a lost reply: the same record
@@ -457,7 +507,7 @@ def test_create_already_settled_in_one_call(stub: promises_pb2_grpc.PromisesStub
     rejected = stub.CreatePromise(
         pb.CreatePromiseRequest(id=uid("step"), rejected_with=payload(b'{"type": "Boom"}'))
     ).promise
-    assert rejected.state == types.REJECTED
+    assert rejected.state == types.PROMISE_STATE_REJECTED
     error = fails(
         stub.CreatePromise,
         pb.CreatePromiseRequest(id=uid(), resolved_with=payload(b"x" * 1_048_577)),

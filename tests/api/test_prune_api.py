@@ -74,7 +74,7 @@ def test_the_sweeper_prunes_settled_promises_after_the_retention(pruning: Server
 
 def test_prune_promises_counts_then_deletes(keeping: ServerProcess) -> None:
     with Client(keeping.address) as client, grpc.insecure_channel(keeping.address) as channel:
-        stub = promises_pb2_grpc.PromisesStub(channel)
+        stub = promises_pb2_grpc.PromiseServiceStub(channel)
         key = uuid.uuid4().hex[:8]
         for n in range(3):
             client.create(f"{key}-{n}")
@@ -106,7 +106,7 @@ def test_prune_promises_refuses_a_missing_or_negative_age(
     keeping: ServerProcess, request_: promises_pb2.PrunePromisesRequest, why: str
 ) -> None:
     with grpc.insecure_channel(keeping.address) as channel, pytest.raises(grpc.RpcError) as caught:
-        promises_pb2_grpc.PromisesStub(channel).PrunePromises(request_)
+        promises_pb2_grpc.PromiseServiceStub(channel).PrunePromises(request_)
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     info = error_info(caught.value)
     assert info.metadata["field"] == "older_than" and why in (caught.value.details() or "")

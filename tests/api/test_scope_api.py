@@ -60,8 +60,8 @@ class Calls:
         self.server = server
         self.channel = channel
         self.tokens = tokens
-        self.promises = promises_pb2_grpc.PromisesStub(channel)
-        self.tasks = tasks_pb2_grpc.TasksStub(channel)
+        self.promises = promises_pb2_grpc.PromiseServiceStub(channel)
+        self.tasks = tasks_pb2_grpc.TaskServiceStub(channel)
 
     def md(self, who: str) -> tuple[tuple[str, str], ...]:
         return bearer(self.tokens[who])
@@ -162,7 +162,7 @@ def test_a_scoped_gateway_touches_only_ids_inside_its_prefixes(calls: Calls) -> 
             assert metadata["prefixes"] == "'acme-'", name
             assert metadata["promise_id"] == target, name
     # The refused writes changed nothing; an unscoped gateway still reads it pending.
-    assert calls.get("gateway", outside_existing).state == types_pb2.PENDING
+    assert calls.get("gateway", outside_existing).state == types_pb2.PROMISE_STATE_PENDING
     with pytest.raises(grpc.RpcError) as missing:
         calls.get("gateway", outside_missing)
     assert missing.value.code() == grpc.StatusCode.NOT_FOUND
@@ -181,7 +181,7 @@ def test_a_scoped_operator_cancels_only_inside(calls: Calls) -> None:
     done = calls.promises.CancelPromise(
         promises_pb2.CancelPromiseRequest(id=inside), metadata=md, timeout=10
     )
-    assert done.promise.state == types_pb2.REJECTED_CANCELED
+    assert done.promise.state == types_pb2.PROMISE_STATE_REJECTED_CANCELED
 
 
 def test_a_refusal_is_audited_once(calls: Calls) -> None:
@@ -231,7 +231,7 @@ def test_watch_promises_hears_only_ids_inside(calls: Calls) -> None:
         calls.create("gateway", f"globex-{run}", tags={"run": run})
         inside = calls.create("gateway", f"acme-{run}", tags={"run": run}).promise.id
         first = next(stream)
-        assert (first.type, first.promise.id) == (promises_pb2.CREATED, inside)
+        assert (first.type, first.promise.id) == (promises_pb2.PROMISE_EVENT_TYPE_CREATED, inside)
     finally:
         stream.cancel()
     # Outside every prefix: the stream ends at once, with nothing.
@@ -400,21 +400,21 @@ def test_an_early_settle_counts_only_if_the_adopting_policy_allows_its_settler(
         return calls.create("gateway", promise_id, **fields).promise
 
     # No policy: adopted as it was settled (as before).
-    assert early_then_create("gateway-2").state == types_pb2.RESOLVED
+    assert early_then_create("gateway-2").state == types_pb2.PROMISE_STATE_RESOLVED
     # A policy that names the early settler: adopted.
     named = early_then_create("gateway-2", principals=["gateway-2"])
-    assert (named.state, named.settled_by) == (types_pb2.RESOLVED, "gateway-2")
+    assert (named.state, named.settled_by) == (types_pb2.PROMISE_STATE_RESOLVED, "gateway-2")
     # A policy that does not: the early settle never counts; the promise is pending,
     # and its approver settles it.
     refused = early_then_create("gateway-2", principals=["admin"])
-    assert refused.state == types_pb2.PENDING
-    assert calls.get("gateway", refused.id).state == types_pb2.PENDING
+    assert refused.state == types_pb2.PROMISE_STATE_PENDING
+    assert calls.get("gateway", refused.id).state == types_pb2.PROMISE_STATE_PENDING
     code, reason, _ = _refused(lambda: calls.resolve("gateway-2", refused.id))
     assert (code, reason) == (grpc.StatusCode.PERMISSION_DENIED, Reason.NOT_AN_APPROVER)
     assert calls.resolve("admin", refused.id).promise.settled_by == "admin"
     # Roles cannot be checked after the fact: only a named principal settles early.
     by_role = early_then_create("gateway-2", roles=["gateway"])
-    assert by_role.state == types_pb2.PENDING
+    assert by_role.state == types_pb2.PROMISE_STATE_PENDING
     # Four-eyes: the early settler is the creator.
     promise_id = _id("early-")
     calls.resolve("gateway", promise_id, create_if_missing=True)
@@ -423,7 +423,7 @@ def test_an_early_settle_counts_only_if_the_adopting_policy_allows_its_settler(
         promise_id,
         approvers=types_pb2.Approvers(principals=["gateway"], not_requester=True),
     ).promise
-    assert own.state == types_pb2.PENDING
+    assert own.state == types_pb2.PROMISE_STATE_PENDING
     eventually(
         lambda: (
             refused.id in calls.server.log()
@@ -475,12 +475,12 @@ def test_a_workflows_approval_settled_early_by_someone_else_waits_for_its_approv
         ).promise
 
     step = approval(types_pb2.Approvers(principals=["admin"]))
-    assert (step.state, step.parent_id) == (types_pb2.PENDING, workflow.id)
+    assert (step.state, step.parent_id) == (types_pb2.PROMISE_STATE_PENDING, workflow.id)
     assert calls.resolve("admin", step.id).promise.settled_by == "admin"
     # Named by the policy: the early settle is adopted, as without one.
     named = approval(types_pb2.Approvers(principals=["gateway-2"]))
     assert (named.state, named.settled_by, named.parent_id) == (
-        types_pb2.RESOLVED,
+        types_pb2.PROMISE_STATE_RESOLVED,
         "gateway-2",
         workflow.id,
     )

@@ -31,7 +31,7 @@ def wait_for(predicate: object, timeout: float = 20) -> None:
 def test_logs_signals_and_graceful_shutdown(tmp_path: Path) -> None:
     server = start_server(tmp_path)
     with server.channel() as channel:
-        stub = promises_pb2_grpc.PromisesStub(channel)
+        stub = promises_pb2_grpc.PromiseServiceStub(channel)
         stub.CreatePromise(pb.CreatePromiseRequest(id="ops-1"))
         stub.ResolvePromise(
             pb.ResolvePromiseRequest(id="ops-1"), metadata=[("troth-principal", "alice")]
@@ -74,7 +74,7 @@ def test_environment_variables_and_flags(tmp_path: Path) -> None:
     )
     try:
         with server.channel() as channel:
-            stub = promises_pb2_grpc.PromisesStub(channel)
+            stub = promises_pb2_grpc.PromiseServiceStub(channel)
             p = stub.CreatePromise(pb.CreatePromiseRequest(id="env-1")).promise
             assert p.expire_time.ToMilliseconds() - p.create_time.ToMilliseconds() == 3_600_000
             with pytest.raises(grpc.RpcError) as caught:  # the flag (2) wins over the variable (9)

@@ -61,9 +61,9 @@ def server(
 
 
 @pytest.fixture(scope="module")
-def stub(server: ServerProcess) -> Iterator[promises_pb2_grpc.PromisesStub]:
+def stub(server: ServerProcess) -> Iterator[promises_pb2_grpc.PromiseServiceStub]:
     with server.channel() as channel:
-        yield promises_pb2_grpc.PromisesStub(channel)
+        yield promises_pb2_grpc.PromiseServiceStub(channel)
 
 
 def _id(name: str) -> str:
@@ -82,28 +82,37 @@ def _refused(call: Any, *args: Any, **kwargs: Any) -> tuple[grpc.StatusCode, str
 
 
 def _resolve(
-    stub: promises_pb2_grpc.PromisesStub, promise_id: str, by: str | None = None, **fields: Any
+    stub: promises_pb2_grpc.PromiseServiceStub,
+    promise_id: str,
+    by: str | None = None,
+    **fields: Any,
 ) -> promises_pb2.SettlePromiseResponse:
     request = promises_pb2.ResolvePromiseRequest(id=promise_id, **fields)
     return stub.ResolvePromise(request, metadata=_as(by), timeout=10)  # type: ignore[no-any-return]
 
 
 def _reject(
-    stub: promises_pb2_grpc.PromisesStub, promise_id: str, by: str | None = None, **fields: Any
+    stub: promises_pb2_grpc.PromiseServiceStub,
+    promise_id: str,
+    by: str | None = None,
+    **fields: Any,
 ) -> promises_pb2.SettlePromiseResponse:
     request = promises_pb2.RejectPromiseRequest(id=promise_id, **fields)
     return stub.RejectPromise(request, metadata=_as(by), timeout=10)  # type: ignore[no-any-return]
 
 
 def _create(
-    stub: promises_pb2_grpc.PromisesStub, promise_id: str, by: str | None = None, **fields: Any
+    stub: promises_pb2_grpc.PromiseServiceStub,
+    promise_id: str,
+    by: str | None = None,
+    **fields: Any,
 ) -> types_pb2.Promise:
     request = promises_pb2.CreatePromiseRequest(id=promise_id, ttl=HOUR, **fields)
     return stub.CreatePromise(request, metadata=_as(by), timeout=10).promise  # type: ignore[no-any-return]
 
 
 def _mint(
-    stub: promises_pb2_grpc.PromisesStub, promise_id: str, **fields: Any
+    stub: promises_pb2_grpc.PromiseServiceStub, promise_id: str, **fields: Any
 ) -> promises_pb2.MintSettleTokenResponse:
     request = promises_pb2.MintSettleTokenRequest(promise_id=promise_id, **fields)
     return stub.MintSettleToken(request, timeout=10)  # type: ignore[no-any-return]
@@ -112,13 +121,15 @@ def _mint(
 class Workflow:
     """A workflow started by `starter`, its task taken by hand to write its steps."""
 
-    def __init__(self, server: ServerProcess, stub: promises_pb2_grpc.PromisesStub, starter: str):
+    def __init__(
+        self, server: ServerProcess, stub: promises_pb2_grpc.PromiseServiceStub, starter: str
+    ):
         self.id, group = _id("wf"), _id("g")
         self.stub = stub
         tags = {"troth:invoke": group, "troth:func": "approve"}
         self.root = _create(stub, self.id, starter, tags=tags)
         self.channel = grpc.insecure_channel(server.address)
-        tasks = tasks_pb2_grpc.TasksStub(self.channel)
+        tasks = tasks_pb2_grpc.TaskServiceStub(self.channel)
         self.stream = tasks.Poll(tasks_pb2.PollRequest(group=group, worker_id="w1", capacity=1))
         task = next(self.stream).task
         self.fence = types_pb2.TaskFence(task_id=task.id, counter=task.counter, worker_id="w1")
@@ -137,7 +148,9 @@ class Workflow:
 
 
 @pytest.fixture
-def workflow(server: ServerProcess, stub: promises_pb2_grpc.PromisesStub) -> Iterator[Workflow]:
+def workflow(
+    server: ServerProcess, stub: promises_pb2_grpc.PromiseServiceStub
+) -> Iterator[Workflow]:
     wf = Workflow(server, stub, starter="alice")
     yield wf
     wf.close()
@@ -147,7 +160,7 @@ def workflow(server: ServerProcess, stub: promises_pb2_grpc.PromisesStub) -> Ite
 
 
 def test_the_policy_and_the_starter_are_recorded_and_returned(
-    stub: promises_pb2_grpc.PromisesStub, workflow: Workflow
+    stub: promises_pb2_grpc.PromiseServiceStub, workflow: Workflow
 ) -> None:
     step = workflow.step(0, principals=["carol", "bob"], not_requester=True)
     assert workflow.root.started_by == "alice"
@@ -161,7 +174,7 @@ def test_the_policy_and_the_starter_are_recorded_and_returned(
     assert got.HasField("settle_time")
 
 
-def test_only_a_listed_approver_settles(stub: promises_pb2_grpc.PromisesStub) -> None:
+def test_only_a_listed_approver_settles(stub: promises_pb2_grpc.PromiseServiceStub) -> None:
     promise = _create(stub, _id("p"), "alice", approvers=types_pb2.Approvers(principals=["carol"]))
     for settle in (_resolve, _reject):
         code, reason, metadata = _refused(settle, stub, promise.id, "mallory")
@@ -175,7 +188,9 @@ def test_only_a_listed_approver_settles(stub: promises_pb2_grpc.PromisesStub) ->
     assert _resolve(stub, promise.id, "carol").applied
 
 
-def test_a_role_that_the_caller_lacks_refuses_it(stub: promises_pb2_grpc.PromisesStub) -> None:
+def test_a_role_that_the_caller_lacks_refuses_it(
+    stub: promises_pb2_grpc.PromiseServiceStub,
+) -> None:
     promise = _create(stub, _id("p"), approvers=types_pb2.Approvers(roles=["finance"]))
     assert _refused(_resolve, stub, promise.id, "bob")[2]["rule"] == "approvers"
     # The local developer holds every built-in role.
@@ -183,15 +198,17 @@ def test_a_role_that_the_caller_lacks_refuses_it(stub: promises_pb2_grpc.Promise
     assert _resolve(stub, other.id, "bob").applied
 
 
-def test_cancel_is_not_checked_against_the_policy(stub: promises_pb2_grpc.PromisesStub) -> None:
+def test_cancel_is_not_checked_against_the_policy(
+    stub: promises_pb2_grpc.PromiseServiceStub,
+) -> None:
     promise = _create(stub, _id("p"), approvers=types_pb2.Approvers(principals=["carol"]))
     request = promises_pb2.CancelPromiseRequest(id=promise.id)
     cancelled = stub.CancelPromise(request, metadata=_as("ops"), timeout=10)
-    assert cancelled.promise.state == types_pb2.REJECTED_CANCELED
+    assert cancelled.promise.state == types_pb2.PROMISE_STATE_REJECTED_CANCELED
 
 
 def test_four_eyes_refuses_the_workflows_starter(
-    stub: promises_pb2_grpc.PromisesStub, workflow: Workflow
+    stub: promises_pb2_grpc.PromiseServiceStub, workflow: Workflow
 ) -> None:
     step = workflow.step(0, not_requester=True)
     code, reason, metadata = _refused(_resolve, stub, step.id, "alice")
@@ -204,7 +221,7 @@ def test_four_eyes_refuses_the_workflows_starter(
 
 
 def test_four_eyes_on_a_standalone_promise_refuses_its_creator(
-    stub: promises_pb2_grpc.PromisesStub,
+    stub: promises_pb2_grpc.PromiseServiceStub,
 ) -> None:
     promise = _create(stub, _id("p"), "alice", approvers=types_pb2.Approvers(not_requester=True))
     assert _refused(_reject, stub, promise.id, "alice")[2]["rule"] == "not_requester"
@@ -212,7 +229,7 @@ def test_four_eyes_on_a_standalone_promise_refuses_its_creator(
 
 
 def test_a_distinct_quorum_needs_a_different_principal_per_approval(
-    stub: promises_pb2_grpc.PromisesStub, workflow: Workflow
+    stub: promises_pb2_grpc.PromiseServiceStub, workflow: Workflow
 ) -> None:
     steps = [workflow.step(n, distinct=True) for n in range(3)]
     other_quorum = workflow.step(3, distinct=True, quorum="legal")
@@ -233,7 +250,7 @@ def test_a_distinct_quorum_needs_a_different_principal_per_approval(
 
 
 def test_a_token_settles_its_promise_once_with_no_other_credential(
-    stub: promises_pb2_grpc.PromisesStub,
+    stub: promises_pb2_grpc.PromiseServiceStub,
 ) -> None:
     # The policy names someone else: the token is its own permission.
     promise = _create(stub, _id("p"), approvers=types_pb2.Approvers(principals=["carol"]))
@@ -254,7 +271,7 @@ def test_a_token_settles_its_promise_once_with_no_other_credential(
 
 
 def test_a_second_token_of_a_settled_promise_finds_it_settled(
-    stub: promises_pb2_grpc.PromisesStub,
+    stub: promises_pb2_grpc.PromiseServiceStub,
 ) -> None:
     promise = _create(stub, _id("p"))
     first, second = _mint(stub, promise.id), _mint(stub, promise.id)
@@ -283,9 +300,13 @@ def _token(key_id: str, payload: bytes, mac: bytes) -> str:
     return ".".join(("st1", key_id, _b64(payload), _b64(mac)))
 
 
-def test_altered_tokens_are_refused_as_badly_signed(stub: promises_pb2_grpc.PromisesStub) -> None:
+def test_altered_tokens_are_refused_as_badly_signed(
+    stub: promises_pb2_grpc.PromiseServiceStub,
+) -> None:
     promise, other = _create(stub, _id("p")), _create(stub, _id("p"))
-    minted = _mint(stub, promise.id, outcomes=[types_pb2.REJECTED], ttl=Duration(seconds=60))
+    minted = _mint(
+        stub, promise.id, outcomes=[types_pb2.PROMISE_STATE_REJECTED], ttl=Duration(seconds=60)
+    )
     key_id, payload, mac = _parts(minted.token)
     token_id, expire, bits = struct.unpack(">12sQB", payload[:21])
     altered = {
@@ -312,10 +333,10 @@ def test_altered_tokens_are_refused_as_badly_signed(stub: promises_pb2_grpc.Prom
 
 
 def test_a_token_is_refused_for_each_other_reason_distinctly(
-    stub: promises_pb2_grpc.PromisesStub,
+    stub: promises_pb2_grpc.PromiseServiceStub,
 ) -> None:
     promise, other = _create(stub, _id("p")), _create(stub, _id("p"))
-    minted = _mint(stub, promise.id, outcomes=[types_pb2.REJECTED])
+    minted = _mint(stub, promise.id, outcomes=[types_pb2.PROMISE_STATE_REJECTED])
     key_id, payload, mac = _parts(minted.token)
     cases = {
         "garbage": (
@@ -345,7 +366,7 @@ def test_a_token_is_refused_for_each_other_reason_distinctly(
     assert key_id == "k1"
 
 
-def test_an_expired_token_is_refused(stub: promises_pb2_grpc.PromisesStub) -> None:
+def test_an_expired_token_is_refused(stub: promises_pb2_grpc.PromiseServiceStub) -> None:
     promise = _create(stub, _id("p"))
     minted = _mint(stub, promise.id, ttl=Duration(nanos=300_000_000))
     # Time must pass (a sleep on purpose): until just after the token's expiry.
@@ -355,7 +376,7 @@ def test_an_expired_token_is_refused(stub: promises_pb2_grpc.PromisesStub) -> No
 
 
 def test_cancelling_the_workflow_voids_its_links(
-    stub: promises_pb2_grpc.PromisesStub, workflow: Workflow
+    stub: promises_pb2_grpc.PromiseServiceStub, workflow: Workflow
 ) -> None:
     step = workflow.step(0, principals=["carol"])
     minted = _mint(stub, step.id)
@@ -368,7 +389,7 @@ def test_cancelling_the_workflow_voids_its_links(
 
 
 def test_a_token_cannot_go_with_a_fence_or_create_if_missing(
-    stub: promises_pb2_grpc.PromisesStub, workflow: Workflow
+    stub: promises_pb2_grpc.PromiseServiceStub, workflow: Workflow
 ) -> None:
     step = workflow.step(0)
     minted = _mint(stub, step.id)
@@ -378,7 +399,9 @@ def test_a_token_cannot_go_with_a_fence_or_create_if_missing(
         assert (code, metadata["field"]) == (grpc.StatusCode.INVALID_ARGUMENT, "settle_token")
 
 
-def test_mint_refuses_unknown_and_settled_promises(stub: promises_pb2_grpc.PromisesStub) -> None:
+def test_mint_refuses_unknown_and_settled_promises(
+    stub: promises_pb2_grpc.PromiseServiceStub,
+) -> None:
     assert _refused(_mint, stub, _id("missing"))[:2] == (
         grpc.StatusCode.NOT_FOUND,
         Reason.NOT_FOUND,
@@ -386,12 +409,17 @@ def test_mint_refuses_unknown_and_settled_promises(stub: promises_pb2_grpc.Promi
     promise = _create(stub, _id("p"))
     _resolve(stub, promise.id)
     assert _refused(_mint, stub, promise.id)[1] == Reason.ALREADY_SETTLED
-    bad = _refused(_mint, stub, _create(stub, _id("p")).id, outcomes=[types_pb2.REJECTED_CANCELED])
+    bad = _refused(
+        _mint,
+        stub,
+        _create(stub, _id("p")).id,
+        outcomes=[types_pb2.PROMISE_STATE_REJECTED_CANCELED],
+    )
     assert (bad[0], bad[2]["field"]) == (grpc.StatusCode.INVALID_ARGUMENT, "outcomes[0]")
 
 
 def test_keys_rotate_without_breaking_links_already_sent(
-    stub: promises_pb2_grpc.PromisesStub, keys_file: Path, server: ServerProcess
+    stub: promises_pb2_grpc.PromiseServiceStub, keys_file: Path, server: ServerProcess
 ) -> None:
     original = keys_file.read_text()
     first, second = _create(stub, _id("p")), _create(stub, _id("p"))
@@ -428,7 +456,7 @@ def test_keys_rotate_without_breaking_links_already_sent(
 
 
 def test_tokens_and_secrets_never_reach_the_log(
-    stub: promises_pb2_grpc.PromisesStub, server: ServerProcess, keys_file: Path
+    stub: promises_pb2_grpc.PromiseServiceStub, server: ServerProcess, keys_file: Path
 ) -> None:
     promise = _create(stub, _id("p"))
     minted = _mint(stub, promise.id)
@@ -446,7 +474,7 @@ def test_a_server_without_keys_mints_no_token(tmp_path: Path) -> None:
     proc = start_server(tmp_path)
     try:
         with proc.channel() as channel:
-            stub = promises_pb2_grpc.PromisesStub(channel)
+            stub = promises_pb2_grpc.PromiseServiceStub(channel)
             promise = _create(stub, _id("p"))
             assert _refused(_mint, stub, promise.id)[:2] == (
                 grpc.StatusCode.FAILED_PRECONDITION,

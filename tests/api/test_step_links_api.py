@@ -75,8 +75,8 @@ class Held:
 
     def __init__(self, server: ServerProcess, group: str, worker_id: str = "w-hand") -> None:
         self.channel = grpc.insecure_channel(server.address)
-        self.tasks = tasks_pb2_grpc.TasksStub(self.channel)
-        self.promises = promises_pb2_grpc.PromisesStub(self.channel)
+        self.tasks = tasks_pb2_grpc.TaskServiceStub(self.channel)
+        self.promises = promises_pb2_grpc.PromiseServiceStub(self.channel)
         self.worker_id = worker_id
         self.stream = self.tasks.Poll(
             tasks_pb2.PollRequest(group=group, worker_id=worker_id, capacity=1)
@@ -153,7 +153,9 @@ def test_nobody_but_the_task_holder_writes_a_workflows_checkpoints(
         assert root_expiry is not None
         assert gate.promise.expire_time.ToDatetime(UTC) <= root_expiry
         ran = held.create(f"{wid}.1", record=b'"charged"', tags=RUN_TAGS)
-        assert ran.promise.state == types_pb2.RESOLVED and ran.promise.parent_id == wid
+        assert (
+            ran.promise.state == types_pb2.PROMISE_STATE_RESOLVED and ran.promise.parent_id == wid
+        )
         # A run step, even one created pending, is settled only with the fence.
         held.create(f"{wid}.2", tags=RUN_TAGS)
         with pytest.raises(PermissionDeniedError, match="'run' step"):
@@ -202,7 +204,7 @@ def _run_worker(client: Client, group: str, build: Any) -> Iterator[Worker]:
 
 
 def test_a_forged_checkpoint_is_never_taken_as_the_steps_result(
-    client: Client, stub: promises_pb2_grpc.PromisesStub
+    client: Client, stub: promises_pb2_grpc.PromiseServiceStub
 ) -> None:
     """A `<wid>.0` written before the workflow starts: its value never stands in for the
     step's. With run tags it cannot be created at all (the step runs and records its
@@ -265,7 +267,7 @@ def test_a_settled_root_takes_no_new_pending_step_but_records_results(
         assert wid in (exc.details() or "") and "REJECTED_CANCELED" in (exc.details() or "")
         # Compensation after Cancelled: a finished result is still recorded.
         undo = held.create(f"{wid}.1", record=b'"refunded"', tags=RUN_TAGS)
-        assert undo.promise.state == types_pb2.RESOLVED
+        assert undo.promise.state == types_pb2.PROMISE_STATE_RESOLVED
     finally:
         held.close()
 

@@ -50,12 +50,12 @@ class Setup:
     tokens: dict[str, str]
 
     @property
-    def promises(self) -> promises_pb2_grpc.PromisesStub:
-        return promises_pb2_grpc.PromisesStub(self.channel)
+    def promises(self) -> promises_pb2_grpc.PromiseServiceStub:
+        return promises_pb2_grpc.PromiseServiceStub(self.channel)
 
     @property
-    def tasks(self) -> tasks_pb2_grpc.TasksStub:
-        return tasks_pb2_grpc.TasksStub(self.channel)
+    def tasks(self) -> tasks_pb2_grpc.TaskServiceStub:
+        return tasks_pb2_grpc.TaskServiceStub(self.channel)
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgres"])
@@ -209,7 +209,7 @@ def test_a_forged_complete_task_with_the_right_counter_is_refused(
     assert leased.task.id in message and "leased to another principal" in message
     # Nothing about the lease is told to the caller that is not its holder.
     assert leased.worker_id not in message and "worker-a" not in message
-    assert leased.root_state() == types_pb2.PENDING
+    assert leased.root_state() == types_pb2.PROMISE_STATE_PENDING
     # The same with suspend_on (RegisterCallbacks and complete in one).
     assert (
         code_and_reason(lambda: leased.complete("worker-b", suspend_on=[f"{leased.root}.0"]))
@@ -222,10 +222,10 @@ def test_a_forged_complete_task_with_the_right_counter_is_refused(
         )
         == DENIED
     )
-    assert leased.root_state() == types_pb2.PENDING
+    assert leased.root_state() == types_pb2.PROMISE_STATE_PENDING
     # The rightful worker completes it and settles its workflow.
     done = leased.complete("worker-a", resolve_root=types_pb2.Payload(data=b'"real"'))
-    assert done.root.state == types_pb2.RESOLVED and done.root.value.data == b'"real"'
+    assert done.root.state == types_pb2.PROMISE_STATE_RESOLVED and done.root.value.data == b'"real"'
     assert done.root.settled_by == "worker-a"
 
     # The workflow's result is audited like any settle (one line; the log is written
@@ -267,7 +267,10 @@ def test_heartbeat_release_and_callbacks_from_another_principal_are_refused(
     # The holder's own calls work.
     beat = tasks.Heartbeat(heartbeat, metadata=md["worker-a"])
     assert list(beat.task_ids) == [leased.task.id]
-    assert tasks.ReleaseTask(release, metadata=md["worker-a"]).task.state == tasks_pb2.TASK_PENDING
+    assert (
+        tasks.ReleaseTask(release, metadata=md["worker-a"]).task.state
+        == tasks_pb2.TASK_STATE_PENDING
+    )
 
 
 def test_an_admin_may_release_a_task_it_does_not_hold(setup: Setup, leased: Leased) -> None:
@@ -277,7 +280,7 @@ def test_an_admin_may_release_a_task_it_does_not_hold(setup: Setup, leased: Leas
         ),
         metadata=setup.md["admin-1"],
     )
-    assert released.task.state == tasks_pb2.TASK_PENDING
+    assert released.task.state == tasks_pb2.TASK_STATE_PENDING
     # Its holder has lost it: the counter moved on when the task is claimed again.
     assert code_and_reason(lambda: leased.complete("worker-a")) == (
         grpc.StatusCode.FAILED_PRECONDITION,
@@ -312,7 +315,9 @@ def test_fenced_step_writes_from_another_principal_are_refused(
     def mint(who: str, promise_id: str) -> object:
         return promises.MintSettleToken(
             promises_pb2.MintSettleTokenRequest(
-                promise_id=promise_id, outcomes=[types_pb2.RESOLVED], fence=leased.fence()
+                promise_id=promise_id,
+                outcomes=[types_pb2.PROMISE_STATE_RESOLVED],
+                fence=leased.fence(),
             ),
             metadata=md[who],
             timeout=10,
@@ -334,7 +339,10 @@ def test_fenced_step_writes_from_another_principal_are_refused(
     mint("worker-a", f"{leased.root}.1")
     resolve("worker-a", step)
     got = promises.GetPromise(promises_pb2.GetPromiseRequest(id=step), metadata=md["gateway-1"])
-    assert got.promise.state == types_pb2.RESOLVED and got.promise.settled_by == "worker-a"
+    assert (
+        got.promise.state == types_pb2.PROMISE_STATE_RESOLVED
+        and got.promise.settled_by == "worker-a"
+    )
 
 
 def test_the_holder_whose_grant_no_longer_names_the_group_is_refused(
@@ -353,7 +361,7 @@ def test_the_holder_whose_grant_no_longer_names_the_group_is_refused(
         )
         == expected
     )
-    assert leased.complete("worker-a").task.state == tasks_pb2.TASK_COMPLETED
+    assert leased.complete("worker-a").task.state == tasks_pb2.TASK_STATE_COMPLETED
 
 
 def test_another_principals_stream_with_the_same_worker_id_takes_nothing(
@@ -380,7 +388,7 @@ def test_another_principals_stream_with_the_same_worker_id_takes_nothing(
         metadata=setup.md["worker-a"],
     )
     assert list(beat.task_ids) == [leased.task.id]
-    assert leased.complete("worker-a").task.state == tasks_pb2.TASK_COMPLETED
+    assert leased.complete("worker-a").task.state == tasks_pb2.TASK_STATE_COMPLETED
 
 
 def publish(ctx: Context, title: str) -> Generator[Any, Any, str]:
@@ -409,15 +417,15 @@ def test_an_sdk_worker_runs_a_workflow_with_authentication_on(setup: Setup) -> N
     step = setup.promises.GetPromise(
         promises_pb2.GetPromiseRequest(id=f"{group_run}.0"), metadata=setup.md["gateway-1"]
     ).promise
-    assert step.state == types_pb2.RESOLVED
+    assert step.state == types_pb2.PROMISE_STATE_RESOLVED
 
 
 def test_with_authentication_off_task_calls_bind_nobody(tmp_path: Any) -> None:
     server = start_server(tmp_path)  # --no-auth
     try:
         with server.channel() as channel:
-            promises = promises_pb2_grpc.PromisesStub(channel)
-            tasks = tasks_pb2_grpc.TasksStub(channel)
+            promises = promises_pb2_grpc.PromiseServiceStub(channel)
+            tasks = tasks_pb2_grpc.TaskServiceStub(channel)
             promises.CreatePromise(
                 promises_pb2.CreatePromiseRequest(
                     id="off-1", tags={"troth:invoke": GROUP, "troth:func": "publish"}
@@ -442,7 +450,7 @@ def test_with_authentication_off_task_calls_bind_nobody(tmp_path: Any) -> None:
                 ),
                 metadata=(("troth-principal", "bob"),),
             )
-            assert done.root.state == types_pb2.RESOLVED
+            assert done.root.state == types_pb2.PROMISE_STATE_RESOLVED
             stream.cancel()
     finally:
         assert server.stop() == 0, server.log()[-3000:]

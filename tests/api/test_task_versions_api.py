@@ -1,4 +1,4 @@
-"""Workflow versions over troth.v1.Tasks against a real server (each back end): Poll
+"""Workflow versions over troth.v1.TaskService against a real server (each back end): Poll
 streams listing their versions get only the tasks they may run, new starts go to the
 newest version, and SearchTasks says what a waiting task waits for."""
 
@@ -21,7 +21,7 @@ from troth.v1 import types_pb2 as types
 
 WAIT = 15.0
 
-Stubs = tuple[promises_pb2_grpc.PromisesStub, tasks_pb2_grpc.TasksStub]
+Stubs = tuple[promises_pb2_grpc.PromiseServiceStub, tasks_pb2_grpc.TaskServiceStub]
 
 
 class Poller(PollStream):
@@ -29,7 +29,7 @@ class Poller(PollStream):
 
     def __init__(
         self,
-        stub: tasks_pb2_grpc.TasksStub,
+        stub: tasks_pb2_grpc.TaskServiceStub,
         group: str,
         worker: str,
         workflows: list[tuple[str, str]],
@@ -49,7 +49,7 @@ class Poller(PollStream):
 
 @pytest.fixture
 def stubs(channel: grpc.Channel) -> Stubs:
-    return promises_pb2_grpc.PromisesStub(channel), tasks_pb2_grpc.TasksStub(channel)
+    return promises_pb2_grpc.PromiseServiceStub(channel), tasks_pb2_grpc.TaskServiceStub(channel)
 
 
 @pytest.fixture
@@ -65,7 +65,7 @@ def pollers() -> Iterator[list[Poller]]:
         p.cancel()
 
 
-def start(promises: promises_pb2_grpc.PromisesStub, root: str, group: str, func: str) -> None:
+def start(promises: promises_pb2_grpc.PromiseServiceStub, root: str, group: str, func: str) -> None:
     promises.CreatePromise(
         pb.CreatePromiseRequest(
             id=root,
@@ -90,7 +90,7 @@ def suspend(stubs: Stubs, delivery: tasks_pb2.PollResponse, worker: str) -> str:
     return step
 
 
-def search(tasks: tasks_pb2_grpc.TasksStub, group: str) -> list[tasks_pb2.Task]:
+def search(tasks: tasks_pb2_grpc.TaskServiceStub, group: str) -> list[tasks_pb2.Task]:
     return list(tasks.SearchTasks(tasks_pb2.SearchTasksRequest(group=group)).tasks)
 
 
@@ -131,11 +131,14 @@ def test_a_parked_workflow_resumes_only_on_its_version_while_new_starts_go_on(
     start(promises, "new-wf-" + group, group, "publish")
     # The older task (the resume) is skipped, not delivered and not in the way.
     first = new.next()
-    assert (first.task.root_promise_id, first.task.kind) == ("new-wf-" + group, tasks_pb2.INVOKE)
+    assert (first.task.root_promise_id, first.task.kind) == (
+        "new-wf-" + group,
+        tasks_pb2.TASK_KIND_INVOKE,
+    )
     assert first.task.workflow_version == "v2" and first.root.workflow_version == "v2"
-    (waiting,) = [t for t in search(tasks, group) if t.state == tasks_pb2.TASK_PENDING]
+    (waiting,) = [t for t in search(tasks, group) if t.state == tasks_pb2.TASK_STATE_PENDING]
     assert (waiting.root_promise_id, waiting.kind, waiting.workflow_version) == (
-        "old-wf-" + group, tasks_pb2.RESUME, "v1",
+        "old-wf-" + group, tasks_pb2.TASK_KIND_RESUME, "v1",
     )  # fmt: skip
     assert waiting.waiting_for == (
         f"waiting for a worker of group {group!r} running workflow 'publish' version 'v1' "
@@ -199,7 +202,7 @@ def test_a_stream_listing_nothing_takes_a_versioned_task(
     pollers.append(legacy)
     promises.ResolvePromise(pb.ResolvePromiseRequest(id=step))
     resume = legacy.next()
-    assert (resume.task.kind, resume.task.workflow_version) == (tasks_pb2.RESUME, "v1")
+    assert (resume.task.kind, resume.task.workflow_version) == (tasks_pb2.TASK_KIND_RESUME, "v1")
 
 
 def test_search_tasks_lists_open_tasks_oldest_first_and_why_they_wait(
@@ -220,11 +223,11 @@ def test_search_tasks_lists_open_tasks_oldest_first_and_why_they_wait(
     held = busy.next()
     found = search(tasks, group)
     assert [t.root_promise_id for t in found] == roots
-    claimed = [t for t in found if t.state == tasks_pb2.TASK_CLAIMED]
+    claimed = [t for t in found if t.state == tasks_pb2.TASK_STATE_CLAIMED]
     assert [(t.id, t.worker_id, t.waiting_for) for t in claimed] == [
         (held.task.id, f"w-busy-{group}", "")
     ]
-    assert {t.waiting_for for t in found if t.state == tasks_pb2.TASK_PENDING} == {
+    assert {t.waiting_for for t in found if t.state == tasks_pb2.TASK_STATE_PENDING} == {
         f"waiting for a free worker of group {group!r} (1 connected here can run it; "
         "all are at capacity or not heartbeating)"
     }
@@ -316,4 +319,4 @@ def test_an_sdk_worker_gives_back_a_task_of_a_version_it_does_not_run(
     again = stream.next()
     assert (again.task.id, again.task.counter) == (delivery.task.id, delivery.task.counter + 1)
     root = promises.GetPromise(pb.GetPromiseRequest(id=f"wf-{group}")).promise
-    assert root.state == types.PENDING
+    assert root.state == types.PROMISE_STATE_PENDING

@@ -1,4 +1,4 @@
-"""troth.v1.Tasks against a real server: Poll delivers leased tasks with their history,
+"""troth.v1.TaskService against a real server: Poll delivers leased tasks with their history,
 callbacks turn settles into resumes, completion settles the root, fencing holds."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ class Poller(PollStream):
 
     def __init__(
         self,
-        stub: tasks_pb2_grpc.TasksStub,
+        stub: tasks_pb2_grpc.TaskServiceStub,
         group: str,
         worker: str,
         capacity: int = 4,
@@ -42,8 +42,8 @@ class Poller(PollStream):
 @pytest.fixture
 def stubs(
     channel: grpc.Channel,
-) -> tuple[promises_pb2_grpc.PromisesStub, tasks_pb2_grpc.TasksStub]:
-    return promises_pb2_grpc.PromisesStub(channel), tasks_pb2_grpc.TasksStub(channel)
+) -> tuple[promises_pb2_grpc.PromiseServiceStub, tasks_pb2_grpc.TaskServiceStub]:
+    return promises_pb2_grpc.PromiseServiceStub(channel), tasks_pb2_grpc.TaskServiceStub(channel)
 
 
 @pytest.fixture
@@ -53,7 +53,7 @@ def group() -> str:
 
 @pytest.fixture
 def pollers(
-    stubs: tuple[promises_pb2_grpc.PromisesStub, tasks_pb2_grpc.TasksStub],
+    stubs: tuple[promises_pb2_grpc.PromiseServiceStub, tasks_pb2_grpc.TaskServiceStub],
 ) -> Iterator[list[Poller]]:
     made: list[Poller] = []
     yield made
@@ -61,7 +61,7 @@ def pollers(
         p.cancel()
 
 
-def start(promises: promises_pb2_grpc.PromisesStub, root: str, group: str) -> None:
+def start(promises: promises_pb2_grpc.PromiseServiceStub, root: str, group: str) -> None:
     promises.CreatePromise(
         pb.CreatePromiseRequest(
             id=root,
@@ -72,7 +72,7 @@ def start(promises: promises_pb2_grpc.PromisesStub, root: str, group: str) -> No
 
 
 def test_a_workflow_runs_suspends_resumes_and_completes(
-    stubs: tuple[promises_pb2_grpc.PromisesStub, tasks_pb2_grpc.TasksStub],
+    stubs: tuple[promises_pb2_grpc.PromiseServiceStub, tasks_pb2_grpc.TaskServiceStub],
     group: str,
     pollers: list[Poller],
 ) -> None:
@@ -84,7 +84,7 @@ def test_a_workflow_runs_suspends_resumes_and_completes(
 
     invoke = poller.next()
     assert (invoke.task.kind, invoke.task.state, invoke.task.counter) == (
-        tasks_pb2.INVOKE, tasks_pb2.TASK_CLAIMED, 1,
+        tasks_pb2.TASK_KIND_INVOKE, tasks_pb2.TASK_STATE_CLAIMED, 1,
     )  # fmt: skip
     assert invoke.root.id == root and list(invoke.history) == []
     task = invoke.task
@@ -102,14 +102,16 @@ def test_a_workflow_runs_suspends_resumes_and_completes(
     server_time = beat.server_time.ToMilliseconds() / 1000
     assert before - 5 < server_time < time.time() + 5
     done = tasks.CompleteTask(tasks_pb2.CompleteTaskRequest(**held))
-    assert done.task.state == tasks_pb2.TASK_COMPLETED
+    assert done.task.state == tasks_pb2.TASK_STATE_COMPLETED
 
     promises.ResolvePromise(
         pb.ResolvePromiseRequest(id=f"{root}.0", value=types.Payload(data=b"true"))
     )
     resume = poller.next()
-    assert resume.task.kind == tasks_pb2.RESUME and resume.task.root_promise_id == root
-    assert [(p.id, p.state) for p in resume.history] == [(f"{root}.0", types.RESOLVED)]
+    assert resume.task.kind == tasks_pb2.TASK_KIND_RESUME and resume.task.root_promise_id == root
+    assert [(p.id, p.state) for p in resume.history] == [
+        (f"{root}.0", types.PROMISE_STATE_RESOLVED)
+    ]
 
     finished = tasks.CompleteTask(
         tasks_pb2.CompleteTaskRequest(
@@ -117,14 +119,14 @@ def test_a_workflow_runs_suspends_resumes_and_completes(
             resolve_root=types.Payload(data=b'"published"'),
         )
     )  # fmt: skip
-    assert finished.root.state == types.RESOLVED
+    assert finished.root.state == types.PROMISE_STATE_RESOLVED
     got = promises.GetPromise(pb.GetPromiseRequest(id=root)).promise
     assert got.value.data == b'"published"' and got.settled_by == "w1"
 
     # The same completion again (its reply was lost, say with a replica): answered as
     # it was, and nothing changes. Anyone else's call on the task is fenced off.
     repeated = tasks.CompleteTask(tasks_pb2.CompleteTaskRequest(**held))
-    assert repeated.task.state == tasks_pb2.TASK_COMPLETED and repeated.task.id == task.id
+    assert repeated.task.state == tasks_pb2.TASK_STATE_COMPLETED and repeated.task.id == task.id
     assert promises.GetPromise(pb.GetPromiseRequest(id=root)).promise == got
     with pytest.raises(grpc.RpcError) as caught:
         tasks.CompleteTask(tasks_pb2.CompleteTaskRequest(**{**held, "worker_id": "w2"}))
@@ -133,7 +135,7 @@ def test_a_workflow_runs_suspends_resumes_and_completes(
 
 
 def test_suspend_registers_and_completes_in_one_call(
-    stubs: tuple[promises_pb2_grpc.PromisesStub, tasks_pb2_grpc.TasksStub],
+    stubs: tuple[promises_pb2_grpc.PromiseServiceStub, tasks_pb2_grpc.TaskServiceStub],
     group: str,
     pollers: list[Poller],
 ) -> None:
@@ -154,12 +156,12 @@ def test_suspend_registers_and_completes_in_one_call(
         tasks_pb2.CompleteTaskRequest(**held, suspend_on=[f"{root}.0", f"{root}.1"])
     )
     assert [p.id for p in answer.settled] == [f"{root}.1"]
-    assert answer.task.state == tasks_pb2.TASK_CLAIMED
+    assert answer.task.state == tasks_pb2.TASK_STATE_CLAIMED
     # Waiting on the pending one only: callbacks registered and the task completed.
     done = tasks.CompleteTask(tasks_pb2.CompleteTaskRequest(**held, suspend_on=[f"{root}.0"]))
-    assert done.task.state == tasks_pb2.TASK_COMPLETED and list(done.settled) == []
+    assert done.task.state == tasks_pb2.TASK_STATE_COMPLETED and list(done.settled) == []
     promises.ResolvePromise(pb.ResolvePromiseRequest(id=f"{root}.0"))
-    assert poller.next().task.kind == tasks_pb2.RESUME
+    assert poller.next().task.kind == tasks_pb2.TASK_KIND_RESUME
 
     with pytest.raises(grpc.RpcError) as caught:
         tasks.CompleteTask(
@@ -171,7 +173,7 @@ def test_suspend_registers_and_completes_in_one_call(
 
 
 def test_register_callbacks_answers_promises_already_settled(
-    stubs: tuple[promises_pb2_grpc.PromisesStub, tasks_pb2_grpc.TasksStub],
+    stubs: tuple[promises_pb2_grpc.PromiseServiceStub, tasks_pb2_grpc.TaskServiceStub],
     group: str,
     pollers: list[Poller],
 ) -> None:
@@ -193,7 +195,7 @@ def test_register_callbacks_answers_promises_already_settled(
 
 
 def test_a_broken_stream_gives_its_tasks_to_another_worker_at_once(
-    stubs: tuple[promises_pb2_grpc.PromisesStub, tasks_pb2_grpc.TasksStub],
+    stubs: tuple[promises_pb2_grpc.PromiseServiceStub, tasks_pb2_grpc.TaskServiceStub],
     group: str,
     pollers: list[Poller],
 ) -> None:
@@ -212,7 +214,7 @@ def test_a_broken_stream_gives_its_tasks_to_another_worker_at_once(
 
 
 def test_a_frozen_worker_loses_its_task_and_gets_nothing_until_it_heartbeats(
-    stubs: tuple[promises_pb2_grpc.PromisesStub, tasks_pb2_grpc.TasksStub],
+    stubs: tuple[promises_pb2_grpc.PromiseServiceStub, tasks_pb2_grpc.TaskServiceStub],
     group: str,
     pollers: list[Poller],
 ) -> None:
@@ -240,7 +242,7 @@ def test_a_frozen_worker_loses_its_task_and_gets_nothing_until_it_heartbeats(
 
 
 def test_any_call_from_a_stalled_worker_makes_it_eligible_again(
-    stubs: tuple[promises_pb2_grpc.PromisesStub, tasks_pb2_grpc.TasksStub],
+    stubs: tuple[promises_pb2_grpc.PromiseServiceStub, tasks_pb2_grpc.TaskServiceStub],
     group: str,
     pollers: list[Poller],
 ) -> None:
@@ -268,7 +270,7 @@ def test_any_call_from_a_stalled_worker_makes_it_eligible_again(
 
 
 def test_release_hands_the_task_back(
-    stubs: tuple[promises_pb2_grpc.PromisesStub, tasks_pb2_grpc.TasksStub],
+    stubs: tuple[promises_pb2_grpc.PromiseServiceStub, tasks_pb2_grpc.TaskServiceStub],
     group: str,
     pollers: list[Poller],
 ) -> None:
@@ -283,7 +285,7 @@ def test_release_hands_the_task_back(
     released = tasks.ReleaseTask(
         tasks_pb2.ReleaseTaskRequest(task_id=task.id, counter=task.counter, worker_id="w1")
     )
-    assert released.task.state == tasks_pb2.TASK_PENDING
+    assert released.task.state == tasks_pb2.TASK_STATE_PENDING
     # Room again: the stream gets a task (the released one or the other, by age).
     assert first.next().task.root_promise_id in roots
 
@@ -305,7 +307,7 @@ def test_release_hands_the_task_back(
     ],
 )  # fmt: skip
 def test_bad_task_calls_are_refused_naming_the_field(
-    stubs: tuple[promises_pb2_grpc.PromisesStub, tasks_pb2_grpc.TasksStub],
+    stubs: tuple[promises_pb2_grpc.PromiseServiceStub, tasks_pb2_grpc.TaskServiceStub],
     call: str,
     request_: object,
     code: grpc.StatusCode,
@@ -329,7 +331,7 @@ def test_bad_task_calls_are_refused_naming_the_field(
     ],
 )  # fmt: skip
 def test_bad_polls_are_refused_naming_the_field(
-    stubs: tuple[promises_pb2_grpc.PromisesStub, tasks_pb2_grpc.TasksStub],
+    stubs: tuple[promises_pb2_grpc.PromiseServiceStub, tasks_pb2_grpc.TaskServiceStub],
     request_: tasks_pb2.PollRequest,
     field: str,
 ) -> None:
@@ -348,4 +350,4 @@ def test_reflection_lists_the_tasks_service(server: ServerProcess) -> None:
             iter([reflection_pb2.ServerReflectionRequest(list_services="")])
         )
         names = {s.name for r in responses for s in r.list_services_response.service}
-    assert "troth.v1.Tasks" in names
+    assert "troth.v1.TaskService" in names

@@ -240,7 +240,7 @@ def test_grpcurl_with_the_ca_a_client_certificate_and_a_bearer_header(
             "-cert", str(pki.client.cert), "-key", str(pki.client.key),
             "-H", "authorization: Bearer grpcurl-token",
             "-d", json.dumps({"id": pid, "ttl": "3600s"}),
-            mtls_server.address, "troth.v1.Promises/CreatePromise",
+            mtls_server.address, "troth.v1.PromiseService/CreatePromise",
         ],
         capture_output=True, text=True, timeout=30,
     )  # fmt: skip

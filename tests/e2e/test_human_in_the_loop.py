@@ -378,6 +378,11 @@ def test_concurrent_starts_make_one_execution(stack: Stack, http: httpx.Client) 
     assert {(v["workflow_id"], v["started_at"]) for v in views} == {
         ("publish-post-10", views[0]["started_at"])
     }
+    # A start of the same post with another timeout is no repeat: 409, saying so.
+    other = http.post(f"/posts/{post}/publish", json={"approval_timeout_seconds": 60})
+    assert other.status_code == 409, other.text
+    assert other.json()["reason"] == "WORKFLOW_ALREADY_EXISTS"
+    assert "already exists as 'publish' with other arguments" in other.json()["detail"]
     approval = eventually(
         lambda: pending_approval(http, post), "the pending approval", detail=stack.describe
     )

@@ -70,7 +70,7 @@ def test_the_readme_tls_section(tmp_path: Path) -> None:
         )  # fmt: skip
         assert ran.returncode == 0, ran.stderr
         assert "approve-9" in ran.stdout
-        assert "troth.v1.Promises" in ran.stdout  # grpcurl list
+        assert "troth.v1.PromiseService" in ran.stdout  # grpcurl list
         assert '"id": "approve-9"' in ran.stdout  # grpcurl GetPromise
 
         snippet = python_snippet().replace("127.0.0.1:7070", server.address)

@@ -63,7 +63,7 @@ def _decodes(value: Any) -> bool:
 
 
 def promise_checks(server: ServerProcess, channel: grpc.Channel) -> list[str]:
-    stub = promises_pb2_grpc.PromisesStub(channel)
+    stub = promises_pb2_grpc.PromiseServiceStub(channel)
     found: list[str] = []
     rows = _rows(server, f"SELECT {_PROMISE_COLUMNS} FROM promises")
     for promise_id, state, *json_columns in rows:
@@ -100,7 +100,7 @@ def promise_checks(server: ServerProcess, channel: grpc.Channel) -> list[str]:
 
 
 def task_checks(server: ServerProcess, channel: grpc.Channel) -> list[str]:
-    stub = tasks_pb2_grpc.TasksStub(channel)
+    stub = tasks_pb2_grpc.TaskServiceStub(channel)
     found: list[str] = []
     roots = {row[0] for row in _rows(server, "SELECT id FROM promises")}
     rows = _rows(server, f"SELECT {_TASK_COLUMNS} FROM tasks")

@@ -39,7 +39,7 @@ MAX_DEPTH = 3
 
 @dataclass(frozen=True)
 class Method:
-    """One RPC: its path (`/troth.v1.Promises/GetPromise`) and message types."""
+    """One RPC: its path (`/troth.v1.PromiseService/GetPromise`) and message types."""
 
     path: str
     request: Descriptor

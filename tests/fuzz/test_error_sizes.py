@@ -37,7 +37,7 @@ def _error(call: Any, request: object) -> Any:
 
 
 def test_a_schema_error_about_a_large_value_is_invalid_argument(
-    stub: promises_pb2_grpc.PromisesStub,
+    stub: promises_pb2_grpc.PromiseServiceStub,
 ) -> None:
     pid = f"big-{uuid.uuid4().hex[:8]}"
     stub.CreatePromise(
@@ -58,7 +58,7 @@ def test_a_schema_error_about_a_large_value_is_invalid_argument(
 
 
 def test_already_settled_quoting_a_long_cancel_reason_is_failed_precondition(
-    stub: promises_pb2_grpc.PromisesStub,
+    stub: promises_pb2_grpc.PromiseServiceStub,
 ) -> None:
     pid = f"why-{uuid.uuid4().hex[:8]}"
     stub.CreatePromise(promises_pb2.CreatePromiseRequest(id=pid), timeout=30)

@@ -109,7 +109,7 @@ def call(rpc: Any, request: Any, metadata: tuple[tuple[str, str], ...]) -> Reply
 def fields_of(p: types_pb2.Promise) -> dict[str, object]:
     return {
         "id": p.id,
-        "state": types_pb2.PromiseState.Name(p.state),
+        "state": types_pb2.PromiseState.Name(p.state).removeprefix("PROMISE_STATE_"),
         "param": p.param.data,
         "value": p.value.data,
         "tags": dict(p.tags),
@@ -141,7 +141,7 @@ class PromisesMachine(RuleBasedStateMachine):
         super().__init__()
         self.prefix = f"m{uuid.uuid4().hex[:10]}"
         self.channels = [grpc.insecure_channel(self.address) for _ in PRINCIPALS]
-        self.stubs = [promises_pb2_grpc.PromisesStub(c) for c in self.channels]
+        self.stubs = [promises_pb2_grpc.PromiseServiceStub(c) for c in self.channels]
         self.entries: dict[str, Entry] = {}
         self.order = 0
         self.waited = 0.0
@@ -453,10 +453,16 @@ class PromisesMachine(RuleBasedStateMachine):
     def pages(
         self, query: Query, page_size: int, client: int
     ) -> tuple[list[types_pb2.Promise], Reply]:
-        order = promises_pb2.CREATED_DESC if query.newest_first else promises_pb2.CREATED_ASC
+        order = (
+            promises_pb2.PROMISE_ORDER_CREATED_DESC
+            if query.newest_first
+            else promises_pb2.PROMISE_ORDER_CREATED_ASC
+        )
         message = promises_pb2.SearchPromisesRequest(
             id=query.glob,
-            states=[types_pb2.PromiseState.Value(s) for s in sorted(query.states)],  # type: ignore[misc]
+            states=[
+                types_pb2.PromiseState.Value("PROMISE_STATE_" + s) for s in sorted(query.states)
+            ],  # type: ignore[misc]
             tags=query.tags,
             page_size=page_size,
             order=order,
@@ -502,7 +508,7 @@ class PromisesMachine(RuleBasedStateMachine):
             ),
             timeout=30,
         ).promise
-        tasks = tasks_pb2_grpc.TasksStub(self.channels[0])
+        tasks = tasks_pb2_grpc.TaskServiceStub(self.channels[0])
         stream = tasks.Poll(
             tasks_pb2.PollRequest(group=group, worker_id=f"w-{self.prefix}", capacity=1),
             timeout=30,

@@ -1,4 +1,5 @@
-"""Fuzzing every RPC of troth.v1.Promises and troth.v1.Tasks on a live server (issue 10, 5).
+"""Fuzzing every RPC of troth.v1.PromiseService and troth.v1.TaskService on a live server
+(issue 10, 5).
 
 Each example sends a short sequence of calls to the real server (SQLite, then
 PostgreSQL): typed requests drawn from the request descriptors with hostile
@@ -49,9 +50,9 @@ CI_EXAMPLES = 60
 pytestmark = pytest.mark.fuzz
 
 JSON = {"content-type": "application/json"}
-_CREATE = "/troth.v1.Promises/CreatePromise"
-_RESOLVE = "/troth.v1.Promises/ResolvePromise"
-_SEARCH = "/troth.v1.Promises/SearchPromises"
+_CREATE = "/troth.v1.PromiseService/CreatePromise"
+_RESOLVE = "/troth.v1.PromiseService/ResolvePromise"
+_SEARCH = "/troth.v1.PromiseService/SearchPromises"
 
 
 # --- what the fuzzer sends -----------------------------------------------------------
@@ -153,8 +154,8 @@ def seed(server: ServerProcess) -> Pools:
     """A pending, a resolved and a schema'd promise, and a workflow root whose task the
     fuzzer learns the id and counter of (held once, so it has written a step)."""
     with grpc.insecure_channel(server.address) as channel:
-        promises = promises_pb2_grpc.PromisesStub(channel)
-        tasks = tasks_pb2_grpc.TasksStub(channel)
+        promises = promises_pb2_grpc.PromiseServiceStub(channel)
+        tasks = tasks_pb2_grpc.TaskServiceStub(channel)
         create = promises_pb2.CreatePromiseRequest
         promises.CreatePromise(create(id="fz-pending"), timeout=10)
         promises.CreatePromise(create(id="fz-resolved", idempotency_key="k"), timeout=10)
@@ -186,8 +187,8 @@ def seed(server: ServerProcess) -> Pools:
 _TOKEN_QUERIES: list[dict[str, Any]] = [
     {},
     {"id": "fz*"},
-    {"order": promises_pb2.CREATED_DESC},
-    {"order": promises_pb2.EXPIRE_TIME_ASC},
+    {"order": promises_pb2.PROMISE_ORDER_CREATED_DESC},
+    {"order": promises_pb2.PROMISE_ORDER_EXPIRE_TIME_ASC},
     {"created_before": Timestamp(seconds=int(time.time()) + 3600)},
 ]
 

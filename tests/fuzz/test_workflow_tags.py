@@ -27,7 +27,7 @@ pytestmark = pytest.mark.fuzz
 
 @pytest.mark.parametrize("group", ["two words", "caf\u00e9", "g" * 257, "nul\x00"])
 def test_a_root_whose_group_no_worker_can_poll_is_invalid_argument(
-    stub: promises_pb2_grpc.PromisesStub, group: str
+    stub: promises_pb2_grpc.PromiseServiceStub, group: str
 ) -> None:
     request = promises_pb2.CreatePromiseRequest(
         id=f"root-{uuid.uuid4().hex[:8]}", tags={"troth:invoke": group, "troth:func": "f"}

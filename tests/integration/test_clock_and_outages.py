@@ -51,12 +51,12 @@ class Clocked:
     channel: grpc.Channel
 
     @property
-    def promises(self) -> promises_pb2_grpc.PromisesStub:
-        return promises_pb2_grpc.PromisesStub(self.channel)
+    def promises(self) -> promises_pb2_grpc.PromiseServiceStub:
+        return promises_pb2_grpc.PromiseServiceStub(self.channel)
 
     @property
-    def tasks(self) -> tasks_pb2_grpc.TasksStub:
-        return tasks_pb2_grpc.TasksStub(self.channel)
+    def tasks(self) -> tasks_pb2_grpc.TaskServiceStub:
+        return tasks_pb2_grpc.TaskServiceStub(self.channel)
 
     def jump(self, seconds: float) -> None:
         """Set the server's wall clock `seconds` away from the machine's."""
@@ -99,7 +99,7 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
 class Poller(PollStream):
     """A Poll stream read on a thread; the test heartbeats (or not) for it."""
 
-    def __init__(self, tasks: tasks_pb2_grpc.TasksStub, group: str, lease_s: int) -> None:
+    def __init__(self, tasks: tasks_pb2_grpc.TaskServiceStub, group: str, lease_s: int) -> None:
         self.worker = f"w-{uuid.uuid4().hex[:8]}"
         self.group = group
         self.lease_s = lease_s
@@ -115,14 +115,14 @@ class Poller(PollStream):
         return heartbeat(self._tasks, self.worker, self.lease_s)
 
 
-def heartbeat(tasks: tasks_pb2_grpc.TasksStub, worker: str, lease_s: int) -> dict[str, int]:
+def heartbeat(tasks: tasks_pb2_grpc.TaskServiceStub, worker: str, lease_s: int) -> dict[str, int]:
     """The tasks the worker still holds, by id, with their counters."""
     request = tasks_pb2.HeartbeatRequest(worker_id=worker)
     request.lease.seconds = lease_s
     return dict(tasks.Heartbeat(request, timeout=WAIT, wait_for_ready=True).counters)
 
 
-def start_workflow(promises: promises_pb2_grpc.PromisesStub, group: str) -> str:
+def start_workflow(promises: promises_pb2_grpc.PromiseServiceStub, group: str) -> str:
     root = f"wf-{uuid.uuid4().hex[:8]}"
     promises.CreatePromise(
         pb.CreatePromiseRequest(
@@ -134,7 +134,7 @@ def start_workflow(promises: promises_pb2_grpc.PromisesStub, group: str) -> str:
     return root
 
 
-def create(promises: promises_pb2_grpc.PromisesStub, ttl_s: float) -> str:
+def create(promises: promises_pb2_grpc.PromiseServiceStub, ttl_s: float) -> str:
     promise_id = f"p-{uuid.uuid4().hex[:8]}"
     request = pb.CreatePromiseRequest(id=promise_id)
     request.ttl.FromMilliseconds(int(ttl_s * 1000))
@@ -142,11 +142,11 @@ def create(promises: promises_pb2_grpc.PromisesStub, ttl_s: float) -> str:
     return promise_id
 
 
-def state(promises: promises_pb2_grpc.PromisesStub, promise_id: str) -> int:
+def state(promises: promises_pb2_grpc.PromiseServiceStub, promise_id: str) -> int:
     return promises.GetPromise(pb.GetPromiseRequest(id=promise_id)).promise.state
 
 
-def task_state(tasks: tasks_pb2_grpc.TasksStub, group: str, task_id: str) -> tasks_pb2.Task:
+def task_state(tasks: tasks_pb2_grpc.TaskServiceStub, group: str, task_id: str) -> tasks_pb2.Task:
     found = tasks.SearchTasks(tasks_pb2.SearchTasksRequest(group=group)).tasks
     matching = [t for t in found if t.id == task_id]
     assert matching, f"task {task_id} is neither PENDING nor CLAIMED"
@@ -166,7 +166,7 @@ def wait_until(check: object, timeout: float, what: str) -> float:
 
 def taken(poller: Poller) -> tuple[str, int]:
     group_task = poller.next()
-    assert group_task.state == tasks_pb2.TASK_CLAIMED
+    assert group_task.state == tasks_pb2.TASK_STATE_CLAIMED
     return group_task.id, group_task.counter
 
 
@@ -189,9 +189,11 @@ def test_a_jump_forward_takes_no_lease_and_expires_nothing_early(
             time.sleep(1.0)
             s.jump(+60)
             time.sleep(2.0)  # ten sweeps at the jumped clock, no heartbeat
-            assert task_state(s.tasks, group, task_id).state == tasks_pb2.TASK_CLAIMED
+            assert task_state(s.tasks, group, task_id).state == tasks_pb2.TASK_STATE_CLAIMED
             assert poller.heartbeat() == {task_id: counter}, "the jump took the lease"
-            assert state(s.promises, waiting) == types.PENDING, "the jump expired the promise"
+            assert state(s.promises, waiting) == types.PROMISE_STATE_PENDING, (
+                "the jump expired the promise"
+            )
         finally:
             poller.cancel()
 
@@ -212,12 +214,12 @@ def test_a_jump_back_keeps_no_dead_lease_or_timeout_for_an_hour(
             s.jump(-3600)
             # From now on the worker is "dead": no heartbeat. Generous margins.
             wait_until(
-                lambda: task_state(s.tasks, group, task_id).state == tasks_pb2.TASK_PENDING,
+                lambda: task_state(s.tasks, group, task_id).state == tasks_pb2.TASK_STATE_PENDING,
                 timeout=12,
                 what="the dead worker's lease to expire",
             )
             wait_until(
-                lambda: state(s.promises, promise_id) == types.REJECTED_TIMEDOUT,
+                lambda: state(s.promises, promise_id) == types.PROMISE_STATE_REJECTED_TIMEDOUT,
                 timeout=12,
                 what="the 3 s promise to time out",
             )
@@ -249,8 +251,12 @@ def test_replicas_with_skewed_clocks_agree_on_a_timeout(
     a, b = skewed_replicas
     promise_id = create(b.promises, ttl_s=3)
     created = time.monotonic()
-    wait_until(lambda: state(a.promises, promise_id) != types.PENDING, 15, "A to see a timeout")
-    assert state(a.promises, promise_id) == types.REJECTED_TIMEDOUT
+    wait_until(
+        lambda: state(a.promises, promise_id) != types.PROMISE_STATE_PENDING,
+        15,
+        "A to see a timeout",
+    )
+    assert state(a.promises, promise_id) == types.PROMISE_STATE_REJECTED_TIMEDOUT
     late = time.monotonic() - created
     assert late > 2.0, f"A answered TIMED_OUT {late:.1f}s into a 3 s timeout"
     request = pb.ResolvePromiseRequest(id=promise_id, value=types.Payload(data=b"1"))
@@ -258,8 +264,8 @@ def test_replicas_with_skewed_clocks_agree_on_a_timeout(
         b.promises.ResolvePromise(request)
     assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert error_info(refused.value).reason == "TIMED_OUT"
-    assert state(b.promises, promise_id) == types.REJECTED_TIMEDOUT
-    assert state(a.promises, promise_id) == types.REJECTED_TIMEDOUT
+    assert state(b.promises, promise_id) == types.PROMISE_STATE_REJECTED_TIMEDOUT
+    assert state(a.promises, promise_id) == types.PROMISE_STATE_REJECTED_TIMEDOUT
 
 
 def test_racing_settles_and_reads_around_expiry_never_see_a_promise_change(
@@ -306,8 +312,12 @@ def test_racing_settles_and_reads_around_expiry_never_see_a_promise_change(
     for promise_id in ids:
         final = state(a.promises, promise_id)
         assert state(b.promises, promise_id) == final
-        assert final == (types.RESOLVED if applied[promise_id] else types.REJECTED_TIMEDOUT)
-        settled = {s for s in seen[promise_id] if s != types.PENDING}
+        assert final == (
+            types.PROMISE_STATE_RESOLVED
+            if applied[promise_id]
+            else types.PROMISE_STATE_REJECTED_TIMEDOUT
+        )
+        settled = {s for s in seen[promise_id] if s != types.PROMISE_STATE_PENDING}
         assert settled <= {final}, f"{promise_id}: readers saw {settled}, it is {final}"
 
 

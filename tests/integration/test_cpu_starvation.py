@@ -118,7 +118,7 @@ async def _burst(address: str) -> tuple[collections.Counter[str], collections.Co
                 await asyncio.sleep(max(backoff, refusal[1] * random.uniform(1.0, 1.5)))
 
     async def caller(n: int) -> None:
-        stub = promises_pb2_grpc.PromisesStub(channels[n % len(channels)])
+        stub = promises_pb2_grpc.PromiseServiceStub(channels[n % len(channels)])
         pid = f"starved-{n}"
         create = pb.CreatePromiseRequest(id=pid, idempotency_key=pid)
         await call(lambda: stub.CreatePromise(create, timeout=TIMEOUT_S, metadata=TIMED))

@@ -69,7 +69,7 @@ class Attack:
     """Clients resolving the worst pair in a loop until stopped; counts the answers."""
 
     def __init__(self, channel: grpc.Channel, promise_id: str) -> None:
-        self._stub = promises_pb2_grpc.PromisesStub(channel)
+        self._stub = promises_pb2_grpc.PromiseServiceStub(channel)
         self._request = pb.ResolvePromiseRequest(id=promise_id, value=worst_value())
         self._stop = threading.Event()
         self.answers: list[grpc.StatusCode] = []
@@ -105,13 +105,13 @@ def test_health_reads_and_writes_answer_within_100ms_during_the_worst_check(
     server: ServerProcess,
 ) -> None:
     with server.channel() as channel, server.channel() as attack_channel:
-        stub = promises_pb2_grpc.PromisesStub(channel)
+        stub = promises_pb2_grpc.PromiseServiceStub(channel)
         health = health_pb2_grpc.HealthStub(channel)
         target = f"worst-{uuid.uuid4().hex[:8]}"
         stub.CreatePromise(pb.CreatePromiseRequest(id=target, schema=json.dumps(worst_schema())))
         # One attack alone: the check is stopped by its budget, an answer, not a stall.
         with pytest.raises(grpc.RpcError) as caught:
-            promises_pb2_grpc.PromisesStub(attack_channel).ResolvePromise(
+            promises_pb2_grpc.PromiseServiceStub(attack_channel).ResolvePromise(
                 pb.ResolvePromiseRequest(id=target, value=worst_value()), timeout=60
             )
         assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT, caught.value.details()

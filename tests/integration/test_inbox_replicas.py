@@ -35,8 +35,8 @@ READY = ("troth-watch", "started")
 class Pair:
     a: ServerProcess
     b: ServerProcess
-    stub_a: promises_pb2_grpc.PromisesStub
-    stub_b: promises_pb2_grpc.PromisesStub
+    stub_a: promises_pb2_grpc.PromiseServiceStub
+    stub_b: promises_pb2_grpc.PromiseServiceStub
 
 
 @pytest.fixture
@@ -64,13 +64,13 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
         yield Pair(
             a,
             b,
-            promises_pb2_grpc.PromisesStub(channel_a),
-            promises_pb2_grpc.PromisesStub(channel_b),
+            promises_pb2_grpc.PromiseServiceStub(channel_a),
+            promises_pb2_grpc.PromiseServiceStub(channel_b),
         )
 
 
 def open_watch(
-    stub: promises_pb2_grpc.PromisesStub, **filter: object
+    stub: promises_pb2_grpc.PromiseServiceStub, **filter: object
 ) -> Iterator[pb.WatchPromisesResponse]:
     stream = stub.WatchPromises(pb.WatchPromisesRequest(**filter), timeout=30)  # type: ignore[arg-type]
     assert READY in tuple(stream.initial_metadata() or ())
@@ -78,7 +78,8 @@ def open_watch(
 
 
 def event(response: pb.WatchPromisesResponse) -> tuple[str, str, int]:
-    return pb.PromiseEventType.Name(response.type), response.promise.id, response.promise.state
+    kind = pb.PromiseEventType.Name(response.type).removeprefix("PROMISE_EVENT_TYPE_")
+    return kind, response.promise.id, response.promise.state
 
 
 def test_a_watch_on_a_hears_what_happens_through_b(pair: Pair) -> None:
@@ -86,14 +87,14 @@ def test_a_watch_on_a_hears_what_happens_through_b(pair: Pair) -> None:
     stream = open_watch(pair.stub_a, tags={"inbox": run})
     inbox = {"inbox": run}
     pair.stub_b.CreatePromise(pb.CreatePromiseRequest(id=f"{run}.b", tags=inbox))
-    assert event(next(stream)) == ("CREATED", f"{run}.b", types.PENDING)
+    assert event(next(stream)) == ("CREATED", f"{run}.b", types.PROMISE_STATE_PENDING)
     pair.stub_b.ResolvePromise(pb.ResolvePromiseRequest(id=f"{run}.b"))
-    assert event(next(stream)) == ("SETTLED", f"{run}.b", types.RESOLVED)
+    assert event(next(stream)) == ("SETTLED", f"{run}.b", types.PROMISE_STATE_RESOLVED)
     # Created on A, settled on B; and created and settled in one call on B.
     pair.stub_a.CreatePromise(pb.CreatePromiseRequest(id=f"{run}.a", tags=inbox))
-    assert event(next(stream)) == ("CREATED", f"{run}.a", types.PENDING)
+    assert event(next(stream)) == ("CREATED", f"{run}.a", types.PROMISE_STATE_PENDING)
     pair.stub_b.RejectPromise(pb.RejectPromiseRequest(id=f"{run}.a"))
-    assert event(next(stream)) == ("SETTLED", f"{run}.a", types.REJECTED)
+    assert event(next(stream)) == ("SETTLED", f"{run}.a", types.PROMISE_STATE_REJECTED)
     pair.stub_b.CreatePromise(
         pb.CreatePromiseRequest(id=f"{run}.done", tags=inbox, resolved_with=types.Payload())
     )
@@ -102,12 +103,16 @@ def test_a_watch_on_a_hears_what_happens_through_b(pair: Pair) -> None:
     pair.stub_b.CreatePromise(
         pb.CreatePromiseRequest(id=f"{run}.short", tags=inbox, ttl=Duration(nanos=2 * 10**8))
     )
-    assert event(next(stream)) == ("CREATED", f"{run}.short", types.PENDING)
-    assert event(next(stream)) == ("TIMED_OUT", f"{run}.short", types.REJECTED_TIMEDOUT)
+    assert event(next(stream)) == ("CREATED", f"{run}.short", types.PROMISE_STATE_PENDING)
+    assert event(next(stream)) == (
+        "TIMED_OUT",
+        f"{run}.short",
+        types.PROMISE_STATE_REJECTED_TIMEDOUT,
+    )
     # Nothing else: a promise of another inbox, then one more of ours, comes next.
     pair.stub_b.CreatePromise(pb.CreatePromiseRequest(id=f"{run}.other", tags={"inbox": "x"}))
     pair.stub_b.CreatePromise(pb.CreatePromiseRequest(id=f"{run}.end", tags=inbox))
-    assert event(next(stream)) == ("CREATED", f"{run}.end", types.PENDING)
+    assert event(next(stream)) == ("CREATED", f"{run}.end", types.PROMISE_STATE_PENDING)
     stream.cancel()  # type: ignore[attr-defined]
 
 

@@ -77,12 +77,12 @@ class Replica:
         return self.server.proc.pid
 
     @property
-    def promises(self) -> promises_pb2_grpc.PromisesStub:
-        return promises_pb2_grpc.PromisesStub(self.channel)
+    def promises(self) -> promises_pb2_grpc.PromiseServiceStub:
+        return promises_pb2_grpc.PromiseServiceStub(self.channel)
 
     @property
-    def tasks(self) -> tasks_pb2_grpc.TasksStub:
-        return tasks_pb2_grpc.TasksStub(self.channel)
+    def tasks(self) -> tasks_pb2_grpc.TaskServiceStub:
+        return tasks_pb2_grpc.TaskServiceStub(self.channel)
 
     def events(self, event: str) -> list[dict[str, Any]]:
         found = []
@@ -390,7 +390,7 @@ def test_two_replicas_settle_the_same_promise(
     winners = [
         name
         for name, got in outcomes.items()
-        if isinstance(got, pb.SettlePromiseResponse) and got.applied
+        if isinstance(got, (pb.ResolvePromiseResponse, pb.RejectPromiseResponse)) and got.applied
     ]
     assert winners == [first], outcomes
     winner = winners[0]
@@ -398,7 +398,7 @@ def test_two_replicas_settle_the_same_promise(
     lost = outcomes[loser]
     if keys == "same":
         # A repeat carrying the winner's idempotency key: success, nothing changed.
-        assert isinstance(lost, pb.SettlePromiseResponse), lost
+        assert isinstance(lost, (pb.ResolvePromiseResponse, pb.RejectPromiseResponse)), lost
         assert not lost.applied
         assert lost.promise.value.data == f'"from {winner}"'.encode()
     else:
@@ -410,7 +410,11 @@ def test_two_replicas_settle_the_same_promise(
     stored = cluster.b.promises.GetPromise(pb.GetPromiseRequest(id=promise_id)).promise
     assert stored.value.data == f'"from {winner}"'.encode()
     assert stored.settled_by == f"caller-{winner}"
-    assert stored.state == (types.REJECTED if (winner, keys) == ("b", "none") else types.RESOLVED)
+    assert stored.state == (
+        types.PROMISE_STATE_REJECTED
+        if (winner, keys) == ("b", "none")
+        else types.PROMISE_STATE_RESOLVED
+    )
     # Log lines are flushed every 0.2 s: wait for the loser's own rpc line (logged
     # after its answer, as a state change would be) before counting state changes.
     wait_until(
@@ -502,7 +506,7 @@ def test_two_replicas_deliver_a_task_exactly_once(
         delivered = by_replica[claimer.name].next()
         worker = by_replica[claimer.name].worker
         assert delivered.task.id == task_id and delivered.root.id == root
-        assert (delivered.task.state, delivered.task.counter) == (tasks_pb2.TASK_CLAIMED, 1)
+        assert (delivered.task.state, delivered.task.counter) == (tasks_pb2.TASK_STATE_CLAIMED, 1)
         stays_true(
             f"the task must not reach replica {other.name}'s stream as well",
             lambda: by_replica[other.name].empty() and by_replica[claimer.name].empty(),
@@ -599,11 +603,13 @@ def test_two_replicas_sweep_the_same_expired_promises(
         done = cluster.b.tasks.CompleteTask(
             tasks_pb2.CompleteTaskRequest(**held), timeout=RPC_TIMEOUT
         )
-        assert done.task.state == tasks_pb2.TASK_COMPLETED
+        assert done.task.state == tasks_pb2.TASK_STATE_COMPLETED
         resume = poller.next()
-        assert resume.task.kind == tasks_pb2.RESUME and resume.task.root_promise_id == root
+        assert (
+            resume.task.kind == tasks_pb2.TASK_KIND_RESUME and resume.task.root_promise_id == root
+        )
         assert [(p.id, p.state) for p in resume.history] == [
-            (s, types.REJECTED_TIMEDOUT) for s in steps
+            (s, types.PROMISE_STATE_REJECTED_TIMEDOUT) for s in steps
         ]
         kinds = probe.execute(
             "SELECT kind, state FROM tasks WHERE root_promise_id = %s ORDER BY create_time, kind",
@@ -645,7 +651,7 @@ def test_two_replicas_resume_the_same_suspended_workflow(
         ),
         timeout=RPC_TIMEOUT,
     )
-    assert suspended.task.state == tasks_pb2.TASK_COMPLETED and list(suspended.settled) == []
+    assert suspended.task.state == tasks_pb2.TASK_STATE_COMPLETED and list(suspended.settled) == []
     poller.cancel()  # nobody polls the group: the RESUME stays PENDING, for the record
     wait_until(
         "the stream's end on replica a",
@@ -767,13 +773,15 @@ def test_a_completion_and_a_cancel_of_one_workflow_on_two_replicas(
 
     cancelled, completed = cancel.result(), complete.result()
     assert write_retries(cluster, "deadlock") == deadlocks_before
-    assert isinstance(cancelled, pb.SettlePromiseResponse), cancelled
+    assert isinstance(cancelled, pb.CancelPromiseResponse), cancelled
     assert cancelled.applied
     assert isinstance(completed, tasks_pb2.CompleteTaskResponse), completed
-    assert completed.task.state == tasks_pb2.TASK_COMPLETED
-    assert completed.root.state == types.REJECTED_CANCELED  # the cancel is not overridden
+    assert completed.task.state == tasks_pb2.TASK_STATE_COMPLETED
+    assert (
+        completed.root.state == types.PROMISE_STATE_REJECTED_CANCELED
+    )  # the cancel is not overridden
     stored = cluster.a.promises.GetPromise(pb.GetPromiseRequest(id=root)).promise
-    assert stored.state == types.REJECTED_CANCELED and stored.value.data == b'"stop"'
+    assert stored.state == types.PROMISE_STATE_REJECTED_CANCELED and stored.value.data == b'"stop"'
     with closing(cluster.connect(autocommit=True)) as probe:
         rows = probe.execute(
             "SELECT kind, state FROM tasks WHERE root_promise_id = %s", (root,)

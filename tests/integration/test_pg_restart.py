@@ -80,7 +80,7 @@ def assert_no_crash(server: ServerProcess) -> None:
     assert crashes == [], "\n".join(crashes[:10])
 
 
-def wait_until_answering(stub: promises_pb2_grpc.PromisesStub, timeout: float) -> float:
+def wait_until_answering(stub: promises_pb2_grpc.PromiseServiceStub, timeout: float) -> float:
     """Seconds until a create succeeds again (each failure must be STORE_UNAVAILABLE)."""
     started = time.monotonic()
     while True:
@@ -159,7 +159,7 @@ class Load:
     def _run(self, client: int) -> None:
         run = uuid.uuid4().hex[:6]
         with grpc.insecure_channel(self.address) as channel:
-            stub = promises_pb2_grpc.PromisesStub(channel)
+            stub = promises_pb2_grpc.PromiseServiceStub(channel)
             n = 0
             while not self.stop.is_set():
                 pid = f"load-{run}-c{client}-{n}"
@@ -167,7 +167,7 @@ class Load:
                 if not self._call("create", stub.CreatePromise, pb.CreatePromiseRequest(id=pid)):
                     continue
                 with self.lock:
-                    self.acknowledged[pid] = types.PENDING
+                    self.acknowledged[pid] = types.PROMISE_STATE_PENDING
                 # With an idempotency key, a settle the store committed but whose
                 # reply was lost is recognised when the group committer runs it again.
                 resolve = pb.ResolvePromiseRequest(
@@ -175,7 +175,7 @@ class Load:
                 )
                 if self._call("resolve", stub.ResolvePromise, resolve):
                     with self.lock:
-                        self.acknowledged[pid] = types.RESOLVED
+                        self.acknowledged[pid] = types.PROMISE_STATE_RESOLVED
 
 
 def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> float:
@@ -246,7 +246,7 @@ def test_restart_under_load_loses_nothing_acknowledged(
 
         # Every acknowledged write, asked of the same server that lived through it.
         with server.channel() as channel:
-            stub = promises_pb2_grpc.PromisesStub(channel)
+            stub = promises_pb2_grpc.PromiseServiceStub(channel)
             missing, wrong_state = [], []
             for pid, state in load.acknowledged.items():
                 try:
@@ -254,8 +254,8 @@ def test_restart_under_load_loses_nothing_acknowledged(
                 except grpc.RpcError as exc:
                     missing.append((pid, exc.code()))
                     continue
-                if state == types.RESOLVED and (
-                    got.state != types.RESOLVED or got.value.data != pid.encode()
+                if state == types.PROMISE_STATE_RESOLVED and (
+                    got.state != types.PROMISE_STATE_RESOLVED or got.value.data != pid.encode()
                 ):
                     wrong_state.append(pid)
             assert missing == [] and wrong_state == []
@@ -267,7 +267,7 @@ def test_restart_under_load_loses_nothing_acknowledged(
 class Poller:
     """A Poll stream read on a thread."""
 
-    def __init__(self, stub: tasks_pb2_grpc.TasksStub, group: str, worker: str) -> None:
+    def __init__(self, stub: tasks_pb2_grpc.TaskServiceStub, group: str, worker: str) -> None:
         self._call = stub.Poll(tasks_pb2.PollRequest(group=group, worker_id=worker, capacity=4))
         self.got: queue.Queue[tasks_pb2.PollResponse | Exception] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
@@ -288,7 +288,7 @@ class Poller:
         self._call.cancel()
 
 
-def _start_workflow(stub: promises_pb2_grpc.PromisesStub, root: str, group: str) -> None:
+def _start_workflow(stub: promises_pb2_grpc.PromiseServiceStub, root: str, group: str) -> None:
     tags = {"troth:invoke": group, "troth:func": "f"}
     stub.CreatePromise(pb.CreatePromiseRequest(id=root, param=types.Payload(data=b"[]"), tags=tags))
 
@@ -311,8 +311,11 @@ def test_database_down_answers_unavailable_and_recovers_by_itself(
         for f in started:
             f.result()  # raises the failure, if one failed, after the other is in `servers`
         a_channel, b_channel = servers[0].channel(), servers[1].channel()
-        a, b = promises_pb2_grpc.PromisesStub(a_channel), promises_pb2_grpc.PromisesStub(b_channel)
-        a_tasks = tasks_pb2_grpc.TasksStub(a_channel)
+        a, b = (
+            promises_pb2_grpc.PromiseServiceStub(a_channel),
+            promises_pb2_grpc.PromiseServiceStub(b_channel),
+        )
+        a_tasks = tasks_pb2_grpc.TaskServiceStub(a_channel)
         group = f"g-{uuid.uuid4().hex[:8]}"
 
         kept = f"kept-{uuid.uuid4().hex[:6]}"
@@ -321,11 +324,11 @@ def test_database_down_answers_unavailable_and_recovers_by_itself(
         watched = f"watched-{uuid.uuid4().hex[:6]}"
         b.CreatePromise(pb.CreatePromiseRequest(id=watched))
         watch = a.WatchPromise(pb.WatchPromiseRequest(id=watched), timeout=30)
-        assert next(watch).promise.state == types.PENDING
+        assert next(watch).promise.state == types.PROMISE_STATE_PENDING
         pollers.append(Poller(a_tasks, group, "before"))
         # The poller is connected once a task reaches it (from the other replica).
         _start_workflow(b, f"wf-{uuid.uuid4().hex[:8]}", group)
-        assert pollers[0].next(10).task.kind == tasks_pb2.INVOKE
+        assert pollers[0].next(10).task.kind == tasks_pb2.TASK_KIND_INVOKE
 
         cluster.stop("fast")
         down = time.monotonic()
@@ -353,15 +356,15 @@ def test_database_down_answers_unavailable_and_recovers_by_itself(
         # A settle on B reaches the watch opened on A before the outage.
         b.ResolvePromise(pb.ResolvePromiseRequest(id=watched, value=types.Payload(data=b"7")))
         settled = next(watch).promise
-        assert settled.state == types.RESOLVED and settled.value.data == b"7"
+        assert settled.state == types.PROMISE_STATE_RESOLVED and settled.value.data == b"7"
 
         # A workflow started on B reaches the Poll stream opened on A before the
         # outage, and one opened after it.
         _start_workflow(b, f"wf-{uuid.uuid4().hex[:8]}", group)
-        assert pollers[0].next(10).task.kind == tasks_pb2.INVOKE
+        assert pollers[0].next(10).task.kind == tasks_pb2.TASK_KIND_INVOKE
         pollers.append(Poller(a_tasks, f"{group}-after", "after"))
         _start_workflow(b, f"wf-{uuid.uuid4().hex[:8]}", f"{group}-after")
-        assert pollers[1].next(10).task.kind == tasks_pb2.INVOKE
+        assert pollers[1].next(10).task.kind == tasks_pb2.TASK_KIND_INVOKE
 
         for server in servers:
             assert_no_crash(server)

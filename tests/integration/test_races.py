@@ -16,7 +16,7 @@ from troth.v1 import types_pb2 as types
 def test_many_clients_settle_the_same_promise(server: ServerProcess) -> None:
     clients, promises = 32, 20
     channels = [server.channel() for _ in range(4)]
-    stubs = [promises_pb2_grpc.PromisesStub(ch) for ch in channels]
+    stubs = [promises_pb2_grpc.PromiseServiceStub(ch) for ch in channels]
     ids = [f"race-{uuid.uuid4().hex[:8]}-{i}" for i in range(promises)]
     for pid in ids:
         stubs[0].CreatePromise(pb.CreatePromiseRequest(id=pid))

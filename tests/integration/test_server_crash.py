@@ -23,7 +23,7 @@ def test_resolve_then_sigkill_keeps_the_value(tmp_path: Path) -> None:
     server = start_server(tmp_path)
     pid = f"durable-{uuid.uuid4().hex[:8]}"
     with server.channel() as channel:
-        stub = promises_pb2_grpc.PromisesStub(channel)
+        stub = promises_pb2_grpc.PromiseServiceStub(channel)
         stub.CreatePromise(pb.CreatePromiseRequest(id=pid))
         stub.ResolvePromise(
             pb.ResolvePromiseRequest(id=pid, value=types.Payload(data=b'{"v": 42}'))
@@ -32,8 +32,10 @@ def test_resolve_then_sigkill_keeps_the_value(tmp_path: Path) -> None:
     server = start_server(tmp_path, db_url=server.db_url)
     try:
         with server.channel() as channel:
-            got = promises_pb2_grpc.PromisesStub(channel).GetPromise(pb.GetPromiseRequest(id=pid))
-        assert got.promise.state == types.RESOLVED
+            got = promises_pb2_grpc.PromiseServiceStub(channel).GetPromise(
+                pb.GetPromiseRequest(id=pid)
+            )
+        assert got.promise.state == types.PROMISE_STATE_RESOLVED
         assert got.promise.value.data == b'{"v": 42}'
     finally:
         server.stop()
@@ -57,7 +59,7 @@ def test_no_acknowledged_write_is_lost_under_load(tmp_path: Path) -> None:
             stop: threading.Event = stop,
         ) -> None:
             with grpc.insecure_channel(address) as channel:
-                stub = promises_pb2_grpc.PromisesStub(channel)
+                stub = promises_pb2_grpc.PromiseServiceStub(channel)
                 n = 0
                 while not stop.is_set():
                     pid = f"r{round_}-c{client}-{n}"
@@ -65,13 +67,13 @@ def test_no_acknowledged_write_is_lost_under_load(tmp_path: Path) -> None:
                     try:
                         stub.CreatePromise(pb.CreatePromiseRequest(id=pid), timeout=5)
                         with lock:
-                            acknowledged[pid] = types.PENDING
+                            acknowledged[pid] = types.PROMISE_STATE_PENDING
                         stub.ResolvePromise(
                             pb.ResolvePromiseRequest(id=pid, value=types.Payload(data=b"1")),
                             timeout=5,
                         )
                         with lock:
-                            acknowledged[pid] = types.RESOLVED
+                            acknowledged[pid] = types.PROMISE_STATE_RESOLVED
                     except grpc.RpcError:
                         return  # the server died under us; unacknowledged writes may go
 
@@ -89,7 +91,7 @@ def test_no_acknowledged_write_is_lost_under_load(tmp_path: Path) -> None:
     server = start_server(tmp_path, db_url=db_url)
     try:
         with server.channel() as channel:
-            stub = promises_pb2_grpc.PromisesStub(channel)
+            stub = promises_pb2_grpc.PromiseServiceStub(channel)
             missing, wrong = [], []
             for pid, state in acknowledged.items():
                 try:
@@ -97,7 +99,10 @@ def test_no_acknowledged_write_is_lost_under_load(tmp_path: Path) -> None:
                 except grpc.RpcError:
                     missing.append(pid)
                     continue
-                if state == types.RESOLVED and got.state != types.RESOLVED:
+                if (
+                    state == types.PROMISE_STATE_RESOLVED
+                    and got.state != types.PROMISE_STATE_RESOLVED
+                ):
                     wrong.append(pid)
         assert missing == [] and wrong == []
     finally:

@@ -52,7 +52,7 @@ def test_disk_full_answers_unavailable_and_recovers(small_disk: Path, tmp_path: 
     server = start_server(tmp_path / "logs", db_url=f"sqlite:///{small_disk / 'troth.db'}")
     try:
         with server.channel() as channel:
-            stub = promises_pb2_grpc.PromisesStub(channel)
+            stub = promises_pb2_grpc.PromiseServiceStub(channel)
             kept = f"kept-{uuid.uuid4().hex[:6]}"
             stub.CreatePromise(pb.CreatePromiseRequest(id=kept))
             stub.ResolvePromise(pb.ResolvePromiseRequest(id=kept, value=types.Payload(data=b"1")))
@@ -67,7 +67,7 @@ def test_disk_full_answers_unavailable_and_recovers(small_disk: Path, tmp_path: 
             assert "retry later" in (caught.value.details() or "")
 
             got = stub.GetPromise(pb.GetPromiseRequest(id=kept)).promise
-            assert got.state == types.RESOLVED and got.value.data == b"1"
+            assert got.state == types.PROMISE_STATE_RESOLVED and got.value.data == b"1"
 
             filler.unlink()
             after = stub.CreatePromise(pb.CreatePromiseRequest(id=f"after-{uuid.uuid4().hex[:6]}"))

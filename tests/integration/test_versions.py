@@ -95,7 +95,7 @@ def fleet(tmp_path: Path, server: ServerProcess) -> Iterator[WorkerFleet]:
     workers.stop_all()
 
 
-def open_tasks(stub: tasks_pb2_grpc.TasksStub) -> list[tasks_pb2.Task]:
+def open_tasks(stub: tasks_pb2_grpc.TaskServiceStub) -> list[tasks_pb2.Task]:
     request = tasks_pb2.SearchTasksRequest(group=GROUP, page_size=1000)
     return list(stub.SearchTasks(request, timeout=10).tasks)
 
@@ -128,7 +128,7 @@ def test_a_version_bump_while_50_workflows_are_parked(
     assert V1 != V2
     began = time.monotonic()
     with Client(server.address, timeout=10) as client, server.channel() as channel:
-        tasks = tasks_pb2_grpc.TasksStub(channel)
+        tasks = tasks_pb2_grpc.TaskServiceStub(channel)
 
         def parked(ids: list[str], code: str) -> bool:
             counts = fleet.counts()
@@ -167,7 +167,7 @@ def test_a_version_bump_while_50_workflows_are_parked(
         def waits_for_v1() -> bool:
             found = [t for t in open_tasks(tasks) if t.root_promise_id == old[0]]
             return [(t.kind, t.state, t.waiting_for) for t in found] == [
-                (tasks_pb2.RESUME, tasks_pb2.TASK_PENDING, expected)
+                (tasks_pb2.TASK_KIND_RESUME, tasks_pb2.TASK_STATE_PENDING, expected)
             ]
 
         wait_until(waits_for_v1, 10, "the resume to wait for a v1 worker")
@@ -252,7 +252,7 @@ def test_replicas_resume_parked_workflows_only_where_their_version_is_connected(
 
 def open_tasks_after(server: ServerProcess) -> list[tasks_pb2.Task]:
     with server.channel() as channel:
-        return open_tasks(tasks_pb2_grpc.TasksStub(channel))
+        return open_tasks(tasks_pb2_grpc.TaskServiceStub(channel))
 
 
 if __name__ == "__main__":

@@ -73,7 +73,7 @@ if __name__ == "__main__":
 
 def _tasks(server: ServerProcess) -> list[tasks_pb2.Task]:
     with grpc.insecure_channel(server.address) as channel:
-        stub = tasks_pb2_grpc.TasksStub(channel)
+        stub = tasks_pb2_grpc.TaskServiceStub(channel)
         request = tasks_pb2.SearchTasksRequest(group=GROUP, page_size=100)
         return list(stub.SearchTasks(request, timeout=10).tasks)
 
@@ -82,8 +82,8 @@ def _claimed_by(server: ServerProcess, root: str, worker_id: str) -> tasks_pb2.T
     for task in _tasks(server):
         if (
             task.root_promise_id == root
-            and task.kind == tasks_pb2.RESUME
-            and task.state == tasks_pb2.TASK_CLAIMED
+            and task.kind == tasks_pb2.TASK_KIND_RESUME
+            and task.state == tasks_pb2.TASK_STATE_CLAIMED
             and task.worker_id == worker_id
         ):
             return task

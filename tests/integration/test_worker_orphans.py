@@ -67,7 +67,7 @@ def test_an_undelivered_task_is_released_and_runs(own_server: ServerProcess) -> 
             # then vanishes; the server keeps the lease (w-busy's own stream is
             # still open), as a replica that died before delivering would have.
             with grpc.insecure_channel(own_server.address) as channel:
-                ghost = tasks_pb2_grpc.TasksStub(channel).Poll(
+                ghost = tasks_pb2_grpc.TaskServiceStub(channel).Poll(
                     tasks_pb2.PollRequest(group=group, worker_id="w-busy", capacity=1)
                 )
                 handle = client.start("quick", id="quick-1", group=group)

@@ -104,6 +104,8 @@ def fan_out(ctx: Context, orders: list[str]) -> Generator[Any, Any, list[Any]]:
     named: dict[str, Any] = yield ctx.rpc("publish", "post-2", id=f"{ctx.id}.rpc")
     loose: PromiseHandle = yield ctx.start("publish", "post-3", check_args=False)
     also: Any = yield ctx.rpc(publish, "post-4", group="payments", check_args=False)
+    week: PromiseHandle = yield ctx.start("publish", "post-5", ttl=timedelta(days=7))
+    children.append(week)
     children.append(loose)
     return [*every, first, *quorum, direct, named, also]
 
@@ -143,6 +145,9 @@ def gateway(client: Client) -> dict[str, Any]:
         "checkout", "order-1", 250, id="checkout-1", group="payments", ttl=timedelta(hours=1)
     )
     assert handle == by_name and hash(handle) == hash(by_name)
+    started: bool = handle.created
+    keyed = client.start("publish", "post-7", id="publish-post-7", idempotency_key="req-7")
+    assert started or not keyed.created
     workflow_id: str = handle.id
     root: Promise = client.handle(workflow_id).get()
     if root.state is PromiseState.PENDING:

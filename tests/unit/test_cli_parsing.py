@@ -251,3 +251,34 @@ def test_value_preview_is_cut() -> None:
     assert len(payload_preview(long)) == 40
     assert payload_preview(long).endswith("…")
     assert payload_preview(Payload({}, b"abc")) == "<3 bytes, no content-type>"
+
+
+def test_version_names_the_sdk_and_the_server(capsys: pytest.CaptureFixture[str]) -> None:
+    from importlib import metadata
+
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        f"troth {metadata.version('troth')}",
+        f"troth-server {metadata.version('troth-server')}",
+    ]
+
+
+def test_version_without_the_server_says_so(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from importlib import metadata
+
+    installed = metadata.version
+
+    def sdk_only(dist: str) -> str:
+        if dist == "troth-server":
+            raise metadata.PackageNotFoundError(dist)
+        return installed(dist)
+
+    monkeypatch.setattr(metadata, "version", sdk_only)
+    assert main(["--version"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out == [
+        f"troth {installed('troth')}",
+        "troth-server not installed (pip install troth-server)",
+    ]

@@ -17,8 +17,8 @@ def pending(root: str, waiting: str, version: str = "") -> tasks_pb2.Task:
         id=f"t-{root}",
         root_promise_id=root,
         group="workers",
-        kind=tasks_pb2.RESUME,
-        state=tasks_pb2.TASK_PENDING,
+        kind=tasks_pb2.TASK_KIND_RESUME,
+        state=tasks_pb2.TASK_STATE_PENDING,
         workflow="publish",
         workflow_version=version,
         waiting_for=waiting,
@@ -53,8 +53,8 @@ def test_bad_tasks_command_lines_exit_2_saying_why(
 def test_the_table_shows_the_worker_of_a_claimed_task_and_why_a_pending_one_waits() -> None:
     claimed = tasks_pb2.Task(
         root_promise_id="publish-1",
-        kind=tasks_pb2.INVOKE,
-        state=tasks_pb2.TASK_CLAIMED,
+        kind=tasks_pb2.TASK_KIND_INVOKE,
+        state=tasks_pb2.TASK_STATE_CLAIMED,
         workflow="publish",
         workflow_version="9efa4b1f6d27",
         worker_id="host-1-abc",

@@ -15,7 +15,7 @@ NOW = datetime(2030, 1, 2, 3, 4, 5, tzinfo=UTC)
 
 
 def wire_promise(**fields: Any) -> types_pb2.Promise:
-    message = types_pb2.Promise(id="p", state=types_pb2.PENDING, create_time=NOW)
+    message = types_pb2.Promise(id="p", state=types_pb2.PROMISE_STATE_PENDING, create_time=NOW)
     for name, value in fields.items():
         if isinstance(value, datetime):
             getattr(message, name).FromDatetime(value)
@@ -108,10 +108,41 @@ def test_create_refuses_two_expiries_and_naive_datetimes(client: Client) -> None
         client.create("a", expire_time=datetime(2030, 1, 1))
 
 
+@pytest.mark.parametrize("created", [True, False])
+def test_start_sends_the_workflow_and_tells_whether_it_created_the_run(
+    client: Client, recorder: Recorder, created: bool
+) -> None:
+    """No idempotency key unless given: the server recognises a repeat by workflow,
+    group and arguments, and the caller's own key vouches for any arguments."""
+    recorder.responses.append(
+        promises_pb2.CreatePromiseResponse(promise=wire_promise(id="w-1"), created=created)
+    )
+    handle = client.start("publish", "post-7", id="w-1", group="editors")
+    assert handle.created is created and handle.id == "w-1"
+    (sent,) = recorder.requests
+    assert dict(sent.tags) == {"troth:invoke": "editors", "troth:func": "publish"}
+    assert sent.idempotency_key == "" and not sent.HasField("ttl")
+    assert JsonCodec().decode(Payload(dict(sent.param.headers), sent.param.data)) == ["post-7"]
+
+    recorder.responses.append(
+        promises_pb2.CreatePromiseResponse(promise=wire_promise(id="w-1"), created=False)
+    )
+    client.start("publish", id="w-1", ttl=timedelta(days=7), idempotency_key="req-42")
+    sent = recorder.requests[-1]
+    assert sent.idempotency_key == "req-42"
+    assert sent.ttl.ToTimedelta() == timedelta(days=7)
+    assert client.handle("w-1").created is False
+
+
+def test_start_ttl_must_be_a_timedelta(client: Client) -> None:
+    with pytest.raises(TypeError, match="ttl must be a timedelta"):
+        client.start("publish", id="w-1", ttl=3600)  # type: ignore[arg-type]
+
+
 def test_settle_generates_a_fresh_key(client: Client, recorder: Recorder) -> None:
     recorder.responses += [
-        promises_pb2.SettlePromiseResponse(
-            promise=wire_promise(state=types_pb2.RESOLVED), applied=True
+        promises_pb2.ResolvePromiseResponse(
+            promise=wire_promise(state=types_pb2.PROMISE_STATE_RESOLVED), applied=True
         )
     ] * 2
     client.resolve("a", {"ok": True})
@@ -128,9 +159,9 @@ def test_settle_recognises_its_own_earlier_attempt(client: Client, recorder: Rec
     # generated key the winner can only have been this call's lost first attempt.
     def answer(method: object, request: Any, **_: Any) -> Any:
         recorder.requests.append(request)
-        return promises_pb2.SettlePromiseResponse(
+        return promises_pb2.CancelPromiseResponse(
             promise=wire_promise(
-                state=types_pb2.REJECTED_CANCELED,
+                state=types_pb2.PROMISE_STATE_REJECTED_CANCELED,
                 idempotency_key_for_settle=request.idempotency_key,
             ),
             applied=False,
@@ -144,8 +175,10 @@ def test_settle_recognises_its_own_earlier_attempt(client: Client, recorder: Rec
 
 def test_settle_with_own_key_reports_the_server_verdict(client: Client, recorder: Recorder) -> None:
     recorder.responses.append(
-        promises_pb2.SettlePromiseResponse(
-            promise=wire_promise(state=types_pb2.REJECTED, idempotency_key_for_settle="k"),
+        promises_pb2.RejectPromiseResponse(
+            promise=wire_promise(
+                state=types_pb2.PROMISE_STATE_REJECTED, idempotency_key_for_settle="k"
+            ),
             applied=False,
         )
     )
@@ -165,7 +198,7 @@ def test_search_pages(client: Client, recorder: Recorder) -> None:
     ids = [p.id for p in client.search_all("a*", states=["RESOLVED"], tags={"k": "v"}, page_size=2)]
     assert ids == ["a", "b", "c"]
     first, second = recorder.requests
-    assert first.id == "a*" and list(first.states) == [types_pb2.RESOLVED]
+    assert first.id == "a*" and list(first.states) == [types_pb2.PROMISE_STATE_RESOLVED]
     assert dict(first.tags) == {"k": "v"} and first.page_size == 2 and first.page_token == ""
     assert second.page_token == "t1"
 

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from troth import JsonCodec, Payload, Promise, PromiseState
 from troth._commands import TAG_FUNC, TAG_GROUP, TAG_INVOKE, TAG_KIND
-from troth.errors import PermissionDeniedError, Reason
+from troth.errors import PermissionDeniedError, Reason, UnavailableError
 from troth_server.console import _views
 from troth_server.console._forms import RAW_FIELD, FormError, form_for, value_from
 
@@ -145,3 +145,8 @@ def test_a_refusal_is_said_in_words() -> None:
     words = _views.error_words(error)
     assert words.startswith("You are not one of the approvers")
     assert "only principals ann" in words and "NOT_AN_APPROVER" in words
+
+
+def test_an_unreachable_server_is_said_so() -> None:
+    error = UnavailableError(grpc.StatusCode.UNAVAILABLE, "", "connection refused")
+    assert _views.error_words(error).startswith("The troth server cannot be reached now")

@@ -21,7 +21,7 @@ README = Path(__file__).parents[2] / "README.md"
 
 ALL_RPCS = [
     method.name
-    for module, service in ((promises_pb2, "Promises"), (tasks_pb2, "Tasks"))
+    for module, service in ((promises_pb2, "PromiseService"), (tasks_pb2, "TaskService"))
     for method in module.DESCRIPTOR.services_by_name[service].methods
 ]
 

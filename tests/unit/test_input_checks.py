@@ -29,8 +29,8 @@ from troth_server.store import PromiseOrder
 LIMITS = Limits()
 README = Path(__file__).resolve().parents[2] / "README.md"
 SERVICES = [
-    pb.DESCRIPTOR.services_by_name["Promises"],
-    tasks_pb2.DESCRIPTOR.services_by_name["Tasks"],
+    pb.DESCRIPTOR.services_by_name["PromiseService"],
+    tasks_pb2.DESCRIPTOR.services_by_name["TaskService"],
 ]
 SNOWMAN = "\u2603"  # 3 bytes of UTF-8, swapped for an encoded lone surrogate (also 3)
 
@@ -119,7 +119,7 @@ def test_text_without_them_passes() -> None:
             "value.headers",
             64,
         ),
-        (pb.SearchPromisesRequest(states=[types.PENDING] * 6), "states", 5),
+        (pb.SearchPromisesRequest(states=[types.PROMISE_STATE_PENDING] * 6), "states", 5),
         (tasks_pb2.CompleteTaskRequest(suspend_on=["p"] * 10_001), "suspend_on", 10_000),
         (tasks_pb2.RegisterCallbacksRequest(promise_ids=["p"] * 10_001), "promise_ids", 10_000),
         (
@@ -374,12 +374,16 @@ def test_the_readme_shows_the_table_as_the_code_has_it() -> None:
     )
 
 
+# Well-known types with nothing to walk; google.protobuf.Value (Payload.json) is walked.
+_LEAF_TYPES = {"google.protobuf.Timestamp", "google.protobuf.Duration"}
+
+
 def _request_types() -> list[Descriptor]:
     seen: dict[str, Descriptor] = {}
     todo = [m.input_type for s in SERVICES for m in s.methods]
     while todo:
         message = todo.pop()
-        if message.full_name in seen or message.full_name.startswith("google.protobuf."):
+        if message.full_name in seen or message.full_name in _LEAF_TYPES:
             continue
         seen[message.full_name] = message
         todo += [f.message_type for f in message.fields if f.message_type is not None]

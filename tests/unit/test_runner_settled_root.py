@@ -135,7 +135,7 @@ def _run(client: Client, calls: FakeCalls, tasks: FakeTasks) -> None:
     delivery.task.id, delivery.task.counter, delivery.task.root_promise_id = "t1", 3, ROOT
     delivery.root.id = ROOT
     delivery.root.tags["troth:func"] = "cancellable"
-    delivery.root.state = types_pb2.PENDING
+    delivery.root.state = types_pb2.PROMISE_STATE_PENDING
     held = leases.accept(delivery.task)
     assert held is not None
     runner.run(held, delivery)

@@ -156,12 +156,3 @@ def test_handle_is_cheap_and_compares_by_id(client: Client) -> None:
     assert client.handle("a") != client.handle("b")
     assert isinstance(client.handle("a"), Handle)
     assert repr(client.handle("a")) == "Handle('a')"
-
-
-def test_start_keys_fit_any_id() -> None:
-    from troth.client import _start_key
-
-    assert _start_key("publish-7") == "troth:start:publish-7"
-    long = _start_key("x" * 256)
-    assert len(long) < 100
-    assert long == _start_key("x" * 256) != _start_key("x" * 255 + "y")

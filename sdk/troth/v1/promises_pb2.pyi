@@ -15,24 +15,24 @@ DESCRIPTOR: _descriptor.FileDescriptor
 class PromiseOrder(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     PROMISE_ORDER_UNSPECIFIED: _ClassVar[PromiseOrder]
-    CREATED_ASC: _ClassVar[PromiseOrder]
-    CREATED_DESC: _ClassVar[PromiseOrder]
-    EXPIRE_TIME_ASC: _ClassVar[PromiseOrder]
+    PROMISE_ORDER_CREATED_ASC: _ClassVar[PromiseOrder]
+    PROMISE_ORDER_CREATED_DESC: _ClassVar[PromiseOrder]
+    PROMISE_ORDER_EXPIRE_TIME_ASC: _ClassVar[PromiseOrder]
 
 class PromiseEventType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     PROMISE_EVENT_TYPE_UNSPECIFIED: _ClassVar[PromiseEventType]
-    CREATED: _ClassVar[PromiseEventType]
-    SETTLED: _ClassVar[PromiseEventType]
-    TIMED_OUT: _ClassVar[PromiseEventType]
+    PROMISE_EVENT_TYPE_CREATED: _ClassVar[PromiseEventType]
+    PROMISE_EVENT_TYPE_SETTLED: _ClassVar[PromiseEventType]
+    PROMISE_EVENT_TYPE_TIMED_OUT: _ClassVar[PromiseEventType]
 PROMISE_ORDER_UNSPECIFIED: PromiseOrder
-CREATED_ASC: PromiseOrder
-CREATED_DESC: PromiseOrder
-EXPIRE_TIME_ASC: PromiseOrder
+PROMISE_ORDER_CREATED_ASC: PromiseOrder
+PROMISE_ORDER_CREATED_DESC: PromiseOrder
+PROMISE_ORDER_EXPIRE_TIME_ASC: PromiseOrder
 PROMISE_EVENT_TYPE_UNSPECIFIED: PromiseEventType
-CREATED: PromiseEventType
-SETTLED: PromiseEventType
-TIMED_OUT: PromiseEventType
+PROMISE_EVENT_TYPE_CREATED: PromiseEventType
+PROMISE_EVENT_TYPE_SETTLED: PromiseEventType
+PROMISE_EVENT_TYPE_TIMED_OUT: PromiseEventType
 
 class MintSettleTokenRequest(_message.Message):
     __slots__ = ("promise_id", "outcomes", "ttl", "fence")
@@ -204,7 +204,23 @@ class CancelPromiseRequest(_message.Message):
     strict: bool
     def __init__(self, id: _Optional[str] = ..., value: _Optional[_Union[_types_pb2.Payload, _Mapping]] = ..., idempotency_key: _Optional[str] = ..., strict: _Optional[bool] = ...) -> None: ...
 
-class SettlePromiseResponse(_message.Message):
+class ResolvePromiseResponse(_message.Message):
+    __slots__ = ("promise", "applied")
+    PROMISE_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_FIELD_NUMBER: _ClassVar[int]
+    promise: _types_pb2.Promise
+    applied: bool
+    def __init__(self, promise: _Optional[_Union[_types_pb2.Promise, _Mapping]] = ..., applied: _Optional[bool] = ...) -> None: ...
+
+class RejectPromiseResponse(_message.Message):
+    __slots__ = ("promise", "applied")
+    PROMISE_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_FIELD_NUMBER: _ClassVar[int]
+    promise: _types_pb2.Promise
+    applied: bool
+    def __init__(self, promise: _Optional[_Union[_types_pb2.Promise, _Mapping]] = ..., applied: _Optional[bool] = ...) -> None: ...
+
+class CancelPromiseResponse(_message.Message):
     __slots__ = ("promise", "applied")
     PROMISE_FIELD_NUMBER: _ClassVar[int]
     APPLIED_FIELD_NUMBER: _ClassVar[int]

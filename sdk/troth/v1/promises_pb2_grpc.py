@@ -25,7 +25,7 @@ if _version_not_supported:
     )
 
 
-class PromisesStub:
+class PromiseServiceStub:
     """Durable promises: create, read, search, settle and watch them by id.
     """
 
@@ -36,64 +36,69 @@ class PromisesStub:
             channel: A grpc.Channel.
         """
         self.CreatePromise = channel.unary_unary(
-                '/troth.v1.Promises/CreatePromise',
+                '/troth.v1.PromiseService/CreatePromise',
                 request_serializer=troth_dot_v1_dot_promises__pb2.CreatePromiseRequest.SerializeToString,
                 response_deserializer=troth_dot_v1_dot_promises__pb2.CreatePromiseResponse.FromString,
                 _registered_method=True)
         self.GetPromise = channel.unary_unary(
-                '/troth.v1.Promises/GetPromise',
+                '/troth.v1.PromiseService/GetPromise',
                 request_serializer=troth_dot_v1_dot_promises__pb2.GetPromiseRequest.SerializeToString,
                 response_deserializer=troth_dot_v1_dot_promises__pb2.GetPromiseResponse.FromString,
                 _registered_method=True)
         self.SearchPromises = channel.unary_unary(
-                '/troth.v1.Promises/SearchPromises',
+                '/troth.v1.PromiseService/SearchPromises',
                 request_serializer=troth_dot_v1_dot_promises__pb2.SearchPromisesRequest.SerializeToString,
                 response_deserializer=troth_dot_v1_dot_promises__pb2.SearchPromisesResponse.FromString,
                 _registered_method=True)
         self.ResolvePromise = channel.unary_unary(
-                '/troth.v1.Promises/ResolvePromise',
+                '/troth.v1.PromiseService/ResolvePromise',
                 request_serializer=troth_dot_v1_dot_promises__pb2.ResolvePromiseRequest.SerializeToString,
-                response_deserializer=troth_dot_v1_dot_promises__pb2.SettlePromiseResponse.FromString,
+                response_deserializer=troth_dot_v1_dot_promises__pb2.ResolvePromiseResponse.FromString,
                 _registered_method=True)
         self.RejectPromise = channel.unary_unary(
-                '/troth.v1.Promises/RejectPromise',
+                '/troth.v1.PromiseService/RejectPromise',
                 request_serializer=troth_dot_v1_dot_promises__pb2.RejectPromiseRequest.SerializeToString,
-                response_deserializer=troth_dot_v1_dot_promises__pb2.SettlePromiseResponse.FromString,
+                response_deserializer=troth_dot_v1_dot_promises__pb2.RejectPromiseResponse.FromString,
                 _registered_method=True)
         self.CancelPromise = channel.unary_unary(
-                '/troth.v1.Promises/CancelPromise',
+                '/troth.v1.PromiseService/CancelPromise',
                 request_serializer=troth_dot_v1_dot_promises__pb2.CancelPromiseRequest.SerializeToString,
-                response_deserializer=troth_dot_v1_dot_promises__pb2.SettlePromiseResponse.FromString,
+                response_deserializer=troth_dot_v1_dot_promises__pb2.CancelPromiseResponse.FromString,
                 _registered_method=True)
         self.WatchPromise = channel.unary_stream(
-                '/troth.v1.Promises/WatchPromise',
+                '/troth.v1.PromiseService/WatchPromise',
                 request_serializer=troth_dot_v1_dot_promises__pb2.WatchPromiseRequest.SerializeToString,
                 response_deserializer=troth_dot_v1_dot_promises__pb2.WatchPromiseResponse.FromString,
                 _registered_method=True)
         self.WatchPromises = channel.unary_stream(
-                '/troth.v1.Promises/WatchPromises',
+                '/troth.v1.PromiseService/WatchPromises',
                 request_serializer=troth_dot_v1_dot_promises__pb2.WatchPromisesRequest.SerializeToString,
                 response_deserializer=troth_dot_v1_dot_promises__pb2.WatchPromisesResponse.FromString,
                 _registered_method=True)
         self.PrunePromises = channel.unary_unary(
-                '/troth.v1.Promises/PrunePromises',
+                '/troth.v1.PromiseService/PrunePromises',
                 request_serializer=troth_dot_v1_dot_promises__pb2.PrunePromisesRequest.SerializeToString,
                 response_deserializer=troth_dot_v1_dot_promises__pb2.PrunePromisesResponse.FromString,
                 _registered_method=True)
         self.MintSettleToken = channel.unary_unary(
-                '/troth.v1.Promises/MintSettleToken',
+                '/troth.v1.PromiseService/MintSettleToken',
                 request_serializer=troth_dot_v1_dot_promises__pb2.MintSettleTokenRequest.SerializeToString,
                 response_deserializer=troth_dot_v1_dot_promises__pb2.MintSettleTokenResponse.FromString,
                 _registered_method=True)
 
 
-class PromisesServicer:
+class PromiseServiceServicer:
     """Durable promises: create, read, search, settle and watch them by id.
     """
 
     def CreatePromise(self, request, context):
         """Creates a promise, or returns the existing one when the create is a
         repeat (same idempotency key, or no keys and identical param and tags).
+        A workflow start (tags troth:invoke and troth:func) of an existing
+        workflow is a repeat when it carries the original start's idempotency key
+        or names the same troth:func, troth:invoke and param (whatever its other
+        tags, expiry or key); else ALREADY_EXISTS, reason WORKFLOW_ALREADY_EXISTS,
+        metadata `workflow` and `differences` (workflow, group, arguments).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -173,7 +178,7 @@ class PromisesServicer:
         raise NotImplementedError('Method not implemented!')
 
 
-def add_PromisesServicer_to_server(servicer, server):
+def add_PromiseServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'CreatePromise': grpc.unary_unary_rpc_method_handler(
                     servicer.CreatePromise,
@@ -193,17 +198,17 @@ def add_PromisesServicer_to_server(servicer, server):
             'ResolvePromise': grpc.unary_unary_rpc_method_handler(
                     servicer.ResolvePromise,
                     request_deserializer=troth_dot_v1_dot_promises__pb2.ResolvePromiseRequest.FromString,
-                    response_serializer=troth_dot_v1_dot_promises__pb2.SettlePromiseResponse.SerializeToString,
+                    response_serializer=troth_dot_v1_dot_promises__pb2.ResolvePromiseResponse.SerializeToString,
             ),
             'RejectPromise': grpc.unary_unary_rpc_method_handler(
                     servicer.RejectPromise,
                     request_deserializer=troth_dot_v1_dot_promises__pb2.RejectPromiseRequest.FromString,
-                    response_serializer=troth_dot_v1_dot_promises__pb2.SettlePromiseResponse.SerializeToString,
+                    response_serializer=troth_dot_v1_dot_promises__pb2.RejectPromiseResponse.SerializeToString,
             ),
             'CancelPromise': grpc.unary_unary_rpc_method_handler(
                     servicer.CancelPromise,
                     request_deserializer=troth_dot_v1_dot_promises__pb2.CancelPromiseRequest.FromString,
-                    response_serializer=troth_dot_v1_dot_promises__pb2.SettlePromiseResponse.SerializeToString,
+                    response_serializer=troth_dot_v1_dot_promises__pb2.CancelPromiseResponse.SerializeToString,
             ),
             'WatchPromise': grpc.unary_stream_rpc_method_handler(
                     servicer.WatchPromise,
@@ -227,13 +232,13 @@ def add_PromisesServicer_to_server(servicer, server):
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
-            'troth.v1.Promises', rpc_method_handlers)
+            'troth.v1.PromiseService', rpc_method_handlers)
     server.add_generic_rpc_handlers((generic_handler,))
-    server.add_registered_method_handlers('troth.v1.Promises', rpc_method_handlers)
+    server.add_registered_method_handlers('troth.v1.PromiseService', rpc_method_handlers)
 
 
  # This class is part of an EXPERIMENTAL API.
-class Promises:
+class PromiseService:
     """Durable promises: create, read, search, settle and watch them by id.
     """
 
@@ -251,7 +256,7 @@ class Promises:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/troth.v1.Promises/CreatePromise',
+            '/troth.v1.PromiseService/CreatePromise',
             troth_dot_v1_dot_promises__pb2.CreatePromiseRequest.SerializeToString,
             troth_dot_v1_dot_promises__pb2.CreatePromiseResponse.FromString,
             options,
@@ -278,7 +283,7 @@ class Promises:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/troth.v1.Promises/GetPromise',
+            '/troth.v1.PromiseService/GetPromise',
             troth_dot_v1_dot_promises__pb2.GetPromiseRequest.SerializeToString,
             troth_dot_v1_dot_promises__pb2.GetPromiseResponse.FromString,
             options,
@@ -305,7 +310,7 @@ class Promises:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/troth.v1.Promises/SearchPromises',
+            '/troth.v1.PromiseService/SearchPromises',
             troth_dot_v1_dot_promises__pb2.SearchPromisesRequest.SerializeToString,
             troth_dot_v1_dot_promises__pb2.SearchPromisesResponse.FromString,
             options,
@@ -332,9 +337,9 @@ class Promises:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/troth.v1.Promises/ResolvePromise',
+            '/troth.v1.PromiseService/ResolvePromise',
             troth_dot_v1_dot_promises__pb2.ResolvePromiseRequest.SerializeToString,
-            troth_dot_v1_dot_promises__pb2.SettlePromiseResponse.FromString,
+            troth_dot_v1_dot_promises__pb2.ResolvePromiseResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -359,9 +364,9 @@ class Promises:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/troth.v1.Promises/RejectPromise',
+            '/troth.v1.PromiseService/RejectPromise',
             troth_dot_v1_dot_promises__pb2.RejectPromiseRequest.SerializeToString,
-            troth_dot_v1_dot_promises__pb2.SettlePromiseResponse.FromString,
+            troth_dot_v1_dot_promises__pb2.RejectPromiseResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -386,9 +391,9 @@ class Promises:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/troth.v1.Promises/CancelPromise',
+            '/troth.v1.PromiseService/CancelPromise',
             troth_dot_v1_dot_promises__pb2.CancelPromiseRequest.SerializeToString,
-            troth_dot_v1_dot_promises__pb2.SettlePromiseResponse.FromString,
+            troth_dot_v1_dot_promises__pb2.CancelPromiseResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -413,7 +418,7 @@ class Promises:
         return grpc.experimental.unary_stream(
             request,
             target,
-            '/troth.v1.Promises/WatchPromise',
+            '/troth.v1.PromiseService/WatchPromise',
             troth_dot_v1_dot_promises__pb2.WatchPromiseRequest.SerializeToString,
             troth_dot_v1_dot_promises__pb2.WatchPromiseResponse.FromString,
             options,
@@ -440,7 +445,7 @@ class Promises:
         return grpc.experimental.unary_stream(
             request,
             target,
-            '/troth.v1.Promises/WatchPromises',
+            '/troth.v1.PromiseService/WatchPromises',
             troth_dot_v1_dot_promises__pb2.WatchPromisesRequest.SerializeToString,
             troth_dot_v1_dot_promises__pb2.WatchPromisesResponse.FromString,
             options,
@@ -467,7 +472,7 @@ class Promises:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/troth.v1.Promises/PrunePromises',
+            '/troth.v1.PromiseService/PrunePromises',
             troth_dot_v1_dot_promises__pb2.PrunePromisesRequest.SerializeToString,
             troth_dot_v1_dot_promises__pb2.PrunePromisesResponse.FromString,
             options,
@@ -494,7 +499,7 @@ class Promises:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/troth.v1.Promises/MintSettleToken',
+            '/troth.v1.PromiseService/MintSettleToken',
             troth_dot_v1_dot_promises__pb2.MintSettleTokenRequest.SerializeToString,
             troth_dot_v1_dot_promises__pb2.MintSettleTokenResponse.FromString,
             options,

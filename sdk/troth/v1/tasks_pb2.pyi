@@ -15,22 +15,22 @@ DESCRIPTOR: _descriptor.FileDescriptor
 class TaskKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     TASK_KIND_UNSPECIFIED: _ClassVar[TaskKind]
-    INVOKE: _ClassVar[TaskKind]
-    RESUME: _ClassVar[TaskKind]
+    TASK_KIND_INVOKE: _ClassVar[TaskKind]
+    TASK_KIND_RESUME: _ClassVar[TaskKind]
 
 class TaskState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     TASK_STATE_UNSPECIFIED: _ClassVar[TaskState]
-    TASK_PENDING: _ClassVar[TaskState]
-    TASK_CLAIMED: _ClassVar[TaskState]
-    TASK_COMPLETED: _ClassVar[TaskState]
+    TASK_STATE_PENDING: _ClassVar[TaskState]
+    TASK_STATE_CLAIMED: _ClassVar[TaskState]
+    TASK_STATE_COMPLETED: _ClassVar[TaskState]
 TASK_KIND_UNSPECIFIED: TaskKind
-INVOKE: TaskKind
-RESUME: TaskKind
+TASK_KIND_INVOKE: TaskKind
+TASK_KIND_RESUME: TaskKind
 TASK_STATE_UNSPECIFIED: TaskState
-TASK_PENDING: TaskState
-TASK_CLAIMED: TaskState
-TASK_COMPLETED: TaskState
+TASK_STATE_PENDING: TaskState
+TASK_STATE_CLAIMED: TaskState
+TASK_STATE_COMPLETED: TaskState
 
 class Task(_message.Message):
     __slots__ = ("id", "root_promise_id", "group", "kind", "state", "counter", "worker_id", "lease_expire_time", "workflow", "workflow_version", "create_time", "waiting_for", "worker_principal")
@@ -192,3 +192,45 @@ class SearchTasksResponse(_message.Message):
     TASKS_FIELD_NUMBER: _ClassVar[int]
     tasks: _containers.RepeatedCompositeFieldContainer[Task]
     def __init__(self, tasks: _Optional[_Iterable[_Union[Task, _Mapping]]] = ...) -> None: ...
+
+class SearchWorkersRequest(_message.Message):
+    __slots__ = ("group", "page_size", "page_token")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    page_size: int
+    page_token: str
+    def __init__(self, group: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class SearchWorkersResponse(_message.Message):
+    __slots__ = ("workers", "next_page_token")
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    workers: _containers.RepeatedCompositeFieldContainer[Worker]
+    next_page_token: str
+    def __init__(self, workers: _Optional[_Iterable[_Union[Worker, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class Worker(_message.Message):
+    __slots__ = ("worker_id", "group", "principal", "workflows", "capacity", "task_ids", "connect_time", "last_heartbeat_time", "streams", "stalled")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    PRINCIPAL_FIELD_NUMBER: _ClassVar[int]
+    WORKFLOWS_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    TASK_IDS_FIELD_NUMBER: _ClassVar[int]
+    CONNECT_TIME_FIELD_NUMBER: _ClassVar[int]
+    LAST_HEARTBEAT_TIME_FIELD_NUMBER: _ClassVar[int]
+    STREAMS_FIELD_NUMBER: _ClassVar[int]
+    STALLED_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    group: str
+    principal: str
+    workflows: _containers.RepeatedCompositeFieldContainer[WorkflowVersion]
+    capacity: int
+    task_ids: _containers.RepeatedScalarFieldContainer[str]
+    connect_time: _timestamp_pb2.Timestamp
+    last_heartbeat_time: _timestamp_pb2.Timestamp
+    streams: int
+    stalled: bool
+    def __init__(self, worker_id: _Optional[str] = ..., group: _Optional[str] = ..., principal: _Optional[str] = ..., workflows: _Optional[_Iterable[_Union[WorkflowVersion, _Mapping]]] = ..., capacity: _Optional[int] = ..., task_ids: _Optional[_Iterable[str]] = ..., connect_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_heartbeat_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., streams: _Optional[int] = ..., stalled: _Optional[bool] = ...) -> None: ...

@@ -25,7 +25,7 @@ if _version_not_supported:
     )
 
 
-class TasksStub:
+class TaskServiceStub:
     """Workers of a group receive leased tasks and report on them. A task is
     INVOKE (run a new workflow, i.e. its root promise) or RESUME (a promise the
     workflow waits on has settled). Every call about a task carries the task's
@@ -40,38 +40,43 @@ class TasksStub:
             channel: A grpc.Channel.
         """
         self.Poll = channel.unary_stream(
-                '/troth.v1.Tasks/Poll',
+                '/troth.v1.TaskService/Poll',
                 request_serializer=troth_dot_v1_dot_tasks__pb2.PollRequest.SerializeToString,
                 response_deserializer=troth_dot_v1_dot_tasks__pb2.PollResponse.FromString,
                 _registered_method=True)
         self.CompleteTask = channel.unary_unary(
-                '/troth.v1.Tasks/CompleteTask',
+                '/troth.v1.TaskService/CompleteTask',
                 request_serializer=troth_dot_v1_dot_tasks__pb2.CompleteTaskRequest.SerializeToString,
                 response_deserializer=troth_dot_v1_dot_tasks__pb2.CompleteTaskResponse.FromString,
                 _registered_method=True)
         self.Heartbeat = channel.unary_unary(
-                '/troth.v1.Tasks/Heartbeat',
+                '/troth.v1.TaskService/Heartbeat',
                 request_serializer=troth_dot_v1_dot_tasks__pb2.HeartbeatRequest.SerializeToString,
                 response_deserializer=troth_dot_v1_dot_tasks__pb2.HeartbeatResponse.FromString,
                 _registered_method=True)
         self.ReleaseTask = channel.unary_unary(
-                '/troth.v1.Tasks/ReleaseTask',
+                '/troth.v1.TaskService/ReleaseTask',
                 request_serializer=troth_dot_v1_dot_tasks__pb2.ReleaseTaskRequest.SerializeToString,
                 response_deserializer=troth_dot_v1_dot_tasks__pb2.ReleaseTaskResponse.FromString,
                 _registered_method=True)
         self.RegisterCallbacks = channel.unary_unary(
-                '/troth.v1.Tasks/RegisterCallbacks',
+                '/troth.v1.TaskService/RegisterCallbacks',
                 request_serializer=troth_dot_v1_dot_tasks__pb2.RegisterCallbacksRequest.SerializeToString,
                 response_deserializer=troth_dot_v1_dot_tasks__pb2.RegisterCallbacksResponse.FromString,
                 _registered_method=True)
         self.SearchTasks = channel.unary_unary(
-                '/troth.v1.Tasks/SearchTasks',
+                '/troth.v1.TaskService/SearchTasks',
                 request_serializer=troth_dot_v1_dot_tasks__pb2.SearchTasksRequest.SerializeToString,
                 response_deserializer=troth_dot_v1_dot_tasks__pb2.SearchTasksResponse.FromString,
                 _registered_method=True)
+        self.SearchWorkers = channel.unary_unary(
+                '/troth.v1.TaskService/SearchWorkers',
+                request_serializer=troth_dot_v1_dot_tasks__pb2.SearchWorkersRequest.SerializeToString,
+                response_deserializer=troth_dot_v1_dot_tasks__pb2.SearchWorkersResponse.FromString,
+                _registered_method=True)
 
 
-class TasksServicer:
+class TaskServiceServicer:
     """Workers of a group receive leased tasks and report on them. A task is
     INVOKE (run a new workflow, i.e. its root promise) or RESUME (a promise the
     workflow waits on has settled). Every call about a task carries the task's
@@ -129,8 +134,17 @@ class TasksServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SearchWorkers(self, request, context):
+        """Lists the workers connected to this server (their Poll streams), by group
+        then worker id: what each runs, the tasks it holds, when it last heartbeat.
+        Each server knows its own connections: with replicas, ask each one.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
 
-def add_TasksServicer_to_server(servicer, server):
+
+def add_TaskServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Poll': grpc.unary_stream_rpc_method_handler(
                     servicer.Poll,
@@ -162,15 +176,20 @@ def add_TasksServicer_to_server(servicer, server):
                     request_deserializer=troth_dot_v1_dot_tasks__pb2.SearchTasksRequest.FromString,
                     response_serializer=troth_dot_v1_dot_tasks__pb2.SearchTasksResponse.SerializeToString,
             ),
+            'SearchWorkers': grpc.unary_unary_rpc_method_handler(
+                    servicer.SearchWorkers,
+                    request_deserializer=troth_dot_v1_dot_tasks__pb2.SearchWorkersRequest.FromString,
+                    response_serializer=troth_dot_v1_dot_tasks__pb2.SearchWorkersResponse.SerializeToString,
+            ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
-            'troth.v1.Tasks', rpc_method_handlers)
+            'troth.v1.TaskService', rpc_method_handlers)
     server.add_generic_rpc_handlers((generic_handler,))
-    server.add_registered_method_handlers('troth.v1.Tasks', rpc_method_handlers)
+    server.add_registered_method_handlers('troth.v1.TaskService', rpc_method_handlers)
 
 
  # This class is part of an EXPERIMENTAL API.
-class Tasks:
+class TaskService:
     """Workers of a group receive leased tasks and report on them. A task is
     INVOKE (run a new workflow, i.e. its root promise) or RESUME (a promise the
     workflow waits on has settled). Every call about a task carries the task's
@@ -192,7 +211,7 @@ class Tasks:
         return grpc.experimental.unary_stream(
             request,
             target,
-            '/troth.v1.Tasks/Poll',
+            '/troth.v1.TaskService/Poll',
             troth_dot_v1_dot_tasks__pb2.PollRequest.SerializeToString,
             troth_dot_v1_dot_tasks__pb2.PollResponse.FromString,
             options,
@@ -219,7 +238,7 @@ class Tasks:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/troth.v1.Tasks/CompleteTask',
+            '/troth.v1.TaskService/CompleteTask',
             troth_dot_v1_dot_tasks__pb2.CompleteTaskRequest.SerializeToString,
             troth_dot_v1_dot_tasks__pb2.CompleteTaskResponse.FromString,
             options,
@@ -246,7 +265,7 @@ class Tasks:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/troth.v1.Tasks/Heartbeat',
+            '/troth.v1.TaskService/Heartbeat',
             troth_dot_v1_dot_tasks__pb2.HeartbeatRequest.SerializeToString,
             troth_dot_v1_dot_tasks__pb2.HeartbeatResponse.FromString,
             options,
@@ -273,7 +292,7 @@ class Tasks:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/troth.v1.Tasks/ReleaseTask',
+            '/troth.v1.TaskService/ReleaseTask',
             troth_dot_v1_dot_tasks__pb2.ReleaseTaskRequest.SerializeToString,
             troth_dot_v1_dot_tasks__pb2.ReleaseTaskResponse.FromString,
             options,
@@ -300,7 +319,7 @@ class Tasks:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/troth.v1.Tasks/RegisterCallbacks',
+            '/troth.v1.TaskService/RegisterCallbacks',
             troth_dot_v1_dot_tasks__pb2.RegisterCallbacksRequest.SerializeToString,
             troth_dot_v1_dot_tasks__pb2.RegisterCallbacksResponse.FromString,
             options,
@@ -327,9 +346,36 @@ class Tasks:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/troth.v1.Tasks/SearchTasks',
+            '/troth.v1.TaskService/SearchTasks',
             troth_dot_v1_dot_tasks__pb2.SearchTasksRequest.SerializeToString,
             troth_dot_v1_dot_tasks__pb2.SearchTasksResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SearchWorkers(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/troth.v1.TaskService/SearchWorkers',
+            troth_dot_v1_dot_tasks__pb2.SearchWorkersRequest.SerializeToString,
+            troth_dot_v1_dot_tasks__pb2.SearchWorkersResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,5 +1,6 @@
 import datetime
 
+from google.protobuf import struct_pb2 as _struct_pb2
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
@@ -13,20 +14,20 @@ DESCRIPTOR: _descriptor.FileDescriptor
 class PromiseState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     PROMISE_STATE_UNSPECIFIED: _ClassVar[PromiseState]
-    PENDING: _ClassVar[PromiseState]
-    RESOLVED: _ClassVar[PromiseState]
-    REJECTED: _ClassVar[PromiseState]
-    REJECTED_CANCELED: _ClassVar[PromiseState]
-    REJECTED_TIMEDOUT: _ClassVar[PromiseState]
+    PROMISE_STATE_PENDING: _ClassVar[PromiseState]
+    PROMISE_STATE_RESOLVED: _ClassVar[PromiseState]
+    PROMISE_STATE_REJECTED: _ClassVar[PromiseState]
+    PROMISE_STATE_REJECTED_CANCELED: _ClassVar[PromiseState]
+    PROMISE_STATE_REJECTED_TIMEDOUT: _ClassVar[PromiseState]
 PROMISE_STATE_UNSPECIFIED: PromiseState
-PENDING: PromiseState
-RESOLVED: PromiseState
-REJECTED: PromiseState
-REJECTED_CANCELED: PromiseState
-REJECTED_TIMEDOUT: PromiseState
+PROMISE_STATE_PENDING: PromiseState
+PROMISE_STATE_RESOLVED: PromiseState
+PROMISE_STATE_REJECTED: PromiseState
+PROMISE_STATE_REJECTED_CANCELED: PromiseState
+PROMISE_STATE_REJECTED_TIMEDOUT: PromiseState
 
 class Payload(_message.Message):
-    __slots__ = ("headers", "data")
+    __slots__ = ("headers", "data", "json")
     class HeadersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -36,9 +37,11 @@ class Payload(_message.Message):
         def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     HEADERS_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
+    JSON_FIELD_NUMBER: _ClassVar[int]
     headers: _containers.ScalarMap[str, str]
     data: bytes
-    def __init__(self, headers: _Optional[_Mapping[str, str]] = ..., data: _Optional[bytes] = ...) -> None: ...
+    json: _struct_pb2.Value
+    def __init__(self, headers: _Optional[_Mapping[str, str]] = ..., data: _Optional[bytes] = ..., json: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ...) -> None: ...
 
 class Promise(_message.Message):
     __slots__ = ("id", "state", "param", "value", "tags", "create_time", "settle_time", "expire_time", "idempotency_key_for_create", "idempotency_key_for_settle", "settled_by", "schema", "title", "message", "requested_by", "workflow_version", "root_id", "parent_id", "approvers", "started_by")

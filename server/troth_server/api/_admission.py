@@ -209,6 +209,8 @@ class Admission:
     _since_report: collections.Counter[str] = field(default_factory=collections.Counter)
     worst_queue_delay_s: float = 0.0
     """The longest standing queue delay refused for since the last report."""
+    on_refused: Callable[[str, str], None] | None = None
+    """Each refusal: the method and the limit (flag) that refused it (the metrics)."""
 
     @classmethod
     def with_limits(
@@ -234,9 +236,11 @@ class Admission:
             retry_after_ms=min(QUEUE_RETRY_MAX_MS, max(UNARY_RETRY_MS, round(standing * 1000))),
         )
 
-    def refused(self, method: str) -> None:
+    def refused(self, method: str, limit: str = "") -> None:
         self.refused_total[method] += 1
         self._since_report[method] += 1
+        if self.on_refused is not None:
+            self.on_refused(method, limit)
 
     def take_report(self) -> dict[str, int] | None:
         """Refusals per method since the last report (None if there were none), and reset."""
@@ -327,7 +331,7 @@ class AdmissionInterceptor(MethodInterceptor):
             await self._refuse(name, context, refusal)
 
     async def _refuse(self, name: str, context: AioContext, why: Gate | Overloaded) -> None:
-        self._admission.refused(name)
+        self._admission.refused(name, why.flag if isinstance(why, Gate) else why.limit)
         if isinstance(why, Gate):
             status = self._statuses.get(why.flag)
             if status is None:  # the same answer every time: built once

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import re
 from typing import TYPE_CHECKING
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from troth.codec import Payload as WirePayload
 from troth.v1 import promises_pb2, tasks_pb2, types_pb2
 from troth_server.api._checks import check_text
 from troth_server.api._inputs import MAX_WORKFLOWS
@@ -29,19 +31,24 @@ from troth_server.watch import EventFilter, EventType, PromiseEvent
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 
+    from google.protobuf import struct_pb2
     from google.protobuf.duration_pb2 import Duration
 
     from troth_server.config import Limits
+    from troth_server.domain.workers import WorkerSummary
 
 ID_PATTERN = re.compile(r"[A-Za-z0-9._~:@/+=\-]+")
 ID_CHARSET = "letters, digits and . _ ~ : @ / + = -"
+CONTENT_TYPE_HEADER = "content-type"
+JSON_CONTENT_TYPE = "application/json"
+_EXACT_INTEGERS = 2**53
 
 _PB_STATES: dict[PromiseState, int] = {
-    PromiseState.PENDING: types_pb2.PENDING,
-    PromiseState.RESOLVED: types_pb2.RESOLVED,
-    PromiseState.REJECTED: types_pb2.REJECTED,
-    PromiseState.REJECTED_CANCELED: types_pb2.REJECTED_CANCELED,
-    PromiseState.REJECTED_TIMEDOUT: types_pb2.REJECTED_TIMEDOUT,
+    PromiseState.PENDING: types_pb2.PROMISE_STATE_PENDING,
+    PromiseState.RESOLVED: types_pb2.PROMISE_STATE_RESOLVED,
+    PromiseState.REJECTED: types_pb2.PROMISE_STATE_REJECTED,
+    PromiseState.REJECTED_CANCELED: types_pb2.PROMISE_STATE_REJECTED_CANCELED,
+    PromiseState.REJECTED_TIMEDOUT: types_pb2.PROMISE_STATE_REJECTED_TIMEDOUT,
 }
 _DOMAIN_STATES = {v: k for k, v in _PB_STATES.items()}
 
@@ -69,6 +76,11 @@ def create_request(request: promises_pb2.CreatePromiseRequest, limits: Limits) -
         )
     ttl: int | None = None
     expire_time: int | None = None
+    checked_tags = tags(request.tags, limits)
+    start = INVOKE_TAG in checked_tags
+    if start:
+        # A workflow root: its group must be one a worker can Poll, or its task waits forever.
+        name(checked_tags[INVOKE_TAG], limits, f"tags[{INVOKE_TAG}]")
     if expiry == "ttl":
         ttl = _duration_ms(request.ttl)
         if ttl <= 0:
@@ -78,11 +90,13 @@ def create_request(request: promises_pb2.CreatePromiseRequest, limits: Limits) -
     elif expiry == "expire_time":
         expire_time = timestamp_ms(request.expire_time, "expire_time")
     elif not request.never_expires:
-        ttl = limits.default_ttl_ms
-    checked_tags = tags(request.tags, limits)
-    if INVOKE_TAG in checked_tags:
-        # A workflow root: its group must be one a worker can Poll, or its task waits forever.
-        name(checked_tags[INVOKE_TAG], limits, f"tags[{INVOKE_TAG}]")
+        # A workflow's default lifetime is its own (--default-workflow-ttl, 30 days):
+        # its steps are capped by it, so a promise's day would cut a 3-day approval.
+        ttl = (
+            min(limits.default_workflow_ttl_ms, limits.max_ttl_ms)
+            if start
+            else limits.default_ttl_ms
+        )
     return CreateRequest(
         id=promise_id(request.id, limits),
         param=payload(request.param, limits, "param") if request.HasField("param") else EMPTY,
@@ -143,8 +157,8 @@ def settle_token(
 
 
 _TOKEN_OUTCOMES = {
-    types_pb2.RESOLVED: PromiseState.RESOLVED,
-    types_pb2.REJECTED: PromiseState.REJECTED,
+    types_pb2.PROMISE_STATE_RESOLVED: PromiseState.RESOLVED,
+    types_pb2.PROMISE_STATE_REJECTED: PromiseState.REJECTED,
 }
 
 
@@ -296,9 +310,9 @@ def search_id_glob(value: str, limits: Limits) -> str:
 
 _ORDERS: dict[int, PromiseOrder] = {
     promises_pb2.PROMISE_ORDER_UNSPECIFIED: PromiseOrder.CREATED_ASC,
-    promises_pb2.CREATED_ASC: PromiseOrder.CREATED_ASC,
-    promises_pb2.CREATED_DESC: PromiseOrder.CREATED_DESC,
-    promises_pb2.EXPIRE_TIME_ASC: PromiseOrder.EXPIRE_TIME_ASC,
+    promises_pb2.PROMISE_ORDER_CREATED_ASC: PromiseOrder.CREATED_ASC,
+    promises_pb2.PROMISE_ORDER_CREATED_DESC: PromiseOrder.CREATED_DESC,
+    promises_pb2.PROMISE_ORDER_EXPIRE_TIME_ASC: PromiseOrder.EXPIRE_TIME_ASC,
 }
 
 
@@ -323,9 +337,9 @@ def event_filter(request: promises_pb2.WatchPromisesRequest, limits: Limits) -> 
 
 
 _PB_EVENT_TYPES = {
-    EventType.CREATED: promises_pb2.CREATED,
-    EventType.SETTLED: promises_pb2.SETTLED,
-    EventType.TIMED_OUT: promises_pb2.TIMED_OUT,
+    EventType.CREATED: promises_pb2.PROMISE_EVENT_TYPE_CREATED,
+    EventType.SETTLED: promises_pb2.PROMISE_EVENT_TYPE_SETTLED,
+    EventType.TIMED_OUT: promises_pb2.PROMISE_EVENT_TYPE_TIMED_OUT,
 }
 
 
@@ -365,12 +379,64 @@ def tags(values: Mapping[str, str], limits: Limits) -> dict[str, str]:
 
 
 def payload(value: types_pb2.Payload, limits: Limits, field: str) -> Payload:
+    if value.HasField("json"):
+        value = _json_payload(value, field)
     size = len(value.data) + sum(len(k) + len(v) for k, v in value.headers.items())
     if size > limits.max_payload_bytes:
         raise InvalidArgument(
             field, f"is {size} bytes; the limit is {limits.max_payload_bytes} (data plus headers)"
         )
     return Payload(dict(value.headers), value.data)
+
+
+def _json_payload(value: types_pb2.Payload, field: str) -> types_pb2.Payload:
+    """`json` (a google.protobuf.Value, for callers without a codec such as grpcurl) as
+    the compact UTF-8 JSON `data` the SDK's codec writes, with its content type."""
+    if value.data:
+        raise InvalidArgument(field, "has both data and json: send one of them")
+    headers = dict(value.headers)
+    sent_type = WirePayload(headers=headers).content_type
+    if sent_type is None:
+        headers[CONTENT_TYPE_HEADER] = JSON_CONTENT_TYPE
+    elif not WirePayload(headers=headers).is_json:
+        raise InvalidArgument(
+            f"{field}.headers[content-type]",
+            f"is {sent_type!r}, but json carries JSON: drop the header or send data instead",
+        )
+    try:
+        # Keys sorted: a JSON object arrives as a protobuf map, whose order is not kept,
+        # so sorting is what makes one value always stored as the same bytes.
+        text = json.dumps(
+            _plain(value.json),
+            separators=(",", ":"),
+            ensure_ascii=False,
+            allow_nan=False,
+            sort_keys=True,
+        )
+    except ValueError:
+        raise InvalidArgument(
+            f"{field}.json", "holds NaN or Infinity, which JSON cannot carry"
+        ) from None
+    return types_pb2.Payload(headers=headers, data=text.encode())
+
+
+def _plain(value: struct_pb2.Value) -> object:
+    """A google.protobuf.Value as plain Python; whole numbers that a double holds exactly
+    become ints, so `{"n": 1}` is stored as `1`, not `1.0`."""
+    kind = value.WhichOneof("kind")
+    if kind == "struct_value":
+        return {key: _plain(item) for key, item in value.struct_value.fields.items()}
+    if kind == "list_value":
+        return [_plain(item) for item in value.list_value.values]
+    if kind == "number_value":
+        number = value.number_value
+        whole = number.is_integer() and abs(number) <= _EXACT_INTEGERS
+        return int(number) if whole else number
+    if kind == "string_value":
+        return value.string_value
+    if kind == "bool_value":
+        return value.bool_value
+    return None
 
 
 def idempotency_key(value: str, limits: Limits) -> str | None:
@@ -441,11 +507,14 @@ def counter(value: int) -> int:
     return value
 
 
-_PB_TASK_KINDS = {TaskKind.INVOKE: tasks_pb2.INVOKE, TaskKind.RESUME: tasks_pb2.RESUME}
+_PB_TASK_KINDS = {
+    TaskKind.INVOKE: tasks_pb2.TASK_KIND_INVOKE,
+    TaskKind.RESUME: tasks_pb2.TASK_KIND_RESUME,
+}
 _PB_TASK_STATES = {
-    TaskState.PENDING: tasks_pb2.TASK_PENDING,
-    TaskState.CLAIMED: tasks_pb2.TASK_CLAIMED,
-    TaskState.COMPLETED: tasks_pb2.TASK_COMPLETED,
+    TaskState.PENDING: tasks_pb2.TASK_STATE_PENDING,
+    TaskState.CLAIMED: tasks_pb2.TASK_STATE_CLAIMED,
+    TaskState.COMPLETED: tasks_pb2.TASK_STATE_COMPLETED,
 }
 
 
@@ -468,6 +537,27 @@ def task_to_pb(task: Task, waiting_for: str = "") -> tasks_pb2.Task:
     if task.create_time is not None:
         message.create_time.CopyFrom(_timestamp(task.create_time))
     return message
+
+
+def worker_to_pb(worker: WorkerSummary) -> tasks_pb2.Worker:
+    message = tasks_pb2.Worker(
+        worker_id=worker.worker_id,
+        group=worker.group,
+        principal=worker.principal or "",
+        workflows=[tasks_pb2.WorkflowVersion(name=n, version=v) for n, v in worker.workflows],
+        capacity=worker.capacity,
+        task_ids=worker.task_ids,
+        streams=worker.streams,
+        stalled=worker.stalled,
+    )
+    message.connect_time.CopyFrom(_timestamp(worker.connect_ms))
+    message.last_heartbeat_time.CopyFrom(_timestamp(worker.last_seen_ms))
+    return message
+
+
+def optional_group(value: str, limits: Limits) -> str:
+    """A search's group filter: empty (every group), or a group name."""
+    return name(value, limits, "group") if value else ""
 
 
 def workflows(values: Sequence[tasks_pb2.WorkflowVersion]) -> list[tuple[str, str]]:

@@ -61,45 +61,50 @@ _EVERY_REQUEST = {BadInput.NUL: INVALID, BadInput.NOT_UTF8: INVALID, BadInput.TR
 # RPC -> bad input -> answer. Tests check that the classes listed for an RPC are
 # exactly those its request has fields for (a list field, a Timestamp, ...).
 ANSWERS: dict[str, dict[BadInput, Answer]] = {
-    "troth.v1.Promises/CreatePromise": {
+    "troth.v1.PromiseService/CreatePromise": {
         **_EVERY_REQUEST,
         BadInput.LIST_TOO_LONG: INVALID,
         BadInput.BAD_TIMESTAMP: INVALID,
         BadInput.BAD_DURATION: INVALID,
     },
-    "troth.v1.Promises/GetPromise": {**_EVERY_REQUEST},
-    "troth.v1.Promises/SearchPromises": {
+    "troth.v1.PromiseService/GetPromise": {**_EVERY_REQUEST},
+    "troth.v1.PromiseService/SearchPromises": {
         **_EVERY_REQUEST,
         BadInput.LIST_TOO_LONG: INVALID,
         BadInput.BAD_TIMESTAMP: INVALID,
         BadInput.FORGED_PAGE_TOKEN: INVALID_TOKEN,
         BadInput.DEEP_PAGE_TOKEN: INVALID_TOKEN,
     },
-    "troth.v1.Promises/ResolvePromise": {**_EVERY_REQUEST, BadInput.LIST_TOO_LONG: INVALID},
-    "troth.v1.Promises/RejectPromise": {**_EVERY_REQUEST, BadInput.LIST_TOO_LONG: INVALID},
-    "troth.v1.Promises/CancelPromise": {**_EVERY_REQUEST, BadInput.LIST_TOO_LONG: INVALID},
-    "troth.v1.Promises/WatchPromise": {**_EVERY_REQUEST},
-    "troth.v1.Promises/WatchPromises": {**_EVERY_REQUEST, BadInput.LIST_TOO_LONG: INVALID},
+    "troth.v1.PromiseService/ResolvePromise": {**_EVERY_REQUEST, BadInput.LIST_TOO_LONG: INVALID},
+    "troth.v1.PromiseService/RejectPromise": {**_EVERY_REQUEST, BadInput.LIST_TOO_LONG: INVALID},
+    "troth.v1.PromiseService/CancelPromise": {**_EVERY_REQUEST, BadInput.LIST_TOO_LONG: INVALID},
+    "troth.v1.PromiseService/WatchPromise": {**_EVERY_REQUEST},
+    "troth.v1.PromiseService/WatchPromises": {**_EVERY_REQUEST, BadInput.LIST_TOO_LONG: INVALID},
     # No text field: only bytes that are not a message, and its one Duration.
-    "troth.v1.Promises/PrunePromises": {
+    "troth.v1.PromiseService/PrunePromises": {
         BadInput.TRUNCATED: INVALID,
         BadInput.BAD_DURATION: INVALID,
     },
-    "troth.v1.Promises/MintSettleToken": {
+    "troth.v1.PromiseService/MintSettleToken": {
         **_EVERY_REQUEST,
         BadInput.LIST_TOO_LONG: INVALID,
         BadInput.BAD_DURATION: INVALID,
     },
-    "troth.v1.Tasks/Poll": {
+    "troth.v1.TaskService/Poll": {
         **_EVERY_REQUEST,
         BadInput.LIST_TOO_LONG: INVALID,
         BadInput.BAD_DURATION: INVALID,
     },
-    "troth.v1.Tasks/CompleteTask": {**_EVERY_REQUEST, BadInput.LIST_TOO_LONG: INVALID},
-    "troth.v1.Tasks/Heartbeat": {**_EVERY_REQUEST, BadInput.BAD_DURATION: INVALID},
-    "troth.v1.Tasks/ReleaseTask": {**_EVERY_REQUEST},
-    "troth.v1.Tasks/RegisterCallbacks": {**_EVERY_REQUEST, BadInput.LIST_TOO_LONG: INVALID},
-    "troth.v1.Tasks/SearchTasks": {**_EVERY_REQUEST},
+    "troth.v1.TaskService/CompleteTask": {**_EVERY_REQUEST, BadInput.LIST_TOO_LONG: INVALID},
+    "troth.v1.TaskService/Heartbeat": {**_EVERY_REQUEST, BadInput.BAD_DURATION: INVALID},
+    "troth.v1.TaskService/ReleaseTask": {**_EVERY_REQUEST},
+    "troth.v1.TaskService/RegisterCallbacks": {**_EVERY_REQUEST, BadInput.LIST_TOO_LONG: INVALID},
+    "troth.v1.TaskService/SearchTasks": {**_EVERY_REQUEST},
+    "troth.v1.TaskService/SearchWorkers": {
+        **_EVERY_REQUEST,
+        BadInput.FORGED_PAGE_TOKEN: INVALID_TOKEN,
+        BadInput.DEEP_PAGE_TOKEN: INVALID_TOKEN,
+    },
 }
 
 MAX_WORKFLOWS = 1000
@@ -133,6 +138,10 @@ _CALLBACKS = ListLimit("max_callback_ids")
 # every request message (nested ones included) has an entry; a test checks it.
 LIST_LIMITS: dict[tuple[str, str], ListLimit] = {
     ("troth.v1.Payload", "headers"): ListLimit("max_headers"),
+    # Payload.json: each entry of a JSON object or array takes at least one byte of the
+    # stored JSON, so the payload limit bounds them (the size is checked once encoded).
+    ("google.protobuf.Struct", "fields"): ListLimit("max_payload_bytes"),
+    ("google.protobuf.ListValue", "values"): ListLimit("max_payload_bytes"),
     ("troth.v1.CreatePromiseRequest", "tags"): _TAGS,
     ("troth.v1.Approvers", "principals"): ListLimit(MAX_APPROVERS, "approvers of one promise"),
     ("troth.v1.Approvers", "roles"): ListLimit(MAX_APPROVERS, "approver roles of one promise"),

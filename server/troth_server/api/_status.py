@@ -33,6 +33,7 @@ from troth_server.domain.settle_tokens import (
     UnknownKey,
     WrongPromise,
 )
+from troth_server.domain.starts import WorkflowAlreadyExists
 from troth_server.domain.steps import ReservedForWorkflow, WorkflowSettled
 from troth_server.domain.task import (
     GroupNotAllowed,
@@ -57,6 +58,7 @@ STATUS_CODES: dict[type[Exception], grpc.StatusCode] = {
     InvalidPageToken: grpc.StatusCode.INVALID_ARGUMENT,
     PromiseNotFound: grpc.StatusCode.NOT_FOUND,
     PromiseAlreadyExists: grpc.StatusCode.ALREADY_EXISTS,
+    WorkflowAlreadyExists: grpc.StatusCode.ALREADY_EXISTS,
     PromiseAlreadySettled: grpc.StatusCode.FAILED_PRECONDITION,
     PromiseTimedOut: grpc.StatusCode.FAILED_PRECONDITION,
     # The service checks and retries it; reaching a client would be a server bug.

@@ -1,4 +1,4 @@
-"""The `troth.v1.Promises` servicer (grpc.aio).
+"""The `troth.v1.PromiseService` servicer (grpc.aio).
 
 It is thin: the handlers validate and convert, the service does the work.
 """
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 from troth.client import WATCH_READY_METADATA
 from troth.v1 import promises_pb2, promises_pb2_grpc, types_pb2
@@ -37,6 +37,13 @@ _SettleMessage = (
     promises_pb2.ResolvePromiseRequest
     | promises_pb2.RejectPromiseRequest
     | promises_pb2.CancelPromiseRequest
+)
+# Each settle RPC has its own response message (buf STANDARD), all of one shape.
+_SettleResponse = TypeVar(
+    "_SettleResponse",
+    promises_pb2.ResolvePromiseResponse,
+    promises_pb2.RejectPromiseResponse,
+    promises_pb2.CancelPromiseResponse,
 )
 _SETTLE_RPCS = {
     PromiseState.RESOLVED: "ResolvePromise",
@@ -80,8 +87,13 @@ class _Handlers:
         return settle, convert.fence(request, self._limits), caller, token
 
     async def _settle(
-        self, rpc: str, request: _SettleMessage, state: PromiseState, context: AioContext
-    ) -> promises_pb2.SettlePromiseResponse:
+        self,
+        rpc: str,
+        request: _SettleMessage,
+        state: PromiseState,
+        context: AioContext,
+        response: type[_SettleResponse],
+    ) -> _SettleResponse:
         """A resolve, reject or cancel, with its audit line (`api/_audit.py`)."""
         settle, fence, caller, token = self._settle_request(request, state, context)
         try:
@@ -91,7 +103,7 @@ class _Handlers:
             raise
         if applied:
             audit.settled(rpc, promise, caller, token is not None, context)
-        return self._settled((promise, applied), caller, settle.idempotency_key)
+        return response(promise=self._one(promise, caller, settle.idempotency_key), applied=applied)
 
     def _mint(
         self, request: promises_pb2.MintSettleTokenRequest, caller: Principal
@@ -201,13 +213,6 @@ class _Handlers:
             promise=self._one(result[0], reader, sent_key), created=result[1]
         )
 
-    def _settled(
-        self, result: tuple[Promise, bool], reader: Principal, sent_key: str | None
-    ) -> promises_pb2.SettlePromiseResponse:
-        return promises_pb2.SettlePromiseResponse(
-            promise=self._one(result[0], reader, sent_key), applied=result[1]
-        )
-
 
 def _caller(context: AioContext, limits: Limits) -> Principal:
     """Who makes this call: the one place the api layer decides it. The authenticated
@@ -225,7 +230,7 @@ def _recorded(caller: Principal) -> str | None:
     return None if caller == LOCAL_DEVELOPER else caller.name
 
 
-class PromisesServicer(_Handlers, promises_pb2_grpc.PromisesServicer):
+class PromiseServiceServicer(_Handlers, promises_pb2_grpc.PromiseServiceServicer):
     """For the grpc.aio server: one event loop; commits answer a whole batch at once."""
 
     @aio_unary("CreatePromise")
@@ -259,20 +264,38 @@ class PromisesServicer(_Handlers, promises_pb2_grpc.PromisesServicer):
     @aio_unary("ResolvePromise")
     async def ResolvePromise(
         self, request: promises_pb2.ResolvePromiseRequest, context: AioContext
-    ) -> promises_pb2.SettlePromiseResponse:
-        return await self._settle("ResolvePromise", request, PromiseState.RESOLVED, context)
+    ) -> promises_pb2.ResolvePromiseResponse:
+        return await self._settle(
+            "ResolvePromise",
+            request,
+            PromiseState.RESOLVED,
+            context,
+            promises_pb2.ResolvePromiseResponse,
+        )
 
     @aio_unary("RejectPromise")
     async def RejectPromise(
         self, request: promises_pb2.RejectPromiseRequest, context: AioContext
-    ) -> promises_pb2.SettlePromiseResponse:
-        return await self._settle("RejectPromise", request, PromiseState.REJECTED, context)
+    ) -> promises_pb2.RejectPromiseResponse:
+        return await self._settle(
+            "RejectPromise",
+            request,
+            PromiseState.REJECTED,
+            context,
+            promises_pb2.RejectPromiseResponse,
+        )
 
     @aio_unary("CancelPromise")
     async def CancelPromise(
         self, request: promises_pb2.CancelPromiseRequest, context: AioContext
-    ) -> promises_pb2.SettlePromiseResponse:
-        return await self._settle("CancelPromise", request, PromiseState.REJECTED_CANCELED, context)
+    ) -> promises_pb2.CancelPromiseResponse:
+        return await self._settle(
+            "CancelPromise",
+            request,
+            PromiseState.REJECTED_CANCELED,
+            context,
+            promises_pb2.CancelPromiseResponse,
+        )
 
     @aio_unary("MintSettleToken")
     async def MintSettleToken(

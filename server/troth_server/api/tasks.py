@@ -1,4 +1,4 @@
-"""The `troth.v1.Tasks` servicer (grpc.aio), for workers."""
+"""The `troth.v1.TaskService` servicer (grpc.aio), for workers."""
 
 from __future__ import annotations
 
@@ -6,12 +6,13 @@ import asyncio
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from troth.v1 import tasks_pb2, tasks_pb2_grpc
+from troth_server import paging
 from troth_server.api import _audit as audit
 from troth_server.api import _convert as convert
 from troth_server.api._auth import caller, require_group
 from troth_server.api._rpc import aio_server_stream, aio_unary
 from troth_server.dispatch import Delivery, PollStream
-from troth_server.domain import visibility
+from troth_server.domain import visibility, workers
 from troth_server.domain.errors import InvalidArgument
 from troth_server.domain.promise import PromiseState, SettleRequest
 from troth_server.domain.routing import registration
@@ -70,6 +71,18 @@ class _Handlers:
         waiting = self._dispatcher.waiting_for([t for t in found if t.state is TaskState.PENDING])
         return tasks_pb2.SearchTasksResponse(
             tasks=[convert.task_to_pb(t, waiting.get(t.id, "")) for t in found]
+        )
+
+    def _workers(self, request: tasks_pb2.SearchWorkersRequest) -> tasks_pb2.SearchWorkersResponse:
+        group = convert.optional_group(request.group, self._limits)
+        size = convert.page_size(request.page_size, self._limits)
+        after = paging.decode_workers(request.page_token, group) if request.page_token else None
+        shown, more = workers.page(
+            workers.summarize(self._dispatcher.streams(), group), size, after
+        )
+        return tasks_pb2.SearchWorkersResponse(
+            workers=[convert.worker_to_pb(w) for w in shown],
+            next_page_token="" if more is None else paging.encode_workers(more, group),
         )
 
     def _complete_args(
@@ -149,7 +162,7 @@ def _awaited(settled: list[Any]) -> list[Any]:
     return [convert.to_pb(visibility.view(p, reader)) for p in settled]
 
 
-class TasksServicer(_Handlers, tasks_pb2_grpc.TasksServicer):
+class TaskServiceServicer(_Handlers, tasks_pb2_grpc.TaskServiceServicer):
     """For the grpc.aio server: a Poll stream is a coroutine waiting on its mailbox."""
 
     @aio_server_stream("Poll")
@@ -222,6 +235,13 @@ class TasksServicer(_Handlers, tasks_pb2_grpc.TasksServicer):
             task_id, counter, worker, self._promise_ids(request), bound_principal()
         )
         return tasks_pb2.RegisterCallbacksResponse(settled=_awaited(settled))
+
+    @aio_unary("SearchWorkers")
+    async def SearchWorkers(
+        self, request: tasks_pb2.SearchWorkersRequest, context: AioContext
+    ) -> tasks_pb2.SearchWorkersResponse:
+        # The dispatcher's table, in memory: no store read, on the loop.
+        return self._workers(request)
 
     @aio_unary("SearchTasks")
     async def SearchTasks(

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from troth import PromiseState
+from troth import PromiseState, TaskState
 from troth._commands import TAG_FUNC, TAG_GROUP, TAG_INVOKE, TAG_KIND
 from troth._durations import format_duration
 from troth.errors import Reason
@@ -19,7 +19,7 @@ from troth.errors import Reason
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
 
-    from troth import Payload, Promise
+    from troth import Payload, Promise, TaskInfo, WorkerInfo
     from troth.errors import RpcError
 
     Decode = Callable[[Payload], Any]
@@ -31,10 +31,14 @@ __all__ = [
     "TAG_KIND",
     "InboxRow",
     "Step",
+    "TaskRow",
+    "WorkerRow",
     "error_words",
     "inbox_rows",
     "pretty",
+    "task_rows",
     "timeline",
+    "worker_rows",
 ]
 
 APPROVAL = "promise"
@@ -159,9 +163,15 @@ _WORDS: dict[str, str] = {
 }
 
 
+_CODE_WORDS: dict[str, str] = {
+    "UNAVAILABLE": "The troth server cannot be reached now; try again in a moment",
+    "DEADLINE_EXCEEDED": "The troth server did not answer in time; try again",
+}
+
+
 def error_words(error: RpcError) -> str:
     """A refusal in words for the human, with the server's own message after it."""
-    lead = _WORDS.get(error.reason, "The server refused")
+    lead = _WORDS.get(error.reason) or _CODE_WORDS.get(error.code.name, "The server refused")
     detail = error.message or str(error)
     return f"{lead}: {detail} ({error.reason or error.code.name})"
 
@@ -172,3 +182,72 @@ def pretty(value: Any) -> str:
         return json.dumps(value, indent=2, sort_keys=True, default=str)
     except (TypeError, ValueError):
         return repr(value)
+
+
+@dataclass(frozen=True, slots=True)
+class TaskRow:
+    """One line of the tasks page."""
+
+    id: str
+    root_id: str
+    kind: str
+    state: str
+    workflow: str
+    version: str
+    age: str
+    worker: str
+    """Who holds it (a claimed task), or why it waits (a pending one)."""
+
+
+def task_rows(tasks: Iterable[TaskInfo], now: datetime) -> list[TaskRow]:
+    """The tasks page's rows, in the server's order (oldest first)."""
+    return [
+        TaskRow(
+            id=task.id,
+            root_id=task.root_id,
+            kind=task.kind.value.lower(),
+            state=task.state.value.lower(),
+            workflow=task.workflow or "",
+            version=task.workflow_version or "",
+            age=format_duration(now - task.create_time) if task.create_time else "",
+            worker=(task.worker_id if task.state is TaskState.CLAIMED else task.waiting_for) or "",
+        )
+        for task in tasks
+    ]
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerRow:
+    """One line of the workers page."""
+
+    worker_id: str
+    group: str
+    principal: str
+    workflows: str
+    """`name version` pairs it runs, or "any" (every task of its group)."""
+    held: str
+    """Tasks held of its capacity, e.g. "2 / 16"."""
+    connected: str
+    heartbeat: str
+    stalled: bool
+
+
+def _ago(when: datetime | None, now: datetime) -> str:
+    return f"{format_duration(max(now - when, timedelta(0)))} ago" if when else ""
+
+
+def worker_rows(workers: Iterable[WorkerInfo], now: datetime) -> list[WorkerRow]:
+    """The workers page's rows, in the server's order (by group, then worker id)."""
+    return [
+        WorkerRow(
+            worker_id=worker.worker_id,
+            group=worker.group,
+            principal=worker.principal or "",
+            workflows=", ".join(f"{name} {version}" for name, version in worker.workflows) or "any",
+            held=f"{len(worker.task_ids)} / {worker.capacity}",
+            connected=_ago(worker.connect_time, now),
+            heartbeat=_ago(worker.last_heartbeat_time, now),
+            stalled=worker.stalled,
+        )
+        for worker in workers
+    ]

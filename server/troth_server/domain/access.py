@@ -99,7 +99,7 @@ _READERS = frozenset({Role.WORKER, Role.GATEWAY, Role.OPERATOR, Role.ADMIN})
 _WATCHERS = frozenset({Role.GATEWAY, Role.OPERATOR, Role.ADMIN})
 
 RPC_ROLES: Mapping[str, frozenset[Role]] = {
-    # troth.v1.Promises
+    # troth.v1.PromiseService
     "CreatePromise": frozenset({Role.WORKER, Role.GATEWAY, Role.ADMIN}),
     "GetPromise": _READERS,
     "SearchPromises": _WATCHERS,
@@ -111,13 +111,14 @@ RPC_ROLES: Mapping[str, frozenset[Role]] = {
     "PrunePromises": frozenset({Role.ADMIN}),
     # A worker mints only for its own workflows' steps (with its task's fence).
     "MintSettleToken": frozenset({Role.WORKER, Role.GATEWAY, Role.ADMIN}),
-    # troth.v1.Tasks
+    # troth.v1.TaskService
     "Poll": _WORKER,
     "CompleteTask": _WORKER,
     "Heartbeat": _WORKER,
     "ReleaseTask": _WORKER,
     "RegisterCallbacks": _WORKER,
     "SearchTasks": frozenset({Role.OPERATOR, Role.ADMIN}),
+    "SearchWorkers": frozenset({Role.OPERATOR, Role.ADMIN}),
 }
 """Which roles may call each RPC (the one table; the README's is generated from it
 by `python -m troth_server.domain.access`). A `ResolvePromise` or `RejectPromise`

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
+from troth_server.domain import starts
 from troth_server.domain.errors import (
     InvalidArgument,
     PromiseAlreadyExists,
@@ -237,7 +238,9 @@ def create(
     if is_early(existing):
         return adopt(existing, request, links, started_by), False
     current = effective(existing, now)
-    if request.idempotency_key or existing.idempotency_key_for_create:
+    if starts.is_start(request.tags):
+        starts.check_repeat(existing, request)  # a workflow's id is its identity
+    elif request.idempotency_key or existing.idempotency_key_for_create:
         if request.idempotency_key != existing.idempotency_key_for_create:
             raise PromiseAlreadyExists(
                 request.id,

@@ -40,6 +40,7 @@ from troth_server.domain.promise import (
     Promise,
     PromiseState,
 )
+from troth_server.domain.starts import INVOKE_TAG as INVOKE_TAG
 from troth_server.domain.task import Task, TaskNotFound
 
 if TYPE_CHECKING:
@@ -47,8 +48,6 @@ if TYPE_CHECKING:
 
     from troth_server.domain.access import Principal
 
-INVOKE_TAG = "troth:invoke"
-"""A root promise tagged `troth:invoke=<group>` starts a workflow in that group."""
 KIND_TAG = "troth:kind"
 """Which command created a step (`promise`, `run`, `sleep`, `start`, `now`, `random`)."""
 CHECKPOINT_KINDS = frozenset({"run", "sleep", "start", "now", "random", "settle_token"})

@@ -92,6 +92,16 @@ class PruneBatch:
     None once no candidate is left."""
 
 
+@dataclass(frozen=True, slots=True)
+class LiveCounts:
+    """What is alive in the store now, for the metrics (`troth_server.metrics`)."""
+
+    pending_promises: int
+    """PENDING rows (some may be overdue and not yet expired by the sweeper)."""
+    tasks: dict[tuple[str, str], int]
+    """(state, group) -> tasks PENDING or CLAIMED (completed ones are not counted)."""
+
+
 class WriteTx(Protocol):
     """Statements available inside one write transaction.
 
@@ -215,6 +225,10 @@ class Store(Protocol):
 
     def search_tasks(self, group: str, limit: int) -> list[Task]:
         """Up to `limit` of the group's PENDING and CLAIMED tasks, oldest first."""
+
+    def live_counts(self) -> LiveCounts:
+        """Counts of the live rows by the partial indexes of live rows (never the
+        settled history): PENDING promises, PENDING and CLAIMED tasks by group."""
 
     @property
     def shared(self) -> bool:

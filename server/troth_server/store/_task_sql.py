@@ -126,6 +126,17 @@ class TaskStatements:
         .order_by(tasks.c.create_time, tasks.c.id)
         .limit(bindparam("limit"))
     )
+    # The metrics' counts of live tasks, each by the partial index of its state.
+    count_pending = (
+        select(tasks.c.group, func.count())
+        .where(state_in(tasks.c.state, TaskState.PENDING.value))
+        .group_by(tasks.c.group)
+    )
+    count_claimed = (
+        select(tasks.c.group, func.count())
+        .where(state_in(tasks.c.state, TaskState.CLAIMED.value))
+        .group_by(tasks.c.group)
+    )
     get_callbacks = select(callbacks).where(
         callbacks.c.promise_id.in_(bindparam("ids", expanding=True))
     )

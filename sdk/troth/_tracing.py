@@ -1,0 +1,110 @@
+"""OpenTelemetry tracing, optional (`pip install "troth[otel]"`): one trace for a whole workflow.
+
+- `client.start` runs in a span of its own (`troth.start`, a child of the
+  caller's current span) and stores that span's W3C `traceparent` with the
+  root promise, as its tag `troth:traceparent` (`TRACEPARENT_TAG`).
+- A worker runs each task of the workflow in a span (`troth.task`) whose parent
+  is that stored context, whichever worker takes it and however long after;
+  each step the task runs (`troth.step`) is a child of the task's span.
+- `client.resolve`, `reject` and `cancel` run in spans of their own
+  (`troth.resolve`, ...), children of the caller's current span: a settle made
+  in the trace that started the workflow shows between the task that created
+  the wait and the task that resumed after it.
+
+Imported lazily: without opentelemetry-api installed every helper here does
+nothing and stores nothing; installed but with no SDK configured (no
+`TracerProvider` set), the API's no-op tracer records nothing and no
+traceparent is stored either. Tracing never fails a call: an exception of
+OpenTelemetry's own is not caught here, but the API is written not to raise.
+A child workflow (`ctx.start`) starts a trace of its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator, Mapping
+    from types import ModuleType
+
+TRACEPARENT_TAG = "troth:traceparent"
+"""The tag of a workflow's root promise that holds the W3C traceparent of its start."""
+TRACER_NAME = "troth"
+
+__all__ = ["TRACEPARENT_TAG", "client_span", "step_span", "task_span"]
+
+
+@functools.cache
+def _trace() -> ModuleType | None:
+    """`opentelemetry.trace`, or None when opentelemetry-api is not installed."""
+    try:
+        from opentelemetry import trace
+    except ImportError:
+        return None
+    return trace
+
+
+def _tracer(trace: ModuleType) -> Any:
+    from importlib import metadata
+
+    try:
+        version = metadata.version("troth")
+    except metadata.PackageNotFoundError:
+        version = None
+    return trace.get_tracer(TRACER_NAME, version)
+
+
+def _traceparent() -> str | None:
+    """The W3C traceparent of the current span (None when it records nothing)."""
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    carrier: dict[str, str] = {}
+    TraceContextTextMapPropagator().inject(carrier)
+    return carrier.get("traceparent")
+
+
+@contextlib.contextmanager
+def client_span(name: str, **attributes: str) -> Iterator[str | None]:
+    """A CLIENT span `name` around a call of `Client`, a child of the current span;
+    yields its traceparent to store (None without tracing)."""
+    trace = _trace()
+    if trace is None:
+        yield None
+        return
+    kind = trace.SpanKind.CLIENT
+    with _tracer(trace).start_as_current_span(name, kind=kind, attributes=attributes):
+        yield _traceparent()
+
+
+@contextlib.contextmanager
+def task_span(root_tags: Mapping[str, str], **attributes: str) -> Iterator[None]:
+    """The span of one task of a workflow, a child of the context its start stored on
+    the root (`troth:traceparent`), current for the task's thread while it runs."""
+    trace = _trace()
+    if trace is None:
+        yield
+        return
+    parent = None
+    traceparent = root_tags.get(TRACEPARENT_TAG)
+    if traceparent:
+        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+        parent = TraceContextTextMapPropagator().extract({"traceparent": traceparent})
+    kind = trace.SpanKind.CONSUMER
+    tracer = _tracer(trace)
+    with tracer.start_as_current_span("troth.task", context=parent, kind=kind,
+                                      attributes=attributes):  # fmt: skip
+        yield
+
+
+@contextlib.contextmanager
+def step_span(**attributes: str) -> Iterator[None]:
+    """The span of one step a task runs (its function, its record), in the task's span."""
+    trace = _trace()
+    if trace is None:
+        yield
+        return
+    with _tracer(trace).start_as_current_span("troth.step", attributes=attributes):
+        yield

@@ -1,0 +1,367 @@
+"""The console's pages and form posts: each reads or settles through the signed-in
+person's `Client` (blocking SDK calls run on Starlette's thread pool) and renders
+a template; the server's refusals are shown in words (`_views.error_words`)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from functools import wraps
+from itertools import islice
+from typing import TYPE_CHECKING
+from urllib.parse import parse_qsl, quote
+
+import grpc
+from starlette.concurrency import run_in_threadpool
+from starlette.responses import RedirectResponse, Response, StreamingResponse
+
+from troth import PromiseState
+from troth.errors import ConfigurationError, RpcError, TrothError
+from troth_server.console import _session, _views
+from troth_server.console._clients import Identity
+from troth_server.console._forms import FormError, form_for, value_from
+from troth_server.console._live import event_lines
+from troth_server.console._pages import render
+
+if TYPE_CHECKING:
+    from starlette.requests import Request
+
+    from troth import Client, Promise
+    from troth_server.console._app import Console
+
+__all__ = ["ROUTES"]
+
+Endpoint = Callable[["Request"], Awaitable[Response]]
+
+INBOX_LIMIT = 200
+STEPS_LIMIT = 1000
+TASKS_LIMIT = 200
+MAX_FORM_BYTES = 64 * 1024
+
+_HTTP_STATUS = {
+    grpc.StatusCode.UNAUTHENTICATED: 401,
+    grpc.StatusCode.PERMISSION_DENIED: 403,
+    grpc.StatusCode.NOT_FOUND: 404,
+    grpc.StatusCode.FAILED_PRECONDITION: 409,
+    grpc.StatusCode.INVALID_ARGUMENT: 400,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
+    grpc.StatusCode.UNAVAILABLE: 502,
+    grpc.StatusCode.DEADLINE_EXCEEDED: 504,
+}
+
+
+def _console(request: Request) -> Console:
+    console: Console = request.app.state.console
+    return console
+
+
+def _client(request: Request) -> Client:
+    return _console(request).clients.client(_session.identity(request))
+
+
+def _refusal(error: TrothError) -> tuple[str, int]:
+    if isinstance(error, RpcError):
+        return _views.error_words(error), _HTTP_STATUS.get(error.code, 502)
+    if isinstance(error, ConfigurationError):
+        return f"The console cannot use these credentials: {error}", 400
+    return str(error), 500
+
+
+def _page(handler: Endpoint) -> Endpoint:
+    """A page whose reads the server may refuse: the refusal becomes an error page."""
+
+    @wraps(handler)
+    async def page(request: Request) -> Response:
+        try:
+            return await handler(request)
+        except TrothError as exc:
+            words, status = _refusal(exc)
+            return render(request, "error.html", status, message=words, status=status)
+
+    return page
+
+
+async def _form(request: Request) -> dict[str, str] | Response:
+    """The posted fields, or the refusal of a post that is too big or forged."""
+    length = int(request.headers.get("content-length") or 0)
+    if length > MAX_FORM_BYTES:
+        return render(request, "error.html", 413, message="The form is too big.", status=413)
+    body = await request.body()
+    if len(body) > MAX_FORM_BYTES:
+        return render(request, "error.html", 413, message="The form is too big.", status=413)
+    form = dict(parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True))
+    if not _session.csrf_ok(request, form):
+        message = (
+            "This form was not sent by a console page open in this browser (its CSRF "
+            "value does not match): reload the page and send it again."
+        )
+        return render(request, "error.html", 403, message=message, status=403)
+    return form
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+# --- the inbox and one promise -----------------------------------------------
+
+
+def _inbox(client: Client, mine: bool) -> list[Promise]:
+    found = client.search_all(
+        states=[PromiseState.PENDING],
+        tags={_views.TAG_KIND: _views.APPROVAL},
+        page_size=INBOX_LIMIT,
+        mine=mine,
+    )
+    return list(islice(found, INBOX_LIMIT))
+
+
+@_page
+async def inbox(request: Request) -> Response:
+    client = _client(request)
+    signed_in = _session.identity(request).signed_in
+    mine = signed_in and request.query_params.get("all") != "1"
+    promises = await run_in_threadpool(_inbox, client, mine)
+    rows = _views.inbox_rows(promises, _now())
+    forms = {p.id: form_for(p.schema) for p in promises}
+    keys = {p.id: uuid.uuid4().hex for p in promises}
+    return render(
+        request, "inbox.html", rows=rows, forms=forms, keys=keys, mine=mine, limit=INBOX_LIMIT
+    )
+
+
+def _decoded(client: Client, promise: Promise, which: str) -> str:
+    payload = promise.param if which == "param" else promise.value
+    if payload.is_empty:
+        return ""
+    try:
+        return _views.pretty(client.decode(payload))
+    except Exception:  # any codec's failure: say so rather than fail the page
+        return f"({len(payload.data)} bytes the console cannot decode)"
+
+
+def _promise_page(
+    request: Request, client: Client, promise: Promise, status: int = 200, error: str = ""
+) -> Response:
+    now = _now()
+    return render(
+        request,
+        "promise.html",
+        status,
+        p=promise,
+        row=next(iter(_views.inbox_rows([promise], now)), None),
+        form=form_for(promise.schema),
+        key=uuid.uuid4().hex,
+        param=_decoded(client, promise, "param"),
+        value=_decoded(client, promise, "value"),
+        schema=_views.pretty(promise.schema) if promise.schema else "",
+        error=error,
+        decidable=_decidable(promise),
+        root=promise.root_id if promise.root_id and promise.root_id != promise.id else "",
+    )
+
+
+def _decidable(promise: Promise) -> bool:
+    """A pending wait for a decision (`ctx.promise()`, or a standalone promise), not a
+    workflow's root or a step a worker settles (`run`, `sleep`, `start`)."""
+    tags = promise.tags
+    return (
+        promise.state is PromiseState.PENDING
+        and _views.TAG_INVOKE not in tags
+        and tags.get(_views.TAG_KIND, _views.APPROVAL) == _views.APPROVAL
+    )
+
+
+@_page
+async def promise(request: Request) -> Response:
+    client = _client(request)
+    found = await run_in_threadpool(client.get, request.path_params["id"])
+    return _promise_page(request, client, found)
+
+
+@_page
+async def settle(request: Request) -> Response:
+    id = request.path_params["id"]
+    form = await _form(request)
+    if isinstance(form, Response):
+        return form
+    client = _client(request)
+    found = await run_in_threadpool(client.get, id)
+    action = form.get("action", "")
+    key = form.get("key") or None
+    try:
+        if action == "approve":
+            value = value_from(form_for(found.schema), form)
+            await run_in_threadpool(client.resolve, id, value, idempotency_key=key)
+        elif action == "reject":
+            reason = form.get("reason", "").strip()
+            rejection = {"reason": reason} if reason else None
+            await run_in_threadpool(client.reject, id, rejection, idempotency_key=key)
+        else:
+            raise FormError("action", "must be approve or reject")
+    except FormError as exc:
+        return _promise_page(request, client, found, 400, f"{exc.field} {exc.message}")
+    except RpcError as exc:
+        words, status = _refusal(exc)
+        fresh = await run_in_threadpool(client.get, id)
+        return _promise_page(request, client, fresh, status, words)
+    root = found.root_id if found.root_id and found.root_id != id else ""
+    target = f"/workflows/{quote(root)}" if root else f"/promises/{quote(id)}"
+    return RedirectResponse(f"{target}?settled={quote(id)}", status_code=303)
+
+
+# --- a workflow's timeline -------------------------------------------------------
+
+
+def _workflow(client: Client, id: str) -> tuple[Promise, list[Promise]]:
+    root = client.get(id)
+    # The root first, then its steps: a workflow that ends meanwhile then shows a
+    # pending root with all its steps, never an ended root missing its last ones.
+    steps = list(islice(client.search_all(f"{id}.*", page_size=STEPS_LIMIT), STEPS_LIMIT))
+    # A step with an id of its own (`ctx.promise(id=...)`) is not under `<root>.*`:
+    # a pending one (the point the workflow waits at) is found among the approvals.
+    # (A settled one is not shown: SearchPromises has no filter by root yet.)
+    if root.state is not PromiseState.PENDING:
+        return root, steps
+    known = {step.id for step in steps}
+    named = [p for p in _inbox(client, mine=False) if p.root_id == id and p.id not in known]
+    return root, steps + named
+
+
+@_page
+async def workflow(request: Request) -> Response:
+    client = _client(request)
+    id = request.path_params["id"] or request.query_params.get("id", "").strip()
+    if not id:
+        return RedirectResponse("/", status_code=303)
+    if not request.path_params["id"]:
+        return RedirectResponse(f"/workflows/{quote(id)}", status_code=303)
+    root, steps = await run_in_threadpool(_workflow, client, id)
+    if root.root_id and root.root_id != root.id:
+        return RedirectResponse(f"/workflows/{quote(root.root_id)}", status_code=303)
+    lines = _views.timeline(root, steps, client.decode)
+    waiting = [line for line in lines if line.waiting]
+    return render(
+        request,
+        "workflow.html",
+        root=root,
+        lines=lines,
+        waiting=waiting,
+        settled=request.query_params.get("settled", ""),
+        truncated=len(steps) >= STEPS_LIMIT,
+    )
+
+
+# --- tasks and workers ---------------------------------------------------------------
+
+
+@_page
+async def tasks(request: Request) -> Response:
+    group = request.query_params.get("group", "").strip()
+    rows: list[_views.TaskRow] = []
+    if group:
+        client = _client(request)
+        found = await run_in_threadpool(client.search_tasks, group, limit=TASKS_LIMIT)
+        rows = _views.task_rows(found, _now())
+    return render(request, "tasks.html", group=group, rows=rows, limit=TASKS_LIMIT)
+
+
+@_page
+async def workers(request: Request) -> Response:
+    client = _client(request)
+    try:
+        found = await run_in_threadpool(client.list_workers)
+    except RpcError as exc:
+        if exc.code is not grpc.StatusCode.UNIMPLEMENTED:
+            raise
+        # A server older than SearchWorkers: say so rather than fail.
+        return render(request, "workers.html", available=False, rows=[])
+    rows = _views.worker_rows(found, _now())
+    return render(request, "workers.html", available=True, rows=rows)
+
+
+# --- live updates ----------------------------------------------------------------------
+
+
+async def events(request: Request) -> Response:
+    console = _console(request)
+    id = request.query_params.get("id", "*") or "*"
+    kind = request.query_params.get("kind", "")
+    tags = {_views.TAG_KIND: kind} if kind else {}
+    try:
+        client = _client(request)
+    except ConfigurationError as exc:
+        return Response(f"{exc}\n", status_code=400, media_type="text/plain")
+    return StreamingResponse(
+        event_lines(client, id, tags, console.bridges),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+    )
+
+
+# --- signing in and out ------------------------------------------------------------------
+
+
+async def sign_in_page(request: Request) -> Response:
+    return render(request, "signin.html", error="")
+
+
+def _check(client: Client) -> None:
+    client.search(page_size=1)
+
+
+async def sign_in(request: Request) -> Response:
+    form = await _form(request)
+    if isinstance(form, Response):
+        return form
+    token = form.get("token", "").strip()
+    name = form.get("name", "").strip()
+    if token.lower().startswith("bearer "):
+        token = token[len("bearer ") :].strip()
+    who = Identity(token or None, name or None)
+    if not who.signed_in:
+        return render(request, "signin.html", 400, error="Paste your token (or, on a server "
+                      "without authentication, type your name).")  # fmt: skip
+    console = _console(request)
+    try:
+        client = console.clients.client(who)
+        await run_in_threadpool(_check, client)
+    except TrothError as exc:
+        console.clients.forget(who)
+        words, status = _refusal(exc)
+        return render(request, "signin.html", status, error=words)
+    response = RedirectResponse("/", status_code=303)
+    _session.remember(response, who, secure=console.settings.secure_cookies)
+    return response
+
+
+async def sign_out(request: Request) -> Response:
+    form = await _form(request)
+    if isinstance(form, Response):
+        return form
+    _console(request).clients.forget(_session.identity(request))
+    response = RedirectResponse("/", status_code=303)
+    _session.sign_out(response)
+    return response
+
+
+async def health(request: Request) -> Response:
+    """Up, and how many live pages hold a watch of the server now."""
+    live = _console(request).bridges.open
+    return Response(f"ok\nlive pages: {live}\n", media_type="text/plain")
+
+
+ROUTES: list[tuple[str, Endpoint, list[str]]] = [
+    ("/", inbox, ["GET"]),
+    ("/promises/{id:path}", promise, ["GET"]),
+    ("/settle/{id:path}", settle, ["POST"]),
+    ("/workflows/{id:path}", workflow, ["GET"]),
+    ("/tasks", tasks, ["GET"]),
+    ("/workers", workers, ["GET"]),
+    ("/events", events, ["GET"]),
+    ("/signin", sign_in_page, ["GET"]),
+    ("/signin", sign_in, ["POST"]),
+    ("/signout", sign_out, ["POST"]),
+    ("/healthz", health, ["GET"]),
+]

@@ -1,0 +1,73 @@
+"""Test support for `troth console`: a real console process on a free port."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import httpx
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+
+@dataclass
+class ConsoleProcess:
+    proc: subprocess.Popen[bytes]
+    port: int
+    log_path: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def http(self) -> httpx.Client:
+        """A browser-like HTTP client: keeps cookies, does not follow redirects."""
+        return httpx.Client(base_url=self.url, follow_redirects=False, timeout=30)
+
+    def stop(self, timeout: float = 20) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+def start_console(workdir: Path, server: str, *args: str) -> ConsoleProcess:
+    """`troth console --listen 127.0.0.1:0 --server SERVER`; returns once it answers."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    port_file = workdir / f"console-port-{time.monotonic_ns()}"
+    log_path = workdir / f"console-{time.monotonic_ns()}.log"
+    command = [
+        sys.executable, "-m", "troth_server", "console", "--listen", "127.0.0.1:0",
+        "--server", server, "--port-file", str(port_file), *args,
+    ]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k != "TROTH_TOKEN"}
+    with log_path.open("wb") as log_file:
+        proc = subprocess.Popen(command, stdout=log_file, stderr=log_file, env=env)
+    deadline = time.monotonic() + 30
+    while not port_file.exists():
+        if proc.poll() is not None:
+            raise RuntimeError(f"console exited with {proc.returncode}:\n{log_path.read_text()}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            proc.wait(10)
+            raise RuntimeError(f"console did not start:\n{log_path.read_text()}")
+        time.sleep(0.02)
+    console = ConsoleProcess(proc, int(port_file.read_text()), log_path)
+    while True:
+        try:
+            if httpx.get(f"{console.url}/healthz", timeout=5).status_code == 200:
+                return console
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline:
+            console.stop()
+            raise RuntimeError(f"console did not answer:\n{console.log()}")
+        time.sleep(0.05)

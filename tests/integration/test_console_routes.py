@@ -1,0 +1,352 @@
+"""`troth console`'s routes over HTTP: a real `troth console` process, a real troth
+server with authentication on and a real Worker: the inbox and its schema forms,
+settling as the signed-in person (the approver policy applies, refusals in words),
+the CSRF check, the workflow timeline, the tasks and workers pages."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Generator, Iterator
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+import pytest
+from _auth import Grant, write_token_file
+from _console import ConsoleProcess, start_console
+from _support import eventually, start_server
+
+from troth import Approvers, Client, Context, PromiseRejectedError, PromiseState, Worker
+from troth.errors import ConfigurationError
+from troth_server.console._app import build_app
+from troth_server.console._config import ConsoleSettings
+
+if TYPE_CHECKING:
+    import httpx
+    from _support import ServerProcess
+
+GROUP = "console-editors"
+DECISION = {
+    "type": "object",
+    "required": ["approved", "channel"],
+    "properties": {
+        "approved": {"type": "boolean"},
+        "channel": {"enum": ["blog", "newsletter"], "title": "Channel"},
+        "note": {"type": "string", "title": "Note"},
+    },
+}
+
+
+def draft(post: int) -> str:
+    return f"draft {post}"
+
+
+def review(ctx: Context, post: int, approver: str) -> Generator[Any, Any, Any]:
+    text = yield ctx.run(draft, post)
+    approval = yield ctx.promise(
+        title=f"Publish post {post}?",
+        message=f"The editor wrote: {text}.",
+        schema=DECISION,
+        timeout=timedelta(hours=2),
+        approvers=Approvers(principals=[approver]),
+    )
+    try:
+        decision = yield approval
+    except PromiseRejectedError as rejected:
+        return {"rejected": rejected.value}
+    return {"published": decision}
+
+
+def named(ctx: Context, post: int) -> Generator[Any, Any, Any]:
+    approval = yield ctx.promise(id=f"approval-{ctx.id}", title=f"Named approval {post}")
+    return (yield approval)
+
+
+class Site:
+    def __init__(
+        self, server: ServerProcess, console: ConsoleProcess, tokens: dict[str, str]
+    ) -> None:
+        self.server = server
+        self.console = console
+        self.tokens = tokens
+
+    def http(self) -> httpx.Client:
+        return self.console.http()
+
+    def sign_in(self, http: httpx.Client, name: str) -> None:
+        response = http.post("/signin", data={"token": self.tokens[name], "csrf": csrf(http)})
+        assert response.status_code == 303, response.text
+
+
+def csrf(http: httpx.Client, path: str = "/signin") -> str:
+    page = http.get(path).text
+    found = re.search(r'name="csrf" value="([^"]+)"', page)
+    assert found, page[:2000]
+    return found.group(1)
+
+
+def key_of(page: str, promise_id: str) -> str:
+    form = page[page.index(f'action="/settle/{promise_id}"') :]
+    found = re.search(r'name="key" value="([^"]+)"', form)
+    assert found
+    return found.group(1)
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
+    workdir = tmp_path_factory.mktemp("console")
+    tokens = write_token_file(
+        workdir / "tokens.toml",
+        [
+            Grant("worker", ("worker",), groups=(GROUP,)),
+            Grant("starter", ("gateway",)),
+            Grant("alice", ("gateway",)),
+            Grant("bob", ("gateway",)),
+            Grant("ops", ("operator",)),
+        ],
+    )
+    server = start_server(workdir, "--auth-tokens", str(workdir / "tokens.toml"))
+    console = start_console(workdir, server.address)
+    try:
+        yield Site(server, console, tokens)
+    finally:
+        assert console.stop() == 0, console.log()[-3000:]
+        assert server.stop() == 0, server.log()[-3000:]
+
+
+@pytest.fixture(scope="module")
+def worker(site: Site) -> Iterator[Worker]:
+    with Client(site.server.address, timeout=10, token=site.tokens["worker"]) as client:
+        w = Worker(client, group=GROUP, lease=timedelta(seconds=5))
+        w.workflow(review)
+        w.workflow(named)
+        w.start()
+        yield w
+        w.stop()
+
+
+@pytest.fixture(scope="module")
+def starter(site: Site) -> Iterator[Client]:
+    with Client(site.server.address, timeout=10, token=site.tokens["starter"]) as client:
+        yield client
+
+
+def started(starter: Client, approver: str) -> tuple[str, str]:
+    """A review waiting for `approver`: (workflow id, approval id)."""
+    wid = f"review-{uuid.uuid4().hex[:8]}"
+    starter.start("review", 7, approver, id=wid, group=GROUP)
+    eventually(lambda: _pending(starter, f"{wid}.1"), 20, "the approval step")
+    return wid, f"{wid}.1"
+
+
+def _pending(client: Client, id: str) -> bool:
+    return any(p.id == id for p in client.search(id, states=[PromiseState.PENDING]).promises)
+
+
+def test_the_inbox_shows_the_approval_with_a_form_from_its_schema(
+    site: Site, worker: Worker, starter: Client
+) -> None:
+    wid, step = started(starter, "alice")
+    with site.http() as http:
+        site.sign_in(http, "alice")
+        page = http.get("/")
+    assert page.status_code == 200
+    text = page.text
+    assert "Publish post 7?" in text and "The editor wrote: draft 7." in text
+    assert re.search(r"due in 1h59m|due in 2h", text), "the deadline in words"
+    assert re.search(r"<dt>waiting</dt><dd>\d+s</dd>", text), "the age in words"
+    assert f'href="/workflows/{wid}"' in text
+    # The schema's fields: a checkbox, a required select of the enum, a text input.
+    assert 'type="checkbox" name="approved"' in text
+    assert re.search(r'<select name="channel" required>', text)
+    assert '<option value="&#34;blog&#34;" >blog</option>' in text
+    assert 'name="note"' in text
+    # Bob is not an approver: the inbox he sees (`mine`) does not hold it...
+    with site.http() as http:
+        site.sign_in(http, "bob")
+        assert step not in http.get("/").text
+        # ...and all pending approvals do.
+        assert step in http.get("/?all=1").text
+
+
+def test_approving_through_the_form_resumes_the_workflow_and_its_timeline_shows_who(
+    site: Site, worker: Worker, starter: Client
+) -> None:
+    wid, step = started(starter, "alice")
+    with site.http() as http:
+        site.sign_in(http, "alice")
+        page = http.get("/").text
+        form = {"csrf": csrf(http, "/"), "key": key_of(page, step), "action": "approve",
+                "approved": "on", "channel": '"blog"', "note": "ship it"}  # fmt: skip
+        response = http.post(f"/settle/{step}", data=form)
+        assert response.status_code == 303
+        assert response.headers["location"] == f"/workflows/{wid}?settled={step}"
+        # A repeat of the same form (a double click) changes nothing.
+        assert http.post(f"/settle/{step}", data=form).status_code == 303
+        eventually(lambda: starter.get(wid).state is PromiseState.RESOLVED, 20, "the workflow")
+        timeline = http.get(f"/workflows/{wid}?settled={step}").text
+    decision = {"approved": True, "channel": "blog", "note": "ship it"}
+    assert starter.decode(starter.get(wid).value) == {"published": decision}
+    assert f"Your decision on <code>{step}</code> was recorded." in timeline
+    kinds = re.findall(r'<span class="kind (\w+)">', timeline)
+    assert kinds == ["workflow", "run", "promise"]
+    assert "settled" in timeline and "by <b>alice</b>" in timeline
+    assert "Ended resolved" in timeline
+
+
+def test_someone_the_policy_does_not_name_is_refused_in_words(
+    site: Site, worker: Worker, starter: Client
+) -> None:
+    _, step = started(starter, "alice")
+    with site.http() as http:
+        site.sign_in(http, "bob")
+        page = http.get(f"/promises/{step}").text
+        form = {"csrf": csrf(http, "/"), "key": key_of(page, step), "action": "approve",
+                "channel": '"blog"'}  # fmt: skip
+        refused = http.post(f"/settle/{step}", data=form)
+    assert refused.status_code == 403
+    assert "You are not one of the approvers of this promise" in refused.text
+    assert 'action="/settle/' in refused.text, "the form again, to try as someone else"
+    assert "NOT_AN_APPROVER" in refused.text
+    assert starter.get(step).state is PromiseState.PENDING
+
+
+def test_a_form_missing_a_required_field_names_it_and_settles_nothing(
+    site: Site, worker: Worker, starter: Client
+) -> None:
+    _, step = started(starter, "alice")
+    with site.http() as http:
+        site.sign_in(http, "alice")
+        form = {"csrf": csrf(http, "/"), "action": "approve", "channel": ""}
+        response = http.post(f"/settle/{step}", data=form)
+    assert response.status_code == 400
+    assert "Channel is required" in response.text
+    assert starter.get(step).state is PromiseState.PENDING
+
+
+def test_a_post_without_the_csrf_value_is_refused(
+    site: Site, worker: Worker, starter: Client
+) -> None:
+    _, step = started(starter, "alice")
+    with site.http() as http:
+        site.sign_in(http, "alice")
+        for sent in ({}, {"csrf": "x" * 43}):
+            response = http.post(f"/settle/{step}", data={**sent, "action": "reject"})
+            assert response.status_code == 403
+            assert "CSRF" in response.text
+    assert starter.get(step).state is PromiseState.PENDING
+
+
+def test_rejecting_with_a_reason_reaches_the_workflow(
+    site: Site, worker: Worker, starter: Client
+) -> None:
+    wid, step = started(starter, "alice")
+    with site.http() as http:
+        site.sign_in(http, "alice")
+        form = {"csrf": csrf(http, "/"), "action": "reject", "reason": "off-brand"}
+        assert http.post(f"/settle/{step}", data=form).status_code == 303
+    eventually(lambda: starter.get(wid).state is PromiseState.RESOLVED, 20, "the workflow")
+    assert starter.decode(starter.get(wid).value) == {"rejected": {"reason": "off-brand"}}
+
+
+def test_sign_in_sets_a_strict_http_only_cookie_and_refuses_a_bad_token(site: Site) -> None:
+    with site.http() as http:
+        token = csrf(http)
+        bad = http.post("/signin", data={"token": "tr_nobody_secret", "csrf": token})
+        assert bad.status_code == 401
+        assert "The server" in bad.text and "token" in bad.text
+        good = http.post("/signin", data={"token": site.tokens["alice"], "csrf": token})
+        assert good.status_code == 303
+        cookie = next(
+            v for k, v in good.headers.multi_items() if k == "set-cookie" and "troth_token" in v
+        )
+        assert "HttpOnly" in cookie and "SameSite=strict" in cookie.replace("Strict", "strict")
+        out = http.post("/signout", data={"csrf": token})
+        assert out.status_code == 303
+        assert "Sign in" in http.get("/").text or http.get("/").status_code == 401
+
+
+def test_not_signed_in_on_a_server_with_authentication_says_sign_in(site: Site) -> None:
+    with site.http() as http:
+        page = http.get("/")
+    assert page.status_code == 401
+    assert "The server did not accept your token" in page.text or "Sign in" in page.text
+    assert 'href="/signin"' in page.text
+
+
+def test_an_unknown_promise_is_not_found_in_words(site: Site) -> None:
+    with site.http() as http:
+        site.sign_in(http, "alice")
+        page = http.get("/promises/no-such-promise")
+    assert page.status_code == 404
+    assert "There is no such promise" in page.text
+
+
+def test_the_tasks_page_lists_a_groups_tasks(site: Site, starter: Client) -> None:
+    wid = f"idle-{uuid.uuid4().hex[:8]}"
+    starter.start("review", 8, "alice", id=wid, group="console-idle")  # no worker polls it
+    with site.http() as http:
+        site.sign_in(http, "ops")
+        assert "worker group" in http.get("/tasks").text
+        page = http.get("/tasks?group=console-idle")
+    assert page.status_code == 200, page.text
+    assert f'href="/workflows/{wid}"' in page.text
+    row = page.text[page.text.index(f'href="/workflows/{wid}"') :]
+    assert "<td>invoke</td>" in row and '<span class="state pending">pending</span>' in row
+    assert "<td>review</td>" in row
+
+
+def test_the_workers_page_lists_the_connected_workers(site: Site, worker: Worker) -> None:
+    with site.http() as http:
+        site.sign_in(http, "ops")
+        page = http.get("/workers")
+    assert page.status_code == 200, page.text
+    assert f"<code>{worker.worker_id}</code>" in page.text
+    row = page.text[page.text.index(f"<code>{worker.worker_id}</code>") :]
+    assert f">{GROUP}</a>" in row and "<td>worker</td>" in row, "its group and principal"
+    assert "review " in row and "named " in row, "the workflows and versions it runs"
+    assert " ago</td>" in row
+
+
+def test_the_console_never_sends_a_token_of_its_own(
+    site: Site, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TROTH_TOKEN", site.tokens["ops"])
+    with pytest.raises(ConfigurationError, match="TROTH_TOKEN is set"):
+        build_app(ConsoleSettings(server=site.server.address))
+
+
+def test_events_bridge_the_watch_stream_as_server_sent_events(site: Site, starter: Client) -> None:
+    prefix = f"sse-{uuid.uuid4().hex[:8]}"
+    with site.http() as http:
+        site.sign_in(http, "alice")
+        with http.stream("GET", "/events", params={"id": f"{prefix}*"}) as stream:
+            assert stream.headers["content-type"].startswith("text/event-stream")
+            lines = stream.iter_lines()
+            assert next(lines) == "event: ready"
+            starter.create(f"{prefix}.a", ttl=timedelta(minutes=5))
+            for line in lines:
+                if line.startswith("data: ") and "CREATED" in line:
+                    break
+            assert f'"id": "{prefix}.a"' in line and '"state": "PENDING"' in line
+            assert "live pages: 1" in http.get("/healthz").text
+        # The browser went away: the console closes its watch.
+        eventually(lambda: "live pages: 0" in http.get("/healthz").text, 20, "the watch closed")
+
+
+def test_the_timeline_shows_a_pending_step_with_an_id_of_its_own_as_the_waiting_point(
+    site: Site, worker: Worker, starter: Client
+) -> None:
+    wid = f"named-{uuid.uuid4().hex[:8]}"
+    starter.start("named", 9, id=wid, group=GROUP)
+    eventually(lambda: _pending(starter, f"approval-{wid}"), 20, "the named approval")
+    with site.http() as http:
+        site.sign_in(http, "alice")
+        page = http.get(f"/workflows/{wid}").text
+    assert f'href="/promises/approval-{wid}">Named approval 9</a>' in page
+    with site.http() as http:
+        site.sign_in(http, "alice")
+        root = http.get(f"/promises/{wid}").text
+    assert "Your decision" not in root, "a workflow's root is not decided in the console"
+    assert "Waiting for\n" in page or "Waiting for" in page
+    assert "waiting for a decision" in page

@@ -1,0 +1,74 @@
+"""The console's small parts: the tasks' rows, the client cache, its flags."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from troth import TaskInfo, TaskKind, TaskState, WorkerInfo
+from troth_server.console._clients import ANONYMOUS, ClientCache, Identity
+from troth_server.console._config import ConsoleSettings, settings_from
+from troth_server.console._views import task_rows, worker_rows
+
+NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+
+
+def _task(state: TaskState, worker_id: str | None, waiting_for: str | None) -> TaskInfo:
+    return TaskInfo(
+        id="t-1", root_id="wf-1", group="g", kind=TaskKind.INVOKE, state=state, counter=1,
+        worker_id=worker_id, lease_expire_time=None, workflow="publish",
+        workflow_version="v1", create_time=NOW - timedelta(minutes=5),
+        waiting_for=waiting_for, worker_principal=None,
+    )  # fmt: skip
+
+
+def test_task_rows_say_who_holds_a_claimed_task_and_why_a_pending_one_waits() -> None:
+    claimed = _task(TaskState.CLAIMED, "w-7", None)
+    pending = _task(TaskState.PENDING, "w-6", "waiting for a worker of group g")
+    rows = task_rows([claimed, pending], NOW)
+    assert [(r.kind, r.state, r.worker, r.age) for r in rows] == [
+        ("invoke", "claimed", "w-7", "5m"),
+        ("invoke", "pending", "waiting for a worker of group g", "5m"),
+    ]
+
+
+def test_worker_rows_show_versions_held_tasks_and_heartbeats_in_words() -> None:
+    worker = WorkerInfo(
+        worker_id="w-7", group="g", principal=None, workflows=(("publish", "1f2e"),),
+        capacity=16, task_ids=("t-1", "t-2"), connect_time=NOW - timedelta(hours=2),
+        last_heartbeat_time=NOW - timedelta(seconds=3), streams=1, stalled=False,
+    )  # fmt: skip
+    (row,) = worker_rows([worker], NOW)
+    assert (row.workflows, row.held, row.connected, row.heartbeat, row.principal) == (
+        "publish 1f2e", "2 / 16", "2h ago", "3s ago", "",
+    )  # fmt: skip
+
+
+def test_the_cache_keeps_one_client_per_identity_and_closes_the_evicted() -> None:
+    cache = ClientCache(ConsoleSettings(server="127.0.0.1:1"), size=2)
+    try:
+        ada, bob, cy = (Identity(name=n) for n in ("ada", "bob", "cy"))
+        first = cache.client(ada)
+        assert cache.client(ada) is first
+        assert cache.client(bob) is not first
+        cache.client(cy)  # ada is the least recently used: closed and dropped
+        assert cache.client(ada) is not first
+        assert cache.client(ANONYMOUS).principal is None
+    finally:
+        cache.close()
+
+
+def test_an_identity_never_shows_its_token() -> None:
+    who = Identity(token="tr_alice_s3cret")
+    assert "s3cret" not in repr(who) and "s3cret" not in who.key()
+    assert who.signed_in and not ANONYMOUS.signed_in
+
+
+def test_the_flags() -> None:
+    settings = settings_from(["--listen", "0.0.0.0:9000", "--server", "h:7070", "--tls"])
+    assert (settings.host, settings.port, settings.server) == ("0.0.0.0", 9000, "h:7070")
+    assert settings.tls is not None
+    assert settings_from([]).listen == "127.0.0.1:7080"
+    with pytest.raises(SystemExit):
+        settings_from(["--listen", "7080"])
