@@ -45,6 +45,7 @@ from troth.errors import (
     UnauthenticatedError,
     UnavailableError,
     WorkflowError,
+    WorkflowFailed,
 )
 from troth.worker import Worker
 
@@ -98,5 +99,6 @@ __all__ = [
     "Worker",
     "WorkerInfo",
     "WorkflowError",
+    "WorkflowFailed",
     "WorkflowRegistration",
 ]

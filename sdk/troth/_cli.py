@@ -11,6 +11,7 @@ troth promises resolve|reject|cancel ID [--value JSON] [--idempotency-key K] [--
 troth promises watch ID [--max-wait DURATION]
 troth export|replay ...  (recorded workflow histories; see _cli_replay)
 troth tasks list --group G [--limit N]   (see _cli_tasks)
+troth workflows show ID | fail ID --reason TEXT   (see _cli_workflows)
 troth workers list [--group G]   (connected workers; see _cli_workers)
 troth --version
 troth approvals list|approve|reject|watch ...   (the inbox; see _cli_approvals)
@@ -319,10 +320,12 @@ def build_parser() -> argparse.ArgumentParser:
     from troth._cli_replay import add_commands as add_replay_commands
     from troth._cli_tasks import add_commands as add_tasks_commands
     from troth._cli_workers import add_commands as add_workers_commands
+    from troth._cli_workflows import add_commands as add_workflows_commands
 
     add_replay_commands(commands)
     add_approvals_commands(commands)
     add_tasks_commands(commands)
+    add_workflows_commands(commands)
     add_workers_commands(commands)
 
     # Listed for --help only: main() forwards `troth serve ...` before parsing.

@@ -7,8 +7,11 @@ troth tasks list --group workers [--limit N]
 Oldest first. For a PENDING task, WAITING FOR says why no worker has it: e.g.
 it needs a worker running the workflow version its root was started with and
 none is connected (a rolling upgrade in progress), or every worker that could
-run it is busy. With `--json`, one object per task, field names as in the
-proto's `Task`.
+run it is busy. A task whose workflow code raised (a bug: the root stays
+PENDING and the task is retried with backoff) shows its failed ATTEMPTS, the
+LAST ERROR and when it is retried; `troth workflows show ID` prints the whole
+traceback. With `--json`, one object per task, field names as in the proto's
+`Task`.
 """
 
 from __future__ import annotations
@@ -35,6 +38,9 @@ _STATES = {
     tasks_pb2.TASK_STATE_COMPLETED: "COMPLETED",
 }
 _COLUMNS = ("ROOT", "KIND", "STATE", "WORKFLOW", "VERSION", "CREATED", "WORKER / WAITING FOR")
+_FAILURE_COLUMNS = ("ATTEMPTS", "LAST ERROR")
+"""Shown when a task failed: how often its workflow code raised, and the last error."""
+_ERROR_WIDTH = 60
 
 
 def _limit(text: str) -> int:
@@ -102,12 +108,18 @@ def task_to_json(task: tasks_pb2.Task) -> dict[str, Any]:
         "create_time": _when(task, "create_time"),
         "waiting_for": task.waiting_for or None,
         "worker_principal": task.worker_principal or None,
+        "failed_attempts": task.failed_attempts,
+        "last_error": task.last_error or None,
+        "last_traceback": task.last_traceback or None,
+        "next_attempt_time": _when(task, "next_attempt_time"),
     }
 
 
 def format_tasks(found: list[tasks_pb2.Task]) -> str:
-    """Tasks as an aligned table with a header, ending in a newline."""
-    rows = [_COLUMNS] + [
+    """Tasks as an aligned table with a header, ending in a newline; with the failure
+    columns when one of them failed."""
+    failures = any(task.failed_attempts for task in found)
+    rows = [_COLUMNS + (_FAILURE_COLUMNS if failures else ())] + [
         (
             task.root_promise_id,
             _KINDS.get(task.kind, "?"),
@@ -115,13 +127,31 @@ def format_tasks(found: list[tasks_pb2.Task]) -> str:
             task.workflow or "-",
             task.workflow_version or "-",
             (_when(task, "create_time") or "-").replace("T", " "),
-            task.worker_id
-            if task.state == tasks_pb2.TASK_STATE_CLAIMED
-            else task.waiting_for or "-",
+            _doing(task),
+        )
+        + (
+            (str(task.failed_attempts or "-"), _cut(task.last_error, _ERROR_WIDTH) or "-")
+            if failures
+            else ()
         )
         for task in found
     ]
     return _align(rows)
+
+
+def _doing(task: tasks_pb2.Task) -> str:
+    """Who runs it, or what it waits for (a retry backoff first: nobody gets it before)."""
+    if task.state == tasks_pb2.TASK_STATE_CLAIMED:
+        return task.worker_id
+    retry = _when(task, "next_attempt_time")
+    if retry is not None:
+        return f"retry at {retry.replace('T', ' ')}"
+    return task.waiting_for or "-"
+
+
+def _cut(text: str, width: int) -> str:
+    line = text.splitlines()[0] if text else ""
+    return line if len(line) <= width else line[: width - 1] + "…"
 
 
 __all__ = ["add_commands", "cmd_list", "format_tasks", "task_to_json"]

@@ -14,7 +14,9 @@ far as it can without I/O and answers with one `Outcome`:
 - `Suspend(awaiting)`: the workflow waits on promises still pending. Register
   callbacks for them; if some settled meanwhile, feed them back with
   `advance([...])`, else the task ends and the workflow resumes by replay.
-- `Done(value)` / `Failed(error)`: resolve / reject the root promise.
+- `Done(value)` / `Failed(error)`: resolve the root promise / the workflow raised.
+  The worker decides what a `Failed` means (`troth._failures`): the workflow's
+  outcome rejects the root; a bug fails only the task, which is retried.
 
 It never raises for anything the workflow does: exceptions out of workflow
 code and non-determinism both come back as `Failed`. It does no I/O, reads no
@@ -168,7 +170,8 @@ class Done:
 
 @dataclass(frozen=True, slots=True)
 class Failed:
-    """The workflow raised `error` (or replay found it changed): reject the root promise."""
+    """The workflow raised `error` (or replay found it changed): reject the root promise if
+    it is the workflow's outcome, else fail the task (`troth._failures.fails_workflow`)."""
 
     error: Exception
 

@@ -70,6 +70,13 @@ class TaskInfo:
     """For a PENDING task: why no worker has it, in words."""
     worker_principal: str | None
     """With authentication on: the principal it is (or was last) leased to."""
+    failed_attempts: int = 0
+    """How many times its workflow's code failed on it (a bug: the root waits, PENDING)."""
+    last_error: str | None = None
+    """The last failure, as `Type: message`."""
+    last_traceback: str | None = None
+    next_attempt_time: datetime | None = None
+    """For a PENDING task that failed: when it is delivered again (its retry backoff)."""
 
     @classmethod
     def from_proto(cls, task: tasks_pb2.Task) -> TaskInfo:
@@ -90,6 +97,10 @@ class TaskInfo:
             create_time=when("create_time"),
             waiting_for=task.waiting_for or None,
             worker_principal=task.worker_principal or None,
+            failed_attempts=task.failed_attempts,
+            last_error=task.last_error or None,
+            last_traceback=task.last_traceback or None,
+            next_attempt_time=when("next_attempt_time"),
         )
 
 

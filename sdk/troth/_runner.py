@@ -10,6 +10,13 @@ functions under their `RetryPolicy` and records their results, resolves
 waits for, and completes it with the workflow's outcome. Every step write
 carries the task's fence (`Held.fence`).
 
+A bug pauses, it does not lose (`troth._failures`): an exception out of
+workflow code that is not the workflow's outcome (`WorkflowFailed`, a declared
+`fail_on` type, an uncaught rejection, timeout or `Cancelled`) fails the task
+instead of the root, logged at ERROR with its traceback once per attempt: the
+server records it and retries the task after a backoff, and the root stays
+PENDING until fixed code resumes it.
+
 A finished step is recorded, not re-run: once a step function has returned,
 its result is kept and its record retried (with backoff, until the worker
 gives up stopping) through any outage, until it lands or the step's promise
@@ -35,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 from troth._commands import TAG_FUNC, TAG_KIND, CreatePromise, Now, Random, RunStep, SettleToken
 from troth._convert import promise_from_proto
 from troth._engine import CreateStep, Done, Engine, Failed, Suspend, error_value
+from troth._failures import describe_error, fails_workflow, format_traceback, log_paused
 from troth._leases import Held, Leases, Lost
 from troth._lifetimes import cut_short
 from troth._promise import PromiseState
@@ -47,7 +55,6 @@ from troth.errors import (
     FailedPreconditionError,
     InvalidArgumentError,
     LeaseLostError,
-    NonDeterminismError,
     PromiseTimedOutError,
     Reason,
     RegistrationError,
@@ -256,8 +263,9 @@ class Runner:
                             created = self._step(held, outcome)
                     except AlreadyExistsError as exc:
                         # The step's id is taken by a promise that is not this
-                        # workflow's step (the server says whose): no retry helps.
-                        self._failed(held, Failed(exc))
+                        # workflow's step (the server says whose): no retry helps,
+                        # and each would run the step's function again.
+                        self._reject(held, exc)
                         return
                     outcome = engine.advance(created)
                 elif isinstance(outcome, Suspend):
@@ -278,7 +286,7 @@ class Runner:
                         self._complete(held, resolve=value)
                     return
                 else:
-                    self._failed(held, outcome)
+                    self._failed(held, response, outcome)
                     return
         finally:
             if keep:
@@ -297,18 +305,35 @@ class Runner:
             )
         return args
 
-    def _failed(self, held: Held, outcome: Failed) -> None:
+    def _failed(self, held: Held, response: tasks_pb2.PollResponse, outcome: Failed) -> None:
+        """The workflow raised: its outcome (reject the root), or a bug (fail the task:
+        the server retries it after a backoff and the root stays PENDING)."""
         error = outcome.error
-        if isinstance(error, NonDeterminismError):
-            _log.error("workflow %r: %s", held.root_id, error, extra={"workflow_id": held.root_id})
-        else:
-            _log.info(
-                "workflow %r raised %s: %s",
-                held.root_id,
-                type(error).__name__,
-                error,
-                extra={"workflow_id": held.root_id},
-            )
+        name = response.root.tags.get(TAG_FUNC, "")
+        registered = self._registrations().get(name)
+        if fails_workflow(error, registered.fail_on if registered else ()):
+            self._reject(held, error)
+            return
+        log_paused(
+            _log,
+            error,
+            workflow_id=held.root_id,
+            task_id=held.task_id,
+            attempt=response.task.failed_attempts + 1,
+            version=response.task.workflow_version or response.root.workflow_version,
+            worker_id=self.worker_id,
+        )
+        # A lease lost meanwhile: `run` drops the task; whoever holds it now retries.
+        self._tasks.fail(held.task_id, held.counter, describe_error(error), format_traceback(error))
+
+    def _reject(self, held: Held, error: Exception) -> None:
+        _log.info(
+            "workflow %r raised %s: %s; rejecting it",
+            held.root_id,
+            type(error).__name__,
+            error,
+            extra={"workflow_id": held.root_id},
+        )
         self._complete(held, reject=error_value(error))
 
     def _check(self, held: Held) -> None:

@@ -1,8 +1,9 @@
-"""`TaskCalls`: the `TaskService` RPCs, each with its deadline, for the worker and `troth tasks`.
+"""`TaskCalls`: the `TaskService` RPCs, each with its deadline, for the worker, `troth tasks`
+and `troth workflows`.
 
 The worker's poll loop opens the stream here, its leases heartbeat and
-release here, and its runner suspends and completes tasks here; the CLI
-searches a group's tasks. Every unary call has the connection's deadline
+release here, and its runner suspends, completes and fails tasks here; the
+CLI searches a group's tasks and fails workflows. Every unary call has the connection's deadline
 (the heartbeat gives its own); errors come out as `troth.errors`.
 """
 
@@ -79,6 +80,24 @@ class TaskCalls:
             request.reject_root.CopyFrom(payload_to_proto(reject))
         self.connection.call(self._stub.CompleteTask, request)
 
+    def fail(self, task_id: str, counter: int, error: str, traceback: str) -> tasks_pb2.Task:
+        """Fail the task: the workflow's code raised (a bug). The server records `error`
+        and `traceback` and gives the task back to the group after a backoff; the
+        root stays PENDING. Returns the task as the server left it."""
+        request = tasks_pb2.FailTaskRequest(
+            task_id=task_id,
+            counter=counter,
+            worker_id=self.worker_id,
+            error=error,
+            traceback=traceback,
+        )
+        return self.connection.call(self._stub.FailTask, request).task
+
+    def fail_workflow(self, workflow_id: str, reason: str) -> Promise:
+        """Reject workflow `workflow_id`'s root with `reason` (an operator's call)."""
+        request = tasks_pb2.FailWorkflowRequest(id=workflow_id, reason=reason)
+        return promise_from_proto(self.connection.call(self._stub.FailWorkflow, request).root)
+
     def release(self, task_id: str, counter: int) -> None:
         """Give the task back to its group, for another worker to take at once."""
         request = tasks_pb2.ReleaseTaskRequest(
@@ -86,7 +105,10 @@ class TaskCalls:
         )
         self.connection.call(self._stub.ReleaseTask, request)
 
-    def search(self, group: str, limit: int) -> list[tasks_pb2.Task]:
-        """The group's tasks not completed yet, oldest first (at most `limit`)."""
-        request = tasks_pb2.SearchTasksRequest(group=group, page_size=limit)
+    def search(self, group: str, limit: int, root_id: str = "") -> list[tasks_pb2.Task]:
+        """The group's tasks not completed yet, oldest first (at most `limit`); with
+        `root_id`, only that workflow's active task."""
+        request = tasks_pb2.SearchTasksRequest(
+            group=group, page_size=limit, root_promise_id=root_id
+        )
         return list(self.connection.call(self._stub.SearchTasks, request).tasks)

@@ -164,6 +164,10 @@ class TaskServiceStub(Protocol):
     SearchTasks: grpc.UnaryUnaryMultiCallable[
         tasks_pb2.SearchTasksRequest, tasks_pb2.SearchTasksResponse
     ]
+    FailTask: grpc.UnaryUnaryMultiCallable[tasks_pb2.FailTaskRequest, tasks_pb2.FailTaskResponse]
+    FailWorkflow: grpc.UnaryUnaryMultiCallable[
+        tasks_pb2.FailWorkflowRequest, tasks_pb2.FailWorkflowResponse
+    ]
     SearchWorkers: grpc.UnaryUnaryMultiCallable[
         tasks_pb2.SearchWorkersRequest, tasks_pb2.SearchWorkersResponse
     ]

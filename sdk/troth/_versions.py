@@ -38,6 +38,9 @@ class WorkflowRegistration:
         fn: The generator function.
         version: The version of its code: given, or derived from its source.
         compatible: Older versions this code may resume, as declared by its author.
+        fail_on: Exception types that fail the workflow (reject its root) when they
+            leave its code; any other unexpected exception fails only the task,
+            which is retried (`troth.WorkflowFailed`).
 
     .. versionadded:: 0.2.0
     """
@@ -46,6 +49,7 @@ class WorkflowRegistration:
     fn: Callable[..., Any]
     version: str
     compatible: tuple[str, ...] = ()
+    fail_on: tuple[type[BaseException], ...] = ()
 
     def runs(self, version: str) -> bool:
         """Whether this code may run a workflow recorded with `version`."""
@@ -122,8 +126,27 @@ def check_version(name: str, version: str, what: str = "version") -> str:
     return version
 
 
+def check_fail_on(name: str, fail_on: object) -> tuple[type[BaseException], ...]:
+    """`fail_on` as a tuple of exception types (one type alone is accepted); else a
+    RegistrationError saying what to give."""
+    given = (fail_on,) if isinstance(fail_on, type) else fail_on
+    if isinstance(given, tuple | list) and all(
+        isinstance(t, type) and issubclass(t, BaseException) for t in given
+    ):
+        return tuple(given)
+    raise RegistrationError(
+        name,
+        f"workflow {name!r} has fail_on={fail_on!r}: give exception types, e.g. "
+        "fail_on=(ValueError, KeyError)",
+    )
+
+
 def registration(
-    name: str, fn: Callable[..., Any], version: str | None, compatible: Iterable[str]
+    name: str,
+    fn: Callable[..., Any],
+    version: str | None,
+    compatible: Iterable[str],
+    fail_on: object = (),
 ) -> WorkflowRegistration:
     """Check and build a registration; the version defaults to the code's digest."""
     if isinstance(compatible, str):
@@ -135,7 +158,7 @@ def registration(
     older = tuple(
         dict.fromkeys(check_version(name, v, "compatible version") for v in compatible if v != own)
     )
-    return WorkflowRegistration(name, fn, own, older)
+    return WorkflowRegistration(name, fn, own, older, check_fail_on(name, fail_on))
 
 
 __all__ = ["WorkflowRegistration", "check_version", "code_version", "registration"]

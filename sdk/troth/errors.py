@@ -19,7 +19,8 @@ TrothError(Exception)
 ├── WorkflowError                raised into (or out of) workflow code by the replay engine
 │   ├── NonDeterminismError      .position, .recorded, .yielded: replay met a changed workflow
 │   ├── PromiseRejectedError     .promise_id, .value: what `yield` on a rejected step raises
-│   └── Cancelled                .promise_id: the step (or the workflow) was cancelled
+│   ├── Cancelled                .promise_id: the step (or the workflow) was cancelled
+│   └── WorkflowFailed           .message, .details: raised by workflow code to fail its run
 ├── RegistrationError            .name: a workflow could not be registered on a Worker
 └── ConfigurationError
 ```
@@ -63,6 +64,8 @@ class Reason(enum.StrEnum):
     TASK_NOT_PENDING = "TASK_NOT_PENDING"
     WORKFLOW_SETTLED = "WORKFLOW_SETTLED"
     """A new pending step under a root that is settled (cancelled, finished)."""
+    NOT_A_WORKFLOW = "NOT_A_WORKFLOW"
+    """A workflow operation (`troth workflows fail`) on a promise that is no workflow's root."""
     RESERVED_FOR_WORKFLOW = "RESERVED_FOR_WORKFLOW"
     """A step write under a workflow without the fence of the task holding it."""
     INVALID_PAGE_TOKEN = "INVALID_PAGE_TOKEN"
@@ -485,6 +488,41 @@ class Cancelled(WorkflowError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.promise_id,))
+
+
+class WorkflowFailed(WorkflowError):
+    """Raise it in workflow code to fail the workflow: its root is rejected for good.
+
+    A bug pauses a workflow, it does not lose it: any other exception that
+    leaves workflow code (a `NameError`, a `KeyError`...) fails only the
+    worker's *task*, which is retried with backoff while the root stays
+    PENDING, until fixed code is deployed (or an operator runs `troth
+    workflows fail`). The workflow fails only on purpose: this exception, an
+    exception type it declares with `@worker.workflow(fail_on=(...))`, or a
+    troth outcome it did not catch (`PromiseRejectedError`, `Cancelled`,
+    `PromiseTimedOutError`, a `ctx.run` step that failed after its retries).
+
+    The root is rejected with `{"type": "troth.errors.WorkflowFailed",
+    "message": message}`, plus `"details"` when given (any value the codec
+    encodes).
+
+    Attributes:
+        message: Why the workflow failed, for whoever reads its result.
+        details: More about it (optional).
+
+    .. versionadded:: 0.2.0
+    """
+
+    def __init__(self, message: str, details: Any = None) -> None:
+        super().__init__(message, details)
+        self.message = message
+        self.details = details
+
+    def __str__(self) -> str:
+        return self.message
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.message, self.details))
 
 
 class ConfigurationError(TrothError):

@@ -225,6 +225,7 @@ class Worker:
         name: str | None = None,
         version: str | None = None,
         compatible: Iterable[str] = (),
+        fail_on: type[BaseException] | tuple[type[BaseException], ...] = (),
     ) -> Callable[[_W], _W]: ...
 
     def workflow(
@@ -235,6 +236,7 @@ class Worker:
         name: str | None = None,
         version: str | None = None,
         compatible: Iterable[str] = (),
+        fail_on: type[BaseException] | tuple[type[BaseException], ...] = (),
     ) -> Any:
         """Register a workflow: `@worker.workflow` or `@worker.workflow(name="...", ...)`.
 
@@ -251,6 +253,15 @@ class Worker:
                 parked workflows replay the same way on it), e.g.
                 `compatible=("1f2e3d4c5b6a",)` after an edit that changes no
                 step. Declaring one also marks this version as the newer.
+            fail_on: Exception types that fail the workflow when they leave its
+                code: its root is rejected with the exception's type and message.
+                Any other unexpected exception (a bug: `NameError`, `KeyError`...)
+                fails only the task: it is logged at ERROR with its traceback,
+                recorded on the task (`troth tasks list`, `troth workflows show`)
+                and retried with backoff while the root stays PENDING, so that
+                fixed code resumes it from its checkpoints. `troth.WorkflowFailed`,
+                and troth's outcomes the workflow did not catch (a rejection, a
+                timeout, `Cancelled`), always fail it.
 
         Raises:
             RegistrationError: The name is taken, empty, or `fn` is a plain
@@ -258,12 +269,12 @@ class Worker:
                 or a version is empty or too long (at most 128 characters).
 
         .. versionchanged:: 0.2.0
-           `version` and `compatible`.
+           `version`, `compatible` and `fail_on`.
         """
         declared = tuple(compatible) if not isinstance(compatible, str) else compatible
 
         def register(function: _W) -> _W:
-            self._register(function, name, version, declared)
+            self._register(function, name, version, declared, fail_on)
             return function
 
         return register if fn is None else register(fn)
@@ -274,6 +285,7 @@ class Worker:
         name: str | None,
         version: str | None = None,
         compatible: Iterable[str] = (),
+        fail_on: object = (),
     ) -> None:
         if not callable(fn):
             raise RegistrationError(str(name), f"workflow {fn!r} is not callable")
@@ -288,7 +300,7 @@ class Worker:
                 f"workflow {key!r} is a plain function, not a generator: a workflow must "
                 "`yield` its steps (write `result = yield ctx.run(fn, ...)`)",
             )
-        registered = registration(key, fn, version, compatible)
+        registered = registration(key, fn, version, compatible, fail_on)
         with self._lock:
             existing = self._versions.get(key)
             if existing is not None and existing.fn is not fn:

@@ -176,6 +176,17 @@ class Batch:
             self._resume(callback)
         if INVOKE_TAG in new.tags and new.is_settled and not old.is_settled:
             self._end_steps(new)
+            if new.state is domain.PromiseState.REJECTED_CANCELED:
+                self._hurry(new.id)
+
+    def _hurry(self, root_id: str) -> None:
+        """A cancelled workflow whose task waits out a retry backoff (loaded by
+        `Keys.roots`) hears of it now: the task is claimable at once."""
+        active = self.active_task(root_id)
+        if active is not None:
+            hurried = tasks.hurry(active)
+            if hurried is not active:
+                self.put_task(hurried)
 
     def _end_steps(self, root: Promise) -> None:
         """A workflow root settled: its steps still PENDING (loaded by `Keys.steps_of`)
@@ -220,13 +231,13 @@ class Batch:
             self._active[task.root_promise_id] = task.id
 
     def pending_in(self, group: str, limit: int, route: Route = ANY) -> list[Task]:
-        """Loaded PENDING tasks of `group` that `route` accepts, in the order they
-        were read (preferred first)."""
+        """Loaded PENDING tasks of `group` that `route` accepts and that are past any
+        retry backoff, in the order they were read (preferred first)."""
         found = [t for t in self._tasks.values() if t.group == group]
         return [
             t
             for t in found
-            if t.state is TaskState.PENDING and route.accepts(t.workflow, t.workflow_version)
+            if t.claimable(self.now) and route.accepts(t.workflow, t.workflow_version)
         ][:limit]
 
     def workflow_of(self, root_id: str) -> tuple[str | None, str | None]:

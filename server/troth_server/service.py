@@ -154,7 +154,11 @@ class _SettleOp:
             promise_ids += tuple(steps.namespace_roots(self.request.id))
         # A distinct quorum's other approvals: who settled them is compared here.
         promise_ids += self.request.quorum
-        return Keys(promises=promise_ids, steps_of=promise_ids[:1])
+        # A cancelled workflow's task waiting out a retry backoff is hurried (Batch.settle).
+        cancel = self.request.state is PromiseState.REJECTED_CANCELED
+        return Keys(
+            promises=promise_ids, steps_of=promise_ids[:1], roots=promise_ids[:1] if cancel else ()
+        )
 
     def apply(self, batch: Batch) -> tuple[Promise, bool]:
         existing = batch.get(self.request.id)

@@ -8,14 +8,17 @@ claimed tasks down workers' Poll streams build on these (issue 3).
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from troth_server.checks import SchemaChecks
 from troth_server.domain import promise as domain
 from troth_server.domain import task as tasks
-from troth_server.domain.errors import PromiseNotFound
+from troth_server.domain.errors import NotAWorkflow, PromiseNotFound
+from troth_server.domain.promise import PromiseState
 from troth_server.domain.routing import ANY, Route
+from troth_server.domain.steps import INVOKE_TAG
 from troth_server.domain.task import Callback, Task, TaskKind, TaskNotFound, TaskState
 from troth_server.group_commit import Batch, Keys
 
@@ -23,7 +26,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
     from troth_server.domain.access import Principal
-    from troth_server.domain.promise import Promise, SettleRequest
+    from troth_server.domain.promise import Payload, Promise, SettleRequest
     from troth_server.group_commit import GroupCommitter
     from troth_server.store import Store, WriteTx
 
@@ -59,7 +62,7 @@ class _ClaimOp:
     """The authenticated principal of the worker's stream, recorded on each task."""
 
     def keys(self, tx: WriteTx, now: int) -> Keys:
-        candidates = tx.pending_tasks(self.group, self.worker_id, self.limit, self.route)
+        candidates = tx.pending_tasks(self.group, self.worker_id, self.limit, self.route, now)
         return Keys(promises=[t.root_promise_id for t in candidates], tasks=candidates)
 
     def apply(self, batch: Batch) -> list[Claimed]:
@@ -217,6 +220,68 @@ class _ReleaseOp:
 
 
 @dataclass(frozen=True, slots=True)
+class _FailOp:
+    """The workflow's code raised on this task (a bug): the task goes back to the group
+    after a backoff with the failure recorded, and the root stays PENDING. A root
+    settled meanwhile (failed by an operator, timed out) ends the task instead."""
+
+    task_id: str
+    counter: int
+    worker_id: str
+    error: str
+    traceback: str
+    draw: float
+    """Uniform in [0, 1): the backoff's jitter (drawn by the caller, the op is pure)."""
+    principal: Principal | None = None
+
+    def keys(self, tx: WriteTx, now: int) -> Keys:
+        return Keys(task_ids=(self.task_id,))
+
+    def apply(self, batch: Batch) -> tuple[Task, Promise | None]:
+        task = _held(batch, self.task_id)
+        failed = tasks.fail(
+            task, self.worker_id, self.counter, batch.now, self.error, self.traceback,
+            self.draw, self.principal,
+        )  # fmt: skip
+        root = batch.get(task.root_promise_id)
+        if root is None or root.is_settled:
+            failed = tasks.finish(failed, batch.now)
+        batch.put_task(failed)
+        return failed, root
+
+
+@dataclass(frozen=True, slots=True)
+class _FailWorkflowOp:
+    """An operator fails a workflow: its root is rejected with the reason (its pending
+    steps cancelled with it), and its task, if one waits, is ended."""
+
+    root_id: str
+    value: Payload
+    principal: str | None
+
+    def keys(self, tx: WriteTx, now: int) -> Keys:
+        return Keys(promises=(self.root_id,), roots=(self.root_id,), steps_of=(self.root_id,))
+
+    def apply(self, batch: Batch) -> tuple[Promise, bool]:
+        root = batch.get(self.root_id)
+        if root is None:
+            raise PromiseNotFound(self.root_id)
+        if INVOKE_TAG not in root.tags:
+            raise NotAWorkflow(root.id)
+        request = domain.SettleRequest(
+            id=root.id, state=PromiseState.REJECTED, value=self.value, principal=self.principal
+        )
+        settled, applied = domain.settle(root, request, batch.now)
+        if applied:
+            batch.settle(root, settled)
+        active = batch.active_task(root.id)
+        if active is not None and active.state is TaskState.PENDING:
+            # A CLAIMED one ends when its worker reports (it finds the root settled).
+            batch.put_task(tasks.finish(active, batch.now))
+        return settled, applied
+
+
+@dataclass(frozen=True, slots=True)
 class _RegisterCallbacksOp:
     task_id: str
     counter: int
@@ -312,9 +377,10 @@ class TaskService:
         and on each task the authenticated `principal` it is leased to."""
         return self._committer.submit(_ClaimOp(group, worker_id, limit, lease_ms, route, principal))
 
-    def search(self, group: str, limit: int) -> list[Task]:
-        """The group's tasks that are not completed, oldest first (a read)."""
-        return self._store.search_tasks(group, limit)
+    def search(self, group: str, limit: int, root_id: str | None = None) -> list[Task]:
+        """The group's tasks that are not completed, oldest first (a read); with
+        `root_id`, only that root's active task."""
+        return self._store.search_tasks(group, limit, root_id)
 
     def heartbeat(
         self, worker_id: str, lease_ms: int, principal: Principal | None = None
@@ -372,6 +438,40 @@ class TaskService:
         self, task_id: str, counter: int, worker_id: str, principal: Principal | None = None
     ) -> Task:
         return self._committer.submit(_ReleaseOp(task_id, counter, worker_id, principal))
+
+    def fail(
+        self,
+        task_id: str,
+        counter: int,
+        worker_id: str,
+        error: str,
+        traceback: str,
+        principal: Principal | None = None,
+    ) -> tuple[Task, Promise | None]:
+        """As `fail_async`, blocking."""
+        op = _FailOp(task_id, counter, worker_id, error, traceback, random.random(), principal)
+        return self._committer.submit(op)
+
+    async def fail_async(
+        self,
+        task_id: str,
+        counter: int,
+        worker_id: str,
+        error: str,
+        traceback: str,
+        principal: Principal | None = None,
+    ) -> tuple[Task, Promise | None]:
+        """Fail the task (the workflow's code raised): back to PENDING after a backoff,
+        or COMPLETED if its root is settled; returns the task and its root."""
+        op = _FailOp(task_id, counter, worker_id, error, traceback, random.random(), principal)
+        return await self._committer.submit_async(op)
+
+    async def fail_workflow_async(
+        self, root_id: str, value: Payload, principal: str | None
+    ) -> tuple[Promise, bool]:
+        """Reject workflow root `root_id` with `value` (an operator's decision), ending
+        its waiting task; returns the root and whether this call settled it."""
+        return await self._committer.submit_async(_FailWorkflowOp(root_id, value, principal))
 
     def register_callbacks(
         self,

@@ -132,6 +132,16 @@ def _calls(channel: grpc.Channel, tag: str) -> dict[str, Callable[[Any], object]
         "SearchTasks": lambda md: t.SearchTasks(
             tasks_pb2.SearchTasksRequest(group="g"), metadata=md, timeout=10
         ),
+        "FailTask": lambda md: t.FailTask(
+            tasks_pb2.FailTaskRequest(
+                task_id="t-missing", counter=1, worker_id="w", error="NameError: x"
+            ),
+            metadata=md,
+            timeout=10,
+        ),
+        "FailWorkflow": lambda md: t.FailWorkflow(
+            tasks_pb2.FailWorkflowRequest(id=missing, reason="walk"), metadata=md, timeout=10
+        ),
         "SearchWorkers": lambda md: t.SearchWorkers(
             tasks_pb2.SearchWorkersRequest(), metadata=md, timeout=10
         ),

@@ -20,7 +20,7 @@ import pytest
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
-from troth import Client, Context, Worker
+from troth import Client, Context, Worker, WorkflowFailed
 from troth.errors import (
     AlreadySettledError,
     NotFoundError,
@@ -299,7 +299,7 @@ def test_a_workflow_that_returns_or_fails_leaves_no_waiting_human(client: Client
         def fails(ctx: Context) -> Generator[Any, Any, Any]:
             yield ctx.promise(title="never waited for")
             asked.set()
-            raise RuntimeError("gave up")
+            raise WorkflowFailed("gave up")  # on purpose: a bare RuntimeError would pause it
 
     returns, failing = _wid("either"), _wid("fails")
     for _ in _run_worker(client, group, build):

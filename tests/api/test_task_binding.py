@@ -273,6 +273,49 @@ def test_heartbeat_release_and_callbacks_from_another_principal_are_refused(
     )
 
 
+def test_only_the_holder_fails_a_task_and_only_an_operator_fails_a_workflow(
+    setup: Setup, leased: Leased
+) -> None:
+    tasks, md = setup.tasks, setup.md
+    fail = tasks_pb2.FailTaskRequest(
+        task_id=leased.task.id,
+        counter=leased.task.counter,
+        worker_id=leased.worker_id,
+        error="NameError: name 'x' is not defined",
+        traceback="Traceback (most recent call last): ...",
+    )
+    for who in ("worker-b", "admin-1"):
+        assert code_and_reason(lambda s=md[who]: tasks.FailTask(fail, metadata=s)) == DENIED
+    failed = tasks.FailTask(fail, metadata=md["worker-a"], timeout=10).task
+    assert (failed.state, failed.failed_attempts) == (tasks_pb2.TASK_STATE_PENDING, 1)
+    assert failed.last_error == "NameError: name 'x' is not defined"
+    assert leased.root_state() == types_pb2.PROMISE_STATE_PENDING  # a bug pauses the workflow
+    # The holder no longer holds it: a repeat is refused like any stale call.
+    assert code_and_reason(lambda: tasks.FailTask(fail, metadata=md["worker-a"])) == (
+        grpc.StatusCode.FAILED_PRECONDITION,
+        Reason.STALE_COUNTER.value,
+    )
+    request = tasks_pb2.FailWorkflowRequest(id=leased.root, reason="given up on it")
+    for who in ("worker-a", "gateway-1"):
+        assert code_and_reason(lambda s=md[who]: tasks.FailWorkflow(request, metadata=s)) == (
+            grpc.StatusCode.PERMISSION_DENIED,
+            Reason.ROLE_NOT_ALLOWED.value,
+        )
+    root = tasks.FailWorkflow(request, metadata=md["operator-1"], timeout=10).root
+    assert (root.state, root.settled_by) == (types_pb2.PROMISE_STATE_REJECTED, "operator-1")
+    assert json.loads(root.value.data) == {
+        "type": "troth.errors.WorkflowFailed",
+        "message": "given up on it",
+        "failed_by": "operator-1",
+    }
+    # Its task, waiting out the backoff, ended with it.
+    left = tasks.SearchTasks(
+        tasks_pb2.SearchTasksRequest(group=GROUP, root_promise_id=leased.root),
+        metadata=md["operator-1"],
+    ).tasks
+    assert list(left) == []
+
+
 def test_an_admin_may_release_a_task_it_does_not_hold(setup: Setup, leased: Leased) -> None:
     released = setup.tasks.ReleaseTask(
         tasks_pb2.ReleaseTaskRequest(

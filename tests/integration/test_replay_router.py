@@ -8,7 +8,9 @@ the routing file now says `auto_reply`; the approval comes in. Before replay
 checked arguments, the resumed run reused the step recorded for
 `human_review` and applied the approval given for it to `auto_reply` (the
 root resolved). Now the task fails with NonDeterminismError naming step 0 and both commands, and no
-step of the other branch runs.
+step of the other branch runs. A task failure, not the workflow's (issue 12 item 5): the root
+stays PENDING while the task is retried with backoff, the error recorded on it, and once the
+input is put right the next attempt resumes the workflow on its recorded branch.
 
 Workers are real subprocesses: this file, run as a script, is the worker
 (`python test_replay_router.py ADDRESS`).
@@ -26,6 +28,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from troth import Client, Context, PromiseState, Worker
+from troth._tasks import TaskCalls
+from troth.client import connection
 
 sys.path.insert(0, str(Path(__file__).parent.parent))
 
@@ -33,6 +37,8 @@ from _workers import WorkerFleet, effect, suspended
 
 if TYPE_CHECKING:
     from _support import ServerProcess
+
+    from troth.v1 import tasks_pb2
 
 GROUP = "router"
 ROUTE_ENV = "TROTH_TEST_ROUTE_FILE"
@@ -59,7 +65,7 @@ def main(address: str) -> None:
         worker.run()
 
 
-def test_a_router_whose_branch_changed_on_resume_fails_instead_of_switching(
+def test_a_router_whose_branch_changed_on_resume_fails_its_task_instead_of_switching(
     own_server: ServerProcess, fleet: WorkerFleet, tmp_path: Path
 ) -> None:
     route = tmp_path / "route"
@@ -82,19 +88,28 @@ def test_a_router_whose_branch_changed_on_resume_fails_instead_of_switching(
             lambda: "polling group" in fleet.log(second), 30, "the second worker to start"
         )
         client.resolve(f"{wid}.1", "approved")
-        fleet.eventually(lambda: client.get(wid).is_settled, 30, "the router's task to end")
 
-        root = client.get(wid)
-        assert root.state is PromiseState.REJECTED, root
-        error = client.decode(root.value)
-        assert error["type"] == "troth.errors.NonDeterminismError", error
-        message = error["message"]
+        def failed_task() -> tasks_pb2.Task | None:
+            found = TaskCalls(connection(client)).search(GROUP, 1, wid)
+            return found[0] if found and found[0].failed_attempts else None
+
+        fleet.eventually(lambda: failed_task() is not None, 30, "the router's task to fail")
+        assert client.get(wid).state is PromiseState.PENDING  # paused, not lost
+        task = failed_task()
+        assert task is not None
+        message = task.last_error
+        assert message.startswith("troth.errors.NonDeterminismError: ")
         assert f"step 0 ('{wid}.0')" in message
         assert f"run(do_branch) with arguments digest {recorded}" in message
         assert f"run(do_branch) with arguments ('{wid}', 'auto_reply')" in message
+        # Neither the recorded human_review step nor the approval was used for auto_reply.
+        assert fleet.lines() == [f"{wid} human_review"]
+
+        route.write_text("human_review\n")  # the input put right: the next attempt resumes
+        assert client.wait(wid, timeout=60).state is PromiseState.RESOLVED
+        assert client.decode(client.get(wid).value) == "human_review"
         assert fleet.terminate(second) == 0
-    # Neither the recorded human_review step nor the approval was used for auto_reply.
-    assert fleet.lines() == [f"{wid} human_review"]
+    assert fleet.lines() == [f"{wid} human_review", f"{wid} human_review applied approved"]
     assert "Traceback" not in fleet.logs()
 
 

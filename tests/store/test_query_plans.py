@@ -377,6 +377,24 @@ def _raw_tasks(address: str, group: str) -> None:
                 task_id=second.id, counter=second.counter, worker_id="hands"
             )
         )
+        # A bug in the workflow's code: the task fails (back after a backoff, which the
+        # claims then skip), an operator looks at it and fails the workflow.
+        back = again.next_response().task
+        while back.id != second.id:
+            back = again.next_response().task
+        tasks.FailTask(
+            tasks_pb2.FailTaskRequest(
+                task_id=back.id,
+                counter=back.counter,
+                worker_id="hands",
+                error="NameError: name 'x' is not defined",
+                traceback="Traceback (most recent call last): ...",
+            )
+        )
+        tasks.SearchTasks(
+            tasks_pb2.SearchTasksRequest(group=other, root_promise_id=back.root_promise_id)
+        )
+        tasks.FailWorkflow(tasks_pb2.FailWorkflowRequest(id=back.root_promise_id, reason="no"))
         tasks.CompleteTask(
             tasks_pb2.CompleteTaskRequest(
                 task_id=third.id,

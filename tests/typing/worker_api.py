@@ -204,3 +204,25 @@ def early_gateway(client: Client) -> None:
 def versions(w: Worker) -> list[str]:
     registered: troth.WorkflowRegistration = w.registrations["reviewed"]
     return [registered.version, *registered.compatible]
+
+
+# A bug pauses, it does not lose: failing is explicit (issue 12 item 5).
+@worker.workflow(name="refund", fail_on=(ValueError, KeyError))
+def refund(ctx: Context, amount: int) -> Generator[Any, Any, int]:
+    if amount <= 0:
+        raise ValueError("not positive")
+    approval = yield ctx.promise(timeout=timedelta(days=3))
+    decision: dict[str, Any] = yield approval
+    if not decision.get("approved"):
+        raise troth.WorkflowFailed("refund refused", details=decision)
+    return amount
+
+
+@worker.workflow(fail_on=LookupError)
+def strict(ctx: Context) -> Generator[Any, Any, None]:
+    yield ctx.now()
+
+
+failed: troth.WorkflowFailed = troth.WorkflowFailed("no")
+failure_message: str = failed.message
+fails_on: tuple[type[BaseException], ...] = worker.registrations["refund"].fail_on

@@ -86,4 +86,30 @@ def test_json_output_names_fields_as_the_proto_does() -> None:
         "create_time": "2030-01-02T03:04:05.000Z",
         "waiting_for": "waiting",
         "worker_principal": None,
+        "failed_attempts": 0,
+        "last_error": None,
+        "last_traceback": None,
+        "next_attempt_time": None,
     }
+
+
+def test_a_failed_task_shows_its_attempts_last_error_and_retry_time() -> None:
+    ok = pending("publish-1", "waiting for a free worker", "v1")
+    failed = pending("publish-2", "", "v1")
+    failed.failed_attempts = 3
+    failed.last_error = "NameError: name 'aproval' is not defined"
+    failed.last_traceback = "Traceback (most recent call last):\n  ...\nNameError: ..."
+    failed.next_attempt_time.seconds = CREATED + 4
+    assert format_tasks([ok, failed]) == (
+        "ROOT       KIND    STATE    WORKFLOW  VERSION  CREATED                   "
+        "WORKER / WAITING FOR               ATTEMPTS  LAST ERROR\n"
+        "publish-1  RESUME  PENDING  publish   v1       2030-01-02 03:04:05.000Z  "
+        "waiting for a free worker          -         -\n"
+        "publish-2  RESUME  PENDING  publish   v1       2030-01-02 03:04:05.000Z  "
+        "retry at 2030-01-02 03:04:09.000Z  3         NameError: name 'aproval' is not defined\n"
+    )
+    shown = task_to_json(failed)
+    assert shown["failed_attempts"] == 3
+    assert shown["last_error"] == "NameError: name 'aproval' is not defined"
+    assert shown["last_traceback"].startswith("Traceback")
+    assert shown["next_attempt_time"] == "2030-01-02T03:04:09.000Z"

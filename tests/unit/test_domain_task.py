@@ -25,6 +25,8 @@ class Expected:
     worker: str | None
     lease_until: int | None
     resume_pending: bool = False
+    failures: int = 0
+    not_before: int | None = None
 
 
 class TaskMachine(RuleBasedStateMachine):
@@ -83,7 +85,8 @@ class TaskMachine(RuleBasedStateMachine):
             return
         task_id = data.draw(st.sampled_from(sorted(self.tasks)))
         task, expected = self.tasks[task_id], self.model[task_id]
-        if expected.state is not TaskState.PENDING:
+        backing_off = expected.not_before is not None and self.now < expected.not_before
+        if expected.state is not TaskState.PENDING or backing_off:
             with pytest.raises(TaskNotClaimable):
                 tasks.claim(task, worker, self.now, LEASE)
             return
@@ -91,15 +94,18 @@ class TaskMachine(RuleBasedStateMachine):
         self.tasks[task_id] = claimed
         expected.state, expected.counter = TaskState.CLAIMED, expected.counter + 1
         expected.worker, expected.lease_until = worker, self.now + LEASE
+        expected.not_before = None
+        assert claimed.next_attempt_time is None
 
     @rule(
         data=st.data(),
         worker=st.sampled_from(WORKERS),
         counter_delta=st.sampled_from([0, 0, 0, -1, 1]),
-        action=st.sampled_from(["heartbeat", "complete", "release"]),
+        action=st.sampled_from(["heartbeat", "complete", "release", "fail"]),
+        draw=st.floats(min_value=0.0, max_value=1.0, exclude_max=True),
     )
     def holder_call(
-        self, data: st.DataObject, worker: str, counter_delta: int, action: str
+        self, data: st.DataObject, worker: str, counter_delta: int, action: str, draw: float
     ) -> None:
         if not self.tasks:
             return
@@ -125,6 +131,8 @@ class TaskMachine(RuleBasedStateMachine):
                     tasks.heartbeat(task, worker, counter, self.now, LEASE)
                 elif action == "complete":
                     tasks.complete(task, worker, counter, self.now)
+                elif action == "fail":
+                    tasks.fail(task, worker, counter, self.now, "E: e", "tb", draw)
                 else:
                     tasks.release(task, worker, counter)
             return
@@ -140,6 +148,15 @@ class TaskMachine(RuleBasedStateMachine):
             if again:
                 new = tasks.create(self._new_id(), task.root_promise_id, "g", TaskKind.RESUME)
                 self._put(new, Expected(TaskState.PENDING, 0, None, None))
+        elif action == "fail":
+            failed = tasks.fail(task, worker, counter, self.now, "E: e", "tb", draw)
+            self.tasks[task_id] = failed
+            expected.state, expected.worker, expected.lease_until = TaskState.PENDING, None, None
+            expected.failures += 1
+            base = min(tasks.RETRY_MAX_MS, tasks.RETRY_FIRST_MS * 2 ** (expected.failures - 1))
+            assert failed.next_attempt_time is not None
+            assert self.now + base // 2 <= failed.next_attempt_time <= self.now + base
+            expected.not_before = failed.next_attempt_time
         else:
             self.tasks[task_id] = tasks.release(task, worker, counter)
             expected.state, expected.worker, expected.lease_until = TaskState.PENDING, None, None
@@ -181,6 +198,8 @@ class TaskMachine(RuleBasedStateMachine):
             assert task.counter == expected.counter, task_id
             assert task.worker_id == expected.worker, task_id
             assert task.lease_expire_time == expected.lease_until, task_id
+            # Failures are counted across claims, and only a fail counts one.
+            assert task.failed_attempts == expected.failures, task_id
             if task.state is TaskState.CLAIMED:
                 assert task.resume_pending == expected.resume_pending
 

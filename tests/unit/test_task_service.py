@@ -303,3 +303,26 @@ def test_after_an_outage_a_lease_is_kept_one_lease_length(env: Env) -> None:
     assert expired() == []  # within 2 * LEASE of coming back
     env.clock.now = back[0] + 2 * LEASE
     assert expired() == [TaskState.PENDING]
+
+
+def test_a_task_failed_on_a_bug_waits_its_backoff_unless_its_workflow_is_cancelled(
+    env: Env,
+) -> None:
+    env.start("wf-bug")
+    (task,) = env.claim("w1")
+    failed, root = env.tasks.fail(task.id, task.counter, "w1", "NameError: x", "tb")
+    assert root is not None and root.state is PromiseState.PENDING
+    assert failed.state is TaskState.PENDING and failed.failed_attempts == 1
+    assert failed.next_attempt_time is not None
+    assert env.claim("w2") == []  # in its backoff: no worker gets it
+    env.clock.now = failed.next_attempt_time
+    (again,) = env.claim("w2")  # then any worker does (fixed code, say)
+    assert again.failed_attempts == 1 and again.next_attempt_time is None
+
+    failed, _ = env.tasks.fail(again.id, again.counter, "w2", "NameError: x", "tb")
+    assert failed.next_attempt_time is not None and failed.next_attempt_time > env.clock.now
+    assert env.claim("w1") == []
+    # Cancelled: the workflow must hear of it now (and may compensate), not after the backoff.
+    env.promises.settle(SettleRequest("wf-bug", PromiseState.REJECTED_CANCELED, EMPTY))
+    (hurried,) = env.claim("w1")
+    assert hurried.id == task.id and hurried.failed_attempts == 2

@@ -33,7 +33,7 @@ TASK_STATE_CLAIMED: TaskState
 TASK_STATE_COMPLETED: TaskState
 
 class Task(_message.Message):
-    __slots__ = ("id", "root_promise_id", "group", "kind", "state", "counter", "worker_id", "lease_expire_time", "workflow", "workflow_version", "create_time", "waiting_for", "worker_principal")
+    __slots__ = ("id", "root_promise_id", "group", "kind", "state", "counter", "worker_id", "lease_expire_time", "workflow", "workflow_version", "create_time", "waiting_for", "worker_principal", "failed_attempts", "last_error", "last_traceback", "next_attempt_time")
     ID_FIELD_NUMBER: _ClassVar[int]
     ROOT_PROMISE_ID_FIELD_NUMBER: _ClassVar[int]
     GROUP_FIELD_NUMBER: _ClassVar[int]
@@ -47,6 +47,10 @@ class Task(_message.Message):
     CREATE_TIME_FIELD_NUMBER: _ClassVar[int]
     WAITING_FOR_FIELD_NUMBER: _ClassVar[int]
     WORKER_PRINCIPAL_FIELD_NUMBER: _ClassVar[int]
+    FAILED_ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
+    LAST_TRACEBACK_FIELD_NUMBER: _ClassVar[int]
+    NEXT_ATTEMPT_TIME_FIELD_NUMBER: _ClassVar[int]
     id: str
     root_promise_id: str
     group: str
@@ -60,7 +64,11 @@ class Task(_message.Message):
     create_time: _timestamp_pb2.Timestamp
     waiting_for: str
     worker_principal: str
-    def __init__(self, id: _Optional[str] = ..., root_promise_id: _Optional[str] = ..., group: _Optional[str] = ..., kind: _Optional[_Union[TaskKind, str]] = ..., state: _Optional[_Union[TaskState, str]] = ..., counter: _Optional[int] = ..., worker_id: _Optional[str] = ..., lease_expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., workflow: _Optional[str] = ..., workflow_version: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., waiting_for: _Optional[str] = ..., worker_principal: _Optional[str] = ...) -> None: ...
+    failed_attempts: int
+    last_error: str
+    last_traceback: str
+    next_attempt_time: _timestamp_pb2.Timestamp
+    def __init__(self, id: _Optional[str] = ..., root_promise_id: _Optional[str] = ..., group: _Optional[str] = ..., kind: _Optional[_Union[TaskKind, str]] = ..., state: _Optional[_Union[TaskState, str]] = ..., counter: _Optional[int] = ..., worker_id: _Optional[str] = ..., lease_expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., workflow: _Optional[str] = ..., workflow_version: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., waiting_for: _Optional[str] = ..., worker_principal: _Optional[str] = ..., failed_attempts: _Optional[int] = ..., last_error: _Optional[str] = ..., last_traceback: _Optional[str] = ..., next_attempt_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class WorkflowVersion(_message.Message):
     __slots__ = ("name", "version")
@@ -180,18 +188,54 @@ class RegisterCallbacksResponse(_message.Message):
     def __init__(self, settled: _Optional[_Iterable[_Union[_types_pb2.Promise, _Mapping]]] = ...) -> None: ...
 
 class SearchTasksRequest(_message.Message):
-    __slots__ = ("group", "page_size")
+    __slots__ = ("group", "page_size", "root_promise_id")
     GROUP_FIELD_NUMBER: _ClassVar[int]
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    ROOT_PROMISE_ID_FIELD_NUMBER: _ClassVar[int]
     group: str
     page_size: int
-    def __init__(self, group: _Optional[str] = ..., page_size: _Optional[int] = ...) -> None: ...
+    root_promise_id: str
+    def __init__(self, group: _Optional[str] = ..., page_size: _Optional[int] = ..., root_promise_id: _Optional[str] = ...) -> None: ...
 
 class SearchTasksResponse(_message.Message):
     __slots__ = ("tasks",)
     TASKS_FIELD_NUMBER: _ClassVar[int]
     tasks: _containers.RepeatedCompositeFieldContainer[Task]
     def __init__(self, tasks: _Optional[_Iterable[_Union[Task, _Mapping]]] = ...) -> None: ...
+
+class FailTaskRequest(_message.Message):
+    __slots__ = ("task_id", "counter", "worker_id", "error", "traceback")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    COUNTER_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    TRACEBACK_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    counter: int
+    worker_id: str
+    error: str
+    traceback: str
+    def __init__(self, task_id: _Optional[str] = ..., counter: _Optional[int] = ..., worker_id: _Optional[str] = ..., error: _Optional[str] = ..., traceback: _Optional[str] = ...) -> None: ...
+
+class FailTaskResponse(_message.Message):
+    __slots__ = ("task",)
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    task: Task
+    def __init__(self, task: _Optional[_Union[Task, _Mapping]] = ...) -> None: ...
+
+class FailWorkflowRequest(_message.Message):
+    __slots__ = ("id", "reason")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    reason: str
+    def __init__(self, id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class FailWorkflowResponse(_message.Message):
+    __slots__ = ("root",)
+    ROOT_FIELD_NUMBER: _ClassVar[int]
+    root: _types_pb2.Promise
+    def __init__(self, root: _Optional[_Union[_types_pb2.Promise, _Mapping]] = ...) -> None: ...
 
 class SearchWorkersRequest(_message.Message):
     __slots__ = ("group", "page_size", "page_token")

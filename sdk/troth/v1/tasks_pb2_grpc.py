@@ -69,6 +69,16 @@ class TaskServiceStub:
                 request_serializer=troth_dot_v1_dot_tasks__pb2.SearchTasksRequest.SerializeToString,
                 response_deserializer=troth_dot_v1_dot_tasks__pb2.SearchTasksResponse.FromString,
                 _registered_method=True)
+        self.FailTask = channel.unary_unary(
+                '/troth.v1.TaskService/FailTask',
+                request_serializer=troth_dot_v1_dot_tasks__pb2.FailTaskRequest.SerializeToString,
+                response_deserializer=troth_dot_v1_dot_tasks__pb2.FailTaskResponse.FromString,
+                _registered_method=True)
+        self.FailWorkflow = channel.unary_unary(
+                '/troth.v1.TaskService/FailWorkflow',
+                request_serializer=troth_dot_v1_dot_tasks__pb2.FailWorkflowRequest.SerializeToString,
+                response_deserializer=troth_dot_v1_dot_tasks__pb2.FailWorkflowResponse.FromString,
+                _registered_method=True)
         self.SearchWorkers = channel.unary_unary(
                 '/troth.v1.TaskService/SearchWorkers',
                 request_serializer=troth_dot_v1_dot_tasks__pb2.SearchWorkersRequest.SerializeToString,
@@ -134,6 +144,27 @@ class TaskServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def FailTask(self, request, context):
+        """The workflow's code raised an exception it did not mean as the workflow's
+        outcome (a bug): the task goes back to the group, delivered again only at
+        its `next_attempt_time` (a backoff from 1 s doubling to 5 min, jittered),
+        with the error and traceback recorded; the root stays PENDING, so that
+        fixed code resumes it from its checkpoints. Fenced like CompleteTask. If
+        the root was settled meanwhile, the task completes instead.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def FailWorkflow(self, request, context):
+        """An operator fails a workflow (`troth workflows fail`): its root is rejected
+        with the reason and its pending steps are cancelled; a task of it waiting
+        for a worker (say, out of its retry backoff) ends.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def SearchWorkers(self, request, context):
         """Lists the workers connected to this server (their Poll streams), by group
         then worker id: what each runs, the tasks it holds, when it last heartbeat.
@@ -175,6 +206,16 @@ def add_TaskServiceServicer_to_server(servicer, server):
                     servicer.SearchTasks,
                     request_deserializer=troth_dot_v1_dot_tasks__pb2.SearchTasksRequest.FromString,
                     response_serializer=troth_dot_v1_dot_tasks__pb2.SearchTasksResponse.SerializeToString,
+            ),
+            'FailTask': grpc.unary_unary_rpc_method_handler(
+                    servicer.FailTask,
+                    request_deserializer=troth_dot_v1_dot_tasks__pb2.FailTaskRequest.FromString,
+                    response_serializer=troth_dot_v1_dot_tasks__pb2.FailTaskResponse.SerializeToString,
+            ),
+            'FailWorkflow': grpc.unary_unary_rpc_method_handler(
+                    servicer.FailWorkflow,
+                    request_deserializer=troth_dot_v1_dot_tasks__pb2.FailWorkflowRequest.FromString,
+                    response_serializer=troth_dot_v1_dot_tasks__pb2.FailWorkflowResponse.SerializeToString,
             ),
             'SearchWorkers': grpc.unary_unary_rpc_method_handler(
                     servicer.SearchWorkers,
@@ -349,6 +390,60 @@ class TaskService:
             '/troth.v1.TaskService/SearchTasks',
             troth_dot_v1_dot_tasks__pb2.SearchTasksRequest.SerializeToString,
             troth_dot_v1_dot_tasks__pb2.SearchTasksResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FailTask(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/troth.v1.TaskService/FailTask',
+            troth_dot_v1_dot_tasks__pb2.FailTaskRequest.SerializeToString,
+            troth_dot_v1_dot_tasks__pb2.FailTaskResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FailWorkflow(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/troth.v1.TaskService/FailWorkflow',
+            troth_dot_v1_dot_tasks__pb2.FailWorkflowRequest.SerializeToString,
+            troth_dot_v1_dot_tasks__pb2.FailWorkflowResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -531,9 +531,14 @@ def task_to_pb(task: Task, waiting_for: str = "") -> tasks_pb2.Task:
         workflow_version=task.workflow_version or "",
         waiting_for=waiting_for,
         worker_principal=task.worker_principal or "",
+        failed_attempts=task.failed_attempts,
+        last_error=task.last_error or "",
+        last_traceback=task.last_traceback or "",
     )
     if task.lease_expire_time is not None:
         message.lease_expire_time.CopyFrom(_timestamp(task.lease_expire_time))
+    if task.next_attempt_time is not None and task.state is TaskState.PENDING:
+        message.next_attempt_time.CopyFrom(_timestamp(task.next_attempt_time))
     if task.create_time is not None:
         message.create_time.CopyFrom(_timestamp(task.create_time))
     return message

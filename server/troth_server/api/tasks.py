@@ -3,20 +3,26 @@
 from __future__ import annotations
 
 import asyncio
+import json
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeAlias
+
+import structlog
 
 from troth.v1 import tasks_pb2, tasks_pb2_grpc
 from troth_server import paging
 from troth_server.api import _audit as audit
 from troth_server.api import _convert as convert
-from troth_server.api._auth import caller, require_group
+from troth_server.api._auth import caller, caller_name, require_group, require_inside
 from troth_server.api._rpc import aio_server_stream, aio_unary
 from troth_server.dispatch import Delivery, PollStream
 from troth_server.domain import visibility, workers
 from troth_server.domain.errors import InvalidArgument
-from troth_server.domain.promise import PromiseState, SettleRequest
+from troth_server.domain.promise import Payload, PromiseState, SettleRequest
 from troth_server.domain.routing import registration
-from troth_server.domain.task import TaskState
+from troth_server.domain.task import MAX_ERROR_CHARS, MAX_TRACEBACK_CHARS, TaskState
+
+log = structlog.get_logger("troth.tasks")
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -26,6 +32,7 @@ if TYPE_CHECKING:
     from troth_server.config import Limits
     from troth_server.dispatch import Dispatcher
     from troth_server.domain.access import Principal
+    from troth_server.domain.task import Task
     from troth_server.task_service import Heartbeat, TaskService
 
     AioContext: TypeAlias = grpc.aio.ServicerContext[Any, Any]
@@ -64,11 +71,21 @@ class _Handlers:
 
     def _search(self, request: tasks_pb2.SearchTasksRequest) -> tasks_pb2.SearchTasksResponse:
         group = convert.name(request.group, self._limits, "group")
-        found = self._tasks.search(group, convert.page_size(request.page_size, self._limits))
+        root_id = (
+            convert.promise_id(request.root_promise_id, self._limits, "root_promise_id")
+            if request.root_promise_id
+            else None
+        )
+        size = convert.page_size(request.page_size, self._limits)
+        found = self._tasks.search(group, size, root_id)
         # A principal scoped to id prefixes sees the tasks of its workflows only
         # (a page may come back shorter than asked).
         found = [t for t in found if caller().may_touch(t.root_promise_id)]
         waiting = self._dispatcher.waiting_for([t for t in found if t.state is TaskState.PENDING])
+        now = self._tasks.now()
+        for t in found:
+            if t.state is TaskState.PENDING and not t.claimable(now):
+                waiting[t.id] = _backing_off(t)
         return tasks_pb2.SearchTasksResponse(
             tasks=[convert.task_to_pb(t, waiting.get(t.id, "")) for t in found]
         )
@@ -111,7 +128,10 @@ class _Handlers:
         return [convert.promise_id(p, self._limits, "suspend_on") for p in request.suspend_on]
 
     def _held_args(
-        self, request: tasks_pb2.ReleaseTaskRequest | tasks_pb2.RegisterCallbacksRequest
+        self,
+        request: tasks_pb2.ReleaseTaskRequest
+        | tasks_pb2.RegisterCallbacksRequest
+        | tasks_pb2.FailTaskRequest,
     ) -> tuple[str, int, str]:
         return (
             convert.name(request.task_id, self._limits, "task_id"),
@@ -123,6 +143,32 @@ class _Handlers:
         if not request.promise_ids:
             raise InvalidArgument("promise_ids", "give at least one promise to wait on")
         return [convert.promise_id(p, self._limits, "promise_ids") for p in request.promise_ids]
+
+    def _fail_args(self, request: tasks_pb2.FailTaskRequest) -> tuple[str, int, str, str, str]:
+        task_id, counter, worker = self._held_args(request)
+        if not request.error:
+            raise InvalidArgument(
+                "error", "is required: the exception the workflow raised, as `Type: message`"
+            )
+        return (
+            task_id,
+            counter,
+            worker,
+            _bounded(request.error, MAX_ERROR_CHARS, "error"),
+            _bounded(request.traceback, MAX_TRACEBACK_CHARS, "traceback"),
+        )
+
+    def _fail_workflow_args(
+        self, request: tasks_pb2.FailWorkflowRequest, context: AioContext
+    ) -> tuple[str, str]:
+        root_id = convert.promise_id(request.id, self._limits, "id")
+        if not request.reason.strip():
+            raise InvalidArgument(
+                "reason", "is required: say why the workflow fails (`--reason TEXT`)"
+            )
+        reason = _bounded(request.reason, MAX_ERROR_CHARS, "reason")
+        require_inside(root_id, context, "FailWorkflow")
+        return root_id, reason
 
     def _heartbeat_args(self, request: tasks_pb2.HeartbeatRequest) -> tuple[str, int]:
         return (
@@ -236,6 +282,36 @@ class TaskServiceServicer(_Handlers, tasks_pb2_grpc.TaskServiceServicer):
         )
         return tasks_pb2.RegisterCallbacksResponse(settled=_awaited(settled))
 
+    @aio_unary("FailTask")
+    async def FailTask(
+        self, request: tasks_pb2.FailTaskRequest, context: AioContext
+    ) -> tasks_pb2.FailTaskResponse:
+        task_id, counter, worker, error, traceback = self._fail_args(request)
+        self._dispatcher.alive(worker)
+        task, _ = await self._tasks.fail_async(
+            task_id, counter, worker, error, traceback, bound_principal()
+        )
+        log.warning(
+            "task.failed", task_id=task.id, root_promise_id=task.root_promise_id,
+            worker_id=worker, attempts=task.failed_attempts, error=error,
+            next_attempt_time=task.next_attempt_time, state=task.state.value,
+        )  # fmt: skip
+        self._dispatcher.done(worker, task_id)
+        return tasks_pb2.FailTaskResponse(task=convert.task_to_pb(task))
+
+    @aio_unary("FailWorkflow")
+    async def FailWorkflow(
+        self, request: tasks_pb2.FailWorkflowRequest, context: AioContext
+    ) -> tasks_pb2.FailWorkflowResponse:
+        root_id, reason = self._fail_workflow_args(request, context)
+        by = caller_name(context, self._limits)
+        root, applied = await self._tasks.fail_workflow_async(
+            root_id, _failure_value(reason, by), by
+        )
+        if applied:
+            audit.settled("FailWorkflow", root, caller(), False, context)
+        return tasks_pb2.FailWorkflowResponse(root=convert.to_pb(visibility.view(root, caller())))
+
     @aio_unary("SearchWorkers")
     async def SearchWorkers(
         self, request: tasks_pb2.SearchWorkersRequest, context: AioContext
@@ -249,6 +325,33 @@ class TaskServiceServicer(_Handlers, tasks_pb2_grpc.TaskServiceServicer):
     ) -> tasks_pb2.SearchTasksResponse:
         # A range read: off the event loop, as SearchPromises is.
         return await asyncio.to_thread(self._search, request)
+
+
+def _backing_off(task: Task) -> str:
+    assert task.next_attempt_time is not None
+    at = datetime.fromtimestamp(task.next_attempt_time / 1000, UTC)
+    return (
+        f"waiting out its retry backoff until {at.isoformat(timespec='milliseconds')}: its "
+        f"workflow code failed {task.failed_attempts} time(s) (last: {task.last_error})"
+    )
+
+
+def _bounded(value: str, limit: int, field: str) -> str:
+    if len(value) > limit:
+        raise InvalidArgument(
+            field, f"is {len(value)} characters long; at most {limit} are kept: cut it"
+        )
+    return value
+
+
+def _failure_value(reason: str, by: str | None) -> Payload:
+    """What an operator's FailWorkflow rejects the root with (JSON, as the SDK's codec
+    writes it): the workflow sees it as `troth.WorkflowFailed`'s rejection value."""
+    value: dict[str, str] = {"type": "troth.errors.WorkflowFailed", "message": reason}
+    if by:
+        value["failed_by"] = by
+    data = json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
+    return Payload(headers={"content-type": "application/json"}, data=data)
 
 
 def _heartbeat_response(beat: Heartbeat) -> tasks_pb2.HeartbeatResponse:

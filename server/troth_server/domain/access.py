@@ -118,6 +118,9 @@ RPC_ROLES: Mapping[str, frozenset[Role]] = {
     "ReleaseTask": _WORKER,
     "RegisterCallbacks": _WORKER,
     "SearchTasks": frozenset({Role.OPERATOR, Role.ADMIN}),
+    # A worker fails only the task it holds (fenced); an operator fails a workflow.
+    "FailTask": _WORKER,
+    "FailWorkflow": frozenset({Role.OPERATOR, Role.ADMIN}),
     "SearchWorkers": frozenset({Role.OPERATOR, Role.ADMIN}),
 }
 """Which roles may call each RPC (the one table; the README's is generated from it

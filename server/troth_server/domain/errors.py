@@ -71,6 +71,21 @@ class PromiseNotFound(DomainError):
         self.promise_id = promise_id
 
 
+class NotAWorkflow(DomainError):
+    """A workflow operation (FailWorkflow) on a promise that is not a workflow's root."""
+
+    reason = Reason.NOT_A_WORKFLOW
+
+    def __init__(self, promise_id: str) -> None:
+        super().__init__(
+            f"promise {promise_id!r} is not a workflow (it has no troth:invoke tag); "
+            "name a workflow's root, as client.start created it, or reject the promise "
+            "with `troth promises reject`",
+            promise_id=promise_id,
+        )
+        self.promise_id = promise_id
+
+
 class PromiseAlreadyExists(DomainError):
     reason = Reason.ALREADY_EXISTS
 

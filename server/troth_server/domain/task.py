@@ -14,12 +14,21 @@ Legal moves, the one table of this machine:
 | CLAIMED   | heartbeat (same W, counter)    | CLAIMED   | same    |
 | CLAIMED   | complete (same counter)        | COMPLETED | same    |
 | CLAIMED   | release (same counter)         | PENDING   | same    |
+| CLAIMED   | fail (same counter), root open | PENDING** | same    |
+| CLAIMED   | fail (same counter), root done | COMPLETED | same    |
+| PENDING** | its root is cancelled          | PENDING   | same    |
 | CLAIMED   | lease expired (now ≥ lease)*   | PENDING   | same    |
 | CLAIMED   | W's stream broke               | PENDING   | same    |
 | COMPLETED | anything                       | unchanged, or an error |
 
 (*) and one lease length has passed since the server was last away (started,
 frozen, cut off from its store): an outage never takes a lease.
+
+(**) not claimable before its `next_attempt_time`: the workflow's code raised an
+exception it did not mean as the workflow's outcome (a bug), so the task is
+retried after a jittered exponential backoff (`retry_delay_ms`), its
+`failed_attempts`, `last_error` and `last_traceback` recorded for operators.
+The root stays PENDING: deploying fixed code resumes it from its checkpoints.
 
 The counter is the fencing token: it changes on every (re)assignment, so a call
 carrying an older counter comes from a worker that lost the task
@@ -100,6 +109,20 @@ class Task:
     leased to (revision 0009): only it may heartbeat, complete, release or write steps
     with the task, and record a step's result at a past counter. None with
     authentication off (or for a task claimed before the revision)."""
+    failed_attempts: int = 0
+    """How many times the workflow's code failed on this task (revision 0010)."""
+    last_error: str | None = None
+    """The last failure's exception, as `Type: message` (revision 0010)."""
+    last_traceback: str | None = None
+    """The last failure's traceback, as the worker formatted it (revision 0010)."""
+    next_attempt_time: int | None = None
+    """A failed task is not claimed before this (epoch ms; revision 0010)."""
+
+    def claimable(self, now: int) -> bool:
+        """PENDING, and past its retry backoff if it failed."""
+        return self.state is TaskState.PENDING and (
+            self.next_attempt_time is None or self.next_attempt_time <= now
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,8 +153,13 @@ class TaskNotClaimable(DomainError):
     reason = Reason.TASK_NOT_PENDING
 
     def __init__(self, task: Task) -> None:
+        why = (
+            f"is {task.state.value}, not PENDING"
+            if task.state is not TaskState.PENDING
+            else f"waits out its retry backoff until {task.next_attempt_time} (epoch ms)"
+        )
         super().__init__(
-            f"task {task.id!r} is {task.state.value}, not PENDING; it cannot be claimed",
+            f"task {task.id!r} {why}; it cannot be claimed",
             task_id=task.id,
             state=task.state.value,
         )
@@ -215,8 +243,8 @@ def claim(
     task: Task, worker_id: str, now: int, lease_ms: int, principal: str | None = None
 ) -> Task:
     """Lease the task to `worker_id`, run by the authenticated `principal` (None with
-    authentication off)."""
-    if task.state is not TaskState.PENDING:
+    authentication off). A task that failed is claimable only once its backoff is over."""
+    if not task.claimable(now):
         raise TaskNotClaimable(task)
     return replace(
         task,
@@ -226,6 +254,7 @@ def claim(
         lease_expire_time=now + lease_ms,
         lease_ms=lease_ms,
         worker_principal=principal,
+        next_attempt_time=None,  # its backoff is over; failures and the last error stay
     )
 
 
@@ -317,6 +346,77 @@ def release(task: Task, worker_id: str, counter: int, principal: Principal | Non
         return _back_to_pending(task)
     check_holder(task, worker_id, counter)
     return _back_to_pending(task)
+
+
+RETRY_FIRST_MS = 1_000
+"""The backoff after a task's first failure."""
+RETRY_MAX_MS = 300_000
+"""The longest backoff between two attempts of a failing task (5 minutes)."""
+MAX_ERROR_CHARS = 2_000
+"""The longest `last_error` (`Type: message`) a FailTask may carry."""
+MAX_TRACEBACK_CHARS = 32_000
+"""The longest `last_traceback` a FailTask may carry (the SDK keeps the innermost part)."""
+
+
+def retry_delay_ms(failures: int, draw: float) -> int:
+    """How long a task that has failed `failures` times waits before its next attempt.
+
+    Exponential from `RETRY_FIRST_MS`, doubling per failure, capped at
+    `RETRY_MAX_MS`; jittered by `draw` (uniform in [0, 1)) over the upper half,
+    so the delay is in [base/2, base): workers failing on the same bug spread out.
+    """
+    if failures < 1:
+        return 0
+    base = RETRY_MAX_MS if failures > 30 else min(RETRY_MAX_MS, RETRY_FIRST_MS << (failures - 1))
+    jitter = min(max(draw, 0.0), 1.0)
+    return max(1, int(base / 2 + jitter * (base / 2)))
+
+
+def fail(
+    task: Task,
+    worker_id: str,
+    counter: int,
+    now: int,
+    error: str,
+    traceback: str,
+    draw: float,
+    principal: Principal | None = None,
+) -> Task:
+    """The workflow's code raised on this task (a bug, not its outcome): back to PENDING,
+    claimable again after `retry_delay_ms`, with the failure recorded. Fenced like a
+    completion: only the holder at this counter may fail it."""
+    check_holder(task, worker_id, counter, principal)
+    failures = task.failed_attempts + 1
+    return replace(
+        _back_to_pending(task),
+        failed_attempts=failures,
+        last_error=error,
+        last_traceback=traceback,
+        next_attempt_time=now + retry_delay_ms(failures, draw),
+    )
+
+
+def hurry(task: Task) -> Task:
+    """A PENDING task waiting out a retry backoff, claimable at once: its root was
+    cancelled, and the workflow must hear of it (`Cancelled`, and compensate) now,
+    not after the backoff. Any other task is returned unchanged."""
+    if task.state is TaskState.PENDING and task.next_attempt_time is not None:
+        return replace(task, next_attempt_time=None)
+    return task
+
+
+def finish(task: Task, now: int) -> Task:
+    """End a task whose root settled without it (a failing workflow an operator
+    failed, or one that timed out while its task waited out a backoff)."""
+    if task.state is TaskState.COMPLETED:
+        return task
+    return replace(
+        task,
+        state=TaskState.COMPLETED,
+        lease_expire_time=None,
+        complete_time=now,
+        next_attempt_time=None,
+    )
 
 
 COMPLETED_KEPT_MS = 600_000

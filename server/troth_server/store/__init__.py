@@ -158,11 +158,12 @@ class WriteTx(Protocol):
         """The PENDING or CLAIMED task of each root that has one, by root id."""
 
     def pending_tasks(
-        self, group: str, prefer_worker: str, limit: int, route: Route = ...
+        self, group: str, prefer_worker: str, limit: int, route: Route = ..., now: int | None = ...
     ) -> list[Task]:
-        """The group's PENDING tasks that `route` accepts (default: any), locked and
-        skipping rows another transaction holds: preferring `prefer_worker`, then
-        preferring nobody, then preferring another worker; oldest first within each."""
+        """The group's PENDING tasks that `route` accepts (default: any) and that are
+        past their retry backoff at `now` (default: any), locked and skipping rows
+        another transaction holds: preferring `prefer_worker`, then preferring nobody,
+        then preferring another worker; oldest first within each."""
 
     def root_workflows(self, root_ids: Collection[str]) -> dict[str, tuple[str | None, str | None]]:
         """(workflow name, version) of each of these roots that exists, unlocked."""
@@ -223,8 +224,9 @@ class Store(Protocol):
     def claimed_task_ids(self, worker_ids: Collection[str]) -> set[tuple[str, str]]:
         """(worker id, task id) of every task CLAIMED by one of these workers."""
 
-    def search_tasks(self, group: str, limit: int) -> list[Task]:
-        """Up to `limit` of the group's PENDING and CLAIMED tasks, oldest first."""
+    def search_tasks(self, group: str, limit: int, root_id: str | None = None) -> list[Task]:
+        """Up to `limit` of the group's PENDING and CLAIMED tasks, oldest first; with
+        `root_id`, only that root's (at most one: its active task)."""
 
     def live_counts(self) -> LiveCounts:
         """Counts of the live rows by the partial indexes of live rows (never the

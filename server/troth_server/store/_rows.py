@@ -38,6 +38,10 @@ def to_task(row: Any) -> Task:
         create_time=row["create_time"],
         complete_time=row["complete_time"],
         worker_principal=row["worker_principal"],
+        failed_attempts=row["failed_attempts"] or 0,
+        last_error=row["last_error"],
+        last_traceback=row["last_traceback"],
+        next_attempt_time=row["next_attempt_time"],
     )
 
 

@@ -252,10 +252,13 @@ class SqlStore(PromiseReads):
 
         return max((t for t in self._read(read) if t is not None), default=0)
 
-    def search_tasks(self, group: str, limit: int) -> list[Task]:
-        params = {"group": group, "limit": limit}
+    def search_tasks(self, group: str, limit: int, root_id: str | None = None) -> list[Task]:
+        params = {"group": group, "limit": limit, "root": root_id}
 
         def read(conn: Connection) -> list[Any]:
+            if root_id is not None:
+                rows = conn.execute(TaskStatements.search_root, params).mappings().all()
+                return [row for row in rows if row["group"] == group]
             pending = conn.execute(TaskStatements.search_pending, params).mappings().all()
             claimed = conn.execute(TaskStatements.search_claimed, params).mappings().all()
             return [*pending, *claimed]

@@ -152,6 +152,12 @@ tasks = Table(
     # The authenticated principal the task is leased to: only it may call about the
     # task (revision 0009). None with authentication off.
     Column("worker_principal", String(1024), nullable=True),
+    # A task whose workflow code raised goes back to PENDING after a backoff, with
+    # the failure recorded for operators (revision 0010).
+    Column("failed_attempts", Integer(), nullable=False, server_default=text("0")),
+    Column("last_error", Text(), nullable=True),
+    Column("last_traceback", Text(), nullable=True),
+    Column("next_attempt_time", BigInteger(), nullable=True),
 )
 
 # The dispatcher's loop: the oldest PENDING tasks of a group.

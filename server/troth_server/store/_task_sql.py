@@ -25,6 +25,10 @@ if TYPE_CHECKING:
 __all__ = ["TaskStatements", "TaskTx", "route_condition"]
 
 
+_FOREVER = 2**62
+"""A `now` past every retry backoff."""
+
+
 class TaskStatements:
     """Task and callback statements: Core, executed as they are (not on the promise hot path)."""
 
@@ -46,7 +50,13 @@ class TaskStatements:
     pending = (
         select(tasks)
         .where(
-            tasks.c.group == bindparam("group"), state_in(tasks.c.state, TaskState.PENDING.value)
+            tasks.c.group == bindparam("group"),
+            state_in(tasks.c.state, TaskState.PENDING.value),
+            # A task whose workflow code failed waits out its backoff (domain: Task.claimable).
+            or_(
+                tasks.c.next_attempt_time.is_(None),
+                tasks.c.next_attempt_time <= bindparam("now"),
+            ),
         )
         .order_by(
             # This worker's resumes first, then tasks nobody is preferred for, and
@@ -91,6 +101,10 @@ class TaskStatements:
             workflow_version=bindparam("b_workflow_version"),
             complete_time=bindparam("b_complete_time"),
             worker_principal=bindparam("b_worker_principal"),
+            failed_attempts=bindparam("b_failed_attempts"),
+            last_error=bindparam("b_last_error"),
+            last_traceback=bindparam("b_last_traceback"),
+            next_attempt_time=bindparam("b_next_attempt_time"),
         )
     )
     # The sweeper's cleanup: completed tasks past the window for a repeated CompleteTask.
@@ -125,6 +139,11 @@ class TaskStatements:
         )
         .order_by(tasks.c.create_time, tasks.c.id)
         .limit(bindparam("limit"))
+    )
+    # `troth workflows show`: a root's active task, by the one-active-task index.
+    search_root = select(tasks).where(
+        tasks.c.root_promise_id == bindparam("root"),
+        state_in(tasks.c.state, TaskState.PENDING.value, TaskState.CLAIMED.value),
     )
     # The metrics' counts of live tasks, each by the partial index of its state.
     count_pending = (
@@ -212,9 +231,12 @@ class TaskTx:
         }
 
     def pending_tasks(
-        self, group: str, prefer_worker: str, limit: int, route: Route = ANY
+        self, group: str, prefer_worker: str, limit: int, route: Route = ANY, now: int | None = None
     ) -> list[Task]:
-        params = {"group": group, "worker": prefer_worker, "limit": limit}
+        """Up to `limit` claimable tasks of `group` at `now` (past any retry backoff)."""
+        # Without `now` (a store test), no backoff holds a task back.
+        at = _FOREVER if now is None else now
+        params = {"group": group, "worker": prefer_worker, "limit": limit, "now": at}
         stmt = TaskStatements.pending
         condition = route_condition(route)
         if condition is not None:
@@ -266,6 +288,10 @@ class TaskTx:
                         "workflow_version": t.workflow_version,
                         "complete_time": _complete_time(t, now),
                         "worker_principal": t.worker_principal,
+                        "failed_attempts": t.failed_attempts,
+                        "last_error": t.last_error,
+                        "last_traceback": t.last_traceback,
+                        "next_attempt_time": t.next_attempt_time,
                     }
                     for t in items
                 ],
@@ -298,6 +324,10 @@ class TaskTx:
                         "b_workflow_version": t.workflow_version,
                         "b_complete_time": _complete_time(t, now),
                         "b_worker_principal": t.worker_principal,
+                        "b_failed_attempts": t.failed_attempts,
+                        "b_last_error": t.last_error,
+                        "b_last_traceback": t.last_traceback,
+                        "b_next_attempt_time": t.next_attempt_time,
                     }
                     for t in items
                 ],
