@@ -16,6 +16,9 @@ SIGINT. Now:
   process `CLEANUP_SECONDS` after the first Ctrl-C (flushing what was printed);
   a second Ctrl-C ends it at once.
 - Outside a stream (a one-shot call), Ctrl-C raises `KeyboardInterrupt` as before.
+- A command that installs a SIGINT handler of its own (a worker) keeps its
+  meaning of Ctrl-C: the watchdog acts only while this module's handler is the
+  installed one.
 """
 
 from __future__ import annotations
@@ -100,7 +103,9 @@ class Interrupts:
                 got = os.read(read, 64)
                 if not got:
                     return  # uninstalled: the command ended by itself
-                if signal.SIGINT in got:
+                # A command that handles Ctrl-C itself (a worker run from the command
+                # line installs its own handler) is left to it.
+                if signal.SIGINT in got and signal.getsignal(signal.SIGINT) == self._handler:
                     break
             time.sleep(CLEANUP_SECONDS)
             _flush_and_exit(INTERRUPTED)
