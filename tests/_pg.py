@@ -24,7 +24,6 @@ rows; the schema is dropped afterwards.
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import itertools
 import json
@@ -332,15 +331,19 @@ class _Summary:
 
 
 _summary = _Summary()
+_state_cleanup: Cleanup | None = None
+"""The deciding process's watchdog over the run's state directory (cluster only)."""
 
 
 def pytest_configure(config: pytest.Config) -> None:
     """Decide once, in the process that starts the run (a decision inherited from an
     enclosing run is not this run's); xdist workers inherit it."""
-    global _decision
+    global _decision, _state_cleanup
     if not hasattr(config, "workerinput"):
         _decision = decide()
         os.environ[DECISION_ENV] = json.dumps(asdict(_decision))
+        if _decision.source == "cluster":  # removed at the end, or if this run is killed
+            _state_cleanup = Cleanup(["true"], remove=Path(_decision.state_dir))
 
 
 def pytest_report_header(config: pytest.Config) -> str:
@@ -378,7 +381,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     if _shared is not None:
         shared, _shared = _shared, None
         shared.release()
-    made = _decision
-    if made is not None and made.source == "cluster" and not hasattr(config, "workerinput"):
-        with contextlib.suppress(OSError):
-            shutil.rmtree(made.state_dir)
+    global _state_cleanup
+    if _state_cleanup is not None and not hasattr(config, "workerinput"):
+        cleanup, _state_cleanup = _state_cleanup, None
+        cleanup.close()  # the run's state directory removed

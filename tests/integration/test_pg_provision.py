@@ -39,7 +39,7 @@ import os
 import signal
 
 import pytest
-from _pg import admin, admin_url, fresh_schema
+from _pg import admin, admin_url, decision, fresh_schema
 
 
 @pytest.fixture
@@ -57,7 +57,7 @@ def test_uses_postgres(n):
     with admin() as conn:
         (data,) = conn.execute("SHOW data_directory").fetchone()
     with open(os.environ["PROBE_OUT"], "a") as out:
-        out.write(f"{os.getpid()} {admin_url()} {data}\\n")
+        out.write(f"{os.getpid()} {admin_url()} {data} {decision().state_dir or '-'}\\n")
     if os.environ.get("PROBE_DIE"):
         os.kill(os.getpid(), signal.SIGKILL)  # the run is killed: nothing of ours cleans up
 
@@ -135,14 +135,15 @@ def test_with_binaries_and_no_server_the_run_starts_one_cluster_and_stops_it(
     assert done.returncode == 0, output
     assert "12 passed" in output, output
     assert len(rows) == 8, output
-    assert len({pid for pid, _, _ in rows}) == 2, f"both workers ran PostgreSQL tests: {rows}"
-    urls = {url for _, url, _ in rows}
+    assert len({row[0] for row in rows}) == 2, f"both workers ran PostgreSQL tests: {rows}"
+    urls = {row[1] for row in rows}
     assert len(urls) == 1, f"one cluster shared by the workers: {rows}"
     (url,) = urls
     assert url != closed
     # Stopped and removed at the end of the run.
-    data = Path(rows[0][2])
+    data, state_dir = Path(rows[0][2]), Path(rows[0][3])
     assert not data.exists(), f"{data} left behind"
+    assert not state_dir.exists(), f"{state_dir} left behind"
     with pytest.raises(psycopg.OperationalError):
         psycopg.connect(url, connect_timeout=5).close()
 
@@ -155,13 +156,13 @@ def test_a_killed_run_has_its_cluster_stopped_by_the_watchdog(tmp_path: Path) ->
         tmp_path, "-n", "0", "-k", "uses_postgres", PROBE_DIE="1", **{DEFAULT_ENV: closed}
     )
     assert done.returncode == -9, done.stdout + done.stderr
-    (_, url, data) = rows[0]
+    (_, url, data, state_dir) = rows[0]
 
     def stopped() -> bool:
         try:
             psycopg.connect(url, connect_timeout=5).close()
         except psycopg.OperationalError:
-            return not Path(data).exists()
+            return not Path(data).exists() and not Path(state_dir).exists()
         return False
 
     eventually(stopped, timeout=60, what=f"the killed run's cluster ({url}) to be stopped")
@@ -173,4 +174,4 @@ def test_troth_test_pg_is_used_as_given(tmp_path: Path) -> None:
     output = done.stdout + done.stderr
     assert done.returncode == 0, output
     assert "6 passed" in output, output
-    assert {url for _, url, _ in rows} == {given}
+    assert {row[1] for row in rows} == {given}
