@@ -68,8 +68,11 @@ typecheck: install ## mypy --strict on both packages
 test-unit: install ## Pure tests only (seconds)
 	$(VENV)/bin/pytest tests/unit $(PYTEST_ARGS)
 
-test: install ## Everything the README promises: unit, store, api, integration, e2e
+test: install ## Everything the README promises: unit, store, api, integration, e2e (PostgreSQL: see README "Developing")
 	$(VENV)/bin/pytest tests -n 2 $(PYTEST_ARGS)
+
+test-loaded: install ## `make test` with 2 CPU hogs beside it (HOGS=N for more): the suite must pass on a busy machine
+	tests/loaded.sh PYTEST_ARGS="$(PYTEST_ARGS)"
 
 bench: install ## Run the benchmarks in bench/ and print their figures
 	$(PY) bench/promises.py
@@ -78,4 +81,4 @@ bench: install ## Run the benchmarks in bench/ and print their figures
 
 ci: install proto-check lint typecheck test ## What CI runs
 
-.PHONY: help install run console proto proto-check fmt lint breaking typecheck test-unit test bench ci
+.PHONY: help install run console proto proto-check fmt lint breaking typecheck test-unit test test-loaded bench ci

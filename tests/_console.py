@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -11,6 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import httpx
+from _support import START_SECONDS, reap, spawn, stop
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -31,9 +31,8 @@ class ConsoleProcess:
         return httpx.Client(base_url=self.url, follow_redirects=False, timeout=30)
 
     def stop(self, timeout: float = 20) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout)
+        """SIGTERM and wait (killed, and TimeoutError, after `timeout`); reaped."""
+        return stop(self.proc, timeout)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -49,15 +48,15 @@ def start_console(workdir: Path, server: str, *args: str) -> ConsoleProcess:
         "--server", server, "--port-file", str(port_file), *args,
     ]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if k != "TROTH_TOKEN"}
-    with log_path.open("wb") as log_file:
-        proc = subprocess.Popen(command, stdout=log_file, stderr=log_file, env=env)
-    deadline = time.monotonic() + 30
-    while not port_file.exists():
+    with log_path.open("wb") as log_file:  # guarded: it dies with the test run
+        proc = spawn(command, stdout=log_file, stderr=log_file, env=env)
+    deadline = time.monotonic() + START_SECONDS
+    while not port_file.exists() or not port_file.read_text():
         if proc.poll() is not None:
+            reap(proc)
             raise RuntimeError(f"console exited with {proc.returncode}:\n{log_path.read_text()}")
         if time.monotonic() > deadline:
-            proc.kill()
-            proc.wait(10)
+            reap(proc, grace=5)
             raise RuntimeError(f"console did not start:\n{log_path.read_text()}")
         time.sleep(0.02)
     console = ConsoleProcess(proc, int(port_file.read_text()), log_path)

@@ -17,6 +17,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from _procs import Cleanup, reap
+
 PRELUDE = r"""
 set -eo pipefail
 __snippet_wait_port() {  # a background server: wait until it accepts connections
@@ -81,6 +83,8 @@ class Terminal:
                 stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
                 cwd=workdir, env=env, text=True, start_new_session=True,
             )  # fmt: skip
+        # Its process group (the terminal and what it starts) is killed if the run dies.
+        self._watchdog = Cleanup(["kill", "-KILL", "--", f"-{self.proc.pid}"])
         self._send(f"source {self._file('prelude.sh', PRELUDE)}")
 
     def _file(self, name: str, text: str) -> Path:
@@ -157,6 +161,8 @@ class Terminal:
                 os.killpg(self.proc.pid, signal.SIGTERM)
             except ProcessLookupError:
                 pass
+        reap(self.proc)
+        self._watchdog.cancel()
 
 
 def free_port() -> int:

@@ -1,18 +1,23 @@
-"""Test support: real troth servers as subprocesses on free ports, and error helpers."""
+"""Test support: real troth servers as subprocesses on free ports, and error helpers.
+
+Every process a test starts is reaped (`reaped`, `reap`; from `_procs`), and the
+servers started here die with the test run (`spawn`)."""
 
 from __future__ import annotations
 
 import os
 import queue
-import signal
 import subprocess
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import grpc
+from _procs import reap, spawn, stop
+from _procs import reaped as reaped  # re-exported: tests take it from here
 from google.rpc import error_details_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_status import rpc_status
@@ -21,7 +26,7 @@ from troth import Client, NotFoundError
 from troth.v1 import promises_pb2_grpc, tasks_pb2, tasks_pb2_grpc
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Callable, Iterator, Sequence
     from pathlib import Path
 
 
@@ -68,16 +73,15 @@ class ServerProcess:
         return grpc.insecure_channel(self.address)
 
     def stop(self, timeout: float = 20) -> int:
-        """SIGTERM and wait: a graceful shutdown."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout)
+        """SIGTERM and wait: a graceful shutdown (killed, and TimeoutError, if it does
+        not end within `timeout`); its exit status."""
+        return stop(self.proc, timeout)
 
     def kill(self) -> None:
         """SIGKILL: no shutdown code runs."""
         if self.proc.poll() is None:
             self.proc.kill()
-        self.proc.wait(10)
+        reap(self.proc)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -112,20 +116,34 @@ def start_server(
         *(args if _has_auth(args) else ("--no-auth", *args)),
     ]  # fmt: skip
     with log_path.open("wb") as log_file:
-        proc = subprocess.Popen(
-            command, stdout=log_file, stderr=log_file, env={**os.environ, **(env or {})}
-        )
-    deadline = time.monotonic() + 30
-    while not port_file.exists():
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}:\n{log_path.read_text()}")
-        if time.monotonic() > deadline:
-            proc.kill()
-            raise RuntimeError(f"server did not start:\n{log_path.read_text()}")
-        time.sleep(0.02)
-    server = ServerProcess(proc, int(port_file.read_text()), db_url, log_path, tls)
-    wait_serving(server.address, deadline - time.monotonic(), tls)
-    return server
+        proc = spawn(command, stdout=log_file, stderr=log_file, env={**os.environ, **(env or {})})
+    with reaped_unless_returned(proc):
+        deadline = time.monotonic() + START_SECONDS
+        while not port_file.exists() or not port_file.read_text():
+            if proc.poll() is not None:
+                raise RuntimeError(f"server exited with {proc.returncode}:\n{log_path.read_text()}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"server did not start within {START_SECONDS:g} s:\n{log_path.read_text()}"
+                )
+            time.sleep(0.02)
+        server = ServerProcess(proc, int(port_file.read_text()), db_url, log_path, tls)
+        wait_serving(server.address, deadline - time.monotonic(), tls)
+        return server
+
+
+START_SECONDS = 60.0
+"""How long a test server may take to start (generous: a loaded machine is slow)."""
+
+
+@contextmanager
+def reaped_unless_returned(proc: subprocess.Popen[bytes]) -> Iterator[None]:
+    """Reap `proc` if the block raises (a launcher that failed leaves nothing running)."""
+    try:
+        yield
+    except BaseException:
+        reap(proc, grace=5)
+        raise
 
 
 def wait_serving(address: str, timeout: float, tls: ServerTls | None = None) -> None:
@@ -168,11 +186,14 @@ def lines(path: Path) -> list[str]:
     return path.read_text(encoding="utf-8").splitlines() if path.exists() else []
 
 
-def eventually(check: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
+def eventually(check: Callable[[], object], timeout: float = 30.0, what: str = "condition") -> None:
+    """Poll `check` until it returns something true; AssertionError naming `what` after
+    `timeout` seconds (generous by default: a loaded machine is slow; a condition
+    that holds returns at once)."""
     deadline = time.monotonic() + timeout
     while not check():
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
         time.sleep(0.02)
 
 

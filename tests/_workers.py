@@ -2,7 +2,8 @@
 
 A test module that needs real worker processes is itself the worker script
 (`python test_x.py ADDRESS ...`, its `main` builds a `Worker` and calls
-`run()`); `WorkerFleet` starts such processes, reads the side-effect file
+`run()`); `WorkerFleet` starts such processes (they die with the test run, and
+are reaped), reads the side-effect file
 their steps append to, and kills or stops them.
 """
 
@@ -18,6 +19,8 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+from _procs import reap, spawn, stop
 
 EFFECTS_ENV = "TROTH_TEST_EFFECTS"
 """The side-effect file, one line per step run, given to worker processes."""
@@ -45,7 +48,7 @@ class WorkerFleet:
         log = self.tmp_path / f"worker-{len(self.procs)}.log"
         full_env = {**os.environ, EFFECTS_ENV: str(self.effects), **(env or {})}
         with log.open("wb") as out:
-            proc = subprocess.Popen(
+            proc = spawn(
                 [sys.executable, self.script, self.address, *args],
                 stdout=out,
                 stderr=out,
@@ -86,18 +89,19 @@ class WorkerFleet:
     def kill(self, proc: subprocess.Popen[bytes]) -> None:
         """SIGKILL: no shutdown code runs; the server sees the stream break."""
         proc.send_signal(signal.SIGKILL)
-        proc.wait(10)
+        reap(proc)
 
     def terminate(self, proc: subprocess.Popen[bytes]) -> int:
-        """SIGTERM: the worker stops gracefully and exits."""
-        proc.send_signal(signal.SIGTERM)
-        return proc.wait(15)
+        """SIGTERM: the worker stops gracefully and exits (killed, and TimeoutError,
+        if it does not within 15 s)."""
+        return stop(proc, 15)
 
     def stop_all(self) -> None:
+        """SIGKILL what still runs, and reap every worker."""
         for proc in self.procs:
             if proc.poll() is None:
                 proc.kill()
-            proc.wait(10)
+            reap(proc)
 
 
 def rss_kib(pid: int) -> int:

@@ -1,4 +1,5 @@
-"""Shared fixtures: real servers on free ports (one per test module), stubs, error helpers."""
+"""Shared fixtures: real servers on free ports (one per test module), stubs, error helpers;
+and the hooks of `_pg`, which decide once per run where PostgreSQL comes from."""
 
 from __future__ import annotations
 
@@ -13,6 +14,15 @@ from contextlib import ExitStack
 from typing import TYPE_CHECKING
 
 from _pg import fresh_schema
+
+# The hooks that decide, once per run, where PostgreSQL comes from, and report it.
+from _pg import pytest_configure as pytest_configure
+from _pg import pytest_report_header as pytest_report_header
+from _pg import pytest_runtest_logreport as pytest_runtest_logreport
+from _pg import pytest_runtest_makereport as pytest_runtest_makereport
+from _pg import pytest_terminal_summary as pytest_terminal_summary
+from _pg import pytest_unconfigure as pytest_unconfigure
+from _procs import reap_all
 from _support import ServerProcess, promises_stub, start_server
 
 if TYPE_CHECKING:
@@ -21,6 +31,11 @@ if TYPE_CHECKING:
     import grpc
 
     from troth.v1 import promises_pb2_grpc
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Nothing a test started outlives the session (what a test forgot is reaped)."""
+    reap_all()
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgres"])

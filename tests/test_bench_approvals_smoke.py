@@ -1,13 +1,13 @@
 """Smoke runs of `bench/approvals.py --quick`: every part on SQLite, and the
-WatchPromises fan-out across two PostgreSQL replicas when the machine's PostgreSQL
-answers."""
+WatchPromises fan-out across two PostgreSQL replicas (the run's PostgreSQL, see
+tests/_pg.py, or TROTH_BENCH_PG)."""
 
 from __future__ import annotations
 
 import re
 
 import pytest
-from test_bench_smoke import BENCH, _pg_available, _run
+from test_bench_smoke import BENCH, _run, bench_pg
 
 
 @pytest.mark.slow
@@ -45,10 +45,9 @@ def test_approvals_bench_quick_run_prints_figures() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not _pg_available(), reason="no PostgreSQL at TROTH_BENCH_PG")
 def test_approvals_bench_watch_across_two_pg_replicas() -> None:
     out = _run(str(BENCH / "approvals.py"), "--quick", "--targets", "pg", "--parts", "3",
-               "--watchers", "10", timeout=40)  # fmt: skip
+               "--watchers", "10", timeout=40, env=bench_pg())  # fmt: skip
     # Watchers on replica B hear of every settle made through replica A.
     assert re.search(r"^pg2\s+B<-A\s+10\s+40\s+\S+\s+400\s+0\s", out, re.MULTILINE), out
     assert re.search(r"^pg\s+one server\s+10\s+40\s+\S+\s+400\s+0\s", out, re.MULTILINE), out

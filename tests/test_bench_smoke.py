@@ -1,6 +1,6 @@
 """Smoke runs of the benchmarks: `bench/workflows.py --quick --parts 1,2` and a tiny
-`bench/sweep.py` work, on SQLite and (when the machine's PostgreSQL answers) on two
-PostgreSQL replicas."""
+`bench/sweep.py` work, on SQLite and on two PostgreSQL replicas (the run's PostgreSQL,
+see tests/_pg.py, or TROTH_BENCH_PG)."""
 
 from __future__ import annotations
 
@@ -12,23 +12,25 @@ import sys
 from pathlib import Path
 
 import pytest
+from _pg import admin_url
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"
-PG_URL = os.environ.get("TROTH_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/test")
 
 
-def _pg_available() -> bool:
-    try:
-        import psycopg
-
-        with psycopg.connect(PG_URL, connect_timeout=2):
-            return True
-    except Exception:
-        return False
+def bench_pg() -> dict[str, str]:
+    """The benchmarks' PostgreSQL: TROTH_BENCH_PG when given, else this run's (the
+    calling test is skipped without one)."""
+    return {"TROTH_BENCH_PG": os.environ.get("TROTH_BENCH_PG") or admin_url()}
 
 
-def _run(*args: str, timeout: float) -> str:
-    run = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout)
+def _run(*args: str, timeout: float, env: dict[str, str] | None = None) -> str:
+    run = subprocess.run(
+        [sys.executable, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
     assert run.returncode == 0, f"stdout:\n{run.stdout}\nstderr:\n{run.stderr[-3000:]}"
     assert "Traceback" not in run.stderr, run.stderr[-3000:]
     return run.stdout
@@ -53,11 +55,10 @@ def test_workflow_bench_quick_run_prints_figures() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not _pg_available(), reason="no PostgreSQL at TROTH_BENCH_PG")
 def test_sweep_bench_tiny_run_on_two_pg_replicas() -> None:
     out = _run(str(BENCH / "sweep.py"), "--targets", "pg2", "--count", "300", "--window", "0.5",
                "--warmup", "0", "--in-flight", "8", "--troth-arg=--sweep-interval=100ms",
-               timeout=40)  # fmt: skip
+               timeout=40, env=bench_pg())  # fmt: skip
     row = re.search(r"^pg2\s+([\d,]+)\s+([\d,]+)\s+\S+\s+([\d.]+)\s", out, re.MULTILINE)
     assert row, out
     assert float(row.group(3)) < 30, out  # drained

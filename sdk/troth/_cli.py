@@ -33,11 +33,9 @@ from __future__ import annotations
 
 import argparse
 import base64
-import contextlib
 import importlib
 import json
 import os
-import signal
 import sys
 import threading
 from collections.abc import Callable, Iterable, Sequence
@@ -45,6 +43,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, cast
 
+from troth._cli_streams import INTERRUPTED, Interrupts, follow
 from troth._convert import timedelta_to_proto
 from troth._credentials import TlsConfig
 from troth._durations import EXAMPLES, duration_ms, format_duration, unit_hint
@@ -420,11 +419,12 @@ def main(argv: list[str] | None = None) -> int:
         ) as client:
             if threading.current_thread() is not threading.main_thread():
                 return handler(client, args, out)
-            previous = signal.signal(signal.SIGINT, _interrupted)
+            interrupts = Interrupts()  # Ctrl-C ends the command promptly (_cli_streams)
+            interrupts.install()
             try:
                 return handler(client, args, out)
             finally:
-                signal.signal(signal.SIGINT, previous)
+                interrupts.uninstall()
     except TrothError as exc:
         print(f"troth: error: {exc}", file=sys.stderr)
         return 1
@@ -464,38 +464,6 @@ def _read_token_file(path: str | None) -> str | None:
     if not token:
         raise ConfigurationError(f"--token-file {path}: is empty; put the bearer token in it")
     return token
-
-
-INTERRUPTED = 130
-"""The exit status after Ctrl-C (SIGINT), as shells report it."""
-
-CLEANUP_SECONDS = 2.0
-"""How long an interrupted command may take to close its streams and channel."""
-
-
-def _interrupted(signum: int, frame: object) -> None:
-    """Ctrl-C: stop as Python does (KeyboardInterrupt), and make sure it stops."""
-    _exit_if_cleanup_hangs(INTERRUPTED)
-    raise KeyboardInterrupt
-
-
-def _exit_if_cleanup_hangs(status: int) -> None:
-    """After Ctrl-C: if the command has not ended within `CLEANUP_SECONDS` (closing
-    its stream and channel, the interpreter's own shutdown), end it with `status`.
-
-    `troth approvals watch` was seen, on a busy machine and once under CI, not to
-    exit 10 s after SIGINT (where it hung is not known); a user who pressed Ctrl-C
-    must get the prompt back, with what was printed flushed."""
-
-    def exit_now() -> None:
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(Exception):
-                stream.flush()
-        os._exit(status)
-
-    timer = threading.Timer(CLEANUP_SECONDS, exit_now)
-    timer.daemon = True
-    timer.start()
 
 
 def _server_command(command: str, argv: list[str]) -> int:
@@ -622,7 +590,9 @@ def _settle_command(action: str) -> Handler:
 def _cmd_watch(client: Client, args: argparse.Namespace, out: IO[str]) -> int:
     max_wait: timedelta | None = args.max_wait
     timeout = max_wait.total_seconds() if max_wait is not None else None
-    for count, promise in enumerate(client.watch(args.id, timeout=timeout)):
+    # Read on a thread; Ctrl-C closes the client's channel, which ends the watch.
+    promises = follow(client.watch(args.id, timeout=timeout), client.close)
+    for count, promise in enumerate(promises):
         if count and not args.json:
             out.write("\n")
         _emit_promise(promise, args.json, out)

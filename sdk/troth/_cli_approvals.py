@@ -45,6 +45,7 @@ from troth._cli import (
     parse_json,
     promise_to_json,
 )
+from troth._cli_streams import follow
 from troth._commands import TAG_GROUP, TAG_KIND, Kind
 from troth._durations import format_duration
 from troth._promise import PromiseEventType, PromiseOrder, PromiseState
@@ -204,7 +205,7 @@ def _cmd_watch(client: Client, args: argparse.Namespace, out: IO[str]) -> int:
         tags=inbox_tags(args.group, args.tags), on_reconnect=reconnected
     ) as events:
         print("watching for approvals (Ctrl-C to stop)...", file=sys.stderr, flush=True)
-        for event in events:
+        for event in follow(events, events.close):  # read on a thread: Ctrl-C ends it at once
             if args.json:
                 _write_json(
                     {"type": event.type.value, "promise": promise_to_json(event.promise)}, out

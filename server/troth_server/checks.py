@@ -128,10 +128,19 @@ class SchemaChecks:
             self._submit(_check_schema, "{}", self.bounds)
 
     def stop(self) -> None:
+        """End the check processes now. They are killed, not asked: they hold nothing
+        but a check in progress (whose caller is shutting down too), and at nice 19
+        on a busy machine (CPU hogs beside it) asking took them seconds to act on."""
         with self._lock:
             pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
+        if pool is None:
+            return
+        processes = list((pool._processes or {}).values())  # the pool's own table
+        pool.shutdown(wait=False, cancel_futures=True)
+        for process in processes:
+            process.kill()
+        for process in processes:
+            process.join()
 
     def _submit(self, fn: Callable[..., Refusal], *args: object) -> Future[Refusal]:
         with self._lock:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 import pytest
 from _auth import Grant, bearer, code_and_reason, write_token_file
-from _support import eventually, start_server, wait_serving
+from _support import eventually, reaped, spawn, start_server, wait_serving
 
 from troth.v1 import promises_pb2, promises_pb2_grpc
 from troth_server.auth import mint
@@ -155,21 +155,18 @@ def test_the_loud_flag_serves_a_public_address_without_auth_and_says_so(tmp_path
     port_file = tmp_path / "port"
     log_path = tmp_path / "server.log"
     with log_path.open("wb") as log:
-        proc = subprocess.Popen(
+        proc = spawn(
             [sys.executable, "-m", "troth_server", "serve", "--no-auth",
              "--allow-public-without-auth", "--listen", "0.0.0.0:0",
              "--db", f"sqlite:///{tmp_path}/x.db", "--port-file", str(port_file)],
             stdout=log, stderr=log, env=dict(os.environ),
         )  # fmt: skip
-    try:
+    with reaped(proc):
         eventually(lambda: port_file.exists() or proc.poll() is not None, timeout=30)
         assert proc.poll() is None, log_path.read_text()
         wait_serving(f"127.0.0.1:{port_file.read_text()}", 30)
         first = log_path.read_text().splitlines()[0]
         assert "authentication is off on 0.0.0.0:0, a PUBLIC address" in first
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(30)
 
 
 def test_no_token_or_secret_in_any_log_line_or_message(setup: dict[str, Any]) -> None:

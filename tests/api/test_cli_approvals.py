@@ -14,7 +14,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from _support import ServerProcess, start_server
+from _support import ServerProcess, reaped, start_server
 
 from troth import Client, PromiseState
 from troth._cli import main
@@ -173,8 +173,10 @@ def test_watch_prints_events_as_they_happen(server: ServerProcess, client: Clien
     g = group()
     env = {**os.environ, "TROTH_SERVER": server.address, "PYTHONUNBUFFERED": "1"}
     command = [TROTH, "--json", "approvals", "watch", "--group", g]
-    with subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    with reaped(
+        subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+        )
     ) as proc:
         assert proc.stderr is not None and proc.stdout is not None
         try:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from _pg import fresh_schema
+from _pg import admin_url, fresh_schema
 from _support import start_server
 
 from troth_server.store._migrate import head_revision
@@ -74,15 +75,21 @@ def test_sqlite_needs_no_db_command(tmp_path: Path) -> None:
     assert current.returncode == 0, current.stdout
 
 
+def missing_database() -> str:
+    """This run's PostgreSQL, with a database that is not there."""
+    return admin_url().rsplit("/", 1)[0] + "/no_such_database"
+
+
 @pytest.mark.parametrize(
     ("url", "message"),
     [
-        ("mysql://u:secret@h/db", "unsupported database URL"),
-        ("postgresql://postgres@127.0.0.1:5432/no_such_database", "does not exist"),
+        (lambda: "mysql://u:secret@h/db", "unsupported database URL"),
+        (missing_database, "does not exist"),
     ],
+    ids=["mysql", "postgres-missing-database"],
 )
-def test_db_command_errors_are_one_clear_line(url: str, message: str) -> None:
-    done = troth_db("current", "--db", url)
+def test_db_command_errors_are_one_clear_line(url: Callable[[], str], message: str) -> None:
+    done = troth_db("current", "--db", url())
     assert done.returncode == 1
     assert message in done.stderr
     assert "secret" not in done.stderr

@@ -119,7 +119,7 @@ def test_the_cli_prunes_and_says_what_it_did(
         key = uuid.uuid4().hex[:8]
         client.create(f"cli-{key}")
         client.cancel(f"cli-{key}")
-    time.sleep(1.1)
+    time.sleep(1.1)  # time must pass (on purpose): older than --older-than 1s
     capsys.readouterr()
     argv = ["--server", keeping.address, "promises", "prune", "--older-than", "1s"]
     assert main([*argv, "--dry-run"]) == 0

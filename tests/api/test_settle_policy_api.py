@@ -369,6 +369,7 @@ def test_a_token_is_refused_for_each_other_reason_distinctly(
 def test_an_expired_token_is_refused(stub: promises_pb2_grpc.PromiseServiceStub) -> None:
     promise = _create(stub, _id("p"))
     minted = _mint(stub, promise.id, ttl=Duration(nanos=300_000_000))
+    # Time must pass (a sleep on purpose): until just after the token's expiry.
     time.sleep(max(0.0, minted.expire_time.ToMilliseconds() / 1000 - time.time()) + 0.1)
     code, reason, _ = _refused(_resolve, stub, promise.id, settle_token=minted.token)
     assert (code, reason) == (grpc.StatusCode.PERMISSION_DENIED, Reason.SETTLE_TOKEN_EXPIRED)

@@ -32,6 +32,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
 from _chaos.run import Config, run
+from _pg import skip_without_binaries
+from _pg_cluster import pg_bindir
 
 FIXED_SEEDS = {"sqlite": 1, "postgres": 2}
 LOAD_S = 18.0
@@ -49,6 +51,8 @@ def _seeds(store: str) -> list[int]:
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("store", ["sqlite", "postgres"])
 def test_chaos_run_finds_no_anomaly(store: str) -> None:
+    if store == "postgres" and pg_bindir() is None:
+        skip_without_binaries("the PostgreSQL chaos run needs initdb and pg_ctl (TROTH_PG_BIN)")
     failed = []
     for seed in _seeds(store):
         print(f"chaos {store}: seed {seed}", flush=True)

@@ -35,7 +35,7 @@ from types import ModuleType
 from typing import Any, TypeVar
 
 import pytest
-from _support import ServerProcess, start_server
+from _support import ServerProcess, reap, spawn, start_server, stop
 
 from troth import Client, Promise, PromiseState
 
@@ -128,7 +128,7 @@ class Stack:
         self.logs.append(log)
         env = {**self.env, "TROTH_TOKEN": self.tokens["worker.token"]}
         with log.open("wb") as out:
-            self.worker = subprocess.Popen(
+            self.worker = spawn(
                 [sys.executable, "worker.py"], cwd=EXAMPLE, stdout=out, stderr=out, env=env
             )
 
@@ -136,7 +136,7 @@ class Stack:
         """SIGKILL: the worker's cache of suspended runs dies with it; a new one must replay."""
         assert self.worker is not None
         self.worker.send_signal(signal.SIGKILL)
-        self.worker.wait(10)
+        reap(self.worker)
 
     def python(self, script: str, *args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -263,16 +263,11 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             running.start_worker()
             yield running
         finally:
-            worker = running.worker
-            if worker is not None:
-                if worker.poll() is None:
-                    worker.send_signal(signal.SIGTERM)  # Ctrl-C in the README's terminal
-                try:
-                    worker_code = worker.wait(30)
-                except subprocess.TimeoutExpired:
-                    worker.kill()
-                    worker.wait(10)
-            server_code = server.stop()
+            try:
+                if running.worker is not None:  # SIGTERM: Ctrl-C in the README's terminal
+                    worker_code = stop(running.worker, 30)
+            finally:
+                server_code = server.stop()
     assert worker_code == 0, f"worker exit {worker_code}\n{running.describe()}"
     assert server_code == 0, server.log()[-3000:]
 

@@ -26,7 +26,8 @@ from typing import Any, TypeVar
 
 import httpx
 import pytest
-from _support import ServerProcess, start_server
+from _support import ServerProcess, reap, spawn, start_server
+from _support import stop as stop_process
 
 from troth import Client
 
@@ -99,10 +100,8 @@ class Stack:
     def _spawn(self, name: str, command: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
         log = self.workdir / f"{name}-{len(self.logs)}.log"
         self.logs.append(log)
-        with log.open("wb") as out:
-            return subprocess.Popen(
-                command, cwd=EXAMPLE, stdout=out, stderr=out, env={**os.environ, **env}
-            )
+        with log.open("wb") as out:  # a Python program, guarded: it dies with the test run
+            return spawn(command, cwd=EXAMPLE, stdout=out, stderr=out, env={**os.environ, **env})
 
     def start_worker(self) -> None:
         # cd examples/human_in_the_loop
@@ -125,7 +124,15 @@ class Stack:
         #   uvicorn gateway:app --host 127.0.0.1 --port 8000
         self.gateway = self._spawn(
             "gateway",
-            [str(BIN / "uvicorn"), "gateway:app", "--host", "127.0.0.1", "--port", str(port)],
+            [
+                sys.executable,
+                str(BIN / "uvicorn"),
+                "gateway:app",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+            ],
             {
                 "TROTH_TOKEN": self.tokens["gateway.token"],
                 "TROTH_SERVER": self.server.address,
@@ -150,17 +157,9 @@ class Stack:
 
 
 def stop(proc: subprocess.Popen[bytes] | None) -> int | None:
-    """SIGTERM (what Ctrl-C in the README's terminal amounts to) and wait."""
-    if proc is None:
-        return None
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-    try:
-        return proc.wait(30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(10)
-        raise
+    """SIGTERM (what Ctrl-C in the README's terminal amounts to) and wait (killed, and
+    TimeoutError, after 30 s); reaped either way."""
+    return None if proc is None else stop_process(proc, 30)
 
 
 def notifications(outbox: Path, post: str | None = None) -> list[dict[str, Any]]:
@@ -194,8 +193,13 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         eventually(ready, "the gateway to answer", timeout=30, detail=running.describe)
         yield running
     finally:
-        codes = (stop(running.gateway), stop(running.worker))
-        server_code = server.stop()
+        try:
+            codes = (stop(running.gateway), stop(running.worker))
+        finally:
+            for proc in (running.gateway, running.worker):
+                if proc is not None:
+                    reap(proc)
+            server_code = server.stop()
     # uvicorn re-raises the SIGTERM it handled once it has shut down cleanly.
     gateway_code, worker_code = codes
     assert gateway_code in (0, -signal.SIGTERM), (

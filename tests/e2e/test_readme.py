@@ -12,7 +12,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from _support import wait_serving
+from _procs import Cleanup
+from _support import reaped, wait_serving
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -52,12 +53,16 @@ def make_run(tmp_path_factory: pytest.TempPathFactory) -> object:
             start_new_session=True,
             env={**os.environ, "VENV": str(BIN.parent)},
         )
-    try:
-        wait_serving(address, 120)
-        yield address
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(30)
+    # make is no Python program to `spawn`: its process group is killed if this run dies.
+    watchdog = Cleanup(["kill", "-KILL", "--", f"-{proc.pid}"])
+    with reaped(proc):
+        try:
+            wait_serving(address, 120)
+            yield address
+        finally:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(30)
+            watchdog.cancel()
     assert db.exists(), "the server did not create its SQLite file"
 
 
@@ -97,17 +102,19 @@ def test_the_readme_cli_session(make_run: str) -> None:
     assert bad.returncode == 2
     assert "--value" in bad.stderr
 
-    watch = subprocess.Popen(
-        [str(BIN / "troth"), "--server", address, "promises", "watch", "approve-8"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    assert watch.stdout is not None
-    first_line = watch.stdout.readline()
-    assert "approve-8" in first_line or "PENDING" in first_line
-    troth(address, "promises", "cancel", "approve-8")
-    out, err = watch.communicate(timeout=30)
+    with reaped(
+        subprocess.Popen(
+            [str(BIN / "troth"), "--server", address, "promises", "watch", "approve-8"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+    ) as watch:
+        assert watch.stdout is not None
+        first_line = watch.stdout.readline()
+        assert "approve-8" in first_line or "PENDING" in first_line
+        troth(address, "promises", "cancel", "approve-8")
+        out, err = watch.communicate(timeout=30)
     assert watch.returncode == 0, err
     assert "REJECTED_CANCELED" in first_line + out
 

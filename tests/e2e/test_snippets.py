@@ -39,7 +39,7 @@ from _snippets import (
     starts_server,
     substitute,
 )
-from _support import wait_serving
+from _support import spawn, stop, wait_serving
 
 from troth import Client
 
@@ -61,19 +61,18 @@ class DefaultServer:
 
     def start(self) -> None:
         self.starts += 1
-        command = [str(BIN / "troth"), "serve", "--no-auth", "--listen", self.address]
+        # `troth serve` (a Python console script), guarded: it dies with the test run.
+        troth = [sys.executable, str(BIN / "troth")]
+        command = [*troth, "serve", "--no-auth", "--listen", self.address]
         with (self.workdir.parent / f"default-server-{self.starts}.log").open("wb") as log:
-            self.proc = subprocess.Popen(
-                command, cwd=self.workdir, env=self.env, stdout=log, stderr=log
-            )
+            self.proc = spawn(command, cwd=self.workdir, env=self.env, stdout=log, stderr=log)
         wait_serving(self.address, 60)
 
     def stop(self) -> None:
         if self.proc is not None:
-            self.proc.terminate()
-            code = self.proc.wait(30)
+            proc, self.proc = self.proc, None
+            code = stop(proc, 30)  # SIGTERM; reaped, killed if it outlives the 30 s
             assert code == 0, f"the default server exited {code}"
-            self.proc = None
 
 
 def checkout(tmp: Path) -> Path:

@@ -18,16 +18,16 @@ import collections
 import json
 import os
 import random
-import subprocess
 import sys
 import time
+from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import grpc
 import grpc.aio
 import pytest
-from _support import ServerProcess, start_server
+from _support import ServerProcess, reaped, spawn, start_server
 from google.rpc import error_details_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_status import rpc_status
@@ -60,20 +60,16 @@ def _pin(pid: int, cpu: int) -> None:
 @pytest.fixture
 def starved(tmp_path: Path) -> Iterator[ServerProcess]:
     server = start_server(tmp_path, "--max-queue-delay", "200ms")
-    hogs = [
-        subprocess.Popen(
-            [sys.executable, "-c", f"import os\nos.sched_setaffinity(0, {{{CPU}}})\nwhile 1: pass"]
-        )
-        for _ in range(HOGS)
-    ]
-    try:
-        _pin(server.proc.pid, CPU)
-        yield server
-    finally:
-        for hog in hogs:
-            hog.kill()
-            hog.wait(10)
-        assert server.stop() == 0, f"unclean shutdown:\n{server.log()[-3000:]}"
+    with ExitStack() as hogs:
+        for _ in range(HOGS):
+            hog = f"import os\nos.sched_setaffinity(0, {{{CPU}}})\nwhile 1: pass"
+            hogs.enter_context(reaped(spawn([sys.executable, "-c", hog]), grace=0))
+        try:
+            _pin(server.proc.pid, CPU)
+            yield server
+        finally:
+            hogs.close()
+            assert server.stop() == 0, f"unclean shutdown:\n{server.log()[-3000:]}"
 
 
 def _retry_after(error: grpc.aio.AioRpcError) -> tuple[str, float] | None:

@@ -19,7 +19,7 @@ from urllib.parse import parse_qs, urlsplit
 import grpc
 import psycopg
 import pytest
-from _pg import ADMIN_URL, fresh_schema
+from _pg import admin_url, fresh_schema
 from _support import ServerProcess, error_info, start_server
 from google.protobuf.duration_pb2 import Duration
 
@@ -121,7 +121,7 @@ def test_a_gap_in_announcements_ends_the_watches(pair: Pair) -> None:
     # Cut the replicas' LISTEN connections (theirs only: the channel is named
     # after their schema): each reconnects and resyncs.
     schema = parse_qs(urlsplit(pair.a.db_url).query)["options"][0].split("=", 1)[1]
-    with psycopg.connect(ADMIN_URL, autocommit=True) as admin:
+    with psycopg.connect(admin_url(), autocommit=True) as admin:
         killed = admin.execute(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query = %s",
             (f'LISTEN "troth_{schema}"',),

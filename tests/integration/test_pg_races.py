@@ -45,7 +45,7 @@ from urllib.parse import parse_qs, urlsplit
 import grpc
 import psycopg
 import pytest
-from _pg import ADMIN_URL, fresh_schema
+from _pg import admin_url, fresh_schema
 from _support import ServerProcess, error_info, start_server
 from google.protobuf.duration_pb2 import Duration
 
@@ -112,7 +112,7 @@ class Cluster:
     def connect(self, *, autocommit: bool = False) -> psycopg.Connection[tuple[Any, ...]]:
         """A connection of the test's own to the replicas' schema."""
         options = parse_qs(urlsplit(self.db_url).query)["options"][0]
-        return psycopg.connect(ADMIN_URL, options=options, autocommit=autocommit)
+        return psycopg.connect(admin_url(), options=options, autocommit=autocommit)
 
 
 @pytest.fixture(scope="module")
@@ -154,7 +154,7 @@ def _stop_all(servers: list[ServerProcess]) -> None:
 @pytest.fixture(scope="module")
 def activity() -> Iterator[psycopg.Connection[tuple[Any, ...]]]:
     """Autocommit, so every look at pg_stat_activity is a fresh snapshot."""
-    with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
+    with psycopg.connect(admin_url(), autocommit=True) as conn:
         yield conn
 
 

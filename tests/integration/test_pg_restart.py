@@ -9,15 +9,8 @@ tests stop and start it.
 
 from __future__ import annotations
 
-import os
-import pwd
 import queue
-import re
-import shutil
 import signal
-import socket
-import subprocess
-import tempfile
 import threading
 import time
 import uuid
@@ -27,8 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
-import psycopg
 import pytest
+from _pg import skip_without_binaries
+from _pg_cluster import Cluster, ClusterUnavailable
+from _procs import Cleanup
 from _support import ServerProcess, error_info, start_server
 
 from troth.v1 import promises_pb2 as pb
@@ -43,122 +38,19 @@ RECOVERY_SECONDS = 5.0
 # --- a private PostgreSQL cluster ----------------------------------------------------------
 
 
-def _pg_bin() -> Path | None:
-    """The directory of initdb and pg_ctl: $TROTH_PG_BIN, pg_config's, or the newest installed."""
-    candidates: list[Path] = []
-    if os.environ.get("TROTH_PG_BIN"):
-        candidates.append(Path(os.environ["TROTH_PG_BIN"]))
-    if shutil.which("pg_config"):
-        done = subprocess.run(["pg_config", "--bindir"], capture_output=True, text=True)
-        if done.returncode == 0:
-            candidates.append(Path(done.stdout.strip()))
-    versions = Path("/usr/lib/postgresql").glob("*/bin")
-    candidates += sorted(versions, key=lambda p: int(re.sub(r"\D", "", p.parent.name) or 0))[::-1]
-    for directory in candidates:
-        if (directory / "initdb").is_file() and (directory / "pg_ctl").is_file():
-            return directory
-    return None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-@dataclass
-class Cluster:
-    """A PostgreSQL of this module's own: trust auth, 127.0.0.1:`port`, user postgres."""
-
-    bindir: Path
-    root: Path
-    port: int
-    as_user: list[str]
-    """Command prefix that runs as the cluster's owner (initdb refuses root)."""
-
-    @property
-    def data(self) -> Path:
-        return self.root / "data"
-
-    def _run(self, tool: str, *args: str) -> None:
-        done = subprocess.run(
-            [*self.as_user, str(self.bindir / tool), *args],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        if done.returncode != 0:
-            raise RuntimeError(f"{tool} {' '.join(args)} failed:\n{done.stdout}{done.stderr}")
-
-    def init(self) -> None:
-        self._run("initdb", "-D", str(self.data), "-A", "trust", "-U", "postgres", "-N")
-
-    def start(self) -> None:
-        """Returns once the database accepts connections."""
-        options = f"-k {self.root} -p {self.port} -c listen_addresses=127.0.0.1"
-        log = str(self.root / "postgres.log")
-        self._run(
-            "pg_ctl", "start", "-D", str(self.data), "-l", log, "-w", "-t", "30", "-o", options
-        )
-
-    def stop(self, mode: str = "immediate") -> None:
-        """`immediate`: every backend killed at once, as in a crash (recovery at start)."""
-        self._run("pg_ctl", "stop", "-D", str(self.data), "-m", mode, "-w", "-t", "30")
-
-    def log(self) -> str:
-        return (self.root / "postgres.log").read_text(errors="replace")
-
-    def url(self, database: str, driver: str = "postgresql+psycopg") -> str:
-        return f"{driver}://postgres@127.0.0.1:{self.port}/{database}"
-
-    def new_database(self) -> str:
-        """A fresh database; returns the server's `--db` URL for it."""
-        name = f"t_{uuid.uuid4().hex[:8]}"
-        with psycopg.connect(self.url("postgres", "postgresql"), autocommit=True) as conn:
-            conn.execute(f'CREATE DATABASE "{name}"')
-        return self.url(name)
-
-
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
-    bindir = _pg_bin()
-    if bindir is None:
-        pytest.skip(
-            "needs the PostgreSQL server binaries (initdb, pg_ctl): install postgresql, "
-            "or point TROTH_PG_BIN at their directory"
-        )
-    as_user: list[str] = []
-    owner: int | None = None
-    if os.geteuid() == 0:  # initdb refuses to run as root: run the cluster as postgres
-        try:
-            owner = pwd.getpwnam("postgres").pw_uid
-        except KeyError:
-            pytest.skip("running as root needs a `postgres` OS user to own the private cluster")
-        as_user = ["runuser", "-u", "postgres", "--"]
-    # Under /tmp, not pytest's tmp_path: the cluster's owner must reach it (root's
-    # pytest directories are private), and the socket path must stay short.
-    root = Path(tempfile.mkdtemp(prefix="troth-pg-"))
-    if owner is not None:
-        os.chown(root, owner, -1)
-    made = Cluster(bindir, root, _free_port(), as_user)
     try:
-        made.init()
-        for attempt in range(3):  # the free port may be taken meanwhile
-            try:
-                made.start()
-                break
-            except RuntimeError:
-                if attempt == 2:
-                    raise
-                made.port = _free_port()
+        made = Cluster.create()
+    except ClusterUnavailable as exc:
+        skip_without_binaries(str(exc))
+    watchdog = Cleanup(made.stop_command(), remove=made.root)  # if this run is killed
+    try:
+        made.start_on_a_free_port()
         yield made
     finally:
-        try:
-            made.stop("immediate")
-        except (RuntimeError, subprocess.TimeoutExpired):
-            pass
-        shutil.rmtree(root, ignore_errors=True)
+        made.destroy()
+        watchdog.cancel()
 
 
 @pytest.fixture
@@ -315,7 +207,7 @@ def test_restart_under_load_loses_nothing_acknowledged(
             10,
             "a call to fail while the database is down",
         )
-        time.sleep(0.5)
+        time.sleep(0.5)  # on purpose: the outage lasts a while, calls failing meanwhile
         cluster.start()
         up = time.monotonic()
         wait_for(lambda: bool(load.successes_after(up)), RECOVERY_SECONDS, "a call to succeed")

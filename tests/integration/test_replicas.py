@@ -58,7 +58,7 @@ from troth import Client, Context, Worker
 sys.path.insert(0, str(Path(__file__).parent.parent))
 
 from _pg import fresh_schema
-from _support import ServerProcess, start_server
+from _support import ServerProcess, reap, spawn, start_server
 from _workers import WorkerFleet, effect
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -156,10 +156,14 @@ def start_gateway(tmp_path: Path, name: str, addresses: str) -> Gateway:
         "TROTH_PRINCIPAL": f"gateway-{name}",
     }
     # cd examples/human_in_the_loop; uvicorn gateway:app ... (no access log: 1000s of requests)
-    command = [str(UVICORN), "gateway:app", "--host", "127.0.0.1", "--port", str(port)]
+    command = [sys.executable, str(UVICORN), "gateway:app", "--host", "127.0.0.1"]
     with log_path.open("wb") as out:
-        proc = subprocess.Popen(
-            [*command, "--no-access-log"], cwd=EXAMPLE, stdout=out, stderr=out, env=env
+        proc = spawn(
+            [*command, "--port", str(port), "--no-access-log"],
+            cwd=EXAMPLE,
+            stdout=out,
+            stderr=out,
+            env=env,
         )
     return Gateway(name, proc, f"http://127.0.0.1:{port}", log_path)
 
@@ -202,7 +206,7 @@ def stack(tmp_path: Path) -> Iterator[Stack]:
 
         gateways = [start_gateway(tmp_path, "a", ab), start_gateway(tmp_path, "b", ba)]
         for gateway in gateways:
-            cleanup.callback(gateway.proc.kill)
+            cleanup.callback(reap, gateway.proc)
         running = Stack(tmp_path, {"A": a, "B": b}, gateways, fleet)
         for gateway in gateways:
             http = cleanup.enter_context(

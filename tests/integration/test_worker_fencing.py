@@ -122,7 +122,7 @@ def test_a_worker_thawed_after_its_lease_alone_in_the_group_runs_the_step_once(
         fleet.eventually(
             lambda: _claimed_by(own_server, root, "w-a") is None, 30, "the lease to run out"
         )
-        time.sleep(LEASE.total_seconds())
+        time.sleep(LEASE.total_seconds())  # on purpose: frozen a lease longer still
         proc.send_signal(signal.SIGCONT)
         assert handle.result(timeout=60) == "done"
         time.sleep(2 * LEASE.total_seconds())  # a second run would come within this

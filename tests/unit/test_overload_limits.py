@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -162,7 +163,10 @@ def test_writes_beyond_the_queue_limit_are_refused_and_the_rest_commit(
             service.create_async(CreateRequest(f"q-{n}", EMPTY, {}, ttl=60_000)) for n in range(10)
         ]
         pending = asyncio.gather(*creates, return_exceptions=True)
-        await asyncio.sleep(0.05)  # every create is queued or refused; the writer is held
+        # Every create is queued or refused (the writer is held): wait for the queue.
+        deadline = time.monotonic() + WAIT
+        while committer.queued < 3 and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)
         assert committer.queued == 3
         gate.release.set()
         return list(await pending)

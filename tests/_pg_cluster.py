@@ -1,0 +1,182 @@
+"""A private PostgreSQL cluster for tests: `initdb` into a temporary directory, its
+own port and socket directory, trust auth, user `postgres`.
+
+Used by `_pg` (the suite's throwaway server when the machine has none) and by the
+tests that stop and start a database under a running server (test_pg_restart).
+As root, initdb and pg_ctl run as the `postgres` OS user (initdb refuses root),
+in a directory under /tmp that user owns (root's pytest directories are private,
+and the socket path must stay short).
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import re
+import shutil
+import socket
+import subprocess
+import tempfile
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import psycopg
+
+PG_BIN_ENV = "TROTH_PG_BIN"
+"""Where initdb and pg_ctl are. When set, the only place looked (set it to an empty
+directory to hide the machine's binaries)."""
+
+
+def pg_bindir() -> Path | None:
+    """The directory of initdb and pg_ctl: $TROTH_PG_BIN alone when set; else the
+    PATH's, pg_config's, or the newest /usr/lib/postgresql/*/bin."""
+    given = os.environ.get(PG_BIN_ENV)
+    candidates: list[Path] = []
+    if given is not None:
+        candidates.append(Path(given))
+    else:
+        on_path = shutil.which("initdb")
+        if on_path:
+            candidates.append(Path(on_path).resolve().parent)
+        if shutil.which("pg_config"):
+            done = subprocess.run(["pg_config", "--bindir"], capture_output=True, text=True)
+            if done.returncode == 0:
+                candidates.append(Path(done.stdout.strip()))
+        versions = Path("/usr/lib/postgresql").glob("*/bin")
+        candidates += sorted(versions, key=lambda p: int(re.sub(r"\D", "", p.parent.name) or 0))[
+            ::-1
+        ]
+    for directory in candidates:
+        if (directory / "initdb").is_file() and (directory / "pg_ctl").is_file():
+            return directory
+    return None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class ClusterUnavailable(Exception):
+    """A private cluster cannot be made here (the reason says why and what to do)."""
+
+
+def owner_prefix() -> tuple[list[str], int | None]:
+    """The command prefix that runs initdb/pg_ctl as the cluster's owner, and that
+    owner's uid: nothing for a normal user; `runuser -u postgres --` for root."""
+    if os.geteuid() != 0:
+        return [], None
+    try:
+        uid = pwd.getpwnam("postgres").pw_uid
+    except KeyError:
+        raise ClusterUnavailable(
+            "running as root needs a `postgres` OS user to own a private PostgreSQL cluster "
+            "(initdb refuses root): create one, or run the tests as a normal user"
+        ) from None
+    if shutil.which("runuser") is None:
+        raise ClusterUnavailable("running as root needs `runuser` to start PostgreSQL as postgres")
+    return ["runuser", "-u", "postgres", "--"], uid
+
+
+@dataclass
+class Cluster:
+    """A PostgreSQL of the caller's own: trust auth, 127.0.0.1:`port`, user postgres."""
+
+    bindir: Path
+    root: Path
+    port: int
+    as_user: list[str]
+    """Command prefix that runs as the cluster's owner (initdb refuses root)."""
+
+    @classmethod
+    def create(cls, bindir: Path | None = None) -> Cluster:
+        """A new, initialised (not started) cluster in a fresh directory under /tmp."""
+        bindir = bindir or pg_bindir()
+        if bindir is None:
+            raise ClusterUnavailable(
+                "needs the PostgreSQL server binaries (initdb, pg_ctl): install postgresql, "
+                f"or point {PG_BIN_ENV} at their directory"
+            )
+        as_user, owner = owner_prefix()
+        root = Path(tempfile.mkdtemp(prefix="troth-pg-"))
+        if owner is not None:
+            os.chown(root, owner, -1)
+        made = cls(bindir, root, free_port(), as_user)
+        try:
+            made.init()
+        except BaseException:
+            shutil.rmtree(root, ignore_errors=True)
+            raise
+        return made
+
+    @property
+    def data(self) -> Path:
+        return self.root / "data"
+
+    def command(self, tool: str, *args: str) -> list[str]:
+        return [*self.as_user, str(self.bindir / tool), *args]
+
+    def _run(self, tool: str, *args: str) -> None:
+        done = subprocess.run(
+            self.command(tool, *args), capture_output=True, text=True, timeout=120
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"{tool} {' '.join(args)} failed:\n{done.stdout}{done.stderr}")
+
+    def init(self) -> None:
+        self._run("initdb", "-D", str(self.data), "-A", "trust", "-U", "postgres", "-N")
+
+    def start(self) -> None:
+        """Returns once the database accepts connections."""
+        options = f"-k {self.root} -p {self.port} -c listen_addresses=127.0.0.1"
+        log = str(self.root / "postgres.log")
+        self._run(
+            "pg_ctl", "start", "-D", str(self.data), "-l", log, "-w", "-t", "60", "-o", options
+        )
+
+    def start_on_a_free_port(self) -> None:
+        """`start`, trying another port when the free one was taken meanwhile."""
+        for attempt in range(3):
+            try:
+                self.start()
+                return
+            except RuntimeError:
+                if attempt == 2:
+                    raise
+                self.port = free_port()
+
+    def stop_command(self, mode: str = "immediate") -> list[str]:
+        return self.command("pg_ctl", "stop", "-D", str(self.data), "-m", mode, "-w", "-t", "60")
+
+    def stop(self, mode: str = "immediate") -> None:
+        """`immediate`: every backend killed at once, as in a crash (recovery at start)."""
+        self._run("pg_ctl", "stop", "-D", str(self.data), "-m", mode, "-w", "-t", "60")
+
+    def destroy(self) -> None:
+        """Stop it (if running) and remove its directory."""
+        try:
+            self.stop("immediate")
+        except (RuntimeError, subprocess.TimeoutExpired):
+            pass
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def log(self) -> str:
+        return (self.root / "postgres.log").read_text(errors="replace")
+
+    def url(self, database: str, driver: str = "postgresql+psycopg") -> str:
+        return f"{driver}://postgres@127.0.0.1:{self.port}/{database}"
+
+    def create_database(self, name: str) -> str:
+        """CREATE DATABASE `name`; returns its libpq URL."""
+        with psycopg.connect(self.url("postgres", "postgresql"), autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+        return self.url(name, "postgresql")
+
+    def new_database(self) -> str:
+        """A fresh database; returns the server's `--db` URL for it."""
+        name = f"t_{uuid.uuid4().hex[:8]}"
+        self.create_database(name)
+        return self.url(name)
