@@ -20,7 +20,7 @@ import grpc
 import psycopg
 import pytest
 from _pg import admin_url, fresh_schema
-from _support import ServerProcess, error_info, start_server
+from _support import ServerProcess, error_info, eventually, start_server
 from google.protobuf.duration_pb2 import Duration
 
 from troth import Client, PromiseEventType
@@ -121,10 +121,22 @@ def test_a_gap_in_announcements_ends_the_watches(pair: Pair) -> None:
     # Cut the replicas' LISTEN connections (theirs only: the channel is named
     # after their schema): each reconnects and resyncs.
     schema = parse_qs(urlsplit(pair.a.db_url).query)["options"][0].split("=", 1)[1]
+    listen = f'LISTEN "troth_{schema}"'
     with psycopg.connect(admin_url(), autocommit=True) as admin:
+        # Both replicas listen once they have started; on a loaded machine one may
+        # still be on its way there.
+        eventually(
+            lambda: (
+                admin.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE query = %s", (listen,)
+                ).fetchone()
+                == (2,)
+            ),
+            what="both replicas' LISTEN connections",
+        )
         killed = admin.execute(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query = %s",
-            (f'LISTEN "troth_{schema}"',),
+            (listen,),
         ).fetchall()
     assert len(killed) == 2
     with pytest.raises(grpc.RpcError) as caught:
