@@ -14,10 +14,10 @@ help: ## Show targets
 $(VENV)/.installed: sdk/pyproject.toml server/pyproject.toml requirements-dev.txt
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -r requirements-dev.txt -e ./sdk -e ./server
+	$(PY) -m pip install --quiet -r requirements-dev.txt -e ./sdk -e './server[postgres]'
 	touch $@
 
-install: $(VENV)/.installed ## Create .venv and install troth, troth-server and the dev tools
+install: $(VENV)/.installed ## Create .venv and install troth, troth-server[postgres] and the dev tools
 
 run: install ## Start a local server, authentication off, on the embedded SQLite default (LISTEN=, DB= to override)
 	$(VENV)/bin/troth serve --no-auth --listen $(LISTEN) --db $(DB)

@@ -1,7 +1,7 @@
 """The `troth` command: operate on promises from a shell, and start the server.
 
 ```
-troth [--server ADDR] [--json] [--principal P] [--timeout S] promises get ID
+troth [--server ADDR] [--json] [--principal P] [--timeout DURATION] promises get ID
       [--tls] [--tls-ca FILE] [--tls-cert FILE --tls-key FILE] [--tls-server-name NAME]
       [--token-file FILE]
 troth promises search [ID_GLOB] [--state S ...] [--tag k=v ...] [--limit N]
@@ -13,6 +13,7 @@ troth export|replay ...  (recorded workflow histories; see _cli_replay)
 troth tasks list --group G [--limit N]   (see _cli_tasks)
 troth workflows show ID | fail ID --reason TEXT   (see _cli_workflows)
 troth workers list [--group G]   (connected workers; see _cli_workers)
+troth worker MODULE[:ATTR] [--group G] [--path DIR] [--log-level L]   (run one; see _cli_worker)
 troth --version
 troth approvals list|approve|reject|watch ...   (the inbox; see _cli_approvals)
 troth serve ...          (forwarded to troth_server.cli.serve; needs troth-server)
@@ -45,7 +46,7 @@ from typing import IO, TYPE_CHECKING, Any, cast
 from troth._cli_streams import INTERRUPTED, Interrupts, follow
 from troth._convert import timedelta_to_proto
 from troth._credentials import TlsConfig
-from troth._durations import EXAMPLES, duration_ms
+from troth._durations import EXAMPLES, duration_ms, format_duration, unit_hint
 from troth._promise import CreateResult, Promise, PromiseState, SettleResult
 from troth.client import DEFAULT_ADDRESS, Client, connection
 from troth.errors import ConfigurationError, TrothError
@@ -54,9 +55,14 @@ from troth.v1 import promises_pb2
 if TYPE_CHECKING:
     from troth.codec import Payload
 
-_SERVER_MISSING = "troth {command} needs the server: pip install troth-server"
+INSTALL_SERVER = (
+    "pip install ./server from a troth checkout (./server[postgres] for PostgreSQL; "
+    "the SDK, troth, is already installed)"
+)
+_SERVER_MISSING = "troth {command} needs the server, troth-server, which is not installed: "
 
 _DEFAULT_LIMIT = 100
+_DEFAULT_TIMEOUT = timedelta(seconds=10)
 _PREVIEW_WIDTH = 40
 
 
@@ -71,6 +77,8 @@ Handler = Callable[[Client, argparse.Namespace, IO[str]], int]
 def parse_duration(text: str) -> timedelta:
     """Parse `30s`, `5m`, `2h`, `3d`, `250ms`, or a sum such as `1h30m` (`troth._durations`)."""
     ms = duration_ms(text)
+    if hint := unit_hint(text):
+        raise argparse.ArgumentTypeError(f"invalid duration {text!r}: {hint}")
     if ms is None or (ms == 0 and text.strip() == "0"):
         raise argparse.ArgumentTypeError(
             f"invalid duration {text!r}: use a number and a unit (ms, s, m, h, d), {EXAMPLES}"
@@ -120,16 +128,6 @@ def _positive_int(text: str) -> int:
     return number
 
 
-def _positive_seconds(text: str) -> float:
-    try:
-        seconds = float(text)
-    except ValueError:
-        seconds = -1.0
-    if not seconds > 0:
-        raise argparse.ArgumentTypeError(f"invalid timeout {text!r}: use seconds above 0, e.g. 10")
-    return seconds
-
-
 # --- parser -----------------------------------------------------------------
 
 
@@ -165,10 +163,11 @@ def _global_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
     )
     parser.add_argument(
         "--timeout",
-        metavar="SECONDS",
-        type=_positive_seconds,
-        default=default(10.0),
-        help="seconds per call, retries included (default %(default)s)"
+        metavar="DURATION",
+        type=parse_duration,
+        default=default(_DEFAULT_TIMEOUT),
+        help=f"how long each call may take, retries included ({EXAMPLES}; "
+        f"default {format_duration(_DEFAULT_TIMEOUT)})"
         if not suppress
         else argparse.SUPPRESS,
     )
@@ -319,6 +318,7 @@ def build_parser() -> argparse.ArgumentParser:
     from troth._cli_approvals import add_commands as add_approvals_commands
     from troth._cli_replay import add_commands as add_replay_commands
     from troth._cli_tasks import add_commands as add_tasks_commands
+    from troth._cli_worker import add_commands as add_worker_commands
     from troth._cli_workers import add_commands as add_workers_commands
     from troth._cli_workflows import add_commands as add_workflows_commands
 
@@ -327,6 +327,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_tasks_commands(commands)
     add_workflows_commands(commands)
     add_workers_commands(commands)
+    add_worker_commands(commands)
 
     # Listed for --help only: main() forwards `troth serve ...` before parsing.
     commands.add_parser(
@@ -411,7 +412,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with Client(
             args.server,
-            timeout=args.timeout,
+            timeout=args.timeout.total_seconds(),
             principal=args.principal,
             tls=_tls_option(args),
             token=_read_token_file(args.token_file),
@@ -474,7 +475,7 @@ def _server_command(command: str, argv: list[str]) -> int:
     except ModuleNotFoundError as exc:
         if exc.name not in ("troth_server", "troth_server.cli"):
             raise  # troth-server is installed but broken: show the real problem
-        print(_SERVER_MISSING.format(command=command), file=sys.stderr)
+        print(_SERVER_MISSING.format(command=command) + INSTALL_SERVER, file=sys.stderr)
         return 1
     entry = cast("Callable[[list[str]], int]", getattr(module, command))
     return entry(argv)

@@ -10,10 +10,11 @@ troth replay --workflows MODULE[:ATTR] [--path DIR ...] --search GLOB [--tag k=v
 
 Export reads each workflow root (given by id, or every promise matching the
 search that is a workflow root: tagged `troth:func` and `troth:invoke`) and
-all its descendants (`<root>.*`) and writes them as history JSON in the shape
-`troth.testing` documents. To stdout or a file (`-o FILE`) it writes one JSON
-list of histories; to a directory (`-o DIR/`, or an existing directory) one
-file per workflow, `<root id>.json` (`/` and `:` in ids percent-encoded).
+all its steps (by record, `parent_id`: steps with explicit ids too) and
+writes them as history JSON in the shape `troth.testing` documents. To stdout
+or a file (`-o FILE`) it writes one JSON list of histories; to a directory
+(`-o DIR/`, or an existing directory) one file per workflow, `<root id>.json`
+(`/` and `:` in ids percent-encoded).
 
 Replay imports the workflow code (`--workflows`, see `load_workflows`),
 reads the histories (files, directories of `*.json` files, or straight from
@@ -32,14 +33,10 @@ be reached, 2 for a bad command line or an id that is not a workflow.
 from __future__ import annotations
 
 import argparse
-import hashlib
-import importlib
-import importlib.util
 import inspect
 import json
 import os
 import sys
-import traceback
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,8 +53,9 @@ from troth._cli import (
 )
 from troth._commands import TAG_FUNC, TAG_INVOKE
 from troth._engine import CreateStep, Done, Failed, Outcome, Suspend, Workflow, describe_tags
+from troth._modules import UsageError, add_import_paths, import_module, split_spec
 from troth.errors import NonDeterminismError, TrothError
-from troth.testing import HISTORY_FORMAT, History, load_histories, replay_history
+from troth.testing import HISTORY_FORMAT, History, load_histories, replay_history_counted
 from troth.worker import Worker
 
 if TYPE_CHECKING:
@@ -77,10 +75,6 @@ __all__ = [
 
 _PAGE_SIZE = 1000  # the server caps it at its own maximum
 _FILENAME_SAFE = "._~@+=-"
-
-
-class UsageError(Exception):
-    """Input that stops a command before it does anything: exit status 2."""
 
 
 def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -227,6 +221,8 @@ def _promise_json(promise: Promise) -> dict[str, Any]:
     ):
         if moment is not None:
             item[key] = moment.isoformat().replace("+00:00", "Z")
+    if promise.parent_id:
+        item["parent_id"] = promise.parent_id  # a step of this workflow, named or not
     if promise.settled_by:
         item["settled_by"] = promise.settled_by
     if promise.workflow_version:
@@ -258,7 +254,9 @@ def _fetch(client: Client, root: Promise) -> dict[str, Any]:
     # The root is read before its steps: a workflow that ends meanwhile then
     # shows a pending root with all its steps, which replays fine, never an
     # ended root missing its last steps, which would read as a change.
-    descendants = client.search_all(f"{root.id}.*", page_size=_PAGE_SIZE)
+    # By record (parent_id), as a worker's delivery reads it: steps with explicit
+    # ids are the workflow's too, and `<root>.x` may be anyone's.
+    descendants = client.search_all(parent_id=root.id, page_size=_PAGE_SIZE)
     return history_to_json(root, descendants)
 
 
@@ -283,21 +281,24 @@ class CheckResult:
         source: Where it was read from (a file path, or "server").
         outcome: Where the replay stopped when it did not diverge.
         divergence: The first divergent step, if any.
+        replayed: The recorded steps the code reached and was answered from
+            (named steps too); 0 when it diverged.
     """
 
     history: History
     source: str
     outcome: Outcome | None = None
     divergence: NonDeterminismError | None = None
+    replayed: int = 0
 
 
 def check_history(history: History, workflow: Workflow, source: str = "") -> CheckResult:
     """Replay `history` against `workflow`: the result, divergent or not."""
     try:
-        outcome = replay_history(history, workflow)
+        outcome, replayed = replay_history_counted(history, workflow)
     except NonDeterminismError as error:
         return CheckResult(history, source, divergence=error)
-    return CheckResult(history, source, outcome=outcome)
+    return CheckResult(history, source, outcome=outcome, replayed=replayed)
 
 
 def render_result(result: CheckResult) -> str:
@@ -307,7 +308,7 @@ def render_result(result: CheckResult) -> str:
     error = result.divergence
     if error is None:
         assert result.outcome is not None
-        replayed = _plural(_recorded_steps(history), "step", "steps")
+        replayed = _plural(result.replayed, "step", "steps")
         return f"{head}: OK, {replayed} replayed; {describe_outcome(result.outcome)}"
     where = f"id {error.step_id}" if error.step_id else "no id"
     if error.recorded is None:
@@ -343,15 +344,6 @@ def _plural(count: int, one: str, many: str) -> str:
     return f"{count} {one if count == 1 else many}"
 
 
-def _recorded_steps(history: History) -> int:
-    prefix = f"{history.root_id}."
-    return sum(
-        1
-        for promise in history.promises
-        if promise.id.startswith(prefix) and promise.id[len(prefix) :].isdigit()
-    )
-
-
 def _result_json(result: CheckResult) -> dict[str, Any]:
     error = result.divergence
     return {
@@ -359,6 +351,7 @@ def _result_json(result: CheckResult) -> dict[str, Any]:
         "workflow": result.history.workflow,
         "source": result.source,
         "ok": error is None,
+        "replayed": result.replayed,
         "outcome": describe_outcome(result.outcome) if result.outcome is not None else None,
         "divergence": None
         if error is None
@@ -482,14 +475,12 @@ def load_workflows(specs: Sequence[str], paths: Sequence[str] = ()) -> dict[str,
         UsageError: A module cannot be imported, names nothing, or two
             modules give one name to different functions.
     """
-    # As `python -m` does, the current directory is importable too: the
-    # console script's own sys.path[0] is the virtualenv's bin directory.
-    sys.path[0:0] = [str(Path(directory).resolve()) for directory in (*paths, os.curdir)]
+    add_import_paths(paths)
     registry: dict[str, Workflow] = {}
     origin: dict[str, str] = {}
     for spec in specs:
-        module_name, attr = _split_spec(spec)
-        module = _import(module_name)
+        module_name, attr = split_spec(spec)
+        module = import_module(module_name)
         for name, workflow in _workflows_in(module, attr, spec).items():
             if name in registry and registry[name] is not workflow:
                 raise UsageError(
@@ -499,51 +490,6 @@ def load_workflows(specs: Sequence[str], paths: Sequence[str] = ()) -> dict[str,
             registry[name] = workflow
             origin[name] = spec
     return registry
-
-
-def _split_spec(spec: str) -> tuple[str, str | None]:
-    module, sep, attr = spec.rpartition(":")
-    if sep and attr.isidentifier() and module:
-        return module, attr
-    return spec, None
-
-
-def _import(name: str) -> ModuleType:
-    try:
-        if name.endswith(".py"):
-            return _import_file(Path(name))
-        return importlib.import_module(name)
-    except UsageError:
-        raise
-    except Exception as exc:
-        if isinstance(exc, ModuleNotFoundError) and exc.name == name.partition(".")[0]:
-            raise UsageError(
-                f"cannot import module {name!r}: no such module on the import path; "
-                "give --path DIR for the directory that holds it, or a path to the .py file"
-            ) from None
-        trace = "".join(traceback.format_exception(exc)).rstrip()
-        raise UsageError(f"importing {name} failed:\n{trace}") from None
-
-
-def _import_file(path: Path) -> ModuleType:
-    if not path.is_file():
-        raise UsageError(f"no such file: {path}")
-    resolved = path.resolve()
-    sys.path.insert(0, str(resolved.parent))
-    # A name of its own, so it neither shadows nor is shadowed by an installed module.
-    digest = hashlib.sha256(str(resolved).encode()).hexdigest()[:12]
-    module_name = f"_troth_replay_{digest}_{resolved.stem}"
-    spec = importlib.util.spec_from_file_location(module_name, resolved)
-    if spec is None or spec.loader is None:
-        raise UsageError(f"cannot import {path}: not a Python module")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module  # dataclasses and pickling look modules up here
-    try:
-        spec.loader.exec_module(module)
-    except BaseException:
-        del sys.modules[module_name]
-        raise
-    return module
 
 
 def _workflows_in(module: ModuleType, attr: str | None, spec: str) -> dict[str, Workflow]:

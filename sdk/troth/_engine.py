@@ -53,10 +53,12 @@ where Python reports `RuntimeError("generator ignored GeneratorExit")`, which
 again, so it never surfaces later from the garbage collector.
 
 Logging. `ctx.log` is silent while `Engine.replaying`: from the start until
-the last step recorded in the history has been replayed, or until the engine
-first asks for I/O. Lines logged after the last recorded step but before the
-point where an earlier execution suspended may therefore appear again on a
-resume (at least once, never lost).
+every step recorded in the history (the root's own steps, by `parent_id`: named
+steps as well as `<root>.<n>` ones) has been replayed, or until the engine
+first asks for I/O; `Engine.replayed` counts the steps answered from it. Lines
+logged after the last recorded step but before the point where an earlier
+execution suspended may therefore appear again on a resume (at least once,
+never lost).
 """
 
 from __future__ import annotations
@@ -253,16 +255,15 @@ class Engine:
         self._cancel_delivered = False
         for promise in history:
             self._record(promise)
-        self._replay_until = max(
-            (p for p in map(self._position_of, self._known) if p is not None), default=-1
-        )
+        self._to_replay = {id for id, p in self._known.items() if self._is_own_step(p)}
+        """The recorded steps not yet replayed: while any is left, `ctx.log` is silent."""
+        self._replayed = 0
         self.context = Context(root_id, replaying=lambda: self.replaying)
         self._gen: Generator[Any, Any, Any] | None = None
         self._started = False
         self._closing = False
         self._live = False
         self._next_position = 0
-        self._last_consumed = -1
         self._current: Command[Any] | None = None
         self._current_id = ""
         self._current_position = -1
@@ -274,7 +275,12 @@ class Engine:
     @property
     def replaying(self) -> bool:
         """True while re-running recorded steps (and while closing): `ctx.log` is silent."""
-        return self._closing or (not self._live and self._last_consumed < self._replay_until)
+        return self._closing or (not self._live and bool(self._to_replay))
+
+    @property
+    def replayed(self) -> int:
+        """How many step commands were answered from the history (recorded and reached)."""
+        return self._replayed
 
     @property
     def finished(self) -> bool:
@@ -433,15 +439,15 @@ class Engine:
         if isinstance(command, CreatePromise) or (
             isinstance(command, StartWorkflow) and not command.wait
         ):
-            return self._consume(_Send(PromiseHandle(step_id)))
+            return self._replayed_step(step_id, _Send(PromiseHandle(step_id)))
         if isinstance(command, Sleep | StartWorkflow):
             if not recorded.is_settled:
                 return self._suspend((step_id,))
-            return self._consume(self._result(recorded))
+            return self._replayed_step(step_id, self._result(recorded))
         # RunStep, Now, Random: a pending one lost its worker before its result was recorded.
         if not recorded.is_settled:
             return self._create(command, step_id, position, tags, exists=True)
-        return self._consume(self._result(recorded))
+        return self._replayed_step(step_id, self._result(recorded))
 
     def _create(
         self,
@@ -462,7 +468,7 @@ class Engine:
             try:
                 param = self._codec.encode(list(command.args))
             except Exception as exc:  # the codec's TypeError/ValueError, at the yield
-                return self._consume(_Throw(exc))
+                return _Throw(exc)
             ttl = command.ttl
         elif isinstance(command, CreatePromise):
             ttl = command.timeout
@@ -472,8 +478,10 @@ class Engine:
         requested_by = f"workflow {self.root_id}" if isinstance(command, CreatePromise) else ""
         return CreateStep(step_id, position, command, tags, param, ttl, exists, requested_by)
 
-    def _consume(self, resolution: _Resolution) -> _Resolution:
-        self._last_consumed = max(self._last_consumed, self._current_position)
+    def _replayed_step(self, step_id: str, resolution: _Resolution) -> _Resolution:
+        """A recorded step answered from the history, without I/O."""
+        self._replayed += 1
+        self._to_replay.discard(step_id)
         return resolution
 
     def _await_all(
@@ -564,6 +572,7 @@ class Engine:
             for promise in self._known.values()
             if (position := self._position_of(promise.id)) is not None
             and position >= self._next_position
+            and self._is_own_step(promise)
         ]
         if not ahead:
             return None
@@ -594,6 +603,13 @@ class Engine:
         if known is not None and known.is_settled and not promise.is_settled:
             return  # a stale read never un-settles a promise
         self._known[promise.id] = promise
+
+    def _is_own_step(self, promise: Promise) -> bool:
+        """A step of this workflow: its parent is the root (histories from before
+        `parent_id`, and hand-written ones, say so by the id `<root>.<n>`)."""
+        if promise.parent_id:
+            return promise.parent_id == self.root_id
+        return self._position_of(promise.id) is not None
 
     def _position_of(self, promise_id: str) -> int | None:
         if not promise_id.startswith(self._prefix):

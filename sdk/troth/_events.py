@@ -1,27 +1,28 @@
-"""`PromiseEventStream`: the events of `Client.watch_promises`, reconnecting by itself."""
+"""The watch streams, reconnecting by themselves: `watch_promise` (`Client.watch`, one
+promise until it settles) and `PromiseEventStream` (the events of `Client.watch_promises`)."""
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import TracebackType
 from typing import TYPE_CHECKING, Self
 
 import grpc
 
-from troth._convert import event_from_proto
+from troth._convert import event_from_proto, promise_from_proto
 from troth._transport import as_call, map_rpc_errors
-from troth.errors import UnavailableError
+from troth.errors import DeadlineExceededError, UnavailableError
+from troth.v1 import promises_pb2
 
 if TYPE_CHECKING:
-    from troth._promise import PromiseEvent
-    from troth._transport import Transport
-    from troth.v1 import promises_pb2
+    from troth._promise import Promise, PromiseEvent
+    from troth._transport import PromiseServiceStub, Transport
 
     _EventCall = grpc._CallIterator[promises_pb2.WatchPromisesResponse]
 
-__all__ = ["WATCH_READY_METADATA", "PromiseEventStream"]
+__all__ = ["WATCH_READY_METADATA", "PromiseEventStream", "watch_promise"]
 
 _log = logging.getLogger("troth.client")
 
@@ -155,3 +156,75 @@ class PromiseEventStream:
                     if delay is None:
                         raise
                     self._closed.wait(delay)
+
+
+def watch_promise(
+    transport: Transport, stub: PromiseServiceStub, id: str, timeout: float | None
+) -> Iterator[Promise]:
+    """`Client.watch`: the promise now, then once more when it settles, reconnecting
+    with backoff through restarts and failovers, never yielding one state twice."""
+    deadline = transport.deadline(timeout)
+    request = promises_pb2.WatchPromiseRequest(id=id)
+    last: Promise | None = None
+    failures = 0  # consecutive broken streams without a message in between
+    outage_start: float | None = None  # when an established watch lost its stream
+    with map_rpc_errors(transport.address, tls=transport.tls):
+        while True:
+            remaining = transport.remaining(deadline)
+            stream = stub.WatchPromise(
+                request, timeout=remaining, metadata=transport.metadata_for(remaining)
+            )
+            try:
+                for response in stream:
+                    failures, outage_start = 0, None
+                    promise = promise_from_proto(response.promise)
+                    # After a reconnect the server repeats the current state.
+                    if promise != last:
+                        last = promise
+                        yield promise
+                    if promise.is_settled:
+                        return
+            except grpc.RpcError as exc:
+                call = as_call(exc)
+                if (
+                    timeout is not None
+                    and call is not None
+                    and call.code() is grpc.StatusCode.DEADLINE_EXCEEDED
+                    and transport.remaining(deadline) == 0
+                ):
+                    raise DeadlineExceededError(
+                        grpc.StatusCode.DEADLINE_EXCEEDED,
+                        "",
+                        f"promise {id!r} did not settle within {timeout:g}s; wait longer, "
+                        f"or find out who should settle it (`troth promises get {id}`)",
+                    ) from exc
+                failures += 1
+                if last is not None and outage_start is None:
+                    outage_start = transport.now()
+                delay = transport.reconnect_delay(
+                    exc, failures, deadline, outage_start=outage_start
+                )
+                if delay is None:
+                    raise
+                _log.warning(
+                    "watch of promise %r broke (%s); reconnecting in %.1fs",
+                    id,
+                    call.code().name if call is not None else exc,
+                    delay,
+                    extra={"promise_id": id, "address": transport.address},
+                )
+                transport.sleep(delay)
+                continue
+            finally:
+                stream.cancel()
+            # The server ended the stream before the promise settled (e.g. it
+            # is shutting down): reopen, with the same backoff as a failure.
+            failures += 1
+            if failures >= transport.retry.max_attempts:
+                raise UnavailableError(
+                    grpc.StatusCode.UNAVAILABLE,
+                    "",
+                    f"the server at {transport.address} kept ending the watch of promise "
+                    f"{id!r} before it settled; check the server's logs, then watch again",
+                )
+            transport.sleep(transport.retry.backoff(failures))

@@ -220,7 +220,7 @@ class Runner:
         if refresh:
             # Steps the older task recorded after this delivery left the server:
             # read them, so that none of their functions runs again.
-            history += self._client.search_all(f"{root.id}.*")
+            history += self._client.search_all(parent_id=root.id)
         engine = self._cache_take(root.id)
         if engine is not None:
             outcome = engine.advance(history)
@@ -276,6 +276,12 @@ class Runner:
                         outcome = engine.advance(settled)
                         continue
                     keep = True
+                    _log.info(
+                        "workflow %r waits on %s",
+                        held.root_id,
+                        ", ".join(outcome.awaiting),
+                        extra={"workflow_id": held.root_id},
+                    )
                     return
                 elif isinstance(outcome, Done):
                     try:
@@ -284,6 +290,11 @@ class Runner:
                         self._complete(held, reject=error_value(exc))
                     else:
                         self._complete(held, resolve=value)
+                        _log.info(
+                            "workflow %r returned",
+                            held.root_id,
+                            extra={"workflow_id": held.root_id},
+                        )
                     return
                 else:
                     self._failed(held, response, outcome)

@@ -26,7 +26,6 @@ are safe because every call is idempotent:
 
 from __future__ import annotations
 
-import logging
 import math
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -34,8 +33,7 @@ from datetime import datetime, timedelta
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
-import grpc
-
+from troth import _arguments as check
 from troth._calls import Connection, schema_text
 from troth._commands import TAG_FUNC, TAG_INVOKE
 from troth._convert import (
@@ -50,7 +48,7 @@ from troth._convert import (
     timedelta_to_proto,
 )
 from troth._credentials import TlsConfig, resolve_tls, resolve_token
-from troth._events import WATCH_READY_METADATA, PromiseEventStream
+from troth._events import WATCH_READY_METADATA, PromiseEventStream, watch_promise
 from troth._handle import Handle
 from troth._operators import OperatorCalls
 from troth._promise import (
@@ -63,16 +61,16 @@ from troth._promise import (
 )
 from troth._schema import decision_schema
 from troth._tracing import TRACEPARENT_TAG, client_span
-from troth._transport import Transport, as_call, map_rpc_errors
+from troth._transport import Transport
 from troth.codec import Codec, JsonCodec, Payload
 from troth.errors import (
     ConfigurationError,
-    DeadlineExceededError,
-    UnavailableError,
 )
 from troth.v1 import promises_pb2
 
 if TYPE_CHECKING:
+    import grpc
+
     from troth._approvers import Approvers
     from troth._transport import PromiseServiceStub
 
@@ -85,7 +83,6 @@ __all__ = [
     "TlsConfig",
 ]
 
-_log = logging.getLogger("troth.client")
 
 DEFAULT_ADDRESS = "127.0.0.1:7070"
 """Where `troth serve` listens by default."""
@@ -284,16 +281,20 @@ class Client(OperatorCalls):
             InvalidArgumentError: Bad id, ttl or payload (see `.field`).
             ValueError: More than one of ttl, expire_time, never_expires; naive datetime.
         """
-        expiries = [name for name, given in _expiry_args(ttl, expire_time, never_expires) if given]
-        if len(expiries) > 1:
-            raise ValueError(
-                f"create({id!r}) got {' and '.join(expiries)}; pass at most one of ttl, "
-                "expire_time and never_expires"
-            )
+        call = "Client.create"
+        check.promise_id(call, id)
+        tags = check.tags(call, tags)
+        ttl = check.duration(call, ttl, "ttl")
+        expire_time = check.moment(call, expire_time, "expire_time")
+        check.flags(call, never_expires=never_expires, strict=strict)
+        check.texts(call, title=title, message=message, requested_by=requested_by)
+        check.texts(call, optional=True, idempotency_key=idempotency_key)
+        check.approvers(call, approvers)
+        check.at_most_one_expiry(f"create({id!r})", ttl, expire_time, never_expires)
         request = promises_pb2.CreatePromiseRequest(
             id=id,
             param=payload_to_proto(self.encode(param)),
-            tags=dict(tags or {}),
+            tags=tags,
             never_expires=never_expires,
             idempotency_key=idempotency_key or "",
             strict=strict,
@@ -317,7 +318,7 @@ class Client(OperatorCalls):
         Raises:
             NotFoundError: No promise has this id.
         """
-        request = promises_pb2.GetPromiseRequest(id=id)
+        request = promises_pb2.GetPromiseRequest(id=check.promise_id("Client.get", id))
         response = self._transport.call(self._stub.GetPromise, request, timeout=self._timeout)
         return promise_from_proto(response.promise)
 
@@ -333,6 +334,7 @@ class Client(OperatorCalls):
         created_before: datetime | None = None,
         older_than: timedelta | None = None,
         mine: bool = False,
+        parent_id: str | None = None,
     ) -> SearchPage:
         """Read one page of the promises matching a query, in creation order by default.
 
@@ -354,6 +356,8 @@ class Client(OperatorCalls):
                 reject now (its roles, prefixes and each promise's approver policy,
                 checked by the server row by row): its inbox. A page may then hold
                 fewer than `page_size`, even none, and still have a next page.
+            parent_id: Only the steps of this workflow (its root's id), by record:
+                steps with explicit ids too, not a child workflow's steps.
 
         Raises:
             InvalidArgumentError: Bad glob, page size or page token.
@@ -361,6 +365,15 @@ class Client(OperatorCalls):
                 datetime; `created_before` with `older_than`, or `older_than`
                 with `page_token`.
         """
+        call = "Client.search"
+        check.promise_id(call, id)
+        tags = check.tags(call, tags)
+        check.count(call, page_size, "page_size")
+        check.optional_text(call, page_token, "page_token")
+        created_before = check.moment(call, created_before, "created_before")
+        older_than = check.duration(call, older_than, "older_than")
+        check.flag(call, mine, "mine")
+        parent_id = check.optional_id(call, parent_id, "parent_id")
         if older_than is not None and page_token:
             raise ValueError(
                 "older_than is relative to now, so the next page would be another search; "
@@ -370,11 +383,12 @@ class Client(OperatorCalls):
         request = promises_pb2.SearchPromisesRequest(
             id=id,
             states=[state_to_proto(parse_state(state)) for state in states],
-            tags=dict(tags or {}),
+            tags=tags,
             page_size=page_size or 0,
             page_token=page_token or "",
             order=order_to_proto(parse_order(order)),
             mine=mine,
+            parent_id=parent_id or "",
         )
         cut_off = search_cut_off(created_before, older_than)
         if cut_off is not None:
@@ -396,6 +410,7 @@ class Client(OperatorCalls):
         created_before: datetime | None = None,
         older_than: timedelta | None = None,
         mine: bool = False,
+        parent_id: str | None = None,
     ) -> Iterator[Promise]:
         """Iterate over every matching promise, fetching pages as needed.
 
@@ -404,6 +419,9 @@ class Client(OperatorCalls):
         one call with the client's timeout.
         """
         states = tuple(states)
+        call = "Client.search_all"
+        created_before = check.moment(call, created_before, "created_before")
+        older_than = check.duration(call, older_than, "older_than")
         cut_off = search_cut_off(created_before, older_than)
         token: str | None = None
         while True:
@@ -416,6 +434,7 @@ class Client(OperatorCalls):
                 order=order,
                 created_before=cut_off,
                 mine=mine,
+                parent_id=parent_id,
             )
             yield from page.promises
             if page.next_page_token is None:
@@ -501,7 +520,11 @@ class Client(OperatorCalls):
         """A settle token for the pending promise `id`, to put in a link: it lets its
         bearer resolve or reject that promise (`outcomes`: "resolve", "reject";
         default both), until `ttl` (default: the promise's expiry), once."""
-        return self._connection.mint_settle_token(id, outcomes=outcomes, ttl=ttl)
+        call = "Client.mint_settle_token"
+        ttl = check.duration(call, ttl, "ttl")
+        return self._connection.mint_settle_token(
+            check.promise_id(call, id), outcomes=outcomes, ttl=ttl
+        )
 
     def cancel(
         self,
@@ -537,6 +560,10 @@ class Client(OperatorCalls):
         create_if_missing: bool = False,
         settle_token: str | None = None,
     ) -> SettleResult:
+        call = f"Client.{request_type.__name__.removesuffix('PromiseRequest').lower()}"
+        check.promise_id(call, id)
+        check.texts(call, optional=True, idempotency_key=idempotency_key, settle_token=settle_token)
+        check.flags(call, strict=strict, create_if_missing=create_if_missing)
         generated = not idempotency_key
         key = uuid.uuid4().hex if generated else idempotency_key
         request = request_type(
@@ -572,74 +599,9 @@ class Client(OperatorCalls):
             NotFoundError: No promise has this id.
             DeadlineExceededError: It had not settled within `timeout` (also a `TimeoutError`).
         """
-        if timeout is not None and not timeout > 0:
-            raise ValueError(f"timeout={timeout!r} must be positive, or None to wait indefinitely")
-        transport = self._transport
-        deadline = transport.deadline(timeout)
-        request = promises_pb2.WatchPromiseRequest(id=id)
-        last: Promise | None = None
-        failures = 0  # consecutive broken streams without a message in between
-        outage_start: float | None = None  # when an established watch lost its stream
-        with map_rpc_errors(transport.address, tls=transport.tls):
-            while True:
-                remaining = transport.remaining(deadline)
-                stream = self._stub.WatchPromise(
-                    request, timeout=remaining, metadata=transport.metadata_for(remaining)
-                )
-                try:
-                    for response in stream:
-                        failures, outage_start = 0, None
-                        promise = promise_from_proto(response.promise)
-                        # After a reconnect the server repeats the current state.
-                        if promise != last:
-                            last = promise
-                            yield promise
-                        if promise.is_settled:
-                            return
-                except grpc.RpcError as exc:
-                    call = as_call(exc)
-                    if (
-                        timeout is not None
-                        and call is not None
-                        and call.code() is grpc.StatusCode.DEADLINE_EXCEEDED
-                        and transport.remaining(deadline) == 0
-                    ):
-                        raise DeadlineExceededError(
-                            grpc.StatusCode.DEADLINE_EXCEEDED,
-                            "",
-                            f"promise {id!r} did not settle within {timeout:g}s; wait longer, "
-                            f"or find out who should settle it (`troth promises get {id}`)",
-                        ) from exc
-                    failures += 1
-                    if last is not None and outage_start is None:
-                        outage_start = transport.now()
-                    delay = transport.reconnect_delay(
-                        exc, failures, deadline, outage_start=outage_start
-                    )
-                    if delay is None:
-                        raise
-                    _log.warning(
-                        "watch of promise %r broke (%s); reconnecting in %.1fs",
-                        id,
-                        call.code().name if call is not None else exc,
-                        delay,
-                        extra={"promise_id": id, "address": transport.address},
-                    )
-                    transport.sleep(delay)
-                    continue
-                finally:
-                    stream.cancel()
-                # The server ended the stream before the promise settled (e.g. it
-                # is shutting down): reopen, with the same backoff as a failure.
-                failures += 1
-                if failures >= transport.retry.max_attempts:
-                    raise UnavailableError(
-                        grpc.StatusCode.UNAVAILABLE,
-                        "",
-                        f"the server at {transport.address} kept ending the watch of promise "
-                        f"{id!r} before it settled; check the server's logs, then watch again",
-                    )
-                transport.sleep(transport.retry.backoff(failures))
+        check.promise_id("Client.watch", id)
+        timeout = check.seconds("Client.watch", timeout)
+        yield from watch_promise(self._transport, self._stub, id, timeout)
 
     def watch_promises(
         self,
@@ -681,7 +643,9 @@ class Client(OperatorCalls):
 
         .. versionadded:: 0.2.0
         """
-        request = promises_pb2.WatchPromisesRequest(id=id, tags=dict(tags or {}))
+        call = "Client.watch_promises"
+        tags = check.tags(call, tags)
+        request = promises_pb2.WatchPromisesRequest(id=check.promise_id(call, id), tags=tags)
         return PromiseEventStream(self._transport, request, on_reconnect)
 
     def wait(self, id: str, timeout: float | None = None) -> Promise:
@@ -695,6 +659,8 @@ class Client(OperatorCalls):
             NotFoundError: No promise has this id.
             DeadlineExceededError: It had not settled within `timeout` (also a `TimeoutError`).
         """
+        check.promise_id("Client.wait", id)
+        timeout = check.seconds("Client.wait", timeout)
         for promise in self.watch(id, timeout=timeout):
             if promise.is_settled:
                 return promise
@@ -748,9 +714,11 @@ class Client(OperatorCalls):
             InvalidArgumentError: Bad id or ttl, or arguments over the payload limit.
             TypeError: The codec cannot encode the arguments, or `ttl` is not a timedelta.
         """
-        name = _workflow_name(workflow)
-        if ttl is not None and not isinstance(ttl, timedelta):
-            raise TypeError(f"start(ttl={ttl!r}): ttl must be a timedelta, e.g. timedelta(days=7)")
+        call = "Client.start"
+        check.promise_id(call, id)
+        check.text(call, group, "group")
+        ttl = check.duration(call, ttl, "ttl")
+        name = check.workflow_name(workflow)
         tags = {TAG_INVOKE: group, TAG_FUNC: name}
         with client_span("troth.start", **{"troth.workflow.id": id, "troth.workflow.name": name,
                                            "troth.group": group}) as traceparent:  # fmt: skip
@@ -770,28 +738,10 @@ class Client(OperatorCalls):
 
     def handle(self, id: str) -> Handle:
         """A handle to the workflow (or any promise) with this id; makes no call."""
-        return Handle(self, id)
+        return Handle(self, check.promise_id("Client.handle", id))
 
 
 def connection(client: Client) -> Connection:
     """The client's transport and call deadline, for the SDK's own modules (the worker,
     `troth tasks`): not a public API."""
     return client._connection
-
-
-def _workflow_name(workflow: str | Callable[..., Any]) -> str:
-    if isinstance(workflow, str):
-        if not workflow:
-            raise ValueError("workflow name must not be empty")
-        return workflow
-    return str(getattr(workflow, "__name__", None) or type(workflow).__name__)
-
-
-def _expiry_args(
-    ttl: timedelta | None, expire_time: datetime | None, never_expires: bool
-) -> tuple[tuple[str, bool], ...]:
-    return (
-        ("ttl", ttl is not None),
-        ("expire_time", expire_time is not None),
-        ("never_expires", never_expires),
-    )

@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from troth import _arguments as check
 from troth._commands import (
     AwaitAll,
     AwaitAny,
@@ -137,7 +138,13 @@ class Context:
                 `NOT_AN_APPROVER`). A settle token (`handle.settle_token()`)
                 needs no approver.
         """
-        user_tags = dict(tags or {})
+        call = "ctx.promise"
+        check.optional_id(call, id)
+        timeout = check.duration(call, timeout, "timeout")
+        user_tags = check.tags(call, tags)
+        check.texts(call, title=title, message=message)
+        check.flag(call, check_args, "check_args")
+        check.approvers(call, approvers)
         reserved = sorted(k for k in user_tags if k.startswith(_RESERVED_TAG_PREFIX))
         if reserved:
             raise ValueError(f"tags {reserved} use the reserved prefix 'troth:'; rename them")
@@ -182,6 +189,16 @@ class Context:
                 with no canonical JSON encoding (objects of unknown classes)
                 are not checked; see `troth._digests`.
         """
+        if not callable(fn):
+            raise TypeError(
+                f"ctx.run: fn must be a function (ctx.run(fn, *args)), not {type(fn).__name__}"
+            )
+        if retry is not None and not isinstance(retry, RetryPolicy):
+            raise TypeError(
+                f"ctx.run: retry must be a troth.RetryPolicy, not {type(retry).__name__}"
+            )
+        check.optional_id("ctx.run", id)
+        check.flag("ctx.run", check_args, "check_args")
         return RunStep(fn=fn, args=args, retry=retry or RetryPolicy(), id=id, check_args=check_args)
 
     def sleep(
@@ -193,7 +210,10 @@ class Context:
         a replay that asks for another one fails with `NonDeterminismError`;
         pass False for a duration computed from the clock (`deadline - now`).
         """
-        delta = duration if isinstance(duration, timedelta) else timedelta(seconds=duration)
+        delta = check.duration("ctx.sleep", duration, "duration", in_seconds=True)
+        if delta is None:
+            raise TypeError("ctx.sleep: duration must be a datetime.timedelta or seconds, not None")
+        check.optional_id("ctx.sleep", id)
         if delta < timedelta(0):
             raise ValueError(f"duration must not be negative, not {delta}")
         return Sleep(duration=delta, id=id, check_args=check_args)
@@ -225,13 +245,15 @@ class Context:
 
         .. versionchanged:: 0.2.0 `ttl`.
         """
+        check.optional_id("ctx.start", id)
+        check.optional_text("ctx.start", group, "group")
         return StartWorkflow(
-            name=_workflow_name(workflow),
+            name=check.workflow_name(workflow),
             args=args,
             id=id,
             group=group,
             check_args=check_args,
-            ttl=_child_ttl(ttl),
+            ttl=_child_ttl("ctx.start", ttl),
         )
 
     def rpc(
@@ -247,14 +269,16 @@ class Context:
 
         `check_args` and `ttl` as for `start`.
         """
+        check.optional_id("ctx.rpc", id)
+        check.optional_text("ctx.rpc", group, "group")
         return StartWorkflow(
-            name=_workflow_name(workflow),
+            name=check.workflow_name(workflow),
             args=args,
             id=id,
             group=group,
             wait=True,
             check_args=check_args,
-            ttl=_child_ttl(ttl),
+            ttl=_child_ttl("ctx.rpc", ttl),
         )
 
     def all(self, handles: Iterable[PromiseHandle], *, decisions: bool = False) -> AwaitAll:
@@ -317,22 +341,11 @@ class Context:
         return f"Context(id={self.id!r})"
 
 
-def _workflow_name(workflow: str | Callable[..., Any]) -> str:
-    if isinstance(workflow, str):
-        if not workflow:
-            raise ValueError("workflow name must not be empty")
-        return workflow
-    return str(getattr(workflow, "__name__", None) or type(workflow).__name__)
-
-
-def _child_ttl(ttl: timedelta | None) -> timedelta | None:
-    if ttl is None:
-        return None
-    if not isinstance(ttl, timedelta):
-        raise TypeError(f"ttl={ttl!r} must be a timedelta, e.g. timedelta(days=7)")
-    if ttl <= timedelta(0):
-        raise ValueError(f"ttl must be positive, not {ttl}")
-    return ttl
+def _child_ttl(call: str, ttl: object) -> timedelta | None:
+    delta = check.duration(call, ttl, "ttl")
+    if delta is not None and delta <= timedelta(0):
+        raise ValueError(f"{call}: ttl must be positive, not {delta}")
+    return delta
 
 
 def _handles(handles: Iterable[PromiseHandle]) -> tuple[PromiseHandle, ...]:

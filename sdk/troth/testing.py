@@ -40,12 +40,14 @@ this shape; a file holds one such object, or a list of them::
   replays as cancelled; one `RESOLVED` or `REJECTED` says the recorded run
   had ended, so code that now yields a step after the last recorded one
   diverges.
-- `promises`: the root's descendants (`<root_id>.*`), in any order.
+- `promises`: the root's steps, in any order (`troth export` reads them by
+  record, `parent_id`; files from before it hold the `<root_id>.*` ids).
 
 Each promise has `id`, `state` (default `RESOLVED`), `tags` (a step's
 `troth:args`, its argument digest, is checked on replay when present; files
 written before digests existed have none and are not checked), and optionally
-`param`, `value`, `create_time` and `settle_time` (ISO 8601). `param` and
+`param`, `value`, `create_time`, `settle_time` (ISO 8601) and `parent_id` (the
+workflow whose step it is: a step with an explicit id is known by it). `param` and
 `value` are plain JSON, encoded with the codec (default JSON); a payload that
 is not JSON is written `{"$base64": "...", "headers": {...}}` and read back
 byte for byte. Other keys (`expire_time`, `settled_by`, ...) are for people
@@ -125,7 +127,7 @@ class History:
         root_id: The workflow's id (its root promise's).
         workflow: The name the workflow is registered under; "" if the file names none.
         args: The workflow's arguments after `ctx`.
-        promises: The root's descendants (`<root_id>.*`) the server held.
+        promises: The root's steps the server held (see the module docstring).
         root: The root promise, if the history has it.
 
     .. versionadded:: 0.1.0
@@ -172,10 +174,17 @@ def replay_history(history: History, workflow: Workflow, *, codec: Codec | None 
 
     .. versionadded:: 0.1.0
     """
+    return replay_history_counted(history, workflow, codec=codec)[0]
+
+
+def replay_history_counted(
+    history: History, workflow: Workflow, *, codec: Codec | None = None
+) -> tuple[Outcome, int]:
+    """`replay_history`, and how many recorded steps it replayed (for `troth replay`)."""
     root = history.root
     promises = (root, *history.promises) if root is not None else history.promises
     group = root.tags.get(TAG_INVOKE) if root is not None else None
-    outcome = _replay(
+    outcome, replayed = _replay_counted(
         workflow, history.args, promises, root_id=history.root_id, codec=codec, group=group
     )
     if (
@@ -183,9 +192,13 @@ def replay_history(history: History, workflow: Workflow, *, codec: Codec | None 
         and root.state in _ENDED
         and isinstance(outcome, CreateStep)
         and not outcome.exists
-        # A step with an explicit id outside `<root>.*` was never exported:
-        # not knowing it is no evidence that the code changed.
-        and outcome.step_id.startswith(f"{history.root_id}.")
+        # A history exported by record (its steps carry parent_id) holds the
+        # named steps too; an older one held only `<root>.*`, so there a step
+        # with an explicit id it lacks is no evidence that the code changed.
+        and (
+            outcome.step_id.startswith(f"{history.root_id}.")
+            or any(p.parent_id == history.root_id for p in history.promises)
+        )
     ):
         raise NonDeterminismError(
             outcome.position,
@@ -193,7 +206,7 @@ def replay_history(history: History, workflow: Workflow, *, codec: Codec | None 
             yielded=describe_tags(outcome.tags),
             step_id=outcome.step_id,
         )
-    return outcome
+    return outcome, replayed
 
 
 def replay_file(
@@ -244,13 +257,26 @@ def _replay(
     codec: Codec | None,
     group: str | None = None,
 ) -> Outcome:
+    return _replay_counted(workflow, args, history, root_id=root_id, codec=codec, group=group)[0]
+
+
+def _replay_counted(
+    workflow: Workflow,
+    args: Sequence[Any],
+    history: Iterable[Promise],
+    *,
+    root_id: str,
+    codec: Codec | None,
+    group: str | None = None,
+) -> tuple[Outcome, int]:
     with Engine(
         workflow, args, root_id=root_id, history=history, codec=codec, group=group
     ) as engine:
         outcome = engine.advance()
+        replayed = engine.replayed
     if isinstance(outcome, Failed) and isinstance(outcome.error, NonDeterminismError):
         raise outcome.error
-    return outcome
+    return outcome, replayed
 
 
 def load_histories(
@@ -355,6 +381,7 @@ def _promise_from_json(item: Any, codec: Codec, where: str) -> Promise:
         settle_time = _time(item.get("settle_time"), "settle_time") if settled else None
         create_time = _time(item.get("create_time"), "create_time") or _EPOCH
         tags = {str(k): str(v) for k, v in item.get("tags", {}).items()}
+        parent_id = str(item.get("parent_id", ""))
     except (TypeError, ValueError, AttributeError, binascii.Error) as exc:
         raise ValueError(f"{where} ({item['id']}): {exc}") from None
     return Promise(
@@ -365,6 +392,7 @@ def _promise_from_json(item: Any, codec: Codec, where: str) -> Promise:
         tags=tags,
         create_time=create_time,
         settle_time=settle_time,
+        parent_id=parent_id,
     )
 
 
@@ -454,8 +482,10 @@ def _wait_for_port(
         if proc.poll() is not None or time.monotonic() > deadline:
             log = log_path.read_text(errors="replace")
             if "No module named troth_server" in log:
+                from troth._cli import INSTALL_SERVER  # the CLI's own words for it
+
                 raise ConfigurationError(
-                    "running_server needs the server: pip install troth-server"
+                    f"running_server needs the server, troth-server: {INSTALL_SERVER}"
                 )
             proc.kill()
             raise ConfigurationError(f"the troth server did not start:\n{log[-4000:]}")

@@ -70,7 +70,9 @@ it, or stopping the worker, closes the generator (`Engine.close()`), which
 runs the workflow's `finally:` blocks: durable cleanup belongs in a step.
 Nothing depends on the cache: any worker of the group can resume any workflow.
 
-Logging goes to `logging.getLogger("troth.worker")`; the SDK configures nothing.
+Logging goes to `logging.getLogger("troth.worker")`. `start()` and `stop()`
+configure nothing; `run()`, which owns the process, sends troth's INFO lines
+to stderr when the program configured no logging (`troth._foreground`).
 """
 
 from __future__ import annotations
@@ -79,7 +81,6 @@ import inspect
 import logging
 import os
 import random
-import signal
 import socket
 import threading
 import time
@@ -87,12 +88,13 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
-from types import FrameType, TracebackType
+from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self, TypeVar, overload
 
 import grpc
 
 from troth._convert import timedelta_to_proto
+from troth._foreground import Interrupts, exit_now, show_logs
 from troth._leases import Held, Leases
 from troth._runner import Runner, describe_version
 from troth._tasks import PollCall, TaskCalls
@@ -206,6 +208,8 @@ class Worker:
             abandon=self._abandon,
         )
         self._poll_call: PollCall | None = None
+        self._hurry: Callable[[], bool] = lambda: False
+        """True once `stop()` must not wait for running steps (`run`: a second signal)."""
         self._pool: ThreadPoolExecutor | None = None
         self._poller: threading.Thread | None = None
 
@@ -382,10 +386,23 @@ class Worker:
         self._stopping.set()
         deadline = time.monotonic() + (self._grace if grace is None else grace)
         with self._idle:
-            while self._running and (remaining := deadline - time.monotonic()) > 0:
-                self._idle.wait(remaining)
+            # In slices: a second Ctrl-C (`run`) ends the wait without notifying.
+            while (
+                self._running
+                and not self._hurry()
+                and (remaining := deadline - time.monotonic()) > 0
+            ):
+                self._idle.wait(min(remaining, 0.1))
             busy = self._running
         self._abandon.set()
+        # The stream first: a task released while it is open could be delivered
+        # to it again, after the list below was taken, and stay leased to us.
+        with self._lock:
+            call, self._poll_call = self._poll_call, None
+        if call is not None:
+            call.cancel()
+        if self._poller is not None:
+            self._poller.join()
         held = self._leases.held()
         if busy:
             _log.warning(
@@ -397,12 +414,6 @@ class Worker:
         for task in held:
             if not task.lost:
                 self._leases.release(task)
-        with self._lock:
-            call, self._poll_call = self._poll_call, None
-        if call is not None:
-            call.cancel()
-        if self._poller is not None:
-            self._poller.join()
         self._leases.stop()
         if self._pool is not None:
             self._pool.shutdown(wait=not busy, cancel_futures=True)
@@ -415,28 +426,30 @@ class Worker:
     def run(self) -> None:
         """Start, and block until stopped: by `stop()` from another thread, or by SIGINT/SIGTERM.
 
-        In the main thread, SIGINT and SIGTERM stop the worker gracefully (a
-        second signal acts as usual); elsewhere, signals are left alone.
+        In the main thread, the first SIGINT (Ctrl-C) or SIGTERM stops the worker
+        gracefully and logs what it waits for (the running tasks, for at most
+        `shutdown_grace`); a second one stops at once: the held tasks are given
+        back without waiting for their steps, and if a step function is still
+        running the process exits with status 130 (`troth._foreground`).
+        Elsewhere, signals are left alone. When the program has configured no
+        logging, troth's INFO lines go to stderr (`show_logs`).
         """
-        previous: dict[signal.Signals, Any] = {}
-
-        def on_signal(signum: int, frame: FrameType | None) -> None:
-            _log.info("worker %s got %s; stopping", self.worker_id, signal.Signals(signum).name)
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-            self._stopping.set()
-
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                previous[sig] = signal.signal(sig, on_signal)
-        try:
-            self.start()
-            while not self._stopping.wait(1.0):
-                pass
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-            self.stop()
+        show_logs()
+        with Interrupts(self.worker_id) as interrupts:
+            self._hurry = lambda: interrupts.now
+            interrupts.watch()
+            try:
+                self.start()
+                while not interrupts.count and not self._stopping.wait(0.1):
+                    pass
+                if interrupts.count:
+                    interrupts.say_stopping([h.root_id for h in self._leases.held()], self._grace)
+            finally:
+                self.stop()
+        with self._lock:
+            busy = self._running
+        if interrupts.now and busy:
+            exit_now()  # a step function is still running on a pool thread: do not wait for it
 
     def __enter__(self) -> Self:
         self.start()

@@ -9,9 +9,10 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from troth._durations import EXAMPLES, duration_ms
+from troth._durations import EXAMPLES, duration_ms, unit_hint
 from troth_server.auth import SUPPORTED_ALGORITHMS, AuthSources, parse_algorithms
 from troth_server.domain.schema import SchemaBounds
+from troth_server.units import duration_text, size_text
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -22,7 +23,8 @@ def parse_duration_ms(text: str) -> int:
     `0` is 0): the CLI's syntax (`troth._durations`)."""
     ms = duration_ms(text)
     if ms is None:
-        raise ValueError(f"{text!r} is not a duration; write it like {EXAMPLES} (or 0)")
+        how = unit_hint(text) or f"write it like {EXAMPLES} (or 0)"
+        raise ValueError(f"{text!r} is not a duration; {how}")
     return ms
 
 
@@ -476,7 +478,10 @@ def build_parser() -> argparse.ArgumentParser:
         if kind is bool:
             parser.add_argument(f"--{flag}", action="store_true", default=None, help=help_text)
             continue
-        shown = f"{default}ms" if kind is None else default
+        if kind is None:
+            shown = duration_text(default)
+        else:
+            shown = size_text(default) if name.endswith("_bytes") else default
         parser.add_argument(f"--{flag}", default=None, help=f"{help_text} (default: {shown})")
     for flag in _REMOVED:
         parser.add_argument(f"--{flag}", default=None, help=argparse.SUPPRESS)

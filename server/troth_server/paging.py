@@ -53,11 +53,14 @@ def fingerprint(
     tags: Mapping[str, str],
     order: PromiseOrder = PromiseOrder.CREATED_ASC,
     created_before: int | None = None,
+    parent_id: str | None = None,
 ) -> str:
     """A short digest of everything in a search request but its page size and token."""
     parts: list[Any] = [id_glob, sorted(states), sorted(tags.items())]
-    if order is not PromiseOrder.CREATED_ASC or created_before is not None:
+    if order is not PromiseOrder.CREATED_ASC or created_before is not None or parent_id:
         parts += [order.value, created_before]
+    if parent_id is not None:
+        parts.append({"parent_id": parent_id})
     canonical = json.dumps(parts)
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 

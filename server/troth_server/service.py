@@ -495,12 +495,14 @@ class PromiseService:
         created_before: int | None = None,
         settleable_by: Principal | None = None,
         prefixes: tuple[str, ...] = (),
+        parent_id: str | None = None,
     ) -> SearchPage:
         """A page of matching promises; with `prefixes`, only those whose ids start with
         one of them (a scoped principal's search); with `settleable_by`, only those it may
         settle now (`SettleGuard.may_settle`, row by row: the page may come out shorter,
-        even empty, and keeps the token of the rows it read)."""
-        query = paging.fingerprint(id_glob, states, tags, order, created_before)
+        even empty, and keeps the token of the rows it read); with `parent_id`, only the
+        steps of that workflow."""
+        query = paging.fingerprint(id_glob, states, tags, order, created_before, parent_id)
         after = paging.decode(page_token, order, query) if page_token else paging.START
         now = self._clock()
         rows = self._store.search_promises(
@@ -514,6 +516,7 @@ class PromiseService:
                 after_expire_time=after.expire_time,
                 created_before=created_before,
                 id_prefixes=prefixes,
+                parent_id=parent_id,
             ),
             now,
         )

@@ -23,6 +23,7 @@ from grpc_status import rpc_status
 from troth import Client, Context, Worker, WorkflowFailed
 from troth.errors import (
     AlreadySettledError,
+    InvalidArgumentError,
     NotFoundError,
     PermissionDeniedError,
     PromiseRejectedError,
@@ -358,3 +359,36 @@ def _eventually(check: Any, what: str, timeout: float = 20) -> None:
     while not check():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.05)
+
+
+def test_a_search_by_parent_lists_a_workflows_steps_named_ones_too(client: Client) -> None:
+    """`SearchPromises.parent_id` (`Client.search(parent_id=...)`, what `troth export`
+    reads a history with): by record, so a named step is listed and a promise that
+    merely shares the prefix is not; its page tokens are bound to it."""
+    group, wid = _wid("g"), _wid("wf")
+    named = f"approve-{wid}"
+
+    def build(worker: Worker) -> None:
+        @worker.workflow(name="asks")
+        def asks(ctx: Context) -> Generator[Any, Any, Any]:
+            yield ctx.run(str.upper, "a")
+            approval = yield ctx.promise(id=named)
+            yield ctx.run(str.upper, "b")
+            return (yield approval)
+
+    client.create(f"{wid}.99")  # shares the prefix, belongs to no one
+    for _ in _run_worker(client, group, build):
+        handle = client.start("asks", id=wid, group=group, ttl=HOUR)
+        _eventually(lambda: len(client.search(parent_id=wid).promises) == 3, "three steps")
+        client.resolve(named, "ok")
+        assert handle.result(timeout=30) == "ok"
+
+    steps = [p.id for p in client.search_all(parent_id=wid)]
+    assert steps == [f"{wid}.0", named, f"{wid}.2"]
+    first = client.search(parent_id=wid, page_size=1)
+    assert first.next_page_token is not None
+    with pytest.raises(InvalidArgumentError):  # the token was issued for that parent
+        client.search(parent_id=f"{wid}.99", page_size=1, page_token=first.next_page_token)
+    with pytest.raises(InvalidArgumentError) as caught:
+        client.search(parent_id="not an id")
+    assert caught.value.field == "parent_id"

@@ -298,7 +298,7 @@ def test_the_cli_says_the_same_and_exits_1(
     tls_server: ServerProcess, pki: Pki, capsys: pytest.CaptureFixture[str]
 ) -> None:
     code, _, err = troth(
-        "--server", tls_server.address, "--timeout", str(FAIL_FAST),
+        "--server", tls_server.address, "--timeout", f"{FAIL_FAST}s",
         "--tls-ca", str(pki.other_ca.cert), "promises", "get", "x", capsys=capsys,
     )  # fmt: skip
     assert code == 1

@@ -82,6 +82,8 @@ def _search_walk(sql: str) -> bool:
         and "ORDER BY promises.seq" in sql
         and re.search(r"\bLIMIT\b", sql)
         and not re.search(r"\b(UPDATE|DELETE)\b", sql)
+        # A workflow's steps (`troth export`): ix_promises_parent_seq serves it, no walk.
+        and "promises.parent_id =" not in sql
     )
 
 
@@ -322,6 +324,8 @@ def _searches(client: Client) -> None:
             {"tags": {"team": "a"}},
             {"id": "hitl-*"},
             {"id": "hitl-0.*"},
+            {"parent_id": "hitl-0"},
+            {"parent_id": "hitl-0", "states": ["RESOLVED"]},
             {"id": "*", "states": ["PENDING"], "tags": {"troth:kind": "promise"}},
         ):
             first = client.search(order=order, page_size=1, **kwargs)  # type: ignore[arg-type]

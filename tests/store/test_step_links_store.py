@@ -13,7 +13,7 @@ from _pg import fresh_schema
 from alembic import command
 
 from troth_server.domain.promise import EMPTY, Promise, PromiseState
-from troth_server.store import open_store
+from troth_server.store import PromiseOrder, PromiseQuery, open_store
 from troth_server.store._migrate import alembic_config
 
 T0 = 1_767_225_600_000
@@ -106,6 +106,37 @@ def test_history_and_pending_steps_follow_parent_id_not_the_prefix(db_url: str) 
         pending = store.write(lambda tx: tx.pending_step_ids(["wf", "other"]))
         assert sorted(pending) == ["elsewhere", "other.0", "wf.1"]
         assert store.write(lambda tx: tx.pending_step_ids([])) == []
+    finally:
+        store.close()
+
+
+def test_a_search_by_parent_finds_the_steps_by_record(db_url: str) -> None:
+    """`SearchPromises.parent_id` (what `troth export` reads a history with): a named
+    step is found, another workflow's `<root>.<n>` is not; a child's steps are its own."""
+    store = open_store(db_url, migrate=True)
+    try:
+        store.write(
+            lambda tx: tx.insert_promises(
+                [
+                    _step("wf", None),
+                    _step("wf.0", "wf", PromiseState.RESOLVED),
+                    _step("approve-wf", "wf"),  # a step with an explicit id
+                    _step("wf.1", "wf"),  # a child workflow
+                    _step("wf.1.0", "wf.1"),
+                    _step("wf.9", "other"),
+                ]
+            )
+        )
+
+        def steps(parent: str, **kwargs: Any) -> list[str]:
+            query = PromiseQuery("*", frozenset(), {}, after_seq=0, limit=100, parent_id=parent,
+                                 **kwargs)  # fmt: skip
+            return [row.promise.id for row in store.search_promises(query, T0)]
+
+        assert steps("wf") == ["wf.0", "approve-wf", "wf.1"]
+        assert steps("wf.1") == ["wf.1.0"]
+        assert steps("wf", order=PromiseOrder.CREATED_DESC) == ["wf.1", "approve-wf", "wf.0"]
+        assert steps("nobody") == []
     finally:
         store.close()
 

@@ -133,7 +133,7 @@ def test_global_options_work_before_and_after_the_command(monkeypatch: pytest.Mo
     monkeypatch.delenv("TROTH_PRINCIPAL", raising=False)
     assert main(["promises", "get", "p", "--json"]) == 0
     assert (
-        main(["--server", "a:1", "promises", "get", "p", "--principal", "ann", "--timeout", "2"])
+        main(["--server", "a:1", "promises", "get", "p", "--principal", "ann", "--timeout", "2s"])
         == 0
     )
     assert main(["promises", "get", "p", "--server", "b:2"]) == 0
@@ -150,9 +150,11 @@ def test_serve_without_the_server_package(
     monkeypatch.delitem(sys.modules, "troth_server.cli", raising=False)
     command = next(arg for arg in argv if not arg.startswith("-"))
     assert main(argv) == 1
-    assert capsys.readouterr().err == (
-        f"troth {command} needs the server: pip install troth-server\n"
-    )
+    err = capsys.readouterr().err
+    assert err.startswith(f"troth {command} needs the server, troth-server, which is not installed")
+    # The command that works: troth-server installs from the checkout, beside the SDK.
+    assert "pip install ./server from a troth checkout" in err
+    assert "./server[postgres] for PostgreSQL" in err
 
 
 def test_db_forwards_the_rest_of_the_command_line(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -926,6 +926,40 @@ def test_ctx_log_is_silent_while_replaying(caplog: pytest.LogCaptureFixture) -> 
     assert [r.getMessage() for r in caplog.records] == ["refunded"]
 
 
+def test_ctx_log_is_silent_while_replaying_named_steps(caplog: pytest.LogCaptureFixture) -> None:
+    """Steps with explicit ids are recorded steps too (by `parent_id`): replaying them is
+    silent, and `Engine.replayed` counts them."""
+
+    def wf(ctx: Context) -> Gen:
+        yield ctx.run(charge, 1, id="charge-order-1")
+        ctx.log.info("charged")
+        approval = yield ctx.promise(id="approve-order-1")
+        ctx.log.info("asked")
+        yield approval
+        ctx.log.info("approved")
+        return "ok"
+
+    world = World()
+    with Engine(wf, [], root_id="r") as engine:
+        assert isinstance(drive(engine, world), Suspend)
+    world.settle("approve-order-1", PromiseState.RESOLVED, True)
+    # As the server records them: each step's parent is the root.
+    history = [replace(p, parent_id="r", root_id="r") for p in world.history()]
+
+    caplog.set_level(logging.INFO, logger="troth.workflow")
+    with Engine(wf, [], root_id="r", history=history) as engine:
+        assert engine.replaying
+        assert drive(engine, world) == Done("ok")
+        assert engine.replayed == 2
+    # Silent until the last recorded step was replayed (then at least once, as documented).
+    assert [r.getMessage() for r in caplog.records] == ["asked", "approved"]
+
+    # Another workflow's promise with a `<root>.<n>`-looking id is not a step of this one.
+    stranger = replace(make("r.7"), parent_id="someone-else")
+    with Engine(wf, [], root_id="r", history=[*history, stranger]) as engine:
+        assert drive(engine, world) == Done("ok")
+
+
 # -- the finally: decision ------------------------------------------------------
 
 

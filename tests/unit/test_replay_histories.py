@@ -274,9 +274,15 @@ def test_rendering_of_each_kind_of_divergence_and_of_success() -> None:
 
 def test_rendering_of_where_a_replay_in_flight_stops() -> None:
     (history,) = load_histories(FIXTURES / "publish_suspended.json")
-    assert render_result(
-        CheckResult(history, "f.json", outcome=Suspend(("publish-post-7.0",)))
-    ) == ("history publish-post-7 (publish): OK, 2 steps replayed; it waits on publish-post-7.0")
+    result = check_history(history, publish, "f.json")
+    assert (result.outcome, result.replayed) == (Suspend(("publish-post-7.0",)), 2)
+    assert render_result(result) == (
+        "history publish-post-7 (publish): OK, 2 steps replayed; it waits on publish-post-7.0"
+    )
+    # The count is what the replay reached, not what the file holds: rendered as given.
+    assert render_result(CheckResult(history, "f.json", outcome=Suspend(("x",)), replayed=1)) == (
+        "history publish-post-7 (publish): OK, 1 step replayed; it waits on x"
+    )
 
 
 # -- finding the workflow code ---------------------------------------------------------

@@ -27,7 +27,7 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from troth.v1 import types_pb2 as troth_dot_v1_dot_types__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17troth/v1/promises.proto\x12\x08troth.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x14troth/v1/types.proto\"\xa2\x01\n\x16MintSettleTokenRequest\x12\x12\n\npromise_id\x18\x01 \x01(\t\x12(\n\x08outcomes\x18\x02 \x03(\x0e\x32\x16.troth.v1.PromiseState\x12&\n\x03ttl\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\"\n\x05\x66\x65nce\x18\x04 \x01(\x0b\x32\x13.troth.v1.TaskFence\"{\n\x17MintSettleTokenResponse\x12\r\n\x05token\x18\x01 \x01(\t\x12/\n\x0b\x65xpire_time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06key_id\x18\x03 \x01(\t\x12\x10\n\x08token_id\x18\x04 \x01(\t\"\xca\x04\n\x14\x43reatePromiseRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12 \n\x05param\x18\x02 \x01(\x0b\x32\x11.troth.v1.Payload\x12\x36\n\x04tags\x18\x03 \x03(\x0b\x32(.troth.v1.CreatePromiseRequest.TagsEntry\x12\x31\n\x0b\x65xpire_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.TimestampH\x00\x12(\n\x03ttl\x18\x05 \x01(\x0b\x32\x19.google.protobuf.DurationH\x00\x12\x15\n\rnever_expires\x18\x06 \x01(\x08\x12\x17\n\x0fidempotency_key\x18\x07 \x01(\t\x12\x0e\n\x06strict\x18\x08 \x01(\x08\x12*\n\rresolved_with\x18\t \x01(\x0b\x32\x11.troth.v1.PayloadH\x01\x12*\n\rrejected_with\x18\n \x01(\x0b\x32\x11.troth.v1.PayloadH\x01\x12\x0e\n\x06schema\x18\x0b \x01(\t\x12\r\n\x05title\x18\x0c \x01(\t\x12\x0f\n\x07message\x18\r \x01(\t\x12\x14\n\x0crequested_by\x18\x0e \x01(\t\x12\"\n\x05\x66\x65nce\x18\x0f \x01(\x0b\x32\x13.troth.v1.TaskFence\x12&\n\tapprovers\x18\x10 \x01(\x0b\x32\x13.troth.v1.Approvers\x1a+\n\tTagsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x08\n\x06\x65xpiryB\x0e\n\x0csettled_with\"L\n\x15\x43reatePromiseResponse\x12\"\n\x07promise\x18\x01 \x01(\x0b\x32\x11.troth.v1.Promise\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"\x1f\n\x11GetPromiseRequest\x12\n\n\x02id\x18\x01 \x01(\t\"8\n\x12GetPromiseResponse\x12\"\n\x07promise\x18\x01 \x01(\x0b\x32\x11.troth.v1.Promise\"\xc1\x02\n\x15SearchPromisesRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12&\n\x06states\x18\x02 \x03(\x0e\x32\x16.troth.v1.PromiseState\x12\x37\n\x04tags\x18\x03 \x03(\x0b\x32).troth.v1.SearchPromisesRequest.TagsEntry\x12\x11\n\tpage_size\x18\x04 \x01(\x05\x12\x12\n\npage_token\x18\x05 \x01(\t\x12%\n\x05order\x18\x06 \x01(\x0e\x32\x16.troth.v1.PromiseOrder\x12\x32\n\x0e\x63reated_before\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0c\n\x04mine\x18\x08 \x01(\x08\x1a+\n\tTagsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"V\n\x16SearchPromisesResponse\x12#\n\x08promises\x18\x01 \x03(\x0b\x32\x11.troth.v1.Promise\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\xc3\x01\n\x15ResolvePromiseRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12 \n\x05value\x18\x02 \x01(\x0b\x32\x11.troth.v1.Payload\x12\x17\n\x0fidempotency_key\x18\x03 \x01(\t\x12\x0e\n\x06strict\x18\x04 \x01(\x08\x12\x19\n\x11\x63reate_if_missing\x18\x05 \x01(\x08\x12\"\n\x05\x66\x65nce\x18\x06 \x01(\x0b\x32\x13.troth.v1.TaskFence\x12\x14\n\x0csettle_token\x18\x07 \x01(\t\"\xc2\x01\n\x14RejectPromiseRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12 \n\x05value\x18\x02 \x01(\x0b\x32\x11.troth.v1.Payload\x12\x17\n\x0fidempotency_key\x18\x03 \x01(\t\x12\x0e\n\x06strict\x18\x04 \x01(\x08\x12\x19\n\x11\x63reate_if_missing\x18\x05 \x01(\x08\x12\"\n\x05\x66\x65nce\x18\x06 \x01(\x0b\x32\x13.troth.v1.TaskFence\x12\x14\n\x0csettle_token\x18\x07 \x01(\t\"m\n\x14\x43\x61ncelPromiseRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12 \n\x05value\x18\x02 \x01(\x0b\x32\x11.troth.v1.Payload\x12\x17\n\x0fidempotency_key\x18\x03 \x01(\t\x12\x0e\n\x06strict\x18\x04 \x01(\x08\"M\n\x16ResolvePromiseResponse\x12\"\n\x07promise\x18\x01 \x01(\x0b\x32\x11.troth.v1.Promise\x12\x0f\n\x07\x61pplied\x18\x02 \x01(\x08\"L\n\x15RejectPromiseResponse\x12\"\n\x07promise\x18\x01 \x01(\x0b\x32\x11.troth.v1.Promise\x12\x0f\n\x07\x61pplied\x18\x02 \x01(\x08\"L\n\x15\x43\x61ncelPromiseResponse\x12\"\n\x07promise\x18\x01 \x01(\x0b\x32\x11.troth.v1.Promise\x12\x0f\n\x07\x61pplied\x18\x02 \x01(\x08\"!\n\x13WatchPromiseRequest\x12\n\n\x02id\x18\x01 \x01(\t\":\n\x14WatchPromiseResponse\x12\"\n\x07promise\x18\x01 \x01(\x0b\x32\x11.troth.v1.Promise\"\x87\x01\n\x14WatchPromisesRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\x36\n\x04tags\x18\x02 \x03(\x0b\x32(.troth.v1.WatchPromisesRequest.TagsEntry\x1a+\n\tTagsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"e\n\x15WatchPromisesResponse\x12(\n\x04type\x18\x01 \x01(\x0e\x32\x1a.troth.v1.PromiseEventType\x12\"\n\x07promise\x18\x02 \x01(\x0b\x32\x11.troth.v1.Promise\"V\n\x14PrunePromisesRequest\x12-\n\nolder_than\x18\x01 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x0f\n\x07\x64ry_run\x18\x02 \x01(\x08\"_\n\x15PrunePromisesResponse\x12\x0e\n\x06pruned\x18\x01 \x01(\x03\x12\x11\n\tworkflows\x18\x02 \x01(\x03\x12\x12\n\nstandalone\x18\x03 \x01(\x03\x12\x0f\n\x07\x64ry_run\x18\x04 \x01(\x08*\x8f\x01\n\x0cPromiseOrder\x12\x1d\n\x19PROMISE_ORDER_UNSPECIFIED\x10\x00\x12\x1d\n\x19PROMISE_ORDER_CREATED_ASC\x10\x01\x12\x1e\n\x1aPROMISE_ORDER_CREATED_DESC\x10\x02\x12!\n\x1dPROMISE_ORDER_EXPIRE_TIME_ASC\x10\x03*\x98\x01\n\x10PromiseEventType\x12\"\n\x1ePROMISE_EVENT_TYPE_UNSPECIFIED\x10\x00\x12\x1e\n\x1aPROMISE_EVENT_TYPE_CREATED\x10\x01\x12\x1e\n\x1aPROMISE_EVENT_TYPE_SETTLED\x10\x02\x12 \n\x1cPROMISE_EVENT_TYPE_TIMED_OUT\x10\x03\x32\xc8\x06\n\x0ePromiseService\x12P\n\rCreatePromise\x12\x1e.troth.v1.CreatePromiseRequest\x1a\x1f.troth.v1.CreatePromiseResponse\x12G\n\nGetPromise\x12\x1b.troth.v1.GetPromiseRequest\x1a\x1c.troth.v1.GetPromiseResponse\x12S\n\x0eSearchPromises\x12\x1f.troth.v1.SearchPromisesRequest\x1a .troth.v1.SearchPromisesResponse\x12S\n\x0eResolvePromise\x12\x1f.troth.v1.ResolvePromiseRequest\x1a .troth.v1.ResolvePromiseResponse\x12P\n\rRejectPromise\x12\x1e.troth.v1.RejectPromiseRequest\x1a\x1f.troth.v1.RejectPromiseResponse\x12P\n\rCancelPromise\x12\x1e.troth.v1.CancelPromiseRequest\x1a\x1f.troth.v1.CancelPromiseResponse\x12O\n\x0cWatchPromise\x12\x1d.troth.v1.WatchPromiseRequest\x1a\x1e.troth.v1.WatchPromiseResponse0\x01\x12R\n\rWatchPromises\x12\x1e.troth.v1.WatchPromisesRequest\x1a\x1f.troth.v1.WatchPromisesResponse0\x01\x12P\n\rPrunePromises\x12\x1e.troth.v1.PrunePromisesRequest\x1a\x1f.troth.v1.PrunePromisesResponse\x12V\n\x0fMintSettleToken\x12 .troth.v1.MintSettleTokenRequest\x1a!.troth.v1.MintSettleTokenResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17troth/v1/promises.proto\x12\x08troth.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x14troth/v1/types.proto\"\xa2\x01\n\x16MintSettleTokenRequest\x12\x12\n\npromise_id\x18\x01 \x01(\t\x12(\n\x08outcomes\x18\x02 \x03(\x0e\x32\x16.troth.v1.PromiseState\x12&\n\x03ttl\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\"\n\x05\x66\x65nce\x18\x04 \x01(\x0b\x32\x13.troth.v1.TaskFence\"{\n\x17MintSettleTokenResponse\x12\r\n\x05token\x18\x01 \x01(\t\x12/\n\x0b\x65xpire_time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06key_id\x18\x03 \x01(\t\x12\x10\n\x08token_id\x18\x04 \x01(\t\"\xca\x04\n\x14\x43reatePromiseRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12 \n\x05param\x18\x02 \x01(\x0b\x32\x11.troth.v1.Payload\x12\x36\n\x04tags\x18\x03 \x03(\x0b\x32(.troth.v1.CreatePromiseRequest.TagsEntry\x12\x31\n\x0b\x65xpire_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.TimestampH\x00\x12(\n\x03ttl\x18\x05 \x01(\x0b\x32\x19.google.protobuf.DurationH\x00\x12\x15\n\rnever_expires\x18\x06 \x01(\x08\x12\x17\n\x0fidempotency_key\x18\x07 \x01(\t\x12\x0e\n\x06strict\x18\x08 \x01(\x08\x12*\n\rresolved_with\x18\t \x01(\x0b\x32\x11.troth.v1.PayloadH\x01\x12*\n\rrejected_with\x18\n \x01(\x0b\x32\x11.troth.v1.PayloadH\x01\x12\x0e\n\x06schema\x18\x0b \x01(\t\x12\r\n\x05title\x18\x0c \x01(\t\x12\x0f\n\x07message\x18\r \x01(\t\x12\x14\n\x0crequested_by\x18\x0e \x01(\t\x12\"\n\x05\x66\x65nce\x18\x0f \x01(\x0b\x32\x13.troth.v1.TaskFence\x12&\n\tapprovers\x18\x10 \x01(\x0b\x32\x13.troth.v1.Approvers\x1a+\n\tTagsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x08\n\x06\x65xpiryB\x0e\n\x0csettled_with\"L\n\x15\x43reatePromiseResponse\x12\"\n\x07promise\x18\x01 \x01(\x0b\x32\x11.troth.v1.Promise\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"\x1f\n\x11GetPromiseRequest\x12\n\n\x02id\x18\x01 \x01(\t\"8\n\x12GetPromiseResponse\x12\"\n\x07promise\x18\x01 \x01(\x0b\x32\x11.troth.v1.Promise\"\xd4\x02\n\x15SearchPromisesRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12&\n\x06states\x18\x02 \x03(\x0e\x32\x16.troth.v1.PromiseState\x12\x37\n\x04tags\x18\x03 \x03(\x0b\x32).troth.v1.SearchPromisesRequest.TagsEntry\x12\x11\n\tpage_size\x18\x04 \x01(\x05\x12\x12\n\npage_token\x18\x05 \x01(\t\x12%\n\x05order\x18\x06 \x01(\x0e\x32\x16.troth.v1.PromiseOrder\x12\x32\n\x0e\x63reated_before\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0c\n\x04mine\x18\x08 \x01(\x08\x12\x11\n\tparent_id\x18\t \x01(\t\x1a+\n\tTagsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"V\n\x16SearchPromisesResponse\x12#\n\x08promises\x18\x01 \x03(\x0b\x32\x11.troth.v1.Promise\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\xc3\x01\n\x15ResolvePromiseRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12 \n\x05value\x18\x02 \x01(\x0b\x32\x11.troth.v1.Payload\x12\x17\n\x0fidempotency_key\x18\x03 \x01(\t\x12\x0e\n\x06strict\x18\x04 \x01(\x08\x12\x19\n\x11\x63reate_if_missing\x18\x05 \x01(\x08\x12\"\n\x05\x66\x65nce\x18\x06 \x01(\x0b\x32\x13.troth.v1.TaskFence\x12\x14\n\x0csettle_token\x18\x07 \x01(\t\"\xc2\x01\n\x14RejectPromiseRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12 \n\x05value\x18\x02 \x01(\x0b\x32\x11.troth.v1.Payload\x12\x17\n\x0fidempotency_key\x18\x03 \x01(\t\x12\x0e\n\x06strict\x18\x04 \x01(\x08\x12\x19\n\x11\x63reate_if_missing\x18\x05 \x01(\x08\x12\"\n\x05\x66\x65nce\x18\x06 \x01(\x0b\x32\x13.troth.v1.TaskFence\x12\x14\n\x0csettle_token\x18\x07 \x01(\t\"m\n\x14\x43\x61ncelPromiseRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12 \n\x05value\x18\x02 \x01(\x0b\x32\x11.troth.v1.Payload\x12\x17\n\x0fidempotency_key\x18\x03 \x01(\t\x12\x0e\n\x06strict\x18\x04 \x01(\x08\"M\n\x16ResolvePromiseResponse\x12\"\n\x07promise\x18\x01 \x01(\x0b\x32\x11.troth.v1.Promise\x12\x0f\n\x07\x61pplied\x18\x02 \x01(\x08\"L\n\x15RejectPromiseResponse\x12\"\n\x07promise\x18\x01 \x01(\x0b\x32\x11.troth.v1.Promise\x12\x0f\n\x07\x61pplied\x18\x02 \x01(\x08\"L\n\x15\x43\x61ncelPromiseResponse\x12\"\n\x07promise\x18\x01 \x01(\x0b\x32\x11.troth.v1.Promise\x12\x0f\n\x07\x61pplied\x18\x02 \x01(\x08\"!\n\x13WatchPromiseRequest\x12\n\n\x02id\x18\x01 \x01(\t\":\n\x14WatchPromiseResponse\x12\"\n\x07promise\x18\x01 \x01(\x0b\x32\x11.troth.v1.Promise\"\x87\x01\n\x14WatchPromisesRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\x36\n\x04tags\x18\x02 \x03(\x0b\x32(.troth.v1.WatchPromisesRequest.TagsEntry\x1a+\n\tTagsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"e\n\x15WatchPromisesResponse\x12(\n\x04type\x18\x01 \x01(\x0e\x32\x1a.troth.v1.PromiseEventType\x12\"\n\x07promise\x18\x02 \x01(\x0b\x32\x11.troth.v1.Promise\"V\n\x14PrunePromisesRequest\x12-\n\nolder_than\x18\x01 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x0f\n\x07\x64ry_run\x18\x02 \x01(\x08\"_\n\x15PrunePromisesResponse\x12\x0e\n\x06pruned\x18\x01 \x01(\x03\x12\x11\n\tworkflows\x18\x02 \x01(\x03\x12\x12\n\nstandalone\x18\x03 \x01(\x03\x12\x0f\n\x07\x64ry_run\x18\x04 \x01(\x08*\x8f\x01\n\x0cPromiseOrder\x12\x1d\n\x19PROMISE_ORDER_UNSPECIFIED\x10\x00\x12\x1d\n\x19PROMISE_ORDER_CREATED_ASC\x10\x01\x12\x1e\n\x1aPROMISE_ORDER_CREATED_DESC\x10\x02\x12!\n\x1dPROMISE_ORDER_EXPIRE_TIME_ASC\x10\x03*\x98\x01\n\x10PromiseEventType\x12\"\n\x1ePROMISE_EVENT_TYPE_UNSPECIFIED\x10\x00\x12\x1e\n\x1aPROMISE_EVENT_TYPE_CREATED\x10\x01\x12\x1e\n\x1aPROMISE_EVENT_TYPE_SETTLED\x10\x02\x12 \n\x1cPROMISE_EVENT_TYPE_TIMED_OUT\x10\x03\x32\xc8\x06\n\x0ePromiseService\x12P\n\rCreatePromise\x12\x1e.troth.v1.CreatePromiseRequest\x1a\x1f.troth.v1.CreatePromiseResponse\x12G\n\nGetPromise\x12\x1b.troth.v1.GetPromiseRequest\x1a\x1c.troth.v1.GetPromiseResponse\x12S\n\x0eSearchPromises\x12\x1f.troth.v1.SearchPromisesRequest\x1a .troth.v1.SearchPromisesResponse\x12S\n\x0eResolvePromise\x12\x1f.troth.v1.ResolvePromiseRequest\x1a .troth.v1.ResolvePromiseResponse\x12P\n\rRejectPromise\x12\x1e.troth.v1.RejectPromiseRequest\x1a\x1f.troth.v1.RejectPromiseResponse\x12P\n\rCancelPromise\x12\x1e.troth.v1.CancelPromiseRequest\x1a\x1f.troth.v1.CancelPromiseResponse\x12O\n\x0cWatchPromise\x12\x1d.troth.v1.WatchPromiseRequest\x1a\x1e.troth.v1.WatchPromiseResponse0\x01\x12R\n\rWatchPromises\x12\x1e.troth.v1.WatchPromisesRequest\x1a\x1f.troth.v1.WatchPromisesResponse0\x01\x12P\n\rPrunePromises\x12\x1e.troth.v1.PrunePromisesRequest\x1a\x1f.troth.v1.PrunePromisesResponse\x12V\n\x0fMintSettleToken\x12 .troth.v1.MintSettleTokenRequest\x1a!.troth.v1.MintSettleTokenResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -40,10 +40,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SEARCHPROMISESREQUEST_TAGSENTRY']._serialized_options = b'8\001'
   _globals['_WATCHPROMISESREQUEST_TAGSENTRY']._loaded_options = None
   _globals['_WATCHPROMISESREQUEST_TAGSENTRY']._serialized_options = b'8\001'
-  _globals['_PROMISEORDER']._serialized_start=2847
-  _globals['_PROMISEORDER']._serialized_end=2990
-  _globals['_PROMISEEVENTTYPE']._serialized_start=2993
-  _globals['_PROMISEEVENTTYPE']._serialized_end=3145
+  _globals['_PROMISEORDER']._serialized_start=2866
+  _globals['_PROMISEORDER']._serialized_end=3009
+  _globals['_PROMISEEVENTTYPE']._serialized_start=3012
+  _globals['_PROMISEEVENTTYPE']._serialized_end=3164
   _globals['_MINTSETTLETOKENREQUEST']._serialized_start=125
   _globals['_MINTSETTLETOKENREQUEST']._serialized_end=287
   _globals['_MINTSETTLETOKENRESPONSE']._serialized_start=289
@@ -59,37 +59,37 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GETPROMISERESPONSE']._serialized_start=1114
   _globals['_GETPROMISERESPONSE']._serialized_end=1170
   _globals['_SEARCHPROMISESREQUEST']._serialized_start=1173
-  _globals['_SEARCHPROMISESREQUEST']._serialized_end=1494
+  _globals['_SEARCHPROMISESREQUEST']._serialized_end=1513
   _globals['_SEARCHPROMISESREQUEST_TAGSENTRY']._serialized_start=932
   _globals['_SEARCHPROMISESREQUEST_TAGSENTRY']._serialized_end=975
-  _globals['_SEARCHPROMISESRESPONSE']._serialized_start=1496
-  _globals['_SEARCHPROMISESRESPONSE']._serialized_end=1582
-  _globals['_RESOLVEPROMISEREQUEST']._serialized_start=1585
-  _globals['_RESOLVEPROMISEREQUEST']._serialized_end=1780
-  _globals['_REJECTPROMISEREQUEST']._serialized_start=1783
-  _globals['_REJECTPROMISEREQUEST']._serialized_end=1977
-  _globals['_CANCELPROMISEREQUEST']._serialized_start=1979
-  _globals['_CANCELPROMISEREQUEST']._serialized_end=2088
-  _globals['_RESOLVEPROMISERESPONSE']._serialized_start=2090
-  _globals['_RESOLVEPROMISERESPONSE']._serialized_end=2167
-  _globals['_REJECTPROMISERESPONSE']._serialized_start=2169
-  _globals['_REJECTPROMISERESPONSE']._serialized_end=2245
-  _globals['_CANCELPROMISERESPONSE']._serialized_start=2247
-  _globals['_CANCELPROMISERESPONSE']._serialized_end=2323
-  _globals['_WATCHPROMISEREQUEST']._serialized_start=2325
-  _globals['_WATCHPROMISEREQUEST']._serialized_end=2358
-  _globals['_WATCHPROMISERESPONSE']._serialized_start=2360
-  _globals['_WATCHPROMISERESPONSE']._serialized_end=2418
-  _globals['_WATCHPROMISESREQUEST']._serialized_start=2421
-  _globals['_WATCHPROMISESREQUEST']._serialized_end=2556
+  _globals['_SEARCHPROMISESRESPONSE']._serialized_start=1515
+  _globals['_SEARCHPROMISESRESPONSE']._serialized_end=1601
+  _globals['_RESOLVEPROMISEREQUEST']._serialized_start=1604
+  _globals['_RESOLVEPROMISEREQUEST']._serialized_end=1799
+  _globals['_REJECTPROMISEREQUEST']._serialized_start=1802
+  _globals['_REJECTPROMISEREQUEST']._serialized_end=1996
+  _globals['_CANCELPROMISEREQUEST']._serialized_start=1998
+  _globals['_CANCELPROMISEREQUEST']._serialized_end=2107
+  _globals['_RESOLVEPROMISERESPONSE']._serialized_start=2109
+  _globals['_RESOLVEPROMISERESPONSE']._serialized_end=2186
+  _globals['_REJECTPROMISERESPONSE']._serialized_start=2188
+  _globals['_REJECTPROMISERESPONSE']._serialized_end=2264
+  _globals['_CANCELPROMISERESPONSE']._serialized_start=2266
+  _globals['_CANCELPROMISERESPONSE']._serialized_end=2342
+  _globals['_WATCHPROMISEREQUEST']._serialized_start=2344
+  _globals['_WATCHPROMISEREQUEST']._serialized_end=2377
+  _globals['_WATCHPROMISERESPONSE']._serialized_start=2379
+  _globals['_WATCHPROMISERESPONSE']._serialized_end=2437
+  _globals['_WATCHPROMISESREQUEST']._serialized_start=2440
+  _globals['_WATCHPROMISESREQUEST']._serialized_end=2575
   _globals['_WATCHPROMISESREQUEST_TAGSENTRY']._serialized_start=932
   _globals['_WATCHPROMISESREQUEST_TAGSENTRY']._serialized_end=975
-  _globals['_WATCHPROMISESRESPONSE']._serialized_start=2558
-  _globals['_WATCHPROMISESRESPONSE']._serialized_end=2659
-  _globals['_PRUNEPROMISESREQUEST']._serialized_start=2661
-  _globals['_PRUNEPROMISESREQUEST']._serialized_end=2747
-  _globals['_PRUNEPROMISESRESPONSE']._serialized_start=2749
-  _globals['_PRUNEPROMISESRESPONSE']._serialized_end=2844
-  _globals['_PROMISESERVICE']._serialized_start=3148
-  _globals['_PROMISESERVICE']._serialized_end=3988
+  _globals['_WATCHPROMISESRESPONSE']._serialized_start=2577
+  _globals['_WATCHPROMISESRESPONSE']._serialized_end=2678
+  _globals['_PRUNEPROMISESREQUEST']._serialized_start=2680
+  _globals['_PRUNEPROMISESREQUEST']._serialized_end=2766
+  _globals['_PRUNEPROMISESRESPONSE']._serialized_start=2768
+  _globals['_PRUNEPROMISESRESPONSE']._serialized_end=2863
+  _globals['_PROMISESERVICE']._serialized_start=3167
+  _globals['_PROMISESERVICE']._serialized_end=4007
 # @@protoc_insertion_point(module_scope)

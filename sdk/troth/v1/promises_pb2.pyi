@@ -122,7 +122,7 @@ class GetPromiseResponse(_message.Message):
     def __init__(self, promise: _Optional[_Union[_types_pb2.Promise, _Mapping]] = ...) -> None: ...
 
 class SearchPromisesRequest(_message.Message):
-    __slots__ = ("id", "states", "tags", "page_size", "page_token", "order", "created_before", "mine")
+    __slots__ = ("id", "states", "tags", "page_size", "page_token", "order", "created_before", "mine", "parent_id")
     class TagsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -138,6 +138,7 @@ class SearchPromisesRequest(_message.Message):
     ORDER_FIELD_NUMBER: _ClassVar[int]
     CREATED_BEFORE_FIELD_NUMBER: _ClassVar[int]
     MINE_FIELD_NUMBER: _ClassVar[int]
+    PARENT_ID_FIELD_NUMBER: _ClassVar[int]
     id: str
     states: _containers.RepeatedScalarFieldContainer[_types_pb2.PromiseState]
     tags: _containers.ScalarMap[str, str]
@@ -146,7 +147,8 @@ class SearchPromisesRequest(_message.Message):
     order: PromiseOrder
     created_before: _timestamp_pb2.Timestamp
     mine: bool
-    def __init__(self, id: _Optional[str] = ..., states: _Optional[_Iterable[_Union[_types_pb2.PromiseState, str]]] = ..., tags: _Optional[_Mapping[str, str]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., order: _Optional[_Union[PromiseOrder, str]] = ..., created_before: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., mine: _Optional[bool] = ...) -> None: ...
+    parent_id: str
+    def __init__(self, id: _Optional[str] = ..., states: _Optional[_Iterable[_Union[_types_pb2.PromiseState, str]]] = ..., tags: _Optional[_Mapping[str, str]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., order: _Optional[_Union[PromiseOrder, str]] = ..., created_before: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., mine: _Optional[bool] = ..., parent_id: _Optional[str] = ...) -> None: ...
 
 class SearchPromisesResponse(_message.Message):
     __slots__ = ("promises", "next_page_token")

@@ -52,6 +52,7 @@ import structlog
 from troth_server.api._intercept import MethodInterceptor
 from troth_server.api._status import status_for
 from troth_server.domain.errors import InvalidArgument, Overloaded
+from troth_server.units import duration_text
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable
@@ -231,7 +232,7 @@ class Admission:
         self.worst_queue_delay_s = max(self.worst_queue_delay_s, standing)
         return Overloaded(
             QUEUE_FLAG,
-            f"{round(self.queue.limit_s * 1000)}ms",
+            duration_text(round(self.queue.limit_s * 1000)),  # as --max-queue-delay reads it
             f"calls have waited {standing:.1f} s before it could start them",
             retry_after_ms=min(QUEUE_RETRY_MAX_MS, max(UNARY_RETRY_MS, round(standing * 1000))),
         )

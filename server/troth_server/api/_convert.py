@@ -26,6 +26,7 @@ from troth_server.domain.routing import MAX_WORKFLOW_NAME, MAX_WORKFLOW_VERSION
 from troth_server.domain.steps import INVOKE_TAG, Fence
 from troth_server.domain.task import Task, TaskKind, TaskState
 from troth_server.store import PromiseOrder
+from troth_server.units import duration_text, size_text
 from troth_server.watch import EventFilter, EventType, PromiseEvent
 
 if TYPE_CHECKING:
@@ -86,7 +87,7 @@ def create_request(request: promises_pb2.CreatePromiseRequest, limits: Limits) -
         if ttl <= 0:
             raise InvalidArgument("ttl", "must be positive, e.g. 30s; omit it for the default")
         if ttl > limits.max_ttl_ms:
-            raise InvalidArgument("ttl", f"exceeds the limit of {limits.max_ttl_ms} ms")
+            raise InvalidArgument("ttl", f"exceeds the limit of {duration_text(limits.max_ttl_ms)}")
     elif expiry == "expire_time":
         expire_time = timestamp_ms(request.expire_time, "expire_time")
     elif not request.never_expires:
@@ -178,7 +179,7 @@ def mint_request(
         if ttl <= 0:
             raise InvalidArgument("ttl", "must be positive, e.g. 86400s; omit it for the default")
         if ttl > limits.max_ttl_ms:
-            raise InvalidArgument("ttl", f"exceeds the limit of {limits.max_ttl_ms} ms")
+            raise InvalidArgument("ttl", f"exceeds the limit of {duration_text(limits.max_ttl_ms)}")
     return (
         promise_id(request.promise_id, limits, "promise_id"),
         frozenset(outcomes),
@@ -192,7 +193,7 @@ def _schema(value: str, limits: Limits) -> str | None:
         return None
     if len(value.encode()) > limits.max_schema_bytes:
         raise InvalidArgument(
-            "schema", f"is larger than the limit of {limits.max_schema_bytes} bytes"
+            "schema", f"is larger than the limit of {size_text(limits.max_schema_bytes)}"
         )
     # What it says is checked by the service, off the event loop (`checks`).
     return value
@@ -202,7 +203,8 @@ def _message(value: str, limits: Limits) -> str | None:
     size = len(value.encode())
     if size > limits.max_message_bytes:
         raise InvalidArgument(
-            "message", f"is {size} bytes (UTF-8); the limit is {limits.max_message_bytes}"
+            "message",
+            f"is {size_text(size)} (UTF-8); the limit is {size_text(limits.max_message_bytes)}",
         )
     return value or None
 
@@ -325,6 +327,11 @@ def search_order(value: int) -> PromiseOrder:
     return order
 
 
+def search_parent(value: str, limits: Limits) -> str | None:
+    """`SearchPromisesRequest.parent_id`: a workflow's id, or None (empty: any promise)."""
+    return promise_id(value, limits, "parent_id") if value else None
+
+
 def created_before(request: promises_pb2.SearchPromisesRequest) -> int | None:
     if not request.HasField("created_before"):
         return None
@@ -384,7 +391,9 @@ def payload(value: types_pb2.Payload, limits: Limits, field: str) -> Payload:
     size = len(value.data) + sum(len(k) + len(v) for k, v in value.headers.items())
     if size > limits.max_payload_bytes:
         raise InvalidArgument(
-            field, f"is {size} bytes; the limit is {limits.max_payload_bytes} (data plus headers)"
+            field,
+            f"is {size_text(size)}; the limit is {size_text(limits.max_payload_bytes)} "
+            "(data plus headers)",
         )
     return Payload(dict(value.headers), value.data)
 
@@ -488,7 +497,8 @@ def lease_ms(request_lease: Duration | None, limits: Limits) -> int:
     lease = _duration_ms(request_lease)
     if lease < 1000 or lease > limits.max_lease_ms:
         raise InvalidArgument(
-            "lease", f"must be between 1s and {limits.max_lease_ms} ms; omit it for the default"
+            "lease",
+            f"must be between 1s and {duration_text(limits.max_lease_ms)}; omit it for the default",
         )
     return lease
 

@@ -19,6 +19,7 @@ from troth_server.domain import visibility
 from troth_server.domain.access import LOCAL_DEVELOPER, Principal
 from troth_server.domain.errors import DomainError, InvalidArgument
 from troth_server.domain.promise import CreateRequest, Promise, PromiseState, SettleRequest
+from troth_server.units import duration_text
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -67,7 +68,8 @@ class _Handlers:
         too_far = self._service.now() + self._limits.max_ttl_ms
         if create.expire_time is not None and create.expire_time > too_far:
             raise InvalidArgument(
-                "expire_time", f"is further away than the limit of {self._limits.max_ttl_ms} ms"
+                "expire_time",
+                f"is further away than the limit of {duration_text(self._limits.max_ttl_ms)}",
             )
         principal = _recorded(_caller(context, self._limits))
         if create.requested_by is None and principal is not None:
@@ -168,6 +170,7 @@ class _Handlers:
             created_before=convert.created_before(request),
             settleable_by=reader if request.mine else None,
             prefixes=prefixes,
+            parent_id=convert.search_parent(request.parent_id, self._limits),
         )
         return promises_pb2.SearchPromisesResponse(
             promises=self._shown(page.promises, reader),

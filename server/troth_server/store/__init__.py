@@ -71,6 +71,9 @@ class PromiseQuery:
     """Only promises whose create_time is earlier than this (ms), when given."""
     id_prefixes: tuple[str, ...] = ()
     """Only ids starting with one of these, when given (a scoped principal's search)."""
+    parent_id: str | None = None
+    """Only the steps of this workflow (`parent_id` is it), when given: by record, so a
+    step with an explicit id is found too (`troth export`)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,12 +15,19 @@ from sqlalchemy.pool import QueuePool, StaticPool
 
 from troth_server.store import StoreError
 from troth_server.store._bind import check_sqlite_variables
-from troth_server.store._listen import Announcer
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import URL
 
-__all__ = ["open_announcer", "postgresql_engines", "sqlite_engines"]
+    from troth_server.store._listen import Announcer
+
+__all__ = ["open_announcer", "postgresql_engines", "require_postgres_driver", "sqlite_engines"]
+
+POSTGRES_MISSING = (
+    "PostgreSQL support is not installed (the psycopg 3 driver): install troth-server[postgres] "
+    "(from a troth checkout: pip install './server[postgres]'), "
+    "or use the embedded default, sqlite:///troth.db"
+)
 
 _SYNCHRONOUS = {"OFF", "NORMAL", "FULL", "EXTRA"}
 
@@ -55,7 +62,17 @@ def sqlite_engines(parsed: URL, sqlite_synchronous: str, pool_size: int) -> tupl
     return write_engine, read_engine
 
 
+def require_postgres_driver() -> None:
+    """Refuse a postgresql:// URL, saying what to install, when psycopg is not there:
+    PostgreSQL is the `postgres` extra, so a SQLite-only install does without it."""
+    try:
+        import psycopg  # noqa: F401 (the extra's driver: is it installed?)
+    except ImportError as exc:
+        raise StoreError(POSTGRES_MISSING) from exc
+
+
 def postgresql_engines(parsed: URL, pool_size: int, application_name: str) -> tuple[Engine, Engine]:
+    require_postgres_driver()
     if parsed.drivername not in ("postgresql", "postgresql+psycopg"):
         raise StoreError(
             f"PostgreSQL is reached through psycopg 3: write postgresql+psycopg://..., "
@@ -95,6 +112,9 @@ def open_announcer(conn: Connection, parsed: URL) -> Announcer:
     schema = conn.exec_driver_sql("SELECT current_schema()").scalar_one()
     channel = "troth" if schema == "public" else f"troth_{schema}"[:63]
     conninfo = parsed.set(drivername="postgresql").render_as_string(hide_password=False)
+    # Imported here: it imports psycopg, which a SQLite-only install does not have.
+    from troth_server.store._listen import Announcer
+
     return Announcer(conninfo, channel)
 
 

@@ -13,6 +13,7 @@ from alembic.script import ScriptDirectory
 from alembic.util import CommandError
 
 from troth_server.store import SchemaBehind, SchemaTooNew, StoreError, StoreUnavailable
+from troth_server.store._engines import require_postgres_driver
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -116,6 +117,7 @@ def _connection(url: str) -> Iterator[Connection]:
 
     parsed = make_url(url)
     if parsed.get_backend_name() == "postgresql":
+        require_postgres_driver()
         parsed = parsed.set(drivername="postgresql+psycopg")
     elif parsed.get_backend_name() != "sqlite":
         raise StoreError(f"unsupported database URL {_shown(url)!r}")

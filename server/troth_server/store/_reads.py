@@ -100,6 +100,8 @@ class PromiseReads:
             conditions.append(self._has_tags(query.tags))
         if query.created_before is not None:
             conditions.append(promises.c.create_time < query.created_before)
+        if query.parent_id is not None:
+            conditions.append(promises.c.parent_id == query.parent_id)  # ix_promises_parent_seq
         stmt = select(promises).where(*conditions).order_by(*_ORDER[query.order])
         stmt = stmt.limit(limit)
         rows = self._read(lambda conn: conn.execute(stmt).all())
