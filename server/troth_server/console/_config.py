@@ -7,6 +7,7 @@ import os
 from dataclasses import dataclass
 
 from troth import TlsConfig
+from troth._durations import EXAMPLES, duration_ms, unit_hint
 from troth.client import DEFAULT_ADDRESS
 
 __all__ = ["DEFAULT_LISTEN", "ConsoleSettings", "settings_from"]
@@ -49,13 +50,14 @@ def _listen(text: str) -> str:
 
 
 def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
-    return value
+    """A call timeout in the one duration syntax (`10s`, `1m30s`), as seconds."""
+    ms = duration_ms(text)
+    if ms is None:
+        how = unit_hint(text) or f"write it like {EXAMPLES}"
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration; {how}")
+    if ms <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be more than 0, e.g. 10s")
+    return ms / 1000
 
 
 def parser() -> argparse.ArgumentParser:
@@ -85,8 +87,8 @@ def parser() -> argparse.ArgumentParser:
         "--timeout",
         type=_seconds,
         default=10.0,
-        metavar="SECONDS",
-        help="seconds per call to the server (default %(default)s)",
+        metavar="DURATION",
+        help="how long each call to the server may take, e.g. 10s or 1m (default 10s)",
     )
     parser.add_argument(
         "--tls",
