@@ -285,26 +285,21 @@ def test_streams_have_their_own_limit(small_server: ServerProcess) -> None:
 
 def test_unary_calls_cannot_starve_streams(small_server: ServerProcess) -> None:
     async def run() -> None:
-        flood = asyncio.ensure_future(_burst(small_server.address, 600, _create("starve")))
-        await asyncio.sleep(0)
         async with grpc.aio.insecure_channel(small_server.address) as channel:
             stub = promises_pb2_grpc.PromiseServiceStub(channel)
+            # Made before the flood: on a busy machine a create during it may meet the
+            # unary limit, which is the flood's point, not this test's.
             await stub.CreatePromise(pb.CreatePromiseRequest(id="watched-during-flood"))
+            flood = asyncio.ensure_future(_burst(small_server.address, 600, _create("starve")))
+            await asyncio.sleep(0)
             # Refusals of the flood do not touch the stream slots: the watch opens.
             watch = stub.WatchPromise(pb.WatchPromiseRequest(id="watched-during-flood"))
             first = await watch.read()
             assert first.promise.id == "watched-during-flood"
             watch.cancel()
-        await flood
+            await flood
 
-    for _ in range(3):
-        try:
-            asyncio.run(run())
-            return
-        except grpc.aio.AioRpcError as exc:  # the create itself met the unary limit
-            assert exc.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
-            assert_overloaded(exc, "max-concurrent-rpcs")
-    pytest.fail("the create before the watch was refused three times")
+    asyncio.run(run())
 
 
 def test_queued_writes_have_a_limit(write_queue_server: ServerProcess) -> None:

@@ -38,11 +38,11 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
 
 def fill(directory: Path) -> Path:
     filler = directory / "filler"
-    with filler.open("wb") as f:
+    # Unbuffered: a buffered file would try its last block again on close, and raise.
+    with filler.open("wb", buffering=0) as f:
         try:
             while True:
                 f.write(b"\0" * 65536)
-                f.flush()
         except OSError:
             pass
     return filler
