@@ -51,9 +51,12 @@ _ATTEMPTS = 3
 """Schemas never change once created: a settle meets at most one it was not checked
 against (the promise appeared after the check read it); the third is a bug."""
 
-_NICE = 19
+_NICE = 10
 """Worker processes run below the server's priority: the OS, not the interpreter
-lock, shares the CPU, and it gives the server's calls the CPU first."""
+lock, shares the CPU, and it gives the server's calls the CPU first (nice 10 weighs
+about a ninth of nice 0). Not 19: beside other programs at nice 0 (two CPU hogs on
+two cores) a nice-19 check got about 1.5 % of a core, so one bounded check ran past
+its caller's 60 s deadline; at 10 it still finishes in seconds."""
 
 _PARENT_POLL_S = 1.0
 _PR_SET_PDEATHSIG = 1
@@ -129,7 +132,7 @@ class SchemaChecks:
 
     def stop(self) -> None:
         """End the check processes now. They are killed, not asked: they hold nothing
-        but a check in progress (whose caller is shutting down too), and at nice 19
+        but a check in progress (whose caller is shutting down too), and at a low priority
         on a busy machine (CPU hogs beside it) asking took them seconds to act on."""
         with self._lock:
             pool, self._pool = self._pool, None
