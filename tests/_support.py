@@ -11,8 +11,10 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import grpc
@@ -23,11 +25,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_status import rpc_status
 
 from troth import Client, NotFoundError
-from troth.v1 import promises_pb2_grpc, tasks_pb2, tasks_pb2_grpc
+from troth.v1 import promises_pb2, promises_pb2_grpc, tasks_pb2, tasks_pb2_grpc, types_pb2
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator, Sequence
-    from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -203,6 +204,41 @@ def exists(client: Client, promise_id: str) -> bool:
     except NotFoundError:
         return False
     return True
+
+
+def settled(client: Client, promise_id: str) -> bool:
+    """Whether `promise_id` exists and is settled (for `eventually`)."""
+    found = client.search(promise_id).promises
+    return bool(found) and found[0].is_settled
+
+
+def troth_cli(
+    address: str, *args: str, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """The installed `troth` command against `address`, as CI runs it."""
+    return subprocess.run(
+        [str(Path(sys.executable).parent / "troth"), "--server", address, *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=cwd,
+    )
+
+
+def start_workflow(
+    promises: promises_pb2_grpc.PromiseServiceStub, group: str, root: str | None = None
+) -> str:
+    """Start workflow `publish` (no arguments) for `group` by a raw CreatePromise, as a
+    client does; returns its root id (`wf-<random>` unless given)."""
+    root = root or f"wf-{uuid.uuid4().hex[:8]}"
+    promises.CreatePromise(
+        promises_pb2.CreatePromiseRequest(
+            id=root,
+            param=types_pb2.Payload(data=b"[]"),
+            tags={"troth:invoke": group, "troth:func": "publish"},
+        )
+    )
+    return root
 
 
 class PollStream:

@@ -13,7 +13,7 @@ from typing import Any
 
 import grpc
 import pytest
-from _support import PollStream, error_info
+from _support import PollStream, error_info, start_workflow
 
 from troth.v1 import promises_pb2 as pb
 from troth.v1 import promises_pb2_grpc, tasks_pb2, tasks_pb2_grpc
@@ -42,18 +42,6 @@ def poller(stubs: Stubs, group: str) -> Iterator[PollStream]:
     stream.cancel()
 
 
-def start(promises: promises_pb2_grpc.PromiseServiceStub, group: str) -> str:
-    root = f"wf-{uuid.uuid4().hex[:8]}"
-    promises.CreatePromise(
-        pb.CreatePromiseRequest(
-            id=root,
-            param=types.Payload(data=b"[]"),
-            tags={"troth:invoke": group, "troth:func": "publish"},
-        )
-    )
-    return root
-
-
 def fail(task: tasks_pb2.Task, error: str = "NameError: name 'x' is not defined") -> Any:
     return tasks_pb2.FailTaskRequest(
         task_id=task.id,
@@ -73,7 +61,7 @@ def test_a_failed_task_comes_back_after_its_backoff_with_the_failure_recorded(
     stubs: Stubs, group: str, poller: PollStream
 ) -> None:
     promises, tasks = stubs
-    root = start(promises, group)
+    root = start_workflow(promises, group)
     first = poller.next_response().task
     before = time.time()
     failed = tasks.FailTask(fail(first), timeout=10).task
@@ -111,7 +99,7 @@ def test_an_operator_fails_a_paused_workflow_and_its_task_ends(
     stubs: Stubs, group: str, poller: PollStream
 ) -> None:
     promises, tasks = stubs
-    root = start(promises, group)
+    root = start_workflow(promises, group)
     task = poller.next_response().task
     step = f"{root}.0"
     fence = types.TaskFence(task_id=task.id, counter=task.counter, worker_id="w1")
@@ -142,7 +130,7 @@ def test_a_fail_after_the_root_settled_completes_the_task(
     stubs: Stubs, group: str, poller: PollStream
 ) -> None:
     promises, tasks = stubs
-    root = start(promises, group)
+    root = start_workflow(promises, group)
     task = poller.next_response().task
     tasks.FailWorkflow(tasks_pb2.FailWorkflowRequest(id=root, reason="stop"), timeout=10)
     # The worker, still holding it, reports the bug: the task ends, it is not retried.

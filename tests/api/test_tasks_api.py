@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import grpc
 import pytest
-from _support import PollStream, ServerProcess, error_info
+from _support import PollStream, ServerProcess, error_info, start_workflow
 from google.protobuf.duration_pb2 import Duration
 
 from troth.v1 import promises_pb2 as pb
@@ -62,13 +62,7 @@ def pollers(
 
 
 def start(promises: promises_pb2_grpc.PromiseServiceStub, root: str, group: str) -> None:
-    promises.CreatePromise(
-        pb.CreatePromiseRequest(
-            id=root,
-            param=types.Payload(data=b"[]"),
-            tags={"troth:invoke": group, "troth:func": "publish"},
-        )
-    )
+    start_workflow(promises, group, root)
 
 
 def test_a_workflow_runs_suspends_resumes_and_completes(

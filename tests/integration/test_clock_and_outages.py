@@ -31,7 +31,7 @@ from pathlib import Path
 import grpc
 import pytest
 from _pg import fresh_schema
-from _support import PollStream, ServerProcess, error_info, start_server
+from _support import PollStream, ServerProcess, error_info, start_server, start_workflow
 
 from troth.v1 import promises_pb2 as pb
 from troth.v1 import promises_pb2_grpc, tasks_pb2, tasks_pb2_grpc
@@ -120,18 +120,6 @@ def heartbeat(tasks: tasks_pb2_grpc.TaskServiceStub, worker: str, lease_s: int) 
     request = tasks_pb2.HeartbeatRequest(worker_id=worker)
     request.lease.seconds = lease_s
     return dict(tasks.Heartbeat(request, timeout=WAIT, wait_for_ready=True).counters)
-
-
-def start_workflow(promises: promises_pb2_grpc.PromiseServiceStub, group: str) -> str:
-    root = f"wf-{uuid.uuid4().hex[:8]}"
-    promises.CreatePromise(
-        pb.CreatePromiseRequest(
-            id=root,
-            param=types.Payload(data=b"[]"),
-            tags={"troth:invoke": group, "troth:func": "publish"},
-        )
-    )
-    return root
 
 
 def create(promises: promises_pb2_grpc.PromiseServiceStub, ttl_s: float) -> str:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from _support import ServerProcess, start_server
+from _support import ServerProcess, settled, start_server, troth_cli
 from _workers import WorkerFleet
 
 from troth import Client
@@ -26,7 +26,6 @@ from troth.testing import Done, Suspend, load_histories, replay_file
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "replay"
 V1 = FIXTURES / "shop_v1.py"
-TROTH = Path(sys.executable).parent / "troth"
 
 
 @dataclass
@@ -52,7 +51,7 @@ def shop(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shop]:
             # Each publish waits on its approval only after its email step ran.
             for root in ("publish-done", "publish-parked"):
                 fleet.eventually(
-                    lambda root=root: _settled(client, f"{root}.1"), 15, f"{root} to email"
+                    lambda root=root: settled(client, f"{root}.1"), 15, f"{root} to email"
                 )
             client.resolve("publish-done.0", {"approved": True})
             assert done.result(timeout=15) == {"post": "post-1", "decision": {"approved": True}}
@@ -67,20 +66,8 @@ def shop(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shop]:
         server.stop()
 
 
-def _settled(client: Client, promise_id: str) -> bool:
-    found = client.search(promise_id).promises
-    return bool(found) and found[0].is_settled
-
-
 def troth(server: ServerProcess, *args: str) -> subprocess.CompletedProcess[str]:
-    """The installed `troth` command, as CI runs it."""
-    return subprocess.run(
-        [str(TROTH), "--server", server.address, *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=FIXTURES,
-    )
+    return troth_cli(server.address, *args, cwd=FIXTURES)
 
 
 def test_export_writes_one_history_per_workflow(shop: Shop) -> None:

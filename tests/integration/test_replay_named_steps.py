@@ -6,19 +6,17 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from _support import ServerProcess, start_server
+from _support import ServerProcess, settled, start_server, troth_cli
 from _workers import WorkerFleet
 
 from troth import Client
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "replay"
 REVIEW = FIXTURES / "review_named.py"
-TROTH = Path(sys.executable).parent / "troth"
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +32,7 @@ def reviewed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerP
             parked = client.start("review", "doc-2", id="review-2", group="review")
             for doc in ("doc-1", "doc-2"):
                 fleet.eventually(
-                    lambda doc=doc: _settled(client, f"notify-{doc}"), 30, f"{doc} notified"
+                    lambda doc=doc: settled(client, f"notify-{doc}"), 30, f"{doc} notified"
                 )
             client.resolve("approve-doc-1", {"ok": True})
             assert done.result(timeout=30) == {"doc": "doc-1", "decision": {"ok": True}}
@@ -48,16 +46,8 @@ def reviewed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerP
         server.stop()
 
 
-def _settled(client: Client, promise_id: str) -> bool:
-    found = client.search(promise_id).promises
-    return bool(found) and found[0].is_settled
-
-
 def troth(server: ServerProcess, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [str(TROTH), "--server", server.address, *args],
-        capture_output=True, text=True, timeout=60, cwd=FIXTURES,
-    )  # fmt: skip
+    return troth_cli(server.address, *args, cwd=FIXTURES)
 
 
 def test_export_finds_named_steps_by_record(reviewed: tuple[ServerProcess, Path]) -> None:
