@@ -79,6 +79,9 @@ bench: install ## Run the benchmarks in bench/ and print their figures
 	$(PY) bench/workflows.py
 	$(PY) bench/approvals.py
 
+bench-peers: install ## troth beside Restate and DBOS, same workloads (installs them under bench/.cache/peers)
+	$(PY) bench/peers/run.py $(BENCH_ARGS)
+
 ci: install proto-check lint typecheck test ## What CI runs
 
-.PHONY: help install run console proto proto-check fmt lint breaking typecheck test-unit test test-loaded bench ci
+.PHONY: help install run console proto proto-check fmt lint breaking typecheck test-unit test test-loaded bench bench-peers ci

@@ -53,7 +53,10 @@ def notify(event: str, workflow_id: str) -> None:
 
 
 def send_notification(approval_id: str) -> str:
-    """The human-in-the-loop notification step; the benchmark learns of the wait separately."""
+    """The human-in-the-loop notification step: reports ``notified <workflow id>`` (the
+    peers benchmark settles on it while the workflow is live, its "eager" cycle; the
+    ``suspended`` report comes once the task suspended the workflow)."""
+    notify("notified", approval_id.rsplit(".", 1)[0])
     return approval_id
 
 

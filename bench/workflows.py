@@ -332,21 +332,22 @@ class Notifications:
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 * 1024 * 1024)
         self._sock.bind(str(path))
         self._lock = threading.Condition()
-        self._waiters: dict[str, threading.Event] = {}
+        self._waiters: dict[tuple[str, str], threading.Event] = {}
         self.entered: list[tuple[str, float, int]] = []
         self._thread = threading.Thread(target=self._loop, name="notifications", daemon=True)
         self._thread.start()
 
-    def expect(self, workflow_id: str) -> threading.Event:
-        """An event set by the next `suspended` report for this workflow."""
+    def expect(self, workflow_id: str, report: str = "suspended") -> threading.Event:
+        """An event set by the next `report` for this workflow: `suspended` (its task
+        suspended it) or `notified` (its notification step ran; the workflow is live)."""
         event = threading.Event()
         with self._lock:
-            self._waiters[workflow_id] = event
+            self._waiters[(report, workflow_id)] = event
         return event
 
-    def forget(self, workflow_id: str) -> None:
+    def forget(self, workflow_id: str, report: str = "suspended") -> None:
         with self._lock:
-            self._waiters.pop(workflow_id, None)
+            self._waiters.pop((report, workflow_id), None)
 
     def _loop(self) -> None:
         while True:
@@ -359,8 +360,8 @@ class Notifications:
                 continue
             event, workflow_id, at, pid = parts
             with self._lock:
-                if event == "suspended":
-                    waiter = self._waiters.pop(workflow_id, None)
+                if event in ("suspended", "notified"):
+                    waiter = self._waiters.pop((event, workflow_id), None)
                     if waiter is not None:
                         waiter.set()
                 elif event == "enter":

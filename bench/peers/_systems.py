@@ -1,0 +1,549 @@
+"""The systems `bench/peers/run.py` measures: troth (SQLite, PostgreSQL), Restate, DBOS.
+
+Each system is started fresh for a round (its own database or data directory),
+runs phases of one workload at one concurrency, measures its recovery, and is
+stopped. A phase answers a `Phase`; the benchmark measures the CPU of the pids
+`pids()` names (with PostgreSQL's when `uses_postgres`) around it.
+
+troth and Restate are driven from the benchmark's own process (one thread per
+workflow in flight, like a service calling them); DBOS is a library, so its
+load runs inside its own process (`_dbos_app.py`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import itertools
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import threading
+import time
+import urllib.request
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
+
+import psycopg
+from _servers import BACKENDS, PG_ADMIN_URL, ServerError
+from workflows import Harness, Notifications
+
+if TYPE_CHECKING:
+    from troth import Client
+
+PEERS_DIR = Path(__file__).resolve().parent
+APPROVED = {"approved": True}
+TIMEOUT_S = 30.0
+START_TIMEOUT_S = 60.0
+RECOVERY_TIMEOUT_S = 120.0
+WORKLOADS = ("w1-suspend", "w1-eager", "w2")
+
+
+@dataclass
+class Phase:
+    """What one phase measured: workflows completed, and settle-to-completion (W1) or
+    start-to-result (W2) latency."""
+
+    completed: int
+    errors: int
+    first_error: str | None
+    elapsed_s: float
+    p50_ms: float | None
+    p99_ms: float | None
+
+    @property
+    def per_s(self) -> float:
+        return self.completed / self.elapsed_s if self.elapsed_s else 0.0
+
+
+@dataclass
+class Recovery:
+    """W3: seconds from SIGKILL until every held workflow completed elsewhere."""
+
+    seconds: float | None
+    completed: int
+    note: str
+    error: str | None = None
+
+
+def run_threads(cycle: Callable[[str, int], int], concurrency: int, duration: float) -> Phase:
+    """`concurrency` threads each running cycles until `duration` is over; a cycle
+    returns the latency it measured, in ns."""
+    prefix = uuid.uuid4().hex[:10]
+    counter = itertools.count()
+    latencies: list[int] = []
+    errors: list[str] = []
+    deadline = time.perf_counter() + duration
+
+    def loop(slot: int) -> None:
+        while time.perf_counter() < deadline:
+            try:
+                latencies.append(cycle(f"{prefix}-{next(counter)}", slot))
+            except Exception as exc:
+                errors.append(f"{type(exc).__name__}: {exc}")
+
+    threads = [threading.Thread(target=loop, args=(i,), daemon=True) for i in range(concurrency)]
+    started = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    elapsed = time.perf_counter() - started
+    ms = sorted(n / 1e6 for n in latencies)
+    return Phase(
+        completed=len(latencies),
+        errors=len(errors),
+        first_error=errors[0] if errors else None,
+        elapsed_s=elapsed,
+        p50_ms=statistics.median(ms) if ms else None,
+        p99_ms=ms[min(len(ms) - 1, int(0.99 * len(ms)))] if ms else None,
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_port(port: int, proc: subprocess.Popen[bytes], log_path: Path) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise ServerError(f"exited with {proc.returncode}: {tail(log_path)}")
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+            return
+        time.sleep(0.05)
+    raise ServerError(f"nothing listened on port {port} within {START_TIMEOUT_S:.0f} s")
+
+
+def tail(path: Path, lines: int = 12) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def stop_process(proc: subprocess.Popen[bytes] | None) -> None:
+    if proc is None or proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+class System:
+    name: str
+    uses_postgres = False
+    drives_itself = False
+    """True when the load client runs inside the system's own processes (DBOS)."""
+
+    def pids(self) -> list[int]:
+        raise NotImplementedError
+
+    def phase(self, workload: str, concurrency: int, duration: float) -> Phase:
+        raise NotImplementedError
+
+    def recovery(self, count: int) -> Recovery:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+
+# --------------------------------------------------------------------------- troth
+
+
+class Troth(System):
+    """A troth server (durable SQLite by default, or a fresh PostgreSQL schema) and one
+    worker process of `bench/_workflow_worker.py`, default settings."""
+
+    def __init__(self, name: str, backend: str, workdir: Path, notes: Notifications) -> None:
+        self.name = name
+        self.uses_postgres = BACKENDS[backend].kind == "postgresql"
+        self.notes = notes
+        self.harness = Harness(workdir, notes, name, backend)
+        self.group = f"peers-{uuid.uuid4().hex[:6]}"
+        try:
+            self.workers = self.harness.start_workers(self.group, 1)
+        except BaseException:
+            self.harness.close()
+            raise
+
+    def pids(self) -> list[int]:
+        return [s.proc.pid for s in self.harness.server.servers] + [w.pid for w in self.workers]
+
+    def _client(self) -> Client:
+        assert self.harness.client is not None
+        return self.harness.client
+
+    def phase(self, workload: str, concurrency: int, duration: float) -> Phase:
+        client, notes, group = self._client(), self.notes, self.group
+
+        def w1(workflow_id: str, eager: bool) -> int:
+            # Suspend: settle once the worker suspended the workflow. Eager: settle as
+            # soon as the notification step ran, while the workflow is still live.
+            report = "notified" if eager else "suspended"
+            reached = notes.expect(workflow_id, report)
+            try:
+                handle = client.start("hitl", id=workflow_id, group=group)
+                if not reached.wait(TIMEOUT_S):
+                    raise TimeoutError(f"{workflow_id}: no {report} report")
+            finally:
+                notes.forget(workflow_id, report)
+            settle = time.perf_counter_ns()
+            client.resolve(f"{workflow_id}.0", APPROVED)
+            if handle.result(timeout=TIMEOUT_S) != APPROVED:
+                raise AssertionError(f"{workflow_id}: unexpected result")
+            return time.perf_counter_ns() - settle
+
+        def w2(workflow_id: str, _slot: int) -> int:
+            start = time.perf_counter_ns()
+            if (
+                client.start("ten_steps", id=workflow_id, group=group).result(timeout=TIMEOUT_S)
+                != "done"
+            ):
+                raise AssertionError(f"{workflow_id}: unexpected result")
+            return time.perf_counter_ns() - start
+
+        cycles: dict[str, Callable[[str, int], int]] = {
+            "w1-suspend": lambda wid, _slot: w1(wid, eager=False),
+            "w1-eager": lambda wid, _slot: w1(wid, eager=True),
+            "w2": w2,
+        }
+        return run_threads(cycles[workload], concurrency, duration)
+
+    def recovery(self, count: int) -> Recovery:
+        harness, client = self.harness, self._client()
+        group = f"w3-{uuid.uuid4().hex[:6]}"
+        note = "second worker of the group, already connected; the SDK's default lease"
+        (first,) = harness.start_workers(group, 1, concurrency=count, block=True)
+        ids = {f"{group}-{i}" for i in range(count)}
+        for workflow_id in sorted(ids):
+            client.start("held", id=workflow_id, group=group)
+        if len(self.notes.wait_entered(first.pid, ids, TIMEOUT_S)) < count:
+            first.kill()
+            return Recovery(None, 0, note, f"not all {count} entered their step")
+        (second,) = harness.start_workers(group, 1, concurrency=count)
+        time.sleep(0.2)
+        t0 = time.monotonic()
+        first.signal(signal.SIGKILL)
+        completed = 0
+        error = None
+        for workflow_id in sorted(ids):
+            try:
+                client.handle(workflow_id).result(timeout=RECOVERY_TIMEOUT_S)
+                completed += 1
+            except Exception as exc:
+                error = error or f"{workflow_id}: {type(exc).__name__}: {exc}"
+        seconds = time.monotonic() - t0
+        first.kill()
+        harness.workers.remove(first)
+        harness.stop_workers([second])
+        return Recovery(seconds if completed == count else None, completed, note, error)
+
+    def stop(self) -> None:
+        self.harness.close()
+
+
+# --------------------------------------------------------------------------- Restate
+
+
+class _Http(threading.local):
+    """One keep-alive HTTP/1.1 connection to Restate's ingress per thread."""
+
+    def __init__(self, port: int) -> None:
+        self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=TIMEOUT_S)
+
+    def call(self, method: str, path: str, body: Any = None) -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        headers = {"content-type": "application/json"} if data is not None else {}
+        for attempt in range(2):
+            try:
+                self.conn.request(method, path, body=data, headers=headers)
+                response = self.conn.getresponse()
+                payload = response.read()
+                break
+            except (http.client.HTTPException, OSError):
+                self.conn.close()  # a dropped keep-alive connection: reconnect once
+                if attempt:
+                    raise
+        if response.status >= 300:
+            raise ServerError(f"{method} {path}: HTTP {response.status}: {payload[:300]!r}")
+        return json.loads(payload) if payload else None
+
+
+class Restate(System):
+    """restate-server (its default durable storage, in a fresh base directory) and the
+    Python service `_restate_service.py` under hypercorn, registered as a deployment."""
+
+    INGRESS = 8080
+    ADMIN = 9070
+
+    def __init__(self, server_bin: Path, python: Path, workdir: Path, notes: Notifications) -> None:
+        self.name = "restate"
+        self.python = python
+        self.notes = notes
+        self.workdir = workdir / "restate"
+        self.workdir.mkdir()
+        self.service: subprocess.Popen[bytes] | None = None
+        self.service_port = free_port()
+        self._logs: list[IO[bytes]] = []
+        log_path = self.workdir / "server.log"
+        out = log_path.open("wb")
+        self._logs.append(out)
+        env = dict(os.environ, RESTATE_LOG_FILTER="warn")
+        self.server = subprocess.Popen(
+            [str(server_bin), "--bind-ip", "127.0.0.1", "--listen-mode", "tcp",
+             "--base-dir", str(self.workdir / "data")],
+            stdout=out, stderr=out, stdin=subprocess.DEVNULL, env=env,
+        )  # fmt: skip
+        try:
+            self._wait_healthy(log_path)
+            self.start_service(block=False)
+            self._register()
+        except BaseException:
+            self.stop()
+            raise
+        self.http = _Http(self.INGRESS)
+
+    def _wait_healthy(self, log_path: Path) -> None:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.server.poll() is not None:
+                raise ServerError(
+                    f"restate-server exited {self.server.returncode}: {tail(log_path)}"
+                )
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.ADMIN}/health", timeout=1):
+                    pass
+                with socket.create_connection(("127.0.0.1", self.INGRESS), 0.5):
+                    return
+            except OSError:
+                time.sleep(0.1)
+        raise ServerError(f"restate-server not healthy within {START_TIMEOUT_S:.0f} s")
+
+    def start_service(self, *, block: bool) -> None:
+        log_path = self.workdir / f"service-{len(self._logs)}.log"
+        out = log_path.open("wb")
+        self._logs.append(out)
+        env = dict(os.environ, BENCH_NOTIFY=str(self.notes.path), BENCH_BLOCK="1" if block else "0")
+        self.service = subprocess.Popen(
+            [str(self.python), str(PEERS_DIR / "_restate_service.py"),
+             "--port", str(self.service_port)],
+            stdout=out, stderr=out, stdin=subprocess.DEVNULL, env=env,
+        )  # fmt: skip
+        wait_port(self.service_port, self.service, log_path)
+
+    def _register(self) -> None:
+        body = json.dumps({"uri": f"http://127.0.0.1:{self.service_port}", "force": True}).encode()
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{self.ADMIN}/deployments",
+            data=body,
+            headers={"content-type": "application/json"},
+            method="POST",
+        )
+        with urllib.request.urlopen(request, timeout=START_TIMEOUT_S) as response:
+            response.read()
+        # The ingress learns of the deployment a moment later: call until it answers.
+        deadline = time.monotonic() + START_TIMEOUT_S
+        probe = _Http(self.INGRESS)
+        while True:
+            try:
+                probe.call("POST", f"/TenSteps/probe-{uuid.uuid4().hex[:6]}/run")
+                return
+            except ServerError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+
+    def pids(self) -> list[int]:
+        return [self.server.pid] + ([self.service.pid] if self.service else [])
+
+    def phase(self, workload: str, concurrency: int, duration: float) -> Phase:
+        http, notes = self.http, self.notes
+
+        def w1(workflow_id: str, _slot: int) -> int:
+            # Both variants settle once the notification step ran: Restate's invocation
+            # stays live on its stream while it waits (it suspends only after its
+            # inactivity timeout), so for Restate the two are one flow.
+            reached = notes.expect(workflow_id, "notified")
+            try:
+                http.call("POST", f"/Hitl/{workflow_id}/run/send")
+                if not reached.wait(TIMEOUT_S):
+                    raise TimeoutError(f"{workflow_id} never reached its wait")
+            finally:
+                notes.forget(workflow_id, "notified")
+            settle = time.perf_counter_ns()
+            http.call("POST", f"/Hitl/{workflow_id}/approve", APPROVED)
+            if http.call("GET", f"/restate/workflow/Hitl/{workflow_id}/attach") != APPROVED:
+                raise AssertionError(f"{workflow_id}: unexpected result")
+            return time.perf_counter_ns() - settle
+
+        def w2(workflow_id: str, _slot: int) -> int:
+            start = time.perf_counter_ns()
+            if http.call("POST", f"/TenSteps/{workflow_id}/run") != "done":
+                raise AssertionError(f"{workflow_id}: unexpected result")
+            return time.perf_counter_ns() - start
+
+        cycles: dict[str, Callable[[str, int], int]] = {
+            "w1-suspend": w1,
+            "w1-eager": w1,
+            "w2": w2,
+        }
+        return run_threads(cycles[workload], concurrency, duration)
+
+    def recovery(self, count: int) -> Recovery:
+        note = "after a restart of the service process (one deployment URI); Restate retries"
+        stop_process(self.service)
+        self.start_service(block=True)
+        assert self.service is not None
+        first = self.service.pid
+        prefix = f"w3-{uuid.uuid4().hex[:6]}"
+        ids = {f"{prefix}-{i}" for i in range(count)}
+        for workflow_id in sorted(ids):
+            self.http.call("POST", f"/Held/{workflow_id}/run/send")
+        if len(self.notes.wait_entered(first, ids, TIMEOUT_S)) < count:
+            return Recovery(None, 0, note, f"not all {count} entered their step")
+        t0 = time.monotonic()
+        self.service.send_signal(signal.SIGKILL)
+        self.service.wait()
+        self.start_service(block=False)
+        completed, error = 0, None
+        for workflow_id in sorted(ids):
+            try:
+                if self.http.call("GET", f"/restate/workflow/Held/{workflow_id}/attach") == "ok":
+                    completed += 1
+            except Exception as exc:
+                error = error or f"{workflow_id}: {type(exc).__name__}: {exc}"
+        seconds = time.monotonic() - t0
+        return Recovery(seconds if completed == count else None, completed, note, error)
+
+    def stop(self) -> None:
+        stop_process(self.service)
+        stop_process(self.server)
+        for out in self._logs:
+            out.close()
+
+
+# --------------------------------------------------------------------------- DBOS
+
+
+class Dbos(System):
+    """DBOS Transact in one process (`_dbos_app.py`), on a SQLite file or a fresh
+    PostgreSQL database; its load client runs in that process."""
+
+    drives_itself = True
+    _databases = itertools.count()
+
+    def __init__(
+        self, name: str, kind: str, python: Path, workdir: Path, notes: Notifications
+    ) -> None:
+        self.name = name
+        self.python = python
+        self.notes = notes
+        self.workdir = workdir / name
+        self.workdir.mkdir()
+        self.uses_postgres = kind == "postgresql"
+        self.database: str | None = None
+        if self.uses_postgres:
+            self.database = f"dbos_bench_{os.getpid()}_{next(self._databases)}"
+            with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
+                conn.execute(f'CREATE DATABASE "{self.database}"')
+            base = PG_ADMIN_URL.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://")
+            self.url = f"{base}/{self.database}"
+        else:
+            self.url = f"sqlite:///{self.workdir / 'dbos.sqlite'}"
+        self._logs: list[IO[bytes]] = []
+        self._log_of: dict[int, Path] = {}
+        self.proc: subprocess.Popen[bytes] | None = None
+        try:
+            self.proc = self._start("serve")
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self, mode: str, *extra: str) -> subprocess.Popen[bytes]:
+        log_path = self.workdir / f"{mode}-{len(self._logs)}.log"
+        err = log_path.open("wb")
+        self._logs.append(err)
+        proc = subprocess.Popen(
+            [str(self.python), str(PEERS_DIR / "_dbos_app.py"), "--db", self.url,
+             "--mode", mode, "--notify", str(self.notes.path), *extra],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
+        )  # fmt: skip
+        self._log_of[proc.pid] = log_path
+        if mode == "serve":
+            self._read(proc)  # {"ready": true}
+        return proc
+
+    def _read(self, proc: subprocess.Popen[bytes]) -> Any:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        if not line:
+            proc.wait(10)
+            raise ServerError(
+                f"DBOS process exited {proc.returncode}: {tail(self._log_of[proc.pid])}"
+            )
+        return json.loads(line)
+
+    def _ask(self, proc: subprocess.Popen[bytes], command: dict[str, Any]) -> Any:
+        assert proc.stdin is not None
+        proc.stdin.write((json.dumps(command) + "\n").encode())
+        proc.stdin.flush()
+        return self._read(proc)
+
+    def pids(self) -> list[int]:
+        return [self.proc.pid] if self.proc else []
+
+    def phase(self, workload: str, concurrency: int, duration: float) -> Phase:
+        assert self.proc is not None
+        answer = self._ask(
+            self.proc, {"workload": workload, "concurrency": concurrency, "duration": duration}
+        )
+        return Phase(**answer)
+
+    def recovery(self, count: int) -> Recovery:
+        note = "after a restart: a new process on the same database recovers them at launch"
+        if self.proc is not None:
+            stop_process(self.proc)
+        blocked = self._start("serve", "--block")
+        self.proc = None
+        self._ask(blocked, {"workload": "held", "count": count})
+        ids = {f"held-{i}" for i in range(count)}
+        if len(self.notes.wait_entered(blocked.pid, ids, TIMEOUT_S)) < count:
+            blocked.kill()
+            return Recovery(None, 0, note, f"not all {count} entered their step")
+        t0 = time.monotonic()
+        blocked.send_signal(signal.SIGKILL)
+        blocked.wait()
+        recovering = self._start("recover", "--count", str(count))
+        try:
+            answer = self._read(recovering)
+        finally:
+            stop_process(recovering)
+        completed = int(answer["completed"])
+        seconds = float(answer["at"]) - t0
+        return Recovery(seconds if completed == count else None, completed, note)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            with contextlib.suppress(OSError):
+                assert self.proc.stdin is not None
+                self.proc.stdin.close()
+            stop_process(self.proc)
+        for out in self._logs:
+            out.close()
+        if self.database is not None:
+            with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
+                conn.execute(f'DROP DATABASE IF EXISTS "{self.database}" WITH (FORCE)')
+            self.database = None

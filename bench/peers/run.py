@@ -1,0 +1,453 @@
+"""troth side by side with Restate and DBOS on the same workloads (`make bench-peers`).
+
+Workloads, each system running the same workflows (`bench/_workflow_worker.py`,
+`_restate_service.py`, `_dbos_app.py`):
+
+- **W1 suspend**: start a human-in-the-loop workflow (a notification step, then
+  wait for a decision), learn that it waits, settle its decision by id, get the
+  result. troth's worker suspends the workflow (its task completes) before the
+  client settles, and the settle resumes it on a new task.
+- **W1 eager**: the same, settled as soon as the notification step ran, while
+  the workflow is still live (Restate's awakeable flow: the notified party
+  answers at once). For Restate and DBOS the two variants are one flow: their
+  workflow stays live while it waits (Restate's invocation on its stream until
+  its inactivity timeout; DBOS's in `DBOS.recv`), so both settle on the step.
+- **W2**: a workflow of ten checkpointed steps, start to result.
+- **W3** recovery: 200 workflows inside a step, the process running them
+  SIGKILLed; the time until all 200 complete, on a second worker already
+  connected (troth) or after a restart where the peer needs one (Restate's
+  deployment has one URI; DBOS recovers at launch).
+
+Systems: `troth` (durable SQLite, `synchronous=FULL`, default settings, one
+worker), `troth-pg` (one server on a fresh PostgreSQL schema), `restate`
+(restate-server and its Python SDK under hypercorn), `dbos` (DBOS Transact on
+SQLite) and `dbos-pg` (on PostgreSQL). The peers are installed by
+`_install.py` into bench/.cache/peers/, never into the project.
+
+Rounds are interleaved: each round starts every system fresh, in a rotated
+order, and runs every phase on it, so a drift of the machine's load falls on
+all alike. A figure is the median over the rounds, with its spread (min-max).
+The CPU of a workflow is the whole system's: its processes (server, worker,
+service), PostgreSQL's, and the load client's (this process for troth and
+Restate; DBOS's own process). The background is the machine's busy CPU
+minus all of that. The machine's ceilings (a bare grpc.aio echo server's
+calls/s, SQLite commits/s) are measured in the same run.
+
+Usage::
+
+    .venv/bin/python bench/peers/run.py [--quick] [--rounds 5] [--duration 2.5]
+        [--systems troth,troth-pg,restate,dbos,dbos-pg] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import sqlite3
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+BENCH_DIR = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(BENCH_DIR))
+
+import _install  # noqa: E402
+import grpc  # noqa: E402
+from _servers import (  # noqa: E402
+    ServerProcess,
+    fmt,
+    log,
+    machine_busy_seconds,
+    machine_info,
+    postgres_cpu_delta,
+    postgres_cpu_seconds,
+    proc_cpu_seconds,
+    table,
+)
+from _systems import Dbos, Phase, Recovery, Restate, System, Troth  # noqa: E402
+from workflows import Notifications  # noqa: E402
+
+from troth.v1 import promises_pb2, promises_pb2_grpc  # noqa: E402
+
+SYSTEMS = ("troth", "troth-pg", "restate", "dbos", "dbos-pg")
+PEERS = ("restate", "dbos", "dbos-pg")
+PHASES = (
+    ("w1-suspend", 1), ("w1-suspend", 16), ("w1-suspend", 64),
+    ("w1-eager", 1), ("w1-eager", 16), ("w1-eager", 64),
+    ("w2", 16), ("w2", 64),
+)  # fmt: skip
+CORES = os.cpu_count() or 1
+
+
+@dataclass
+class Measured:
+    """One phase of one system in one round."""
+
+    system: str
+    workload: str
+    concurrency: int
+    round: int
+    phase: Phase
+    cpu_ms_per_workflow: float | None
+    background_cpu_s: float | None
+
+
+@dataclass
+class Results:
+    phases: list[Measured] = field(default_factory=list)
+    recoveries: dict[str, list[Recovery]] = field(default_factory=dict)
+    failures: list[str] = field(default_factory=list)
+    ceilings: list[dict[str, float]] = field(default_factory=list)
+    background_by_round: list[float] = field(default_factory=list)
+
+
+def self_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def pids_cpu(pids: list[int]) -> float:
+    return sum(proc_cpu_seconds(pid) or 0.0 for pid in pids)
+
+
+def measure(
+    system: System, workload: str, concurrency: int, duration: float, round_: int
+) -> Measured:
+    system.phase(workload, concurrency, min(0.5, duration))  # warm up, not counted
+    pids = system.pids()
+    pg_before = postgres_cpu_seconds() if system.uses_postgres else None
+    busy_before, own_before, mine_before = machine_busy_seconds(), pids_cpu(pids), self_cpu()
+    phase = system.phase(workload, concurrency, duration)
+    busy_after, own_after, mine_after = machine_busy_seconds(), pids_cpu(pids), self_cpu()
+    pg = postgres_cpu_delta(pg_before, postgres_cpu_seconds()) if system.uses_postgres else 0.0
+    mine = mine_after - mine_before
+    whole = (own_after - own_before) + (pg or 0.0) + (0.0 if system.drives_itself else mine)
+    background = None
+    if busy_before is not None and busy_after is not None:
+        background = max(
+            0.0, (busy_after - busy_before) - whole - (mine if system.drives_itself else 0.0)
+        )
+    per_workflow = whole / phase.completed * 1000 if phase.completed else None
+    return Measured(system.name, workload, concurrency, round_, phase, per_workflow, background)
+
+
+def make_system(
+    name: str, installed: dict[str, Path], workdir: Path, notes: Notifications
+) -> System:
+    missing = [part for part in _install.NEEDS.get(name, ()) if part not in installed]
+    if missing:
+        raise RuntimeError(f"not installed ({', '.join(missing)}): see the install failure")
+    if name == "troth":
+        return Troth(name, "sqlite", workdir, notes)
+    if name == "troth-pg":
+        return Troth(name, "pg", workdir, notes)
+    if name == "restate":
+        return Restate(installed["restate_server"], installed["restate_python"], workdir, notes)
+    if name in ("dbos", "dbos-pg"):
+        kind = "postgresql" if name == "dbos-pg" else "sqlite"
+        return Dbos(name, kind, installed["dbos_python"], workdir, notes)
+    raise ValueError(f"unknown system {name!r}; choose from {', '.join(SYSTEMS)}")
+
+
+# --------------------------------------------------------------------------- ceilings
+
+
+def echo_calls_per_s(workdir: Path, seconds: float, threads: int = 16) -> float:
+    port_file = workdir / "echo.port"
+    argv = [sys.executable, str(BENCH_DIR / "_echo.py"), "--mode", "aio",
+            "--listen", "127.0.0.1:0", "--port-file", str(port_file)]  # fmt: skip
+    server = ServerProcess("echo", argv, workdir, port_file)
+    try:
+        address = server.wait_ready()
+        with grpc.insecure_channel(address) as channel:
+            stub = promises_pb2_grpc.PromiseServiceStub(channel)
+            count = [0] * threads
+            deadline = time.perf_counter() + seconds
+
+            def loop(i: int) -> None:
+                request = promises_pb2.CreatePromiseRequest(id=f"echo-{i}")
+                while time.perf_counter() < deadline:
+                    stub.CreatePromise(request, timeout=10)
+                    count[i] += 1
+
+            workers = [threading.Thread(target=loop, args=(i,)) for i in range(threads)]
+            started = time.perf_counter()
+            for worker in workers:
+                worker.start()
+            for worker in workers:
+                worker.join()
+            return sum(count) / (time.perf_counter() - started)
+    finally:
+        server.stop()
+
+
+def sqlite_commits_per_s(workdir: Path, seconds: float) -> float:
+    """One-row commits/s in WAL mode with synchronous=FULL (troth's default)."""
+    path = workdir / "ceiling.sqlite"
+    db = sqlite3.connect(path, isolation_level=None)
+    try:
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=FULL")
+        db.execute("CREATE TABLE t (x INTEGER)")
+        count = 0
+        started = time.perf_counter()
+        deadline = started + seconds
+        while time.perf_counter() < deadline:
+            db.execute("BEGIN")
+            db.execute("INSERT INTO t VALUES (?)", (count,))
+            db.execute("COMMIT")
+            count += 1
+        return count / (time.perf_counter() - started)
+    finally:
+        db.close()
+
+
+def ceilings(root: Path, seconds: float) -> dict[str, float]:
+    workdir = Path(tempfile.mkdtemp(prefix="ceilings-", dir=root))
+    return {
+        "echo_calls_per_s": echo_calls_per_s(workdir, seconds),
+        "sqlite_commits_per_s": sqlite_commits_per_s(workdir, seconds),
+    }
+
+
+# --------------------------------------------------------------------------- rendering
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def _spread(values: list[float], spec: str) -> str:
+    if not values:
+        return "-"
+    if len(values) == 1:
+        return format(values[0], spec)
+    low, mid, high = (
+        format(v, spec) for v in (min(values), statistics.median(values), max(values))
+    )
+    return f"{mid} [{low}-{high}]"
+
+
+def render(results: Results, systems: list[str]) -> str:
+    by: dict[tuple[str, str, int], list[Measured]] = {}
+    for m in results.phases:
+        by.setdefault((m.system, m.workload, m.concurrency), []).append(m)
+    out: list[str] = []
+    peers = [s for s in systems if s in PEERS]
+
+    def rate(system: str, workload: str, c: int) -> float | None:
+        return _median([m.phase.per_s for m in by.get((system, workload, c), [])])
+
+    header = ["workload", "in flight", *systems, "troth / best peer"]
+    rows = []
+    for workload, c in PHASES:
+        cells = [
+            _spread([m.phase.per_s for m in by.get((s, workload, c), [])], ".0f") for s in systems
+        ]
+        best = max((r for p in peers if (r := rate(p, workload, c)) is not None), default=None)
+        mine = rate("troth", workload, c)
+        ratio = f"{mine / best:.2f}" if mine is not None and best else "-"
+        rows.append([workload, str(c), *cells, ratio])
+    out += ["Workflows/s, median [min-max] over the rounds:", table(header, rows, 2), ""]
+
+    rows = []
+    for workload, c in PHASES:
+        cells = []
+        for s in systems:
+            ms = by.get((s, workload, c), [])
+            p50 = _median([m.phase.p50_ms for m in ms if m.phase.p50_ms is not None])
+            p99 = _median([m.phase.p99_ms for m in ms if m.phase.p99_ms is not None])
+            cells.append(f"{fmt(p50, '.1f')} / {fmt(p99, '.1f')}")
+        rows.append([workload, str(c), *cells])
+    out += [
+        "Latency ms, p50 / p99 (medians over the rounds): W1 settle to result, W2 start to result:",
+        table(["workload", "in flight", *systems], rows, 2),
+        "",
+    ]
+
+    rows = []
+    for workload, c in PHASES:
+        cells = []
+        for s in systems:
+            ms = by.get((s, workload, c), [])
+            cpu = [m.cpu_ms_per_workflow for m in ms if m.cpu_ms_per_workflow is not None]
+            cells.append(_spread(cpu, ".2f"))
+        background = [
+            m.background_cpu_s / m.phase.elapsed_s / CORES * 100
+            for key, ms in by.items()
+            if key[1:] == (workload, c)
+            for m in ms
+            if m.background_cpu_s is not None and m.phase.elapsed_s
+        ]
+        rows.append([workload, str(c), *cells, f"{fmt(_median(background), '.1f')} %"])
+    out += [
+        "Whole-system CPU ms per workflow (system + its database + load client), and the "
+        "machine's background CPU during the phases (median, % of all cores):",
+        table(["workload", "in flight", *systems, "background"], rows, 2),
+        "",
+    ]
+
+    rows = []
+    for s in systems:
+        recoveries = results.recoveries.get(s, [])
+        seconds = [r.seconds for r in recoveries if r.seconds is not None]
+        errors = [r.error for r in recoveries if r.error]
+        how = (recoveries[0].note if recoveries else "") + (
+            f"; error: {errors[0]}" if errors else ""
+        )
+        rows.append([s, _spread(seconds, ".2f"), f"{len(seconds)}/{len(recoveries)}", how])
+    out += [
+        "W3: seconds from SIGKILL until all workflows completed, median [min-max]:",
+        table(["system", "seconds", "rounds ok", "how"], rows, 1),
+        "",
+    ]
+    if results.background_by_round:
+        shares = ", ".join(f"{b:.1f} %" for b in results.background_by_round)
+        out.append(f"Background CPU by round (% of all cores over the round's phases): {shares}")
+    for c in results.ceilings:
+        out.append(
+            f"Ceilings: bare grpc.aio echo {c['echo_calls_per_s']:.0f} calls/s (16 threads), "
+            f"SQLite {c['sqlite_commits_per_s']:.0f} commits/s (WAL, synchronous=FULL)"
+        )
+    out.append("")
+    out += verdicts(rate, results, systems)
+    if results.failures:
+        out += ["", "Failures (reported, not dropped):", *(f"  - {f}" for f in results.failures)]
+    return "\n".join(out)
+
+
+def verdicts(rate: Any, results: Results, systems: list[str]) -> list[str]:
+    lines = ["Targets (issue 13), at 64 in flight:"]
+
+    def ratio(a: str, b: str, workload: str) -> float | None:
+        x, y = rate(a, workload, 64), rate(b, workload, 64)
+        return x / y if x is not None and y else None
+
+    def line(label: str, value: float | None, target: float, above: bool = True) -> None:
+        if value is None:
+            lines.append(f"  - {label}: not measured")
+            return
+        ok = value >= target if above else value < target
+        sign = "≥" if above else "<"
+        lines.append(
+            f"  - {'PASS' if ok else 'MISS'} {label}: {value:.2f} (target {sign} {target})"
+        )
+
+    if "restate" in systems:
+        line("W1-eager troth / Restate", ratio("troth", "restate", "w1-eager"), 1.0)
+        line("W1-suspend troth / Restate", ratio("troth", "restate", "w1-suspend"), 0.8)
+        line("W2 troth / Restate", ratio("troth", "restate", "w2"), 1.0)
+        cpu = {
+            s: _median([
+                m.cpu_ms_per_workflow for m in results.phases
+                if m.system == s and (m.workload, m.concurrency) == ("w1-suspend", 64)
+                and m.cpu_ms_per_workflow is not None
+            ])
+            for s in ("troth", "restate")
+        }  # fmt: skip
+        if cpu["troth"] is not None and cpu["restate"] is not None:
+            line(
+                "CPU per HITL cycle troth / Restate (ms / ms)",
+                cpu["troth"] / cpu["restate"],
+                1.0,
+                above=False,
+            )
+    if "troth-pg" in systems:
+        line("W1-suspend troth-pg / troth", ratio("troth-pg", "troth", "w1-suspend"), 0.8)
+        line("W2 troth-pg / troth", ratio("troth-pg", "troth", "w2"), 0.8)
+    w3 = [r.seconds for r in results.recoveries.get("troth", []) if r.seconds is not None]
+    line("W3 troth seconds", _median(w3), 1.0, above=False)
+    return lines
+
+
+# --------------------------------------------------------------------------- main
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="1 round, 1 s phases, W3 with 20")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--duration", type=float, default=2.5, help="seconds per phase")
+    parser.add_argument("--recovery-count", type=int, default=200)
+    parser.add_argument("--systems", default=",".join(SYSTEMS))
+    parser.add_argument("--json", type=Path, help="also write the raw results here")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.rounds, args.duration, args.recovery_count = 1, 1.0, 20
+    systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    started = time.monotonic()
+    log(f"machine: {json.dumps(machine_info())}")
+    installed, install_errors = _install.install_each(tuple(systems))
+    results = Results()
+    for part, error in install_errors.items():
+        results.failures.append(f"install {part}: {error}")
+    root = Path(tempfile.mkdtemp(prefix="troth-bench-peers-"))
+    notes = Notifications(root / "notify.sock")
+    try:
+        results.ceilings.append(ceilings(root, 1.0 if args.quick else 2.0))
+        for round_ in range(args.rounds):
+            order = systems[round_ % len(systems) :] + systems[: round_ % len(systems)]
+            log(f"round {round_ + 1}/{args.rounds}: {', '.join(order)}")
+            background = elapsed = 0.0
+            for name in order:
+                workdir = root / f"r{round_}-{name}"
+                workdir.mkdir()
+                try:
+                    system = make_system(name, installed, workdir, notes)
+                except Exception as exc:
+                    results.failures.append(
+                        f"round {round_ + 1}: {name} did not start: {type(exc).__name__}: {exc}"
+                    )
+                    log(f"  {name}: did not start: {exc}")
+                    continue
+                try:
+                    for workload, c in PHASES:
+                        m = measure(system, workload, c, args.duration, round_)
+                        results.phases.append(m)
+                        background += m.background_cpu_s or 0.0
+                        elapsed += m.phase.elapsed_s
+                        if m.phase.errors:
+                            results.failures.append(
+                                f"round {round_ + 1}: {name} {workload}@{c}: "
+                                f"{m.phase.errors} errors, first: {m.phase.first_error}"
+                            )
+                        log(f"  {name} {workload}@{c}: {m.phase.per_s:.0f}/s, "
+                            f"cpu {fmt(m.cpu_ms_per_workflow, '.2f')} ms/wf")  # fmt: skip
+                    recovery = system.recovery(args.recovery_count)
+                    results.recoveries.setdefault(name, []).append(recovery)
+                    failed = f" ({recovery.error})" if recovery.error else ""
+                    log(
+                        f"  {name} W3: {fmt(recovery.seconds, '.2f')} s, "
+                        f"{recovery.completed} completed{failed}"
+                    )
+                except Exception as exc:
+                    results.failures.append(
+                        f"round {round_ + 1}: {name}: {type(exc).__name__}: {exc}"
+                    )
+                    log(f"  {name}: failed: {exc}")
+                finally:
+                    system.stop()
+            if elapsed:
+                results.background_by_round.append(background / elapsed / CORES * 100)
+        results.ceilings.append(ceilings(root, 1.0 if args.quick else 2.0))
+    finally:
+        notes.close()
+    print(render(results, systems))
+    print(f"\n{args.rounds} rounds of {len(PHASES)} phases of {args.duration} s; "
+          f"{time.monotonic() - started:.0f} s end to end")  # fmt: skip
+    if args.json:
+        args.json.write_text(json.dumps(asdict(results), indent=1, default=str))
+    return 1 if results.failures else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
