@@ -25,17 +25,15 @@ Modes:
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import os
 import socket
-import statistics
 import sys
 import threading
 import time
-import uuid
 from typing import Any
 
+from _load import run_threads
 from dbos import DBOS, SetWorkflowID
 
 _sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
@@ -127,41 +125,9 @@ def w2_cycle(workflow_id: str) -> int:
 
 
 def run_phase(workload: str, concurrency: int, duration: float) -> dict[str, Any]:
-    cycles = {
-        "w1-suspend": w1_cycle,
-        "w1-eager": w1_cycle,
-        "w2": w2_cycle,
-    }
+    cycles = {"w1-suspend": w1_cycle, "w1-eager": w1_cycle, "w2": w2_cycle}
     cycle = cycles[workload]
-    prefix = f"{workload}-{uuid.uuid4().hex[:8]}"
-    counter = itertools.count()
-    latencies: list[int] = []
-    errors: list[str] = []
-    deadline = time.perf_counter() + duration
-
-    def loop() -> None:
-        while time.perf_counter() < deadline:
-            try:
-                latencies.append(cycle(f"{prefix}-{next(counter)}"))
-            except Exception as exc:
-                errors.append(f"{type(exc).__name__}: {exc}")
-
-    threads = [threading.Thread(target=loop, daemon=True) for _ in range(concurrency)]
-    started = time.perf_counter()
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    elapsed = time.perf_counter() - started
-    ms = sorted(n / 1e6 for n in latencies)
-    return {
-        "completed": len(latencies),
-        "errors": len(errors),
-        "first_error": errors[0] if errors else None,
-        "elapsed_s": elapsed,
-        "p50_ms": statistics.median(ms) if ms else None,
-        "p99_ms": ms[min(len(ms) - 1, int(0.99 * len(ms)))] if ms else None,
-    }
+    return run_threads(lambda workflow_id, _slot: cycle(workflow_id), concurrency, duration)
 
 
 def start_held(count: int) -> dict[str, Any]:

@@ -19,7 +19,6 @@ import json
 import os
 import signal
 import socket
-import statistics
 import subprocess
 import threading
 import time
@@ -30,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
+import _load
 import psycopg
 from _servers import BACKENDS, PG_ADMIN_URL, ServerError
 from workflows import Harness, Notifications
@@ -73,37 +73,7 @@ class Recovery:
 
 
 def run_threads(cycle: Callable[[str, int], int], concurrency: int, duration: float) -> Phase:
-    """`concurrency` threads each running cycles until `duration` is over; a cycle
-    returns the latency it measured, in ns."""
-    prefix = uuid.uuid4().hex[:10]
-    counter = itertools.count()
-    latencies: list[int] = []
-    errors: list[str] = []
-    deadline = time.perf_counter() + duration
-
-    def loop(slot: int) -> None:
-        while time.perf_counter() < deadline:
-            try:
-                latencies.append(cycle(f"{prefix}-{next(counter)}", slot))
-            except Exception as exc:
-                errors.append(f"{type(exc).__name__}: {exc}")
-
-    threads = [threading.Thread(target=loop, args=(i,), daemon=True) for i in range(concurrency)]
-    started = time.perf_counter()
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    elapsed = time.perf_counter() - started
-    ms = sorted(n / 1e6 for n in latencies)
-    return Phase(
-        completed=len(latencies),
-        errors=len(errors),
-        first_error=errors[0] if errors else None,
-        elapsed_s=elapsed,
-        p50_ms=statistics.median(ms) if ms else None,
-        p99_ms=ms[min(len(ms) - 1, int(0.99 * len(ms)))] if ms else None,
-    )
+    return Phase(**_load.run_threads(cycle, concurrency, duration))
 
 
 def free_port() -> int:
