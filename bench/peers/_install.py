@@ -6,8 +6,8 @@ installed once (a folder is reused when its marker file names the same pins).
 
 - ``restate/``: the Restate server binary, from the npm package
   ``@restatedev/restate-server``;
-- ``restate-venv/``: Restate's Python SDK served by hypercorn (h2c), and httpx
-  (HTTP/2) for the load client;
+- ``restate-venv/``: Restate's Python SDK served by hypercorn (h2c); the load
+  client is the benchmark's own (stdlib `http.client`);
 - ``dbos-venv/``: DBOS Transact, with psycopg for its PostgreSQL variant.
 
 Usage::
@@ -27,7 +27,7 @@ from pathlib import Path
 CACHE = Path(__file__).resolve().parent.parent / ".cache" / "peers"
 
 RESTATE_SERVER_VERSION = "1.7.12"
-RESTATE_PIP = ("restate-sdk==1.3.0", "hypercorn==0.18.0", "httpx[http2]==0.28.1")
+RESTATE_PIP = ("restate-sdk==1.3.0", "hypercorn==0.18.0")
 DBOS_PIP = ("dbos==3.4.0", "psycopg[binary]==3.3.9")
 
 
