@@ -195,7 +195,7 @@ class Troth(System):
     def recovery(self, count: int) -> Recovery:
         harness, client = self.harness, self._client()
         group = f"w3-{uuid.uuid4().hex[:6]}"
-        note = "second worker of the group, already connected; the SDK's default lease"
+        note = "a second worker, connected; the killed one's tasks return when its stream closes"
         (first,) = harness.start_workers(group, 1, concurrency=count, block=True)
         ids = {f"{group}-{i}" for i in range(count)}
         for workflow_id in sorted(ids):
