@@ -11,7 +11,7 @@ from google.rpc import error_details_pb2, status_pb2
 
 from troth.errors import ERROR_DOMAIN, Reason
 from troth_server.api._status import STATUS_CODES, status_for
-from troth_server.domain.errors import DomainError
+from troth_server.domain.errors import DomainError, InvalidArgument
 from troth_server.store import StoreError
 
 
@@ -76,3 +76,17 @@ def test_a_commit_of_unknown_outcome_says_to_retry_the_same_call() -> None:
     assert "may or may not have been made" in message
     assert "retry the same call" in message
     assert "nothing was changed" not in message
+
+
+@pytest.mark.parametrize("char", ["a", "%", "\u00e9", "\U0001f600"])
+def test_a_long_message_fits_the_trailers_as_grpc_encodes_it(char: str) -> None:
+    # grpc-message is percent-encoded: "é" x 1,000 was 2 KiB of UTF-8 but 6 KiB on the
+    # wire, and with its copy in grpc-status-details-bin the trailers passed the 8 KiB
+    # soft limit past which clients refuse them (RESOURCE_EXHAUSTED, at random).
+    status = status_for(InvalidArgument("value", char * 100_000))
+    message = status.details
+    wire = sum(1 if 0x20 <= b <= 0x7E and b != 0x25 else 3 for b in message.encode())
+    assert 1000 <= wire <= 2048, wire
+    assert message.endswith("more bytes)")
+    trailers = sum(len(k) + len(v) for k, v in status.trailing_metadata)
+    assert wire + trailers < 8192 - 512, (wire, trailers)
