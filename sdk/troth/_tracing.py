@@ -47,13 +47,20 @@ def _trace() -> ModuleType | None:
 
 
 def _tracer(trace: ModuleType) -> Any:
+    # Asked for each span, so that a `TracerProvider` set after import is used.
+    return trace.get_tracer(TRACER_NAME, _version())
+
+
+@functools.cache
+def _version() -> str | None:
+    """troth's version, read once: reading package metadata takes a scan of
+    `sys.path` (it was a quarter of a worker's CPU when read per span)."""
     from importlib import metadata
 
     try:
-        version = metadata.version("troth")
+        return metadata.version("troth")
     except metadata.PackageNotFoundError:
-        version = None
-    return trace.get_tracer(TRACER_NAME, version)
+        return None
 
 
 def _traceparent() -> str | None:

@@ -151,6 +151,9 @@ class Core:
         )
         self.tasks = TaskService(self.store, self.committer, clock, self.checks)
         self.dispatcher = Dispatcher(self.tasks, self.store)
+        # A task created while a worker of its group has room is leased in the
+        # transaction that creates it, and delivered with no claim of its own.
+        self.committer.lease_on_commit(self.dispatcher)
         self.sweeper = Sweeper(
             self.service,
             interval=settings.sweep_interval_ms / 1000,

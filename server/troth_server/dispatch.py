@@ -20,7 +20,7 @@ import asyncio
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import structlog
 
@@ -29,10 +29,11 @@ from troth_server.domain.errors import DomainError
 from troth_server.domain.routing import Candidate, Deployments, Registration, Route
 from troth_server.domain.task import TaskState
 from troth_server.domain.workers import StreamView
+from troth_server.group_commit import Leased, Lessee
 from troth_server.store import StoreError
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Collection, Iterable
 
     from troth_server.domain.promise import Promise
     from troth_server.domain.task import Task
@@ -65,6 +66,8 @@ class PollStream:
     """The authenticated principal that opened it (None with authentication off): the
     tasks it claims are leased to it, and only they go back when it breaks."""
     held: set[str] = field(default_factory=set)
+    reserved: set[str] = field(default_factory=set)
+    """Tasks leased to it by a transaction still committing (`Dispatcher.reserve`)."""
     closed: bool = False
     stalled: bool = False
     """A lease of this worker ran out: it is frozen or cut off, though its
@@ -78,7 +81,9 @@ class PollStream:
 
     @property
     def room(self) -> int:
-        return 0 if self.closed or self.stalled else self.capacity - len(self.held)
+        if self.closed or self.stalled:
+            return 0
+        return self.capacity - len(self.held) - len(self.reserved)
 
     def deliver(self, delivery: Delivery | None) -> None:
         """From any thread; None ends the stream."""
@@ -110,6 +115,13 @@ class Dispatcher:
         self._last_seen: dict[str, int] = {}
         """worker id -> its last task call here (wall ms); dropped with its last stream."""
         self._deployments = Deployments()
+        self._backlog: set[str] = set()
+        """Groups that may have PENDING tasks this server could claim: a wake-up says
+        so, and a dispatch pass that found them all taken says otherwise. A new task of
+        a group without one is leased as it is created (`reserve`), so it does not
+        overtake those that wait; room made in one is offered to them (`done`)."""
+        self._leased: list[Leased] = []
+        """Tasks leased on commit, for the dispatch thread to deliver."""
         self._stopping = False
         self._thread = threading.Thread(target=self._loop, name="troth-dispatch", daemon=True)
 
@@ -214,15 +226,17 @@ class Dispatcher:
         self.wake({t.group for t in returned})
 
     def done(self, worker_id: str, task_id: str) -> None:
-        """A task left the worker (completed, released, lost): its stream has room again."""
-        groups = set()
+        """A task left the worker (completed, released, lost): its stream has room again,
+        for the tasks of its group that wait, if any do."""
         with self._lock:
             for group, streams in self._streams.items():
                 for stream in streams:
                     if stream.worker_id == worker_id and task_id in stream.held:
                         stream.held.discard(task_id)
-                        groups.add(group)
-        self.wake(groups)
+                        if group in self._backlog:
+                            self._wanted.add(group)
+            if self._wanted:
+                self._lock.notify_all()
 
     def lost(self, lost_tasks: Iterable[Task]) -> None:
         """Tasks whose lease expired: off their old streams, and offered to others.
@@ -288,25 +302,99 @@ class Dispatcher:
     # -- dispatching ----------------------------------------------------------------------
 
     def wake(self, groups: Iterable[str]) -> None:
+        """Tasks of these groups may be PENDING: claim them for streams with room."""
         with self._lock:
-            self._wanted.update(g for g in groups if g in self._streams)
+            wanted = [g for g in groups if g in self._streams]
+            self._backlog.update(wanted)
+            self._wanted.update(wanted)
             if self._wanted:
                 self._lock.notify_all()
 
     def wake_all(self) -> None:
         with self._lock:
+            self._backlog.update(self._streams)
             self._wanted.update(self._streams)
             self._lock.notify_all()
+
+    # -- leases on commit (`group_commit.Lessor`) -----------------------------------------
+
+    def reserve(self, task: Task, freed: Collection[str]) -> Lessee | None:
+        """From the writer thread: a stream of the task's group with room whose route
+        takes it (the worker that suspended the root first), unless tasks wait there."""
+        with self._lock:
+            if task.group in self._backlog or self._stopping:
+                return None
+            streams = [s for s in self._streams.get(task.group, []) if not s.closed]
+            routes = self._routes(task.group, streams)
+            best: tuple[int, PollStream, Route] | None = None
+            for stream, route in zip(streams, routes, strict=True):
+                room = stream.room + len(stream.held.intersection(freed))
+                if room <= 0 or not route.accepts(task.workflow, task.workflow_version):
+                    continue
+                rank = 1 << 30 if stream.worker_id == task.preferred_worker_id else room
+                if best is None or rank > best[0]:
+                    best = (rank, stream, route)
+            if best is None:
+                return None
+            _, stream, route = best
+            stream.reserved.add(task.id)
+        return Lessee(stream, stream.worker_id, stream.lease_ms, stream.principal, route)
+
+    def unreserve(self, lessees: list[tuple[Lessee, str]]) -> None:
+        with self._lock:
+            for lessee, task_id in lessees:
+                cast("PollStream", lessee.stream).reserved.discard(task_id)
+
+    def leased(self, leases: list[Leased]) -> None:
+        """After the commit: the dispatch thread delivers them (reading their history)."""
+        with self._lock:
+            for lease in leases:
+                stream = cast("PollStream", lease.lessee.stream)
+                stream.reserved.discard(lease.task.id)
+                stream.held.add(lease.task.id)
+            self._leased.extend(leases)
+            self._lock.notify_all()
+
+    def _deliver_leased(self, leases: list[Leased]) -> None:
+        for n, lease in enumerate(leases):
+            stream = cast("PollStream", lease.lessee.stream)
+            if stream.closed:
+                with self._lock:
+                    stream.held.discard(lease.task.id)
+                self._give_back([lease.task], stream.worker_id)
+                continue
+            history: list[Promise]
+            if lease.new_root:
+                root, history = lease.root, []
+            else:
+                try:
+                    root, history = self._store.promise_tree(lease.task.root_promise_id)
+                except StoreError:
+                    for rest in leases[n:]:
+                        rest_stream = cast("PollStream", rest.lessee.stream)
+                        with self._lock:
+                            rest_stream.held.discard(rest.task.id)
+                        self._give_back([rest.task], rest_stream.worker_id)
+                    raise
+            stream.deliver(Delivery(lease.task, root, history))
 
     def _loop(self) -> None:
         while True:
             with self._lock:
-                while not self._wanted and not self._gone and not self._stopping:
+                while (
+                    not self._wanted and not self._gone and not self._leased and not self._stopping
+                ):
                     self._lock.wait()
                 if self._stopping:
                     return
                 groups, self._wanted = self._wanted, set()
                 gone, self._gone = self._gone, []
+                leased, self._leased = self._leased, []
+            if leased:
+                try:
+                    self._deliver_leased(leased)
+                except StoreError as exc:
+                    log.warning("dispatch.store_unavailable", error=str(exc))
             for stream in gone:
                 try:
                     self.disconnect(stream)
@@ -332,6 +420,12 @@ class Dispatcher:
                 candidates = [s for s in streams if s.room > 0]
             candidates = [s for s in candidates if routes[id(s)] not in drained]
             if not candidates:
+                if all(routes[id(s)] in drained for s in streams):
+                    # Every stream's route found nothing left to take (those it
+                    # did not ask for have no room, and room made asks again).
+                    with self._lock:
+                        if group not in self._wanted:
+                            self._backlog.discard(group)
                 return
             for stream in sorted(candidates, key=lambda s: -s.room):
                 wanted, route = stream.room, routes[id(stream)]

@@ -27,7 +27,7 @@ import queue
 import threading
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, cast
 
 import structlog
@@ -88,6 +88,47 @@ class Keys:
     """The same for the roots of `task_ids` (a completion settles its root)."""
 
 
+@dataclass(frozen=True, slots=True)
+class Lessee:
+    """A connected worker's stream that can take a task now (`Lessor.reserve`)."""
+
+    stream: object
+    """The lessor's own handle of the stream, given back in `Leased`."""
+    worker_id: str
+    lease_ms: int
+    principal: str | None
+    route: Route
+
+
+@dataclass(frozen=True, slots=True)
+class Leased:
+    """A task created and leased in one transaction: what its delivery needs."""
+
+    task: Task
+    lessee: Lessee
+    root: Promise | None
+    new_root: bool
+    """The root was created in the same transaction: it has no steps yet (no history
+    to read before the delivery)."""
+
+
+class Lessor(Protocol):
+    """Leases tasks as the transaction that creates them commits (claim on commit), so
+    that a delivery costs no second write: the dispatcher, which knows the streams."""
+
+    def reserve(self, task: Task, freed: Collection[str]) -> Lessee | None:
+        """A stream of this server to lease the new PENDING `task` to, its slot held
+        until `leased` or `unreserve`; None: leave the task PENDING. `freed`: tasks
+        this transaction completes (their slots are free once it commits)."""
+
+    def leased(self, leases: list[Leased]) -> None:
+        """After the commit: deliver these."""
+
+    def unreserve(self, lessees: list[tuple[Lessee, str]]) -> None:
+        """The transaction did not commit (or was retried): free these slots
+        (stream, task id)."""
+
+
 class Batch:
     """What one batch touches, as a reader at the batch's `now` sees it.
 
@@ -125,8 +166,6 @@ class Batch:
         """Promises whose callbacks fired (and are dropped)."""
         self.finished_roots: set[str] = set()
         """Roots that settled: their remaining callbacks are dropped."""
-        self.pending_groups: set[str] = set()
-        """Groups where a task became PENDING: the dispatcher has work after commit."""
         self._children: dict[str, list[str]] | None = None
         """Loaded promises by parent_id, built when a workflow root first settles."""
 
@@ -222,8 +261,6 @@ class Batch:
         known = task.id in self._tasks and task.id not in self.task_inserts
         self._tasks[task.id] = task
         (self.task_updates if known else self.task_inserts)[task.id] = task
-        if task.state is TaskState.PENDING:
-            self.pending_groups.add(task.group)
         if task.state is TaskState.COMPLETED:
             if self._active.get(task.root_promise_id) == task.id:
                 del self._active[task.root_promise_id]
@@ -277,6 +314,70 @@ class Batch:
 
 def _task_id() -> str:
     return uuid.uuid4().hex
+
+
+def claim_in(
+    batch: Batch,
+    task: Task,
+    worker_id: str,
+    lease_ms: int,
+    principal: str | None,
+    route: Route,
+) -> tuple[Task, Promise | None]:
+    """Lease the task to the worker in this batch, and return it with its root.
+
+    The first worker to take a root records its code version on the root and
+    the task, in the claim's transaction: from then on only that code (or code
+    declared compatible with it) gets the root's tasks."""
+    batch.put_task(tasks.claim(task, worker_id, batch.now, lease_ms, principal))
+    root = batch.get(task.root_promise_id)
+    # Re-read: reading the root may have expired it, and its settle touched tasks.
+    claimed = batch.task(task.id)
+    assert claimed is not None
+    pinned, root = _pin(batch, claimed, root, route)
+    batch.put_task(pinned)
+    return pinned, root
+
+
+def _pin(
+    batch: Batch, task: Task, root: Promise | None, route: Route
+) -> tuple[Task, Promise | None]:
+    if task.workflow_version is not None:
+        return task, root
+    if root is not None and root.workflow_version:
+        # Tasks copy their root's version when created; should one lack it, the
+        # root's record still wins (a worker not running it gives the task back).
+        return tasks.pin(task, root.workflow_version), root
+    version = route.version_for(task.workflow)
+    if version is None:
+        return task, root  # a worker from before versions, or one not running it
+    if root is not None and not root.is_settled:
+        root = replace(root, workflow_version=version)
+        batch.rewrite(root)
+    return tasks.pin(task, version), root
+
+
+def _lease_new(
+    batch: Batch, lessor: Lessor, reserved: list[tuple[Lessee, str]] | None
+) -> list[Leased]:
+    """Lease the tasks this batch creates PENDING to streams the lessor picks
+    (appending each slot it holds to `reserved`)."""
+    leases: list[Leased] = []
+    reserved = [] if reserved is None else reserved
+    freed = [t.id for t in batch.task_updates.values() if t.state is TaskState.COMPLETED]
+    for task in list(batch.task_inserts.values()):
+        if not task.claimable(batch.now):
+            continue
+        lessee = lessor.reserve(task, freed)
+        if lessee is None:
+            continue
+        reserved.append((lessee, task.id))
+        claimed, root = claim_in(
+            batch, task, lessee.worker_id, lessee.lease_ms, lessee.principal, lessee.route
+        )
+        new_root = task.kind is TaskKind.INVOKE and task.root_promise_id in batch.inserts
+        leases.append(Leased(claimed, lessee, root, new_root))
+    return leases
 
 
 class WriteOp(Protocol[R_co]):
@@ -404,6 +505,7 @@ class GroupCommitter:
         self._closed = False
         # Orders submits against stop(), so that no request is queued behind the stop.
         self._submit_lock = threading.Lock()
+        self._lessor: Lessor | None = None
         self.stats = CommitStats()
 
     def start(self) -> None:
@@ -507,15 +609,24 @@ class GroupCommitter:
                 item.answer(False, ShuttingDown())
             _wake_loops(group or [])
 
+    def lease_on_commit(self, lessor: Lessor) -> None:
+        """From now on, lease the tasks each transaction creates to the streams
+        `lessor` picks, in that transaction (set once, before `start`)."""
+        self._lessor = lessor
+
     def _run(self, items: list[_Item[Any]]) -> None:
-        def work(tx: WriteTx) -> tuple[list[tuple[bool, Any]], list[StateChange], set[str]]:
+        reserved: list[tuple[Lessee, str]] = []
+        """Every slot a fold held, over the store's retries of the transaction."""
+
+        def work(tx: WriteTx) -> _Folded:
             # One clock read per transaction: the whole batch decides at that time.
-            return _fold(tx, items, self._transaction_time(tx))
+            return _fold(tx, items, self._transaction_time(tx), self._lessor, reserved)
 
         started = time.perf_counter()
         try:
-            outcomes, changes, pending_groups = self._store.write(work)
+            outcomes, changes, pending_groups, leases = self._store.write(work)
         except StoreError as exc:
+            self._unreserve(reserved)
             if isinstance(exc, StoreUnavailable) and self._on_store_error is not None:
                 self._on_store_error()
             if len(items) > 1:
@@ -529,11 +640,15 @@ class GroupCommitter:
             _wake_loops(items)
             return
         except BaseException as exc:  # a bug in the fold: answer, never hang a request
+            self._unreserve(reserved)
             log.exception("group_commit.batch_crashed")
             for item in items:
                 item.answer(False, exc)
             _wake_loops(items)
             return
+        if len(reserved) > len(leases):  # the store retried: earlier folds' slots
+            kept = {lease.task.id for lease in leases}
+            self._unreserve([r for r in reserved if r[1] not in kept])
         self.stats.commits += 1
         self.stats.requests += len(items)
         self.stats.largest_batch = max(self.stats.largest_batch, len(items))
@@ -542,10 +657,16 @@ class GroupCommitter:
         for item, (ok, value) in zip(items, outcomes, strict=True):
             item.answer(ok, value)
         _wake_loops(items)
+        if leases and self._lessor is not None:
+            self._lessor.leased(leases)
         if changes:
             self._on_commit(changes)
         if pending_groups and self._on_pending_tasks is not None:
             self._on_pending_tasks(pending_groups)
+
+    def _unreserve(self, reserved: list[tuple[Lessee, str]]) -> None:
+        if reserved and self._lessor is not None:
+            self._lessor.unreserve(reserved)
 
 
 def _wake_loops(items: list[_Item[Any]]) -> None:
@@ -561,9 +682,18 @@ def _wake_loops(items: list[_Item[Any]]) -> None:
             pass
 
 
+_Folded = tuple[list[tuple[bool, Any]], list[StateChange], set[str], list["Leased"]]
+"""What a fold answers: each item's outcome, the state changes, the groups left with
+PENDING tasks, and the tasks leased as they were created."""
+
+
 def _fold(
-    tx: WriteTx, items: list[_Item[Any]], now: int
-) -> tuple[list[tuple[bool, Any]], list[StateChange], set[str]]:
+    tx: WriteTx,
+    items: list[_Item[Any]],
+    now: int,
+    lessor: Lessor | None = None,
+    reserved: list[tuple[Lessee, str]] | None = None,
+) -> _Folded:
     promise_ids: set[str] = set()
     root_ids: set[str] = set()
     task_ids: set[str] = set()
@@ -616,6 +746,13 @@ def _fold(
             # stage changes only after their domain call returned, so none leaked.
             log.exception("group_commit.op_crashed", op=type(item.op).__name__)
             outcomes.append((False, exc))
+    leases = [] if lessor is None else _lease_new(batch, lessor, reserved)
+    # The groups where a task is left PENDING (not leased at commit): the dispatcher's.
+    pending_groups = {
+        t.group
+        for t in (*batch.task_inserts.values(), *batch.task_updates.values())
+        if t.state is TaskState.PENDING
+    }
     tx.insert_promises(list(batch.inserts.values()))
     tx.update_promises(list(batch.updates.values()))
     # Updates first: a task completing and its root's next RESUME share the
@@ -625,8 +762,8 @@ def _fold(
     tx.delete_callbacks(batch.fired, batch.finished_roots)
     tx.insert_callbacks([c for c in batch.new_callbacks if c.promise_id not in batch.fired], now)
     settled = [c.promise.id for c in batch.changes if c.promise.is_settled]
-    tx.announce(batch.pending_groups, settled, created_ids=list(batch.inserts))
-    return outcomes, batch.changes, batch.pending_groups
+    tx.announce(pending_groups, settled, created_ids=list(batch.inserts))
+    return outcomes, batch.changes, pending_groups, leases
 
 
 def _load_steps(tx: WriteTx, promises: dict[str, Promise], settling: set[str], now: int) -> None:

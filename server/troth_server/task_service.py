@@ -20,7 +20,7 @@ from troth_server.domain.promise import PromiseState
 from troth_server.domain.routing import ANY, Route
 from troth_server.domain.steps import INVOKE_TAG
 from troth_server.domain.task import Callback, Task, TaskKind, TaskNotFound, TaskState
-from troth_server.group_commit import Batch, Keys
+from troth_server.group_commit import Batch, Keys, claim_in
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -68,33 +68,11 @@ class _ClaimOp:
     def apply(self, batch: Batch) -> list[Claimed]:
         claimed = []
         for candidate in batch.pending_in(self.group, self.limit, self.route):
-            batch.put_task(
-                tasks.claim(candidate, self.worker_id, batch.now, self.lease_ms, self.principal)
+            task, root = claim_in(
+                batch, candidate, self.worker_id, self.lease_ms, self.principal, self.route
             )
-            root = batch.get(candidate.root_promise_id)
-            # Re-read: reading the root may have expired it, and its settle touched tasks.
-            task, root = self._pin(batch, _held(batch, candidate.id), root)
-            batch.put_task(task)
             claimed.append(Claimed(task, root))
         return claimed
-
-    def _pin(self, batch: Batch, task: Task, root: Promise | None) -> tuple[Task, Promise | None]:
-        """The first worker to take a root records its code version on the root and
-        the task, in the claim's transaction: from then on only that code (or code
-        declared compatible with it) gets the root's tasks."""
-        if task.workflow_version is not None:
-            return task, root
-        if root is not None and root.workflow_version:
-            # Tasks copy their root's version when created; should one lack it, the
-            # root's record still wins (a worker not running it gives the task back).
-            return tasks.pin(task, root.workflow_version), root
-        version = self.route.version_for(task.workflow)
-        if version is None:
-            return task, root  # a worker from before versions, or one not running it
-        if root is not None and not root.is_settled:
-            root = replace(root, workflow_version=version)
-            batch.rewrite(root)
-        return tasks.pin(task, version), root
 
 
 @dataclass(frozen=True, slots=True)

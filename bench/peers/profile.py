@@ -1,0 +1,140 @@
+"""Where troth's CPU goes in one `make bench-peers` workload, process by process.
+
+Starts troth as `run.py` does (one server on durable SQLite or a fresh
+PostgreSQL schema, one `bench/_workflow_worker.py` process), warms it up, runs
+one workload at one concurrency for a while, and prints the CPU per workflow
+of the server, the worker and the load client (this process). With
+`--py-spy`, it also samples the server, the worker and the load client with py-spy (which must
+be on PATH or given) and prints each one's hottest functions, by the share of
+samples they are in (inclusive) and at the top of (self).
+
+A cost per workflow is steadier than a rate on a busy machine, which is what
+an A/B of one change needs; the rates themselves come from `run.py`.
+
+Usage::
+
+    .venv/bin/python bench/peers/profile.py [--workload w1-suspend] [--concurrency 64]
+        [--seconds 10] [--store sqlite|pg] [--py-spy /path/to/py-spy] [--top 25]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+BENCH_DIR = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(BENCH_DIR), str(Path(__file__).resolve().parent)]
+
+from _servers import proc_cpu_seconds  # noqa: E402
+from _systems import WORKLOADS, Troth  # noqa: E402
+from run import self_cpu  # noqa: E402
+from workflows import Notifications  # noqa: E402
+
+
+def record(py_spy: str, pid: int, seconds: float, out: Path) -> subprocess.Popen[bytes]:
+    """py-spy sampling `pid` into `out`: the thread holding the GIL, so Python CPU only."""
+    return subprocess.Popen(
+        [py_spy, "record", "--pid", str(pid), "--duration", str(int(seconds)), "--rate", "250",
+         "--format", "raw", "--output", str(out), "--gil", "--nonblocking"],
+        stdout=subprocess.DEVNULL, stderr=out.with_suffix(".log").open("wb"),
+    )  # fmt: skip
+
+
+def hottest(raw: Path, top: int) -> list[str]:
+    """The functions most often on the stack (inclusive) and at its top (self)."""
+    inclusive: collections.Counter[str] = collections.Counter()
+    own: collections.Counter[str] = collections.Counter()
+    total = 0
+    for line in raw.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        n = int(count)
+        total += n
+        frames = [f.split(" (")[0] + " " + _where(f) for f in stack.split(";")]
+        own[frames[-1]] += n
+        for frame in set(frames):
+            inclusive[frame] += n
+    if not total:
+        return ["  (no samples)"]
+    lines = [f"  {total} samples; inclusive %, self %, function"]
+    for frame, n in inclusive.most_common(top):
+        lines.append(f"  {n / total * 100:5.1f} {own[frame] / total * 100:5.1f}  {frame}")
+    lines.append("  hottest by self:")
+    for frame, n in own.most_common(top):
+        lines.append(f"  {inclusive[frame] / total * 100:5.1f} {n / total * 100:5.1f}  {frame}")
+    return lines
+
+
+def _where(frame: str) -> str:
+    """`(path/to/module.py:12)` -> `module.py` (lines differ within one function)."""
+    inside = frame.partition(" (")[2].rstrip(")")
+    return Path(inside.partition(":")[0]).name if inside else ""
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--workload", choices=WORKLOADS, default="w1-suspend")
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--store", choices=("sqlite", "pg"), default="sqlite")
+    parser.add_argument("--py-spy", dest="py_spy", help="py-spy to sample with (default: none)")
+    parser.add_argument("--top", type=int, default=25)
+    args = parser.parse_args(argv)
+    py_spy = shutil.which(args.py_spy) if args.py_spy else None
+    if args.py_spy and py_spy is None:
+        parser.error(f"--py-spy {args.py_spy}: not found")
+    root = Path(tempfile.mkdtemp(prefix="troth-bench-profile-"))
+    notes = Notifications(root / "notify.sock")
+    system = Troth("troth", args.store, root, notes)
+    try:
+        system.phase(args.workload, args.concurrency, 2.0)  # warm up
+        (server_pid, worker_pid) = system.pids()
+        before = {pid: proc_cpu_seconds(pid) or 0.0 for pid in (server_pid, worker_pid)}
+        client_before = self_cpu()
+        spies = []
+        if py_spy:
+            spies = [
+                record(py_spy, pid, args.seconds, root / f"{name}.txt")
+                for name, pid in (
+                    ("server", server_pid),
+                    ("worker", worker_pid),
+                    ("client", os.getpid()),
+                )
+            ]
+        started = time.monotonic()
+        phase = system.phase(args.workload, args.concurrency, args.seconds)
+        elapsed = time.monotonic() - started
+        cpu = {pid: (proc_cpu_seconds(pid) or 0.0) - before[pid] for pid in before}
+        client = self_cpu() - client_before
+        for spy in spies:
+            spy.wait()
+    finally:
+        system.stop()
+        notes.close()
+    n = phase.completed or 1
+    print(f"{args.workload}@{args.concurrency} on {args.store}: {phase.completed} in "
+          f"{elapsed:.1f} s = {phase.completed / elapsed:.0f}/s, {phase.errors} errors; "
+          f"p50 {phase.p50_ms or 0:.1f} ms, p99 {phase.p99_ms or 0:.1f} ms")  # fmt: skip
+    parts = {"server": cpu[server_pid], "worker": cpu[worker_pid], "client": client}
+    per = "  ".join(f"{k} {v / n * 1000:.2f}" for k, v in parts.items())
+    print(f"CPU ms per workflow: {per}  whole {sum(parts.values()) / n * 1000:.2f}")
+    if py_spy:
+        for name in ("server", "worker", "client"):
+            print(f"\n{name} (py-spy --gil):")
+            print("\n".join(hottest(root / f"{name}.txt", args.top)))
+    print(f"\n(files in {root})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

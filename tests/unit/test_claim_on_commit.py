@@ -1,0 +1,232 @@
+"""Claim on commit (issue 13): a task created while a connected worker of its group has
+room is leased in the transaction that creates it, and delivered with no claim of its
+own; tasks already waiting are not overtaken; a slot held for a transaction that did
+not commit is given back. In-process, on a real SQLite file, with the real dispatcher."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from troth_server.dispatch import Delivery, Dispatcher, PollStream
+from troth_server.domain import promise as domain
+from troth_server.domain.promise import EMPTY, CreateRequest, Payload, PromiseState, SettleRequest
+from troth_server.domain.steps import Fence
+from troth_server.domain.task import Task, TaskKind, TaskState
+from troth_server.group_commit import Batch, GroupCommitter, Keys, Leased, Lessee, Lessor
+from troth_server.service import PromiseService
+from troth_server.store import Store, StoreError, WriteTx, open_store
+from troth_server.task_service import TaskService
+from troth_server.watch import WatchHub
+
+HOUR = 3_600_000
+LEASE = 10_000
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_767_225_600_000
+
+    def __call__(self) -> int:
+        return self.now
+
+
+@dataclass
+class Env:
+    clock: Clock
+    store: Store
+    committer: GroupCommitter
+    promises: PromiseService
+    tasks: TaskService
+    dispatcher: Dispatcher
+    loop: asyncio.AbstractEventLoop
+
+    def stream(self, worker_id: str, capacity: int = 4) -> PollStream:
+        stream = PollStream("workers", worker_id, capacity, LEASE, self.loop)
+        self.dispatcher.connect(stream)
+        self.quiet()
+        return stream
+
+    def start(self, root: str) -> None:
+        tags = {"troth:invoke": "workers", "troth:func": "publish"}
+        self.promises.create(CreateRequest(root, Payload({}, b"[]"), tags, ttl=HOUR))
+
+    def next(self, stream: PollStream, timeout: float = 5.0) -> Delivery:
+        delivery = asyncio.run_coroutine_threadsafe(stream.next_async(), self.loop).result(timeout)
+        assert delivery is not None
+        return delivery
+
+    def nothing_for(self, stream: PollStream, seconds: float = 0.3) -> None:
+        future = asyncio.run_coroutine_threadsafe(stream.next_async(), self.loop)
+        with pytest.raises(TimeoutError):
+            future.result(seconds)
+        future.cancel()
+
+    def task_of(self, root: str) -> Task:
+        (task,) = self.store.search_tasks("workers", 10, root)
+        return task
+
+    def quiet(self) -> None:
+        """Wait until the dispatcher's wake-ups of a moment ago have run their claims."""
+        commits = -1
+        while commits != self.committer.stats.commits:
+            commits = self.committer.stats.commits
+            time.sleep(0.15)
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> Iterator[Env]:
+    clock = Clock()
+    store = open_store(f"sqlite:///{tmp_path}/t.db")
+    holder: list[Dispatcher] = []
+    committer = GroupCommitter(
+        store,
+        clock,
+        on_commit=lambda c: promises.on_commit(c),
+        on_pending_tasks=lambda groups: holder[0].wake(groups),
+    )
+    promises = PromiseService(store, committer, WatchHub(), clock)
+    tasks = TaskService(store, committer, clock)
+    dispatcher = Dispatcher(tasks, store)
+    holder.append(dispatcher)
+    committer.lease_on_commit(dispatcher)
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    committer.start()
+    dispatcher.start()
+    yield Env(clock, store, committer, promises, tasks, dispatcher, loop)
+    dispatcher.stop()
+    committer.stop()
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join()
+    loop.close()
+    store.close()
+
+
+def test_a_new_task_is_leased_by_the_transaction_that_creates_it(env: Env) -> None:
+    stream = env.stream("w1")
+    before = env.committer.stats.commits
+    env.start("wf-1")
+    # Already leased when the start returns: no claim has run in between.
+    task = env.task_of("wf-1")
+    assert (task.state, task.worker_id, task.counter) == (TaskState.CLAIMED, "w1", 1)
+    assert task.lease_expire_time == env.clock.now + LEASE
+    delivery = env.next(stream)
+    assert delivery.task.id == task.id and delivery.task.counter == 1
+    assert delivery.root is not None and delivery.root.id == "wf-1"
+    assert delivery.history == []
+    env.quiet()
+    assert env.committer.stats.commits == before + 1  # the start's commit, nothing more
+    assert stream.held == {task.id} and stream.reserved == set()
+
+
+def test_a_resume_is_leased_to_the_worker_that_suspended_with_what_settled(env: Env) -> None:
+    first = env.stream("w1")
+    second = env.stream("w2", capacity=8)  # more room: it would win on room alone
+    env.start("wf-2")
+    invoke = env.next(second).task
+    assert invoke.worker_id == "w2"
+    fence = Fence(invoke.id, invoke.counter, "w2")
+    env.promises.create(CreateRequest("wf-2.0", EMPTY, {}, ttl=HOUR), fence=fence)
+    env.tasks.suspend(invoke.id, invoke.counter, "w2", ["wf-2.0"])
+    env.dispatcher.done("w2", invoke.id)
+
+    env.promises.settle(SettleRequest("wf-2.0", PromiseState.RESOLVED, Payload({}, b"1")))
+    resume = env.next(second)
+    assert (resume.task.kind, resume.task.state) == (TaskKind.RESUME, TaskState.CLAIMED)
+    assert [(p.id, p.state) for p in resume.history] == [("wf-2.0", PromiseState.RESOLVED)]
+    env.nothing_for(first)
+
+
+def test_tasks_that_wait_are_delivered_before_new_ones(env: Env) -> None:
+    stream = env.stream("w1", capacity=1)
+    env.start("wf-a")
+    a = env.next(stream).task
+    env.start("wf-b")  # no room: it waits
+    assert env.task_of("wf-b").state is TaskState.PENDING
+    env.tasks.complete(a.id, a.counter, "w1", None)
+    env.dispatcher.done("w1", a.id)
+    env.start("wf-c")  # must not take the slot that wf-b waits for
+    assert env.next(stream).task.root_promise_id == "wf-b"
+    assert env.task_of("wf-c").state is TaskState.PENDING
+
+
+def test_no_stream_with_room_leaves_the_task_to_the_dispatcher(env: Env) -> None:
+    env.start("wf-d")
+    assert env.task_of("wf-d").state is TaskState.PENDING
+    stream = env.stream("w1")  # connecting claims what waits
+    assert env.next(stream).task.root_promise_id == "wf-d"
+
+
+class _Recording:
+    """A lessor in front of the dispatcher that records the slots it is asked for."""
+
+    def __init__(self, inner: Lessor) -> None:
+        self.inner = inner
+        self.reserved: list[str] = []
+        self.unreserved: list[str] = []
+        self.delivered: list[str] = []
+
+    def reserve(self, task: Task, freed: object) -> Lessee | None:
+        lessee = self.inner.reserve(task, ())
+        if lessee is not None:
+            self.reserved.append(task.root_promise_id)
+        return lessee
+
+    def leased(self, leases: list[Leased]) -> None:
+        self.delivered.extend(lease.task.root_promise_id for lease in leases)
+        self.inner.leased(leases)
+
+    def unreserve(self, lessees: list[tuple[Lessee, str]]) -> None:
+        self.unreserved.extend(task_id for _, task_id in lessees)
+        self.inner.unreserve(lessees)
+
+
+@dataclass(frozen=True)
+class _DuplicateInsert:
+    """An op that stages the insert of a promise that exists (it never loads it), so
+    the transaction fails on the insert, after the fold leased the batch's tasks."""
+
+    id: str
+
+    def keys(self, tx: WriteTx, now: int) -> Keys:
+        return Keys()
+
+    def apply(self, batch: Batch) -> None:
+        created, _ = domain.create(None, CreateRequest(self.id, EMPTY, {}, ttl=HOUR), batch.now)
+        batch.add(created)
+
+
+def test_a_slot_held_for_a_transaction_that_failed_is_given_back(env: Env) -> None:
+    stream = env.stream("w1", capacity=1)
+    env.promises.create(CreateRequest("taken", EMPTY, {}, ttl=HOUR))
+    recording = _Recording(env.dispatcher)
+    env.committer.lease_on_commit(recording)
+    tags = {"troth:invoke": "workers", "troth:func": "publish"}
+    start = CreateRequest("wf-e", Payload({}, b"[]"), tags, ttl=HOUR)
+
+    async def both() -> list[object]:
+        # Submitted in one loop iteration: one batch, failed by the duplicate insert,
+        # then each op committed alone.
+        return list(
+            await asyncio.gather(
+                env.promises.create_async(start),
+                env.committer.submit_async(_DuplicateInsert("taken")),
+                return_exceptions=True,
+            )
+        )
+
+    outcomes = asyncio.run_coroutine_threadsafe(both(), env.loop).result(10)
+    assert isinstance(outcomes[1], StoreError)
+    assert env.next(stream).task.root_promise_id == "wf-e"
+    # Slots were held for each failed attempt and given back; one lease stands.
+    assert recording.delivered == ["wf-e"]
+    assert len(recording.reserved) == len(recording.unreserved) + 1
+    assert len(stream.held) == 1 and stream.reserved == set()
