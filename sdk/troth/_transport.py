@@ -27,10 +27,11 @@ This module owns everything that knows about gRPC on the SDK side:
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 import grpc
 from google.rpc import error_details_pb2
@@ -44,6 +45,7 @@ from troth._credentials import (
     check_tls_target,
     check_token_channel,
 )
+from troth._mux import CallStream, MultiplexedStub
 from troth.errors import (
     ERROR_DOMAIN,
     AlreadyExistsError,
@@ -243,11 +245,28 @@ class Transport:
         self.promises: PromiseServiceStub = stub
         tasks = tasks_pb2_grpc.TaskServiceStub(self._channel)  # type: ignore[no-untyped-call,unused-ignore]
         self.tasks: TaskServiceStub = tasks
+        self.calls: CallStream | None = None
+        """The stream a `multiplexed()` transport sends its worker calls on."""
 
     @property
     def channel(self) -> grpc.Channel:
         """The gRPC channel itself."""
         return self._channel
+
+    def multiplexed(self) -> Transport:
+        """This transport (its channel, retries, metadata), with the unary calls a worker
+        makes sent as messages on one `TaskService.Calls` stream (`troth._mux`); close
+        that stream with `close_calls()`."""
+        twin = copy.copy(self)
+        twin.calls = CallStream(self._channel, self.metadata)
+        twin.promises = cast("PromiseServiceStub", MultiplexedStub(self.promises, twin.calls))
+        twin.tasks = cast("TaskServiceStub", MultiplexedStub(self.tasks, twin.calls))
+        return twin
+
+    def close_calls(self) -> None:
+        """End the `Calls` stream of a `multiplexed()` transport (nothing otherwise)."""
+        if self.calls is not None:
+            self.calls.close()
 
     def close(self) -> None:
         """Close the channel; calls still open fail with `CANCELLED`. Safe to repeat."""

@@ -93,6 +93,7 @@ from typing import TYPE_CHECKING, Any, Self, TypeVar, overload
 
 import grpc
 
+from troth._calls import Connection
 from troth._convert import timedelta_to_proto
 from troth._foreground import Interrupts, exit_now, show_logs
 from troth._leases import Held, Leases
@@ -193,7 +194,11 @@ class Worker:
         self._stopping = threading.Event()
         self._abandon = threading.Event()  # stop() waited long enough: give up on running tasks
         self._stopped = threading.Event()
-        calls = connection(client)
+        shared = connection(client)
+        # The worker's unary calls (steps, completions, heartbeats) are messages on
+        # one stream: a fraction of a call's cost to the server (`troth._mux`).
+        calls = Connection(shared.transport.multiplexed(), shared.timeout)
+        self._calls = calls
         self._tasks = TaskCalls(calls, self.worker_id)
         self._leases = Leases(self._tasks, lease)
         self._runner = Runner(
@@ -418,6 +423,7 @@ class Worker:
         if self._pool is not None:
             self._pool.shutdown(wait=not busy, cancel_futures=True)
         self._runner.close()
+        self._calls.transport.close_calls()
         with self._lock:
             self._state = "stopped"
         self._stopped.set()

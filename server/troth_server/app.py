@@ -31,6 +31,7 @@ from troth_server.api._admission import (
 from troth_server.api._auth import AuthInterceptor
 from troth_server.api._decode import register
 from troth_server.api._metrics import MetricsInterceptor
+from troth_server.api._mux import CallMux
 from troth_server.api.promises import PromiseServiceServicer
 from troth_server.api.tasks import TaskServiceServicer
 from troth_server.auth import AuthConfigError, Authenticator
@@ -383,8 +384,11 @@ async def _serve_aio(settings: Settings) -> int:
     # Not the generated add_*Servicer_to_server: their deserializers raise on bytes
     # that do not decode, which grpc answers UNKNOWN (api/_decode.py).
     limits = settings.limits
-    register(server, PROMISES, PromiseServiceServicer(core.service, limits), limits)
-    register(server, TASKS, TaskServiceServicer(core.tasks, core.dispatcher, limits), limits)
+    promises = PromiseServiceServicer(core.service, limits)
+    tasks = TaskServiceServicer(core.tasks, core.dispatcher, limits)
+    tasks.mux = CallMux(((PROMISES, promises), (TASKS, tasks)), limits, admission)
+    register(server, PROMISES, promises, limits)
+    register(server, TASKS, tasks, limits)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(SERVED, server)
     try:

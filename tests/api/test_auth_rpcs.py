@@ -145,7 +145,15 @@ def _calls(channel: grpc.Channel, tag: str) -> dict[str, Callable[[Any], object]
         "SearchWorkers": lambda md: t.SearchWorkers(
             tasks_pb2.SearchWorkersRequest(), metadata=md, timeout=10
         ),
+        "Calls": lambda md: first_message(
+            t.Calls(iter([_heartbeat_on_the_stream(tag)]), metadata=md, timeout=STREAM_WAIT)
+        ),
     }
+
+
+def _heartbeat_on_the_stream(tag: str) -> tasks_pb2.CallsRequest:
+    heartbeat = tasks_pb2.HeartbeatRequest(worker_id=f"w-{tag}")
+    return tasks_pb2.CallsRequest(id=1, method="Heartbeat", request=heartbeat.SerializeToString())
 
 
 def test_the_table_names_every_rpc_of_both_services() -> None:
@@ -251,3 +259,27 @@ def test_every_refusal_is_logged_once_without_the_token(setup: dict[str, Any]) -
     unknown = refusals()
     assert "peer" in unknown[-1] and "127.0.0.1" in unknown[-1]
     assert "auditsecret" not in server.log()
+
+
+def test_each_call_on_the_calls_stream_is_authorized_as_its_own_rpc(
+    setup: dict[str, Any],
+) -> None:
+    """A worker may open the stream, but not make through it a call it may not make."""
+    stub = tasks_pb2_grpc.TaskServiceStub(setup["channel"])
+    calls = [
+        ("SearchPromises", promises_pb2.SearchPromisesRequest(id="walk-*")),  # not a worker's
+        ("GetPromise", promises_pb2.GetPromiseRequest(id="walk-missing")),  # a worker's
+    ]
+    requests = [
+        tasks_pb2.CallsRequest(id=n, method=method, request=request.SerializeToString())
+        for n, (method, request) in enumerate(calls, start=1)
+    ]
+    answers = {
+        a.id: a
+        for a in stub.Calls(iter(requests), metadata=setup["credentials"]["worker"], timeout=10)
+    }
+    assert answers[1].code == grpc.StatusCode.PERMISSION_DENIED.value[0]
+    assert "may not call SearchPromises" in answers[1].message
+    assert b"ROLE_NOT_ALLOWED" in answers[1].status_details
+    assert answers[2].code == grpc.StatusCode.NOT_FOUND.value[0]
+    assert "auth.refused" in setup["server"].log()

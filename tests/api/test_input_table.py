@@ -168,7 +168,9 @@ def cases_for(rpc: str, bad: BadInput) -> list[Case]:
                 return [(whole[:-1], first), (b"\xff", "request")]
             first = texts[0]
             whole = _request(message, {first: "hello"}).SerializeToString()
-            return [(whole[:-1], first), (b"\xff", "request"), (whole + b"\x0a", first)]
+            # 0x0a opens field 1 (length-delimited), and the message ends there.
+            opened = message.fields_by_number[1].name
+            return [(whole[:-1], first), (b"\xff", "request"), (whole + b"\x0a", opened)]
         case BadInput.LIST_TOO_LONG:
             return list_cases(message)
         case BadInput.BAD_TIMESTAMP:

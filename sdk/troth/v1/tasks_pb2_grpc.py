@@ -84,6 +84,11 @@ class TaskServiceStub:
                 request_serializer=troth_dot_v1_dot_tasks__pb2.SearchWorkersRequest.SerializeToString,
                 response_deserializer=troth_dot_v1_dot_tasks__pb2.SearchWorkersResponse.FromString,
                 _registered_method=True)
+        self.Calls = channel.stream_stream(
+                '/troth.v1.TaskService/Calls',
+                request_serializer=troth_dot_v1_dot_tasks__pb2.CallsRequest.SerializeToString,
+                response_deserializer=troth_dot_v1_dot_tasks__pb2.CallsResponse.FromString,
+                _registered_method=True)
 
 
 class TaskServiceServicer:
@@ -174,6 +179,23 @@ class TaskServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Calls(self, request_iterator, context):
+        """A worker's unary calls, multiplexed on one stream: each CallsRequest names a
+        unary RPC of troth.v1 and carries its request, and is answered by a
+        CallsResponse with the same id, exactly as that RPC would have answered
+        (response, or status code, message and details with the ErrorInfo).
+        Answers come in the order calls finish, not the order they were sent. A
+        message costs the server a fraction of a call. Only the RPCs a worker
+        makes are served here (CreatePromise, GetPromise, SearchPromises,
+        CompleteTask, Heartbeat, ReleaseTask, RegisterCallbacks, FailTask); each
+        is authorized as its own RPC would be, for the stream's principal. When
+        the stream breaks, calls without an answer may or may not have been made:
+        retry them as a unary call that failed UNAVAILABLE.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TaskServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -221,6 +243,11 @@ def add_TaskServiceServicer_to_server(servicer, server):
                     servicer.SearchWorkers,
                     request_deserializer=troth_dot_v1_dot_tasks__pb2.SearchWorkersRequest.FromString,
                     response_serializer=troth_dot_v1_dot_tasks__pb2.SearchWorkersResponse.SerializeToString,
+            ),
+            'Calls': grpc.stream_stream_rpc_method_handler(
+                    servicer.Calls,
+                    request_deserializer=troth_dot_v1_dot_tasks__pb2.CallsRequest.FromString,
+                    response_serializer=troth_dot_v1_dot_tasks__pb2.CallsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -471,6 +498,33 @@ class TaskService:
             '/troth.v1.TaskService/SearchWorkers',
             troth_dot_v1_dot_tasks__pb2.SearchWorkersRequest.SerializeToString,
             troth_dot_v1_dot_tasks__pb2.SearchWorkersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Calls(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/troth.v1.TaskService/Calls',
+            troth_dot_v1_dot_tasks__pb2.CallsRequest.SerializeToString,
+            troth_dot_v1_dot_tasks__pb2.CallsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -77,9 +77,9 @@ TIMEOUT_METADATA = "troth-timeout-ms"
 """Metadata the SDK sends with every call that has a deadline: the timeout it gave
 grpc, in whole milliseconds (at most `MAX_TIMEOUT_MS`)."""
 MAX_TIMEOUT_MS = 10**12
-FINISHING_WORK = frozenset({"CompleteTask", "Heartbeat", "ReleaseTask"})
+FINISHING_WORK = frozenset({"CompleteTask", "Heartbeat", "ReleaseTask", "Calls"})
 """Calls never refused for the queue delay: refusing them would waste work already done
-(or a lease), and they add no new work."""
+(or a lease), and they add no new work (`Calls`, a worker's stream, carries them)."""
 
 
 UNREQUESTED_CALL_MAX_S = 86_400

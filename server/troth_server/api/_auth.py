@@ -161,7 +161,7 @@ def _bears_settle_token(request: Any) -> bool:
     return bool(request.HasField("settle_token"))
 
 
-def _role_refusal(rpc: str, principal: Principal) -> NotAllowed:
+def role_refusal(rpc: str, principal: Principal) -> NotAllowed:
     allowed = ", ".join(sorted(RPC_ROLES.get(rpc, frozenset({Role.ADMIN}))))
     has = ", ".join(sorted(principal.roles)) or "none"
     return NotAllowed(
@@ -226,5 +226,5 @@ class AuthInterceptor(MethodInterceptor):
             principal = await asyncio.to_thread(auth.verify, token)
         found.append(principal)
         if not settle_token and not may_call(principal, rpc):
-            raise _role_refusal(rpc, principal)
+            raise role_refusal(rpc, principal)
         return principal

@@ -90,10 +90,12 @@ def register(
     for method in service.methods:
         request = message_factory.GetMessageClass(method.input_type)
         response = message_factory.GetMessageClass(method.output_type)
-        if method.client_streaming:
-            raise NotImplementedError(f"{method.full_name}: no client streams in troth.v1")
-        make = (
-            grpc.unary_stream_rpc_method_handler
+        if method.client_streaming and not method.server_streaming:
+            raise NotImplementedError(f"{method.full_name}: no client-only streams in troth.v1")
+        make: Any = (
+            grpc.stream_stream_rpc_method_handler
+            if method.client_streaming
+            else grpc.unary_stream_rpc_method_handler
             if method.server_streaming
             else grpc.unary_unary_rpc_method_handler
         )

@@ -107,6 +107,8 @@ ANSWERS: dict[str, dict[BadInput, Answer]] = {
         BadInput.FORGED_PAGE_TOKEN: INVALID_TOKEN,
         BadInput.DEEP_PAGE_TOKEN: INVALID_TOKEN,
     },
+    # The envelope of a call on the stream; the call inside is checked as its RPC's.
+    "troth.v1.TaskService/Calls": {**_EVERY_REQUEST},
 }
 
 MAX_WORKFLOWS = 1000

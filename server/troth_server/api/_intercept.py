@@ -59,7 +59,14 @@ class MethodInterceptor(grpc.aio.ServerInterceptor):
                 request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer,
             )
-        raise RuntimeError(f"{method}: troth has no client-streaming RPCs to wrap")
+        if handler.stream_stream is not None:
+            # `Calls`: the wrappers read no request (the first argument is the stream).
+            return grpc.stream_stream_rpc_method_handler(
+                self._stream(name, handler.stream_stream),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        raise RuntimeError(f"{method}: troth has no client-only streaming RPCs to wrap")
 
     def _unary(self, name: str, inner: Callable[..., Any]) -> Callable[..., Any]:
         raise NotImplementedError

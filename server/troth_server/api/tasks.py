@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 
     import grpc.aio
 
+    from troth_server.api._mux import CallMux
     from troth_server.config import Limits
     from troth_server.dispatch import Dispatcher
     from troth_server.domain.access import Principal
@@ -210,6 +211,18 @@ def _awaited(settled: list[Any]) -> list[Any]:
 
 class TaskServiceServicer(_Handlers, tasks_pb2_grpc.TaskServiceServicer):
     """For the grpc.aio server: a Poll stream is a coroutine waiting on its mailbox."""
+
+    mux: CallMux | None = None
+    """What serves `Calls` (it needs every servicer; set once they are built)."""
+
+    @aio_server_stream("Calls")
+    async def Calls(
+        self, request: AsyncIterator[tasks_pb2.CallsRequest], context: AioContext
+    ) -> AsyncIterator[tasks_pb2.CallsResponse]:
+        if self.mux is None:
+            raise RuntimeError("TaskServiceServicer.mux was not set")
+        async for answer in self.mux.serve(request, context):
+            yield answer
 
     @aio_server_stream("Poll")
     async def Poll(

@@ -6,8 +6,8 @@ Pure: the authentication interceptor (`troth_server.api._auth`) finds the caller
 Roles:
 
 - `worker`: the task calls (`Poll`, `Heartbeat`, `CompleteTask`, `ReleaseTask`,
-  `RegisterCallbacks`) and its workflows' step writes, for the task groups its
-  grant names (`Principal.groups`);
+  `RegisterCallbacks`, and `Calls`, the stream that carries them) and its
+  workflows' step writes, for the task groups its grant names (`Principal.groups`);
 - `gateway`: starts workflows, reads, searches and watches promises, settles them;
 - `operator`: reads, searches and watches promises, cancels them, lists tasks;
 - `admin`: everything, including `PrunePromises`.
@@ -122,6 +122,8 @@ RPC_ROLES: Mapping[str, frozenset[Role]] = {
     "FailTask": _WORKER,
     "FailWorkflow": frozenset({Role.OPERATOR, Role.ADMIN}),
     "SearchWorkers": frozenset({Role.OPERATOR, Role.ADMIN}),
+    # A worker's unary calls on one stream; each is authorized again as its own RPC.
+    "Calls": _WORKER,
 }
 """Which roles may call each RPC (the one table; the README's is generated from it
 by `python -m troth_server.domain.access`). A `ResolvePromise` or `RejectPromise`

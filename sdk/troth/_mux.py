@@ -1,0 +1,229 @@
+"""`CallStream`: a worker's unary calls multiplexed on one `TaskService.Calls` stream.
+
+A unary call costs the server its own HTTP/2 stream and a pass through its
+interceptors; a message on an open stream costs a fraction of that. The
+worker's runner threads and heartbeat thread call through `stubs()`, which
+look like the generated stubs' unary methods: each call is sent on the
+stream with an id and waits for the answer with that id, so `Transport.call`
+retries it and maps its errors exactly as a unary call's. The stream opens at
+the first call and again at the first call after it broke; a break fails the
+calls waiting on it with UNAVAILABLE (they may or may not have been made: the
+same as a unary call cut off), which the retry policy retries.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import queue
+import threading
+from typing import TYPE_CHECKING, Any
+
+import grpc
+
+from troth.v1 import promises_pb2, tasks_pb2
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from google.protobuf.message import Message
+
+__all__ = ["MULTIPLEXED", "CallError", "CallStream", "MultiplexedStub"]
+
+_log = logging.getLogger("troth.transport")
+
+CALLS_METHOD = "/troth.v1.TaskService/Calls"
+MULTIPLEXED: dict[str, type[Message]] = {
+    "CreatePromise": promises_pb2.CreatePromiseResponse,
+    "GetPromise": promises_pb2.GetPromiseResponse,
+    "SearchPromises": promises_pb2.SearchPromisesResponse,
+    "CompleteTask": tasks_pb2.CompleteTaskResponse,
+    "Heartbeat": tasks_pb2.HeartbeatResponse,
+    "ReleaseTask": tasks_pb2.ReleaseTaskResponse,
+    "RegisterCallbacks": tasks_pb2.RegisterCallbacksResponse,
+    "FailTask": tasks_pb2.FailTaskResponse,
+}
+"""The unary RPCs sent on the stream (the server's `WORKER_CALLS`), with their answers."""
+
+_CODES = {code.value[0]: code for code in grpc.StatusCode}
+_DETAILS_KEY = "grpc-status-details-bin"
+_END = object()
+
+
+class CallError(grpc.RpcError, grpc.Call):
+    """A call on the stream that did not succeed: a `grpc.Call` with the code, message
+    and status details its unary RPC would have ended with."""
+
+    def __init__(self, code: grpc.StatusCode, details: str, status_details: bytes = b"") -> None:
+        super().__init__(details)
+        self._code, self._details = code, details
+        self._trailers = ((_DETAILS_KEY, status_details),) if status_details else ()
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
+
+    def trailing_metadata(self) -> Any:
+        return self._trailers
+
+    def initial_metadata(self) -> Any:
+        return ()
+
+    def is_active(self) -> bool:
+        return False
+
+    def time_remaining(self) -> float:
+        return 0.0
+
+    def cancel(self) -> bool:
+        return False
+
+    def add_callback(self, callback: Any) -> bool:
+        return False
+
+
+class _Waiter:
+    __slots__ = ("answer", "done", "failure")
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.answer: tasks_pb2.CallsResponse | None = None
+        self.failure: CallError | None = None
+
+
+class _Open:
+    """One open stream: its outgoing queue, the calls waiting on it, its reader thread."""
+
+    def __init__(self, method: Any, metadata: Any) -> None:
+        self.outgoing: queue.SimpleQueue[object] = queue.SimpleQueue()
+        self.waiting: dict[int, _Waiter] = {}
+        self.lock = threading.Lock()
+        self.broken = False
+        self._method, self._metadata = method, metadata
+        self.call: Any = None
+
+    def start(self) -> None:
+        """Open it (the calls added before wait on it: none is lost to a quick break)."""
+        self.call = self._method(iter(self.outgoing.get, _END), metadata=self._metadata)
+        threading.Thread(target=self._read, name="troth-calls", daemon=True).start()
+
+    def add(self, call_id: int) -> _Waiter | None:
+        with self.lock:
+            if self.broken:
+                return None
+            waiter = self.waiting[call_id] = _Waiter()
+            return waiter
+
+    def drop(self, call_id: int) -> None:
+        with self.lock:
+            self.waiting.pop(call_id, None)
+
+    def close(self) -> None:
+        self.outgoing.put(_END)
+        if self.call is not None:
+            self.call.cancel()
+
+    def _read(self) -> None:
+        failure = CallError(grpc.StatusCode.UNAVAILABLE, "the Calls stream ended")
+        try:
+            for answer in self.call:
+                with self.lock:
+                    waiter = self.waiting.pop(answer.id, None)
+                if waiter is not None:
+                    waiter.answer = answer
+                    waiter.done.set()
+        except grpc.RpcError as exc:
+            call: object = exc  # (through object: see `troth._transport.as_call`)
+            if isinstance(call, grpc.Call) and call.code() is not grpc.StatusCode.CANCELLED:
+                failure = CallError(call.code(), f"the Calls stream broke: {call.details()}")
+            _log.debug("the Calls stream ended: %s", exc)
+        with self.lock:
+            self.broken = True
+            waiting, self.waiting = self.waiting, {}
+        self.outgoing.put(_END)
+        for waiter in waiting.values():
+            waiter.failure = failure
+            waiter.done.set()
+
+
+class CallStream:
+    """Unary calls on one `Calls` stream of `channel`, opened when first needed.
+
+    Thread-safe: any number of threads call at once; answers are matched by id.
+    """
+
+    def __init__(self, channel: grpc.Channel, metadata: tuple[tuple[str, str], ...]) -> None:
+        self._method = channel.stream_stream(
+            CALLS_METHOD,
+            request_serializer=tasks_pb2.CallsRequest.SerializeToString,
+            response_deserializer=tasks_pb2.CallsResponse.FromString,
+        )
+        self._metadata = metadata
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+        self._open: _Open | None = None
+        self._closed = False
+
+    def method(self, name: str) -> Callable[..., Any]:
+        """A callable shaped like the stub's unary method `name`."""
+        response_type = MULTIPLEXED[name]
+
+        def call(request: Message, timeout: float | None = None, metadata: Any = None) -> Any:
+            return self.invoke(name, request, response_type, timeout)
+
+        return call
+
+    def invoke(
+        self, name: str, request: Message, response_type: type[Message], timeout: float | None
+    ) -> Message:
+        call_id = next(self._ids)
+        with self._lock:
+            if self._closed:
+                raise CallError(grpc.StatusCode.CANCELLED, "the worker's Calls stream is closed")
+            stream = self._open
+            waiter = None if stream is None else stream.add(call_id)
+            if stream is None or waiter is None:  # not open yet, or broken: open it (again)
+                stream = self._open = _Open(self._method, self._metadata)
+                waiter = _Waiter()
+                stream.waiting[call_id] = waiter
+                stream.start()
+        stream.outgoing.put(
+            tasks_pb2.CallsRequest(id=call_id, method=name, request=request.SerializeToString())
+        )
+        if not waiter.done.wait(timeout):
+            stream.drop(call_id)
+            raise CallError(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
+        if waiter.failure is not None:
+            raise waiter.failure
+        answer = waiter.answer
+        assert answer is not None
+        if answer.code != 0:
+            code = _CODES.get(answer.code, grpc.StatusCode.UNKNOWN)
+            raise CallError(code, answer.message, answer.status_details)
+        return response_type.FromString(answer.response)
+
+    def close(self) -> None:
+        """End the stream; later calls fail CANCELLED. Safe to repeat."""
+        with self._lock:
+            self._closed = True
+            stream, self._open = self._open, None
+        if stream is not None:
+            stream.close()
+
+
+class MultiplexedStub:
+    """A generated stub whose `MULTIPLEXED` methods go on a `CallStream` (the rest
+    are the stub's own)."""
+
+    def __init__(self, stub: object, stream: CallStream) -> None:
+        self._stub = stub
+        self._stream = stream
+
+    def __getattr__(self, name: str) -> Any:
+        if name in MULTIPLEXED:
+            method = self._stream.method(name)
+            setattr(self, name, method)
+            return method
+        return getattr(self._stub, name)

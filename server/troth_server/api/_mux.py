@@ -1,0 +1,210 @@
+"""`TaskService.Calls`: a worker's unary calls multiplexed on one bidirectional stream.
+
+A unary call costs the server its own HTTP/2 stream, its metadata, and a pass
+through every interceptor; a message on a stream that is already open costs
+a fraction of that (bench/README.md, "One stream per worker"). Each
+`CallsRequest` is handled as its RPC would be, by the same servicer method
+(with its input checks, canonical log line and error mapping), concurrently
+with the others, and answered by a `CallsResponse` with its id as soon as it
+finishes. The stream was authenticated and admitted once, when it opened;
+each call is authorized here as its own RPC (`may_call`), and takes a slot of
+the same `--max-concurrent-rpcs` limit as a unary call (a call beyond it is
+refused the same way: RESOURCE_EXHAUSTED, OVERLOADED).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeAlias
+
+import grpc
+import structlog
+from google.protobuf import message_factory
+
+from troth.v1 import tasks_pb2
+from troth_server.api import _audit as audit
+from troth_server.api._auth import caller, role_refusal
+from troth_server.api._decode import Refused, deserializer
+from troth_server.api._status import status_for
+from troth_server.domain.access import may_call
+from troth_server.domain.errors import InvalidArgument, Overloaded
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+
+    import grpc.aio
+    from google.protobuf.descriptor import ServiceDescriptor
+
+    from troth_server.api._admission import Admission
+    from troth_server.config import Limits
+
+    AioContext: TypeAlias = grpc.aio.ServicerContext[Any, Any]
+
+log = structlog.get_logger("troth.rpc")
+
+WORKER_CALLS = (
+    "CreatePromise",
+    "GetPromise",
+    "SearchPromises",
+    "CompleteTask",
+    "Heartbeat",
+    "ReleaseTask",
+    "RegisterCallbacks",
+    "FailTask",
+)
+"""The unary RPCs a worker makes: what `Calls` serves."""
+
+
+class _Aborted(Exception):
+    def __init__(self, code: grpc.StatusCode, details: str, trailers: Any) -> None:
+        super().__init__(details)
+        self.code, self.details, self.trailers = code, details, trailers
+
+
+class _CallContext:
+    """What a unary handler sees of its call when it came on the stream: the stream's
+    metadata and peer; an abort answers this call, not the stream."""
+
+    def __init__(self, stream: AioContext) -> None:
+        self._stream = stream
+
+    def invocation_metadata(self) -> Any:
+        return self._stream.invocation_metadata()
+
+    def peer(self) -> str:
+        return self._stream.peer()
+
+    def time_remaining(self) -> float | None:
+        return None
+
+    async def abort(
+        self, code: grpc.StatusCode, details: str = "", trailing_metadata: Any = ()
+    ) -> None:
+        raise _Aborted(code, details, trailing_metadata)
+
+
+@dataclass(frozen=True, slots=True)
+class _Method:
+    parse: Callable[[bytes], Any]
+    handler: Callable[[Any, Any], Awaitable[Any]]
+
+
+def _answer(
+    call_id: int, code: grpc.StatusCode, details: str, trailers: Any
+) -> tasks_pb2.CallsResponse:
+    status = b""
+    for key, value in trailers or ():
+        if key == "grpc-status-details-bin":
+            status = value
+    return tasks_pb2.CallsResponse(
+        id=call_id, code=code.value[0], message=details, status_details=status
+    )
+
+
+def _refusal(call_id: int, exc: Exception) -> tasks_pb2.CallsResponse:
+    status = status_for(exc)
+    return _answer(call_id, status.code, status.details, status.trailing_metadata)
+
+
+class CallMux:
+    """Serves `Calls` streams with the servicers' own unary methods."""
+
+    def __init__(
+        self,
+        services: Sequence[tuple[ServiceDescriptor, object]],
+        limits: Limits,
+        admission: Admission,
+    ) -> None:
+        self._admission = admission
+        self._methods: dict[str, _Method] = {}
+        for service, servicer in services:
+            for method in service.methods:
+                if method.name in WORKER_CALLS:
+                    request = message_factory.GetMessageClass(method.input_type)
+                    self._methods[method.name] = _Method(
+                        deserializer(request, limits), getattr(servicer, method.name)
+                    )
+
+    async def serve(
+        self, requests: AsyncIterator[Any], context: AioContext
+    ) -> AsyncIterator[tasks_pb2.CallsResponse]:
+        answers: asyncio.Queue[tasks_pb2.CallsResponse | None] = asyncio.Queue()
+        running: set[asyncio.Task[None]] = set()
+        reading = [True]
+
+        def finished(task: asyncio.Task[None]) -> None:
+            running.discard(task)
+            if not reading[0] and not running:
+                answers.put_nowait(None)
+
+        async def read() -> None:
+            try:
+                async for message in requests:
+                    if isinstance(message, Refused):
+                        raise message.error  # the envelope itself is malformed
+                    gate = self._admission.unary
+                    if not gate.try_enter():
+                        self._admission.refused(message.method, gate.flag)
+                        answers.put_nowait(_refusal(message.id, gate.refusal()))
+                        continue
+                    task = asyncio.create_task(self._one(message, context, answers))
+                    running.add(task)
+                    task.add_done_callback(finished)
+            finally:
+                reading[0] = False
+                if not running:
+                    answers.put_nowait(None)
+
+        reader = asyncio.create_task(read())
+        try:
+            while True:
+                answer = await answers.get()
+                if answer is None:
+                    break
+                yield answer
+            await reader  # raises what ended the reading, if anything did
+        finally:
+            reader.cancel()
+            for task in list(running):
+                task.cancel()
+
+    async def _one(
+        self,
+        message: tasks_pb2.CallsRequest,
+        context: AioContext,
+        answers: asyncio.Queue[tasks_pb2.CallsResponse | None],
+    ) -> None:
+        try:
+            answers.put_nowait(await self._answer(message, context))
+        finally:
+            self._admission.unary.leave()
+
+    async def _answer(
+        self, message: tasks_pb2.CallsRequest, context: AioContext
+    ) -> tasks_pb2.CallsResponse:
+        method = self._methods.get(message.method)
+        if method is None:
+            return _refusal(
+                message.id,
+                InvalidArgument(
+                    "method",
+                    f"{message.method!r} cannot be called on the Calls stream; it serves "
+                    f"{', '.join(WORKER_CALLS)} (make other calls as unary RPCs)",
+                ),
+            )
+        principal = caller()
+        if not may_call(principal, message.method):
+            refused = role_refusal(message.method, principal)
+            audit.auth_refused(message.method, refused, principal.name, context)
+            return _refusal(message.id, refused)
+        try:
+            response = await method.handler(method.parse(message.request), _CallContext(context))
+        except _Aborted as aborted:
+            return _answer(message.id, aborted.code, aborted.details, aborted.trailers)
+        except Overloaded as exc:  # the write queue is full (`_rpc` lets it through)
+            return _refusal(message.id, exc)
+        except Exception as exc:  # a handler's bug: answered, and the stream goes on
+            log.exception("rpc.crashed", method=message.method)
+            return _refusal(message.id, exc)
+        return tasks_pb2.CallsResponse(id=message.id, code=0, response=response.SerializeToString())
