@@ -54,9 +54,18 @@ class CallError(grpc.RpcError, grpc.Call):
     """A call on the stream that did not succeed: a `grpc.Call` with the code, message
     and status details its unary RPC would have ended with."""
 
-    def __init__(self, code: grpc.StatusCode, details: str, status_details: bytes = b"") -> None:
+    def __init__(
+        self,
+        code: grpc.StatusCode,
+        details: str,
+        status_details: bytes = b"",
+        *,
+        stream_failed: bool = False,
+    ) -> None:
         super().__init__(details)
         self._code, self._details = code, details
+        self.stream_failed = stream_failed
+        """The stream failed (the call may not have reached a handler), not the call."""
         self._trailers = ((_DETAILS_KEY, status_details),) if status_details else ()
 
     def code(self) -> grpc.StatusCode:
@@ -126,7 +135,9 @@ class _Open:
             self.call.cancel()
 
     def _read(self) -> None:
-        failure = CallError(grpc.StatusCode.UNAVAILABLE, "the Calls stream ended")
+        failure = CallError(
+            grpc.StatusCode.UNAVAILABLE, "the Calls stream ended", stream_failed=True
+        )
         try:
             for answer in self.call:
                 with self.lock:
@@ -137,7 +148,9 @@ class _Open:
         except grpc.RpcError as exc:
             call: object = exc  # (through object: see `troth._transport.as_call`)
             if isinstance(call, grpc.Call) and call.code() is not grpc.StatusCode.CANCELLED:
-                failure = CallError(call.code(), f"the Calls stream broke: {call.details()}")
+                failure = CallError(
+                    call.code(), f"the Calls stream broke: {call.details()}", stream_failed=True
+                )
             _log.debug("the Calls stream ended: %s", exc)
         with self.lock:
             self.broken = True
@@ -165,13 +178,27 @@ class CallStream:
         self._lock = threading.Lock()
         self._open: _Open | None = None
         self._closed = False
+        self.unsupported = False
+        """The server has no `Calls` (it is older): calls go as unary RPCs."""
 
-    def method(self, name: str) -> Callable[..., Any]:
-        """A callable shaped like the stub's unary method `name`."""
+    def method(self, name: str, unary: Callable[..., Any]) -> Callable[..., Any]:
+        """A callable shaped like the stub's unary method `name`, which it becomes
+        (`unary`) against a server without `Calls`."""
         response_type = MULTIPLEXED[name]
 
         def call(request: Message, timeout: float | None = None, metadata: Any = None) -> Any:
-            return self.invoke(name, request, response_type, timeout)
+            if self.unsupported:
+                return unary(request, timeout=timeout, metadata=metadata)
+            try:
+                return self.invoke(name, request, response_type, timeout)
+            except CallError as exc:
+                if not (exc.stream_failed and exc.code() is grpc.StatusCode.UNIMPLEMENTED):
+                    raise
+            # Never reached a handler: made again as the unary call it is, from now on.
+            if not self.unsupported:
+                self.unsupported = True
+                _log.info("the server has no Calls stream (an older troth); using unary calls")
+            return unary(request, timeout=timeout, metadata=metadata)
 
         return call
 
@@ -223,7 +250,7 @@ class MultiplexedStub:
 
     def __getattr__(self, name: str) -> Any:
         if name in MULTIPLEXED:
-            method = self._stream.method(name)
+            method = self._stream.method(name, getattr(self._stub, name))
             setattr(self, name, method)
             return method
         return getattr(self._stub, name)

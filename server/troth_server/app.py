@@ -43,7 +43,7 @@ from troth_server.clock import (
     WallClock,
     monotonic_ms,
 )
-from troth_server.config import Settings, auth_refusal, is_loopback, settings_from
+from troth_server.config import Limits, Settings, auth_refusal, is_loopback, settings_from
 from troth_server.dispatch import Dispatcher
 from troth_server.domain.settle_tokens import KeysInvalid
 from troth_server.group_commit import GroupCommitter
@@ -384,9 +384,7 @@ async def _serve_aio(settings: Settings) -> int:
     # Not the generated add_*Servicer_to_server: their deserializers raise on bytes
     # that do not decode, which grpc answers UNKNOWN (api/_decode.py).
     limits = settings.limits
-    promises = PromiseServiceServicer(core.service, limits)
-    tasks = TaskServiceServicer(core.tasks, core.dispatcher, limits)
-    tasks.mux = CallMux(((PROMISES, promises), (TASKS, tasks)), limits, admission)
+    promises, tasks = servicers(core, limits, admission)
     register(server, PROMISES, promises, limits)
     register(server, TASKS, tasks, limits)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -431,6 +429,17 @@ async def _serve_aio(settings: Settings) -> int:
     log.info("server.stopped")
     _logging.flush()
     return 0
+
+
+def servicers(
+    core: Core, limits: Limits, admission: Admission
+) -> tuple[PromiseServiceServicer, TaskServiceServicer]:
+    """Both services' servicers over `core`, the `Calls` stream serving their unary
+    methods (its calls counted against `admission`'s unary limit)."""
+    promises = PromiseServiceServicer(core.service, limits)
+    tasks = TaskServiceServicer(core.tasks, core.dispatcher, limits)
+    tasks.mux = CallMux(((PROMISES, promises), (TASKS, tasks)), limits, admission)
+    return promises, tasks
 
 
 def _log_stats(core: Core, overload: OverloadReport) -> None:

@@ -54,11 +54,10 @@ from sqlalchemy import Engine, event
 
 from troth import Client, Context, PromiseRejectedError, PromiseState, Worker
 from troth.v1 import promises_pb2, promises_pb2_grpc, tasks_pb2, tasks_pb2_grpc, types_pb2
+from troth_server.api._admission import Admission
 from troth_server.api._auth import AuthInterceptor
 from troth_server.api._metrics import MetricsInterceptor
-from troth_server.api.promises import PromiseServiceServicer
-from troth_server.api.tasks import TaskServiceServicer
-from troth_server.app import Core, grpc_options
+from troth_server.app import Core, grpc_options, servicers
 from troth_server.config import settings_from
 from troth_server.metrics import Metrics
 
@@ -185,12 +184,10 @@ def in_process_server(db_url: str, *flags: str) -> Iterator[tuple[str, int]]:
             options=grpc_options(settings),
             interceptors=[MetricsInterceptor(metrics), AuthInterceptor(None)],
         )
-        promises_pb2_grpc.add_PromiseServiceServicer_to_server(
-            PromiseServiceServicer(core.service, settings.limits), server
-        )
-        tasks_pb2_grpc.add_TaskServiceServicer_to_server(
-            TaskServiceServicer(core.tasks, core.dispatcher, settings.limits), server
-        )
+        admission = Admission.with_limits(settings.max_concurrent_rpcs, settings.max_streams)
+        promises, tasks = servicers(core, settings.limits, admission)
+        promises_pb2_grpc.add_PromiseServiceServicer_to_server(promises, server)
+        tasks_pb2_grpc.add_TaskServiceServicer_to_server(tasks, server)
         health_pb2_grpc.add_HealthServicer_to_server(health.aio.HealthServicer(), server)
         port = server.add_insecure_port("127.0.0.1:0")
         core.start()
