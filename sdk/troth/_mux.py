@@ -45,6 +45,10 @@ MULTIPLEXED: dict[str, type[Message]] = {
 }
 """The unary RPCs sent on the stream (the server's `WORKER_CALLS`), with their answers."""
 
+UNARY_ABOVE_BYTES = 256 * 1024
+"""A request this large goes as a unary call: one over the server's message limit then
+fails alone, not the stream and every call on it."""
+
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
 _DETAILS_KEY = "grpc-status-details-bin"
 _END = object()
@@ -187,10 +191,11 @@ class CallStream:
         response_type = MULTIPLEXED[name]
 
         def call(request: Message, timeout: float | None = None, metadata: Any = None) -> Any:
-            if self.unsupported:
+            data = b"" if self.unsupported else request.SerializeToString()
+            if self.unsupported or len(data) > UNARY_ABOVE_BYTES:
                 return unary(request, timeout=timeout, metadata=metadata)
             try:
-                return self.invoke(name, request, response_type, timeout)
+                return self.invoke(name, data, response_type, timeout)
             except CallError as exc:
                 if not (exc.stream_failed and exc.code() is grpc.StatusCode.UNIMPLEMENTED):
                     raise
@@ -203,8 +208,10 @@ class CallStream:
         return call
 
     def invoke(
-        self, name: str, request: Message, response_type: type[Message], timeout: float | None
+        self, name: str, request: bytes, response_type: type[Message], timeout: float | None
     ) -> Message:
+        """Make call `name` with the serialized `request` on the stream; its answer, or
+        a `CallError` as the unary call would have raised it."""
         call_id = next(self._ids)
         with self._lock:
             if self._closed:
@@ -216,9 +223,7 @@ class CallStream:
                 waiter = _Waiter()
                 stream.waiting[call_id] = waiter
                 stream.start()
-        stream.outgoing.put(
-            tasks_pb2.CallsRequest(id=call_id, method=name, request=request.SerializeToString())
-        )
+        stream.outgoing.put(tasks_pb2.CallsRequest(id=call_id, method=name, request=request))
         if not waiter.done.wait(timeout):
             stream.drop(call_id)
             raise CallError(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")

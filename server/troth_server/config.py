@@ -166,12 +166,13 @@ _OPTIONS: dict[str, tuple[str, type | None, str]] = {
     "max-concurrent-rpcs": (
         "max_concurrent_rpcs",
         int,
-        "unary calls handled at once; more are refused RESOURCE_EXHAUSTED with a retry delay",
+        "unary calls handled at once (those on a worker's Calls stream too); more are "
+        "refused RESOURCE_EXHAUSTED with a retry delay",
     ),
     "max-streams": (
         "max_streams",
         int,
-        "Poll and Watch streams open at once; more are refused likewise",
+        "Poll, Calls and Watch streams open at once; more are refused likewise",
     ),
     "max-queued-writes": (
         "max_queued_writes",

@@ -13,7 +13,7 @@ import grpc
 import grpc.aio
 import pytest
 
-from troth._mux import CallError
+from troth._mux import UNARY_ABOVE_BYTES, CallError
 from troth._transport import Transport
 from troth.v1 import promises_pb2 as pb
 from troth.v1 import tasks_pb2
@@ -109,13 +109,40 @@ def test_calls_cut_off_by_a_broken_stream_fail_unavailable_and_the_next_one_reop
         stream = transport.calls
         assert stream is not None
         with pytest.raises(CallError) as cut:  # the stream itself, without the retries
-            stream.invoke("GetPromise", pb.GetPromiseRequest(id="first"), pb.GetPromiseResponse, 10)
+            first = pb.GetPromiseRequest(id="first").SerializeToString()
+            stream.invoke("GetPromise", first, pb.GetPromiseResponse, 10)
         assert cut.value.code() is grpc.StatusCode.UNAVAILABLE and cut.value.stream_failed
         # Through the transport, as the worker calls: a new stream answers it.
         get = transport.promises.GetPromise
         answer = transport.call(get, pb.GetPromiseRequest(id="second"), timeout=10)
         assert answer.promise.id == "second"
         assert len(opened) == 2
+    finally:
+        transport.close()
+        server.close()
+
+
+def test_a_large_request_goes_as_a_unary_call_not_on_the_stream(served: list[str]) -> None:
+    """So that one over the server's message limit fails alone, not every call on the
+    stream with it."""
+
+    async def calls(requests: Any, context: Any) -> Any:
+        async for raw in requests:
+            served.append("stream")
+            request = tasks_pb2.CallsRequest.FromString(raw)
+            response = pb.GetPromiseResponse(promise={"id": "small"})
+            yield tasks_pb2.CallsResponse(
+                id=request.id, code=0, response=response.SerializeToString()
+            ).SerializeToString()
+
+    server = BareServer({GET: _get(served), CALLS: grpc.stream_stream_rpc_method_handler(calls)})
+    transport = Transport(f"127.0.0.1:{server.port}").multiplexed()
+    try:
+        get = transport.promises.GetPromise
+        transport.call(get, pb.GetPromiseRequest(id="small"), timeout=10)
+        large = "x" * (UNARY_ABOVE_BYTES + 1)
+        assert transport.call(get, pb.GetPromiseRequest(id=large), timeout=10).promise.id == large
+        assert served == ["stream", "unary"]
     finally:
         transport.close()
         server.close()
