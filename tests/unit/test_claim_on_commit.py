@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from test_task_service import HOUR, LEASE, Clock
 
 from troth_server.dispatch import Delivery, Dispatcher, PollStream
 from troth_server.domain import promise as domain
@@ -24,17 +25,6 @@ from troth_server.service import PromiseService
 from troth_server.store import Store, StoreError, WriteTx, open_store
 from troth_server.task_service import TaskService
 from troth_server.watch import WatchHub
-
-HOUR = 3_600_000
-LEASE = 10_000
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_767_225_600_000
-
-    def __call__(self) -> int:
-        return self.now
 
 
 @dataclass
