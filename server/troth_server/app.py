@@ -59,7 +59,7 @@ from troth_server.watch import WatchHub
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from troth_server.group_commit import StateChange
+    from troth_server.batch import StateChange
     from troth_server.store import Store
 
 log = structlog.get_logger("troth.server")

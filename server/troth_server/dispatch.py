@@ -24,12 +24,12 @@ from typing import TYPE_CHECKING, cast
 
 import structlog
 
+from troth_server.batch import Leased, Lessee
 from troth_server.domain import routing
 from troth_server.domain.errors import DomainError
 from troth_server.domain.routing import Candidate, Deployments, Registration, Route
 from troth_server.domain.task import TaskState
 from troth_server.domain.workers import StreamView
-from troth_server.group_commit import Leased, Lessee
 from troth_server.store import StoreError
 
 if TYPE_CHECKING:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 import structlog
 
 from troth_server import paging
+from troth_server.batch import Keys
 from troth_server.checks import SchemaChecks
 from troth_server.domain import approvers as policies
 from troth_server.domain import promise as domain
@@ -29,7 +30,6 @@ from troth_server.domain import settle_tokens, steps
 from troth_server.domain.access import LOCAL_DEVELOPER
 from troth_server.domain.errors import PromiseNotFound
 from troth_server.domain.promise import PromiseState, SettleRequest
-from troth_server.group_commit import Keys
 from troth_server.guard import SettleGuard
 from troth_server.store import (
     PromiseOrder,
@@ -49,10 +49,11 @@ from troth_server.watch import (
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 
+    from troth_server.batch import Batch, StateChange
     from troth_server.domain.access import Principal
     from troth_server.domain.promise import CreateRequest, Promise
     from troth_server.domain.steps import Fence
-    from troth_server.group_commit import Batch, GroupCommitter, StateChange
+    from troth_server.group_commit import GroupCommitter
     from troth_server.watch import EventFilter, Subscription, WatchHub
 
 log = structlog.get_logger("troth.promises")

@@ -15,12 +15,13 @@ from pathlib import Path
 import pytest
 from test_task_service import HOUR, LEASE, Clock
 
+from troth_server.batch import Batch, Keys, Leased, Lessee, Lessor
 from troth_server.dispatch import Delivery, Dispatcher, PollStream
 from troth_server.domain import promise as domain
 from troth_server.domain.promise import EMPTY, CreateRequest, Payload, PromiseState, SettleRequest
 from troth_server.domain.steps import Fence
 from troth_server.domain.task import Task, TaskKind, TaskState
-from troth_server.group_commit import Batch, GroupCommitter, Keys, Leased, Lessee, Lessor
+from troth_server.group_commit import GroupCommitter
 from troth_server.service import PromiseService
 from troth_server.store import Store, StoreError, WriteTx, open_store
 from troth_server.task_service import TaskService

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
+from troth_server.batch import Batch, Keys
 from troth_server.domain.errors import (
     DomainError,
     InvalidArgument,
@@ -37,7 +38,7 @@ from troth_server.domain.promise import (
     PromiseState,
     SettleRequest,
 )
-from troth_server.group_commit import Batch, GroupCommitter, Keys, ShuttingDown
+from troth_server.group_commit import GroupCommitter, ShuttingDown
 from troth_server.service import PromiseService
 from troth_server.store import Store, StoreError, StoreUnavailable, WriteTx, open_store
 from troth_server.sweeper import SweepCounts, Sweeper

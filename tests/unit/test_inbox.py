@@ -18,9 +18,9 @@ from troth._cli import main
 from troth._cli_approvals import format_event, format_inbox, inbox_tags
 from troth._durations import format_duration
 from troth_server import paging
+from troth_server.batch import StateChange
 from troth_server.domain.errors import InvalidPageToken
 from troth_server.domain.promise import TIMEOUT_PRINCIPAL, Promise, PromiseState
-from troth_server.group_commit import StateChange
 from troth_server.store import PromiseOrder
 from troth_server.watch import (
     EventFilter,
