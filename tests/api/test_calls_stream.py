@@ -8,11 +8,12 @@ from __future__ import annotations
 import queue
 import threading
 import uuid
+from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
-from _support import ServerProcess, error_info
+from _support import ServerProcess, error_info, eventually, start_server
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
@@ -143,3 +144,40 @@ def test_the_sdk_stream_maps_errors_as_unary_calls_and_a_closed_one_refuses(
             transport.call(get, pb.GetPromiseRequest(id="no-such"), timeout=WAIT)
     finally:
         transport.close()
+
+
+def test_streams_cancelled_with_calls_in_flight_give_their_slots_back(tmp_path: Path) -> None:
+    """Each call on the stream holds a `--max-concurrent-rpcs` slot: cancelling the stream
+    at once, before its calls ran, must give every one back."""
+    server = start_server(tmp_path, "--max-concurrent-rpcs", "8")
+    try:
+        with server.channel() as channel:
+            stub = tasks_pb2_grpc.TaskServiceStub(channel)
+            for round_ in range(25):
+                requests = [
+                    tasks_pb2.CallsRequest(
+                        id=n,
+                        method="CreatePromise",
+                        request=pb.CreatePromiseRequest(
+                            id=f"slot-{round_}-{n}"
+                        ).SerializeToString(),
+                    )
+                    for n in range(8)
+                ]
+                stream = stub.Calls(iter(requests), timeout=WAIT)
+                stream.cancel()
+            promises = promises_pb2_grpc.PromiseServiceStub(channel)
+
+            def answered_not_found() -> bool:
+                try:
+                    promises.GetPromise(pb.GetPromiseRequest(id="slot-missing"), timeout=WAIT)
+                except grpc.RpcError as exc:
+                    return exc.code() is grpc.StatusCode.NOT_FOUND
+                return False
+
+            # A leaked slot per cancelled call would have filled all 8 long ago.
+            eventually(answered_not_found, what="a unary call answered, not refused")
+            for _ in range(20):
+                assert answered_not_found()
+    finally:
+        assert server.stop() == 0

@@ -134,6 +134,8 @@ class CallMux:
         reading = [True]
 
         def finished(task: asyncio.Task[None]) -> None:
+            # Here, not in the task: a task cancelled before it ran runs no `finally`.
+            self._admission.unary.leave()
             running.discard(task)
             if not reading[0] and not running:
                 answers.put_nowait(None)
@@ -175,10 +177,7 @@ class CallMux:
         context: AioContext,
         answers: asyncio.Queue[tasks_pb2.CallsResponse | None],
     ) -> None:
-        try:
-            answers.put_nowait(await self._answer(message, context))
-        finally:
-            self._admission.unary.leave()
+        answers.put_nowait(await self._answer(message, context))
 
     async def _answer(
         self, message: tasks_pb2.CallsRequest, context: AioContext
