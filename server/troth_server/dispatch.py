@@ -316,7 +316,7 @@ class Dispatcher:
             self._wanted.update(self._streams)
             self._lock.notify_all()
 
-    # -- leases on commit (`group_commit.Lessor`) -----------------------------------------
+    # -- leases on commit (`batch.Lessor`) -----------------------------------------
 
     def reserve(self, task: Task, freed: Collection[str]) -> Lessee | None:
         """From the writer thread: a stream of the task's group with room whose route
