@@ -435,10 +435,16 @@ def servicers(
     core: Core, limits: Limits, admission: Admission
 ) -> tuple[PromiseServiceServicer, TaskServiceServicer]:
     """Both services' servicers over `core`, the `Calls` stream serving their unary
-    methods (its calls counted against `admission`'s unary limit)."""
+    methods (its calls counted against `admission`'s unary limit, and in the metrics
+    as the RPCs they are)."""
     promises = PromiseServiceServicer(core.service, limits)
     tasks = TaskServiceServicer(core.tasks, core.dispatcher, limits)
-    tasks.mux = CallMux(((PROMISES, promises), (TASKS, tasks)), limits, admission)
+    tasks.mux = CallMux(
+        ((PROMISES, promises), (TASKS, tasks)),
+        limits,
+        admission,
+        on_call=None if core.metrics is None else core.metrics.rpc,
+    )
     return promises, tasks
 
 

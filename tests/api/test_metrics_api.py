@@ -145,6 +145,10 @@ def test_a_scrape_shows_the_work_done(metered: tuple[ServerProcess, int]) -> Non
 
     # RPCs by method and code, with latency histograms for unary calls.
     assert value(families, "troth_rpcs_handled_total", method="CreatePromise", code="OK") >= 3
+    # The worker's calls come on its Calls stream and count as the RPCs they are: the
+    # workflow's suspension and its completion, with their latency.
+    assert value(families, "troth_rpcs_handled_total", method="CompleteTask", code="OK") >= 2
+    assert value(families, "troth_rpc_duration_seconds_count", method="CompleteTask") >= 2
     assert value(families, "troth_rpcs_handled_total", method="GetPromise",
                  code="NOT_FOUND") >= 1  # fmt: skip
     assert value(families, "troth_rpcs_handled_total", method="Poll",

@@ -15,10 +15,12 @@ refused the same way: RESOURCE_EXHAUSTED, OVERLOADED).
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 import grpc
+import grpc.aio
 import structlog
 from google.protobuf import message_factory
 
@@ -33,7 +35,6 @@ from troth_server.domain.errors import InvalidArgument, Overloaded
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
-    import grpc.aio
     from google.protobuf.descriptor import ServiceDescriptor
 
     from troth_server.api._admission import Admission
@@ -54,6 +55,9 @@ WORKER_CALLS = (
     "FailTask",
 )
 """The unary RPCs a worker makes: what `Calls` serves."""
+
+
+_CODE_NAMES = {code.value[0]: code.name for code in grpc.StatusCode}
 
 
 class _Aborted(Exception):
@@ -115,8 +119,12 @@ class CallMux:
         services: Sequence[tuple[ServiceDescriptor, object]],
         limits: Limits,
         admission: Admission,
+        on_call: Callable[[str, str, float | None], None] | None = None,
     ) -> None:
         self._admission = admission
+        self._on_call = on_call
+        """Each call answered: its method, status code name and seconds (the metrics,
+        which count it as its RPC, as they count a unary call)."""
         self._methods: dict[str, _Method] = {}
         for service, servicer in services:
             for method in service.methods:
@@ -177,7 +185,12 @@ class CallMux:
         context: AioContext,
         answers: asyncio.Queue[tasks_pb2.CallsResponse | None],
     ) -> None:
-        answers.put_nowait(await self._answer(message, context))
+        started = time.perf_counter()
+        answer = await self._answer(message, context)
+        answers.put_nowait(answer)
+        if self._on_call is not None:
+            code = _CODE_NAMES.get(answer.code, grpc.StatusCode.UNKNOWN.name)
+            self._on_call(message.method, code, time.perf_counter() - started)
 
     async def _answer(
         self, message: tasks_pb2.CallsRequest, context: AioContext
