@@ -20,6 +20,7 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 import grpc
+from google.protobuf import message_factory
 
 from troth.v1 import promises_pb2, tasks_pb2
 
@@ -34,15 +35,15 @@ _log = logging.getLogger("troth.transport")
 
 CALLS_METHOD = "/troth.v1.TaskService/Calls"
 MULTIPLEXED: dict[str, type[Message]] = {
-    "CreatePromise": promises_pb2.CreatePromiseResponse,
-    "GetPromise": promises_pb2.GetPromiseResponse,
-    "SearchPromises": promises_pb2.SearchPromisesResponse,
-    "CompleteTask": tasks_pb2.CompleteTaskResponse,
-    "Heartbeat": tasks_pb2.HeartbeatResponse,
-    "ReleaseTask": tasks_pb2.ReleaseTaskResponse,
-    "RegisterCallbacks": tasks_pb2.RegisterCallbacksResponse,
-    "FailTask": tasks_pb2.FailTaskResponse,
-}
+    method.name: message_factory.GetMessageClass(method.output_type)
+    for file in (promises_pb2.DESCRIPTOR, tasks_pb2.DESCRIPTOR)
+    for service in file.services_by_name.values()
+    for method in service.methods
+    if method.name in (
+        "CreatePromise", "GetPromise", "SearchPromises", "CompleteTask", "Heartbeat",
+        "ReleaseTask", "RegisterCallbacks", "FailTask",
+    )
+}  # fmt: skip
 """The unary RPCs sent on the stream (the server's `WORKER_CALLS`), with their answers."""
 
 UNARY_ABOVE_BYTES = 256 * 1024
