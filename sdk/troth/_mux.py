@@ -9,6 +9,11 @@ retries it and maps its errors exactly as a unary call's. The stream opens at
 the first call and again at the first call after it broke; a break fails the
 calls waiting on it with UNAVAILABLE (they may or may not have been made: the
 same as a unary call cut off), which the retry policy retries.
+
+Calls ready together go in one message (`CallsRequest.more`, up to
+`BATCH_CALLS` of them and `UNARY_ABOVE_BYTES` in all) once the server has said
+in its initial metadata that it reads batches; the worker says so in its
+stream's metadata, and the server then batches its answers likewise.
 """
 
 from __future__ import annotations
@@ -25,11 +30,11 @@ from google.protobuf import message_factory
 from troth.v1 import promises_pb2, tasks_pb2
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterator
 
     from google.protobuf.message import Message
 
-__all__ = ["MULTIPLEXED", "CallError", "CallStream", "MultiplexedStub"]
+__all__ = ["MULTIPLEXED", "CallError", "CallStream", "MultiplexedStub", "take_batch"]
 
 _log = logging.getLogger("troth.transport")
 
@@ -50,9 +55,33 @@ UNARY_ABOVE_BYTES = 256 * 1024
 """A request this large goes as a unary call: one over the server's message limit then
 fails alone, not the stream and every call on it."""
 
+BATCH_METADATA = ("troth-calls-batch", "1")
+"""Sent by a side of the stream that reads calls or answers batched in `more`."""
+
+BATCH_CALLS = 64
+"""Most calls in one message (the server takes up to 1,000)."""
+
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
 _DETAILS_KEY = "grpc-status-details-bin"
-_END = object()
+END = object()
+"""Queued last on a stream's outgoing calls: the stream ends."""
+
+
+def take_batch(first: tasks_pb2.CallsRequest, outgoing: queue.SimpleQueue[object]) -> object:
+    """Add the calls queued now to `first.more`, up to `BATCH_CALLS` calls and
+    `UNARY_ABOVE_BYTES` in all; returns the one taken that did not fit (or `END`), if any."""
+    size = first.ByteSize()
+    while len(first.more) < BATCH_CALLS - 1 and not outgoing.empty():
+        ready = outgoing.get_nowait()
+        if ready is END:
+            return ready
+        assert isinstance(ready, tasks_pb2.CallsRequest)
+        more = ready.ByteSize()
+        if size + more > UNARY_ABOVE_BYTES:
+            return ready
+        first.more.append(ready)
+        size += more
+    return None
 
 
 class CallError(grpc.RpcError, grpc.Call):
@@ -115,13 +144,26 @@ class _Open:
         self.waiting: dict[int, _Waiter] = {}
         self.lock = threading.Lock()
         self.broken = False
-        self._method, self._metadata = method, metadata
+        self.batched = False
+        """The server reads calls batched in `more` (its initial metadata said so)."""
+        self._method, self._metadata = method, (*metadata, BATCH_METADATA)
         self.call: Any = None
 
     def start(self) -> None:
         """Open it (the calls added before wait on it: none is lost to a quick break)."""
-        self.call = self._method(iter(self.outgoing.get, _END), metadata=self._metadata)
+        self.call = self._method(self._requests(), metadata=self._metadata)
         threading.Thread(target=self._read, name="troth-calls", daemon=True).start()
+
+    def _requests(self) -> Iterator[tasks_pb2.CallsRequest]:
+        """The calls to send, those queued together in one message once batches are read."""
+        outgoing, carried = self.outgoing, None
+        while True:
+            first = outgoing.get() if carried is None else carried
+            if first is END:
+                return
+            assert isinstance(first, tasks_pb2.CallsRequest)
+            carried = take_batch(first, outgoing) if self.batched else None
+            yield first
 
     def add(self, call_id: int) -> _Waiter | None:
         with self.lock:
@@ -135,7 +177,7 @@ class _Open:
             self.waiting.pop(call_id, None)
 
     def close(self) -> None:
-        self.outgoing.put(_END)
+        self.outgoing.put(END)
         if self.call is not None:
             self.call.cancel()
 
@@ -144,12 +186,14 @@ class _Open:
             grpc.StatusCode.UNAVAILABLE, "the Calls stream ended", stream_failed=True
         )
         try:
-            for answer in self.call:
-                with self.lock:
-                    waiter = self.waiting.pop(answer.id, None)
-                if waiter is not None:
-                    waiter.answer = answer
-                    waiter.done.set()
+            self.batched = BATCH_METADATA in tuple(self.call.initial_metadata() or ())
+            for message in self.call:
+                for answer in (message, *message.more):
+                    with self.lock:
+                        waiter = self.waiting.pop(answer.id, None)
+                    if waiter is not None:
+                        waiter.answer = answer
+                        waiter.done.set()
         except grpc.RpcError as exc:
             call: object = exc  # (through object: see `troth._transport.as_call`)
             if isinstance(call, grpc.Call) and call.code() is not grpc.StatusCode.CANCELLED:
@@ -160,7 +204,7 @@ class _Open:
         with self.lock:
             self.broken = True
             waiting, self.waiting = self.waiting, {}
-        self.outgoing.put(_END)
+        self.outgoing.put(END)
         for waiter in waiting.values():
             waiter.failure = failure
             waiter.done.set()

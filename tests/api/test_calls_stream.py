@@ -181,3 +181,117 @@ def test_streams_cancelled_with_calls_in_flight_give_their_slots_back(tmp_path: 
                 assert answered_not_found()
     finally:
         assert server.stop() == 0
+
+
+BATCH = ("troth-calls-batch", "1")
+
+
+def _get_missing(n: int, run: str) -> tasks_pb2.CallsRequest:
+    request = pb.GetPromiseRequest(id=f"batch-{run}-{n}").SerializeToString()
+    return tasks_pb2.CallsRequest(id=n, method="GetPromise", request=request)
+
+
+def _batched(
+    stub: tasks_pb2_grpc.TaskServiceStub,
+    messages: list[tasks_pb2.CallsRequest],
+    metadata: tuple[tuple[str, str], ...],
+) -> tuple[list[tasks_pb2.CallsResponse], tuple[Any, ...]]:
+    """The answer messages to `messages` (sent at once) and the server's initial metadata."""
+    stream = stub.Calls(iter(messages), timeout=WAIT, metadata=metadata)
+    answers = list(stream)
+    return answers, tuple(stream.initial_metadata())
+
+
+def _ids(message: tasks_pb2.CallsResponse) -> list[int]:
+    return [message.id, *(answer.id for answer in message.more)]
+
+
+def test_calls_in_one_message_are_each_answered_and_ready_answers_come_in_one(
+    channel: grpc.Channel,
+) -> None:
+    run = uuid.uuid4().hex[:8]
+    batch = _get_missing(1, run)
+    batch.more.extend(_get_missing(n, run) for n in range(2, 6))
+    messages, initial = _batched(tasks_pb2_grpc.TaskServiceStub(channel), [batch], (BATCH,))
+    assert BATCH in initial  # the server says it reads batches
+    # Five reads answered at once (NOT_FOUND needs no write): one message carries them.
+    assert [sorted(_ids(m)) for m in messages] == [[1, 2, 3, 4, 5]]
+    for answer in (messages[0], *messages[0].more):
+        code, _, message, reason = _answered(answer)
+        assert code == grpc.StatusCode.NOT_FOUND.value[0] and reason == "NOT_FOUND"
+        assert f"batch-{run}-{answer.id}" in message
+
+
+def test_a_worker_that_does_not_say_it_reads_batches_gets_one_answer_per_message(
+    channel: grpc.Channel,
+) -> None:
+    run = uuid.uuid4().hex[:8]
+    batch = _get_missing(1, run)
+    batch.more.extend(_get_missing(n, run) for n in range(2, 6))
+    messages, _ = _batched(tasks_pb2_grpc.TaskServiceStub(channel), [batch], ())
+    assert sorted(m.id for m in messages) == [1, 2, 3, 4, 5]
+    assert not any(m.more for m in messages)
+
+
+def test_answers_batch_up_to_a_mebibyte(channel: grpc.Channel) -> None:
+    run = uuid.uuid4().hex[:8]
+    promises = promises_pb2_grpc.PromiseServiceStub(channel)
+    big = {"data": b"x" * 600_000}  # two such answers pass 1 MiB: each goes alone
+    ids = [f"big-{run}-{n}" for n in range(3)]
+    for promise_id in ids:
+        promises.CreatePromise(pb.CreatePromiseRequest(id=promise_id, param=big))
+    calls = [
+        tasks_pb2.CallsRequest(
+            id=n,
+            method="GetPromise",
+            request=pb.GetPromiseRequest(id=promise_id).SerializeToString(),
+        )
+        for n, promise_id in enumerate(ids, start=1)
+    ]
+    batch, *rest = calls
+    batch.more.extend(rest)
+    messages, _ = _batched(tasks_pb2_grpc.TaskServiceStub(channel), [batch], (BATCH,))
+    assert sorted(m.id for m in messages) == [1, 2, 3] and not any(m.more for m in messages)
+    assert all(m.code == 0 for m in messages)
+
+
+def test_a_call_nested_in_more_is_refused_by_id_and_the_others_answered(
+    channel: grpc.Channel,
+) -> None:
+    run = uuid.uuid4().hex[:8]
+    nested = _get_missing(3, run)
+    nested.more.append(_get_missing(4, run))
+    batch = _get_missing(1, run)
+    batch.more.extend([_get_missing(2, run), nested])
+    messages, _ = _batched(tasks_pb2_grpc.TaskServiceStub(channel), [batch], ())
+    answers = {m.id: m for m in messages}
+    assert sorted(answers) == [1, 2, 3]
+    assert [answers[n].code for n in (1, 2)] == [grpc.StatusCode.NOT_FOUND.value[0]] * 2
+    code, _, message, reason = _answered(answers[3])
+    assert (code, reason) == (grpc.StatusCode.INVALID_ARGUMENT.value[0], "INVALID_ARGUMENT")
+    assert "`more`" in message
+
+
+def test_the_sdk_batches_calls_made_at_once_and_each_gets_its_answer(
+    server: ServerProcess,
+) -> None:
+    from troth._transport import Transport
+
+    run = uuid.uuid4().hex[:8]
+    transport = Transport(server.address).multiplexed()
+    got: dict[int, str] = {}
+    try:
+        create = transport.promises.CreatePromise
+
+        def call(n: int) -> None:
+            request = pb.CreatePromiseRequest(id=f"sdk-batch-{run}-{n}")
+            got[n] = transport.call(create, request, timeout=WAIT).promise.id
+
+        threads = [threading.Thread(target=call, args=(n,)) for n in range(100)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        transport.close()
+    assert got == {n: f"sdk-batch-{run}-{n}" for n in range(100)}

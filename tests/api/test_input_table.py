@@ -45,9 +45,11 @@ Case = tuple[dict[str, Any] | bytes, str]
 # --- bad requests, from the descriptors ---------------------------------------------------
 
 
-def text_cases(message: Descriptor, text: str) -> list[Case]:
-    """`text` in each text field of `message` (map keys and values, list entries...)."""
+def text_cases(message: Descriptor, text: str, within: tuple[str, ...] = ()) -> list[Case]:
+    """`text` in each text field of `message` (map keys and values, list entries...);
+    a message type that holds itself (`CallsRequest.more`) is walked once."""
     cases: list[Case] = []
+    within = (*within, message.full_name)
     for field in message.fields:
         sub = field.message_type
         if sub is not None and sub.GetOptions().map_entry:
@@ -58,10 +60,12 @@ def text_cases(message: Descriptor, text: str) -> list[Case]:
                 cases.append(({field.name: {"k": text}}, f"{field.name}[k]"))
         elif field.is_repeated and field.type == STRING:
             cases.append(({field.name: ["a", text]}, f"{field.name}[1]"))
-        elif sub is not None and sub.full_name.startswith("google.protobuf."):
+        elif sub is not None and (
+            sub.full_name.startswith("google.protobuf.") or sub.full_name in within
+        ):
             continue
         elif sub is not None:
-            for kwargs, path in text_cases(sub, text):
+            for kwargs, path in text_cases(sub, text, within):
                 wrapped = [kwargs] if field.is_repeated else kwargs
                 index = "[0]" if field.is_repeated else ""
                 cases.append(({field.name: wrapped}, f"{field.name}{index}.{path}"))
@@ -79,8 +83,10 @@ def list_cases(message: Descriptor) -> list[Case]:
             n = LIST_LIMITS[(message.full_name, field.name)].of(LIMITS) + 1
             if sub is not None and sub.GetOptions().map_entry:
                 entries: Any = {f"k{i}": _scalar(sub.fields_by_name["value"]) for i in range(n)}
-            elif sub is not None:
+            elif sub is not None and sub.full_name == "troth.v1.WorkflowVersion":
                 entries = [{"name": "w", "version": "1"}] * n
+            elif sub is not None:
+                entries = [{}] * n
             elif field.type == FieldDescriptor.TYPE_ENUM:
                 entries = [1] * n
             else:

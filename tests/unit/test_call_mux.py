@@ -16,6 +16,20 @@ from troth_server.app import PROMISES, TASKS
 from troth_server.config import Limits
 
 
+class _StreamContext:
+    """What `CallMux.serve` asks of its stream's context (no handler runs here)."""
+
+    def __init__(self, metadata: tuple[tuple[str, str], ...] = ()) -> None:
+        self.metadata = metadata
+        self.sent: list[Any] = []
+
+    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+        return self.metadata
+
+    async def send_initial_metadata(self, metadata: Any) -> None:
+        self.sent.append(metadata)
+
+
 def test_the_sdk_sends_on_the_stream_exactly_what_the_server_serves_there() -> None:
     assert set(MULTIPLEXED) == set(WORKER_CALLS)
 
@@ -33,7 +47,7 @@ def test_calls_cancelled_before_they_ran_give_their_slots_back() -> None:
         await asyncio.Event().wait()  # the stream stays open: no more calls
 
     async def scenario() -> int:
-        answers = mux.serve(requests(), context=None)  # type: ignore[arg-type]
+        answers = mux.serve(requests(), context=_StreamContext())  # type: ignore[arg-type]
         first = asyncio.ensure_future(answers.__anext__())
         await asyncio.sleep(0)  # the stream is open: its reader is about to run
         # The caller goes away in the loop iteration where the reader takes the five

@@ -33,28 +33,32 @@ TASK_STATE_CLAIMED: TaskState
 TASK_STATE_COMPLETED: TaskState
 
 class CallsRequest(_message.Message):
-    __slots__ = ("id", "method", "request")
+    __slots__ = ("id", "method", "request", "more")
     ID_FIELD_NUMBER: _ClassVar[int]
     METHOD_FIELD_NUMBER: _ClassVar[int]
     REQUEST_FIELD_NUMBER: _ClassVar[int]
+    MORE_FIELD_NUMBER: _ClassVar[int]
     id: int
     method: str
     request: bytes
-    def __init__(self, id: _Optional[int] = ..., method: _Optional[str] = ..., request: _Optional[bytes] = ...) -> None: ...
+    more: _containers.RepeatedCompositeFieldContainer[CallsRequest]
+    def __init__(self, id: _Optional[int] = ..., method: _Optional[str] = ..., request: _Optional[bytes] = ..., more: _Optional[_Iterable[_Union[CallsRequest, _Mapping]]] = ...) -> None: ...
 
 class CallsResponse(_message.Message):
-    __slots__ = ("id", "code", "response", "message", "status_details")
+    __slots__ = ("id", "code", "response", "message", "status_details", "more")
     ID_FIELD_NUMBER: _ClassVar[int]
     CODE_FIELD_NUMBER: _ClassVar[int]
     RESPONSE_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     STATUS_DETAILS_FIELD_NUMBER: _ClassVar[int]
+    MORE_FIELD_NUMBER: _ClassVar[int]
     id: int
     code: int
     response: bytes
     message: str
     status_details: bytes
-    def __init__(self, id: _Optional[int] = ..., code: _Optional[int] = ..., response: _Optional[bytes] = ..., message: _Optional[str] = ..., status_details: _Optional[bytes] = ...) -> None: ...
+    more: _containers.RepeatedCompositeFieldContainer[CallsResponse]
+    def __init__(self, id: _Optional[int] = ..., code: _Optional[int] = ..., response: _Optional[bytes] = ..., message: _Optional[str] = ..., status_details: _Optional[bytes] = ..., more: _Optional[_Iterable[_Union[CallsResponse, _Mapping]]] = ...) -> None: ...
 
 class Task(_message.Message):
     __slots__ = ("id", "root_promise_id", "group", "kind", "state", "counter", "worker_id", "lease_expire_time", "workflow", "workflow_version", "create_time", "waiting_for", "worker_principal", "failed_attempts", "last_error", "last_traceback", "next_attempt_time")

@@ -190,7 +190,9 @@ class TaskServiceServicer:
         CompleteTask, Heartbeat, ReleaseTask, RegisterCallbacks, FailTask); each
         is authorized as its own RPC would be, for the stream's principal. When
         the stream breaks, calls without an answer may or may not have been made:
-        retry them as a unary call that failed UNAVAILABLE.
+        retry them as a unary call that failed UNAVAILABLE. Both sides may batch
+        (`more`) once the other has said it reads batches: the worker in its
+        stream's metadata, the server in its initial metadata (`troth-calls-batch: 1`).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -108,10 +108,12 @@ ANSWERS: dict[str, dict[BadInput, Answer]] = {
         BadInput.DEEP_PAGE_TOKEN: INVALID_TOKEN,
     },
     # The envelope of a call on the stream; the call inside is checked as its RPC's.
-    "troth.v1.TaskService/Calls": {**_EVERY_REQUEST},
+    "troth.v1.TaskService/Calls": {**_EVERY_REQUEST, BadInput.LIST_TOO_LONG: INVALID},
 }
 
 MAX_WORKFLOWS = 1000
+MAX_CALLS_BATCH = 1000
+"""Most calls one `CallsRequest` carries in `more` (the SDK sends at most 64)."""
 """Most (name, version) entries one Poll request may list."""
 
 
@@ -154,6 +156,7 @@ LIST_LIMITS: dict[tuple[str, str], ListLimit] = {
     ("troth.v1.SearchPromisesRequest", "states"): ListLimit(5, "one entry per promise state"),
     ("troth.v1.WatchPromisesRequest", "tags"): _TAGS,
     ("troth.v1.PollRequest", "workflows"): ListLimit(MAX_WORKFLOWS, "workflow versions"),
+    ("troth.v1.CallsRequest", "more"): ListLimit(MAX_CALLS_BATCH, "calls in one Calls message"),
     ("troth.v1.CompleteTaskRequest", "suspend_on"): _CALLBACKS,
     ("troth.v1.RegisterCallbacksRequest", "promise_ids"): _CALLBACKS,
 }

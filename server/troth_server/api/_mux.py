@@ -10,6 +10,12 @@ finishes. The stream was authenticated and admitted once, when it opened;
 each call is authorized here as its own RPC (`may_call`), and takes a slot of
 the same `--max-concurrent-rpcs` limit as a unary call (a call beyond it is
 refused the same way: RESOURCE_EXHAUSTED, OVERLOADED).
+
+Calls and answers that are ready together travel in one message (`more`):
+a message costs both sides far more than the call it carries does to encode.
+The server says in its initial metadata that it reads batches, and sends its
+answers batched to a worker that says so in its stream's metadata
+(`BATCH_METADATA`); either side without it gets one call per message.
 """
 
 from __future__ import annotations
@@ -57,7 +63,14 @@ WORKER_CALLS = (
 """The unary RPCs a worker makes: what `Calls` serves."""
 
 
+BATCH_METADATA = ("troth-calls-batch", "1")
+"""Sent by a side of a `Calls` stream that reads calls or answers batched in `more`."""
+
+ANSWERS_BATCH_BYTES = 1 << 20
+"""The answers sent in one message stop growing at this size (a larger answer goes alone)."""
+
 _CODE_NAMES = {code.value[0]: code.name for code in grpc.StatusCode}
+_NONE_CARRIED = object()
 
 
 class _Aborted(Exception):
@@ -111,6 +124,29 @@ def _refusal(call_id: int, exc: Exception) -> tasks_pb2.CallsResponse:
     return _answer(call_id, status.code, status.details, status.trailing_metadata)
 
 
+_NESTED = InvalidArgument(
+    "more", "a call in `more` has calls in `more` of its own; put every call in the outer `more`"
+)
+
+
+def _batch(
+    answer: tasks_pb2.CallsResponse, answers: asyncio.Queue[tasks_pb2.CallsResponse | None]
+) -> object:
+    """Add the answers ready now to `answer.more`, up to `ANSWERS_BATCH_BYTES`; the one
+    taken that did not fit (None: the end), or `_NONE_CARRIED`."""
+    size = answer.ByteSize()
+    while size < ANSWERS_BATCH_BYTES and not answers.empty():
+        ready = answers.get_nowait()
+        if ready is None:
+            return None
+        more = ready.ByteSize()
+        if size + more > ANSWERS_BATCH_BYTES:
+            return ready
+        answer.more.append(ready)
+        size += more
+    return _NONE_CARRIED
+
+
 class CallMux:
     """Serves `Calls` streams with the servicers' own unary methods."""
 
@@ -140,6 +176,7 @@ class CallMux:
         answers: asyncio.Queue[tasks_pb2.CallsResponse | None] = asyncio.Queue()
         running: set[asyncio.Task[None]] = set()
         reading = [True]
+        batched = BATCH_METADATA in tuple(context.invocation_metadata() or ())
 
         def finished(task: asyncio.Task[None]) -> None:
             # Here, not in the task: a task cancelled before it ran runs no `finally`.
@@ -153,26 +190,42 @@ class CallMux:
                 async for message in requests:
                     if isinstance(message, Refused):
                         raise message.error  # the envelope itself is malformed
-                    gate = self._admission.unary
-                    if not gate.try_enter():
-                        self._admission.refused(message.method, gate.flag)
-                        answers.put_nowait(_refusal(message.id, gate.refusal()))
-                        continue
-                    task = asyncio.create_task(self._one(message, context, answers))
-                    running.add(task)
-                    task.add_done_callback(finished)
+                    start(message)
+                    for call in message.more:
+                        if call.more:
+                            answers.put_nowait(_refusal(call.id, _NESTED))
+                        else:
+                            start(call)
             finally:
                 reading[0] = False
                 if not running:
                     answers.put_nowait(None)
 
+        def start(call: tasks_pb2.CallsRequest) -> None:
+            gate = self._admission.unary
+            if not gate.try_enter():
+                self._admission.refused(call.method, gate.flag)
+                answers.put_nowait(_refusal(call.id, gate.refusal()))
+                return
+            task = asyncio.create_task(self._one(call, context, answers))
+            running.add(task)
+            task.add_done_callback(finished)
+
+        await context.send_initial_metadata((BATCH_METADATA,))
         reader = asyncio.create_task(read())
         try:
+            carried: object = _NONE_CARRIED
             while True:
-                answer = await answers.get()
+                answer = await answers.get() if carried is _NONE_CARRIED else carried
+                carried = _NONE_CARRIED
                 if answer is None:
                     break
+                assert isinstance(answer, tasks_pb2.CallsResponse)
+                if batched:
+                    carried = _batch(answer, answers)
                 yield answer
+                if carried is None:
+                    break
             await reader  # raises what ended the reading, if anything did
         finally:
             reader.cancel()
