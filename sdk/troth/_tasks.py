@@ -22,7 +22,10 @@ if TYPE_CHECKING:
     from troth._promise import Promise
     from troth.codec import Payload
 
-__all__ = ["PollCall", "TaskCalls"]
+__all__ = ["POLL_BATCH_METADATA", "PollCall", "TaskCalls"]
+
+POLL_BATCH_METADATA = ("troth-poll-batch", "1")
+"""The worker reads tasks delivered together in one message (`PollResponse.more`)."""
 
 
 class PollCall(Protocol):
@@ -43,7 +46,8 @@ class TaskCalls:
 
     def poll(self, request: tasks_pb2.PollRequest) -> PollCall:
         """Open the task stream (no deadline: it stays open as long as the worker runs)."""
-        call: PollCall = self._stub.Poll(request, metadata=self.connection.transport.metadata)
+        metadata = (*self.connection.transport.metadata, POLL_BATCH_METADATA)
+        call: PollCall = self._stub.Poll(request, metadata=metadata)
         return call
 
     def heartbeat(self, lease: timedelta, timeout: float) -> tasks_pb2.HeartbeatResponse:

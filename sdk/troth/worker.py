@@ -504,6 +504,8 @@ class Worker:
                     if not received:
                         received, failures = True, 0
                     self._accept(response)
+                    for more in response.more:  # delivered in the same message
+                        self._accept(more)
             except grpc.RpcError as exc:
                 rpc = as_call(exc)
                 code = rpc.code() if rpc is not None else None

@@ -95,6 +95,13 @@ class PollStream:
     async def next_async(self) -> Delivery | None:
         return await self._async.get()
 
+    def take_ready(self) -> list[Delivery | None]:
+        """The deliveries queued already, without waiting (a None: the stream ends there)."""
+        ready: list[Delivery | None] = []
+        while not self._async.empty():
+            ready.append(self._async.get_nowait())
+        return ready
+
 
 def wall_ms() -> int:
     """This server's wall clock in ms: what operators are shown (connect, last seen)."""
@@ -356,27 +363,51 @@ class Dispatcher:
             self._lock.notify_all()
 
     def _deliver_leased(self, leases: list[Leased]) -> None:
-        for n, lease in enumerate(leases):
-            stream = cast("PollStream", lease.lessee.stream)
-            if stream.closed:
-                with self._lock:
-                    stream.held.discard(lease.task.id)
-                self._give_back([lease.task], stream.worker_id)
+        self._deliver(
+            [
+                (
+                    cast("PollStream", lease.lessee.stream),
+                    lease.task,
+                    lease.root if lease.new_root else None,
+                )
+                for lease in leases
+            ]
+        )
+
+    def _deliver(self, leased: list[tuple[PollStream, Task, Promise | None]]) -> None:
+        """Deliver tasks leased to these streams, each with its root and history (read
+        here unless given: a new root has none). Every history is read before the
+        first is delivered, so those of one pass reach a worker together (in one
+        message, if it reads batches). What a closed stream or a failed read leaves
+        undelivered goes back to its group; the read's error is raised after."""
+        ready: list[tuple[PollStream, Delivery]] = []
+        failed: StoreError | None = None
+        for n, (stream, task, new_root) in enumerate(leased):
+            if new_root is not None:
+                ready.append((stream, Delivery(task, new_root, [])))
                 continue
-            history: list[Promise]
-            if lease.new_root:
-                root, history = lease.root, []
-            else:
-                try:
-                    root, history = self._store.promise_tree(lease.task.root_promise_id)
-                except StoreError:
-                    for rest in leases[n:]:
-                        rest_stream = cast("PollStream", rest.lessee.stream)
-                        with self._lock:
-                            rest_stream.held.discard(rest.task.id)
-                        self._give_back([rest.task], rest_stream.worker_id)
-                    raise
-            stream.deliver(Delivery(lease.task, root, history))
+            try:
+                root, history = self._store.promise_tree(task.root_promise_id)
+            except StoreError as exc:
+                failed = exc
+                for rest_stream, rest, _ in leased[n:]:
+                    self._undelivered(rest_stream, rest)
+                break
+            ready.append((stream, Delivery(task, root, history)))
+        for stream, delivery in ready:
+            if stream.closed:
+                self._undelivered(stream, delivery.task)
+                continue
+            with self._lock:
+                stream.held.add(delivery.task.id)
+            stream.deliver(delivery)
+        if failed is not None:
+            raise failed
+
+    def _undelivered(self, stream: PollStream, task: Task) -> None:
+        with self._lock:
+            stream.held.discard(task.id)
+        self._give_back([task], stream.worker_id)
 
     def _loop(self) -> None:
         while True:
@@ -434,23 +465,9 @@ class Dispatcher:
                 claimed = self._tasks.claim(
                     group, stream.worker_id, wanted, stream.lease_ms, route, stream.principal
                 )
-                for n, item in enumerate(claimed):
-                    task = item.task
-                    if stream.closed:
-                        # It went away between the claim and now: give the rest back.
-                        self._give_back([c.task for c in claimed[n:]], stream.worker_id)
-                        break
-                    try:
-                        root, history = self._store.promise_tree(task.root_promise_id)
-                    except StoreError:
-                        # Leased but undeliverable: give back what this claim took
-                        # and has not delivered, rather than leave it to the
-                        # worker's heartbeats (the worker would release it, later).
-                        self._give_back([c.task for c in claimed[n:]], stream.worker_id)
-                        raise
-                    with self._lock:
-                        stream.held.add(task.id)
-                    stream.deliver(Delivery(task, root, history))
+                # Leased but undeliverable (the stream went away, the store failed):
+                # given back, rather than left to the worker's heartbeats.
+                self._deliver([(stream, item.task, None) for item in claimed])
                 if len(claimed) < wanted:
                     # Fewer PENDING tasks it may take than room: drained for this
                     # stream for now (another claim would be an empty write

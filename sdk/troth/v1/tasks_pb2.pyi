@@ -121,14 +121,16 @@ class PollRequest(_message.Message):
     def __init__(self, group: _Optional[str] = ..., worker_id: _Optional[str] = ..., capacity: _Optional[int] = ..., lease: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., workflows: _Optional[_Iterable[_Union[WorkflowVersion, _Mapping]]] = ...) -> None: ...
 
 class PollResponse(_message.Message):
-    __slots__ = ("task", "root", "history")
+    __slots__ = ("task", "root", "history", "more")
     TASK_FIELD_NUMBER: _ClassVar[int]
     ROOT_FIELD_NUMBER: _ClassVar[int]
     HISTORY_FIELD_NUMBER: _ClassVar[int]
+    MORE_FIELD_NUMBER: _ClassVar[int]
     task: Task
     root: _types_pb2.Promise
     history: _containers.RepeatedCompositeFieldContainer[_types_pb2.Promise]
-    def __init__(self, task: _Optional[_Union[Task, _Mapping]] = ..., root: _Optional[_Union[_types_pb2.Promise, _Mapping]] = ..., history: _Optional[_Iterable[_Union[_types_pb2.Promise, _Mapping]]] = ...) -> None: ...
+    more: _containers.RepeatedCompositeFieldContainer[PollResponse]
+    def __init__(self, task: _Optional[_Union[Task, _Mapping]] = ..., root: _Optional[_Union[_types_pb2.Promise, _Mapping]] = ..., history: _Optional[_Iterable[_Union[_types_pb2.Promise, _Mapping]]] = ..., more: _Optional[_Iterable[_Union[PollResponse, _Mapping]]] = ...) -> None: ...
 
 class CompleteTaskRequest(_message.Message):
     __slots__ = ("task_id", "counter", "worker_id", "resolve_root", "reject_root", "suspend_on")

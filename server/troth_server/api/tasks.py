@@ -24,6 +24,12 @@ from troth_server.domain.task import MAX_ERROR_CHARS, MAX_TRACEBACK_CHARS, TaskS
 
 log = structlog.get_logger("troth.tasks")
 
+POLL_BATCH_METADATA = ("troth-poll-batch", "1")
+"""Sent by a worker that reads tasks batched in `PollResponse.more`."""
+
+POLL_BATCH_BYTES = 1 << 20
+"""The deliveries sent in one Poll message stop growing at this size (a larger one goes alone)."""
+
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
@@ -229,13 +235,30 @@ class TaskServiceServicer(_Handlers, tasks_pb2_grpc.TaskServiceServicer):
         self, request: tasks_pb2.PollRequest, context: AioContext
     ) -> AsyncIterator[tasks_pb2.PollResponse]:
         stream = self._stream(request, asyncio.get_running_loop(), context)
+        batched = POLL_BATCH_METADATA in tuple(context.invocation_metadata() or ())
         self._dispatcher.connect(stream)
         try:
             while True:
                 delivery = await stream.next_async()
                 if delivery is None:
                     return
-                yield _poll_response(delivery)
+                response = _poll_response(delivery)
+                if batched:
+                    # Those ready too go in the same message (`more`), up to a MiB.
+                    size = response.ByteSize()
+                    for ready in stream.take_ready():
+                        if ready is None:
+                            yield response
+                            return
+                        more = _poll_response(ready)
+                        more_size = more.ByteSize()
+                        if size + more_size > POLL_BATCH_BYTES:
+                            yield response
+                            response, size = more, more_size
+                        else:
+                            response.more.append(more)
+                            size += more_size
+                yield response
         finally:
             # Also on cancellation (the worker went away): non-blocking by design.
             self._dispatcher.disconnect_later(stream)
