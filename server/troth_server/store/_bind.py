@@ -1,4 +1,5 @@
-"""How many values one SQL statement may bind, and the splitting of longer id lists.
+"""How many values one SQL statement may bind, the splitting of longer id lists, and
+statements compiled once for a dialect.
 
 PostgreSQL takes at most 65,535 parameters per statement (its protocol counts
 them in 16 bits) and SQLite, by default since 3.32, 32,766. A list of ids from a
@@ -11,12 +12,15 @@ each list in order, so that row locks are still taken in id order.
 from __future__ import annotations
 
 import sqlite3
-from typing import TYPE_CHECKING, TypeVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from troth_server.store import StoreError
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator, Sequence
+    from collections.abc import Iterator, Mapping, Sequence
+
+    from sqlalchemy.engine import Dialect
 
 T = TypeVar("T")
 
@@ -47,3 +51,23 @@ def check_sqlite_variables(dbapi_conn: sqlite3.Connection) -> None:
             f"statement; troth needs {SQLITE_VARIABLES_NEEDED} (SQLite 3.32 or later by "
             "default): run troth on a Python linked against a newer SQLite"
         )
+
+
+@dataclass(frozen=True, slots=True)
+class Statement:
+    """A statement compiled once for a dialect, to run straight on a DB-API cursor:
+    per run, only its parameters are built (no compilation, no parameter processing)."""
+
+    sql: str
+    order: tuple[str, ...] | None
+    """Parameter names in placeholder order, for positional paramstyles."""
+
+    def params(self, values: Mapping[str, Any]) -> Any:
+        return values if self.order is None else tuple(values[name] for name in self.order)
+
+
+def compile_for(stmt: Any, dialect: Dialect) -> Statement:
+    """`stmt` (a Core statement with named bindparams) as `dialect` renders it."""
+    compiled = stmt.compile(dialect=dialect)
+    order = tuple(compiled.positiontup) if compiled.positional else None
+    return Statement(str(compiled), order)

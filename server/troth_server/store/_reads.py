@@ -2,29 +2,42 @@
 
 `PromiseReads` is mixed into `SqlStore`, which supplies the read connection
 (`_read`, retried once after a dropped connection) and its engine.
+
+A promise by id and a workflow's tree are read for every delivery, watch and
+settle: they run as statements compiled once, straight on a pooled DB-API
+connection (`_read_rows`). Through a SQLAlchemy `Connection`, each such read
+cost the server five times the database's own work (a profile of W1 in
+bench/README.md): checkout, autobegin, parameter processing, result set-up,
+the rollback at return.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy import Engine, and_, bindparam, false, func, or_, select, true
 from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.exc import DBAPIError
 
 from troth_server.domain.promise import Promise, PromiseState
-from troth_server.store import PromiseOrder, PromiseQuery, SearchRow
-from troth_server.store._bind import chunks
+from troth_server.store import PromiseOrder, PromiseQuery, SearchRow, StoreUnavailable
+from troth_server.store._bind import Statement, chunks, compile_for
 from troth_server.store._rows import to_promise
 from troth_server.store._tables import promises, state_in
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Collection, Mapping
+    from collections.abc import Callable, Collection, Mapping, Sequence
 
     from sqlalchemy import Connection
 
 T = TypeVar("T")
 
-__all__ = ["PromiseReads", "select_by_id", "select_expired"]
+__all__ = ["READ_ATTEMPTS", "PromiseReads", "select_by_id", "select_expired"]
+
+READ_ATTEMPTS = 2
+"""A read runs again once after a connection the database dropped (a restart)."""
 
 select_by_id = select(promises).where(promises.c.id == bindparam("id"))
 select_expired = (
@@ -48,9 +61,53 @@ class PromiseReads:
     def _read(self, read: Callable[[Connection], T]) -> T:
         raise NotImplementedError
 
+    @functools.cached_property
+    def _point_reads(self) -> tuple[Statement, Statement]:
+        dialect = self._read_engine.dialect
+        return compile_for(select_by_id, dialect), compile_for(_select_steps, dialect)
+
+    def _read_rows(self, *statements: tuple[Statement, Mapping[str, Any]]) -> list[Sequence[Any]]:
+        """The rows of each compiled select, run in one read transaction on a pooled
+        DB-API connection; a dropped connection is retried once, as `_read` does."""
+        engine = self._read_engine
+        dialect = engine.dialect
+        errors = dialect.loaded_dbapi.Error
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                conn = engine.raw_connection()
+            except (DBAPIError, errors) as exc:  # no connection to be had (database down)
+                if attempt >= READ_ATTEMPTS:
+                    raise StoreUnavailable(f"database read failed: {exc}") from exc
+                continue
+            cursor = None
+            try:
+                cursor = conn.cursor()
+                if len(statements) > 1 and dialect.name == "sqlite":
+                    # One snapshot for them all (psycopg opens a transaction by itself).
+                    cursor.execute("BEGIN")
+                found = []
+                for statement, values in statements:
+                    cursor.execute(statement.sql, statement.params(values))
+                    found.append(cursor.fetchall())
+                return found
+            except errors as exc:
+                lost = dialect.is_disconnect(exc, conn.dbapi_connection, cursor)
+                if lost:
+                    conn.invalidate(exc)
+                if not lost or attempt >= READ_ATTEMPTS:
+                    raise StoreUnavailable(f"database read failed: {exc}") from exc
+            finally:
+                if cursor is not None:
+                    with contextlib.suppress(errors):
+                        cursor.close()
+                conn.close()  # back to the pool, which rolls the read transaction back
+
     def get_promise(self, promise_id: str) -> Promise | None:
-        row = self._read(lambda conn: conn.execute(select_by_id, {"id": promise_id}).first())
-        return None if row is None else to_promise(row)
+        by_id, _ = self._point_reads
+        (rows,) = self._read_rows((by_id, {"id": promise_id}))
+        return to_promise(rows[0]) if rows else None
 
     def search_promises(self, query: PromiseQuery, now: int) -> list[SearchRow]:
         if query.order is PromiseOrder.EXPIRE_TIME_ASC:
@@ -113,12 +170,9 @@ class PromiseReads:
 
     def promise_tree(self, root_id: str) -> tuple[Promise | None, list[Promise]]:
         # By record (parent_id), never by id prefix: `<root>.x` may be anyone's.
-        def read(conn: Connection) -> tuple[Any, list[Any]]:
-            root = conn.execute(select_by_id, {"id": root_id}).first()
-            return root, list(conn.execute(_select_steps, {"parent": root_id}))
-
-        root, rows = self._read(read)
-        return (None if root is None else to_promise(root)), [to_promise(r) for r in rows]
+        by_id, steps = self._point_reads
+        roots, rows = self._read_rows((by_id, {"id": root_id}), (steps, {"parent": root_id}))
+        return (to_promise(roots[0]) if roots else None), [to_promise(r) for r in rows]
 
     def get_promises(self, ids: Collection[str]) -> list[Promise]:
         if not ids:

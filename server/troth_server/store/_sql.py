@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import structlog
@@ -25,11 +24,11 @@ from troth_server.store import (
     StoreEvent,
     StoreUnavailable,
 )
-from troth_server.store._bind import MAX_BOUND_IDS, chunks
+from troth_server.store._bind import MAX_BOUND_IDS, Statement, chunks, compile_for
 from troth_server.store._engines import open_announcer, postgresql_engines, sqlite_engines
 from troth_server.store._migrate import check_at_head, upgrade_to_head
 from troth_server.store._prune import PruneTx
-from troth_server.store._reads import PromiseReads, select_expired
+from troth_server.store._reads import READ_ATTEMPTS, PromiseReads, select_expired
 from troth_server.store._rows import to_promise, to_row, to_task
 from troth_server.store._tables import callbacks, promises, state_in, tasks
 from troth_server.store._task_sql import TaskStatements, TaskTx
@@ -44,7 +43,6 @@ log = structlog.get_logger("troth.store")
 
 _WRITE_ATTEMPTS = 5
 _RECONNECT_DELAY = 0.05
-_READ_ATTEMPTS = 2
 # PostgreSQL SQLSTATEs after which the whole transaction can simply run again.
 _SERIALIZATION_FAILURE = "40001"
 _DEADLOCK_DETECTED = "40P01"
@@ -89,9 +87,9 @@ class _Compiled:
             .where(promises.c.id == bindparam("b_id"))
             .values({name: bindparam(f"b_{name}") for name in _UPDATED})
         )
-        self._select: dict[int, _Statement] = {}
+        self._select: dict[int, Statement] = {}
 
-    def select_by_ids(self, count: int) -> tuple[_Statement, int]:
+    def select_by_ids(self, count: int) -> tuple[Statement, int]:
         """The statement for `count` ids, and how many it takes (pad with repeats)."""
         # Padded to a power of two so that few variants are ever compiled.
         size = 1 << max(0, count - 1).bit_length()
@@ -108,20 +106,8 @@ class _Compiled:
             found = self._select[size] = self._compile(stmt)
         return found, size
 
-    def _compile(self, stmt: Any) -> _Statement:
-        compiled = stmt.compile(dialect=self._dialect)
-        order = tuple(compiled.positiontup) if compiled.positional else None
-        return _Statement(str(compiled), order)
-
-
-@dataclass(frozen=True, slots=True)
-class _Statement:
-    sql: str
-    order: tuple[str, ...] | None
-    """Parameter names in placeholder order, for positional paramstyles."""
-
-    def params(self, values: dict[str, Any]) -> Any:
-        return values if self.order is None else tuple(values[name] for name in self.order)
+    def _compile(self, stmt: Any) -> Statement:
+        return compile_for(stmt, self._dialect)
 
 
 class _WriteTx(TaskTx, PruneTx):
@@ -310,7 +296,7 @@ class SqlStore(PromiseReads):
             except DBAPIError as exc:
                 # A connection the database dropped (a restart): the pool has
                 # discarded it, and a read can always run again.
-                if not exc.connection_invalidated or attempt >= _READ_ATTEMPTS:
+                if not exc.connection_invalidated or attempt >= READ_ATTEMPTS:
                     raise StoreUnavailable(f"database read failed: {exc.orig}") from exc
 
 
