@@ -202,6 +202,13 @@ def _batched(
     return answers, tuple(stream.initial_metadata())
 
 
+def _five(run: str) -> tasks_pb2.CallsRequest:
+    """One message carrying five reads of missing promises (ids 1 to 5)."""
+    batch = _get_missing(1, run)
+    batch.more.extend(_get_missing(n, run) for n in range(2, 6))
+    return batch
+
+
 def _ids(message: tasks_pb2.CallsResponse) -> list[int]:
     return [message.id, *(answer.id for answer in message.more)]
 
@@ -210,9 +217,7 @@ def test_calls_in_one_message_are_each_answered_and_ready_answers_come_in_one(
     channel: grpc.Channel,
 ) -> None:
     run = uuid.uuid4().hex[:8]
-    batch = _get_missing(1, run)
-    batch.more.extend(_get_missing(n, run) for n in range(2, 6))
-    messages, initial = _batched(tasks_pb2_grpc.TaskServiceStub(channel), [batch], (BATCH,))
+    messages, initial = _batched(tasks_pb2_grpc.TaskServiceStub(channel), [_five(run)], (BATCH,))
     assert BATCH in initial  # the server says it reads batches
     # Five reads answered at once (NOT_FOUND needs no write): one message carries them.
     assert [sorted(_ids(m)) for m in messages] == [[1, 2, 3, 4, 5]]
@@ -225,10 +230,9 @@ def test_calls_in_one_message_are_each_answered_and_ready_answers_come_in_one(
 def test_a_worker_that_does_not_say_it_reads_batches_gets_one_answer_per_message(
     channel: grpc.Channel,
 ) -> None:
-    run = uuid.uuid4().hex[:8]
-    batch = _get_missing(1, run)
-    batch.more.extend(_get_missing(n, run) for n in range(2, 6))
-    messages, _ = _batched(tasks_pb2_grpc.TaskServiceStub(channel), [batch], ())
+    messages, _ = _batched(
+        tasks_pb2_grpc.TaskServiceStub(channel), [_five(uuid.uuid4().hex[:8])], ()
+    )
     assert sorted(m.id for m in messages) == [1, 2, 3, 4, 5]
     assert not any(m.more for m in messages)
 
