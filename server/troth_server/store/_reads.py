@@ -82,6 +82,7 @@ class PromiseReads:
                     raise StoreUnavailable(f"database read failed: {exc}") from exc
                 continue
             cursor = None
+            lost = False
             try:
                 cursor = conn.cursor()
                 if len(statements) > 1 and dialect.name == "sqlite":
@@ -102,7 +103,15 @@ class PromiseReads:
                 if cursor is not None:
                     with contextlib.suppress(errors):
                         cursor.close()
-                conn.close()  # back to the pool, which rolls the read transaction back
+                if not lost:
+                    # End the read transaction here, where a connection that died
+                    # since is seen and dropped (the pool's own rollback at return
+                    # would log it as a crash); on an idle connection, a no-op.
+                    try:
+                        conn.rollback()
+                    except errors as exc:
+                        conn.invalidate(exc)
+                conn.close()
 
     def get_promise(self, promise_id: str) -> Promise | None:
         by_id, _ = self._point_reads
