@@ -1,8 +1,9 @@
-"""`CallStream`: a worker's unary calls multiplexed on one `TaskService.Calls` stream.
+"""`CallStream`: unary calls multiplexed on one `TaskService.Calls` stream.
 
 A unary call costs the server its own HTTP/2 stream and a pass through its
-interceptors; a message on an open stream costs a fraction of that. The
-worker's runner threads and heartbeat thread call through `stubs()`, which
+interceptors; a message on an open stream costs a fraction of that. A
+`Client`'s calls (its starts, reads and settles) and a worker's (its runner
+threads', its heartbeat thread's) go through `MultiplexedStub`s, which
 look like the generated stubs' unary methods: each call is sent on the
 stream with an id and waits for the answer with that id, so `Transport.call`
 retries it and maps its errors exactly as a unary call's. The stream opens at
@@ -45,11 +46,22 @@ MULTIPLEXED: dict[str, type[Message]] = {
     for service in file.services_by_name.values()
     for method in service.methods
     if method.name in (
-        "CreatePromise", "GetPromise", "SearchPromises", "CompleteTask", "Heartbeat",
-        "ReleaseTask", "RegisterCallbacks", "FailTask",
+        "CreatePromise", "GetPromise", "SearchPromises", "ResolvePromise", "RejectPromise",
+        "CancelPromise", "CompleteTask", "Heartbeat", "ReleaseTask", "RegisterCallbacks",
+        "FailTask",
     )
 }  # fmt: skip
-"""The unary RPCs sent on the stream (the server's `WORKER_CALLS`), with their answers."""
+"""The unary RPCs sent on the stream (the server's `STREAM_CALLS`), with their answers."""
+
+_REFUSALS = {
+    grpc.StatusCode.UNIMPLEMENTED: True,  # a server older than `Calls`
+    grpc.StatusCode.PERMISSION_DENIED: True,  # one that lets only workers open it
+    grpc.StatusCode.UNAUTHENTICATED: False,  # no credential: a settle token may be enough
+    grpc.StatusCode.RESOURCE_EXHAUSTED: False,  # --max-streams are open
+}
+"""How a stream can be refused before it opened, and whether its calls go as unary RPCs
+from then on (True) or only the calls refused with it (False). Such a call never
+reached a handler: made as its unary RPC, it succeeds or fails as that RPC's own."""
 
 UNARY_ABOVE_BYTES = 256 * 1024
 """A request this large goes as a unary call: one over the server's message limit then
@@ -95,11 +107,14 @@ class CallError(grpc.RpcError, grpc.Call):
         status_details: bytes = b"",
         *,
         stream_failed: bool = False,
+        refused: bool = False,
     ) -> None:
         super().__init__(details)
         self._code, self._details = code, details
         self.stream_failed = stream_failed
         """The stream failed (the call may not have reached a handler), not the call."""
+        self.refused = refused
+        """The stream was refused before it opened: the call reached no handler."""
         self._trailers = ((_DETAILS_KEY, status_details),) if status_details else ()
 
     def code(self) -> grpc.StatusCode:
@@ -157,6 +172,8 @@ class _Open:
         self.broken = False
         self.batched = False
         """The server reads calls batched in `more` (its initial metadata said so)."""
+        self.opened = False
+        """The server took the stream: its initial metadata said so, or it answered."""
         self._method, self._metadata = method, (*metadata, BATCH_METADATA)
         self.call: Any = None
 
@@ -197,8 +214,9 @@ class _Open:
             grpc.StatusCode.UNAVAILABLE, "the Calls stream ended", stream_failed=True
         )
         try:
-            self.batched = BATCH_METADATA in tuple(self.call.initial_metadata() or ())
+            self.batched = self.opened = BATCH_METADATA in tuple(self.call.initial_metadata() or ())
             for message in self.call:
+                self.opened = True
                 for answer in (message, *message.more):
                     with self.lock:
                         waiter = self.waiting.pop(answer.id, None)
@@ -208,8 +226,17 @@ class _Open:
         except grpc.RpcError as exc:
             call: object = exc  # (through object: see `troth._transport.as_call`)
             if isinstance(call, grpc.Call) and call.code() is not grpc.StatusCode.CANCELLED:
+                # A stream that never opened failed as its calls would have: say no more.
+                details = (
+                    call.details()
+                    if not self.opened
+                    else (f"the Calls stream broke: {call.details()}")
+                )
                 failure = CallError(
-                    call.code(), f"the Calls stream broke: {call.details()}", stream_failed=True
+                    call.code(),
+                    details,
+                    stream_failed=True,
+                    refused=not self.opened and call.code() in _REFUSALS,
                 )
             _log.debug("the Calls stream ended: %s", exc)
         with self.lock:
@@ -239,11 +266,11 @@ class CallStream:
         self._open: _Open | None = None
         self._closed = False
         self.unsupported = False
-        """The server has no `Calls` (it is older): calls go as unary RPCs."""
+        """The server refused `Calls` (an older troth): calls go as unary RPCs."""
 
     def method(self, name: str, unary: Callable[..., Any]) -> Callable[..., Any]:
         """A callable shaped like the stub's unary method `name`, which it becomes
-        (`unary`) against a server without `Calls`."""
+        (`unary`) against a server that refuses `Calls` (`_REFUSALS`)."""
         response_type = MULTIPLEXED[name]
 
         def call(request: Message, timeout: float | None = None, metadata: Any = None) -> Any:
@@ -253,12 +280,15 @@ class CallStream:
             try:
                 return self.invoke(name, data, response_type, timeout)
             except CallError as exc:
-                if not (exc.stream_failed and exc.code() is grpc.StatusCode.UNIMPLEMENTED):
+                if not exc.refused:
                     raise
-            # Never reached a handler: made again as the unary call it is, from now on.
-            if not self.unsupported:
+                refusal = exc.code()
+            if _REFUSALS[refusal] and not self.unsupported:
                 self.unsupported = True
-                _log.info("the server has no Calls stream (an older troth); using unary calls")
+                _log.info(
+                    "the server refused the Calls stream (%s: an older troth); using unary calls",
+                    refusal.name,
+                )
             return unary(request, timeout=timeout, metadata=metadata)
 
         return call

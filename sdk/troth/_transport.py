@@ -245,8 +245,11 @@ class Transport:
         self.promises: PromiseServiceStub = stub
         tasks = tasks_pb2_grpc.TaskServiceStub(self._channel)  # type: ignore[no-untyped-call,unused-ignore]
         self.tasks: TaskServiceStub = tasks
+        self.unary_promises: PromiseServiceStub = stub
+        """The generated stubs themselves: every call a unary RPC, multiplexed or not."""
+        self.unary_tasks: TaskServiceStub = tasks
         self.calls: CallStream | None = None
-        """The stream a `multiplexed()` transport sends its worker calls on."""
+        """The stream a `multiplexed()` transport sends its unary calls on."""
 
     @property
     def channel(self) -> grpc.Channel:
@@ -254,13 +257,13 @@ class Transport:
         return self._channel
 
     def multiplexed(self) -> Transport:
-        """This transport (its channel, retries, metadata), with the unary calls a worker
-        makes sent as messages on one `TaskService.Calls` stream (`troth._mux`); close
-        that stream with `close_calls()`."""
+        """This transport (its channel, retries, metadata), with the unary calls the
+        stream carries (`troth._mux.MULTIPLEXED`) sent as messages on a
+        `TaskService.Calls` stream of its own; close that stream with `close_calls()`."""
         twin = copy.copy(self)
         twin.calls = CallStream(self._channel, self.metadata)
-        twin.promises = cast("PromiseServiceStub", MultiplexedStub(self.promises, twin.calls))
-        twin.tasks = cast("TaskServiceStub", MultiplexedStub(self.tasks, twin.calls))
+        twin.promises = cast("PromiseServiceStub", MultiplexedStub(self.unary_promises, twin.calls))
+        twin.tasks = cast("TaskServiceStub", MultiplexedStub(self.unary_tasks, twin.calls))
         return twin
 
     def close_calls(self) -> None:

@@ -170,13 +170,15 @@ class Client(OperatorCalls):
         self._codec: Codec = codec if codec is not None else JsonCodec()
         self._timeout = float(timeout)
         self._principal = principal
+        # Its unary calls go as messages on one `Calls` stream (`troth._mux`): for a
+        # client shared by many threads, a fraction of a unary call's cost on both sides.
         self._transport = Transport(
             address,
             principal=principal,
             tls=resolve_tls(tls),
             token=resolve_token(token),
             allow_plaintext_token=allow_plaintext_token,
-        )
+        ).multiplexed()
         self._connection = Connection(self._transport, self._timeout)
 
     def __repr__(self) -> str:
@@ -204,6 +206,7 @@ class Client(OperatorCalls):
 
     def close(self) -> None:
         """Release the channel. Calls still in flight fail. Safe to call twice."""
+        self._transport.close_calls()
         self._transport.close()
 
     def __enter__(self) -> Self:
@@ -576,6 +579,10 @@ class Client(OperatorCalls):
         if settle_token:
             assert not isinstance(request, promises_pb2.CancelPromiseRequest)
             request.settle_token = settle_token
+            # Its own permission, good with no credential: a stream would need one.
+            method = getattr(
+                self._transport.unary_promises, request_type.__name__.removesuffix("Request")
+            )
         with client_span(_SPANS[request_type], **{"troth.promise.id": id}):
             response = self._transport.call(method, request, timeout=self._timeout)
         promise = promise_from_proto(response.promise)

@@ -261,25 +261,40 @@ def test_every_refusal_is_logged_once_without_the_token(setup: dict[str, Any]) -
     assert "auditsecret" not in server.log()
 
 
+STREAM_CALLS_BY_ROLE = {
+    # role: (a call it may not make, one it may: NOT_FOUND past the gate)
+    "worker": (
+        ("SearchPromises", promises_pb2.SearchPromisesRequest(id="walk-*")),
+        ("GetPromise", promises_pb2.GetPromiseRequest(id="walk-missing")),
+    ),
+    "gateway": (
+        ("CancelPromise", promises_pb2.CancelPromiseRequest(id="walk-missing")),
+        ("ResolvePromise", promises_pb2.ResolvePromiseRequest(id="walk-missing")),
+    ),
+    "operator": (
+        ("ResolvePromise", promises_pb2.ResolvePromiseRequest(id="walk-missing")),
+        ("CancelPromise", promises_pb2.CancelPromiseRequest(id="walk-missing")),
+    ),
+}
+
+
+@pytest.mark.parametrize("role", sorted(STREAM_CALLS_BY_ROLE))
 def test_each_call_on_the_calls_stream_is_authorized_as_its_own_rpc(
-    setup: dict[str, Any],
+    setup: dict[str, Any], role: str
 ) -> None:
-    """A worker may open the stream, but not make through it a call it may not make."""
+    """Every role may open the stream (a client's calls go on it too), but not make
+    through it a call it may not make."""
     stub = tasks_pb2_grpc.TaskServiceStub(setup["channel"])
-    calls = [
-        ("SearchPromises", promises_pb2.SearchPromisesRequest(id="walk-*")),  # not a worker's
-        ("GetPromise", promises_pb2.GetPromiseRequest(id="walk-missing")),  # a worker's
-    ]
+    refused, allowed = STREAM_CALLS_BY_ROLE[role]
     requests = [
         tasks_pb2.CallsRequest(id=n, method=method, request=request.SerializeToString())
-        for n, (method, request) in enumerate(calls, start=1)
+        for n, (method, request) in enumerate((refused, allowed), start=1)
     ]
     answers = {
-        a.id: a
-        for a in stub.Calls(iter(requests), metadata=setup["credentials"]["worker"], timeout=10)
+        a.id: a for a in stub.Calls(iter(requests), metadata=setup["credentials"][role], timeout=10)
     }
     assert answers[1].code == grpc.StatusCode.PERMISSION_DENIED.value[0]
-    assert "may not call SearchPromises" in answers[1].message
+    assert f"may not call {refused[0]}" in answers[1].message
     assert b"ROLE_NOT_ALLOWED" in answers[1].status_details
     assert answers[2].code == grpc.StatusCode.NOT_FOUND.value[0]
     assert "auth.refused" in setup["server"].log()

@@ -62,6 +62,9 @@ def test_each_call_is_answered_as_its_unary_rpc_answers_it(
     # What the creates below find: both ways answer a repeat (created false).
     for existing in (f"calls-{run}", f"calls-{run}.0"):
         promises.CreatePromise(pb.CreatePromiseRequest(id=existing), timeout=WAIT)
+    settled = f"calls-{run}-settled"  # what the settles below find: refused both ways
+    promises.CreatePromise(pb.CreatePromiseRequest(id=settled), timeout=WAIT)
+    promises.ResolvePromise(pb.ResolvePromiseRequest(id=settled), timeout=WAIT)
     requests = [
         ("GetPromise", pb.GetPromiseRequest(id=f"calls-{run}")),
         ("GetPromise", pb.GetPromiseRequest(id=f"calls-{run}-missing")),  # NOT_FOUND
@@ -71,6 +74,9 @@ def test_each_call_is_answered_as_its_unary_rpc_answers_it(
         ("CreatePromise", pb.CreatePromiseRequest(id="x" * 100_000)),  # INVALID_ARGUMENT
         ("CompleteTask", tasks_pb2.CompleteTaskRequest(task_id="t-none", counter=1, worker_id="w")),
         ("Heartbeat", tasks_pb2.HeartbeatRequest(worker_id=f"w-{run}")),
+        ("ResolvePromise", pb.ResolvePromiseRequest(id=f"calls-{run}-missing")),  # NOT_FOUND
+        ("RejectPromise", pb.RejectPromiseRequest(id=settled)),  # ALREADY_SETTLED
+        ("CancelPromise", pb.CancelPromiseRequest(id="")),  # INVALID_ARGUMENT
     ]
     answers = _on_the_stream(tasks_pb2_grpc.TaskServiceStub(channel), requests)
     assert sorted(answers) == list(range(1, len(requests) + 1))

@@ -52,7 +52,7 @@ def metered(
             tmp_path_factory.mktemp("metrics"),
             "--metrics-listen", f"127.0.0.1:{port}",
             "--sweep-interval", "100ms",
-            "--max-streams", "4",
+            "--max-streams", "5",
             db_url=db_url,
         )  # fmt: skip
         yield server, port
@@ -116,8 +116,8 @@ def test_a_scrape_shows_the_work_done(metered: tuple[ServerProcess, int]) -> Non
             assert handle.result(timeout=20) == {"decision": "yes", "done": "POST"}
 
             # A lease that runs out (a worker that never heartbeats), and a refused
-            # stream (--max-streams 4: the SDK worker's two, Poll and Calls, this one,
-            # and one more).
+            # stream (--max-streams 5: the client's Calls, the SDK worker's two, Poll
+            # and Calls, this one, and one more).
             stub.CreatePromise(pb.CreatePromiseRequest(
                 id="m-raw", tags={"troth:invoke": "raw", "troth:func": "raw"}))  # fmt: skip
             silent = PollStream(
@@ -185,8 +185,8 @@ def test_a_scrape_shows_the_work_done(metered: tuple[ServerProcess, int]) -> Non
     )
     # Connected workers by group and version; streams in flight.
     assert value(families, "troth_workers_connected", group="raw") == 2  # silent, second
-    # The SDK worker's Poll and Calls, silent's and second's Poll.
-    assert value(families, "troth_rpcs_in_flight", type="stream") == 4
+    # The client's Calls, the SDK worker's Poll and Calls, silent's and second's Poll.
+    assert value(families, "troth_rpcs_in_flight", type="stream") == 5
     assert value(families, "troth_server_info") == 1
 
 

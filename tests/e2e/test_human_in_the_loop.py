@@ -30,6 +30,7 @@ from _support import ServerProcess, reap, spawn, start_server
 from _support import stop as stop_process
 
 from troth import Client
+from troth.errors import NotFoundError
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "human_in_the_loop"
@@ -403,10 +404,16 @@ def test_a_workflow_waiting_survives_its_worker(stack: Stack, http: httpx.Client
     # Kill it only once the notification step is recorded: until then, sending
     # again is the documented at-least-once behaviour, not what this test is about.
     with Client(stack.server.address, token=stack.tokens["gateway.token"]) as troth:
-        eventually(
-            lambda: troth.get(f"publish-{post}.1").is_settled or None,
-            "the notification step to be recorded",
-        )
+
+        def recorded() -> bool | None:
+            # The step writes the notification, then its record is created: a moment
+            # after the outbox shows it, the step promise may not exist yet.
+            try:
+                return troth.get(f"publish-{post}.1").is_settled or None
+            except NotFoundError:
+                return None
+
+        eventually(recorded, "the notification step to be recorded")
 
     assert stack.worker is not None
     stack.worker.kill()  # SIGKILL while the workflow waits for the human

@@ -97,6 +97,72 @@ def test_against_a_server_without_calls_the_calls_go_as_unary_rpcs(
         transport.close()
 
 
+def _refusing(code: grpc.StatusCode, opened: list[int]) -> grpc.RpcMethodHandler[Any, Any]:
+    """A `Calls` that refuses every stream at its opening, as an interceptor does."""
+
+    async def calls(requests: Any, context: Any) -> Any:
+        opened.append(1)
+        await context.abort(code, "refused at opening")
+        yield b""  # not reached: a generator, as a stream handler is
+
+    return grpc.stream_stream_rpc_method_handler(calls)
+
+
+@pytest.mark.parametrize(
+    ("code", "for_good"),
+    [
+        (grpc.StatusCode.PERMISSION_DENIED, True),  # a server that lets only workers open it
+        (grpc.StatusCode.RESOURCE_EXHAUSTED, False),  # --max-streams are open, for now
+        (grpc.StatusCode.UNAUTHENTICATED, False),  # the unary RPC's own refusal, or a token
+    ],
+)
+def test_a_call_on_a_stream_refused_at_opening_is_made_as_its_unary_rpc(
+    served: list[str], code: grpc.StatusCode, for_good: bool
+) -> None:
+    """A client's call must never fail for its stream: a stream refused before it opened
+    reached no handler, so each call is made again as the unary RPC it is; after a
+    refusal that lasts (a role), without trying the stream again."""
+    opened: list[int] = []
+    server = BareServer({GET: _get(served), CALLS: _refusing(code, opened)})
+    transport = Transport(f"127.0.0.1:{server.port}").multiplexed()
+    try:
+        for n in range(3):
+            request = pb.GetPromiseRequest(id=f"p-{n}")
+            answer = transport.call(transport.promises.GetPromise, request, timeout=10)
+            assert answer.promise.id == f"p-{n}"
+        assert served == ["unary"] * 3
+        assert transport.calls is not None and transport.calls.unsupported is for_good
+        assert len(opened) == (1 if for_good else 3)
+    finally:
+        transport.close()
+        server.close()
+
+
+def test_a_stream_broken_after_it_opened_is_no_refusal_and_its_calls_are_retried() -> None:
+    """RESOURCE_EXHAUSTED after the server took the stream (a message over its limit)
+    may follow calls it handled: not made again as unary calls behind the retry policy."""
+    served: list[str] = []
+
+    async def calls(requests: Any, context: Any) -> Any:
+        await context.send_initial_metadata((BATCH_METADATA,))
+        async for _ in requests:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "message too large")
+        yield b""  # not reached
+
+    server = BareServer({GET: _get(served), CALLS: grpc.stream_stream_rpc_method_handler(calls)})
+    transport = Transport(f"127.0.0.1:{server.port}").multiplexed()
+    try:
+        stream = transport.calls
+        assert stream is not None
+        with pytest.raises(CallError) as broken:
+            stream.invoke("GetPromise", b"", pb.GetPromiseResponse, 10)
+        assert broken.value.stream_failed and not broken.value.refused
+        assert served == []
+    finally:
+        transport.close()
+        server.close()
+
+
 def test_calls_cut_off_by_a_broken_stream_fail_unavailable_and_the_next_one_reopens() -> None:
     opened: list[int] = []
 

@@ -180,19 +180,20 @@ class TaskServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Calls(self, request_iterator, context):
-        """A worker's unary calls, multiplexed on one stream: each CallsRequest names a
-        unary RPC of troth.v1 and carries its request, and is answered by a
-        CallsResponse with the same id, exactly as that RPC would have answered
-        (response, or status code, message and details with the ErrorInfo).
-        Answers come in the order calls finish, not the order they were sent. A
-        message costs the server a fraction of a call. Only the RPCs a worker
-        makes are served here (CreatePromise, GetPromise, SearchPromises,
-        CompleteTask, Heartbeat, ReleaseTask, RegisterCallbacks, FailTask); each
-        is authorized as its own RPC would be, for the stream's principal. When
-        the stream breaks, calls without an answer may or may not have been made:
-        retry them as a unary call that failed UNAVAILABLE. Both sides may batch
-        (`more`) once the other has said it reads batches: the worker in its
-        stream's metadata, the server in its initial metadata (`troth-calls-batch: 1`).
+        """A worker's or a client's unary calls, multiplexed on one stream: each
+        CallsRequest names a unary RPC of troth.v1 and carries its request, and is
+        answered by a CallsResponse with the same id, exactly as that RPC would
+        have answered (response, or status code, message and details with the
+        ErrorInfo). Answers come in the order calls finish, not the order they
+        were sent. A message costs the server a fraction of a call. Served here:
+        CreatePromise, GetPromise, SearchPromises, ResolvePromise, RejectPromise,
+        CancelPromise, CompleteTask, Heartbeat, ReleaseTask, RegisterCallbacks
+        and FailTask. Any role may open the stream; each call is authorized as its
+        own RPC would be, for the stream's principal. When the stream breaks,
+        calls without an answer may or may not have been made: retry them as a
+        unary call that failed UNAVAILABLE. Both sides may batch (`more`) once the
+        other has said it reads batches: the caller in its stream's metadata, the
+        server in its initial metadata (`troth-calls-batch: 1`).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

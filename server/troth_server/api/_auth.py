@@ -151,7 +151,8 @@ def _authorization(context: AioContext) -> str | None:
     return None
 
 
-def _bears_settle_token(request: Any) -> bool:
+def bears_settle_token(request: Any) -> bool:
+    """Whether `request` (a settle) carries a settle token."""
     descriptor = getattr(request, "DESCRIPTOR", None)
     if descriptor is None or "settle_token" not in descriptor.fields_by_name:
         return False
@@ -216,7 +217,7 @@ class AuthInterceptor(MethodInterceptor):
     async def _principal(
         auth: Authenticator, rpc: str, request: Any, header: str | None, found: list[Principal]
     ) -> Principal:
-        settle_token = rpc in SETTLE_TOKEN_RPCS and _bears_settle_token(request)
+        settle_token = rpc in SETTLE_TOKEN_RPCS and bears_settle_token(request)
         if settle_token and header is None:
             return SETTLE_TOKEN_BEARER
         token = bearer_token(header)

@@ -1,4 +1,5 @@
-"""`TaskService.Calls`: a worker's unary calls multiplexed on one bidirectional stream.
+"""`TaskService.Calls`: a worker's or a client's unary calls multiplexed on one
+bidirectional stream.
 
 A unary call costs the server its own HTTP/2 stream, its metadata, and a pass
 through every interceptor; a message on a stream that is already open costs
@@ -32,7 +33,8 @@ from google.protobuf import message_factory
 
 from troth.v1 import tasks_pb2
 from troth_server.api import _audit as audit
-from troth_server.api._auth import caller, role_refusal
+from troth_server.api._admission import FINISHING_WORK
+from troth_server.api._auth import SETTLE_TOKEN_RPCS, bears_settle_token, caller, role_refusal
 from troth_server.api._decode import Refused, deserializer
 from troth_server.api._status import status_for
 from troth_server.domain.access import may_call
@@ -50,17 +52,21 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("troth.rpc")
 
-WORKER_CALLS = (
+STREAM_CALLS = (
     "CreatePromise",
     "GetPromise",
     "SearchPromises",
+    "ResolvePromise",
+    "RejectPromise",
+    "CancelPromise",
     "CompleteTask",
     "Heartbeat",
     "ReleaseTask",
     "RegisterCallbacks",
     "FailTask",
 )
-"""The unary RPCs a worker makes: what `Calls` serves."""
+"""What `Calls` serves: the unary RPCs a worker makes, and a client's starts and
+settles (each authorized as its own RPC, so any role may open the stream)."""
 
 
 BATCH_METADATA = ("troth-calls-batch", "1")
@@ -164,7 +170,7 @@ class CallMux:
         self._methods: dict[str, _Method] = {}
         for service, servicer in services:
             for method in service.methods:
-                if method.name in WORKER_CALLS:
+                if method.name in STREAM_CALLS:
                     request = message_factory.GetMessageClass(method.input_type)
                     self._methods[method.name] = _Method(
                         deserializer(request, limits), getattr(servicer, method.name)
@@ -202,9 +208,18 @@ class CallMux:
                     answers.put_nowait(None)
 
         def start(call: tasks_pb2.CallsRequest) -> None:
-            gate = self._admission.unary
+            admission = self._admission
+            gate = admission.unary
+            if call.method not in FINISHING_WORK:
+                # While calls wait too long to be started, a new one is refused as its
+                # unary RPC would be (a worker's completions and heartbeats never are).
+                queued = admission.queue_refusal(time.monotonic())
+                if queued is not None:
+                    admission.refused(call.method, queued.limit)
+                    answers.put_nowait(_refusal(call.id, queued))
+                    return
             if not gate.try_enter():
-                self._admission.refused(call.method, gate.flag)
+                admission.refused(call.method, gate.flag)
                 answers.put_nowait(_refusal(call.id, gate.refusal()))
                 return
             task = asyncio.create_task(self._one(call, context, answers))
@@ -255,16 +270,20 @@ class CallMux:
                 InvalidArgument(
                     "method",
                     f"{message.method!r} cannot be called on the Calls stream; it serves "
-                    f"{', '.join(WORKER_CALLS)} (make other calls as unary RPCs)",
+                    f"{', '.join(STREAM_CALLS)} (make other calls as unary RPCs)",
                 ),
             )
+        request = method.parse(message.request)
         principal = caller()
-        if not may_call(principal, message.method):
+        # As on its unary RPC, a settle that bears a settle token needs no role: the
+        # token is its permission, verified before the write.
+        token = message.method in SETTLE_TOKEN_RPCS and bears_settle_token(request)
+        if not token and not may_call(principal, message.method):
             refused = role_refusal(message.method, principal)
             audit.auth_refused(message.method, refused, principal.name, context)
             return _refusal(message.id, refused)
         try:
-            response = await method.handler(method.parse(message.request), _CallContext(context))
+            response = await method.handler(request, _CallContext(context))
         except _Aborted as aborted:
             return _answer(message.id, aborted.code, aborted.details, aborted.trailers)
         except Overloaded as exc:  # the write queue is full (`_rpc` lets it through)

@@ -6,11 +6,14 @@ Pure: the authentication interceptor (`troth_server.api._auth`) finds the caller
 Roles:
 
 - `worker`: the task calls (`Poll`, `Heartbeat`, `CompleteTask`, `ReleaseTask`,
-  `RegisterCallbacks`, and `Calls`, the stream that carries them) and its
-  workflows' step writes, for the task groups its grant names (`Principal.groups`);
+  `RegisterCallbacks`) and its workflows' step writes, for the task groups its
+  grant names (`Principal.groups`);
 - `gateway`: starts workflows, reads, searches and watches promises, settles them;
 - `operator`: reads, searches and watches promises, cancels them, lists tasks;
 - `admin`: everything, including `PrunePromises`.
+
+Every role may open `Calls`, the stream that carries a worker's or a client's
+unary calls as messages: each call on it is authorized as its own RPC.
 
 A principal may further be scoped to id prefixes (`Principal.prefixes`): a tenant
 sees and touches only promises whose ids start with one of them (`may_touch`; its
@@ -122,8 +125,9 @@ RPC_ROLES: Mapping[str, frozenset[Role]] = {
     "FailTask": _WORKER,
     "FailWorkflow": frozenset({Role.OPERATOR, Role.ADMIN}),
     "SearchWorkers": frozenset({Role.OPERATOR, Role.ADMIN}),
-    # A worker's unary calls on one stream; each is authorized again as its own RPC.
-    "Calls": _WORKER,
+    # Unary calls on one stream (a worker's, a client's): each is authorized as its
+    # own RPC, so every role may open it.
+    "Calls": frozenset(Role),
 }
 """Which roles may call each RPC (the one table; the README's is generated from it
 by `python -m troth_server.domain.access`). A `ResolvePromise` or `RejectPromise`
