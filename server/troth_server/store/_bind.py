@@ -15,10 +15,12 @@ import sqlite3
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from sqlalchemy import bindparam
+
 from troth_server.store import StoreError
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator, Mapping, Sequence
+    from collections.abc import Callable, Iterator, Mapping, Sequence
 
     from sqlalchemy.engine import Dialect
 
@@ -71,3 +73,29 @@ def compile_for(stmt: Any, dialect: Dialect) -> Statement:
     compiled = stmt.compile(dialect=dialect)
     order = tuple(compiled.positiontup) if compiled.positional else None
     return Statement(str(compiled), order)
+
+
+class ByIds:
+    """A statement with one list of ids (an IN list), compiled once per list length
+    rounded up to a power of two; a shorter list is padded with its last id, which
+    an IN list does not mind. What the write path runs per batch (rows by id, tasks by
+    root, callbacks by promise): the list costs no rendering per run, and few
+    variants are ever compiled.
+
+    `build` makes the statement from the list's bind parameters (`id0`, `id1`, ...).
+    """
+
+    def __init__(self, dialect: Dialect, build: Callable[[list[Any]], Any]) -> None:
+        self._dialect = dialect
+        self._build = build
+        self._sized: dict[int, Statement] = {}
+
+    def bound(self, ids: Sequence[Any]) -> tuple[str, Any]:
+        """The SQL and parameters for `ids` (at most `MAX_BOUND_IDS`, at least one)."""
+        size = 1 << max(0, len(ids) - 1).bit_length()
+        statement = self._sized.get(size)
+        if statement is None:
+            names: list[Any] = [bindparam(f"id{i}") for i in range(size)]
+            statement = self._sized[size] = compile_for(self._build(names), self._dialect)
+        last = len(ids) - 1
+        return statement.sql, statement.params({f"id{i}": ids[min(i, last)] for i in range(size)})

@@ -24,14 +24,14 @@ from troth_server.store import (
     StoreEvent,
     StoreUnavailable,
 )
-from troth_server.store._bind import MAX_BOUND_IDS, Statement, chunks, compile_for
+from troth_server.store._bind import MAX_BOUND_IDS, ByIds, Statement, chunks, compile_for
 from troth_server.store._engines import open_announcer, postgresql_engines, sqlite_engines
 from troth_server.store._migrate import check_at_head, upgrade_to_head
 from troth_server.store._prune import PruneTx
 from troth_server.store._reads import READ_ATTEMPTS, PromiseReads, select_expired
 from troth_server.store._rows import to_promise, to_row, to_task
 from troth_server.store._tables import callbacks, promises, state_in, tasks
-from troth_server.store._task_sql import TaskStatements, TaskTx
+from troth_server.store._task_sql import CompiledTaskStatements, TaskStatements, TaskTx
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Collection, Sequence
@@ -87,24 +87,18 @@ class _Compiled:
             .where(promises.c.id == bindparam("b_id"))
             .values({name: bindparam(f"b_{name}") for name in _UPDATED})
         )
-        self._select: dict[int, Statement] = {}
-
-    def select_by_ids(self, count: int) -> tuple[Statement, int]:
-        """The statement for `count` ids, and how many it takes (pad with repeats)."""
-        # Padded to a power of two so that few variants are ever compiled.
-        size = 1 << max(0, count - 1).bit_length()
-        found = self._select.get(size)
-        if found is None:
-            # Locked in id order: replicas batching the same promises queue up
-            # instead of deadlocking (SQLite, with one writer, renders no FOR UPDATE).
-            stmt = (
+        # Locked in id order: replicas batching the same promises queue up instead
+        # of deadlocking (SQLite, with one writer, renders no FOR UPDATE).
+        self.by_ids = ByIds(
+            dialect,
+            lambda ids: (
                 select(promises)
-                .where(promises.c.id.in_([bindparam(f"id{i}") for i in range(size)]))
+                .where(promises.c.id.in_(ids))
                 .order_by(promises.c.id)
                 .with_for_update()
-            )
-            found = self._select[size] = self._compile(stmt)
-        return found, size
+            ),
+        )
+        self.tasks = CompiledTaskStatements(dialect)
 
     def _compile(self, stmt: Any) -> Statement:
         return compile_for(stmt, self._dialect)
@@ -114,6 +108,7 @@ class _WriteTx(TaskTx, PruneTx):
     def __init__(self, conn: Connection, compiled: _Compiled, announcer: Announcer | None) -> None:
         self._conn = conn
         self._compiled = compiled
+        self._task_statements = compiled.tasks
         self._announcer = announcer
         # SQLite has one writer at a time and renders no FOR UPDATE.
         self.row_locks = conn.dialect.name == "postgresql"
@@ -152,10 +147,7 @@ class _WriteTx(TaskTx, PruneTx):
             return {}
         found: dict[str, Promise] = {}
         for wanted in chunks(sorted(ids) if len(ids) > MAX_BOUND_IDS else list(ids)):
-            stmt, size = self._compiled.select_by_ids(len(wanted))
-            padded = [*wanted, *[wanted[-1]] * (size - len(wanted))]
-            values = {f"id{i}": promise_id for i, promise_id in enumerate(padded)}
-            rows = self._conn.exec_driver_sql(stmt.sql, stmt.params(values)).fetchall()
+            rows = self._conn.exec_driver_sql(*self._compiled.by_ids.bound(wanted)).fetchall()
             found.update((row[1], to_promise(row)) for row in rows)
         return found
 

@@ -1,8 +1,11 @@
 """Task and callback statements, and the task half of a write transaction.
 
-Core statements executed as they are (not on the promise hot path, which
-`_sql._Compiled` serves): claims, heartbeats, lease sweeps, callbacks, and the
-reads of `SearchTasks`.
+What every write batch runs (its tasks by id, the active tasks of its roots, the
+callbacks of its promises, the task rows it writes) is compiled once per dialect
+(`CompiledTaskStatements`) and run straight on the driver, as `_sql._Compiled` does
+for promises: SQLAlchemy's per-execution work was most of their cost. The rest are
+Core statements executed as they are: claims, lease sweeps, callback writes, and
+the reads of `SearchTasks`.
 """
 
 from __future__ import annotations
@@ -15,14 +18,16 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from troth_server.domain.routing import ANY, Route, workflow_name
 from troth_server.domain.task import UNKNOWN_LEASE_MS, Callback, Task, TaskState
-from troth_server.store._bind import MAX_BOUND_IDS, chunks
+from troth_server.store._bind import MAX_BOUND_IDS, ByIds, chunks, compile_for
 from troth_server.store._rows import load_json, to_task
 from troth_server.store._tables import callbacks, promises, state_in, tasks
 
 if TYPE_CHECKING:
     from collections.abc import Collection, Sequence
 
-__all__ = ["TaskStatements", "TaskTx", "route_condition"]
+    from sqlalchemy.engine import Dialect
+
+__all__ = ["CompiledTaskStatements", "TaskStatements", "TaskTx", "route_condition"]
 
 
 _FOREVER = 2**62
@@ -32,21 +37,8 @@ _FOREVER = 2**62
 class TaskStatements:
     """Task and callback statements: Core, executed as they are (not on the promise hot path)."""
 
-    # Rows a write transaction reads it also locks (FOR UPDATE on PostgreSQL), so a
-    # second replica's transaction waits and then sees the first one's outcome.
-    # Candidates for a claim or a sweep are taken with SKIP LOCKED: replicas
-    # share the work instead of queueing for the same rows.
-    peek = select(tasks).where(tasks.c.id.in_(bindparam("ids", expanding=True)))
-    get = peek.order_by(tasks.c.id).with_for_update()
-    active = (
-        select(tasks)
-        .where(
-            tasks.c.root_promise_id.in_(bindparam("roots", expanding=True)),
-            state_in(tasks.c.state, TaskState.PENDING.value, TaskState.CLAIMED.value),
-        )
-        .order_by(tasks.c.id)
-        .with_for_update()
-    )
+    # Candidates for a claim or a sweep are taken with SKIP LOCKED: replicas share
+    # the work instead of queueing for the same rows.
     pending = (
         select(tasks)
         .where(
@@ -156,9 +148,6 @@ class TaskStatements:
         .where(state_in(tasks.c.state, TaskState.CLAIMED.value))
         .group_by(tasks.c.group)
     )
-    get_callbacks = select(callbacks).where(
-        callbacks.c.promise_id.in_(bindparam("ids", expanding=True))
-    )
     delete_callbacks = callbacks.delete().where(
         or_(
             callbacks.c.promise_id.in_(bindparam("ids", expanding=True)),
@@ -167,18 +156,64 @@ class TaskStatements:
     )
 
 
+_TASK_COLUMNS = [c.name for c in tasks.c]
+
+
+class CompiledTaskStatements:
+    """The task statements every write batch runs, compiled once for the dialect.
+
+    Rows a write transaction reads it also locks (FOR UPDATE on PostgreSQL), in id
+    order, so that a second replica's transaction waits and then sees the first
+    one's outcome; `peek` reads tasks unlocked, to learn their roots first.
+    """
+
+    def __init__(self, dialect: Dialect) -> None:
+        c = tasks.c
+        self.peek = ByIds(dialect, lambda ids: select(tasks).where(c.id.in_(ids)))
+        self.get = ByIds(
+            dialect, lambda ids: select(tasks).where(c.id.in_(ids)).order_by(c.id).with_for_update()
+        )
+        self.active = ByIds(
+            dialect,
+            lambda ids: (
+                select(tasks)
+                .where(
+                    c.root_promise_id.in_(ids),
+                    state_in(c.state, TaskState.PENDING.value, TaskState.CLAIMED.value),
+                )
+                .order_by(c.id)
+                .with_for_update()
+            ),
+        )
+        self.callbacks = ByIds(
+            dialect,
+            lambda ids: select(
+                callbacks.c.promise_id,
+                callbacks.c.root_promise_id,
+                callbacks.c.group,
+                callbacks.c.worker_id,
+            ).where(callbacks.c.promise_id.in_(ids)),
+        )
+        self.insert = compile_for(
+            tasks.insert().values({name: bindparam(name) for name in _TASK_COLUMNS}), dialect
+        )
+        self.update = compile_for(TaskStatements.update, dialect)
+
+
 class TaskTx:
     """The task half of a write transaction (mixed into `_WriteTx`)."""
 
     _conn: Connection
+    _task_statements: CompiledTaskStatements
 
     def get_callbacks(self, promise_ids: Collection[str]) -> list[Callback]:
         if not promise_ids:
             return []
+        by_promise = self._task_statements.callbacks
         return [
-            Callback(r.promise_id, r.root_promise_id, r.group, r.worker_id)
+            Callback(*row)
             for part in chunks(sorted(promise_ids))
-            for r in self._conn.execute(TaskStatements.get_callbacks, {"ids": list(part)})
+            for row in self._conn.exec_driver_sql(*by_promise.bound(part))
         ]
 
     def insert_callbacks(self, items: Sequence[Callback], now: int) -> None:
@@ -214,20 +249,22 @@ class TaskTx:
     def get_tasks(self, task_ids: Collection[str], *, lock: bool = True) -> dict[str, Task]:
         if not task_ids:
             return {}
-        stmt = TaskStatements.get if lock else TaskStatements.peek
+        compiled = self._task_statements
+        by_id = compiled.get if lock else compiled.peek
         return {
             row["id"]: to_task(row)
             for part in chunks(sorted(task_ids))
-            for row in self._conn.execute(stmt, {"ids": list(part)}).mappings()
+            for row in self._conn.exec_driver_sql(*by_id.bound(part)).mappings()
         }
 
     def get_active_tasks(self, root_ids: Collection[str]) -> dict[str, Task]:
         if not root_ids:
             return {}
+        by_root = self._task_statements.active
         return {
             row["root_promise_id"]: to_task(row)
             for part in chunks(sorted(root_ids))
-            for row in self._conn.execute(TaskStatements.active, {"roots": list(part)}).mappings()
+            for row in self._conn.exec_driver_sql(*by_root.bound(part)).mappings()
         }
 
     def pending_tasks(
@@ -268,34 +305,33 @@ class TaskTx:
 
     def insert_tasks(self, items: Sequence[Task], now: int) -> None:
         if items:
-            self._conn.execute(
-                tasks.insert(),
-                [
-                    {
-                        "id": t.id,
-                        "root_promise_id": t.root_promise_id,
-                        "group": t.group,
-                        "kind": t.kind.value,
-                        "state": t.state.value,
-                        "counter": t.counter,
-                        "worker_id": t.worker_id,
-                        "lease_expire_time": t.lease_expire_time,
-                        "lease_ms": t.lease_ms,
-                        "preferred_worker_id": t.preferred_worker_id,
-                        "resume_pending": t.resume_pending,
-                        "create_time": now,
-                        "workflow": t.workflow,
-                        "workflow_version": t.workflow_version,
-                        "complete_time": _complete_time(t, now),
-                        "worker_principal": t.worker_principal,
-                        "failed_attempts": t.failed_attempts,
-                        "last_error": t.last_error,
-                        "last_traceback": t.last_traceback,
-                        "next_attempt_time": t.next_attempt_time,
-                    }
-                    for t in items
-                ],
-            )
+            stmt = self._task_statements.insert
+            rows = [
+                {
+                    "id": t.id,
+                    "root_promise_id": t.root_promise_id,
+                    "group": t.group,
+                    "kind": t.kind.value,
+                    "state": t.state.value,
+                    "counter": t.counter,
+                    "worker_id": t.worker_id,
+                    "lease_expire_time": t.lease_expire_time,
+                    "lease_ms": t.lease_ms,
+                    "preferred_worker_id": t.preferred_worker_id,
+                    "resume_pending": t.resume_pending,
+                    "create_time": now,
+                    "workflow": t.workflow,
+                    "workflow_version": t.workflow_version,
+                    "complete_time": _complete_time(t, now),
+                    "worker_principal": t.worker_principal,
+                    "failed_attempts": t.failed_attempts,
+                    "last_error": t.last_error,
+                    "last_traceback": t.last_traceback,
+                    "next_attempt_time": t.next_attempt_time,
+                }
+                for t in items
+            ]
+            self._conn.exec_driver_sql(stmt.sql, [stmt.params(row) for row in rows])
 
     def delete_completed_tasks(self, completed_before: int, limit: int) -> int:
         params = {"before": completed_before, "limit": limit}
@@ -309,29 +345,28 @@ class TaskTx:
 
     def update_tasks(self, items: Sequence[Task], now: int) -> None:
         if items:
-            self._conn.execute(
-                TaskStatements.update,
-                [
-                    {
-                        "b_id": t.id,
-                        "b_state": t.state.value,
-                        "b_counter": t.counter,
-                        "b_worker_id": t.worker_id,
-                        "b_lease_expire_time": t.lease_expire_time,
-                        "b_lease_ms": t.lease_ms,
-                        "b_preferred_worker_id": t.preferred_worker_id,
-                        "b_resume_pending": t.resume_pending,
-                        "b_workflow_version": t.workflow_version,
-                        "b_complete_time": _complete_time(t, now),
-                        "b_worker_principal": t.worker_principal,
-                        "b_failed_attempts": t.failed_attempts,
-                        "b_last_error": t.last_error,
-                        "b_last_traceback": t.last_traceback,
-                        "b_next_attempt_time": t.next_attempt_time,
-                    }
-                    for t in items
-                ],
-            )
+            stmt = self._task_statements.update
+            rows = [
+                {
+                    "b_id": t.id,
+                    "b_state": t.state.value,
+                    "b_counter": t.counter,
+                    "b_worker_id": t.worker_id,
+                    "b_lease_expire_time": t.lease_expire_time,
+                    "b_lease_ms": t.lease_ms,
+                    "b_preferred_worker_id": t.preferred_worker_id,
+                    "b_resume_pending": t.resume_pending,
+                    "b_workflow_version": t.workflow_version,
+                    "b_complete_time": _complete_time(t, now),
+                    "b_worker_principal": t.worker_principal,
+                    "b_failed_attempts": t.failed_attempts,
+                    "b_last_error": t.last_error,
+                    "b_last_traceback": t.last_traceback,
+                    "b_next_attempt_time": t.next_attempt_time,
+                }
+                for t in items
+            ]
+            self._conn.exec_driver_sql(stmt.sql, [stmt.params(row) for row in rows])
 
 
 def _complete_time(task: Task, now: int) -> int | None:
