@@ -35,13 +35,14 @@ from troth.v1 import tasks_pb2
 from troth_server.api import _audit as audit
 from troth_server.api._admission import FINISHING_WORK
 from troth_server.api._auth import SETTLE_TOKEN_RPCS, bears_settle_token, caller, role_refusal
+from troth_server.api._batches import batched
 from troth_server.api._decode import Refused, deserializer
 from troth_server.api._status import status_for
 from troth_server.domain.access import may_call
 from troth_server.domain.errors import InvalidArgument, Overloaded
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+    from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 
     from google.protobuf.descriptor import ServiceDescriptor
 
@@ -76,7 +77,6 @@ ANSWERS_BATCH_BYTES = 1 << 20
 """The answers sent in one message stop growing at this size (a larger answer goes alone)."""
 
 _CODE_NAMES = {code.value[0]: code.name for code in grpc.StatusCode}
-_NONE_CARRIED = object()
 
 
 class _Aborted(Exception):
@@ -135,22 +135,10 @@ _NESTED = InvalidArgument(
 )
 
 
-def _batch(
-    answer: tasks_pb2.CallsResponse, answers: asyncio.Queue[tasks_pb2.CallsResponse | None]
-) -> object:
-    """Add the answers ready now to `answer.more`, up to `ANSWERS_BATCH_BYTES`; the one
-    taken that did not fit (None: the end), or `_NONE_CARRIED`."""
-    size = answer.ByteSize()
-    while size < ANSWERS_BATCH_BYTES and not answers.empty():
-        ready = answers.get_nowait()
-        if ready is None:
-            return None
-        more = ready.ByteSize()
-        if size + more > ANSWERS_BATCH_BYTES:
-            return ready
-        answer.more.append(ready)
-        size += more
-    return _NONE_CARRIED
+def _ready(answers: asyncio.Queue[tasks_pb2.CallsResponse | None]) -> Iterator[Any]:
+    """The answers queued now (a None: the stream ends), without waiting."""
+    while not answers.empty():
+        yield answers.get_nowait()
 
 
 class CallMux:
@@ -182,7 +170,7 @@ class CallMux:
         answers: asyncio.Queue[tasks_pb2.CallsResponse | None] = asyncio.Queue()
         running: set[asyncio.Task[None]] = set()
         reading = [True]
-        batched = BATCH_METADATA in tuple(context.invocation_metadata() or ())
+        batching = BATCH_METADATA in tuple(context.invocation_metadata() or ())
 
         def finished(task: asyncio.Task[None]) -> None:
             # Here, not in the task: a task cancelled before it ran runs no `finally`.
@@ -229,18 +217,18 @@ class CallMux:
         await context.send_initial_metadata((BATCH_METADATA,))
         reader = asyncio.create_task(read())
         try:
-            carried: object = _NONE_CARRIED
-            while True:
-                answer = await answers.get() if carried is _NONE_CARRIED else carried
-                carried = _NONE_CARRIED
+            ended = False
+            while not ended:
+                answer = await answers.get()
                 if answer is None:
                     break
-                assert isinstance(answer, tasks_pb2.CallsResponse)
-                if batched:
-                    carried = _batch(answer, answers)
-                yield answer
-                if carried is None:
-                    break
+                messages, ended = (
+                    batched(answer, _ready(answers), ANSWERS_BATCH_BYTES)
+                    if batching
+                    else ([answer], False)
+                )
+                for message in messages:
+                    yield message
             await reader  # raises what ended the reading, if anything did
         finally:
             reader.cancel()

@@ -14,6 +14,7 @@ from troth_server import paging
 from troth_server.api import _audit as audit
 from troth_server.api import _convert as convert
 from troth_server.api._auth import caller, caller_name, require_group, require_inside
+from troth_server.api._batches import batched
 from troth_server.api._rpc import aio_server_stream, aio_unary
 from troth_server.dispatch import Delivery, PollStream
 from troth_server.domain import visibility, workers
@@ -235,7 +236,7 @@ class TaskServiceServicer(_Handlers, tasks_pb2_grpc.TaskServiceServicer):
         self, request: tasks_pb2.PollRequest, context: AioContext
     ) -> AsyncIterator[tasks_pb2.PollResponse]:
         stream = self._stream(request, asyncio.get_running_loop(), context)
-        batched = POLL_BATCH_METADATA in tuple(context.invocation_metadata() or ())
+        batching = POLL_BATCH_METADATA in tuple(context.invocation_metadata() or ())
         self._dispatcher.connect(stream)
         try:
             while True:
@@ -243,22 +244,14 @@ class TaskServiceServicer(_Handlers, tasks_pb2_grpc.TaskServiceServicer):
                 if delivery is None:
                     return
                 response = _poll_response(delivery)
-                if batched:
-                    # Those ready too go in the same message (`more`), up to a MiB.
-                    size = response.ByteSize()
-                    for ready in stream.take_ready():
-                        if ready is None:
-                            yield response
-                            return
-                        more = _poll_response(ready)
-                        more_size = more.ByteSize()
-                        if size + more_size > POLL_BATCH_BYTES:
-                            yield response
-                            response, size = more, more_size
-                        else:
-                            response.more.append(more)
-                            size += more_size
-                yield response
+                messages, ended = [response], False
+                if batching:  # those ready too go in the same message (`more`), up to a MiB
+                    ready = (None if d is None else _poll_response(d) for d in stream.take_ready())
+                    messages, ended = batched(response, ready, POLL_BATCH_BYTES)
+                for message in messages:
+                    yield message
+                if ended:
+                    return
         finally:
             # Also on cancellation (the worker went away): non-blocking by design.
             self._dispatcher.disconnect_later(stream)
