@@ -49,10 +49,14 @@ _DEADLOCK_DETECTED = "40P01"
 
 _SELECT_EXPIRED_LOCKED = select_expired.with_for_update(skip_locked=True)
 # The steps a settling workflow root ends (ix_promises_pending_parent).
-_SELECT_PENDING_STEPS = select(promises.c.id).where(
-    promises.c.parent_id.in_(bindparam("parents", expanding=True)),
-    state_in(promises.c.state, PromiseState.PENDING.value),
-)
+
+
+def _pending_steps(parents: list[Any]) -> Any:
+    return select(promises.c.id).where(
+        promises.c.parent_id.in_(parents), state_in(promises.c.state, PromiseState.PENDING.value)
+    )
+
+
 # The database's clock in ms (PostgreSQL): the time a write transaction decides at.
 # The metrics' count of PENDING promises: a walk of a partial index of pending rows.
 _count_pending_promises = (
@@ -98,6 +102,7 @@ class _Compiled:
                 .with_for_update()
             ),
         )
+        self.pending_steps = ByIds(dialect, _pending_steps)
         self.tasks = CompiledTaskStatements(dialect)
 
     def _compile(self, stmt: Any) -> Statement:
@@ -134,12 +139,11 @@ class _WriteTx(TaskTx, PruneTx):
     def pending_step_ids(self, parent_ids: Collection[str]) -> list[str]:
         if not parent_ids:
             return []
+        by_parent = self._compiled.pending_steps
         return [
-            step_id
+            row[0]
             for part in chunks(sorted(parent_ids))
-            for step_id in self._conn.execute(
-                _SELECT_PENDING_STEPS, {"parents": list(part)}
-            ).scalars()
+            for row in self._conn.exec_driver_sql(*by_parent.bound(part))
         ]
 
     def get_promises(self, ids: Collection[str]) -> dict[str, Promise]:

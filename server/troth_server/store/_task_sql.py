@@ -18,7 +18,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from troth_server.domain.routing import ANY, Route, workflow_name
 from troth_server.domain.task import UNKNOWN_LEASE_MS, Callback, Task, TaskState
-from troth_server.store._bind import MAX_BOUND_IDS, ByIds, chunks, compile_for
+from troth_server.store._bind import ByIds, chunks, compile_for
 from troth_server.store._rows import load_json, to_task
 from troth_server.store._tables import callbacks, promises, state_in, tasks
 
@@ -109,12 +109,6 @@ class TaskStatements:
         .order_by(tasks.c.complete_time)
         .limit(bindparam("limit"))
     )
-    # A root's workflow and version, for the RESUME tasks its callbacks create.
-    # Unlocked: both are written once (the version when the root's first task
-    # was claimed, which happened before any callback of it was registered).
-    root_workflows = select(promises.c.id, promises.c.tags, promises.c.workflow_version).where(
-        promises.c.id.in_(bindparam("ids", expanding=True))
-    )
     # SearchTasks: PENDING by the group's partial index, CLAIMED by theirs (few).
     search_pending = (
         select(tasks)
@@ -147,12 +141,6 @@ class TaskStatements:
         select(tasks.c.group, func.count())
         .where(state_in(tasks.c.state, TaskState.CLAIMED.value))
         .group_by(tasks.c.group)
-    )
-    delete_callbacks = callbacks.delete().where(
-        or_(
-            callbacks.c.promise_id.in_(bindparam("ids", expanding=True)),
-            callbacks.c.root_promise_id.in_(bindparam("roots", expanding=True)),
-        )
     )
 
 
@@ -197,6 +185,28 @@ class CompiledTaskStatements:
         self.insert = compile_for(
             tasks.insert().values({name: bindparam(name) for name in _TASK_COLUMNS}), dialect
         )
+        # A root's workflow and version, for the RESUME tasks its callbacks create.
+        # Unlocked: both are written once (the version when the root's first task
+        # was claimed, which happened before any callback of it was registered).
+        self.root_workflows = ByIds(
+            dialect,
+            lambda ids: select(promises.c.id, promises.c.tags, promises.c.workflow_version).where(
+                promises.c.id.in_(ids)
+            ),
+        )
+        upsert = sqlite_insert if dialect.name == "sqlite" else postgresql_insert
+        self.insert_callbacks = compile_for(
+            upsert(callbacks)
+            .values({c.name: bindparam(c.name) for c in callbacks.c})
+            .on_conflict_do_nothing(),
+            dialect,
+        )
+        self.delete_callbacks = ByIds(
+            dialect, lambda ids: callbacks.delete().where(callbacks.c.promise_id.in_(ids))
+        )
+        self.delete_root_callbacks = ByIds(
+            dialect, lambda ids: callbacks.delete().where(callbacks.c.root_promise_id.in_(ids))
+        )
         self.update = compile_for(TaskStatements.update, dialect)
 
 
@@ -219,32 +229,27 @@ class TaskTx:
     def insert_callbacks(self, items: Sequence[Callback], now: int) -> None:
         if not items:
             return
-        insert = sqlite_insert if self._conn.dialect.name == "sqlite" else postgresql_insert
-        stmt = insert(callbacks).on_conflict_do_nothing()
-        self._conn.execute(
-            stmt,
-            [
-                {
-                    "promise_id": c.promise_id,
-                    "root_promise_id": c.root_promise_id,
-                    "group": c.group,
-                    "worker_id": c.worker_id,
-                    "create_time": now,
-                }
-                for c in items
-            ],
-        )
+        stmt = self._task_statements.insert_callbacks
+        rows = [
+            {
+                "promise_id": c.promise_id,
+                "root_promise_id": c.root_promise_id,
+                "group": c.group,
+                "worker_id": c.worker_id,
+                "create_time": now,
+            }
+            for c in items
+        ]
+        self._conn.exec_driver_sql(stmt.sql, [stmt.params(row) for row in rows])
 
     def delete_callbacks(self, promise_ids: Collection[str], root_ids: Collection[str]) -> None:
-        stmt = TaskStatements.delete_callbacks
-        if len(promise_ids) + len(root_ids) <= MAX_BOUND_IDS:
-            if promise_ids or root_ids:
-                self._conn.execute(stmt, {"ids": list(promise_ids), "roots": list(root_ids)})
-            return
-        for part in chunks(sorted(promise_ids)):
-            self._conn.execute(stmt, {"ids": list(part), "roots": []})
-        for part in chunks(sorted(root_ids)):
-            self._conn.execute(stmt, {"ids": [], "roots": list(part)})
+        compiled = self._task_statements
+        for ids, by in (
+            (promise_ids, compiled.delete_callbacks),
+            (root_ids, compiled.delete_root_callbacks),
+        ):
+            for part in chunks(sorted(ids)):
+                self._conn.exec_driver_sql(*by.bound(part))
 
     def get_tasks(self, task_ids: Collection[str], *, lock: bool = True) -> dict[str, Task]:
         if not task_ids:
@@ -283,11 +288,11 @@ class TaskTx:
     def root_workflows(self, root_ids: Collection[str]) -> dict[str, tuple[str | None, str | None]]:
         if not root_ids:
             return {}
-        stmt = TaskStatements.root_workflows
+        by_id = self._task_statements.root_workflows
         return {
             row[0]: (workflow_name(load_json(row[1])), row[2] or None)
             for part in chunks(sorted(root_ids))
-            for row in self._conn.execute(stmt, {"ids": list(part)})
+            for row in self._conn.exec_driver_sql(*by_id.bound(part))
         }
 
     def claimed_tasks(self, worker_id: str, *, lock: bool = True) -> list[Task]:
