@@ -1,4 +1,5 @@
-"""`Client`: create, read, search, settle and watch durable promises by id.
+"""`Client`: create, read, search, settle and watch durable promises by id (the reads,
+searches and watches are its base `troth._reads.PromiseReads`).
 
 The gateway-facing half of the SDK. The client owns deadlines, idempotency
 keys and retries; `troth._transport` owns the channel and turns gRPC errors
@@ -28,7 +29,7 @@ from __future__ import annotations
 
 import math
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
@@ -38,27 +39,19 @@ from troth._calls import Connection, schema_text
 from troth._commands import TAG_FUNC, TAG_INVOKE
 from troth._convert import (
     datetime_to_proto,
-    order_to_proto,
-    parse_order,
-    parse_state,
     payload_to_proto,
     promise_from_proto,
-    search_cut_off,
-    state_to_proto,
     timedelta_to_proto,
 )
 from troth._credentials import TlsConfig, resolve_tls, resolve_token
-from troth._events import WATCH_READY_METADATA, PromiseEventStream, watch_promise
+from troth._events import WATCH_READY_METADATA, PromiseEventStream
 from troth._handle import Handle
 from troth._operators import OperatorCalls
 from troth._promise import (
     CreateResult,
-    Promise,
-    PromiseOrder,
-    PromiseState,
-    SearchPage,
     SettleResult,
 )
+from troth._reads import PromiseReads
 from troth._schema import decision_schema
 from troth._tracing import TRACEPARENT_TAG, client_span
 from troth._transport import Transport
@@ -72,7 +65,6 @@ if TYPE_CHECKING:
     import grpc
 
     from troth._approvers import Approvers
-    from troth._transport import PromiseServiceStub
 
 __all__ = [
     "DEFAULT_ADDRESS",
@@ -100,7 +92,7 @@ _SPANS: dict[type[_SettleRequest], str] = {
 """The span of each settle (`troth._tracing`)."""
 
 
-class Client(OperatorCalls):
+class Client(PromiseReads, OperatorCalls):
     """A connection to a troth server's `PromiseService` (and, for operators, the
     reads of its `TaskService`: `search_tasks`, `list_workers`).
 
@@ -231,10 +223,6 @@ class Client(OperatorCalls):
         """
         return None if payload.is_empty else self._codec.decode(payload)
 
-    @property
-    def _stub(self) -> PromiseServiceStub:
-        return self._transport.promises
-
     def create(
         self,
         id: str,
@@ -314,135 +302,6 @@ class Client(OperatorCalls):
             request.approvers.CopyFrom(approvers.to_proto())
         response = self._transport.call(self._stub.CreatePromise, request, timeout=self._timeout)
         return CreateResult(promise=promise_from_proto(response.promise), created=response.created)
-
-    def get(self, id: str) -> Promise:
-        """Read a promise. A promise past its `expire_time` is never shown `PENDING`.
-
-        Raises:
-            NotFoundError: No promise has this id.
-        """
-        request = promises_pb2.GetPromiseRequest(id=check.promise_id("Client.get", id))
-        response = self._transport.call(self._stub.GetPromise, request, timeout=self._timeout)
-        return promise_from_proto(response.promise)
-
-    def search(
-        self,
-        id: str = "*",
-        *,
-        states: Iterable[PromiseState | str] = (),
-        tags: Mapping[str, str] | None = None,
-        page_size: int | None = None,
-        page_token: str | None = None,
-        order: PromiseOrder | str = PromiseOrder.CREATED_ASC,
-        created_before: datetime | None = None,
-        older_than: timedelta | None = None,
-        mine: bool = False,
-        parent_id: str | None = None,
-    ) -> SearchPage:
-        """Read one page of the promises matching a query, in creation order by default.
-
-        Args:
-            id: Glob over ids; `*` matches any run of characters.
-            states: Any of these states; empty means all.
-            tags: Every tag given must be present with this exact value.
-            page_size: Results per page; None for the server's default (100).
-            page_token: `next_page_token` of the previous page; keep the rest
-                of the query unchanged.
-            order: `CREATED_ASC` (oldest first), `CREATED_DESC` (newest first)
-                or `EXPIRE_TIME_ASC` (soonest deadline first, never-expiring last).
-            created_before: Only promises created before this aware datetime.
-            older_than: Only promises created more than this long ago (by this
-                machine's clock): `created_before=now - older_than`. As it moves
-                with the clock, a page token cannot follow it: page with
-                `created_before`, or use `search_all`.
-            mine: Only the PENDING promises this client's principal may resolve or
-                reject now (its roles, prefixes and each promise's approver policy,
-                checked by the server row by row): its inbox. A page may then hold
-                fewer than `page_size`, even none, and still have a next page.
-            parent_id: Only the steps of this workflow (its root's id), by record:
-                steps with explicit ids too, not a child workflow's steps.
-
-        Raises:
-            InvalidArgumentError: Bad glob, page size or page token.
-            ValueError: A state or order that is not a known name; a naive
-                datetime; `created_before` with `older_than`, or `older_than`
-                with `page_token`.
-        """
-        call = "Client.search"
-        check.promise_id(call, id)
-        tags = check.tags(call, tags)
-        check.count(call, page_size, "page_size")
-        check.optional_text(call, page_token, "page_token")
-        created_before = check.moment(call, created_before, "created_before")
-        older_than = check.duration(call, older_than, "older_than")
-        check.flag(call, mine, "mine")
-        parent_id = check.optional_id(call, parent_id, "parent_id")
-        if older_than is not None and page_token:
-            raise ValueError(
-                "older_than is relative to now, so the next page would be another search; "
-                "pass created_before=<the first page's cut-off> with page_token, or use "
-                "search_all(older_than=...)"
-            )
-        request = promises_pb2.SearchPromisesRequest(
-            id=id,
-            states=[state_to_proto(parse_state(state)) for state in states],
-            tags=tags,
-            page_size=page_size or 0,
-            page_token=page_token or "",
-            order=order_to_proto(parse_order(order)),
-            mine=mine,
-            parent_id=parent_id or "",
-        )
-        cut_off = search_cut_off(created_before, older_than)
-        if cut_off is not None:
-            request.created_before.CopyFrom(datetime_to_proto(cut_off))
-        response = self._transport.call(self._stub.SearchPromises, request, timeout=self._timeout)
-        return SearchPage(
-            promises=tuple(promise_from_proto(message) for message in response.promises),
-            next_page_token=response.next_page_token or None,
-        )
-
-    def search_all(
-        self,
-        id: str = "*",
-        *,
-        states: Iterable[PromiseState | str] = (),
-        tags: Mapping[str, str] | None = None,
-        page_size: int | None = None,
-        order: PromiseOrder | str = PromiseOrder.CREATED_ASC,
-        created_before: datetime | None = None,
-        older_than: timedelta | None = None,
-        mine: bool = False,
-        parent_id: str | None = None,
-    ) -> Iterator[Promise]:
-        """Iterate over every matching promise, fetching pages as needed.
-
-        Takes the arguments of `search` (except `page_token`); `older_than` is
-        turned into `created_before` once, when iteration starts. Each page is
-        one call with the client's timeout.
-        """
-        states = tuple(states)
-        call = "Client.search_all"
-        created_before = check.moment(call, created_before, "created_before")
-        older_than = check.duration(call, older_than, "older_than")
-        cut_off = search_cut_off(created_before, older_than)
-        token: str | None = None
-        while True:
-            page = self.search(
-                id,
-                states=states,
-                tags=tags,
-                page_size=page_size,
-                page_token=token,
-                order=order,
-                created_before=cut_off,
-                mine=mine,
-                parent_id=parent_id,
-            )
-            yield from page.promises
-            if page.next_page_token is None:
-                return
-            token = page.next_page_token
 
     def resolve(
         self,
@@ -590,89 +449,6 @@ class Client(OperatorCalls):
         # was settled by this call: an earlier attempt whose reply was lost.
         applied = response.applied or (generated and promise.idempotency_key_for_settle == key)
         return SettleResult(promise=promise, applied=applied)
-
-    def watch(self, id: str, *, timeout: float | None = None) -> Iterator[Promise]:
-        """Yield the promise as it is now, then once more when it settles.
-
-        The stream survives server restarts and failovers: it reconnects with
-        backoff and does not yield the same state twice. Stop iterating at any
-        time to end the watch.
-
-        Args:
-            id: The promise id.
-            timeout: Seconds to wait in all; None waits as long as it takes.
-
-        Raises:
-            NotFoundError: No promise has this id.
-            DeadlineExceededError: It had not settled within `timeout` (also a `TimeoutError`).
-        """
-        check.promise_id("Client.watch", id)
-        timeout = check.seconds("Client.watch", timeout)
-        yield from watch_promise(self._transport, self._stub, id, timeout)
-
-    def watch_promises(
-        self,
-        id: str = "*",
-        *,
-        tags: Mapping[str, str] | None = None,
-        on_reconnect: Callable[[], None] | None = None,
-    ) -> PromiseEventStream:
-        """Watch every promise matching a filter: an event each time one is created,
-        settled or times out, from now on (what an inbox page listens to).
-
-        Returns once the server has the watch in place, so everything committed
-        after this call returns is seen. To show a live list, call this first,
-        then list what is there with `search_all`, then apply the events (by
-        promise id: an event may repeat what the listing already showed).
-
-        The stream runs until `close()` (or the end of a `with` block, or a
-        `break` out of the loop followed by `close()`). When it breaks (the
-        server restarts, a failover, or this client read too slowly and the
-        server ended the watch), it reconnects with backoff, as `watch` does,
-        and resumes from *now*: events in between are not replayed. So
-        `on_reconnect` is called each time, after the watch is in place again;
-        re-list there (with `search_all`) to catch up.
-
-        Args:
-            id: Glob over ids; `*` matches any run of characters.
-            tags: Every tag given must be present on the promise with this value.
-            on_reconnect: Called (in the iterating thread) after each reconnect.
-
-        Raises:
-            InvalidArgumentError: Bad glob or tags.
-            UnavailableError: The server could not be reached.
-
-        Example:
-            >>> inbox = {"troth:kind": "promise"}
-            >>> with client.watch_promises(tags=inbox) as events:  # doctest: +SKIP
-            ...     for event in events:
-            ...         print(event.type, event.promise.id)
-
-        .. versionadded:: 0.2.0
-        """
-        call = "Client.watch_promises"
-        tags = check.tags(call, tags)
-        request = promises_pb2.WatchPromisesRequest(id=check.promise_id(call, id), tags=tags)
-        return PromiseEventStream(self._transport, request, on_reconnect)
-
-    def wait(self, id: str, timeout: float | None = None) -> Promise:
-        """Block until the promise settles, and return it settled.
-
-        Args:
-            id: The promise id.
-            timeout: Seconds to wait; None waits as long as it takes.
-
-        Raises:
-            NotFoundError: No promise has this id.
-            DeadlineExceededError: It had not settled within `timeout` (also a `TimeoutError`).
-        """
-        check.promise_id("Client.wait", id)
-        timeout = check.seconds("Client.wait", timeout)
-        for promise in self.watch(id, timeout=timeout):
-            if promise.is_settled:
-                return promise
-        # watch() only ends after yielding a settled promise, or by raising.
-        raise RuntimeError(f"the watch of promise {id!r} ended before it settled")
 
     def start(
         self,

@@ -83,9 +83,11 @@ def _key_secrets(keys_file: Path) -> list[str]:
 
 
 def _altered(token: str) -> str:
-    """The token with its last signature character changed (a forgery)."""
-    last = "A" if token[-1] != "A" else "B"
-    return token[:-1] + last
+    """The token with a character of its signature changed (a forgery). Not the last
+    one: in base64 its low bits may be padding, and the signature would not change."""
+    at = len(token) - 5
+    swapped = "A" if token[at] != "A" else "B"
+    return token[:at] + swapped + token[at + 1 :]
 
 
 @pytest.fixture(scope="module")
