@@ -4,16 +4,19 @@ and the task, resumes carry it, and `search_tasks` lists a group's open tasks.""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from _pg import fresh_schema
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from sqlalchemy import Engine, event
 
 from troth_server.domain import routing
 from troth_server.domain import task as tasks
@@ -230,6 +233,42 @@ def test_search_tasks_lists_open_tasks_oldest_first(env: Env) -> None:
     assert all(times) and times == sorted(times)
     assert [t.root_promise_id for t in env.store.search_tasks("g", 2)] == ["wf-1", "wf-2"]
     assert env.store.search_tasks("nobody", 10) == []
+
+
+def test_search_tasks_sees_a_task_that_changes_state_between_its_two_selects(
+    store: Store,
+) -> None:
+    """SearchTasks reads PENDING tasks, then CLAIMED ones: both in one snapshot, so a
+    lease that expires in between (CLAIMED -> PENDING) leaves the task in one of them.
+    On PostgreSQL under READ COMMITTED it was in neither (a clock-jump test caught it)."""
+    claimed = dataclasses.replace(
+        tasks.create("t-moving", "root-moving", "g", TaskKind.INVOKE),
+        state=TaskState.CLAIMED,
+        counter=1,
+        worker_id="w",
+        lease_expire_time=2 * HOUR,
+    )
+    store.write(lambda tx: tx.insert_tasks([claimed], 1))
+    expired = dataclasses.replace(
+        claimed, state=TaskState.PENDING, worker_id=None, lease_expire_time=None
+    )
+    moved: list[bool] = []
+
+    def between(_conn: Any, _cursor: Any, statement: str, *_rest: Any) -> None:
+        # Just before the CLAIMED select: the lease runs out, committed elsewhere.
+        if not moved and "'CLAIMED'" in statement and "tasks" in statement:
+            moved.append(True)
+            store.write(lambda tx: tx.update_tasks([expired], 2))
+
+    event.listen(Engine, "before_cursor_execute", between)
+    try:
+        found = store.search_tasks("g", 10)
+    finally:
+        event.remove(Engine, "before_cursor_execute", between)
+    assert moved, "the CLAIMED select never ran"
+    assert [(t.id, t.state) for t in found] == [("t-moving", TaskState.CLAIMED)]
+    (now,) = store.search_tasks("g", 10)
+    assert now.state is TaskState.PENDING
 
 
 def test_a_workflow_name_too_long_to_route_by_stays_unnamed_on_its_resumes(env: Env) -> None:
