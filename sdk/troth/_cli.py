@@ -416,6 +416,7 @@ def main(argv: list[str] | None = None) -> int:
             principal=args.principal,
             tls=_tls_option(args),
             token=_read_token_file(args.token_file),
+            multiplex_calls=False,  # a call or two, then exit: no stream to open
         ) as client:
             if threading.current_thread() is not threading.main_thread():
                 return handler(client, args, out)

@@ -75,6 +75,8 @@ BATCH_CALLS = 64
 
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
 _DETAILS_KEY = "grpc-status-details-bin"
+CLOSE_WAIT_S = 5.0
+"""How long closing a stream waits for its reader to see the end."""
 END = object()
 """Queued last on a stream's outgoing calls: the stream ends."""
 
@@ -176,11 +178,13 @@ class _Open:
         """The server took the stream: its initial metadata said so, or it answered."""
         self._method, self._metadata = method, (*metadata, BATCH_METADATA)
         self.call: Any = None
+        self._reader: threading.Thread | None = None
 
     def start(self) -> None:
         """Open it (the calls added before wait on it: none is lost to a quick break)."""
         self.call = self._method(self._requests(), metadata=self._metadata)
-        threading.Thread(target=self._read, name="troth-calls", daemon=True).start()
+        self._reader = threading.Thread(target=self._read, name="troth-calls", daemon=True)
+        self._reader.start()
 
     def _requests(self) -> Iterator[tasks_pb2.CallsRequest]:
         """The calls to send, those queued together in one message once batches are read."""
@@ -205,9 +209,13 @@ class _Open:
             self.waiting.pop(call_id, None)
 
     def close(self) -> None:
+        """End the stream, and wait (a little) until gRPC is done with it: a channel
+        closed while a cancelled call is still winding down may never finish closing."""
         self.outgoing.put(END)
         if self.call is not None:
             self.call.cancel()
+        if self._reader is not None and self._reader is not threading.current_thread():
+            self._reader.join(CLOSE_WAIT_S)
 
     def _read(self) -> None:
         failure = CallError(

@@ -126,6 +126,12 @@ class Client(PromiseReads, OperatorCalls):
             plaintext to an address that is not loopback, where anyone on the
             path could read it; say True only when something else encrypts
             the path (a service mesh sidecar, a tunnel).
+        multiplex_calls: Send the unary calls (creates, reads, settles) as
+            messages on one `TaskService.Calls` stream, opened at the first call:
+            for a client shared by many threads, a fraction of a unary call's
+            cost on both sides. False makes each call its own RPC, as suits a
+            process that makes a call or two and exits (the `troth` CLI). A
+            server that refuses the stream gets unary calls either way.
 
     Raises:
         ConfigurationError: An argument is unusable (the message names a bad
@@ -149,7 +155,10 @@ class Client(PromiseReads, OperatorCalls):
         tls: bool | TlsConfig | None = None,
         token: str | None = None,
         allow_plaintext_token: bool = False,
+        multiplex_calls: bool = True,
     ) -> None:
+        if not isinstance(multiplex_calls, bool):
+            raise ConfigurationError(f"multiplex_calls={multiplex_calls!r} must be True or False")
         if not (isinstance(timeout, int | float) and math.isfinite(timeout) and timeout > 0):
             raise ConfigurationError(
                 f"timeout={timeout!r} must be a positive number of seconds, e.g. 10.0"
@@ -162,15 +171,15 @@ class Client(PromiseReads, OperatorCalls):
         self._codec: Codec = codec if codec is not None else JsonCodec()
         self._timeout = float(timeout)
         self._principal = principal
-        # Its unary calls go as messages on one `Calls` stream (`troth._mux`): for a
-        # client shared by many threads, a fraction of a unary call's cost on both sides.
-        self._transport = Transport(
+        transport = Transport(
             address,
             principal=principal,
             tls=resolve_tls(tls),
             token=resolve_token(token),
             allow_plaintext_token=allow_plaintext_token,
-        ).multiplexed()
+        )
+        # Its unary calls as messages on one `Calls` stream (`troth._mux`), by default.
+        self._transport = transport.multiplexed() if multiplex_calls else transport
         self._connection = Connection(self._transport, self._timeout)
 
     def __repr__(self) -> str:

@@ -317,3 +317,20 @@ def test_calls_from_many_threads_each_get_their_answer_batched_only_if_the_serve
         assert any(m.more for m in received)
     else:
         assert not any(m.more for m in received)  # an older server would leave them unanswered
+
+
+def test_a_client_told_not_to_multiplex_opens_no_stream(served: list[str]) -> None:
+    """`Client(multiplex_calls=False)`, as the CLI makes it: each call its own RPC."""
+    from troth import Client
+
+    opened: list[int] = []
+    server = BareServer(
+        {GET: _get(served), CALLS: _refusing(grpc.StatusCode.UNIMPLEMENTED, opened)}
+    )
+    try:
+        with Client(f"127.0.0.1:{server.port}", multiplex_calls=False) as client:
+            with pytest.raises(ValueError, match="promise state 0"):  # a bare answer
+                client.get("p-1")
+        assert served == ["unary"] and opened == []
+    finally:
+        server.close()
