@@ -328,9 +328,9 @@ def test_a_client_told_not_to_multiplex_opens_no_stream(served: list[str]) -> No
         {GET: _get(served), CALLS: _refusing(grpc.StatusCode.UNIMPLEMENTED, opened)}
     )
     try:
-        with Client(f"127.0.0.1:{server.port}", multiplex_calls=False) as client:
-            with pytest.raises(ValueError, match="promise state 0"):  # a bare answer
-                client.get("p-1")
+        client = Client(f"127.0.0.1:{server.port}", multiplex_calls=False)
+        with client, pytest.raises(ValueError, match="promise state 0"):  # a bare answer
+            client.get("p-1")
         assert served == ["unary"] and opened == []
     finally:
         server.close()
