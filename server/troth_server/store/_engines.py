@@ -86,12 +86,16 @@ def postgresql_engines(parsed: URL, pool_size: int, application_name: str) -> tu
     write_engine = create_engine(
         plain, pool_size=1, max_overflow=0, pool_pre_ping=True, connect_args=connect_args
     )
+    # Reads in REPEATABLE READ: a read of several statements (a workflow's tree,
+    # SearchTasks' PENDING then CLAIMED) sees one snapshot, as on SQLite. Under READ
+    # COMMITTED, a task whose lease expired between two of them was in neither.
     read_engine = create_engine(
         plain,
         pool_size=pool_size,
         max_overflow=pool_size,
         pool_pre_ping=True,
         connect_args=connect_args,
+        isolation_level="REPEATABLE READ",
     )
 
     @event.listens_for(write_engine, "connect")

@@ -241,10 +241,6 @@ class SqlStore(PromiseReads):
             if root_id is not None:
                 rows = conn.execute(TaskStatements.search_root, params).mappings().all()
                 return [row for row in rows if row["group"] == group]
-            if conn.dialect.name == "postgresql":
-                # Both selects in one snapshot (SQLite's read transaction is one): under
-                # READ COMMITTED, a task whose lease expired between them was in neither.
-                conn.execution_options(isolation_level="REPEATABLE READ")
             pending = conn.execute(TaskStatements.search_pending, params).mappings().all()
             claimed = conn.execute(TaskStatements.search_claimed, params).mappings().all()
             return [*pending, *claimed]

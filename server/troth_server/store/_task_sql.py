@@ -4,8 +4,8 @@ What every write batch runs (its tasks by id, the active tasks of its roots, the
 callbacks of its promises, the task rows it writes) is compiled once per dialect
 (`CompiledTaskStatements`) and run straight on the driver, as `_sql._Compiled` does
 for promises: SQLAlchemy's per-execution work was most of their cost. The rest are
-Core statements executed as they are: claims, lease sweeps, callback writes, and
-the reads of `SearchTasks`.
+Core statements executed as they are: claims, lease sweeps, and the reads of
+`SearchTasks`.
 """
 
 from __future__ import annotations
@@ -311,32 +311,8 @@ class TaskTx:
     def insert_tasks(self, items: Sequence[Task], now: int) -> None:
         if items:
             stmt = self._task_statements.insert
-            rows = [
-                {
-                    "id": t.id,
-                    "root_promise_id": t.root_promise_id,
-                    "group": t.group,
-                    "kind": t.kind.value,
-                    "state": t.state.value,
-                    "counter": t.counter,
-                    "worker_id": t.worker_id,
-                    "lease_expire_time": t.lease_expire_time,
-                    "lease_ms": t.lease_ms,
-                    "preferred_worker_id": t.preferred_worker_id,
-                    "resume_pending": t.resume_pending,
-                    "create_time": now,
-                    "workflow": t.workflow,
-                    "workflow_version": t.workflow_version,
-                    "complete_time": _complete_time(t, now),
-                    "worker_principal": t.worker_principal,
-                    "failed_attempts": t.failed_attempts,
-                    "last_error": t.last_error,
-                    "last_traceback": t.last_traceback,
-                    "next_attempt_time": t.next_attempt_time,
-                }
-                for t in items
-            ]
-            self._conn.exec_driver_sql(stmt.sql, [stmt.params(row) for row in rows])
+            rows = [stmt.params(_task_row(t, now)) for t in items]
+            self._conn.exec_driver_sql(stmt.sql, rows)
 
     def delete_completed_tasks(self, completed_before: int, limit: int) -> int:
         params = {"before": completed_before, "limit": limit}
@@ -351,27 +327,39 @@ class TaskTx:
     def update_tasks(self, items: Sequence[Task], now: int) -> None:
         if items:
             stmt = self._task_statements.update
+            # The update binds the columns it sets as `b_<column>` (a name of its own,
+            # as SQLAlchemy wants in an UPDATE); it takes only those from the row.
             rows = [
-                {
-                    "b_id": t.id,
-                    "b_state": t.state.value,
-                    "b_counter": t.counter,
-                    "b_worker_id": t.worker_id,
-                    "b_lease_expire_time": t.lease_expire_time,
-                    "b_lease_ms": t.lease_ms,
-                    "b_preferred_worker_id": t.preferred_worker_id,
-                    "b_resume_pending": t.resume_pending,
-                    "b_workflow_version": t.workflow_version,
-                    "b_complete_time": _complete_time(t, now),
-                    "b_worker_principal": t.worker_principal,
-                    "b_failed_attempts": t.failed_attempts,
-                    "b_last_error": t.last_error,
-                    "b_last_traceback": t.last_traceback,
-                    "b_next_attempt_time": t.next_attempt_time,
-                }
+                stmt.params({f"b_{name}": value for name, value in _task_row(t, now).items()})
                 for t in items
             ]
-            self._conn.exec_driver_sql(stmt.sql, [stmt.params(row) for row in rows])
+            self._conn.exec_driver_sql(stmt.sql, rows)
+
+
+def _task_row(t: Task, now: int) -> dict[str, Any]:
+    """Every column of a task's row, as the insert and the update bind them."""
+    return {
+        "id": t.id,
+        "root_promise_id": t.root_promise_id,
+        "group": t.group,
+        "kind": t.kind.value,
+        "state": t.state.value,
+        "counter": t.counter,
+        "worker_id": t.worker_id,
+        "lease_expire_time": t.lease_expire_time,
+        "lease_ms": t.lease_ms,
+        "preferred_worker_id": t.preferred_worker_id,
+        "resume_pending": t.resume_pending,
+        "create_time": now,
+        "workflow": t.workflow,
+        "workflow_version": t.workflow_version,
+        "complete_time": _complete_time(t, now),
+        "worker_principal": t.worker_principal,
+        "failed_attempts": t.failed_attempts,
+        "last_error": t.last_error,
+        "last_traceback": t.last_traceback,
+        "next_attempt_time": t.next_attempt_time,
+    }
 
 
 def _complete_time(task: Task, now: int) -> int | None:
