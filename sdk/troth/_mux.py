@@ -238,7 +238,7 @@ class _Open:
                 details = (
                     call.details()
                     if not self.opened
-                    else (f"the Calls stream broke: {call.details()}")
+                    else f"the Calls stream broke: {call.details()}"
                 )
                 failure = CallError(
                     call.code(),

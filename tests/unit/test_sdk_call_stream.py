@@ -16,6 +16,7 @@ import grpc
 import grpc.aio
 import pytest
 
+from troth import Client
 from troth._mux import (
     BATCH_CALLS,
     BATCH_METADATA,
@@ -25,6 +26,7 @@ from troth._mux import (
     take_batch,
 )
 from troth._transport import Transport
+from troth.errors import ConfigurationError
 from troth.v1 import promises_pb2 as pb
 from troth.v1 import tasks_pb2
 
@@ -82,15 +84,20 @@ def older(served: list[str]) -> Iterator[BareServer]:
     server.close()
 
 
+def _three_gets(transport: Transport) -> None:
+    """Three GetPromise calls through the transport, each answered with its own id."""
+    for n in range(3):
+        request = pb.GetPromiseRequest(id=f"p-{n}")
+        answer = transport.call(transport.promises.GetPromise, request, timeout=10)
+        assert answer.promise.id == f"p-{n}"
+
+
 def test_against_a_server_without_calls_the_calls_go_as_unary_rpcs(
     older: BareServer, served: list[str]
 ) -> None:
     transport = Transport(f"127.0.0.1:{older.port}").multiplexed()
     try:
-        for n in range(3):
-            request = pb.GetPromiseRequest(id=f"p-{n}")
-            answer = transport.call(transport.promises.GetPromise, request, timeout=10)
-            assert answer.promise.id == f"p-{n}"
+        _three_gets(transport)
         assert served == ["unary"] * 3
         assert transport.calls is not None and transport.calls.unsupported
     finally:
@@ -126,10 +133,7 @@ def test_a_call_on_a_stream_refused_at_opening_is_made_as_its_unary_rpc(
     server = BareServer({GET: _get(served), CALLS: _refusing(code, opened)})
     transport = Transport(f"127.0.0.1:{server.port}").multiplexed()
     try:
-        for n in range(3):
-            request = pb.GetPromiseRequest(id=f"p-{n}")
-            answer = transport.call(transport.promises.GetPromise, request, timeout=10)
-            assert answer.promise.id == f"p-{n}"
+        _three_gets(transport)
         assert served == ["unary"] * 3
         assert transport.calls is not None and transport.calls.unsupported is for_good
         assert len(opened) == (1 if for_good else 3)
@@ -321,8 +325,6 @@ def test_calls_from_many_threads_each_get_their_answer_batched_only_if_the_serve
 
 def test_a_client_told_not_to_multiplex_opens_no_stream(served: list[str]) -> None:
     """`Client(multiplex_calls=False)`, as the CLI makes it: each call its own RPC."""
-    from troth import Client
-
     opened: list[int] = []
     server = BareServer(
         {GET: _get(served), CALLS: _refusing(grpc.StatusCode.UNIMPLEMENTED, opened)}
@@ -333,4 +335,32 @@ def test_a_client_told_not_to_multiplex_opens_no_stream(served: list[str]) -> No
             client.get("p-1")
         assert served == ["unary"] and opened == []
     finally:
+        server.close()
+
+
+def test_multiplex_calls_must_be_a_bool() -> None:
+    with pytest.raises(ConfigurationError, match="multiplex_calls='yes' must be True or False"):
+        Client("127.0.0.1:1", multiplex_calls="yes")  # type: ignore[arg-type]
+
+
+def test_closing_a_stream_waits_until_its_reader_saw_the_end() -> None:
+    """So that the channel closes after gRPC is done with the cancelled call."""
+
+    async def calls(requests: Any, context: Any) -> Any:
+        async for raw in requests:
+            request = tasks_pb2.CallsRequest.FromString(raw)
+            response = pb.GetPromiseResponse(promise={"id": "p"})
+            yield tasks_pb2.CallsResponse(
+                id=request.id, code=0, response=response.SerializeToString()
+            ).SerializeToString()
+
+    server = BareServer({CALLS: grpc.stream_stream_rpc_method_handler(calls)})
+    transport = Transport(f"127.0.0.1:{server.port}").multiplexed()
+    try:
+        transport.call(transport.promises.GetPromise, pb.GetPromiseRequest(id="p"), timeout=10)
+        assert [t for t in threading.enumerate() if t.name == "troth-calls"]
+        transport.close_calls()
+        assert not [t for t in threading.enumerate() if t.name == "troth-calls"]
+    finally:
+        transport.close()
         server.close()
