@@ -439,16 +439,18 @@ def _fold(
         for t in (*batch.task_inserts.values(), *batch.task_updates.values())
         if t.state is TaskState.PENDING
     }
-    tx.insert_promises(list(batch.inserts.values()))
-    tx.update_promises(list(batch.updates.values()))
-    # Updates first: a task completing and its root's next RESUME share the
-    # one-active-task-per-root index.
-    tx.update_tasks(list(batch.task_updates.values()), now)
-    tx.insert_tasks(list(batch.task_inserts.values()), now)
-    tx.delete_callbacks(batch.fired, batch.finished_roots)
-    tx.insert_callbacks([c for c in batch.new_callbacks if c.promise_id not in batch.fired], now)
     settled = [c.promise.id for c in batch.changes if c.promise.is_settled]
-    tx.announce(pending_groups, settled, created_ids=list(batch.inserts))
+    with tx.pipelined():  # the writes need no answer but "done": one round trip
+        tx.insert_promises(list(batch.inserts.values()))
+        tx.update_promises(list(batch.updates.values()))
+        # Updates first: a task completing and its root's next RESUME share the
+        # one-active-task-per-root index.
+        tx.update_tasks(list(batch.task_updates.values()), now)
+        tx.insert_tasks(list(batch.task_inserts.values()), now)
+        tx.delete_callbacks(batch.fired, batch.finished_roots)
+        new_callbacks = [c for c in batch.new_callbacks if c.promise_id not in batch.fired]
+        tx.insert_callbacks(new_callbacks, now)
+        tx.announce(pending_groups, settled, created_ids=list(batch.inserts))
     return outcomes, batch.changes, pending_groups, leases
 
 

@@ -29,6 +29,7 @@ from _support import ServerProcess, error_info, start_server
 from troth.v1 import promises_pb2 as pb
 from troth.v1 import promises_pb2_grpc, tasks_pb2, tasks_pb2_grpc
 from troth.v1 import types_pb2 as types
+from troth_server.domain.promise import Payload, Promise, PromiseState
 from troth_server.store import open_store
 
 RECOVERY_SECONDS = 5.0
@@ -377,3 +378,74 @@ def test_database_down_answers_unavailable_and_recovers_by_itself(
             server.proc.send_signal(signal.SIGTERM)
         for server in servers:
             server.stop()
+
+
+def test_the_first_calls_after_a_restart_need_no_retry_by_the_caller(
+    cluster: Cluster, db_url: str, tmp_path: Path
+) -> None:
+    """The point reads' pool and the writer keep no pre-ping: every connection they
+    pooled before the restart is dead, and each call that finds one must replace it
+    and run again by itself, never answering STORE_UNAVAILABLE once the database is
+    back."""
+    server = start_server(tmp_path, "--migrate", "--sweep-interval", "5m", db_url=db_url)
+    ids = [f"r-{uuid.uuid4().hex[:8]}-{n}" for n in range(8)]
+    try:
+        with server.channel() as channel:
+            stub = promises_pb2_grpc.PromiseServiceStub(channel)
+            for pid in ids:
+                stub.CreatePromise(pb.CreatePromiseRequest(id=pid))
+            with ThreadPoolExecutor(len(ids)) as pool:  # several pooled read connections
+                for _ in range(3):
+                    list(pool.map(lambda p: stub.GetPromise(pb.GetPromiseRequest(id=p)), ids))
+                cluster.stop("immediate")
+                cluster.start()
+                found = list(pool.map(lambda p: stub.GetPromise(pb.GetPromiseRequest(id=p)), ids))
+            assert [r.promise.id for r in found] == ids
+            resolved = stub.ResolvePromise(
+                pb.ResolvePromiseRequest(id=ids[0], value=types.Payload(data=b"1"))
+            )
+            assert resolved.promise.state == types.PROMISE_STATE_RESOLVED
+            created = stub.CreatePromise(pb.CreatePromiseRequest(id=f"{ids[0]}-after"))
+            assert created.promise.state == types.PROMISE_STATE_PENDING
+        assert_no_crash(server)
+    finally:
+        server.stop()
+
+
+def test_a_restart_drops_every_pooled_read_connection_at_once(
+    db_url: str, cluster: Cluster
+) -> None:
+    """Several point-read connections are pooled when the database restarts: the
+    first read to find one dead drops them all, so that no read after it fails on a
+    neighbour of the dead one (there is no pre-ping to weed them out one by one)."""
+    store = open_store(db_url, migrate=True)
+    try:
+        ids = [f"pooled-{n}" for n in range(6)]
+        store.write(
+            lambda tx: tx.insert_promises(
+                [
+                    Promise(id=i, state=PromiseState.PENDING, param=Payload(), value=Payload(),
+                            tags={}, create_time=1)
+                    for i in ids
+                ]
+            )
+        )  # fmt: skip
+        ready = threading.Barrier(len(ids))
+
+        def read_together(promise_id: str) -> None:
+            ready.wait(10)  # each thread holds a connection: the pool keeps them all
+            for _ in range(20):
+                assert store.get_promise(promise_id) is not None
+
+        with ThreadPoolExecutor(len(ids)) as pool:
+            list(pool.map(read_together, ids))
+        cluster.stop("immediate")
+        cluster.start()
+        # One after the other: each would otherwise draw another dead connection.
+        for promise_id in ids:
+            found = store.get_promise(promise_id)
+            assert found is not None and found.id == promise_id
+            _, steps = store.promise_tree(promise_id)
+            assert steps == []
+    finally:
+        store.close()

@@ -36,12 +36,12 @@ import sqlite3
 import threading
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import grpc.aio
@@ -60,6 +60,10 @@ from troth_server.api._metrics import MetricsInterceptor
 from troth_server.app import Core, grpc_options, servicers
 from troth_server.config import settings_from
 from troth_server.metrics import Metrics
+from troth_server.store._reads import PromiseReads
+
+if TYPE_CHECKING:
+    from troth_server.store._bind import Statement
 
 LARGE_TABLES = ("promises", "tasks", "callbacks")
 
@@ -229,10 +233,21 @@ def recording() -> Iterator[list[Executed]]:
         params = parameters[0] if executemany and parameters else parameters
         seen.append(Executed(statement, params))
 
+    # The point reads run compiled statements on the DB-API, past SQLAlchemy's events.
+    point_read = PromiseReads._read_rows
+
+    def record_point_read(
+        store: PromiseReads, statement: Statement, values: Mapping[str, Any]
+    ) -> list[Sequence[Any]]:
+        seen.append(Executed(statement.sql, statement.params(values)))
+        return point_read(store, statement, values)
+
     event.listen(Engine, "before_cursor_execute", record)
+    PromiseReads._read_rows = record_point_read  # type: ignore[method-assign]
     try:
         yield seen
     finally:
+        PromiseReads._read_rows = point_read  # type: ignore[method-assign]
         event.remove(Engine, "before_cursor_execute", record)
 
 

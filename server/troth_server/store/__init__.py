@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Protocol, TypeVar
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Collection, Sequence
+    from contextlib import AbstractContextManager
 
     from troth_server.domain.promise import Promise, PromiseState
     from troth_server.domain.routing import Route
@@ -114,6 +115,11 @@ class WriteTx(Protocol):
     """
 
     row_locks: bool
+
+    def pipelined(self) -> AbstractContextManager[None]:
+        """The writes made inside go to the database together, their outcomes awaited
+        once at the end (PostgreSQL's pipeline: one round trip instead of one per
+        statement); an error of any of them is raised there. No reads inside."""
 
     def database_time(self) -> int | None:
         """The database's clock now, in ms since the epoch, read inside this transaction;

@@ -2,11 +2,13 @@
 
 SQLite: WAL, `BEGIN IMMEDIATE` for the writer, `busy_timeout`, foreign keys
 and case-sensitive LIKE on every connection. PostgreSQL: psycopg 3, a
-one-connection writer and a pre-pinged reading pool.
+one-connection writer, a pre-pinged reading pool, and a pool of autocommit
+connections for the point reads (one statement, one round trip).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -21,7 +23,13 @@ if TYPE_CHECKING:
 
     from troth_server.store._listen import Announcer
 
-__all__ = ["open_announcer", "postgresql_engines", "require_postgres_driver", "sqlite_engines"]
+__all__ = [
+    "Engines",
+    "open_announcer",
+    "postgresql_engines",
+    "require_postgres_driver",
+    "sqlite_engines",
+]
 
 POSTGRES_MISSING = (
     "PostgreSQL support is not installed (the psycopg 3 driver): install troth-server[postgres] "
@@ -32,7 +40,22 @@ POSTGRES_MISSING = (
 _SYNCHRONOUS = {"OFF", "NORMAL", "FULL", "EXTRA"}
 
 
-def sqlite_engines(parsed: URL, sqlite_synchronous: str, pool_size: int) -> tuple[Engine, Engine]:
+@dataclass(frozen=True)
+class Engines:
+    """A store's engines: `write` (the group committer's one connection), `read`
+    (reads through SQLAlchemy, of one or several statements) and `point` (the hot
+    reads of one compiled statement each, on the DB-API: `store._reads`)."""
+
+    write: Engine
+    read: Engine
+    point: Engine
+
+    def dispose(self) -> None:
+        for engine in {self.write, self.read, self.point}:
+            engine.dispose()
+
+
+def sqlite_engines(parsed: URL, sqlite_synchronous: str, pool_size: int) -> Engines:
     if not parsed.database or parsed.database == ":memory:":
         raise StoreError(
             "an in-memory SQLite database would lose every promise on restart; "
@@ -59,7 +82,9 @@ def sqlite_engines(parsed: URL, sqlite_synchronous: str, pool_size: int) -> tupl
     )
     _configure_sqlite(write_engine, synchronous, begin="BEGIN IMMEDIATE")
     _configure_sqlite(read_engine, synchronous, begin="BEGIN")
-    return write_engine, read_engine
+    # A statement outside BEGIN is its own read transaction already (the driver
+    # is in autocommit): the point reads share the reading pool.
+    return Engines(write_engine, read_engine, read_engine)
 
 
 def require_postgres_driver() -> None:
@@ -71,7 +96,7 @@ def require_postgres_driver() -> None:
         raise StoreError(POSTGRES_MISSING) from exc
 
 
-def postgresql_engines(parsed: URL, pool_size: int, application_name: str) -> tuple[Engine, Engine]:
+def postgresql_engines(parsed: URL, pool_size: int, application_name: str) -> Engines:
     require_postgres_driver()
     if parsed.drivername not in ("postgresql", "postgresql+psycopg"):
         raise StoreError(
@@ -80,12 +105,11 @@ def postgresql_engines(parsed: URL, pool_size: int, application_name: str) -> tu
         )
     plain = parsed.set(drivername="postgresql+psycopg")
     connect_args = {"connect_timeout": 5, "application_name": application_name}
-    # One connection writes (the group committer is this replica's only writer);
-    # a pool reads. Pre-ping: after a database restart, a stale pooled
-    # connection is replaced at checkout instead of failing a request.
-    write_engine = create_engine(
-        plain, pool_size=1, max_overflow=0, pool_pre_ping=True, connect_args=connect_args
-    )
+    # One connection writes (the group committer is this replica's only writer).
+    # No pre-ping, which would cost every batch a round trip: a connection that
+    # died since the last batch fails its first statement, SQLAlchemy discards it,
+    # and the store runs the transaction again on a new one (`_retryable`).
+    write_engine = create_engine(plain, pool_size=1, max_overflow=0, connect_args=connect_args)
     # Reads in REPEATABLE READ: a read of several statements (a workflow's tree,
     # SearchTasks' PENDING then CLAIMED) sees one snapshot, as on SQLite. Under READ
     # COMMITTED, a task whose lease expired between two of them was in neither.
@@ -97,6 +121,18 @@ def postgresql_engines(parsed: URL, pool_size: int, application_name: str) -> tu
         connect_args=connect_args,
         isolation_level="REPEATABLE READ",
     )
+    # The point reads (a promise, a workflow's tree: one statement each, run for
+    # every delivery, watch and settle, some on the event loop) in autocommit and
+    # without a pre-ping: one round trip each instead of four (ping, BEGIN, SELECT,
+    # ROLLBACK). A connection found dead drops the whole pool, and the read runs
+    # again on a new one (`PromiseReads._read_rows`).
+    point_engine = create_engine(
+        plain,
+        pool_size=pool_size,
+        max_overflow=pool_size,
+        connect_args=connect_args,
+        isolation_level="AUTOCOMMIT",
+    )
 
     @event.listens_for(write_engine, "connect")
     def _on_connect(dbapi_conn: Any, _record: Any) -> None:
@@ -107,7 +143,7 @@ def postgresql_engines(parsed: URL, pool_size: int, application_name: str) -> tu
         dbapi_conn.execute("SET enable_seqscan = off")
         dbapi_conn.commit()
 
-    return write_engine, read_engine
+    return Engines(write_engine, read_engine, point_engine)
 
 
 def open_announcer(conn: Connection, parsed: URL) -> Announcer:

@@ -4,11 +4,13 @@
 (`_read`, retried once after a dropped connection) and its engine.
 
 A promise by id and a workflow's tree are read for every delivery, watch and
-settle: they run as statements compiled once, straight on a pooled DB-API
-connection (`_read_rows`). Through a SQLAlchemy `Connection`, each such read
-cost the server five times the database's own work (a profile of W1 in
-bench/README.md): checkout, autobegin, parameter processing, result set-up,
-the rollback at return.
+settle: each is one statement, compiled once, run straight on a pooled DB-API
+connection in autocommit (`_read_rows`), so that it is one round trip to
+PostgreSQL and a snapshot by itself. Through a SQLAlchemy `Connection`, each
+such read cost the server five times the database's own work (a profile of W1
+in bench/README.md): checkout, autobegin, parameter processing, result set-up,
+the rollback at return; on PostgreSQL, a pre-ping, BEGIN and ROLLBACK were three
+round trips more.
 """
 
 from __future__ import annotations
@@ -17,7 +19,19 @@ import contextlib
 import functools
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from sqlalchemy import Engine, and_, bindparam, false, func, or_, select, true
+from sqlalchemy import (
+    Engine,
+    and_,
+    bindparam,
+    column,
+    false,
+    func,
+    literal_column,
+    or_,
+    select,
+    true,
+    union_all,
+)
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.exc import DBAPIError
 
@@ -34,7 +48,7 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-__all__ = ["READ_ATTEMPTS", "PromiseReads", "select_by_id", "select_expired"]
+__all__ = ["READ_ATTEMPTS", "PromiseReads", "select_by_id", "select_expired", "select_tree"]
 
 READ_ATTEMPTS = 2
 """A read runs again once after a connection the database dropped (a restart)."""
@@ -47,29 +61,39 @@ select_expired = (
     .order_by(promises.c.expire_time)
     .limit(bindparam("limit"))
 )
-# A workflow's history (ix_promises_parent_seq).
-_select_steps = (
-    select(promises).where(promises.c.parent_id == bindparam("parent")).order_by(promises.c.seq)
-)
+# A workflow's tree in one statement, so that it is one snapshot without a
+# transaction around it: its root (by primary key), then its steps in the order
+# they were created (ix_promises_parent_seq). `part` is the last column, so a
+# row is still a promise row to `to_promise`.
+select_tree = union_all(
+    select(promises, literal_column("0").label("part")).where(promises.c.id == bindparam("id")),
+    select(promises, literal_column("1").label("part")).where(
+        promises.c.parent_id == bindparam("parent")
+    ),
+).order_by(column("part"), promises.c.seq)
 
 
 class PromiseReads:
     """The promise half of `SqlStore`'s reads."""
 
     _read_engine: Engine
+    _point_engine: Engine
+    """Autocommit connections, no pre-ping (`store._engines.Engines.point`)."""
 
     def _read(self, read: Callable[[Connection], T]) -> T:
         raise NotImplementedError
 
     @functools.cached_property
     def _point_reads(self) -> tuple[Statement, Statement]:
-        dialect = self._read_engine.dialect
-        return compile_for(select_by_id, dialect), compile_for(_select_steps, dialect)
+        dialect = self._point_engine.dialect
+        return compile_for(select_by_id, dialect), compile_for(select_tree, dialect)
 
-    def _read_rows(self, *statements: tuple[Statement, Mapping[str, Any]]) -> list[Sequence[Any]]:
-        """The rows of each compiled select, run in one read transaction on a pooled
-        DB-API connection; a dropped connection is retried once, as `_read` does."""
-        engine = self._read_engine
+    def _read_rows(self, statement: Statement, values: Mapping[str, Any]) -> list[Sequence[Any]]:
+        """The rows of one compiled select, run on a pooled DB-API connection in
+        autocommit. A connection found dead (the database restarted) drops every
+        connection of the pool, as SQLAlchemy's own reads do, and the read runs
+        again once on a new one."""
+        engine = self._point_engine
         dialect = engine.dialect
         errors = dialect.loaded_dbapi.Error
         attempt = 0
@@ -82,40 +106,27 @@ class PromiseReads:
                     raise StoreUnavailable(f"database read failed: {exc}") from exc
                 continue
             cursor = None
-            lost = False
             try:
                 cursor = conn.cursor()
-                if len(statements) > 1 and dialect.name == "sqlite":
-                    # One snapshot for them all (psycopg opens a transaction by itself).
-                    cursor.execute("BEGIN")
-                found = []
-                for statement, values in statements:
-                    cursor.execute(statement.sql, statement.params(values))
-                    found.append(cursor.fetchall())
-                return found
+                cursor.execute(statement.sql, statement.params(values))
+                return list(cursor.fetchall())
             except errors as exc:
                 lost = dialect.is_disconnect(exc, conn.dbapi_connection, cursor)
                 if lost:
                     conn.invalidate(exc)
+                    # Its neighbours in the pool went with the same restart.
+                    engine.dispose()
                 if not lost or attempt >= READ_ATTEMPTS:
                     raise StoreUnavailable(f"database read failed: {exc}") from exc
             finally:
                 if cursor is not None:
                     with contextlib.suppress(errors):
                         cursor.close()
-                if not lost:
-                    # End the read transaction here, where a connection that died
-                    # since is seen and dropped (the pool's own rollback at return
-                    # would log it as a crash); on an idle connection, a no-op.
-                    try:
-                        conn.rollback()
-                    except errors as exc:
-                        conn.invalidate(exc)
                 conn.close()
 
     def get_promise(self, promise_id: str) -> Promise | None:
         by_id, _ = self._point_reads
-        (rows,) = self._read_rows((by_id, {"id": promise_id}))
+        rows = self._read_rows(by_id, {"id": promise_id})
         return to_promise(rows[0]) if rows else None
 
     def search_promises(self, query: PromiseQuery, now: int) -> list[SearchRow]:
@@ -179,9 +190,11 @@ class PromiseReads:
 
     def promise_tree(self, root_id: str) -> tuple[Promise | None, list[Promise]]:
         # By record (parent_id), never by id prefix: `<root>.x` may be anyone's.
-        by_id, steps = self._point_reads
-        roots, rows = self._read_rows((by_id, {"id": root_id}), (steps, {"parent": root_id}))
-        return (to_promise(roots[0]) if roots else None), [to_promise(r) for r in rows]
+        _, tree = self._point_reads
+        rows = self._read_rows(tree, {"id": root_id, "parent": root_id})
+        if rows and rows[0][-1] == 0:
+            return to_promise(rows[0]), [to_promise(r) for r in rows[1:]]
+        return None, [to_promise(r) for r in rows]
 
     def get_promises(self, ids: Collection[str]) -> list[Promise]:
         if not ids:

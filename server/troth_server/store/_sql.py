@@ -6,12 +6,13 @@ writer), reads on a small pool: in WAL mode readers never block the writer.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import structlog
-from sqlalchemy import Connection, Engine, bindparam, func, select
+from sqlalchemy import Connection, bindparam, func, select
 from sqlalchemy.engine import Dialect, make_url
 from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
 
@@ -24,8 +25,19 @@ from troth_server.store import (
     StoreEvent,
     StoreUnavailable,
 )
-from troth_server.store._bind import MAX_BOUND_IDS, ByIds, Statement, chunks, compile_for
-from troth_server.store._engines import open_announcer, postgresql_engines, sqlite_engines
+from troth_server.store._bind import (
+    MAX_BOUND_IDS,
+    ByIds,
+    Statement,
+    chunks,
+    compile_for,
+)
+from troth_server.store._engines import (
+    Engines,
+    open_announcer,
+    postgresql_engines,
+    sqlite_engines,
+)
 from troth_server.store._migrate import check_at_head, upgrade_to_head
 from troth_server.store._prune import PruneTx
 from troth_server.store._reads import READ_ATTEMPTS, PromiseReads, select_expired
@@ -34,7 +46,7 @@ from troth_server.store._tables import callbacks, promises, state_in, tasks
 from troth_server.store._task_sql import CompiledTaskStatements, TaskStatements, TaskTx
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Collection, Sequence
+    from collections.abc import Callable, Collection, Iterator, Sequence
 
     from troth_server.store._listen import Announcer
 
@@ -118,6 +130,27 @@ class _WriteTx(TaskTx, PruneTx):
         # SQLite has one writer at a time and renders no FOR UPDATE.
         self.row_locks = conn.dialect.name == "postgresql"
 
+    @contextlib.contextmanager
+    def pipelined(self) -> Iterator[None]:
+        if not self.row_locks:  # SQLite: no round trips to save
+            yield
+            return
+        dialect = self._conn.dialect
+        driver = self._conn.connection.driver_connection
+        errors = dialect.loaded_dbapi.Error
+        try:
+            with driver.pipeline():  # type: ignore[union-attr]
+                yield
+        except errors as exc:
+            # Raised at the pipeline's sync, outside SQLAlchemy's execution: made the
+            # DBAPIError it would have raised, so `SqlStore.write` decides as ever.
+            lost = dialect.is_disconnect(exc, driver, None)
+            if lost:
+                self._conn.invalidate(exc)
+            raise DBAPIError.instance(
+                None, None, exc, errors, connection_invalidated=lost, dialect=dialect
+            ) from exc
+
     def announce(
         self,
         groups: Collection[str],
@@ -130,7 +163,17 @@ class _WriteTx(TaskTx, PruneTx):
     def database_time(self) -> int | None:
         if not self.row_locks:
             return None  # SQLite keeps no clock of its own: the server's decides
-        return int(self._conn.exec_driver_sql(_DATABASE_TIME).scalar_one())
+        # The transaction's first statement: in a pipeline, psycopg's BEGIN goes with
+        # it instead of taking a round trip of its own.
+        cursor = self._conn.connection.cursor()
+        try:
+            with self.pipelined():
+                cursor.execute(_DATABASE_TIME)
+                row = cursor.fetchone()
+        finally:
+            cursor.close()
+        assert row is not None
+        return int(row[0])
 
     def expired_promise_ids(self, now: int, limit: int) -> list[str]:
         params = {"now": now, "limit": limit}
@@ -168,14 +211,14 @@ class _WriteTx(TaskTx, PruneTx):
 
 
 class SqlStore(PromiseReads):
-    def __init__(
-        self, write_engine: Engine, read_engine: Engine, announcer: Announcer | None = None
-    ) -> None:
-        self._write_engine = write_engine
-        self._read_engine = read_engine
+    def __init__(self, engines: Engines, announcer: Announcer | None = None) -> None:
+        self._engines = engines
+        self._write_engine = engines.write
+        self._read_engine = engines.read
+        self._point_engine = engines.point
         self._announcer = announcer
         self._write_lock = threading.Lock()
-        self._compiled = _Compiled(write_engine.dialect)
+        self._compiled = _Compiled(engines.write.dialect)
 
     @property
     def shared(self) -> bool:
@@ -279,8 +322,7 @@ class SqlStore(PromiseReads):
     def close(self) -> None:
         if self._announcer is not None:
             self._announcer.close()
-        self._write_engine.dispose()
-        self._read_engine.dispose()
+        self._engines.dispose()
 
     def _read(self, read: Callable[[Connection], T]) -> T:
         attempt = 0
@@ -326,11 +368,11 @@ def open_sql_store(
     parsed = make_url(url)
     backend = parsed.get_backend_name()
     if backend == "sqlite":
-        write_engine, read_engine = sqlite_engines(parsed, sqlite_synchronous, read_pool_size)
+        engines = sqlite_engines(parsed, sqlite_synchronous, read_pool_size)
         # The embedded default migrates itself: there is no one else to run it.
         migrate = True
     elif backend == "postgresql":
-        write_engine, read_engine = postgresql_engines(parsed, read_pool_size, application_name)
+        engines = postgresql_engines(parsed, read_pool_size, application_name)
     else:
         raise StoreError(
             f"unsupported database URL {parsed.render_as_string(hide_password=True)!r}: "
@@ -338,7 +380,7 @@ def open_sql_store(
         )
     announcer: Announcer | None = None
     try:
-        with write_engine.begin() as conn:
+        with engines.write.begin() as conn:
             if migrate:
                 upgrade_to_head(conn)
             else:
@@ -346,10 +388,9 @@ def open_sql_store(
             if backend == "postgresql":
                 announcer = open_announcer(conn, parsed)
     except BaseException as exc:
-        write_engine.dispose()
-        read_engine.dispose()
+        engines.dispose()
         if isinstance(exc, DBAPIError):
             where = parsed.render_as_string(hide_password=True)
             raise StoreUnavailable(f"cannot open {where}: {exc.orig}") from exc
         raise
-    return SqlStore(write_engine, read_engine, announcer)
+    return SqlStore(engines, announcer)
