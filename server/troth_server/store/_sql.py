@@ -164,12 +164,13 @@ class _WriteTx(TaskTx, PruneTx):
         if not self.row_locks:
             return None  # SQLite keeps no clock of its own: the server's decides
         # The transaction's first statement: in a pipeline, psycopg's BEGIN goes with
-        # it instead of taking a round trip of its own.
+        # it instead of taking a round trip of its own (its row is read after the
+        # pipeline's sync, which a read inside would cost a round trip more).
         cursor = self._conn.connection.cursor()
         try:
             with self.pipelined():
                 cursor.execute(_DATABASE_TIME)
-                row = cursor.fetchone()
+            row = cursor.fetchone()
         finally:
             cursor.close()
         assert row is not None
