@@ -87,13 +87,20 @@ class _Aborted(Exception):
 
 class _CallContext:
     """What a unary handler sees of its call when it came on the stream: the stream's
-    metadata and peer; an abort answers this call, not the stream."""
+    metadata and peer; an abort answers this call, not the stream. One per stream:
+    the stream's metadata is read from gRPC once, not once for each call (each read
+    builds a tuple of new metadata objects)."""
 
     def __init__(self, stream: AioContext) -> None:
         self._stream = stream
+        self._metadata = tuple(stream.invocation_metadata() or ())
+
+    @property
+    def stream(self) -> AioContext:
+        return self._stream
 
     def invocation_metadata(self) -> Any:
-        return self._stream.invocation_metadata()
+        return self._metadata
 
     def peer(self) -> str:
         return self._stream.peer()
@@ -170,7 +177,8 @@ class CallMux:
         answers: asyncio.Queue[tasks_pb2.CallsResponse | None] = asyncio.Queue()
         running: set[asyncio.Task[None]] = set()
         reading = [True]
-        batching = BATCH_METADATA in tuple(context.invocation_metadata() or ())
+        calls = _CallContext(context)
+        batching = BATCH_METADATA in calls.invocation_metadata()
 
         def finished(task: asyncio.Task[None]) -> None:
             # Here, not in the task: a task cancelled before it ran runs no `finally`.
@@ -210,7 +218,7 @@ class CallMux:
                 admission.refused(call.method, gate.flag)
                 answers.put_nowait(_refusal(call.id, gate.refusal()))
                 return
-            task = asyncio.create_task(self._one(call, context, answers))
+            task = asyncio.create_task(self._one(call, calls, answers))
             running.add(task)
             task.add_done_callback(finished)
 
@@ -238,7 +246,7 @@ class CallMux:
     async def _one(
         self,
         message: tasks_pb2.CallsRequest,
-        context: AioContext,
+        context: _CallContext,
         answers: asyncio.Queue[tasks_pb2.CallsResponse | None],
     ) -> None:
         started = time.perf_counter()
@@ -249,7 +257,7 @@ class CallMux:
             self._on_call(message.method, code, time.perf_counter() - started)
 
     async def _answer(
-        self, message: tasks_pb2.CallsRequest, context: AioContext
+        self, message: tasks_pb2.CallsRequest, context: _CallContext
     ) -> tasks_pb2.CallsResponse:
         method = self._methods.get(message.method)
         if method is None:
@@ -268,10 +276,10 @@ class CallMux:
         token = message.method in SETTLE_TOKEN_RPCS and bears_settle_token(request)
         if not token and not may_call(principal, message.method):
             refused = role_refusal(message.method, principal)
-            audit.auth_refused(message.method, refused, principal.name, context)
+            audit.auth_refused(message.method, refused, principal.name, context.stream)
             return _refusal(message.id, refused)
         try:
-            response = await method.handler(request, _CallContext(context))
+            response = await method.handler(request, context)
         except _Aborted as aborted:
             return _answer(message.id, aborted.code, aborted.details, aborted.trailers)
         except Overloaded as exc:  # the write queue is full (`_rpc` lets it through)
