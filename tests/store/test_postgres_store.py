@@ -121,7 +121,7 @@ def test_writes_never_plan_a_sequential_scan(replicas: tuple[Store, Store]) -> N
     def plan(conn: Any) -> str:
         return "\n".join(row[0] for row in conn.exec_driver_sql(lookup).all())
 
-    with a._read_engine.connect() as conn:  # type: ignore[attr-defined]
+    with a._engines.read.connect() as conn:  # type: ignore[attr-defined]
         assert "Seq Scan" in plan(conn)  # the planner, left to itself, on this table
     written = a.write(lambda tx: plan(tx._conn))  # type: ignore[attr-defined]
     assert "Seq Scan" not in written, written

@@ -211,6 +211,24 @@ def test_duplicate_id_is_a_store_error_and_commits_nothing(store: Store) -> None
     assert store.get_promise(MINIMAL.id) == MINIMAL
 
 
+def test_a_conflict_in_a_pipeline_is_the_same_store_error_and_commits_nothing(
+    store: Store,
+) -> None:
+    """On PostgreSQL the pipeline's error comes at its sync, outside SQLAlchemy's
+    execution: it must still reach the store's retry rules as the DBAPIError
+    SQLAlchemy raises, and end as the StoreError an unpipelined write ends with."""
+    insert(store, MINIMAL)
+
+    def work(tx: WriteTx) -> None:
+        with tx.pipelined():
+            tx.insert_promises([FULL, MINIMAL])
+
+    with pytest.raises(StoreError, match="write conflict persisted"):
+        store.write(work)
+    assert store.get_promise(FULL.id) is None
+    assert store.get_promise(MINIMAL.id) == MINIMAL
+
+
 def test_readers_see_only_committed_rows_and_are_not_blocked(store: Store) -> None:
     insert(store, MINIMAL)
 

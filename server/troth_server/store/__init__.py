@@ -117,9 +117,10 @@ class WriteTx(Protocol):
     row_locks: bool
 
     def pipelined(self) -> AbstractContextManager[None]:
-        """The writes made inside go to the database together, their outcomes awaited
-        once at the end (PostgreSQL's pipeline: one round trip instead of one per
-        statement); an error of any of them is raised there. No reads inside."""
+        """The statements run inside go to the database together, their outcomes
+        awaited once at the end (PostgreSQL's pipeline: one round trip instead of one
+        per statement); an error of any of them is raised there, as the store's
+        retry rules expect it. So no statement inside may need another's rows."""
 
     def database_time(self) -> int | None:
         """The database's clock now, in ms since the epoch, read inside this transaction;

@@ -20,7 +20,6 @@ import functools
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy import (
-    Engine,
     and_,
     bindparam,
     column,
@@ -45,6 +44,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Collection, Mapping, Sequence
 
     from sqlalchemy import Connection
+
+    from troth_server.store._engines import Engines
 
 T = TypeVar("T")
 
@@ -76,16 +77,15 @@ select_tree = union_all(
 class PromiseReads:
     """The promise half of `SqlStore`'s reads."""
 
-    _read_engine: Engine
-    _point_engine: Engine
-    """Autocommit connections, no pre-ping (`store._engines.Engines.point`)."""
+    _engines: Engines
+    """`point`: autocommit connections, no pre-ping, for `_read_rows`."""
 
     def _read(self, read: Callable[[Connection], T]) -> T:
         raise NotImplementedError
 
     @functools.cached_property
     def _point_reads(self) -> tuple[Statement, Statement]:
-        dialect = self._point_engine.dialect
+        dialect = self._engines.point.dialect
         return compile_for(select_by_id, dialect), compile_for(select_tree, dialect)
 
     def _read_rows(self, statement: Statement, values: Mapping[str, Any]) -> list[Sequence[Any]]:
@@ -93,7 +93,7 @@ class PromiseReads:
         autocommit. A connection found dead (the database restarted) drops every
         connection of the pool, as SQLAlchemy's own reads do, and the read runs
         again once on a new one."""
-        engine = self._point_engine
+        engine = self._engines.point
         dialect = engine.dialect
         errors = dialect.loaded_dbapi.Error
         attempt = 0
@@ -208,7 +208,7 @@ class PromiseReads:
         return [to_promise(row) for row in self._read(read)]
 
     def _has_tags(self, tags: Mapping[str, str]) -> Any:
-        if self._read_engine.dialect.name == "postgresql":
+        if self._engines.read.dialect.name == "postgresql":
             # JSONB containment: one condition for every tag, and GIN-indexable.
             return promises.c.tags.op("@>")(bindparam("tags", dict(tags), type_=JSONB))
         # json_each rather than a JSON path: a path cannot quote every possible key.

@@ -214,9 +214,6 @@ class _WriteTx(TaskTx, PruneTx):
 class SqlStore(PromiseReads):
     def __init__(self, engines: Engines, announcer: Announcer | None = None) -> None:
         self._engines = engines
-        self._write_engine = engines.write
-        self._read_engine = engines.read
-        self._point_engine = engines.point
         self._announcer = announcer
         self._write_lock = threading.Lock()
         self._compiled = _Compiled(engines.write.dialect)
@@ -235,7 +232,7 @@ class SqlStore(PromiseReads):
             attempt += 1
             committing = False
             try:
-                with self._write_lock, self._write_engine.connect() as conn:
+                with self._write_lock, self._engines.write.connect() as conn:
                     with conn.begin() as tx:
                         result = work(_WriteTx(conn, self._compiled, self._announcer))
                         committing = True
@@ -258,7 +255,7 @@ class SqlStore(PromiseReads):
                 raise StoreUnavailable(f"database write failed: {exc}") from exc
 
     def database_time(self) -> int | None:
-        if self._read_engine.dialect.name != "postgresql":
+        if self._engines.read.dialect.name != "postgresql":
             return None
         return int(self._read(lambda conn: conn.exec_driver_sql(_DATABASE_TIME).scalar_one()))
 
@@ -330,7 +327,7 @@ class SqlStore(PromiseReads):
         while True:
             attempt += 1
             try:
-                with self._read_engine.connect() as conn:
+                with self._engines.read.connect() as conn:
                     return read(conn)
             except DBAPIError as exc:
                 # A connection the database dropped (a restart): the pool has
