@@ -42,7 +42,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from workflows import CYCLE_TIMEOUT_S, Notifications, hitl_cycle, run_loops
+from _workflow_load import CYCLE_TIMEOUT_S, Notifications, hitl_cycle, run_loops
 
 BENCH_DIR = Path(__file__).resolve().parent
 CACHE = BENCH_DIR / ".cache" / "aging"

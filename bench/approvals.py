@@ -25,6 +25,8 @@ The server is `python -m troth_server serve` (grpc.aio, default settings) on a
 fresh database per part (`_servers.Cluster`); the load comes from this process:
 `bench/promises.py`'s `future` client for parts 1 and 2's data, blocking calls
 for the searches, one grpc.aio event loop for the watchers and the settles.
+The requests and the measuring are in `_approval_load.py`; the result rows and
+tables in `_approval_report.py`.
 
 Usage (see bench/README.md, "Issue 5: typed approvals and the inbox")::
 
@@ -43,97 +45,73 @@ import shutil
 import sqlite3
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import grpc
 import grpc.aio
+from _approval_load import (
+    BUILD_TIMEOUT_S,
+    JSON_HEADERS,
+    LOAD_IN_FLIGHT,
+    TTL,
+    VALID_DECISION,
+    Meter,
+    PromiseServiceStub,
+    Sample,
+    approval_create,
+    approvals,
+    create_all,
+    from_list,
+    merge,
+    rate,
+    refusal_example,
+    refusals,
+    start_cluster,
+    to_result,
+)
+from _approval_report import (
+    BuildRow,
+    InboxRow,
+    ResolveRow,
+    Results,
+    WatchRow,
+    ratio,
+    render,
+)
 from _servers import (
     BACKENDS,
     PG_ADMIN_URL,
-    Backend,
     Cluster,
     Database,
     ServerError,
     fmt,
     log,
-    machine_busy_seconds,
     machine_info,
     percentile_ms,
     postgres_cpu_delta,
     postgres_cpu_seconds,
-    table,
 )
-from google.protobuf import duration_pb2
 from promises import (
     CALL_TIMEOUT_S,
     FutureClient,
     NextRequest,
-    PhaseResult,
-    RawPhase,
     Request,
     resolve_requests,
-    summarize,
     sync_channel,
 )
-from workflows import short
 
 from troth._commands import TAG_FUNC, TAG_GROUP, TAG_KIND, Kind
-from troth.v1 import promises_pb2, promises_pb2_grpc, types_pb2
+from troth.v1 import promises_pb2, types_pb2
 
-PromiseServiceStub: Any = promises_pb2_grpc.PromiseServiceStub
 DEFAULT_TARGETS = "sqlite,pg"
 TARGETS = ("sqlite", "pg")
-JSON_HEADERS = {"content-type": "application/json"}
-TTL = duration_pb2.Duration(seconds=3600)
-LOAD_IN_FLIGHT = 64  # creates that build data sets (not measured)
-BUILD_TIMEOUT_S = 600.0
 DRAIN_TIMEOUT_S = 15.0  # after the last settle, how long watchers may take to hear of it
 
-# What a gateway sends back for "publish this post?": a realistic decision.
-APPROVAL_SCHEMA = json.dumps(
-    {
-        "$schema": "https://json-schema.org/draft/2020-12/schema",
-        "type": "object",
-        "properties": {
-            "approved": {"type": "boolean"},
-            "channel": {"enum": ["blog", "newsletter", "social"]},
-            "reviewer": {
-                "type": "object",
-                "properties": {
-                    "id": {"type": "string", "minLength": 1, "maxLength": 64},
-                    "email": {"type": "string", "maxLength": 254},
-                },
-                "required": ["id"],
-                "additionalProperties": False,
-            },
-            "priority": {"type": "integer", "minimum": 1, "maximum": 5},
-            "budget_eur": {"type": "number", "minimum": 0},
-            "comment": {"type": "string", "maxLength": 2000},
-        },
-        "required": ["approved", "channel", "reviewer"],
-        "additionalProperties": False,
-    }
-)
-VALID_DECISION = json.dumps(
-    {
-        "approved": True,
-        "channel": "blog",
-        "reviewer": {"id": "u-42", "email": "ana@example.com"},
-        "priority": 2,
-        "budget_eur": 120.5,
-        "comment": "Fine, publish on Monday.",
-    }
-).encode()
-# Wrong at its first field (a string for a boolean) and at two more.
-INVALID_DECISION = json.dumps(
-    {"approved": "yes", "channel": "print", "reviewer": {"email": "ana@example.com"}}
-).encode()
 VARIANTS = ("plain", "schema")
 
 SETTLED = promises_pb2.PROMISE_EVENT_TYPE_SETTLED
@@ -262,237 +240,6 @@ def parse_args(argv: list[str] | None = None) -> Settings:
     return settings
 
 
-# --------------------------------------------------------------------------- results
-
-
-@dataclass
-class ResolveRow:
-    """One part-1 figure: `op` create, resolve or refuse, of plain or schema promises."""
-
-    target: str
-    op: str
-    variant: str
-    result: PhaseResult
-
-
-@dataclass
-class RatioRow:
-    target: str
-    op: str
-    in_flight: int
-    per_s: float | None
-    p50: float | None
-    p99: float | None
-
-
-@dataclass
-class BuildRow:
-    target: str
-    promises: int
-    pending_in_group: int
-    elapsed_s: float
-    per_s: float
-    errors: int
-    first_error: str | None = None
-
-
-@dataclass
-class InboxRow:
-    target: str
-    order: str
-    page: str  # "first" or "next"
-    samples: int
-    p50_ms: float | None
-    p99_ms: float | None
-    max_ms: float | None
-    seen: int  # distinct promises a full walk listed (the pending approvals of g)
-    stats: str = ""  # the planner's statistics of the table: as loaded, or after ANALYZE
-    error: str | None = None
-
-
-@dataclass
-class WatchRow:
-    target: str
-    topology: str  # "one server", or "B<-A" (watchers on replica B, settles through A)
-    watchers: int
-    settled: int
-    settle_per_s: float
-    events: int
-    missing: int
-    p50_ms: float | None
-    p99_ms: float | None
-    max_ms: float | None
-    events_per_s: float
-    resolve_p50_ms: float | None
-    server_cpu: float | None
-    """Every replica's; `watch_server_cpu` is the replica the watchers are on."""
-    watch_server_cpu: float | None
-    db_cpu: float | None
-    client_cpu: float
-    errors: int
-    first_error: str | None = None
-
-
-@dataclass
-class Results:
-    resolve: list[ResolveRow] = field(default_factory=list)
-    ratios: list[RatioRow] = field(default_factory=list)
-    refusal_example: str | None = None
-    builds: list[BuildRow] = field(default_factory=list)
-    inbox: list[InboxRow] = field(default_factory=list)
-    watch: list[WatchRow] = field(default_factory=list)
-    failures: dict[str, str] = field(default_factory=dict)
-
-
-# --------------------------------------------------------------------------- requests
-
-
-def approval_create(
-    promise_id: str, n: int, group: str, *, schema: bool, ttl_s: int = 3600
-) -> promises_pb2.CreatePromiseRequest:
-    """What `ctx.promise()` for a human writes: the inbox tags, a title, a message."""
-    return promises_pb2.CreatePromiseRequest(
-        id=promise_id,
-        param=types_pb2.Payload(headers=JSON_HEADERS, data=b'{"post": %d}' % n),
-        tags={TAG_KIND: Kind.PROMISE.value, TAG_GROUP: group},
-        ttl=duration_pb2.Duration(seconds=ttl_s),
-        schema=APPROVAL_SCHEMA if schema else "",
-        title=f"Publish post {n}?",
-        message="The draft passed the checks; approve to publish it on the chosen channel.",
-    )
-
-
-def approvals(run_id: str, counter: Iterator[int], *, schema: bool) -> NextRequest:
-    prefix = f"appr-{run_id}-{'s' if schema else 'p'}"
-
-    def make() -> Request:
-        n = next(counter)
-        return approval_create(f"{prefix}-{n}", n, "bench", schema=schema)
-
-    return make
-
-
-def refusals(ids: list[str]) -> NextRequest:
-    """Resolves the ids round and round with a value the schema refuses (they stay PENDING)."""
-    it = itertools.cycle(ids)
-    value = types_pb2.Payload(headers=JSON_HEADERS, data=INVALID_DECISION)
-
-    def make() -> Request:
-        return promises_pb2.ResolvePromiseRequest(id=next(it), value=value)
-
-    return make
-
-
-def from_list(requests: Iterator[Request]) -> NextRequest:
-    """The requests of an iterator, then None. The client's reply callbacks call this
-    from several threads at once, and a generator refuses to be re-entered."""
-    lock = threading.Lock()
-
-    def make() -> Request | None:
-        with lock:
-            return next(requests, None)
-
-    return make
-
-
-def create_all(client: FutureClient, make: NextRequest, what: str) -> RawPhase:
-    """Run creates until `make` runs out; every one must succeed."""
-    raw = client.run("create", make, LOAD_IN_FLIGHT, BUILD_TIMEOUT_S)
-    if raw.errors:
-        raise ServerError(f"creating {what}: {raw.errors} creates failed, e.g. {raw.first_error}")
-    return raw
-
-
-# --------------------------------------------------------------------------- measuring
-
-
-@dataclass
-class Sample:
-    """A load phase and what the server, PostgreSQL and the machine spent on it."""
-
-    raw: RawPhase
-    server_cpu_s: float | None
-    busy_s: float | None
-    db_cpu_s: float | None
-    commits: int | None
-    requests: int | None
-
-
-def _add(a: float | None, b: float | None) -> float | None:
-    return None if a is None or b is None else a + b
-
-
-def merge(samples: list[Sample]) -> Sample:
-    """Several phases of one kind (the rounds) as one: calls and times add up."""
-    raw = RawPhase()
-    out = Sample(raw, 0.0, 0.0, 0.0, 0, 0)
-    for s in samples:
-        raw.latencies_ns.extend(s.raw.latencies_ns)
-        raw.errors += s.raw.errors
-        raw.first_error = raw.first_error or s.raw.first_error
-        raw.elapsed_s += s.raw.elapsed_s
-        raw.client_cpu_s += s.raw.client_cpu_s
-        out.server_cpu_s = _add(out.server_cpu_s, s.server_cpu_s)
-        out.busy_s = _add(out.busy_s, s.busy_s)
-        out.db_cpu_s = _add(out.db_cpu_s, s.db_cpu_s)
-        out.commits = None if out.commits is None or s.commits is None else out.commits + s.commits
-        out.requests = (
-            None if out.requests is None or s.requests is None else out.requests + s.requests
-        )
-    return out
-
-
-class Meter:
-    """Runs load phases on a cluster, sampling its CPU and commit stats around each."""
-
-    def __init__(self, cluster: Cluster, client: FutureClient) -> None:
-        self.cluster = cluster
-        self.client = client
-        self.use_stats = cluster.catches_sigusr1()
-        self.on_pg = cluster.backend.kind == "postgresql"
-
-    def run(self, op: str, make: NextRequest, in_flight: int, duration_s: float) -> Sample:
-        stats0 = self.cluster.stats() if self.use_stats else None
-        cpu0, busy0 = self.cluster.cpu_seconds(), machine_busy_seconds()
-        db0 = postgres_cpu_seconds() if self.on_pg else None
-        raw = self.client.run(op, make, in_flight, duration_s)
-        cpu1, busy1 = self.cluster.cpu_seconds(), machine_busy_seconds()
-        db1 = postgres_cpu_seconds() if self.on_pg else None
-        self.cluster.check_alive()
-        stats1 = self.cluster.stats() if self.use_stats else None
-        return Sample(
-            raw,
-            None if cpu0 is None or cpu1 is None else cpu1 - cpu0,
-            None if busy0 is None or busy1 is None else busy1 - busy0,
-            postgres_cpu_delta(db0, db1),
-            None if stats0 is None or stats1 is None else stats1[0] - stats0[0],
-            None if stats0 is None or stats1 is None else stats1[1] - stats0[1],
-        )
-
-
-def to_result(target: str, op: str, in_flight: int, sample: Sample) -> PhaseResult:
-    stats = None
-    if sample.commits is not None and sample.requests is not None:
-        stats = ((0, 0), (sample.commits, sample.requests))
-    return summarize(
-        target,
-        op,
-        in_flight,
-        sample.raw,
-        sample.server_cpu_s,
-        sample.busy_s,
-        stats,
-        sample.db_cpu_s,
-    )
-
-
-def start_cluster(name: str, backend: Backend, root: Path) -> Cluster:
-    workdir = root / name
-    workdir.mkdir()
-    log(f"  starting {backend.replicas} troth server(s) on {backend.kind} ({name})")
-    return Cluster(name, backend, workdir)
-
-
 # --------------------------------------------------------------------------- part 1
 
 
@@ -574,55 +321,6 @@ def part_resolve(target: str, settings: Settings, root: Path, run_id: str, out: 
         if client is not None:
             client.close()
         cluster.stop()
-
-
-def rate(sample: Sample) -> str:
-    raw = sample.raw
-    lat = sorted(raw.latencies_ns)
-    return (
-        f"{len(lat) / (raw.elapsed_s or float('nan')):,.0f}/s p50 "
-        f"{fmt(percentile_ms(lat, 50), '.2f')} ms p99 {fmt(percentile_ms(lat, 99), '.2f')} ms"
-        + (f" ({raw.errors} errors: {raw.first_error})" if raw.errors else "")
-    )
-
-
-def refusal_example(address: str, promise_id: str) -> str:
-    """One refused resolve, as a gateway would see it (code and message)."""
-    with grpc.insecure_channel(address) as channel:
-        try:
-            PromiseServiceStub(channel).ResolvePromise(
-                promises_pb2.ResolvePromiseRequest(
-                    id=promise_id,
-                    value=types_pb2.Payload(headers=JSON_HEADERS, data=INVALID_DECISION),
-                ),
-                timeout=CALL_TIMEOUT_S,
-            )
-        except grpc.RpcError as exc:
-            return f"{exc.code().name}: {exc.details()}"
-    raise ServerError(f"a resolve of {promise_id} with {INVALID_DECISION!r} was accepted")
-
-
-def ratio(target: str, op: str, in_flight: int, rows: list[ResolveRow]) -> RatioRow:
-    found = {
-        r.variant: r.result
-        for r in rows
-        if r.target == target and r.op == op and r.result.in_flight == in_flight
-    }
-    plain, schema = found.get("plain"), found.get("schema")
-
-    def div(a: float | None, b: float | None) -> float | None:
-        return None if a is None or not b else a / b
-
-    if plain is None or schema is None:
-        return RatioRow(target, op, in_flight, None, None, None)
-    return RatioRow(
-        target,
-        op,
-        in_flight,
-        div(schema.calls_per_s, plain.calls_per_s),
-        div(schema.p50_ms, plain.p50_ms),
-        div(schema.p99_ms, plain.p99_ms),
-    )
 
 
 # --------------------------------------------------------------------------- part 2
@@ -995,143 +693,6 @@ async def watch_round(
         errors=errors,
         first_error=first_error,
     )
-
-
-# --------------------------------------------------------------------------- output
-
-
-def render(results: Results) -> str:
-    blocks = []
-    if results.resolve:
-        rows = [
-            [
-                r.target,
-                r.op,
-                r.variant,
-                str(r.result.in_flight),
-                f"{r.result.calls:,}",
-                fmt(r.result.calls_per_s, ",.0f"),
-                fmt(r.result.p50_ms, ".2f"),
-                fmt(r.result.p99_ms, ".2f"),
-                str(r.result.errors),
-                fmt(r.result.commits_per_s, ",.0f"),
-                fmt(r.result.server_cpu, ".0%"),
-                fmt(r.result.client_cpu, ".0%"),
-                fmt(r.result.db_cpu, ".0%"),
-                fmt(r.result.other_cpu, ".0%"),
-            ]
-            for r in results.resolve
-        ]
-        header = ["target", "op", "promises", "in-flight", "calls", "calls/s", "p50 ms",
-                  "p99 ms", "errors", "commits/s", "srv cpu", "cli cpu", "db cpu",
-                  "other cpu"]  # fmt: skip
-        blocks.append(
-            "(1) create and resolve, plain promises vs promises with the approval schema "
-            "(refuse = a resolve the schema refuses: calls are INVALID_ARGUMENT answers; its "
-            "p50/p99 are not timed)\n" + table(header, rows, left=3)
-        )
-        ratio_rows = [
-            [
-                r.target,
-                r.op,
-                str(r.in_flight),
-                fmt(r.per_s, ".2f"),
-                fmt(r.p50, ".2f"),
-                fmt(r.p99, ".2f"),
-            ]
-            for r in results.ratios
-        ]
-        blocks.append(
-            "(1) schema / plain\n"
-            + table(["target", "op", "in-flight", "calls/s", "p50", "p99"], ratio_rows, left=2)
-        )
-        if results.refusal_example:
-            blocks.append(f"(1) a refused resolve answers: {results.refusal_example}")
-    if results.builds:
-        rows = [
-            [
-                b.target,
-                f"{b.promises:,}",
-                f"{b.pending_in_group:,}",
-                f"{b.elapsed_s:.1f}",
-                fmt(b.per_s, ",.0f"),
-                str(b.errors),
-            ]
-            for b in results.builds
-        ]
-        blocks.append(
-            f"(2) the inbox table (creates at {LOAD_IN_FLIGHT} in flight)\n"
-            + table(["target", "promises", "pending in g", "build s", "creates/s", "errors"], rows)
-        )
-    if results.inbox:
-        rows = [
-            [
-                r.target,
-                r.stats,
-                r.order,
-                r.page,
-                str(r.samples),
-                fmt(r.p50_ms, ".2f"),
-                fmt(r.p99_ms, ".2f"),
-                fmt(r.max_ms, ".2f"),
-                f"{r.seen:,}",
-                short(r.error),
-            ]
-            for r in results.inbox
-        ]
-        blocks.append(
-            "(2) inbox search: PENDING, tags troth:kind=promise + troth:group=g, 100 per page "
-            "(seen = distinct promises one walk of all pages listed; table statistics: as the "
-            "load left them, then after ANALYZE)\n"
-            + table(
-                [
-                    "target",
-                    "table statistics",
-                    "order",
-                    "page",
-                    "samples",
-                    "p50 ms",
-                    "p99 ms",
-                    "max ms",
-                    "seen",
-                    "error",
-                ],
-                rows,
-                left=4,
-            )
-        )
-    if results.watch:
-        rows = [
-            [
-                r.target,
-                r.topology,
-                str(r.watchers),
-                str(r.settled),
-                fmt(r.settle_per_s, ",.0f"),
-                f"{r.events:,}",
-                str(r.missing),
-                fmt(r.p50_ms, ".2f"),
-                fmt(r.p99_ms, ".2f"),
-                fmt(r.max_ms, ".2f"),
-                fmt(r.events_per_s, ",.0f"),
-                fmt(r.resolve_p50_ms, ".2f"),
-                fmt(r.server_cpu, ".0%"),
-                fmt(r.watch_server_cpu, ".0%"),
-                fmt(r.db_cpu, ".0%"),
-                fmt(r.client_cpu, ".0%"),
-                str(r.errors),
-            ]
-            for r in results.watch
-        ]
-        header = ["target", "topology", "watchers", "settled", "settles/s", "events", "missing",
-                  "p50 ms", "p99 ms", "max ms", "events/s", "resolve p50", "srv cpu",
-                  "watch srv cpu", "db cpu", "cli cpu", "errors"]  # fmt: skip
-        blocks.append(
-            "(3) WatchPromises fan-out: resolve returning -> each watcher's SETTLED event "
-            "(B<-A = watchers on replica B, settles through replica A; srv cpu = all replicas, "
-            "watch srv cpu = the watchers' replica)\n" + table(header, rows, left=2)
-        )
-    return "\n\n".join(blocks)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -40,7 +40,8 @@ from typing import Any
 import grpc.aio
 import jwt
 from _servers import BACKENDS, Cluster, log, machine_info, table
-from workflows import Harness, Notifications, Settings, hitl_cycle, measure_phase
+from _workflow_load import Harness, Notifications, hitl_cycle
+from workflows import Settings, measure_phase
 
 from troth.v1 import promises_pb2, promises_pb2_grpc, types_pb2
 from troth_server.auth import mint

@@ -19,6 +19,9 @@ default settings) on a fresh database per part; workers are subprocesses
 running `bench/_workflow_worker.py`; the clients are `troth.Client` in this
 process (one thread per cycle in flight).
 
+The processes and the load they share with the other benchmarks are in
+`_workflow_load.py`; the result rows, verdicts and tables in `_workflow_report.py`.
+
 Usage::
 
     .venv/bin/python bench/workflows.py [--quick] [--parts 1,2,3,4,5] [--json]
@@ -28,77 +31,71 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import collections
-import itertools
 import json
 import math
-import os
 import shutil
 import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import grpc.aio
 from _servers import (
     BACKENDS,
-    Cluster,
     ServerError,
     fmt,
     log,
-    machine_busy_seconds,
     machine_info,
     percentile_ms,
-    postgres_cpu_delta,
-    postgres_cpu_seconds,
-    proc_cpu_seconds,
-    table,
+)
+from _workflow_load import (
+    CYCLE_TIMEOUT_S,
+    DEFAULT_LEASE_S,
+    CpuMeter,
+    Harness,
+    Notifications,
+    WorkerProcess,
+    hitl_cycle,
+    run_loops,
+    ten_step_cycle,
+)
+from _workflow_report import (
+    LatencyRow,
+    RecoveryRow,
+    Results,
+    ResumeRow,
+    RpcLine,
+    ThroughputRow,
+    render,
+    verdicts,
 )
 from _workflow_worker import cheap_step
 
-from troth import Client
 from troth._commands import TAG_ARGS, TAG_FUNC, TAG_GROUP, TAG_KIND, CreatePromise, Kind, RunStep
 from troth._digests import args_digest
 from troth.v1 import promises_pb2, promises_pb2_grpc, tasks_pb2, tasks_pb2_grpc, types_pb2
 
-BENCH_DIR = Path(__file__).resolve().parent
-WORKER_SCRIPT = BENCH_DIR / "_workflow_worker.py"
+if TYPE_CHECKING:
+    from troth import Client
 
-CYCLE_TIMEOUT_S = 30.0
-CONNECT_TIMEOUT_S = 30.0
 RESUME_TIMEOUT_S = 120.0
 RECOVERY_TIMEOUT_S = 60.0
-STOP_TIMEOUT_S = 15.0
 
 JSON_HEADERS = {"content-type": "application/json"}
-WORKER_CONCURRENCY = 64
 RESUME_APPROVALS = 3  # resumes measured per history length
 MESSAGE_TOO_LARGE = "larger than max"  # gRPC's words for a message over the size limit
 # A server whose message limit (2 x max payload + 1 MiB) fits a 50k-step history.
 RAISED_LIMIT_ARGS = ("--max-payload-bytes", str(8 * 1024 * 1024))
 RECOVERY_LEASE_S = 2.0  # the lease of the workers in the SIGSTOP phase
-DEFAULT_LEASE_S = 10.0  # the SDK's default, kept in the SIGKILL phase
 
-# Targets (issue 3, "Benchmark").
-TARGET_HITL_PER_S = 1000.0
-TARGET_TEN_STEP_PER_S = 400.0
-TARGET_IN_FLIGHT = 64
-TARGET_RESUME_STEPS = 10_000
-TARGET_RESUME_S = 1.0
-LINEARITY_MAX_RATIO = 1.5  # per-step resume cost at the largest history vs the target's
-TARGET_KILL_P99_S = 1.0
-TARGET_STOP_SLACK_S = 1.0  # frozen: within lease + this
-TARGET_LATENCY_P50_MS = 10.0
 
 PromiseServiceStub: Any = promises_pb2_grpc.PromiseServiceStub
 TaskServiceStub: Any = tasks_pb2_grpc.TaskServiceStub
@@ -178,480 +175,7 @@ def parse_args(argv: list[str] | None = None) -> Settings:
     )
 
 
-# --------------------------------------------------------------------------- results
-
-
-@dataclass
-class ThroughputRow:
-    part: int
-    workload: str
-    workers: int
-    in_flight: int
-    completed: int
-    errors: int
-    elapsed_s: float
-    per_s: float
-    p50_ms: float | None
-    p99_ms: float | None
-    client_cpu: float | None
-    worker_cpu: float | None
-    server_cpu: float | None
-    other_cpu: float | None
-    commits_per_s: float | None
-    first_error: str | None = None
-    db_cpu: float | None = None
-    target: str = ""
-
-
-@dataclass
-class RpcLine:
-    side: str  # "client" or "worker"
-    method: str
-    promise_id: str | None
-    server_ms: float | None
-
-
-@dataclass
-class ResumeRow:
-    steps: int
-    server: str
-    build_s: float | None
-    build_per_s: float | None
-    first_resume_s: float | None
-    resumes_s: list[float]
-    median_s: float | None
-    per_1k_steps_ms: float | None
-    worker_cpu_s: float | None
-    server_cpu_s: float | None
-    error: str | None = None
-    target: str = ""
-
-
-@dataclass
-class RecoveryRow:
-    signal: str
-    workflows: int
-    lease_s: float
-    recovered: int
-    p50_s: float | None
-    p99_s: float | None
-    max_s: float | None
-    completed: int
-    assignments: float | None = None
-    """Mean times each task was leased (the task counter, read from the database)."""
-    error: str | None = None
-    target: str = ""
-
-
-@dataclass
-class LatencyRow:
-    samples: int
-    p50_ms: float | None
-    p99_ms: float | None
-    max_ms: float | None
-    server_p50_ms: float | None
-    server_p99_ms: float | None
-    errors: int
-    target: str = ""
-
-
-@dataclass
-class Verdict:
-    part: int
-    passed: bool | None
-    text: str
-
-
-@dataclass
-class Results:
-    throughput: list[ThroughputRow] = field(default_factory=list)
-    rpcs: list[RpcLine] = field(default_factory=list)
-    resume: list[ResumeRow] = field(default_factory=list)
-    recovery: list[RecoveryRow] = field(default_factory=list)
-    latency: list[LatencyRow] = field(default_factory=list)
-    failures: dict[str, str] = field(default_factory=dict)
-
-
-class Raw:
-    """What a throughput phase collected."""
-
-    def __init__(self) -> None:
-        self.latencies_ns: list[int] = []
-        self.errors = 0
-        self.first_error: str | None = None
-        self.elapsed_s = 0.0
-        self.client_cpu_s = 0.0
-        self._lock = threading.Lock()
-
-    def error(self, exc: BaseException) -> None:
-        with self._lock:
-            self.errors += 1
-            if self.first_error is None:
-                self.first_error = f"{type(exc).__name__}: {exc}"
-
-
-# --------------------------------------------------------------------------- processes
-
-
-class LogTail:
-    """The JSON lines a server wrote to its log since the last read."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.offset = path.stat().st_size if path.exists() else 0
-        self._pending = b""
-
-    def skip(self) -> None:
-        self.read()
-
-    def read(self) -> list[dict[str, Any]]:
-        with self.path.open("rb") as f:
-            f.seek(self.offset)
-            chunk = f.read()
-        self.offset += len(chunk)
-        *lines, self._pending = (self._pending + chunk).split(b"\n")
-        records = []
-        for line in lines:
-            if not line.startswith(b"{"):
-                continue
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(record, dict):
-                records.append(record)
-        return records
-
-
-class Notifications:
-    """The datagrams the workers send (`<event> <workflow id> <monotonic> <pid>`)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 * 1024 * 1024)
-        self._sock.bind(str(path))
-        self._lock = threading.Condition()
-        self._waiters: dict[tuple[str, str], threading.Event] = {}
-        self.entered: list[tuple[str, float, int]] = []
-        self._thread = threading.Thread(target=self._loop, name="notifications", daemon=True)
-        self._thread.start()
-
-    def expect(self, workflow_id: str, report: str = "suspended") -> threading.Event:
-        """An event set by the next `report` for this workflow: `suspended` (its task
-        suspended it) or `notified` (its notification step ran; the workflow is live)."""
-        event = threading.Event()
-        with self._lock:
-            self._waiters[(report, workflow_id)] = event
-        return event
-
-    def forget(self, workflow_id: str, report: str = "suspended") -> None:
-        with self._lock:
-            self._waiters.pop((report, workflow_id), None)
-
-    def _loop(self) -> None:
-        while True:
-            try:
-                data = self._sock.recv(4096)
-            except OSError:
-                return
-            parts = data.decode().split()
-            if len(parts) != 4:
-                continue
-            event, workflow_id, at, pid = parts
-            with self._lock:
-                if event in ("suspended", "notified"):
-                    waiter = self._waiters.pop((event, workflow_id), None)
-                    if waiter is not None:
-                        waiter.set()
-                elif event == "enter":
-                    self.entered.append((workflow_id, float(at), int(pid)))
-                    self._lock.notify_all()
-
-    def wait_entered(self, pid: int, ids: set[str], timeout: float) -> dict[str, float]:
-        """Wait until every workflow in `ids` entered its step in process `pid`."""
-        deadline = time.monotonic() + timeout
-        with self._lock:
-            while True:
-                seen = {wf: at for wf, at, p in self.entered if p == pid and wf in ids}
-                remaining = deadline - time.monotonic()
-                if len(seen) == len(ids) or remaining <= 0:
-                    return seen
-                self._lock.wait(min(remaining, 0.5))
-
-    def close(self) -> None:
-        self._sock.close()
-
-
-class WorkerProcess:
-    """A `bench/_workflow_worker.py` subprocess."""
-
-    def __init__(self, workdir: Path, worker_id: str, argv: list[str]) -> None:
-        self.name = self.worker_id = worker_id
-        self.log_path = workdir / f"{worker_id}.log"
-        self._log = self.log_path.open("wb")
-        self.proc = subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=self._log,
-            stderr=self._log,
-            env=dict(os.environ, PYTHONUNBUFFERED="1"),
-            cwd=workdir,
-        )
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def cpu_seconds(self) -> float | None:
-        return proc_cpu_seconds(self.proc.pid)
-
-    def check_alive(self) -> None:
-        if self.proc.poll() is not None:
-            raise ServerError(
-                f"worker {self.name} exited with {self.proc.returncode}:\n{self.log_tail()}"
-            )
-
-    def log_tail(self, lines: int = 15) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
-
-    def signal(self, signum: int) -> None:
-        self.proc.send_signal(signum)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._log.close()
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait()
-        self._log.close()
-
-
-class Harness:
-    """One target's server replicas (fresh database) per part, its workers, and the
-    notification socket.
-
-    With several replicas, the workers connect to them in turn (worker i to
-    replica i mod n), and there is one `Client` per replica: cycle thread i
-    uses `clients[i mod n]`.
-    """
-
-    def __init__(
-        self,
-        root: Path,
-        notes: Notifications,
-        name: str,
-        target: str,
-        server_args: tuple[str, ...] = (),
-    ) -> None:
-        self.root = root
-        self.notes = notes
-        self.target = target
-        self.workdir = root / f"{name}-{target}"
-        self.workdir.mkdir()
-        self.workers: list[WorkerProcess] = []
-        self.clients: list[Client] = []
-        self.client: Client | None = None
-        self.server = Cluster(f"server-{name}", BACKENDS[target], self.workdir, server_args)
-        try:
-            self.addresses = self.server.addresses
-            self.address = self.addresses[0]
-            self.tails = [LogTail(server.stderr_path) for server in self.server.servers]
-            self.clients = [Client(a, timeout=CYCLE_TIMEOUT_S) for a in self.addresses]
-            self.client = self.clients[0]
-        except BaseException:
-            self.close()
-            raise
-
-    def read_logs(self) -> list[dict[str, Any]]:
-        """The JSON lines every replica logged since the last read."""
-        return [record for tail in self.tails for record in tail.read()]
-
-    def db_cpu_seconds(self) -> dict[int, float] | None:
-        return postgres_cpu_seconds() if self.server.backend.kind == "postgresql" else None
-
-    def start_workers(
-        self,
-        group: str,
-        count: int,
-        *,
-        concurrency: int = WORKER_CONCURRENCY,
-        lease_s: float = DEFAULT_LEASE_S,
-        cache_size: int = 256,
-        block: bool = False,
-    ) -> list[WorkerProcess]:
-        """Start `count` worker processes of `group` and wait until each has its Poll stream."""
-        started = []
-        for _ in range(count):
-            worker_id = f"{group}-w{len(self.workers)}-{uuid.uuid4().hex[:6]}"
-            address = self.addresses[len(self.workers) % len(self.addresses)]
-            argv = [
-                sys.executable, str(WORKER_SCRIPT),
-                "--address", address, "--group", group, "--worker-id", worker_id,
-                "--concurrency", str(concurrency), "--lease", str(lease_s),
-                "--cache-size", str(cache_size), "--notify", str(self.notes.path),
-            ]  # fmt: skip
-            if block:
-                argv.append("--block")
-            worker = WorkerProcess(self.workdir, worker_id, argv)
-            self.workers.append(worker)
-            started.append(worker)
-        self.wait_connected({w.worker_id for w in started}, started)
-        return started
-
-    def wait_connected(self, worker_ids: set[str], workers: list[WorkerProcess]) -> None:
-        deadline = time.monotonic() + CONNECT_TIMEOUT_S
-        missing = set(worker_ids)
-        while missing:
-            for record in self.read_logs():
-                if record.get("event") == "worker.connected":
-                    missing.discard(str(record.get("worker_id")))
-            if not missing:
-                return
-            for worker in workers:
-                worker.check_alive()
-            self.server.check_alive()
-            if time.monotonic() > deadline:
-                raise ServerError(f"workers {sorted(missing)} never opened their Poll stream")
-            time.sleep(0.05)
-
-    def stop_workers(self, workers: list[WorkerProcess] | None = None) -> None:
-        for worker in list(workers if workers is not None else self.workers):
-            worker.stop()
-            if worker in self.workers:
-                self.workers.remove(worker)
-
-    def close(self) -> None:
-        for worker in self.workers:
-            worker.kill()
-        self.workers.clear()
-        for client in self.clients:
-            client.close()
-        if hasattr(self, "server"):
-            self.server.stop()
-
-
 # --------------------------------------------------------------------------- throughput
-
-
-class CpuMeter:
-    """CPU of this process, the server, the workers and the rest of the machine over a phase."""
-
-    def __init__(self, harness: Harness, workers: list[WorkerProcess]) -> None:
-        self._harness = harness
-        self._workers = workers
-        self._start = self._sample()
-
-    def _sample(
-        self,
-    ) -> tuple[float, float | None, float | None, float | None, dict[int, float] | None]:
-        worker_times = [w.cpu_seconds() for w in self._workers]
-        workers = (
-            None if any(t is None for t in worker_times) else sum(t or 0 for t in worker_times)
-        )
-        return (
-            time.process_time(),
-            self._harness.server.cpu_seconds(),
-            workers,
-            machine_busy_seconds(),
-            self._harness.db_cpu_seconds(),
-        )
-
-    def stop(
-        self, elapsed: float
-    ) -> tuple[float | None, float | None, float | None, float | None, float | None]:
-        """(client, worker, server, other, db) CPU, in cores (1.0 = one core busy).
-
-        `db` is every postgres process on the machine (None on SQLite); `other`
-        excludes it."""
-        end = self._sample()
-        client = (end[0] - self._start[0]) / elapsed
-
-        def delta(i: int) -> float | None:
-            a, b = self._start[i], end[i]
-            return None if a is None or b is None else (b - a) / elapsed
-
-        server, workers, busy = delta(1), delta(2), delta(3)
-        db_s = postgres_cpu_delta(self._start[4], end[4])
-        db = None if db_s is None else db_s / elapsed
-        other = (
-            None
-            if busy is None or server is None or workers is None
-            else max(0.0, busy - server - workers - client - (db or 0.0))
-        )
-        return client, workers, server, other, db
-
-
-def run_loops(
-    cycle: Callable[[str, int], None], prefix: str, in_flight: int, duration: float
-) -> Raw:
-    """`in_flight` threads each running cycles (`cycle(workflow_id, thread index)`) until
-    the deadline."""
-    raw = Raw()
-    counter = itertools.count()
-    clock = time.perf_counter_ns
-    deadline = clock() + int(duration * 1e9)
-    latencies = raw.latencies_ns
-
-    def loop(slot: int) -> None:
-        while clock() < deadline:
-            workflow_id = f"{prefix}-{next(counter)}"
-            start = clock()
-            try:
-                cycle(workflow_id, slot)
-            except Exception as exc:
-                raw.error(exc)
-                continue
-            latencies.append(clock() - start)
-
-    threads = [threading.Thread(target=loop, args=(i,), daemon=True) for i in range(in_flight)]
-    t0 = clock()
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    raw.elapsed_s = (clock() - t0) / 1e9
-    return raw
-
-
-def hitl_cycle(
-    clients: list[Client], notes: Notifications, group: str
-) -> Callable[[str, int], None]:
-    def cycle(workflow_id: str, slot: int) -> None:
-        client = clients[slot % len(clients)]
-        suspended = notes.expect(workflow_id)
-        try:
-            handle = client.start("hitl", id=workflow_id, group=group)
-            if not suspended.wait(CYCLE_TIMEOUT_S):
-                raise TimeoutError(f"{workflow_id} never reached its wait")
-        finally:
-            notes.forget(workflow_id)
-        client.resolve(f"{workflow_id}.0", {"approved": True})
-        if handle.result(timeout=CYCLE_TIMEOUT_S) != {"approved": True}:
-            raise AssertionError(f"{workflow_id}: unexpected result")
-
-    return cycle
-
-
-def ten_step_cycle(clients: list[Client], group: str) -> Callable[[str, int], None]:
-    def cycle(workflow_id: str, slot: int) -> None:
-        client = clients[slot % len(clients)]
-        handle = client.start("ten_steps", id=workflow_id, group=group)
-        if handle.result(timeout=CYCLE_TIMEOUT_S) != "done":
-            raise AssertionError(f"{workflow_id}: unexpected result")
-
-    return cycle
 
 
 def measure_phase(
@@ -1163,298 +687,6 @@ def _pct(values: list[float], pct: float) -> float | None:
     return values[max(0, math.ceil(pct / 100 * len(values)) - 1)]
 
 
-# --------------------------------------------------------------------------- verdicts
-
-
-def verdicts(results: Results, settings: Settings) -> list[Verdict]:
-    out: list[Verdict] = []
-    for part, workload, target in (
-        (1, "hitl", TARGET_HITL_PER_S),
-        (2, "ten-steps", TARGET_TEN_STEP_PER_S),
-    ):
-        if part not in settings.parts:
-            continue
-        rows = [
-            r
-            for r in results.throughput
-            if r.workload == workload and r.in_flight == TARGET_IN_FLIGHT
-        ]
-        what = "HITL cycles/s" if part == 1 else "10-step workflows/s"
-        if not rows:
-            text = f"N/A ({part}) {what}: not measured at {TARGET_IN_FLIGHT} in flight"
-            out.append(Verdict(part, None, text))
-            continue
-        for r in rows:
-            ok = r.per_s >= target and r.errors == 0
-            out.append(
-                Verdict(
-                    part,
-                    ok,
-                    f"{'PASS' if ok else 'MISS'} ({part}) [{r.target}] {what}, {r.workers} worker "
-                    f"process(es), {r.in_flight} in flight: {r.per_s:,.0f}/s (target >= "
-                    f"{target:,.0f}/s), errors {r.errors}",
-                )
-            )
-    if 3 in settings.parts:
-        for t in settings.targets:
-            rows_t = [r for r in results.resume if r.target == t]
-            if rows_t:
-                out.extend(resume_verdicts(t, rows_t))
-    if 4 in settings.parts:
-        for rec in results.recovery:
-            limit = (
-                TARGET_KILL_P99_S if rec.signal == "SIGKILL" else rec.lease_s + TARGET_STOP_SLACK_S
-            )
-            ok = rec.p99_s is not None and rec.p99_s < limit and rec.error is None
-            how = (
-                "by stream break"
-                if rec.signal == "SIGKILL"
-                else f"frozen, lease {rec.lease_s:g} s + {TARGET_STOP_SLACK_S:g} s"
-            )
-            extra = f"; {rec.error}" if rec.error else ""
-            out.append(
-                Verdict(
-                    4,
-                    ok,
-                    f"{'PASS' if ok else 'MISS'} (4) [{rec.target}] recovery after {rec.signal} "
-                    "of a worker "
-                    f"holding {rec.workflows}: p99 {fmt(rec.p99_s, '.3f')} s, max "
-                    f"{fmt(rec.max_s, '.3f')} s (target p99 < {limit:g} s, {how}){extra}",
-                )
-            )
-        if not results.recovery:
-            out.append(Verdict(4, None, "N/A (4) recovery: not measured"))
-    if 5 in settings.parts:
-        if not results.latency:
-            out.append(Verdict(5, None, "N/A (5) settle-to-completion latency: not measured"))
-        for r5 in results.latency:
-            if r5.p50_ms is None:
-                out.append(Verdict(5, None, f"N/A (5) [{r5.target}] latency: no sample"))
-                continue
-            ok = (r5.p50_ms or 0) < TARGET_LATENCY_P50_MS and r5.errors == 0
-            out.append(
-                Verdict(
-                    5,
-                    ok,
-                    f"{'PASS' if ok else 'MISS'} (5) [{r5.target}] settle-to-completion latency "
-                    "of a suspended "
-                    f"workflow: p50 {r5.p50_ms:.2f} ms, p99 {fmt(r5.p99_ms, '.2f')} ms "
-                    f"(target p50 < {TARGET_LATENCY_P50_MS:g} ms)",
-                )
-            )
-    for name, message in results.failures.items():
-        out.append(Verdict(0, False, f"FAILED {name}: {message.splitlines()[0]}"))
-    return out
-
-
-def resume_verdicts(target: str, rows: list[ResumeRow]) -> list[Verdict]:
-    out: list[Verdict] = []
-    r10 = next((r for r in rows if r.steps == TARGET_RESUME_STEPS and r.server == "default"), None)
-    if r10 is None or r10.median_s is None:
-        why = "not measured" if r10 is None else r10.error
-        out.append(
-            Verdict(3, None, f"N/A (3) [{target}] resume at {TARGET_RESUME_STEPS:,} steps: {why}")
-        )
-    else:
-        ok = r10.median_s < TARGET_RESUME_S and r10.error is None
-        out.append(
-            Verdict(
-                3,
-                ok,
-                f"{'PASS' if ok else 'MISS'} (3) [{target}] resume with a "
-                f"{TARGET_RESUME_STEPS:,}-step history, settle to completion: median "
-                f"{r10.median_s:.3f} s (target < "
-                f"{TARGET_RESUME_S:g} s)",
-            )
-        )
-    measured = [r for r in rows if r.per_1k_steps_ms is not None]
-    if r10 is not None and r10.per_1k_steps_ms is not None and len(measured) >= 2:
-        biggest = max(measured, key=lambda r: r.steps)
-        ratio = (biggest.per_1k_steps_ms or 0) / r10.per_1k_steps_ms
-        ok = ratio <= LINEARITY_MAX_RATIO
-        per = ", ".join(
-            f"{r.steps:,}: {r.per_1k_steps_ms:.1f} ms"
-            + ("" if r.server == "default" else f" (server {r.server})")
-            for r in measured
-        )
-        out.append(
-            Verdict(
-                3,
-                ok,
-                f"{'PASS' if ok else 'MISS'} (3) [{target}] linearity, resume time per 1k "
-                f"steps: {per}; "
-                f"{biggest.steps:,} vs {TARGET_RESUME_STEPS:,}: x{ratio:.2f} "
-                f"(<= x{LINEARITY_MAX_RATIO:g} counts as linear)",
-            )
-        )
-    for r in rows:
-        if r.error is not None:
-            out.append(
-                Verdict(
-                    3,
-                    False,
-                    f"MISS (3) [{target}] resume with a {r.steps:,}-step history (server "
-                    f"{r.server}): {r.error}",
-                )
-            )
-    return out
-
-
-# --------------------------------------------------------------------------- output
-
-
-def short(error: str | None, width: int = 60) -> str:
-    """An error for a table cell; the verdicts carry it whole."""
-    if not error:
-        return ""
-    return error if len(error) <= width else error[: width - 3] + "..."
-
-
-def render(results: Results) -> str:
-    blocks = []
-    if results.throughput:
-        rows = [
-            [
-                r.target,
-                r.workload,
-                str(r.workers),
-                str(r.in_flight),
-                f"{r.per_s:,.0f}",
-                fmt(r.p50_ms, ".1f"),
-                fmt(r.p99_ms, ".1f"),
-                str(r.errors),
-                fmt(r.commits_per_s, ",.0f"),
-                fmt(r.client_cpu, ".0%"),
-                fmt(r.worker_cpu, ".0%"),
-                fmt(r.server_cpu, ".0%"),
-                fmt(r.db_cpu, ".0%"),
-                fmt(r.other_cpu, ".0%"),
-            ]
-            for r in results.throughput
-        ]
-        header = ["target", "workload", "workers", "in-flight", "per s", "p50 ms", "p99 ms",
-                  "errors", "commits/s", "cli cpu", "wrk cpu", "srv cpu", "db cpu",
-                  "other cpu"]  # fmt: skip
-        blocks.append("(1, 2) throughput (per s = completed workflows per second; srv cpu = "
-                      "all replicas; db cpu = every postgres process)\n"
-                      + table(header, rows, left=2))  # fmt: skip
-        per_cycle = []
-        for r in results.throughput:
-            if not r.completed or not r.elapsed_s:
-                continue
-            scale = r.elapsed_s / r.completed * 1e6
-            per_cycle.append(
-                [
-                    r.target,
-                    r.workload,
-                    str(r.workers),
-                    str(r.in_flight),
-                    fmt(None if r.client_cpu is None else r.client_cpu * scale, ",.0f"),
-                    fmt(None if r.worker_cpu is None else r.worker_cpu * scale, ",.0f"),
-                    fmt(None if r.server_cpu is None else r.server_cpu * scale, ",.0f"),
-                    fmt(None if r.db_cpu is None else r.db_cpu * scale, ",.0f"),
-                ]
-            )
-        blocks.append(
-            "CPU per completed workflow (µs)\n"
-            + table(
-                ["target", "workload", "workers", "in-flight", "client", "workers", "server", "db"],
-                per_cycle,
-                left=2,
-            )
-        )
-    if results.rpcs:
-        counts: collections.Counter[tuple[str, str]] = collections.Counter()
-        server_ms: dict[tuple[str, str], float] = collections.defaultdict(float)
-        for line in results.rpcs:
-            counts[(line.side, line.method)] += 1
-            server_ms[(line.side, line.method)] += line.server_ms or 0.0
-        rows = [
-            [side, method, str(n), f"{server_ms[(side, method)]:.2f}"]
-            for (side, method), n in sorted(counts.items())
-        ]
-        client_n = sum(n for (side, _), n in counts.items() if side == "client")
-        worker_n = sum(n for (side, _), n in counts.items() if side == "worker")
-        completes = counts[("worker", "CompleteTask")]
-        rows.append(["total", "", str(client_n + worker_n), ""])
-        blocks.append(
-            "(1) RPCs of one human-in-the-loop cycle (server `rpc` log lines; WatchPromise is "
-            "a stream)\n"
-            + table(["side", "method", "calls", "server ms"], rows, left=2)
-            + f"\nclient {client_n}, worker {worker_n}; plus {completes} task deliveries on "
-            "the worker's open Poll stream (one per CompleteTask)"
-        )
-    if results.resume:
-        rows = [
-            [
-                r.target,
-                f"{r.steps:,}",
-                r.server,
-                fmt(r.build_s, ".1f"),
-                fmt(r.build_per_s, ",.0f"),
-                fmt(r.first_resume_s, ".3f"),
-                ", ".join(f"{s:.3f}" for s in r.resumes_s) or "-",
-                fmt(r.median_s, ".3f"),
-                fmt(r.per_1k_steps_ms, ".1f"),
-                fmt(r.worker_cpu_s, ".2f"),
-                fmt(r.server_cpu_s, ".2f"),
-                short(r.error),
-            ]
-            for r in results.resume
-        ]
-        header = ["target", "steps", "server", "build s", "build/s", "1st resume s", "resumes s",
-                  "median s", "ms/1k steps", "wrk cpu s", "srv cpu s", "error"]  # fmt: skip
-        blocks.append(
-            "(3) resume of a long history (settle to completion, no worker cache: full replay)\n"
-            + table(header, rows, left=1)
-        )
-    if results.recovery:
-        rows = [
-            [
-                r.target,
-                r.signal,
-                str(r.workflows),
-                f"{r.lease_s:g}",
-                str(r.recovered),
-                fmt(r.p50_s, ".3f"),
-                fmt(r.p99_s, ".3f"),
-                fmt(r.max_s, ".3f"),
-                str(r.completed),
-                fmt(r.assignments, ".1f"),
-                short(r.error),
-            ]
-            for r in results.recovery
-        ]
-        header = ["target", "signal", "held", "lease s", "running again", "p50 s", "p99 s", "max s",
-                  "completed", "leases/task", "error"]  # fmt: skip
-        blocks.append(
-            "(4) recovery: signal to the step running again on the other worker\n"
-            + table(header, rows, left=2)
-        )
-    if results.latency:
-        rows = [
-            [
-                r.target,
-                str(r.samples),
-                fmt(r.p50_ms, ".2f"),
-                fmt(r.p99_ms, ".2f"),
-                fmt(r.max_ms, ".2f"),
-                fmt(r.server_p50_ms, ".2f"),
-                fmt(r.server_p99_ms, ".2f"),
-                str(r.errors),
-            ]
-            for r in results.latency
-        ]
-        header = ["target", "samples", "p50 ms", "p99 ms", "max ms", "server p50 ms",
-                  "server p99 ms", "errors"]  # fmt: skip
-        blocks.append(
-            "(5) settle to completion of a suspended workflow (resolve call to the watch "
-            "seeing the root settled; server = root settle_time - step settle_time)\n"
-            + table(header, rows, left=1)
-        )
-    return "\n\n".join(blocks)
-
-
 # --------------------------------------------------------------------------- main
 
 
@@ -1494,7 +726,7 @@ def main(argv: list[str] | None = None) -> int:
                 results.failures[f"part {part} [{target}]"] = str(exc)
                 log(f"part {part} [{target}]: FAILED: {exc}")
     notes.close()
-    verdict_list = verdicts(results, settings)
+    verdict_list = verdicts(results, settings.parts, settings.targets)
     wall = time.monotonic() - started
 
     if settings.json:

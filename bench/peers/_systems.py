@@ -32,7 +32,7 @@ from typing import IO, TYPE_CHECKING, Any
 import _load
 import psycopg
 from _servers import BACKENDS, PG_ADMIN_URL, ServerError
-from workflows import Harness, Notifications
+from _workflow_load import Harness, Notifications
 
 if TYPE_CHECKING:
     from troth import Client

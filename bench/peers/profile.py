@@ -34,8 +34,8 @@ sys.path[:0] = [str(BENCH_DIR), str(Path(__file__).resolve().parent)]
 
 from _servers import proc_cpu_seconds  # noqa: E402
 from _systems import WORKLOADS, Troth  # noqa: E402
+from _workflow_load import Notifications  # noqa: E402
 from run import self_cpu  # noqa: E402
-from workflows import Notifications  # noqa: E402
 
 
 def record(py_spy: str, pid: int, seconds: float, out: Path) -> subprocess.Popen[bytes]:

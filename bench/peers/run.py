@@ -72,7 +72,7 @@ from _servers import (  # noqa: E402
     table,
 )
 from _systems import Dbos, Phase, Recovery, Restate, System, Troth  # noqa: E402
-from workflows import Notifications  # noqa: E402
+from _workflow_load import Notifications  # noqa: E402
 
 from troth.v1 import promises_pb2, promises_pb2_grpc  # noqa: E402
 
