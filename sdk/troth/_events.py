@@ -1,5 +1,6 @@
 """The watch streams, reconnecting by themselves: `watch_promise` (`Client.watch`, one
-promise until it settles) and `PromiseEventStream` (the events of `Client.watch_promises`)."""
+promise until it settles) and `PromiseEventStream` (the events of `Client.watch_promises`);
+and `wait_promise` (`Client.wait`), the same wait as long polls on the `Calls` stream."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import TYPE_CHECKING, Self
 import grpc
 
 from troth._convert import event_from_proto, promise_from_proto
-from troth._transport import as_call, map_rpc_errors
+from troth._transport import as_call, lacks_method, map_rpc_errors
 from troth.errors import DeadlineExceededError, UnavailableError
 from troth.v1 import promises_pb2
 
@@ -22,10 +23,16 @@ if TYPE_CHECKING:
 
     _EventCall = grpc._CallIterator[promises_pb2.WatchPromisesResponse]
 
-__all__ = ["WATCH_READY_METADATA", "PromiseEventStream", "watch_promise"]
+__all__ = ["WATCH_READY_METADATA", "PromiseEventStream", "wait_promise", "watch_promise"]
 
 _log = logging.getLogger("troth.client")
 
+WAIT_CALL_S = 60.0
+"""The longest one `WaitPromise` of `wait_promise` waits (the server takes up to 300 s):
+a wait for longer is several calls, so that a call lost without an answer costs at most
+this much."""
+WAIT_GRACE_S = 10.0
+"""How much longer than its `wait` a `WaitPromise` call may take to be answered."""
 
 WATCH_READY_METADATA = ("troth-watch", "started")
 """Initial metadata a server sends once a `WatchPromises` stream is in place."""
@@ -158,6 +165,77 @@ class PromiseEventStream:
                     self._closed.wait(delay)
 
 
+def wait_promise(
+    transport: Transport, stub: PromiseServiceStub, id: str, timeout: float | None
+) -> Promise:
+    """`Client.wait`: the promise once settled, by `WaitPromise` long polls (on the
+    client's `Calls` stream, one message each), riding out restarts and failovers as
+    `watch_promise` does; against a server without `WaitPromise`, by `watch_promise`."""
+    deadline = transport.deadline(timeout)
+    failures = 0  # consecutive failed calls
+    outage_start: float | None = None  # when calls started failing after one had succeeded
+    answered = False
+    with map_rpc_errors(transport.address, tls=transport.tls):
+        while True:
+            remaining = transport.remaining(deadline)
+            wait = WAIT_CALL_S if remaining is None else min(remaining, WAIT_CALL_S)
+            request = promises_pb2.WaitPromiseRequest(id=id)
+            request.wait.FromMilliseconds(round(wait * 1000))
+            try:
+                response = stub.WaitPromise(
+                    request,
+                    timeout=wait + WAIT_GRACE_S,
+                    metadata=transport.metadata_for(wait + WAIT_GRACE_S),
+                )
+            except grpc.RpcError as exc:
+                call = as_call(exc)
+                if call is not None and lacks_method(call):
+                    break  # an older server: watch instead
+                if (
+                    call is not None
+                    and call.code() is grpc.StatusCode.DEADLINE_EXCEEDED
+                    and transport.remaining(deadline) == 0
+                ):
+                    raise _not_settled(id, timeout) from exc
+                failures += 1
+                if answered and outage_start is None:
+                    outage_start = transport.now()
+                delay = transport.reconnect_delay(
+                    exc, failures, deadline, outage_start=outage_start
+                )
+                if delay is None:
+                    raise
+                _log.warning(
+                    "wait for promise %r broke (%s); calling again in %.1fs",
+                    id,
+                    call.code().name if call is not None else exc,
+                    delay,
+                    extra={"promise_id": id, "address": transport.address},
+                )
+                transport.sleep(delay)
+                continue
+            failures, outage_start, answered = 0, None, True
+            promise = promise_from_proto(response.promise)
+            if promise.is_settled:
+                return promise
+            if transport.remaining(deadline) == 0:
+                raise _not_settled(id, timeout)
+    for promise in watch_promise(transport, stub, id, transport.remaining(deadline)):
+        if promise.is_settled:
+            return promise
+    # watch_promise() only ends after yielding a settled promise, or by raising.
+    raise RuntimeError(f"the watch of promise {id!r} ended before it settled")
+
+
+def _not_settled(id: str, timeout: float | None) -> DeadlineExceededError:
+    return DeadlineExceededError(
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        "",
+        f"promise {id!r} did not settle within {timeout or 0:g}s; wait longer, "
+        f"or find out who should settle it (`troth promises get {id}`)",
+    )
+
+
 def watch_promise(
     transport: Transport, stub: PromiseServiceStub, id: str, timeout: float | None
 ) -> Iterator[Promise]:
@@ -192,12 +270,7 @@ def watch_promise(
                     and call.code() is grpc.StatusCode.DEADLINE_EXCEEDED
                     and transport.remaining(deadline) == 0
                 ):
-                    raise DeadlineExceededError(
-                        grpc.StatusCode.DEADLINE_EXCEEDED,
-                        "",
-                        f"promise {id!r} did not settle within {timeout:g}s; wait longer, "
-                        f"or find out who should settle it (`troth promises get {id}`)",
-                    ) from exc
+                    raise _not_settled(id, timeout) from exc
                 failures += 1
                 if last is not None and outage_start is None:
                     outage_start = transport.now()

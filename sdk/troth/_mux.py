@@ -6,8 +6,9 @@ interceptors; a message on an open stream costs a fraction of that. A
 threads', its heartbeat thread's) go through `MultiplexedStub`s, which
 look like the generated stubs' unary methods: each call is sent on the
 stream with an id and waits for the answer with that id, so `Transport.call`
-retries it and maps its errors exactly as a unary call's. The stream opens at
-the first call and again at the first call after it broke; a break fails the
+retries it and maps its errors exactly as a unary call's (a `Client`'s wait for
+a result, `WaitPromise`, is such a call: one message, not a watch stream). The
+stream opens at the first call and again at the first call after it broke; a break fails the
 calls waiting on it with UNAVAILABLE (they may or may not have been made: the
 same as a unary call cut off), which the retry policy retries.
 
@@ -47,8 +48,8 @@ MULTIPLEXED: dict[str, type[Message]] = {
     for method in service.methods
     if method.name in (
         "CreatePromise", "GetPromise", "SearchPromises", "ResolvePromise", "RejectPromise",
-        "CancelPromise", "CompleteTask", "Heartbeat", "ReleaseTask", "RegisterCallbacks",
-        "FailTask",
+        "CancelPromise", "WaitPromise", "CompleteTask", "Heartbeat", "ReleaseTask",
+        "RegisterCallbacks", "FailTask",
     )
 }  # fmt: skip
 """The unary RPCs sent on the stream (the server's `STREAM_CALLS`), with their answers."""

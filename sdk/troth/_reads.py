@@ -20,7 +20,7 @@ from troth._convert import (
     search_cut_off,
     state_to_proto,
 )
-from troth._events import PromiseEventStream, watch_promise
+from troth._events import PromiseEventStream, wait_promise, watch_promise
 from troth._promise import Promise, PromiseOrder, PromiseState, SearchPage
 from troth.v1 import promises_pb2
 
@@ -239,6 +239,10 @@ class PromiseReads:
     def wait(self, id: str, timeout: float | None = None) -> Promise:
         """Block until the promise settles, and return it settled.
 
+        Waits by `WaitPromise` calls of up to a minute each (on the client's `Calls`
+        stream, one message each), which ride out restarts and failovers as
+        `watch` does.
+
         Args:
             id: The promise id.
             timeout: Seconds to wait; None waits as long as it takes.
@@ -249,8 +253,4 @@ class PromiseReads:
         """
         check.promise_id("Client.wait", id)
         timeout = check.seconds("Client.wait", timeout)
-        for promise in self.watch(id, timeout=timeout):
-            if promise.is_settled:
-                return promise
-        # watch() only ends after yielding a settled promise, or by raising.
-        raise RuntimeError(f"the watch of promise {id!r} ended before it settled")
+        return wait_promise(self._transport, self._stub, id, timeout)

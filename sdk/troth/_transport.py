@@ -138,6 +138,9 @@ class PromiseServiceStub(Protocol):
     WatchPromise: grpc.UnaryStreamMultiCallable[
         promises_pb2.WatchPromiseRequest, promises_pb2.WatchPromiseResponse
     ]
+    WaitPromise: grpc.UnaryUnaryMultiCallable[
+        promises_pb2.WaitPromiseRequest, promises_pb2.WaitPromiseResponse
+    ]
     WatchPromises: grpc.UnaryStreamMultiCallable[
         promises_pb2.WatchPromisesRequest, promises_pb2.WatchPromisesResponse
     ]
@@ -461,6 +464,17 @@ def overload_delay(call: grpc.Call) -> float | None:
                 reason.reason == Reason.OVERLOADED and reason.domain in ("", ERROR_DOMAIN)
             )
     return delay if overloaded else None
+
+
+def lacks_method(call: grpc.Call) -> bool:
+    """Whether the server does not have the RPC called: UNIMPLEMENTED, or, for a call
+    on a `Calls` stream, an older server's refusal of the method by name."""
+    code = call.code()
+    if code is grpc.StatusCode.UNIMPLEMENTED:
+        return True
+    return code is grpc.StatusCode.INVALID_ARGUMENT and _error_info(call)[1].get("field") == (
+        "method"
+    )
 
 
 _BY_REASON: Mapping[str, type[RpcError]] = {

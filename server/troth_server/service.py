@@ -554,6 +554,11 @@ class PromiseService:
         assert isinstance(subscription, AsyncSubscription)
         return AsyncPromiseWatch(self, subscription)
 
+    async def wait_async(self, promise_id: str, seconds: float) -> Promise:
+        """The promise once it is settled, or as it is after `seconds` if that comes
+        first (`WaitPromise`, a long poll; at once at server shutdown)."""
+        return await self.watch_async(promise_id).settled_within(seconds)
+
     def watch_events(self, wanted: EventFilter, backlog: int) -> EventWatch:
         """Events of the promises `wanted` matches, from now on (see `EventWatch`)."""
         return EventWatch(self._hub.subscribe_events(wanted, backlog), self.stopping)
@@ -696,6 +701,16 @@ class PromiseWatch:
         finally:
             self._subscription.close()
 
+    def _wait_until(self, current: Promise, until: float) -> float | None:
+        """`_wait_for`, but never past `until` (monotonic); -1 when the wait is over."""
+        timeout = self._wait_for(current)
+        if timeout is not None and timeout < 0:
+            return timeout
+        left = until - time.monotonic()
+        if left <= 0:
+            return -1
+        return left if timeout is None else min(timeout, left)
+
 
 class AsyncPromiseWatch(PromiseWatch):
     """`PromiseWatch` for an event loop: `async for`, and `cancel()` from the loop."""
@@ -714,5 +729,21 @@ class AsyncPromiseWatch(PromiseWatch):
                 current = await self._woken_async(current)
                 if current.is_settled:
                     yield current
+        finally:
+            self._subscription.close()
+
+    async def settled_within(self, seconds: float) -> Promise:
+        """The promise once settled, or as it is when `seconds` have passed (or the
+        watch was cancelled, or the server is stopping); ends the watch."""
+        until = time.monotonic() + seconds
+        try:
+            current = await self._service.get_async(self._subscription.promise_id)
+            while not current.is_settled:
+                timeout = self._wait_until(current, until)
+                if timeout is not None and timeout < 0:
+                    break
+                await self._subscription.wait_async(timeout)
+                current = await self._woken_async(current)
+            return current
         finally:
             self._subscription.close()

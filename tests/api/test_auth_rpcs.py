@@ -97,6 +97,9 @@ def _calls(channel: grpc.Channel, tag: str) -> dict[str, Callable[[Any], object]
             promises_pb2.CancelPromiseRequest(id=missing), metadata=md, timeout=10
         ),
         "WatchPromise": stream(p.WatchPromise, promises_pb2.WatchPromiseRequest(id=missing)),
+        "WaitPromise": lambda md: p.WaitPromise(
+            promises_pb2.WaitPromiseRequest(id=missing), metadata=md, timeout=10
+        ),
         "WatchPromises": stream(p.WatchPromises, promises_pb2.WatchPromisesRequest()),
         "MintSettleToken": lambda md: p.MintSettleToken(
             promises_pb2.MintSettleTokenRequest(promise_id=missing),

@@ -14,6 +14,7 @@ from typing import Any
 import grpc
 import pytest
 from _support import ServerProcess, error_info, eventually, start_server
+from google.protobuf.duration_pb2 import Duration
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
@@ -77,6 +78,9 @@ def test_each_call_is_answered_as_its_unary_rpc_answers_it(
         ("ResolvePromise", pb.ResolvePromiseRequest(id=f"calls-{run}-missing")),  # NOT_FOUND
         ("RejectPromise", pb.RejectPromiseRequest(id=settled)),  # ALREADY_SETTLED
         ("CancelPromise", pb.CancelPromiseRequest(id="")),  # INVALID_ARGUMENT
+        ("WaitPromise", pb.WaitPromiseRequest(id=settled)),  # settled: at once
+        ("WaitPromise", pb.WaitPromiseRequest(id=f"calls-{run}", wait=Duration())),  # pending
+        ("WaitPromise", pb.WaitPromiseRequest(id=settled, wait=Duration(seconds=-1))),  # bad
     ]
     answers = _on_the_stream(tasks_pb2_grpc.TaskServiceStub(channel), requests)
     assert sorted(answers) == list(range(1, len(requests) + 1))

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import json
+import queue
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
@@ -24,6 +25,7 @@ import grpc.aio
 import pytest
 from _pg import fresh_schema
 from _support import ServerProcess, error_info, start_server
+from google.protobuf.duration_pb2 import Duration
 from google.rpc import error_details_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_status import rpc_status
@@ -31,7 +33,7 @@ from grpc_status import rpc_status
 from troth import Client
 from troth.errors import ERROR_DOMAIN, Reason
 from troth.v1 import promises_pb2 as pb
-from troth.v1 import promises_pb2_grpc, tasks_pb2, tasks_pb2_grpc
+from troth.v1 import promises_pb2_grpc, tasks_pb2, tasks_pb2_grpc, types_pb2
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -281,6 +283,59 @@ def test_streams_have_their_own_limit(small_server: ServerProcess) -> None:
                 again.cancel()
 
         wait_for(opens, what="the ended stream's slot to be given back")
+
+
+def _call(n: int, method: str, request: Any) -> tasks_pb2.CallsRequest:
+    return tasks_pb2.CallsRequest(id=n, method=method, request=request.SerializeToString())
+
+
+def test_waits_take_stream_slots_not_unary_ones(small_server: ServerProcess) -> None:
+    """A `WaitPromise` waits as long as a watch: it takes one of the 4 stream slots,
+    on the `Calls` stream or as its own RPC, and none of the 8 unary ones."""
+    with small_server.channel() as channel, ExitStack() as stack:
+        promises = promises_pb2_grpc.PromiseServiceStub(channel)
+        tasks = tasks_pb2_grpc.TaskServiceStub(channel)
+        promises.CreatePromise(pb.CreatePromiseRequest(id="polled"), timeout=10)
+        outgoing: queue.SimpleQueue[tasks_pb2.CallsRequest | None] = queue.SimpleQueue()
+        stream = tasks.Calls(iter(outgoing.get, None), timeout=60)
+        stack.callback(stream.cancel)
+        answers = iter(stream)
+        # The stream holds a slot; three waits on it hold the three others.
+        long_wait = pb.WaitPromiseRequest(id="polled", wait=Duration(seconds=60))
+        waits = _call(1, "WaitPromise", long_wait)
+        waits.more.extend(_call(n, "WaitPromise", long_wait) for n in (2, 3))
+        outgoing.put(waits)
+        # One more wait is refused for the streams' limit, on the stream...
+        outgoing.put(_call(4, "WaitPromise", long_wait))
+        refused = next(answers)
+        assert refused.id == 4 and refused.code == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
+        assert b"max-streams" in refused.status_details
+        # ...and as its own RPC.
+        with pytest.raises(grpc.RpcError) as caught:
+            promises.WaitPromise(long_wait, timeout=10)
+        assert_overloaded(caught.value, "max-streams")
+        # Eight reads started at once (one message) all pass: the waits hold no
+        # unary slot (with them, 3 + 8 would be over the limit of 8).
+        reads = _call(10, "GetPromise", pb.GetPromiseRequest(id="polled"))
+        reads.more.extend(
+            _call(n, "GetPromise", pb.GetPromiseRequest(id="polled")) for n in range(11, 18)
+        )
+        outgoing.put(reads)
+        read_answers = [next(answers) for _ in range(8)]
+        for answer in read_answers:
+            assert answer.code == 0, answer.message
+        assert sorted(a.id for a in read_answers) == list(range(10, 18))
+        # The settle answers the three waits.
+        promises.ResolvePromise(pb.ResolvePromiseRequest(id="polled"), timeout=10)
+        settled = [next(answers) for _ in range(3)]
+        assert sorted(a.id for a in settled) == [1, 2, 3]
+        for answer in settled:
+            reply = pb.WaitPromiseResponse.FromString(answer.response)
+            assert reply.promise.state == types_pb2.PROMISE_STATE_RESOLVED
+        # Answered, they gave their slots back: a watch opens.
+        watch = promises.WatchPromise(pb.WatchPromiseRequest(id="polled"), timeout=10)
+        stack.callback(watch.cancel)
+        assert next(watch).promise.state == types_pb2.PROMISE_STATE_RESOLVED
 
 
 def test_unary_calls_cannot_starve_streams(small_server: ServerProcess) -> None:

@@ -495,6 +495,143 @@ def test_a_cancelled_watch_frees_the_server(
     )
 
 
+# --- wait (a long poll) ---------------------------------------------------------------
+
+
+def wait_request(pid: str, seconds: float | None = None) -> pb.WaitPromiseRequest:
+    request = pb.WaitPromiseRequest(id=pid)
+    if seconds is not None:
+        request.wait.FromMilliseconds(round(seconds * 1000))
+    return request
+
+
+def test_wait_answers_as_soon_as_the_promise_settles(
+    stub: promises_pb2_grpc.PromiseServiceStub,
+) -> None:
+    pid = uid()
+    stub.CreatePromise(pb.CreatePromiseRequest(id=pid))
+    settle = threading.Timer(
+        0.3, lambda: stub.ResolvePromise(pb.ResolvePromiseRequest(id=pid, value=payload(b"7")))
+    )
+    settle.start()
+    started = time.monotonic()
+    try:
+        reply = stub.WaitPromise(wait_request(pid, 30), timeout=40)
+    finally:
+        settle.join()
+    assert reply.promise.state == types.PROMISE_STATE_RESOLVED and reply.promise.value.data == b"7"
+    assert 0.25 < time.monotonic() - started < 10
+
+
+def test_wait_answers_the_pending_promise_once_its_wait_has_passed(
+    stub: promises_pb2_grpc.PromiseServiceStub,
+) -> None:
+    pid = uid()
+    stub.CreatePromise(pb.CreatePromiseRequest(id=pid))
+    started = time.monotonic()
+    reply = stub.WaitPromise(wait_request(pid, 0.4), timeout=20)
+    assert reply.promise.state == types.PROMISE_STATE_PENDING and reply.promise.id == pid
+    assert 0.35 < time.monotonic() - started < 5
+    # A wait of 0 is a read.
+    started = time.monotonic()
+    assert stub.WaitPromise(wait_request(pid, 0), timeout=20).promise.state == (
+        types.PROMISE_STATE_PENDING
+    )
+    assert time.monotonic() - started < 2
+
+
+def test_wait_answers_pending_before_the_calls_own_deadline(
+    stub: promises_pb2_grpc.PromiseServiceStub,
+) -> None:
+    pid = uid()
+    stub.CreatePromise(pb.CreatePromiseRequest(id=pid))
+    started = time.monotonic()
+    # No `wait`: up to a minute, but the caller gives the call 1.5 s.
+    reply = stub.WaitPromise(wait_request(pid), timeout=1.5)
+    assert reply.promise.state == types.PROMISE_STATE_PENDING
+    assert 0.5 < time.monotonic() - started < 1.5
+
+
+def test_wait_of_a_settled_promise_answers_at_once(
+    stub: promises_pb2_grpc.PromiseServiceStub,
+) -> None:
+    pid = uid()
+    stub.CreatePromise(pb.CreatePromiseRequest(id=pid))
+    stub.CancelPromise(pb.CancelPromiseRequest(id=pid))
+    started = time.monotonic()
+    reply = stub.WaitPromise(wait_request(pid, 60), timeout=20)
+    assert reply.promise.state == types.PROMISE_STATE_REJECTED_CANCELED
+    assert time.monotonic() - started < 2
+
+
+def test_wait_sees_a_timeout_at_the_promises_expire_time(
+    stub: promises_pb2_grpc.PromiseServiceStub,
+) -> None:
+    pid = uid()
+    stub.CreatePromise(pb.CreatePromiseRequest(id=pid, ttl=Duration(nanos=400_000_000)))
+    started = time.monotonic()
+    reply = stub.WaitPromise(wait_request(pid, 60), timeout=20)
+    assert reply.promise.state == types.PROMISE_STATE_REJECTED_TIMEDOUT
+    assert time.monotonic() - started < 5
+
+
+@pytest.mark.parametrize(
+    ("wait", "why"),
+    [
+        (Duration(seconds=-1), "from 0s to 300s"),
+        (Duration(seconds=301), "from 0s to 300s"),
+        (Duration(seconds=1, nanos=-5), "must have the same sign"),
+        (Duration(seconds=10**6), "from 0s to 300s"),
+    ],
+)
+def test_wait_refuses_a_wait_out_of_range_naming_the_field(
+    stub: promises_pb2_grpc.PromiseServiceStub, wait: Duration, why: str
+) -> None:
+    pid = uid()
+    stub.CreatePromise(pb.CreatePromiseRequest(id=pid))
+    error = fails(
+        lambda r: stub.WaitPromise(r, timeout=10),
+        pb.WaitPromiseRequest(id=pid, wait=wait),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "INVALID_ARGUMENT",
+    )
+    assert error_info(error).metadata["field"] == "wait"
+    assert why in (error.details() or "")
+
+
+def test_wait_errors(stub: promises_pb2_grpc.PromiseServiceStub) -> None:
+    call = lambda r: stub.WaitPromise(r, timeout=10)  # noqa: E731
+    fails(call, wait_request(uid(), 5), grpc.StatusCode.NOT_FOUND, "NOT_FOUND")
+    error = fails(
+        call, wait_request("bad id", 5), grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT"
+    )
+    assert error_info(error).metadata["field"] == "id"
+
+
+def test_abandoned_waits_free_the_server(
+    stub: promises_pb2_grpc.PromiseServiceStub,
+) -> None:
+    # More abandoned long polls than the server has handler threads or stream slots
+    # would take if each kept its slot: the server must still answer, and waits.
+    pid = uid()
+    stub.CreatePromise(pb.CreatePromiseRequest(id=pid))
+    for _ in range(150):
+        future = stub.WaitPromise.future(wait_request(pid, 300))
+        time.sleep(0.002)
+        future.cancel()
+    assert (
+        stub.GetPromise(pb.GetPromiseRequest(id=pid), timeout=10).promise.state
+        == types.PROMISE_STATE_PENDING
+    )
+    settle = threading.Timer(0.2, lambda: stub.CancelPromise(pb.CancelPromiseRequest(id=pid)))
+    settle.start()
+    try:
+        reply = stub.WaitPromise(wait_request(pid, 30), timeout=40)
+    finally:
+        settle.join()
+    assert reply.promise.state == types.PROMISE_STATE_REJECTED_CANCELED
+
+
 def test_create_already_settled_in_one_call(stub: promises_pb2_grpc.PromiseServiceStub) -> None:
     pid = uid("step")
     request = pb.CreatePromiseRequest(

@@ -6,8 +6,9 @@ import json
 import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+import grpc
 import pytest
 
 from troth import (
@@ -20,8 +21,11 @@ from troth import (
     PromiseState,
     PromiseTimedOutError,
     UnavailableError,
+    _events,
 )
 from troth._cli import main
+from troth._transport import lacks_method
+from troth.v1 import promises_pb2 as pb
 
 if TYPE_CHECKING:
     from _support import ServerProcess
@@ -127,6 +131,70 @@ def test_wait_times_out(client: Client) -> None:
         client.wait("sdk.slow", timeout=0.3)
     with pytest.raises(TimeoutError):
         client.wait("sdk.slow", timeout=0.1)
+
+
+def test_a_wait_longer_than_one_call_is_several_calls_on_the_stream(
+    client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Each WaitPromise waits at most WAIT_CALL_S; made short here, a wait of a few
+    # of them calls again, pending, until the settle comes.
+    monkeypatch.setattr(_events, "WAIT_CALL_S", 0.2)
+    client.create("sdk.several")
+    settle = threading.Timer(1.0, lambda: client.resolve("sdk.several", "late"))
+    settle.start()
+    try:
+        promise = client.wait("sdk.several", timeout=20)
+    finally:
+        settle.join()
+    assert client.decode(promise.value) == "late"
+    assert client._transport.calls is not None and not client._transport.calls.unsupported
+
+
+class _Older:
+    """A client's stub whose `WaitPromise` names a method the server does not have."""
+
+    def __init__(self, stub: object, wait: Any) -> None:
+        self._stub = stub
+        self.WaitPromise = wait
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stub, name)
+
+
+@pytest.mark.parametrize("multiplexed", [True, False], ids=["calls-stream", "unary"])
+def test_a_wait_against_a_server_without_wait_promise_watches_instead(
+    server: ServerProcess, multiplexed: bool
+) -> None:
+    """An older server answers a `WaitPromise` UNIMPLEMENTED (unary), or refuses its
+    method by name on the `Calls` stream: the wait is then a watch, as before."""
+    waited = f"sdk.older-server-{'calls' if multiplexed else 'unary'}"
+    with Client(server.address, multiplex_calls=multiplexed) as older:
+        older.create(waited)
+        transport = older._transport
+        wait: Any
+        if transport.calls is not None:
+            calls = transport.calls
+
+            def wait(request: Any, timeout: float | None = None, metadata: Any = None) -> Any:
+                data = request.SerializeToString()
+                return calls.invoke("NoSuchWait", data, pb.WaitPromiseResponse, timeout)
+        else:
+            wait = transport.channel.unary_unary(
+                "/troth.v1.PromiseService/NoSuchWait",
+                request_serializer=pb.WaitPromiseRequest.SerializeToString,
+                response_deserializer=pb.WaitPromiseResponse.FromString,
+            )
+        stub: Any = _Older(transport.promises, wait)
+        with pytest.raises(grpc.RpcError) as caught:
+            stub.WaitPromise(pb.WaitPromiseRequest(id=waited), timeout=5)
+        assert lacks_method(caught.value)  # type: ignore[arg-type]
+        settle = threading.Timer(0.3, lambda: older.resolve(waited, "watched"))
+        settle.start()
+        try:
+            promise = _events.wait_promise(transport, stub, waited, 20)
+        finally:
+            settle.join()
+        assert older.decode(promise.value) == "watched"
 
 
 def test_search_follows_pages(client: Client) -> None:

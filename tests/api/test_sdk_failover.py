@@ -123,3 +123,34 @@ def test_a_watch_reconnects_to_the_next_address(
     assert {p.state for p in seen[:-1]} == {PromiseState.PENDING}
     assert seen[-1].state is PromiseState.RESOLVED
     assert client.decode(seen[-1].value) == "from the survivor"
+
+
+def test_a_wait_calls_the_next_address_when_its_server_dies(
+    pair: tuple[ServerProcess, ServerProcess],
+) -> None:
+    first, second = pair
+    for server in pair:
+        with Client(server.address) as direct:
+            direct.create("fo.waited", {"n": 1})
+    outcome: list[Promise | BaseException] = []
+    with Client([first.address, second.address], timeout=5) as client:
+
+        def wait() -> None:
+            try:
+                outcome.append(client.wait("fo.waited", timeout=30))
+            except BaseException as exc:  # reported by the test thread
+                outcome.append(exc)
+
+        thread = threading.Thread(target=wait)
+        thread.start()
+        time.sleep(0.5)  # the wait is in place on the first server
+        assert outcome == []
+        first.kill()
+        with Client(second.address) as direct:
+            direct.resolve("fo.waited", "from the survivor")
+        thread.join(30)
+        assert not thread.is_alive()
+        (settled,) = outcome
+        assert isinstance(settled, Promise), settled
+        assert settled.state is PromiseState.RESOLVED
+        assert client.decode(settled.value) == "from the survivor"

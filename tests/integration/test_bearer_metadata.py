@@ -143,7 +143,9 @@ def test_every_client_and_worker_call_carries_the_bearer_token(
         assert client.get(f"{run}-p").id == f"{run}-p"
         client.search(f"{run}-*")
         client.resolve(f"{run}-p", {"ok": True})
-        assert client.wait(f"{run}-p", timeout=10).id == f"{run}-p"  # WatchPromise stream
+        assert client.wait(f"{run}-p", timeout=10).id == f"{run}-p"  # on the Calls stream
+        watched = [p.id for p in client.watch(f"{run}-p", timeout=10)]  # a WatchPromise stream
+        assert watched == [f"{run}-p"]
 
         worker = Worker(client, group=f"g-{run}", lease=timedelta(seconds=1))
         worker.workflow(held)

@@ -242,6 +242,20 @@ class WatchPromiseResponse(_message.Message):
     promise: _types_pb2.Promise
     def __init__(self, promise: _Optional[_Union[_types_pb2.Promise, _Mapping]] = ...) -> None: ...
 
+class WaitPromiseRequest(_message.Message):
+    __slots__ = ("id", "wait")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    WAIT_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    wait: _duration_pb2.Duration
+    def __init__(self, id: _Optional[str] = ..., wait: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+
+class WaitPromiseResponse(_message.Message):
+    __slots__ = ("promise",)
+    PROMISE_FIELD_NUMBER: _ClassVar[int]
+    promise: _types_pb2.Promise
+    def __init__(self, promise: _Optional[_Union[_types_pb2.Promise, _Mapping]] = ...) -> None: ...
+
 class WatchPromisesRequest(_message.Message):
     __slots__ = ("id", "tags")
     class TagsEntry(_message.Message):

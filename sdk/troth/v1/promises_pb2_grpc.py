@@ -70,6 +70,11 @@ class PromiseServiceStub:
                 request_serializer=troth_dot_v1_dot_promises__pb2.WatchPromiseRequest.SerializeToString,
                 response_deserializer=troth_dot_v1_dot_promises__pb2.WatchPromiseResponse.FromString,
                 _registered_method=True)
+        self.WaitPromise = channel.unary_unary(
+                '/troth.v1.PromiseService/WaitPromise',
+                request_serializer=troth_dot_v1_dot_promises__pb2.WaitPromiseRequest.SerializeToString,
+                response_deserializer=troth_dot_v1_dot_promises__pb2.WaitPromiseResponse.FromString,
+                _registered_method=True)
         self.WatchPromises = channel.unary_stream(
                 '/troth.v1.PromiseService/WatchPromises',
                 request_serializer=troth_dot_v1_dot_promises__pb2.WatchPromisesRequest.SerializeToString,
@@ -137,6 +142,18 @@ class PromiseServiceServicer:
     def WatchPromise(self, request, context):
         """Sends the promise as it is now, then once more when it settles; ends
         after the settled promise has been sent.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WaitPromise(self, request, context):
+        """Answers with the promise once it is settled, or once `wait` has passed
+        with the promise as it is then (still pending): a long poll, what a
+        caller waiting for a result makes, in a loop, on the `Calls` stream it
+        already has open (one message, where `WatchPromise` is a stream of its
+        own). It answers before the call's own deadline, if it has one. Counts
+        against `--max-streams`, not `--max-concurrent-rpcs`, as a watch does.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -214,6 +231,11 @@ def add_PromiseServiceServicer_to_server(servicer, server):
                     servicer.WatchPromise,
                     request_deserializer=troth_dot_v1_dot_promises__pb2.WatchPromiseRequest.FromString,
                     response_serializer=troth_dot_v1_dot_promises__pb2.WatchPromiseResponse.SerializeToString,
+            ),
+            'WaitPromise': grpc.unary_unary_rpc_method_handler(
+                    servicer.WaitPromise,
+                    request_deserializer=troth_dot_v1_dot_promises__pb2.WaitPromiseRequest.FromString,
+                    response_serializer=troth_dot_v1_dot_promises__pb2.WaitPromiseResponse.SerializeToString,
             ),
             'WatchPromises': grpc.unary_stream_rpc_method_handler(
                     servicer.WatchPromises,
@@ -421,6 +443,33 @@ class PromiseService:
             '/troth.v1.PromiseService/WatchPromise',
             troth_dot_v1_dot_promises__pb2.WatchPromiseRequest.SerializeToString,
             troth_dot_v1_dot_promises__pb2.WatchPromiseResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WaitPromise(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/troth.v1.PromiseService/WaitPromise',
+            troth_dot_v1_dot_promises__pb2.WaitPromiseRequest.SerializeToString,
+            troth_dot_v1_dot_promises__pb2.WaitPromiseResponse.FromString,
             options,
             channel_credentials,
             insecure,

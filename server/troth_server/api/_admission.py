@@ -2,7 +2,8 @@
 
 Two gates, so that neither kind of call can starve the other: unary calls
 (`--max-concurrent-rpcs`) and long-lived server streams (`Poll`, `WatchPromise`,
-`WatchPromises`: `--max-streams`). A call that finds its gate full is answered at
+`WatchPromises`: `--max-streams`), with the long polls (`WaitPromise`) among the
+streams: they wait as long as a watch does. A call that finds its gate full is answered at
 once `RESOURCE_EXHAUSTED`, reason `OVERLOADED`, with a `google.rpc.RetryInfo`
 delay, before any of its work is done; so is a write that finds the group
 committer's queue full (`--max-queued-writes`, raised as `Overloaded` by
@@ -80,6 +81,11 @@ MAX_TIMEOUT_MS = 10**12
 FINISHING_WORK = frozenset({"CompleteTask", "Heartbeat", "ReleaseTask", "Calls"})
 """Calls never refused for the queue delay: refusing them would waste work already done
 (or a lease), and they add no new work (`Calls`, a worker's stream, carries them)."""
+
+LONG_POLLS = frozenset({"WaitPromise"})
+"""Unary calls that wait for something to happen: each takes a slot of `--max-streams`,
+as the watch it stands for does, never one of `--max-concurrent-rpcs` (which a few
+hundred callers waiting for results would otherwise fill, and starve every other call)."""
 
 
 UNREQUESTED_CALL_MAX_S = 86_400
@@ -224,6 +230,10 @@ class Admission:
             queue=QueueDelay(max_queue_delay_ms / 1000),
         )  # fmt: skip
 
+    def gate_for(self, method: str) -> Gate:
+        """The gate a unary call of `method` takes a slot of (`LONG_POLLS`)."""
+        return self.streams if method in LONG_POLLS else self.unary
+
     def queue_refusal(self, now: float) -> Overloaded | None:
         """The refusal of a new call while calls wait too long to be started, else None."""
         standing = self.queue.standing(now)
@@ -273,7 +283,7 @@ class AdmissionInterceptor(MethodInterceptor):
         self._statuses: dict[str, grpc.Status] = {}
 
     def _unary(self, name: str, inner: Callable[..., Any]) -> Callable[..., Any]:
-        gate = self._admission.unary
+        gate = self._admission.gate_for(name)
 
         async def unary(request: Any, context: AioContext) -> Any:
             await self._check_queue(name, context)

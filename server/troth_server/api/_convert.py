@@ -607,6 +607,25 @@ def workflows(values: Sequence[tasks_pb2.WorkflowVersion]) -> list[tuple[str, st
     return found
 
 
+MAX_WAIT_MS = 300_000
+"""The longest a `WaitPromise` waits (5 minutes): a caller waiting longer calls again."""
+DEFAULT_WAIT_MS = 60_000
+
+
+def wait_ms(request: promises_pb2.WaitPromiseRequest) -> int:
+    """How long a `WaitPromise` may wait for the settle, in ms."""
+    if not request.HasField("wait"):
+        return DEFAULT_WAIT_MS
+    wait = request.wait
+    if wait.seconds < 0 or not 0 <= wait.nanos < 1_000_000_000 or _duration_ms(wait) > MAX_WAIT_MS:
+        raise InvalidArgument(
+            "wait",
+            f"must be from 0s to {MAX_WAIT_MS // 1000}s; to wait longer, call again with what "
+            f"is left (omit it to wait {DEFAULT_WAIT_MS // 1000}s)",
+        )
+    return _duration_ms(wait)
+
+
 def _duration_ms(value: Duration) -> int:
     return value.seconds * 1000 + value.nanos // 1_000_000
 

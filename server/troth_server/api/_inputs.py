@@ -79,6 +79,7 @@ ANSWERS: dict[str, dict[BadInput, Answer]] = {
     "troth.v1.PromiseService/RejectPromise": {**_EVERY_REQUEST, BadInput.LIST_TOO_LONG: INVALID},
     "troth.v1.PromiseService/CancelPromise": {**_EVERY_REQUEST, BadInput.LIST_TOO_LONG: INVALID},
     "troth.v1.PromiseService/WatchPromise": {**_EVERY_REQUEST},
+    "troth.v1.PromiseService/WaitPromise": {**_EVERY_REQUEST, BadInput.BAD_DURATION: INVALID},
     "troth.v1.PromiseService/WatchPromises": {**_EVERY_REQUEST, BadInput.LIST_TOO_LONG: INVALID},
     # No text field: only bytes that are not a message, and its one Duration.
     "troth.v1.PromiseService/PrunePromises": {

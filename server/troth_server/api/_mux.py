@@ -10,7 +10,8 @@ with the others, and answered by a `CallsResponse` with its id as soon as it
 finishes. The stream was authenticated and admitted once, when it opened;
 each call is authorized here as its own RPC (`may_call`), and takes a slot of
 the same `--max-concurrent-rpcs` limit as a unary call (a call beyond it is
-refused the same way: RESOURCE_EXHAUSTED, OVERLOADED).
+refused the same way: RESOURCE_EXHAUSTED, OVERLOADED); a long poll
+(`WaitPromise`) takes a slot of `--max-streams` instead, as its RPC does.
 
 Calls and answers that are ready together travel in one message (`more`):
 a message costs both sides far more than the call it carries does to encode.
@@ -22,6 +23,7 @@ answers batched to a worker that says so in its stream's metadata
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeAlias
@@ -46,7 +48,7 @@ if TYPE_CHECKING:
 
     from google.protobuf.descriptor import ServiceDescriptor
 
-    from troth_server.api._admission import Admission
+    from troth_server.api._admission import Admission, Gate
     from troth_server.config import Limits
 
     AioContext: TypeAlias = grpc.aio.ServicerContext[Any, Any]
@@ -60,14 +62,16 @@ STREAM_CALLS = (
     "ResolvePromise",
     "RejectPromise",
     "CancelPromise",
+    "WaitPromise",
     "CompleteTask",
     "Heartbeat",
     "ReleaseTask",
     "RegisterCallbacks",
     "FailTask",
 )
-"""What `Calls` serves: the unary RPCs a worker makes, and a client's starts and
-settles (each authorized as its own RPC, so any role may open the stream)."""
+"""What `Calls` serves: the unary RPCs a worker makes, and a client's starts, settles
+and waits for results (each authorized as its own RPC, so any role may open the
+stream)."""
 
 
 BATCH_METADATA = ("troth-calls-batch", "1")
@@ -180,9 +184,9 @@ class CallMux:
         calls = _CallContext(context)
         batching = BATCH_METADATA in calls.invocation_metadata()
 
-        def finished(task: asyncio.Task[None]) -> None:
+        def finished(gate: Gate, task: asyncio.Task[None]) -> None:
             # Here, not in the task: a task cancelled before it ran runs no `finally`.
-            self._admission.unary.leave()
+            gate.leave()
             running.discard(task)
             if not reading[0] and not running:
                 answers.put_nowait(None)
@@ -205,7 +209,7 @@ class CallMux:
 
         def start(call: tasks_pb2.CallsRequest) -> None:
             admission = self._admission
-            gate = admission.unary
+            gate = admission.gate_for(call.method)
             if call.method not in FINISHING_WORK:
                 # While calls wait too long to be started, a new one is refused as its
                 # unary RPC would be (a worker's completions and heartbeats never are).
@@ -220,7 +224,7 @@ class CallMux:
                 return
             task = asyncio.create_task(self._one(call, calls, answers))
             running.add(task)
-            task.add_done_callback(finished)
+            task.add_done_callback(functools.partial(finished, gate))
 
         await context.send_initial_metadata((BATCH_METADATA,))
         reader = asyncio.create_task(read())

@@ -52,6 +52,10 @@ _SETTLE_RPCS = {
     PromiseState.REJECTED_CANCELED: "CancelPromise",
 }
 
+_DEADLINE_MARGIN_S = 0.5
+"""A `WaitPromise` with a deadline answers this long before it (a tenth of what is left,
+if less), so that its caller gets the pending promise rather than DEADLINE_EXCEEDED."""
+
 
 class _Handlers:
     """Request validation and response building."""
@@ -324,6 +328,20 @@ class PromiseServiceServicer(_Handlers, promises_pb2_grpc.PromiseServiceServicer
         context.add_done_callback(lambda _ctx: watch.cancel())  # type: ignore[arg-type]
         async for promise in watch:
             yield promises_pb2.WatchPromiseResponse(promise=self._one(promise, reader))
+
+    @aio_unary("WaitPromise")
+    async def WaitPromise(
+        self, request: promises_pb2.WaitPromiseRequest, context: AioContext
+    ) -> promises_pb2.WaitPromiseResponse:
+        promise_id = self._read_id(request.id, context, "WaitPromise")
+        wait = convert.wait_ms(request) / 1000
+        left = context.time_remaining()
+        if left is not None:  # answer, pending, before the caller gives up on the call
+            wait = max(0.0, min(wait, left - min(_DEADLINE_MARGIN_S, left / 10)))
+        promise = await self._service.wait_async(promise_id, wait)
+        return promises_pb2.WaitPromiseResponse(
+            promise=self._one(promise, _caller(context, self._limits))
+        )
 
     @aio_server_stream("WatchPromises")
     async def WatchPromises(

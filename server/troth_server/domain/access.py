@@ -110,6 +110,7 @@ RPC_ROLES: Mapping[str, frozenset[Role]] = {
     "RejectPromise": frozenset({Role.WORKER, Role.GATEWAY, Role.ADMIN}),
     "CancelPromise": frozenset({Role.OPERATOR, Role.ADMIN}),
     "WatchPromise": _READERS,
+    "WaitPromise": _READERS,
     "WatchPromises": _WATCHERS,
     "PrunePromises": frozenset({Role.ADMIN}),
     # A worker mints only for its own workflows' steps (with its task's fence).
