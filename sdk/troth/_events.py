@@ -165,6 +165,54 @@ class PromiseEventStream:
                     self._closed.wait(delay)
 
 
+class _Breaks:
+    """The failures in a row of a wait's calls or a watch's streams, and how long the
+    promise's waiter has been cut off: what decides whether, and when, to try again."""
+
+    def __init__(
+        self, transport: Transport, id: str, timeout: float | None, deadline: float | None
+    ) -> None:
+        self._transport = transport
+        self._id, self._timeout, self._deadline = id, timeout, deadline
+        self.failures = 0
+        self._outage_start: float | None = None
+        """When an established wait or watch was cut off (None: never established, or
+        answering again): it rides out a restart or failover for the reconnect window."""
+
+    def answered(self) -> None:
+        self.failures, self._outage_start = 0, None
+
+    def failed(self, exc: grpc.RpcError, *, established: bool, what: str) -> None:
+        """Sleep before the next try, or raise: the timeout's `DeadlineExceededError`,
+        or `exc` when it is not worth another try."""
+        transport = self._transport
+        call = as_call(exc)
+        if (
+            self._timeout is not None
+            and call is not None
+            and call.code() is grpc.StatusCode.DEADLINE_EXCEEDED
+            and transport.remaining(self._deadline) == 0
+        ):
+            raise _not_settled(self._id, self._timeout) from exc
+        self.failures += 1
+        if established and self._outage_start is None:
+            self._outage_start = transport.now()
+        delay = transport.reconnect_delay(
+            exc, self.failures, self._deadline, outage_start=self._outage_start
+        )
+        if delay is None:
+            raise exc
+        _log.warning(
+            "%s of promise %r broke (%s); trying again in %.1fs",
+            what,
+            self._id,
+            call.code().name if call is not None else exc,
+            delay,
+            extra={"promise_id": self._id, "address": transport.address},
+        )
+        transport.sleep(delay)
+
+
 def wait_promise(
     transport: Transport, stub: PromiseServiceStub, id: str, timeout: float | None
 ) -> Promise:
@@ -172,8 +220,7 @@ def wait_promise(
     client's `Calls` stream, one message each), riding out restarts and failovers as
     `watch_promise` does; against a server without `WaitPromise`, by `watch_promise`."""
     deadline = transport.deadline(timeout)
-    failures = 0  # consecutive failed calls
-    outage_start: float | None = None  # when calls started failing after one had succeeded
+    breaks = _Breaks(transport, id, timeout, deadline)
     answered = False
     with map_rpc_errors(transport.address, tls=transport.tls):
         while True:
@@ -191,30 +238,10 @@ def wait_promise(
                 call = as_call(exc)
                 if call is not None and lacks_method(call):
                     break  # an older server: watch instead
-                if (
-                    call is not None
-                    and call.code() is grpc.StatusCode.DEADLINE_EXCEEDED
-                    and transport.remaining(deadline) == 0
-                ):
-                    raise _not_settled(id, timeout) from exc
-                failures += 1
-                if answered and outage_start is None:
-                    outage_start = transport.now()
-                delay = transport.reconnect_delay(
-                    exc, failures, deadline, outage_start=outage_start
-                )
-                if delay is None:
-                    raise
-                _log.warning(
-                    "wait for promise %r broke (%s); calling again in %.1fs",
-                    id,
-                    call.code().name if call is not None else exc,
-                    delay,
-                    extra={"promise_id": id, "address": transport.address},
-                )
-                transport.sleep(delay)
+                breaks.failed(exc, established=answered, what="wait")
                 continue
-            failures, outage_start, answered = 0, None, True
+            breaks.answered()
+            answered = True
             promise = promise_from_proto(response.promise)
             if promise.is_settled:
                 return promise
@@ -244,8 +271,7 @@ def watch_promise(
     deadline = transport.deadline(timeout)
     request = promises_pb2.WatchPromiseRequest(id=id)
     last: Promise | None = None
-    failures = 0  # consecutive broken streams without a message in between
-    outage_start: float | None = None  # when an established watch lost its stream
+    breaks = _Breaks(transport, id, timeout, deadline)
     with map_rpc_errors(transport.address, tls=transport.tls):
         while True:
             remaining = transport.remaining(deadline)
@@ -254,7 +280,7 @@ def watch_promise(
             )
             try:
                 for response in stream:
-                    failures, outage_start = 0, None
+                    breaks.answered()
                     promise = promise_from_proto(response.promise)
                     # After a reconnect the server repeats the current state.
                     if promise != last:
@@ -263,41 +289,18 @@ def watch_promise(
                     if promise.is_settled:
                         return
             except grpc.RpcError as exc:
-                call = as_call(exc)
-                if (
-                    timeout is not None
-                    and call is not None
-                    and call.code() is grpc.StatusCode.DEADLINE_EXCEEDED
-                    and transport.remaining(deadline) == 0
-                ):
-                    raise _not_settled(id, timeout) from exc
-                failures += 1
-                if last is not None and outage_start is None:
-                    outage_start = transport.now()
-                delay = transport.reconnect_delay(
-                    exc, failures, deadline, outage_start=outage_start
-                )
-                if delay is None:
-                    raise
-                _log.warning(
-                    "watch of promise %r broke (%s); reconnecting in %.1fs",
-                    id,
-                    call.code().name if call is not None else exc,
-                    delay,
-                    extra={"promise_id": id, "address": transport.address},
-                )
-                transport.sleep(delay)
+                breaks.failed(exc, established=last is not None, what="watch")
                 continue
             finally:
                 stream.cancel()
             # The server ended the stream before the promise settled (e.g. it
             # is shutting down): reopen, with the same backoff as a failure.
-            failures += 1
-            if failures >= transport.retry.max_attempts:
+            breaks.failures += 1
+            if breaks.failures >= transport.retry.max_attempts:
                 raise UnavailableError(
                     grpc.StatusCode.UNAVAILABLE,
                     "",
                     f"the server at {transport.address} kept ending the watch of promise "
                     f"{id!r} before it settled; check the server's logs, then watch again",
                 )
-            transport.sleep(transport.retry.backoff(failures))
+            transport.sleep(transport.retry.backoff(breaks.failures))
