@@ -3,7 +3,8 @@
 Starts troth as `run.py` does (one server on durable SQLite or a fresh
 PostgreSQL schema, one `bench/_workflow_worker.py` process), warms it up, runs
 one workload at one concurrency for a while, and prints the CPU per workflow
-of the server, the worker and the load client (this process). With
+of the server, the worker, the load client (this process) and, on PostgreSQL,
+the database's own processes (as `run.py` counts them). With
 `--py-spy`, it also samples the server, the worker and the load client with py-spy (which must
 be on PATH or given) and prints each one's hottest functions, by the share of
 samples they are in (inclusive) and at the top of (self).
@@ -32,7 +33,7 @@ from pathlib import Path
 BENCH_DIR = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(BENCH_DIR), str(Path(__file__).resolve().parent)]
 
-from _servers import proc_cpu_seconds  # noqa: E402
+from _servers import postgres_cpu_delta, postgres_cpu_seconds, proc_cpu_seconds  # noqa: E402
 from _systems import WORKLOADS, Troth  # noqa: E402
 from _workflow_load import Notifications  # noqa: E402
 from run import self_cpu  # noqa: E402
@@ -101,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         (server_pid, worker_pid) = system.pids()
         before = {pid: proc_cpu_seconds(pid) or 0.0 for pid in (server_pid, worker_pid)}
         client_before = self_cpu()
+        pg_before = postgres_cpu_seconds() if system.uses_postgres else None
         spies = []
         if py_spy:
             spies = [
@@ -116,6 +118,9 @@ def main(argv: list[str] | None = None) -> int:
         elapsed = time.monotonic() - started
         cpu = {pid: (proc_cpu_seconds(pid) or 0.0) - before[pid] for pid in before}
         client = self_cpu() - client_before
+        database = (
+            postgres_cpu_delta(pg_before, postgres_cpu_seconds()) if pg_before is not None else 0.0
+        )
         for spy in spies:
             spy.wait()
     finally:
@@ -126,6 +131,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{elapsed:.1f} s = {phase.completed / elapsed:.0f}/s, {phase.errors} errors; "
           f"p50 {phase.p50_ms or 0:.1f} ms, p99 {phase.p99_ms or 0:.1f} ms")  # fmt: skip
     parts = {"server": cpu[server_pid], "worker": cpu[worker_pid], "client": client}
+    if system.uses_postgres:
+        parts["postgresql"] = database
     per = "  ".join(f"{k} {v / n * 1000:.2f}" for k, v in parts.items())
     print(f"CPU ms per workflow: {per}  whole {sum(parts.values()) / n * 1000:.2f}")
     if py_spy:

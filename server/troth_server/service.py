@@ -340,7 +340,7 @@ class PromiseService:
         if token is not None:
             request = self.guard.with_token(request, token)
         for attempt in range(_POLICY_ATTEMPTS):
-            found = self._store.get_promise(request.id) if _reads(request, fence) else None
+            found = self._store.get_promise(request.id) if _reads(request, fence, attempt) else None
             if fence is None:
                 request = self.guard.precheck(request, found, caller)
             if request.state is PromiseState.RESOLVED:
@@ -369,8 +369,8 @@ class PromiseService:
             return await self._committer.submit_async(_SettleOp(checked, fence))
 
         for attempt in range(_POLICY_ATTEMPTS):
-            # A point read by primary key (as GetPromise), for the schema and the policy.
-            found = self._store.get_promise(request.id) if _reads(request, fence) else None
+            # A point read by primary key (as GetPromise), for the policy (`_reads`).
+            found = self._store.get_promise(request.id) if _reads(request, fence, attempt) else None
             if fence is None and found is not None and _quorum_read(found):
                 # A distinct quorum reads the workflow's steps: off the loop.
                 request = await asyncio.to_thread(self.guard.precheck, request, found, caller)
@@ -606,15 +606,21 @@ class PromiseService:
 
 _POLICY_ATTEMPTS = 3
 """A policy never changes once created: a settle meets at most one it was not checked
-against (the promise appeared after the check read it)."""
+against (the first attempt, which checks none, or the promise appeared after the check
+read it)."""
 
 
-def _reads(request: SettleRequest, fence: Fence | None) -> bool:
-    """Whether a settle needs the promise read before the write: a resolve (for its
-    schema) or an unfenced reject (for the approver policy)."""
-    return request.state is PromiseState.RESOLVED or (
-        fence is None and request.state is PromiseState.REJECTED
-    )
+def _reads(request: SettleRequest, fence: Fence | None, attempt: int) -> bool:
+    """Whether a settle reads its promise before the write: an unfenced one, for the
+    approver policy, once the writer refused it for a policy it was not checked
+    against (`PolicyNotChecked`). The first attempt reads nothing: most promises have
+    no policy and no schema, and the writer refuses a settle whose promise has one it
+    was not checked against; the value is then checked against the schema the refusal
+    names (`ValueNotChecked`), the policy against the promise read here, and the
+    settle sent again. A read before every settle cost a round trip to the database
+    on the event loop, and cost more than the second pass even for typed decisions
+    under load (bench/README.md, issue 13 part 6)."""
+    return attempt > 0 and fence is None and request.state is not PromiseState.REJECTED_CANCELED
 
 
 def _quorum_read(found: Promise) -> bool:

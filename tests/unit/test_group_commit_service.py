@@ -21,6 +21,8 @@ import pytest
 from structlog.testing import capture_logs
 
 from troth_server.batch import Batch, Keys
+from troth_server.domain.access import Principal, Role
+from troth_server.domain.approvers import Approvers, NotAnApprover
 from troth_server.domain.errors import (
     DomainError,
     InvalidArgument,
@@ -654,3 +656,43 @@ def test_async_submit_after_stop_is_refused(wired: Wired) -> None:
 
     with pytest.raises(ShuttingDown):
         asyncio.run(main())
+
+
+# -- what a settle reads before its write -------------------------------------------
+
+
+def test_a_settle_reads_its_promise_only_after_the_writer_finds_a_policy_unchecked(
+    wired: Wired, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A settle's first write reads and checks nothing first: a promise without an
+    approver policy (most) is settled at once; one with a policy is refused by the
+    writer (`PolicyNotChecked`), then read and checked, and only an approver's settle
+    applies."""
+    service, store = wired.service, wired.store
+    reads: list[str] = []
+    real_get = store.get_promise
+
+    def counted(promise_id: str) -> Promise | None:
+        reads.append(promise_id)
+        return real_get(promise_id)
+
+    monkeypatch.setattr(store, "get_promise", counted)
+    create(service, "plain")
+    assert resolve(service, "plain")[1]
+    with pytest.raises(PromiseNotFound):
+        resolve(service, "missing")
+    assert reads == []
+
+    policy = Approvers(principals=frozenset({"ana"}))
+    service.create(CreateRequest("guarded", EMPTY, {}, ttl=HOUR, approvers=policy))
+
+    def by(name: str) -> tuple[Promise, bool]:
+        request = SettleRequest("guarded", PromiseState.RESOLVED, EMPTY, principal=name)
+        return service.settle(request, caller=Principal(name, frozenset({Role.GATEWAY})))
+
+    with pytest.raises(NotAnApprover):
+        by("bob")
+    assert reads == ["guarded"]  # after the writer's refusal, not before
+    settled, applied = by("ana")
+    assert applied and settled.settled_by == "ana"
+    assert reads == ["guarded", "guarded"]
