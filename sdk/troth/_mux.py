@@ -217,6 +217,23 @@ class _Open:
             self.call.cancel()
         if self._reader is not None and self._reader is not threading.current_thread():
             self._reader.join(CLOSE_WAIT_S)
+        if self._reader is None or not self._reader.is_alive():
+            # Collected now, on this thread, not by the collector at interpreter exit.
+            self.call = None
+
+    def _failure(self, exc: grpc.RpcError, ended: CallError) -> CallError:
+        """What the calls waiting on the stream fail with, after `exc` ended it."""
+        call: object = exc  # (through object: see `troth._transport.as_call`)
+        if not isinstance(call, grpc.Call) or call.code() is grpc.StatusCode.CANCELLED:
+            return ended
+        # A stream that never opened failed as its calls would have: say no more.
+        details = call.details() if not self.opened else f"the Calls stream broke: {call.details()}"
+        return CallError(
+            call.code(),
+            details,
+            stream_failed=True,
+            refused=not self.opened and call.code() in _REFUSALS,
+        )
 
     def _read(self) -> None:
         failure = CallError(
@@ -233,21 +250,14 @@ class _Open:
                         waiter.answer = answer
                         waiter.done()
         except grpc.RpcError as exc:
-            call: object = exc  # (through object: see `troth._transport.as_call`)
-            if isinstance(call, grpc.Call) and call.code() is not grpc.StatusCode.CANCELLED:
-                # A stream that never opened failed as its calls would have: say no more.
-                details = (
-                    call.details()
-                    if not self.opened
-                    else f"the Calls stream broke: {call.details()}"
-                )
-                failure = CallError(
-                    call.code(),
-                    details,
-                    stream_failed=True,
-                    refused=not self.opened and call.code() in _REFUSALS,
-                )
+            # The error is the call itself: a local naming it, or its traceback (whose
+            # frames name it), makes a cycle that only the garbage collector frees, at
+            # interpreter exit if not before, when gRPC's `__del__` can wait forever on
+            # a lock a frozen daemon thread holds: the process printed its last line
+            # and never exited.
+            failure = self._failure(exc, failure)
             _log.debug("the Calls stream ended: %s", exc)
+            exc.__traceback__ = None
         with self.lock:
             self.broken = True
             waiting, self.waiting = self.waiting, {}

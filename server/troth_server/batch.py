@@ -72,9 +72,9 @@ class Leased:
     task: Task
     lessee: Lessee
     root: Promise | None
-    new_root: bool
-    """The root was created in the same transaction: it has no steps yet (no history
-    to read before the delivery)."""
+    first_run: bool
+    """The workflow has no steps yet (`domain.task.first_run`): no history to read
+    before the delivery."""
 
 
 class Lessor(Protocol):
@@ -340,6 +340,5 @@ def lease_new(
         claimed, root = claim_in(
             batch, task, lessee.worker_id, lessee.lease_ms, lessee.principal, lessee.route
         )
-        new_root = task.kind is TaskKind.INVOKE and task.root_promise_id in batch.inserts
-        leases.append(Leased(claimed, lessee, root, new_root))
+        leases.append(Leased(claimed, lessee, root, tasks.first_run(claimed)))
     return leases

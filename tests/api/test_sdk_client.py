@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
+import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -239,3 +242,34 @@ def test_cli_round_trip(server: ServerProcess, capsys: pytest.CaptureFixture[str
     err = capsys.readouterr().err
     assert err.startswith("troth: error: already settled:")
     assert "Traceback" not in err
+
+
+_NO_CALL_LEFT_FOR_THE_COLLECTOR = """
+import gc, sys
+import grpc._channel
+from troth import Client
+gc.disable()
+with Client(sys.argv[1]) as client:
+    client.create(sys.argv[2])
+    client.get(sys.argv[2])
+gc.set_debug(gc.DEBUG_SAVEALL)
+gc.collect()
+left = [type(o).__name__ for o in gc.garbage if isinstance(o, grpc._channel._Rendezvous)]
+print(left)
+"""
+
+
+def test_a_closed_client_leaves_no_grpc_call_for_the_collector(server: ServerProcess) -> None:
+    """A process that used a `Client` exits: no gRPC call object of its `Calls` stream is
+    left in a reference cycle, for the collector to free at interpreter exit, when
+    gRPC's `__del__` could wait forever on a lock a frozen daemon thread holds (seen:
+    about one exit in a hundred printed its last line and hung)."""
+    script = [sys.executable, "-c", _NO_CALL_LEFT_FOR_THE_COLLECTOR]
+    done = subprocess.run(
+        [*script, server.address, f"sdk.exit-{uuid.uuid4().hex[:8]}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert done.stdout.strip() == "[]", done.stdout + done.stderr

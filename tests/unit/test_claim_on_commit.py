@@ -18,7 +18,14 @@ from test_task_service import HOUR, LEASE, Clock
 from troth_server.batch import Batch, Keys, Leased, Lessee, Lessor
 from troth_server.dispatch import Delivery, Dispatcher, PollStream
 from troth_server.domain import promise as domain
-from troth_server.domain.promise import EMPTY, CreateRequest, Payload, PromiseState, SettleRequest
+from troth_server.domain.promise import (
+    EMPTY,
+    CreateRequest,
+    Payload,
+    Promise,
+    PromiseState,
+    SettleRequest,
+)
 from troth_server.domain.steps import Fence
 from troth_server.domain.task import Task, TaskKind, TaskState
 from troth_server.group_commit import GroupCommitter
@@ -154,6 +161,37 @@ def test_no_stream_with_room_leaves_the_task_to_the_dispatcher(env: Env) -> None
     assert env.task_of("wf-d").state is TaskState.PENDING
     stream = env.stream("w1")  # connecting claims what waits
     assert env.next(stream).task.root_promise_id == "wf-d"
+
+
+def test_a_first_run_is_delivered_without_reading_its_history(
+    env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An INVOKE task in its first lease has no steps (a step is created only under its
+    task's fence): delivered with the root its claim read, with no read of the history,
+    whether leased on commit or claimed later. A later lease of it reads the history."""
+    trees: list[str] = []
+    real_tree = env.store.promise_tree
+
+    def counted(root_id: str) -> tuple[Promise, list[Promise]]:
+        trees.append(root_id)
+        return real_tree(root_id)
+
+    monkeypatch.setattr(env.store, "promise_tree", counted)
+    env.start("wf-first")  # no stream yet: claimed when one connects
+    stream = env.stream("w1")
+    first = env.next(stream)
+    assert (first.task.kind, first.task.counter) == (TaskKind.INVOKE, 1)
+    assert first.root is not None and first.root.id == "wf-first" and first.history == []
+    assert trees == []
+    # The worker ran a step, then gave the task back: the next lease reads the step.
+    fence = Fence(first.task.id, first.task.counter, "w1")
+    env.promises.create(CreateRequest("wf-first.0", EMPTY, {}, ttl=HOUR), fence=fence)
+    env.tasks.release(first.task.id, first.task.counter, "w1")
+    env.dispatcher.done("w1", first.task.id)
+    again = env.next(stream)
+    assert (again.task.id, again.task.counter) == (first.task.id, 2)
+    assert [p.id for p in again.history] == ["wf-first.0"]
+    assert trees == ["wf-first"]
 
 
 class _Recording:

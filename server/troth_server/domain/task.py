@@ -258,6 +258,14 @@ def claim(
     )
 
 
+def first_run(task: Task) -> bool:
+    """A workflow's INVOKE task in its first lease: the workflow has no steps yet, for a
+    step is created only under the fence of its workflow's task lease (a promise gets a
+    `parent_id` only so), and this is the first lease of the workflow's first task. Its
+    delivery needs no read of the workflow's history."""
+    return task.kind is TaskKind.INVOKE and task.counter == 1
+
+
 def pin(task: Task, version: str) -> Task:
     """Record the code version the root runs with on a task that has none yet.
     A version once recorded never changes: the root's steps were made by that code."""
