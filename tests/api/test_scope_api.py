@@ -150,6 +150,9 @@ def test_a_scoped_gateway_touches_only_ids_inside_its_prefixes(calls: Calls) -> 
             "WatchPromise": lambda: next(
                 p.WatchPromise(promises_pb2.WatchPromiseRequest(id=target), metadata=md, timeout=10)
             ),
+            "WaitPromise": lambda: p.WaitPromise(
+                promises_pb2.WaitPromiseRequest(id=target), metadata=md, timeout=10
+            ),
         }
 
     for target in (outside_existing, outside_missing):
