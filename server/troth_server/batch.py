@@ -72,9 +72,6 @@ class Leased:
     task: Task
     lessee: Lessee
     root: Promise | None
-    first_run: bool
-    """The workflow has no steps yet (`domain.task.first_run`): no history to read
-    before the delivery."""
 
 
 class Lessor(Protocol):
@@ -340,5 +337,5 @@ def lease_new(
         claimed, root = claim_in(
             batch, task, lessee.worker_id, lessee.lease_ms, lessee.principal, lessee.route
         )
-        leases.append(Leased(claimed, lessee, root, tasks.first_run(claimed)))
+        leases.append(Leased(claimed, lessee, root))
     return leases

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from troth_server.domain.promise import Promise
     from troth_server.domain.task import Task
     from troth_server.store import Store
-    from troth_server.task_service import Claimed, TaskService
+    from troth_server.task_service import TaskService
 
 log = structlog.get_logger("troth.dispatch")
 
@@ -101,12 +101,6 @@ class PollStream:
         while not self._async.empty():
             ready.append(self._async.get_nowait())
         return ready
-
-
-def _without_steps(claimed: Claimed) -> Promise | None:
-    """The root of a claimed task whose workflow has no steps yet (its delivery then
-    reads no history), else None."""
-    return claimed.root if first_run(claimed.task) else None
 
 
 def wall_ms() -> int:
@@ -370,28 +364,21 @@ class Dispatcher:
 
     def _deliver_leased(self, leases: list[Leased]) -> None:
         self._deliver(
-            [
-                (
-                    cast("PollStream", lease.lessee.stream),
-                    lease.task,
-                    lease.root if lease.first_run else None,
-                )
-                for lease in leases
-            ]
+            [(cast("PollStream", lease.lessee.stream), lease.task, lease.root) for lease in leases]
         )
 
     def _deliver(self, leased: list[tuple[PollStream, Task, Promise | None]]) -> None:
-        """Deliver tasks leased to these streams, each with its root and history (read
-        here, unless the root is given: a workflow in its first run has no steps).
-        Every history is read before the first is delivered, so those of one pass
-        reach a worker together (in one message, if it reads batches). What a closed
-        stream or a failed read leaves undelivered goes back to its group; the read's
-        error is raised after."""
+        """Deliver tasks leased to these streams, each with its root and history: read
+        here, unless the task is its workflow's first run (no steps: `first_run`),
+        which goes with the root its claim read. Every history is read before the
+        first is delivered, so those of one pass reach a worker together (in one
+        message, if it reads batches). What a closed stream or a failed read leaves
+        undelivered goes back to its group; the read's error is raised after."""
         ready: list[tuple[PollStream, Delivery]] = []
         failed: StoreError | None = None
-        for n, (stream, task, root_alone) in enumerate(leased):
-            if root_alone is not None:
-                ready.append((stream, Delivery(task, root_alone, [])))
+        for n, (stream, task, claimed_root) in enumerate(leased):
+            if claimed_root is not None and first_run(task):
+                ready.append((stream, Delivery(task, claimed_root, [])))
                 continue
             try:
                 root, history = self._store.promise_tree(task.root_promise_id)
@@ -474,7 +461,7 @@ class Dispatcher:
                 )
                 # Leased but undeliverable (the stream went away, the store failed):
                 # given back, rather than left to the worker's heartbeats.
-                self._deliver([(stream, item.task, _without_steps(item)) for item in claimed])
+                self._deliver([(stream, item.task, item.root) for item in claimed])
                 if len(claimed) < wanted:
                     # Fewer PENDING tasks it may take than room: drained for this
                     # stream for now (another claim would be an empty write

@@ -547,17 +547,18 @@ class PromiseService:
         """The promise now, then once more when it settles (see `PromiseWatch`)."""
         return PromiseWatch(self, self._hub.subscribe(promise_id))
 
-    def watch_async(self, promise_id: str) -> AsyncPromiseWatch:
-        """`watch` for an event loop: iterate it with `async for`."""
+    def watch_async(self, promise_id: str, until: float | None = None) -> AsyncPromiseWatch:
+        """`watch` for an event loop: iterate it with `async for` (see `PromiseWatch`)."""
         loop = asyncio.get_running_loop()
         subscription = self._hub.subscribe(promise_id, loop)
         assert isinstance(subscription, AsyncSubscription)
-        return AsyncPromiseWatch(self, subscription)
+        return AsyncPromiseWatch(self, subscription, until)
 
     async def wait_async(self, promise_id: str, seconds: float) -> Promise:
         """The promise once it is settled, or as it is after `seconds` if that comes
         first (`WaitPromise`, a long poll; at once at server shutdown)."""
-        return await self.watch_async(promise_id).settled_within(seconds)
+        seen = [p async for p in self.watch_async(promise_id, time.monotonic() + seconds)]
+        return seen[-1]  # a watch yields the promise first (or raises), then once settled
 
     def watch_events(self, wanted: EventFilter, backlog: int) -> EventWatch:
         """Events of the promises `wanted` matches, from now on (see `EventWatch`)."""
@@ -659,13 +660,17 @@ class PromiseWatch:
 
     Subscribes before the first read, so a settle between the read and the
     wait cannot be missed. Wakes at the promise's expire_time on its own, so a
-    timeout is seen at once, whether or not the sweeper has run.
+    timeout is seen at once, whether or not the sweeper has run. With `until` (a
+    `time.monotonic()` instant), it ends then, settled or not.
     """
 
-    def __init__(self, service: PromiseService, subscription: Subscription) -> None:
+    def __init__(
+        self, service: PromiseService, subscription: Subscription, until: float | None = None
+    ) -> None:
         self._service = service
         self._subscription = subscription
         self._cancelled = False
+        self._until = until
 
     def cancel(self) -> None:
         self._cancelled = True
@@ -678,9 +683,13 @@ class PromiseWatch:
         """How long to wait for a settle (None: forever); -1 when the watch is over."""
         if self._cancelled or self._service.stopping.is_set():
             return -1
+        left = None if self._until is None else self._until - time.monotonic()
+        if left is not None and left <= 0:
+            return -1
         if current.expire_time is None:
-            return None
-        return max(0.0, (current.expire_time - self._service.now()) / 1000)
+            return left
+        expiry = max(0.0, (current.expire_time - self._service.now()) / 1000)
+        return expiry if left is None else min(expiry, left)
 
     def _woken(self, current: Promise) -> Promise:
         if self._subscription.settled is not None:
@@ -707,16 +716,6 @@ class PromiseWatch:
         finally:
             self._subscription.close()
 
-    def _wait_until(self, current: Promise, until: float) -> float | None:
-        """`_wait_for`, but never past `until` (monotonic); -1 when the wait is over."""
-        timeout = self._wait_for(current)
-        if timeout is not None and timeout < 0:
-            return timeout
-        left = until - time.monotonic()
-        if left <= 0:
-            return -1
-        return left if timeout is None else min(timeout, left)
-
 
 class AsyncPromiseWatch(PromiseWatch):
     """`PromiseWatch` for an event loop: `async for`, and `cancel()` from the loop."""
@@ -735,21 +734,5 @@ class AsyncPromiseWatch(PromiseWatch):
                 current = await self._woken_async(current)
                 if current.is_settled:
                     yield current
-        finally:
-            self._subscription.close()
-
-    async def settled_within(self, seconds: float) -> Promise:
-        """The promise once settled, or as it is when `seconds` have passed (or the
-        watch was cancelled, or the server is stopping); ends the watch."""
-        until = time.monotonic() + seconds
-        try:
-            current = await self._service.get_async(self._subscription.promise_id)
-            while not current.is_settled:
-                timeout = self._wait_until(current, until)
-                if timeout is not None and timeout < 0:
-                    break
-                await self._subscription.wait_async(timeout)
-                current = await self._woken_async(current)
-            return current
         finally:
             self._subscription.close()
