@@ -440,7 +440,7 @@ def _fold(
         if t.state is TaskState.PENDING
     }
     settled = [c.promise.id for c in batch.changes if c.promise.is_settled]
-    with tx.pipelined():  # the writes need no answer but "done": one round trip
+    with tx.final_writes():  # the writes need no answer but "done": sent with the COMMIT
         tx.insert_promises(list(batch.inserts.values()))
         tx.update_promises(list(batch.updates.values()))
         # Updates first: a task completing and its root's next RESUME share the

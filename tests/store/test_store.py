@@ -7,17 +7,26 @@ or a new schema of the machine's PostgreSQL. A new dialect is one more entry in
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from _pg import fresh_schema
+from _pg import admin, fresh_schema
 
 from troth_server.domain import promise as domain
 from troth_server.domain.promise import TIMEOUT_PRINCIPAL, Payload, Promise, PromiseState
-from troth_server.store import PromiseQuery, Store, StoreError, WriteTx, open_store
+from troth_server.store import (
+    CommitOutcomeUnknown,
+    PromiseQuery,
+    Store,
+    StoreError,
+    WriteTx,
+    open_store,
+)
 
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z in ms
 TIMER = {"troth:timer": "true"}
@@ -220,13 +229,102 @@ def test_a_conflict_in_a_pipeline_is_the_same_store_error_and_commits_nothing(
     insert(store, MINIMAL)
 
     def work(tx: WriteTx) -> None:
-        with tx.pipelined():
+        with tx.final_writes():
             tx.insert_promises([FULL, MINIMAL])
 
     with pytest.raises(StoreError, match="write conflict persisted"):
         store.write(work)
     assert store.get_promise(FULL.id) is None
     assert store.get_promise(MINIMAL.id) == MINIMAL
+
+
+def test_final_writes_keep_working_after_a_rolled_back_transaction(store: Store) -> None:
+    """The final writes run statements prepared once per connection. A rollback on
+    that connection (here a conflict, after the writer ran other statements often
+    enough that a driver would prepare them too) must not leave the next final
+    writes naming statements the database no longer has."""
+    insert(store, MINIMAL)
+    for n in range(8):
+        store.write(lambda tx: tx.pending_tasks("no-such-group", "w", 10, now=T0))
+
+        def write_one(tx: WriteTx, n: int = n) -> None:
+            with tx.final_writes():
+                tx.insert_promises([make(f"before-{n}")])
+
+        store.write(write_one)
+
+    def conflict(tx: WriteTx) -> None:
+        with tx.final_writes():
+            tx.insert_promises([MINIMAL])
+
+    with pytest.raises(StoreError, match="write conflict persisted"):
+        store.write(conflict)
+
+    def after(tx: WriteTx) -> None:
+        assert tx.get_promises({MINIMAL.id}) == {MINIMAL.id: MINIMAL}
+        with tx.final_writes():
+            tx.insert_promises([make("after")])
+            tx.update_promises([replace(make("before-0"), state=PromiseState.RESOLVED)])
+
+    store.write(after)
+    assert store.get_promise("after") == make("after")
+    assert store.get_promise("before-0") == replace(make("before-0"), state=PromiseState.RESOLVED)
+
+
+def test_final_writes_larger_than_the_socket_takes_are_all_committed(store: Store) -> None:
+    """Tens of megabytes of rows in one transaction's final writes: the pipeline sends
+    more than the socket's buffers hold while the database answers, and must read as
+    it writes rather than wait on a full socket forever."""
+    big = Payload({"content-type": "application/octet-stream"}, bytes(range(256)) * 256)
+    rows = [replace(make(f"big-{n:03}"), param=big) for n in range(300)]
+
+    def work(tx: WriteTx) -> None:
+        with tx.final_writes():
+            tx.insert_promises(rows)
+
+    store.write(work)
+    assert store.get_promise("big-299") == rows[-1]
+    assert len(search(store, "big-*", limit=1000)) == len(rows)
+
+
+def test_a_connection_lost_after_the_final_writes_went_is_an_unknown_outcome(
+    tmp_path: Path,
+) -> None:
+    """The final writes go with the COMMIT: a connection lost once they went may have
+    committed them, so the store says so (CommitOutcomeUnknown) rather than running
+    the transaction again. The writes here wait on a row the test holds; the test
+    then ends the writer's backend, as a database restart would."""
+    with _postgres_schema(tmp_path) as url, admin() as holder, admin() as killer:
+        store = open_store(url)
+        try:
+            insert(store, MINIMAL)
+            schema = url.rsplit("search_path%3D", 1)[1]
+            holder.execute("BEGIN")
+            holder.execute(f'SELECT id FROM "{schema}".promises WHERE id = %s FOR UPDATE',
+                           (MINIMAL.id,))  # fmt: skip
+
+            def work(tx: WriteTx) -> None:
+                with tx.final_writes():
+                    tx.update_promises([replace(MINIMAL, state=PromiseState.RESOLVED)])
+
+            with ThreadPoolExecutor(1) as pool:
+                writing = pool.submit(store.write, work)
+                waiting: list[object] = []
+                deadline = time.monotonic() + 10
+                while not waiting and time.monotonic() < deadline:
+                    waiting = killer.execute(
+                        "SELECT pid FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))",
+                        (holder.info.backend_pid,),
+                    ).fetchall()
+                    time.sleep(0.02)
+                assert waiting, "the final writes never waited on the held row"
+                killer.execute("SELECT pg_terminate_backend(%s)", (waiting[0][0],))
+                with pytest.raises(CommitOutcomeUnknown):
+                    writing.result(timeout=10)
+            holder.execute("ROLLBACK")
+            assert store.get_promise(MINIMAL.id) == MINIMAL
+        finally:
+            store.close()
 
 
 def test_readers_see_only_committed_rows_and_are_not_blocked(store: Store) -> None:

@@ -116,11 +116,13 @@ class WriteTx(Protocol):
 
     row_locks: bool
 
-    def pipelined(self) -> AbstractContextManager[None]:
-        """The statements run inside go to the database together, their outcomes
-        awaited once at the end (PostgreSQL's pipeline: one round trip instead of one
-        per statement); an error of any of them is raised there, as the store's
-        retry rules expect it. So no statement inside may need another's rows."""
+    def final_writes(self) -> AbstractContextManager[None]:
+        """The transaction's last statements: the writes run inside go to the database
+        with its COMMIT, together, their outcomes awaited once at the end (PostgreSQL:
+        one round trip on libpq's pipeline instead of one per statement and one for
+        the commit); an error of any of them is raised there, as the store's retry
+        rules expect it. So no statement inside may need another's rows, and nothing
+        may run in the transaction after it."""
 
     def database_time(self) -> int | None:
         """The database's clock now, in ms since the epoch, read inside this transaction;

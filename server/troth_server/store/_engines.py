@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import orjson
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.pool import QueuePool, StaticPool
 
@@ -105,11 +106,20 @@ def postgresql_engines(parsed: URL, pool_size: int, application_name: str) -> En
         )
     plain = parsed.set(drivername="postgresql+psycopg")
     connect_args = {"connect_timeout": 5, "application_name": application_name}
+    # JSONB columns (headers, tags, policies) decoded by orjson rather than the
+    # standard library's json, on every read of a promise.
+    json = {"json_deserializer": orjson.loads}
     # One connection writes (the group committer is this replica's only writer).
     # No pre-ping, which would cost every batch a round trip: a connection that
     # died since the last batch fails its first statement, SQLAlchemy discards it,
     # and the store runs the transaction again on a new one (`_retryable`).
-    write_engine = create_engine(plain, pool_size=1, max_overflow=0, connect_args=connect_args)
+    # The writer's and the point reads' statements are prepared by troth's pipeline
+    # (`_pg_pipeline`) alone: psycopg, had it prepared some of its own there, would
+    # DEALLOCATE ALL at a rollback, the pipeline's statements with them.
+    unprepared = {**connect_args, "prepare_threshold": None}
+    write_engine = create_engine(
+        plain, pool_size=1, max_overflow=0, connect_args=unprepared, **json
+    )
     # Reads in REPEATABLE READ: a read of several statements (a workflow's tree,
     # SearchTasks' PENDING then CLAIMED) sees one snapshot, as on SQLite. Under READ
     # COMMITTED, a task whose lease expired between two of them was in neither.
@@ -120,6 +130,7 @@ def postgresql_engines(parsed: URL, pool_size: int, application_name: str) -> En
         pool_pre_ping=True,
         connect_args=connect_args,
         isolation_level="REPEATABLE READ",
+        **json,
     )
     # The point reads (a promise, a workflow's tree: one statement each, run for
     # every delivery, watch and settle, some on the event loop) in autocommit and
@@ -130,8 +141,9 @@ def postgresql_engines(parsed: URL, pool_size: int, application_name: str) -> En
         plain,
         pool_size=pool_size,
         max_overflow=pool_size,
-        connect_args=connect_args,
+        connect_args=unprepared,
         isolation_level="AUTOCOMMIT",
+        **json,
     )
 
     @event.listens_for(write_engine, "connect")

@@ -26,8 +26,6 @@ from troth_server.store import StoreEvent
 if TYPE_CHECKING:
     from collections.abc import Callable, Collection
 
-    from sqlalchemy import Connection
-
 log = structlog.get_logger("troth.store.listen")
 
 # PostgreSQL's limit is 8000 bytes per payload; stay clear of it.
@@ -38,6 +36,9 @@ _RECONNECT_DELAYS = (0.1, 0.25, 0.5, 1.0, 2.0)
 class Announcer:
     """One store's side of the channel: what it sends, and its listener thread."""
 
+    notify_sql = "SELECT pg_notify(%(channel)s, %(payload)s)"
+    """The statement each of `notifications` is the parameters of."""
+
     def __init__(self, conninfo: str, channel: str) -> None:
         self.channel = channel
         self._conninfo = conninfo
@@ -47,16 +48,18 @@ class Announcer:
         self._thread: threading.Thread | None = None
         self._conn: psycopg.Connection[Any] | None = None
 
-    def announce(
+    def notifications(
         self,
-        conn: Connection,
         groups: Collection[str],
         settled: Collection[str],
         created: Collection[str] = (),
-    ) -> None:
-        for payload in self._payloads(sorted(groups), list(settled), list(created)):
-            conn.exec_driver_sql("SELECT pg_notify(%(channel)s, %(payload)s)",
-                                 {"channel": self.channel, "payload": payload})  # fmt: skip
+    ) -> list[dict[str, str]]:
+        """The parameters of `NOTIFY` (one statement each) that announce these changes
+        to the other replicas when the write transaction that made them commits."""
+        return [
+            {"channel": self.channel, "payload": payload}
+            for payload in self._payloads(sorted(groups), list(settled), list(created))
+        ]
 
     def _payloads(self, groups: list[str], settled: list[str], created: list[str]) -> list[str]:
         """Messages under PostgreSQL's payload limit; the groups ride in the first."""

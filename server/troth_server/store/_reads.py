@@ -107,6 +107,14 @@ class PromiseReads:
                 continue
             cursor = None
             try:
+                if dialect.name == "postgresql":
+                    # libpq straight: one prepared statement, no cursor (`_pg_pipeline`).
+                    from troth_server.store._pg_pipeline import pipeline_on
+
+                    pipeline = pipeline_on(conn)
+                    pipeline.execute(statement.sql, [statement.params(values)])
+                    (rows,) = pipeline.run()
+                    return list(rows)
                 cursor = conn.cursor()
                 cursor.execute(statement.sql, statement.params(values))
                 return list(cursor.fetchall())
@@ -116,7 +124,9 @@ class PromiseReads:
                     conn.invalidate(exc)
                     # Its neighbours in the pool went with the same restart.
                     engine.dispose()
-                if not lost or attempt >= READ_ATTEMPTS:
+                # A prepared statement lost (`_pg_pipeline`) is prepared again.
+                again = lost or getattr(exc, "sqlstate", None) == "26000"
+                if not again or attempt >= READ_ATTEMPTS:
                     raise StoreUnavailable(f"database read failed: {exc}") from exc
             finally:
                 if cursor is not None:

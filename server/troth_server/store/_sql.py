@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Collection, Iterator, Sequence
 
     from troth_server.store._listen import Announcer
+    from troth_server.store._pg_pipeline import Pipeline
 
 T = TypeVar("T")
 log = structlog.get_logger("troth.store")
@@ -58,6 +59,7 @@ _RECONNECT_DELAY = 0.05
 # PostgreSQL SQLSTATEs after which the whole transaction can simply run again.
 _SERIALIZATION_FAILURE = "40001"
 _DEADLOCK_DETECTED = "40P01"
+_STATEMENTS_LOST = "26000"  # `_pg_pipeline.STATEMENTS_LOST` (that module needs psycopg)
 
 _SELECT_EXPIRED_LOCKED = select_expired.with_for_update(skip_locked=True)
 # The steps a settling workflow root ends (ix_promises_pending_parent).
@@ -122,28 +124,69 @@ class _Compiled:
 
 
 class _WriteTx(TaskTx, PruneTx):
-    def __init__(self, conn: Connection, compiled: _Compiled, announcer: Announcer | None) -> None:
+    def __init__(
+        self,
+        conn: Connection,
+        compiled: _Compiled,
+        announcer: Announcer | None,
+    ) -> None:
         self._conn = conn
         self._compiled = compiled
         self._task_statements = compiled.tasks
         self._announcer = announcer
         # SQLite has one writer at a time and renders no FOR UPDATE.
         self.row_locks = conn.dialect.name == "postgresql"
+        self._pipeline: Pipeline | None = None
+        self.commit_sent = False
+        """The COMMIT went (PostgreSQL: with the last statements): if the connection
+        is lost now, whether the transaction committed is unknown."""
+
+    def _write(self, sql: str, params: Sequence[Any]) -> None:
+        if self._pipeline is not None:
+            self._pipeline.execute(sql, params)
+        else:
+            self._conn.exec_driver_sql(sql, list(params))
+
+    def _select(self, sql: str, params: Any) -> Sequence[Sequence[Any]]:
+        if not self.row_locks:
+            return self._conn.exec_driver_sql(sql, params).fetchall()
+        # PostgreSQL: libpq straight, without a cursor's and SQLAlchemy's layers.
+        pipeline = self._new_pipeline()
+        pipeline.begin()
+        pipeline.execute(sql, [params])
+        (rows,) = self._run(pipeline)
+        return rows
 
     @contextlib.contextmanager
-    def pipelined(self) -> Iterator[None]:
-        if not self.row_locks:  # SQLite: no round trips to save
+    def final_writes(self) -> Iterator[None]:
+        if not self.row_locks:  # SQLite: no round trips to save; the store commits
             yield
             return
+        self._pipeline = self._new_pipeline()
+        self._pipeline.begin()
+        try:
+            yield
+            self._pipeline.query(b"COMMIT")
+            self.commit_sent = True
+            self._run(self._pipeline)
+        finally:
+            self._pipeline = None
+
+    def _new_pipeline(self) -> Pipeline:
+        # Imported here: it imports psycopg, which a SQLite-only install does not have.
+        from troth_server.store._pg_pipeline import pipeline_on
+
+        return pipeline_on(self._conn.connection)
+
+    def _run(self, pipeline: Pipeline) -> list[list[tuple[bytes | None, ...]]]:
         dialect = self._conn.dialect
         driver = self._conn.connection.driver_connection
         errors = dialect.loaded_dbapi.Error
         try:
-            with driver.pipeline():  # type: ignore[union-attr]
-                yield
+            return pipeline.run()
         except errors as exc:
-            # Raised at the pipeline's sync, outside SQLAlchemy's execution: made the
-            # DBAPIError it would have raised, so `SqlStore.write` decides as ever.
+            # Raised outside SQLAlchemy's execution: made the DBAPIError it would
+            # have raised, so that `SqlStore.write` decides as ever.
             lost = dialect.is_disconnect(exc, driver, None)
             if lost:
                 self._conn.invalidate(exc)
@@ -158,23 +201,20 @@ class _WriteTx(TaskTx, PruneTx):
         created_ids: Collection[str] = (),
     ) -> None:
         if self._announcer is not None and (groups or settled_ids or created_ids):
-            self._announcer.announce(self._conn, groups, settled_ids, created_ids)
+            notifications = self._announcer.notifications(groups, settled_ids, created_ids)
+            self._write(self._announcer.notify_sql, notifications)
 
     def database_time(self) -> int | None:
         if not self.row_locks:
             return None  # SQLite keeps no clock of its own: the server's decides
-        # The transaction's first statement: in a pipeline, psycopg's BEGIN goes with
-        # it instead of taking a round trip of its own (its row is read after the
-        # pipeline's sync, which a read inside would cost a round trip more).
-        cursor = self._conn.connection.cursor()
-        try:
-            with self.pipelined():
-                cursor.execute(_DATABASE_TIME)
-            row = cursor.fetchone()
-        finally:
-            cursor.close()
-        assert row is not None
-        return int(row[0])
+        # The transaction's first statement, with its BEGIN: one round trip.
+        pipeline = self._new_pipeline()
+        pipeline.begin()
+        pipeline.query(_DATABASE_TIME.encode())
+        (rows,) = self._run(pipeline)
+        value = rows[0][0]
+        assert value is not None
+        return int(value)
 
     def expired_promise_ids(self, now: int, limit: int) -> list[str]:
         params = {"now": now, "limit": limit}
@@ -187,7 +227,7 @@ class _WriteTx(TaskTx, PruneTx):
         return [
             row[0]
             for part in chunks(sorted(parent_ids))
-            for row in self._conn.exec_driver_sql(*by_parent.bound(part))
+            for row in self._select(*by_parent.bound(part))
         ]
 
     def get_promises(self, ids: Collection[str]) -> dict[str, Promise]:
@@ -195,20 +235,20 @@ class _WriteTx(TaskTx, PruneTx):
             return {}
         found: dict[str, Promise] = {}
         for wanted in chunks(sorted(ids) if len(ids) > MAX_BOUND_IDS else list(ids)):
-            rows = self._conn.exec_driver_sql(*self._compiled.by_ids.bound(wanted)).fetchall()
+            rows = self._select(*self._compiled.by_ids.bound(wanted))
             found.update((row[1], to_promise(row)) for row in rows)
         return found
 
     def insert_promises(self, items: Sequence[Promise]) -> None:
         if items:
             stmt = self._compiled.insert
-            self._conn.exec_driver_sql(stmt.sql, [stmt.params(to_row(p)) for p in items])
+            self._write(stmt.sql, [stmt.params(to_row(p)) for p in items])
 
     def update_promises(self, items: Sequence[Promise]) -> None:
         if items:
             stmt = self._compiled.update
             rows = [{f"b_{name}": value for name, value in to_row(p).items()} for p in items]
-            self._conn.exec_driver_sql(stmt.sql, [stmt.params(row) for row in rows])
+            self._write(stmt.sql, [stmt.params(row) for row in rows])
 
 
 class SqlStore(PromiseReads):
@@ -231,14 +271,17 @@ class SqlStore(PromiseReads):
         while True:
             attempt += 1
             committing = False
+            written: _WriteTx | None = None
             try:
                 with self._write_lock, self._engines.write.connect() as conn:
                     with conn.begin() as tx:
-                        result = work(_WriteTx(conn, self._compiled, self._announcer))
+                        written = _WriteTx(conn, self._compiled, self._announcer)
+                        result = work(written)
                         committing = True
-                        tx.commit()
+                        tx.commit()  # a no-op at the driver if the final writes committed
                     return result
             except DBAPIError as exc:
+                committing = committing or (written is not None and written.commit_sent)
                 retry = _retryable(exc, committing)
                 if retry is None or attempt >= _WRITE_ATTEMPTS:
                     if isinstance(exc, IntegrityError):
@@ -350,6 +393,8 @@ def _retryable(exc: DBAPIError, committing: bool) -> str | None:
     code = getattr(exc.orig, "sqlstate", None)
     if code in (_SERIALIZATION_FAILURE, _DEADLOCK_DETECTED):
         return "serialization" if code == _SERIALIZATION_FAILURE else "deadlock"
+    if code == _STATEMENTS_LOST:  # the pipeline's cache was cleared: prepared again
+        return "statements lost"
     if exc.connection_invalidated and not committing:
         return "disconnected"
     return None

@@ -216,6 +216,15 @@ class TaskTx:
     _conn: Connection
     _task_statements: CompiledTaskStatements
 
+    def _write(self, sql: str, params: Sequence[Any]) -> None:
+        """Run a write statement once per row of `params` (`_WriteTx`: at once, or
+        queued for the transaction's final writes)."""
+        raise NotImplementedError
+
+    def _select(self, sql: str, params: Any) -> Sequence[Sequence[Any]]:
+        """The rows of a read statement, in its columns' order."""
+        raise NotImplementedError
+
     def get_callbacks(self, promise_ids: Collection[str]) -> list[Callback]:
         if not promise_ids:
             return []
@@ -223,7 +232,7 @@ class TaskTx:
         return [
             Callback(*row)
             for part in chunks(sorted(promise_ids))
-            for row in self._conn.exec_driver_sql(*by_promise.bound(part))
+            for row in self._select(*by_promise.bound(part))
         ]
 
     def insert_callbacks(self, items: Sequence[Callback], now: int) -> None:
@@ -240,7 +249,7 @@ class TaskTx:
             }
             for c in items
         ]
-        self._conn.exec_driver_sql(stmt.sql, [stmt.params(row) for row in rows])
+        self._write(stmt.sql, [stmt.params(row) for row in rows])
 
     def delete_callbacks(self, promise_ids: Collection[str], root_ids: Collection[str]) -> None:
         compiled = self._task_statements
@@ -249,7 +258,8 @@ class TaskTx:
             (root_ids, compiled.delete_root_callbacks),
         ):
             for part in chunks(sorted(ids)):
-                self._conn.exec_driver_sql(*by.bound(part))
+                sql, params = by.bound(part)
+                self._write(sql, [params])
 
     def get_tasks(self, task_ids: Collection[str], *, lock: bool = True) -> dict[str, Task]:
         if not task_ids:
@@ -257,9 +267,9 @@ class TaskTx:
         compiled = self._task_statements
         by_id = compiled.get if lock else compiled.peek
         return {
-            row["id"]: to_task(row)
+            task.id: task
             for part in chunks(sorted(task_ids))
-            for row in self._conn.exec_driver_sql(*by_id.bound(part)).mappings()
+            for task in map(_task_of, self._select(*by_id.bound(part)))
         }
 
     def get_active_tasks(self, root_ids: Collection[str]) -> dict[str, Task]:
@@ -267,9 +277,9 @@ class TaskTx:
             return {}
         by_root = self._task_statements.active
         return {
-            row["root_promise_id"]: to_task(row)
+            task.root_promise_id: task
             for part in chunks(sorted(root_ids))
-            for row in self._conn.exec_driver_sql(*by_root.bound(part)).mappings()
+            for task in map(_task_of, self._select(*by_root.bound(part)))
         }
 
     def pending_tasks(
@@ -292,7 +302,7 @@ class TaskTx:
         return {
             row[0]: (workflow_name(load_json(row[1])), row[2] or None)
             for part in chunks(sorted(root_ids))
-            for row in self._conn.exec_driver_sql(*by_id.bound(part))
+            for row in self._select(*by_id.bound(part))
         }
 
     def claimed_tasks(self, worker_id: str, *, lock: bool = True) -> list[Task]:
@@ -312,7 +322,7 @@ class TaskTx:
         if items:
             stmt = self._task_statements.insert
             rows = [stmt.params(_task_row(t, now)) for t in items]
-            self._conn.exec_driver_sql(stmt.sql, rows)
+            self._write(stmt.sql, rows)
 
     def delete_completed_tasks(self, completed_before: int, limit: int) -> int:
         params = {"before": completed_before, "limit": limit}
@@ -333,7 +343,15 @@ class TaskTx:
                 stmt.params({f"b_{name}": value for name, value in _task_row(t, now).items()})
                 for t in items
             ]
-            self._conn.exec_driver_sql(stmt.sql, rows)
+            self._write(stmt.sql, rows)
+
+
+_TASK_NAMES = tuple(c.name for c in tasks.c)
+
+
+def _task_of(row: Sequence[Any]) -> Task:
+    """A task from a row of every column, in the table's order."""
+    return to_task(dict(zip(_TASK_NAMES, row, strict=True)))
 
 
 def _task_row(t: Task, now: int) -> dict[str, Any]:
