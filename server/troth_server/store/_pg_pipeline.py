@@ -125,10 +125,18 @@ class Pipeline:
         if pg.transaction_status == pq.TransactionStatus.UNKNOWN:
             raise psycopg.OperationalError("the connection is closed")
         try:
+            if len(self._commands) == 1:
+                # One statement: without pipeline mode, whose entry, sync and exit
+                # would cost as much again as the statement itself.
+                self._send(self._commands[0], alone=True)
+                return self._answer(self._receive(until=None))
             pg.enter_pipeline_mode()
             try:
-                self._send()
-                rows = self._receive()
+                for command in self._commands:
+                    self._send(command, alone=False)
+                pg.pipeline_sync()
+                self._flush()
+                return self._answer(self._receive(until=_ExecStatus.PIPELINE_SYNC))
             finally:
                 if pg.pipeline_status != pq.PipelineStatus.OFF and not pg.is_busy():
                     pg.exit_pipeline_mode()
@@ -137,59 +145,69 @@ class Pipeline:
             for key in self._new:
                 self._prepared.names.pop(key, None)
             raise
-        return rows
 
-    def _send(self) -> None:
+    def _send(self, command: tuple[Any, ...], *, alone: bool) -> None:
         pg = self._pg
-        names = self._prepared.names
-        for sql, params, types, formats in self._commands:
-            if params is None:
-                pg.send_query_params(sql, None)
-                continue
+        sql, params, types, formats = command
+        if params is None:
+            pg.send_query_params(sql, None)
+        else:
             key = (sql, types)
-            name = names.get(key)
+            name = self._prepared.names.get(key)
             if name is None:
-                name = names[key] = self._prepared.new_name()
+                name = self._prepared.names[key] = self._prepared.new_name()
                 self._new.append(key)
                 pg.send_prepare(name, sql, param_types=types)
+                if alone:  # outside a pipeline, one command at a time
+                    self._flush()
+                    self._answer(self._receive(until=None))
             pg.send_query_prepared(name, params, param_formats=formats)
-        pg.pipeline_sync()
-        fileno = pg.socket
+        if alone:
+            self._flush()
+
+    def _flush(self) -> None:
+        pg = self._pg
         while pg.flush():
             # More to send than the socket takes: read meanwhile, so that the server,
             # answering, never waits on a full socket while we wait on it.
-            if _wait(fileno, select.POLLIN | select.POLLOUT) & select.POLLIN:
+            if _wait(pg.socket, select.POLLIN | select.POLLOUT) & select.POLLIN:
                 pg.consume_input()
 
-    def _receive(self) -> list[list[tuple[Any, ...]]]:
+    def _receive(self, until: pq.ExecStatus | None) -> list[pq.abc.PGresult]:
+        """Results up to the end of one statement's (`until` None) or the sync's."""
         pg = self._pg
-        fileno = pg.socket
-        found: list[list[tuple[Any, ...]]] = []
-        error: psycopg.Error | None = None
+        results: list[pq.abc.PGresult] = []
         while True:
             while pg.is_busy():
-                _wait(fileno, select.POLLIN)
+                _wait(pg.socket, select.POLLIN)
                 pg.consume_input()
             result = pg.get_result()
             if result is None:
-                continue  # the end of one statement's results
+                if until is None:
+                    return results
+                continue  # the end of one statement's results, in a pipeline
+            if result.status == until:
+                return results
+            results.append(result)
+
+    def _answer(self, results: list[pq.abc.PGresult]) -> list[list[tuple[Any, ...]]]:
+        """The rows of each result with rows; the first error raised, as psycopg's."""
+        found: list[list[tuple[Any, ...]]] = []
+        for result in results:
             status = result.status
-            if status == _ExecStatus.PIPELINE_SYNC:
-                break
             if status == _ExecStatus.TUPLES_OK:
                 # Loaded as psycopg's cursors load them (its C loaders, its JSON's).
                 self._transformer.set_pgresult(result)
                 found.append(self._transformer.load_rows(0, result.ntuples, tuple))
-            elif status not in _ANSWERED and error is None:
+            elif status not in _ANSWERED:
                 # FATAL_ERROR, or PIPELINE_ABORTED for those after it (never first).
                 error = psycopg.errors.error_from_result(
                     result, encoding=self._driver.info.encoding
                 )
-        if error is not None:
-            if error.sqlstate == STATEMENTS_LOST:
-                # Deallocated behind this cache's back: all are prepared again.
-                self._prepared.names.clear()
-            raise error
+                if error.sqlstate == STATEMENTS_LOST:
+                    # Deallocated behind this cache's back: all are prepared again.
+                    self._prepared.names.clear()
+                raise error
         return found
 
 

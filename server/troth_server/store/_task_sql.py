@@ -10,6 +10,7 @@ Core statements executed as they are: claims, lease sweeps, and the reads of
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection, and_, bindparam, case, func, or_, select
@@ -289,11 +290,7 @@ class TaskTx:
         # Without `now` (a store test), no backoff holds a task back.
         at = _FOREVER if now is None else now
         params = {"group": group, "worker": prefer_worker, "limit": limit, "now": at}
-        stmt = TaskStatements.pending
-        condition = route_condition(route)
-        if condition is not None:
-            stmt = stmt.where(condition)
-        return [to_task(r) for r in self._conn.execute(stmt, params).mappings()]
+        return [to_task(r) for r in self._conn.execute(_pending_for(route), params).mappings()]
 
     def root_workflows(self, root_ids: Collection[str]) -> dict[str, tuple[str | None, str | None]]:
         if not root_ids:
@@ -385,6 +382,14 @@ def _complete_time(task: Task, now: int) -> int | None:
     if task.state is not TaskState.COMPLETED:
         return None
     return task.complete_time if task.complete_time is not None else now
+
+
+@functools.lru_cache(maxsize=256)
+def _pending_for(route: Route) -> Any:
+    """The claim's select for `route`, built once per route (a stream's route changes
+    only when its group's streams do); SQLAlchemy caches its compiled form."""
+    condition = route_condition(route)
+    return TaskStatements.pending if condition is None else TaskStatements.pending.where(condition)
 
 
 def route_condition(route: Route) -> Any:
