@@ -123,10 +123,13 @@ class Dispatcher:
         """worker id -> its last task call here (wall ms); dropped with its last stream."""
         self._deployments = Deployments()
         self._backlog: set[str] = set()
-        """Groups that may have PENDING tasks this server could claim: a wake-up says
-        so, and a dispatch pass that found them all taken says otherwise. A new task of
-        a group without one is leased as it is created (`reserve`), so it does not
-        overtake those that wait; room made in one is offered to them (`done`)."""
+        """Groups whose PENDING tasks wait for room: a wake-up for them while every
+        stream is full or a dispatch pass that found streams full says so, and a pass
+        that found nothing more to take says otherwise. A new task of a group without
+        one is leased as it is created (`reserve`), so it does not overtake those
+        that wait; room made in one is offered to them (`done`). A wake-up with room
+        to spare (a sweep's tick, tasks given back) only asks for a pass: that pass
+        claims them, and a new task meanwhile may be leased before them."""
         self._leased: list[Leased] = []
         """Tasks leased on commit, for the dispatch thread to deliver."""
         self._stopping = False
@@ -312,14 +315,16 @@ class Dispatcher:
         """Tasks of these groups may be PENDING: claim them for streams with room."""
         with self._lock:
             wanted = [g for g in groups if g in self._streams]
-            self._backlog.update(wanted)
+            for group in wanted:
+                if not any(s.room > 0 for s in self._streams[group]):
+                    # They wait for room: tasks after them must not overtake them.
+                    self._backlog.add(group)
             self._wanted.update(wanted)
             if self._wanted:
                 self._lock.notify_all()
 
     def wake_all(self) -> None:
         with self._lock:
-            self._backlog.update(self._streams)
             self._wanted.update(self._streams)
             self._lock.notify_all()
 
@@ -445,12 +450,20 @@ class Dispatcher:
                 candidates = [s for s in streams if s.room > 0]
             candidates = [s for s in candidates if routes[id(s)] not in drained]
             if not candidates:
-                if all(routes[id(s)] in drained for s in streams):
-                    # Every stream's route found nothing left to take (those it
-                    # did not ask for have no room, and room made asks again).
-                    with self._lock:
-                        if group not in self._wanted:
-                            self._backlog.discard(group)
+                with self._lock:
+                    if all(routes[id(s)] in drained for s in streams):
+                        # Every stream's route found nothing left to take (those it
+                        # did not ask for have no room, and room made asks again).
+                        # New tasks may be leased as they commit again, even if a
+                        # commit meanwhile left some PENDING behind the backlog:
+                        # those are wanted, and the next pass claims them (else,
+                        # under steady load, the backlog fed itself and most tasks
+                        # took a claim of their own).
+                        self._backlog.discard(group)
+                    else:
+                        # Streams without room: what waits must not be overtaken,
+                        # and room made asks again.
+                        self._backlog.add(group)
                 return
             for stream in sorted(candidates, key=lambda s: -s.room):
                 wanted, route = stream.room, routes[id(stream)]

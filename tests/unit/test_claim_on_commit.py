@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from test_task_service import HOUR, LEASE, Clock
@@ -154,6 +155,50 @@ def test_tasks_that_wait_are_delivered_before_new_ones(env: Env) -> None:
     env.start("wf-c")  # must not take the slot that wf-b waits for
     assert env.next(stream).task.root_promise_id == "wf-b"
     assert env.task_of("wf-c").state is TaskState.PENDING
+
+
+def test_a_backlog_without_waiting_tasks_does_not_outlive_the_pass_that_drains_it(
+    env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A wake-up (the sweeper's, every tick) marks a group's tasks as possibly waiting,
+    and tasks created meanwhile are left to the dispatcher. Once its pass finds
+    nothing more to take, new tasks must be leased on commit again, even though the
+    tasks left behind made the group wanted anew: else, under steady load, the
+    backlog fed itself and most tasks took a claim transaction of their own."""
+    env.stream("w1", capacity=10_000)
+    claimed: list[int] = []
+    claim = env.tasks.claim
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        found = claim(*args, **kwargs)
+        claimed.append(len(found))
+        return found
+
+    monkeypatch.setattr(env.tasks, "claim", counted)
+    starts = 400
+    ticking = threading.Event()
+
+    def tick() -> None:
+        while not ticking.wait(0.05):
+            env.dispatcher.wake_all()
+
+    def starter(first: int) -> None:
+        for n in range(first, starts, 8):
+            env.start(f"wf-steady-{n}")
+
+    threads = [threading.Thread(target=tick)]
+    threads += [threading.Thread(target=starter, args=(first,)) for first in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads[1:]:
+        thread.join()
+    ticking.set()
+    threads[0].join()
+    env.quiet()
+    # Eight callers at once, as a loaded server has them. A tick leaves the starts
+    # of the moment to the dispatcher's next pass; the rest are leased by their
+    # own commit.
+    assert sum(claimed) <= starts // 10, f"{sum(claimed)} of {starts} tasks were claimed"
 
 
 def test_no_stream_with_room_leaves_the_task_to_the_dispatcher(env: Env) -> None:
