@@ -1,15 +1,19 @@
-"""The ends of a PostgreSQL write transaction, each in one round trip on libpq's pipeline:
-its BEGIN with the clock read, and its last statements with the COMMIT.
+"""PostgreSQL's hot statements on libpq directly: a write transaction's BEGIN with its
+clock read (one round trip), its final writes with its COMMIT (one round trip), and
+single reads (the writer's, the point reads) without a cursor.
 
 psycopg's own pipeline sends every statement as it is queued and then waits on the
 socket for it: a flush, a poll and Python bookkeeping per row (measured: 25 us of the
 server's CPU per statement, and the database reading each message on its own). Here
 the rows are queued on libpq (its C code encodes them), flushed once, and their
-results read once, at the pipeline's sync.
+results read once, at the pipeline's sync. A single statement runs outside pipeline
+mode, whose entry, sync and exit would cost as much again.
 
-Statements are prepared once per connection: `Prepared` (kept with the DB-API
-connection, `SqlStore` gives it) names them by their SQL and parameter types, as
-psycopg does its own; the names are this module's (`troth_N`), never psycopg's.
+Statements are prepared once per connection: `Prepared` (kept in the pooled
+connection's `info`, `pipeline_on`) names them by their SQL and parameter types, as
+psycopg does its own; the names are this module's (`troth_N`), never psycopg's, and
+psycopg prepares nothing of its own on these connections (`_engines`): at a rollback
+it would DEALLOCATE ALL, this module's statements with them.
 """
 
 from __future__ import annotations
@@ -25,18 +29,17 @@ import psycopg
 from psycopg import pq
 from psycopg.adapt import PyFormat, Transformer
 
+from troth_server.store._sqlstate import STATEMENTS_LOST
+
 if TYPE_CHECKING:
     from collections.abc import Iterator, Mapping, Sequence
 
     from sqlalchemy import PoolProxiedConnection
 
-__all__ = ["STATEMENTS_LOST", "Pipeline", "Prepared", "pipeline_on", "positional"]
+__all__ = ["Pipeline", "Prepared", "pipeline_on", "positional"]
 
 _PLACEHOLDER = re.compile(r"%\((\w+)\)s|%%")
 _ExecStatus = pq.ExecStatus
-STATEMENTS_LOST = "26000"
-"""invalid_sql_statement_name: a statement this cache holds prepared was not (it is
-cleared, and the statement may run again)."""
 _ANSWERED = frozenset({_ExecStatus.COMMAND_OK, _ExecStatus.TUPLES_OK})
 
 
@@ -87,7 +90,8 @@ def pipeline_on(connection: PoolProxiedConnection) -> Pipeline:
 class Pipeline:
     """Statements queued on one connection's libpq, sent together and answered together.
 
-    `run` sends them (and a sync), waits for every result, and returns the rows of
+    `run` sends them (several: in pipeline mode, with a sync; one: alone), waits for
+    every result, and returns the rows of
     those that returned rows (as psycopg's cursors load them), in order. The first
     statement that failed is raised as the psycopg error it would have raised, once
     the connection is in a state to roll back. Nothing is sent before `run`.

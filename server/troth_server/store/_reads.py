@@ -5,12 +5,12 @@
 
 A promise by id and a workflow's tree are read for every delivery, watch and
 settle: each is one statement, compiled once, run straight on a pooled DB-API
-connection in autocommit (`_read_rows`), so that it is one round trip to
-PostgreSQL and a snapshot by itself. Through a SQLAlchemy `Connection`, each
-such read cost the server five times the database's own work (a profile of W1
-in bench/README.md): checkout, autobegin, parameter processing, result set-up,
-the rollback at return; on PostgreSQL, a pre-ping, BEGIN and ROLLBACK were three
-round trips more.
+connection in autocommit (`_read_rows`; on PostgreSQL on libpq, `_pg_pipeline`),
+so that it is one round trip to PostgreSQL and a snapshot by itself. Through a
+SQLAlchemy `Connection`, each such read cost the server five times the database's
+own work (a profile of W1 in bench/README.md): checkout, autobegin, parameter
+processing, result set-up, the rollback at return; on PostgreSQL, a pre-ping, BEGIN
+and ROLLBACK were three round trips more.
 """
 
 from __future__ import annotations
@@ -88,7 +88,9 @@ class PromiseReads:
         dialect = self._engines.point.dialect
         return compile_for(select_by_id, dialect), compile_for(select_tree, dialect)
 
-    def _read_rows(self, statement: Statement, values: Mapping[str, Any]) -> list[Sequence[Any]]:
+    def _read_rows(
+        self, statement: Statement, values: Mapping[str, Any]
+    ) -> Sequence[Sequence[Any]]:
         """The rows of one compiled select, run on a pooled DB-API connection in
         autocommit. A connection found dead (the database restarted) drops every
         connection of the pool, as SQLAlchemy's own reads do, and the read runs
@@ -114,7 +116,7 @@ class PromiseReads:
                     pipeline = pipeline_on(conn)
                     pipeline.execute(statement.sql, [statement.params(values)])
                     (rows,) = pipeline.run()
-                    return list(rows)
+                    return rows
                 cursor = conn.cursor()
                 cursor.execute(statement.sql, statement.params(values))
                 return list(cursor.fetchall())
@@ -124,9 +126,7 @@ class PromiseReads:
                     conn.invalidate(exc)
                     # Its neighbours in the pool went with the same restart.
                     engine.dispose()
-                # A prepared statement lost (`_pg_pipeline`) is prepared again.
-                again = lost or getattr(exc, "sqlstate", None) == "26000"
-                if not again or attempt >= READ_ATTEMPTS:
+                if not lost or attempt >= READ_ATTEMPTS:
                     raise StoreUnavailable(f"database read failed: {exc}") from exc
             finally:
                 if cursor is not None:

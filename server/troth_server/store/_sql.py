@@ -42,6 +42,11 @@ from troth_server.store._migrate import check_at_head, upgrade_to_head
 from troth_server.store._prune import PruneTx
 from troth_server.store._reads import READ_ATTEMPTS, PromiseReads, select_expired
 from troth_server.store._rows import to_promise, to_row, to_task
+from troth_server.store._sqlstate import (
+    DEADLOCK_DETECTED,
+    SERIALIZATION_FAILURE,
+    STATEMENTS_LOST,
+)
 from troth_server.store._tables import callbacks, promises, state_in, tasks
 from troth_server.store._task_sql import CompiledTaskStatements, TaskStatements, TaskTx
 
@@ -56,10 +61,6 @@ log = structlog.get_logger("troth.store")
 
 _WRITE_ATTEMPTS = 5
 _RECONNECT_DELAY = 0.05
-# PostgreSQL SQLSTATEs after which the whole transaction can simply run again.
-_SERIALIZATION_FAILURE = "40001"
-_DEADLOCK_DETECTED = "40P01"
-_STATEMENTS_LOST = "26000"  # `_pg_pipeline.STATEMENTS_LOST` (that module needs psycopg)
 
 _SELECT_EXPIRED_LOCKED = select_expired.with_for_update(skip_locked=True)
 # The steps a settling workflow root ends (ix_promises_pending_parent).
@@ -124,12 +125,7 @@ class _Compiled:
 
 
 class _WriteTx(TaskTx, PruneTx):
-    def __init__(
-        self,
-        conn: Connection,
-        compiled: _Compiled,
-        announcer: Announcer | None,
-    ) -> None:
+    def __init__(self, conn: Connection, compiled: _Compiled, announcer: Announcer | None) -> None:
         self._conn = conn
         self._compiled = compiled
         self._task_statements = compiled.tasks
@@ -178,7 +174,7 @@ class _WriteTx(TaskTx, PruneTx):
 
         return pipeline_on(self._conn.connection)
 
-    def _run(self, pipeline: Pipeline) -> list[list[tuple[bytes | None, ...]]]:
+    def _run(self, pipeline: Pipeline) -> list[list[tuple[Any, ...]]]:
         dialect = self._conn.dialect
         driver = self._conn.connection.driver_connection
         errors = dialect.loaded_dbapi.Error
@@ -391,9 +387,9 @@ def _retryable(exc: DBAPIError, committing: bool) -> str | None:
         # insert conflict; the retry reads its row.
         return "conflict"
     code = getattr(exc.orig, "sqlstate", None)
-    if code in (_SERIALIZATION_FAILURE, _DEADLOCK_DETECTED):
-        return "serialization" if code == _SERIALIZATION_FAILURE else "deadlock"
-    if code == _STATEMENTS_LOST:  # the pipeline's cache was cleared: prepared again
+    if code in (SERIALIZATION_FAILURE, DEADLOCK_DETECTED):
+        return "serialization" if code == SERIALIZATION_FAILURE else "deadlock"
+    if code == STATEMENTS_LOST:  # the pipeline's cache was cleared: prepared again
         return "statements lost"
     if exc.connection_invalidated and not committing:
         return "disconnected"
