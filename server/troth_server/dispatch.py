@@ -211,7 +211,9 @@ class Dispatcher:
             self._lock.notify_all()
 
     def disconnect(self, stream: PollStream) -> None:
-        """The stream ended or broke: the worker's tasks go back to the group at once."""
+        """The stream ended or broke: unless the worker has another stream of the
+        group, its tasks of the group go back to it at once (those of its other
+        groups stay with their own streams)."""
         stream.closed = True
         with self._lock:
             group = self._streams.get(stream.group, [])
@@ -227,7 +229,7 @@ class Dispatcher:
         if others or self._stopping:
             return
         try:
-            returned = self._tasks.worker_gone(stream.worker_id, stream.principal)
+            returned = self._tasks.worker_gone(stream.worker_id, stream.group, stream.principal)
         except StoreError as exc:  # leases expire on their own if this fails
             log.warning("dispatch.release_failed", worker_id=stream.worker_id, error=str(exc))
             return

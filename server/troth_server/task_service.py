@@ -44,11 +44,12 @@ def _held(batch: Batch, task_id: str) -> Task:
     return task
 
 
-def _claimed_keys(tx: WriteTx, worker_id: str) -> Keys:
-    """A worker's CLAIMED tasks, locked in the one lock order (after promises)."""
+def _claimed_keys(tx: WriteTx, worker_id: str, group: str | None = None) -> Keys:
+    """A worker's CLAIMED tasks (of one group), locked in the one lock order (after
+    promises)."""
     if tx.row_locks:
-        return Keys(unlocked=tx.claimed_tasks(worker_id, lock=False))
-    return Keys(tasks=tx.claimed_tasks(worker_id))
+        return Keys(unlocked=tx.claimed_tasks(worker_id, group, lock=False))
+    return Keys(tasks=tx.claimed_tasks(worker_id, group))
 
 
 @dataclass(frozen=True, slots=True)
@@ -304,10 +305,12 @@ class _ReclaimOp:
     since: list[int | None] = field(default_factory=lambda: [None])
     principal: str | None = None
     """For a broken stream: its authenticated principal (only its tasks go back)."""
+    group: str = ""
+    """For a broken stream: its group (only that group's tasks go back)."""
 
     def keys(self, tx: WriteTx, now: int) -> Keys:
         if self.worker_id is not None:
-            return _claimed_keys(tx, self.worker_id)
+            return _claimed_keys(tx, self.worker_id, self.group)
         at = now if self.now is None else self.now
         self.since[0] = None if self.came_back is None else self.came_back(at)
         return Keys(tasks=tx.lease_expired_tasks(at, self.limit, self.since[0]))
@@ -317,7 +320,7 @@ class _ReclaimOp:
         returned = []
         for task in batch.claimed_by(self.worker_id):
             back = (
-                tasks.worker_gone(task, self.worker_id, self.principal)
+                tasks.worker_gone(task, self.worker_id, self.group, self.principal)
                 if self.worker_id is not None
                 else tasks.expire_lease(task, at, self.since[0])
             )
@@ -505,9 +508,12 @@ class TaskService:
         op = _RegisterCallbacksOp(task_id, counter, worker_id, tuple(promise_ids), principal)
         return await self._committer.submit_async(op)
 
-    def worker_gone(self, worker_id: str, principal: str | None = None) -> list[Task]:
-        """The worker's stream broke: its tasks (leased to `principal`) go back."""
-        return self._committer.submit(_ReclaimOp(worker_id, None, 0, principal=principal))
+    def worker_gone(self, worker_id: str, group: str, principal: str | None = None) -> list[Task]:
+        """The worker's last stream of `group` broke: its tasks of that group (leased to
+        `principal`) go back. Its tasks of other groups stay with their own streams."""
+        return self._committer.submit(
+            _ReclaimOp(worker_id, None, 0, principal=principal, group=group)
+        )
 
     def expire_leases(
         self,

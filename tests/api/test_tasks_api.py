@@ -208,6 +208,37 @@ def test_a_broken_stream_gives_its_tasks_to_another_worker_at_once(
     assert (moved.id, moved.counter, moved.worker_id) == (task.id, 2, "w2")
 
 
+def test_a_stream_that_breaks_gives_back_only_its_own_groups_tasks(
+    stubs: tuple[promises_pb2_grpc.PromiseServiceStub, tasks_pb2_grpc.TaskServiceStub],
+    pollers: list[Poller],
+) -> None:
+    """One worker process, one stream per group: closing one stream (a group taken
+    off the worker, a test's poll cancelled) must not take the tasks the worker holds
+    in its other groups. Before, it did, so the next call on them was STALE_COUNTER
+    (CI saw a RegisterCallbacks refused that way)."""
+    promises, tasks = stubs
+    kept_group, closed_group = f"g-{uuid.uuid4().hex[:8]}", f"g-{uuid.uuid4().hex[:8]}"
+    kept = Poller(tasks, kept_group, "w1", lease_seconds=60)
+    closing = Poller(tasks, closed_group, "w1", lease_seconds=60)
+    pollers.extend([kept, closing])
+    start(promises, f"wf-{uuid.uuid4().hex[:8]}", kept_group)
+    start(promises, f"wf-{uuid.uuid4().hex[:8]}", closed_group)
+    held, given_up = kept.next().task, closing.next().task
+    closing.cancel()
+    # The closed group's task goes to another worker at once...
+    other = Poller(tasks, closed_group, "w2")
+    pollers.append(other)
+    moved = other.next().task
+    assert (moved.id, moved.counter, moved.worker_id) == (given_up.id, 2, "w2")
+    # ...while the task of the group whose stream is open stays with w1.
+    beat = tasks.Heartbeat(tasks_pb2.HeartbeatRequest(worker_id="w1"))
+    assert list(beat.task_ids) == [held.id]
+    done = tasks.CompleteTask(
+        tasks_pb2.CompleteTaskRequest(task_id=held.id, counter=held.counter, worker_id="w1")
+    )
+    assert done.task.state == tasks_pb2.TASK_STATE_COMPLETED
+
+
 def test_a_frozen_worker_loses_its_task_and_gets_nothing_until_it_heartbeats(
     stubs: tuple[promises_pb2_grpc.PromiseServiceStub, tasks_pb2_grpc.TaskServiceStub],
     group: str,

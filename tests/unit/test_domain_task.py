@@ -16,6 +16,12 @@ from troth_server.domain.task import StaleCounter, Task, TaskKind, TaskNotClaima
 LEASE = 1_000
 ROOTS = ["r1", "r2", "r3"]
 WORKERS = ["w1", "w2"]
+GROUPS = ["g", "h"]
+
+
+def _group(root: str) -> str:
+    """Roots spread over two groups, so one stream breaking has others to leave alone."""
+    return GROUPS[ROOTS.index(root) % len(GROUPS)]
 
 
 @dataclass
@@ -59,7 +65,7 @@ class TaskMachine(RuleBasedStateMachine):
     @rule(root=st.sampled_from(ROOTS))
     def settle_awaited_promise(self, root: str) -> None:
         active = self._active(root)
-        updated, created = tasks.resume(active, self._new_id(), root, "g", preferred="w1")
+        updated, created = tasks.resume(active, self._new_id(), root, _group(root), preferred="w1")
         if active is None:
             assert updated is None and created is not None
             assert created.kind is TaskKind.RESUME and created.preferred_worker_id == "w1"
@@ -76,7 +82,7 @@ class TaskMachine(RuleBasedStateMachine):
         if self._active(root) is None and not any(
             t.root_promise_id == root for t in self.tasks.values()
         ):
-            task = tasks.create(self._new_id(), root, "g", TaskKind.INVOKE)
+            task = tasks.create(self._new_id(), root, _group(root), TaskKind.INVOKE)
             self._put(task, Expected(TaskState.PENDING, 0, None, None))
 
     @rule(data=st.data(), worker=st.sampled_from(WORKERS))
@@ -146,7 +152,8 @@ class TaskMachine(RuleBasedStateMachine):
             # The worker stays recorded: it suspended the root and is preferred for its resume.
             expected.state, expected.lease_until = TaskState.COMPLETED, None
             if again:
-                new = tasks.create(self._new_id(), task.root_promise_id, "g", TaskKind.RESUME)
+                root = task.root_promise_id
+                new = tasks.create(self._new_id(), root, _group(root), TaskKind.RESUME)
                 self._put(new, Expected(TaskState.PENDING, 0, None, None))
         elif action == "fail":
             failed = tasks.fail(task, worker, counter, self.now, "E: e", "tb", draw)
@@ -178,12 +185,17 @@ class TaskMachine(RuleBasedStateMachine):
                     None,
                 )
 
-    @rule(worker=st.sampled_from(WORKERS))
-    def worker_stream_breaks(self, worker: str) -> None:
+    @rule(worker=st.sampled_from(WORKERS), group=st.sampled_from(GROUPS))
+    def worker_stream_breaks(self, worker: str, group: str) -> None:
+        # Its stream of one group: the tasks it holds in the other stay with it.
         for task_id, task in list(self.tasks.items()):
             expected = self.model[task_id]
-            self.tasks[task_id] = tasks.worker_gone(task, worker)
-            if expected.state is TaskState.CLAIMED and expected.worker == worker:
+            self.tasks[task_id] = tasks.worker_gone(task, worker, group)
+            if (
+                expected.state is TaskState.CLAIMED
+                and expected.worker == worker
+                and _group(task.root_promise_id) == group
+            ):
                 expected.state, expected.worker, expected.lease_until = (
                     TaskState.PENDING,
                     None,
@@ -268,6 +280,13 @@ def test_an_admin_may_release_another_principals_task_and_nobody_else() -> None:
 
 def test_a_broken_stream_gives_back_only_its_own_principals_tasks() -> None:
     task = _leased()
-    assert tasks.worker_gone(task, "w1", "worker-b") is task
-    assert tasks.worker_gone(task, "w1", "worker-a").state is TaskState.PENDING
-    assert tasks.worker_gone(task, "w1", None).state is TaskState.PENDING
+    assert tasks.worker_gone(task, "w1", "g", "worker-b") is task
+    assert tasks.worker_gone(task, "w1", "g", "worker-a").state is TaskState.PENDING
+    assert tasks.worker_gone(task, "w1", "g", None).state is TaskState.PENDING
+
+
+def test_a_broken_stream_gives_back_only_its_own_groups_tasks() -> None:
+    task = _leased()
+    assert tasks.worker_gone(task, "w1", "another-group") is task
+    assert tasks.worker_gone(task, "w2", "g") is task
+    assert tasks.worker_gone(task, "w1", "g").state is TaskState.PENDING

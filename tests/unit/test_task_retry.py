@@ -76,7 +76,7 @@ def test_a_failed_task_goes_back_to_its_group_after_a_backoff_with_the_failure_k
     assert (twice.failed_attempts, twice.last_error) == (2, "NameError: y")
     assert twice.next_attempt_time == 21_000
     # A lease lost or a stream broken is no failure: nothing is counted.
-    back = tasks.worker_gone(tasks.claim(twice, "w3", 21_000, LEASE), "w3")
+    back = tasks.worker_gone(tasks.claim(twice, "w3", 21_000, LEASE), "w3", "g")
     assert back.failed_attempts == 2 and back.claimable(21_000)
 
 

@@ -189,7 +189,7 @@ def test_a_broken_stream_and_a_release_give_tasks_back_at_once(env: Env) -> None
     env.start("wf-9")
     held = env.claim("w1")
     assert len(held) == 2
-    assert len(env.tasks.worker_gone("w1")) == 2
+    assert len(env.tasks.worker_gone("w1", "workers")) == 2
     again = env.claim("w2")
     assert sorted(t.counter for t in again) == [2, 2]
     released = env.tasks.release(again[0].id, 2, "w2")

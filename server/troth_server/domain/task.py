@@ -461,13 +461,16 @@ def expire_lease(task: Task, now: int, back_since: int | None = None) -> Task:
     return _back_to_pending(task) if lease_expired(task, now, back_since) else task
 
 
-def worker_gone(task: Task, worker_id: str, principal: str | None = None) -> Task:
-    """The worker's stream broke: its claimed tasks go back to the group at once (with
-    authentication on, only those leased to the stream's `principal`: another
-    principal's stream naming the same worker id cannot take them)."""
+def worker_gone(task: Task, worker_id: str, group: str, principal: str | None = None) -> Task:
+    """The worker's last stream of `group` broke: its claimed tasks of that group go
+    back to it at once (with authentication on, only those leased to the stream's
+    `principal`: another principal's stream naming the same worker id cannot take
+    them). A worker process polls each of its groups on a stream of its own: one
+    closing leaves the tasks the others hold where they are."""
     if (
         task.state is TaskState.CLAIMED
         and task.worker_id == worker_id
+        and task.group == group
         and (principal is None or task.worker_principal == principal)
     ):
         return _back_to_pending(task)

@@ -180,7 +180,11 @@ class WriteTx(Protocol):
     def root_workflows(self, root_ids: Collection[str]) -> dict[str, tuple[str | None, str | None]]:
         """(workflow name, version) of each of these roots that exists, unlocked."""
 
-    def claimed_tasks(self, worker_id: str, *, lock: bool = True) -> list[Task]: ...
+    def claimed_tasks(
+        self, worker_id: str, group: str | None = None, *, lock: bool = True
+    ) -> list[Task]:
+        """The worker's CLAIMED tasks (a heartbeat's), or those of one group (a broken
+        stream's)."""
 
     def lease_expired_tasks(
         self, now: int, limit: int, back_since: int | None = None

@@ -68,6 +68,9 @@ class TaskStatements:
         tasks.c.worker_id == bindparam("worker"), state_in(tasks.c.state, TaskState.CLAIMED.value)
     )
     claimed = claimed_peek.order_by(tasks.c.id).with_for_update()
+    # A broken stream's: the worker's tasks of its group.
+    claimed_in_group_peek = claimed_peek.where(tasks.c.group == bindparam("group"))
+    claimed_in_group = claimed_in_group_peek.order_by(tasks.c.id).with_for_update()
     lease_expired = (
         select(tasks)
         .where(
@@ -302,9 +305,14 @@ class TaskTx:
             for row in self._select(*by_id.bound(part))
         }
 
-    def claimed_tasks(self, worker_id: str, *, lock: bool = True) -> list[Task]:
-        stmt = TaskStatements.claimed if lock else TaskStatements.claimed_peek
-        rows = self._conn.execute(stmt, {"worker": worker_id}).mappings()
+    def claimed_tasks(
+        self, worker_id: str, group: str | None = None, *, lock: bool = True
+    ) -> list[Task]:
+        if group is None:
+            stmt = TaskStatements.claimed if lock else TaskStatements.claimed_peek
+        else:
+            stmt = TaskStatements.claimed_in_group if lock else TaskStatements.claimed_in_group_peek
+        rows = self._conn.execute(stmt, {"worker": worker_id, "group": group}).mappings()
         return [to_task(r) for r in rows]
 
     def lease_expired_tasks(
