@@ -52,6 +52,9 @@ where Python reports `RuntimeError("generator ignored GeneratorExit")`, which
 `close()` logs at WARNING on `troth.engine` and then closes the generator
 again, so it never surfaces later from the garbage collector.
 
+Layout. The engine owns the generator and the order of steps; what it knows
+of the promises, and what an await makes of them, is `troth._history.History`.
+
 Logging. `ctx.log` is silent while `Engine.replaying`: from the start until
 every step recorded in the history (the root's own steps, by `parent_id`: named
 steps as well as `<root>.<n>` ones) has been replayed, or until the engine
@@ -67,22 +70,18 @@ import inspect
 import logging
 from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Self
 
 from troth._commands import (
     TAG_ARGS,
     TAG_FUNC,
-    TAG_GROUP,
-    TAG_INVOKE,
     TAG_KIND,
-    TAG_TIMER,
     AwaitAll,
     AwaitAny,
     AwaitAtLeast,
     Command,
     CreatePromise,
-    Kind,
     Now,
     PromiseHandle,
     Random,
@@ -92,19 +91,14 @@ from troth._commands import (
     StartWorkflow,
     StepCommand,
 )
-from troth._digests import args_digest, describe_args
-from troth._promise import Decision, Promise, PromiseState
+from troth._digests import describe_args
+from troth._history import Awaiting, History, Resolution, Send, Throw, step_tags
 from troth.codec import Codec, JsonCodec, Payload
 from troth.context import Context
-from troth.errors import (
-    Cancelled,
-    NonDeterminismError,
-    PromiseRejectedError,
-    timed_out,
-)
+from troth.errors import Cancelled, NonDeterminismError
 
 if TYPE_CHECKING:
-    from troth._schema import DecisionSchema
+    from troth._promise import Promise
 
 __all__ = [
     "CreateStep",
@@ -182,19 +176,6 @@ Outcome = CreateStep | Suspend | Done | Failed
 """What `Engine.advance` answers."""
 
 
-@dataclass(frozen=True, slots=True)
-class _Send:
-    value: Any
-
-
-@dataclass(frozen=True, slots=True)
-class _Throw:
-    error: Exception
-
-
-_Resolution = _Send | _Throw
-
-
 class _Evicted(GeneratorExit):
     """Thrown into a suspended workflow by `Engine.close()`: it leaves this process.
 
@@ -247,15 +228,13 @@ class Engine:
         self._args = tuple(args)
         self._codec: Codec = codec or JsonCodec()
         self._group = group
-        self._prefix = f"{root_id}."
-        self._known: dict[str, Promise] = {}
-        self._decisions: dict[str, DecisionSchema] = {}
-        """Typed `ctx.promise` steps: their values are decoded into the declared type."""
-        self._root_cancelled = False
+        self._history = History(root_id, self._codec)
         self._cancel_delivered = False
         for promise in history:
-            self._record(promise)
-        self._to_replay = {id for id, p in self._known.items() if self._is_own_step(p)}
+            self._history.record(promise)
+        self._to_replay = {
+            id for id, p in self._history.known.items() if self._history.is_own_step(p)
+        }
         """The recorded steps not yet replayed: while any is left, `ctx.log` is silent."""
         self._replayed = 0
         self.context = Context(root_id, replaying=lambda: self.replaying)
@@ -267,7 +246,7 @@ class Engine:
         self._current: Command[Any] | None = None
         self._current_id = ""
         self._current_position = -1
-        self._pending: _Resolution | None = None
+        self._pending: Resolution | None = None
         self._final: Done | Failed | None = None
 
     # -- public protocol ---------------------------------------------------
@@ -294,7 +273,7 @@ class Engine:
         `Done`/`Failed`, every call answers the same.
         """
         for promise in settled:
-            self._record(promise)
+            self._history.record(promise)
         if self._final is not None:
             return self._final
         if self._closing:
@@ -305,7 +284,7 @@ class Engine:
                 return outcome
         while True:
             step = self._resolve()
-            if not isinstance(step, _Send | _Throw):
+            if not isinstance(step, Send | Throw):
                 return step
             outcome = self._resume(step)
             if outcome is not None:
@@ -349,16 +328,16 @@ class Engine:
                 )
             )
         self._gen = gen
-        return self._resume(_Send(None))
+        return self._resume(Send(None))
 
-    def _resume(self, resolution: _Resolution) -> Outcome | None:
+    def _resume(self, resolution: Resolution) -> Outcome | None:
         """Send or throw into the generator; accept what it yields, or finish."""
         gen = self._gen
         assert gen is not None, "engine bug: resuming without a generator"
         self._current = None
         try:
-            if isinstance(resolution, _Throw):
-                if isinstance(resolution.error, Cancelled) and self._root_cancelled:
+            if isinstance(resolution, Throw):
+                if isinstance(resolution.error, Cancelled) and self._history.root_cancelled:
                     self._cancel_delivered = True
                 yielded = gen.throw(resolution.error)
             else:
@@ -378,45 +357,49 @@ class Engine:
             self._next_position += 1
             self._current = yielded
             self._current_position = position
-            self._current_id = yielded.id or f"{self._prefix}{position}"
+            self._current_id = yielded.id or f"{self.root_id}.{position}"
         elif isinstance(yielded, _AWAIT_TYPES):
             self._current = yielded
         else:
             hint = (
                 " (a generator: did you mean `yield from`?)" if inspect.isgenerator(yielded) else ""
             )
-            self._pending = _Throw(
+            self._pending = Throw(
                 TypeError(
                     f"workflows yield commands from ctx (ctx.run(...), ctx.promise(), ...) or "
                     f"handles, not {type(yielded).__name__}{hint}"
                 )
             )
 
-    def _resolve(self) -> _Resolution | Outcome:
+    def _resolve(self) -> Resolution | Outcome:
         """What to send into the generator for the current command, or the I/O it needs."""
         if self._pending is not None:
             pending, self._pending = self._pending, None
             return pending
         command = self._current
+        history = self._history
+        awaited: Resolution | Awaiting
         if isinstance(command, PromiseHandle):
-            return self._await_all((command,), single=True)
-        if isinstance(command, AwaitAll):
-            return self._await_all(command.handles, single=False, decisions=command.decisions)
-        if isinstance(command, AwaitAny):
-            return self._await_any(command.handles, command.decisions)
-        if isinstance(command, AwaitAtLeast):
-            return self._await_at_least(
+            awaited = history.await_all((command,), single=True)
+        elif isinstance(command, AwaitAll):
+            awaited = history.await_all(command.handles, single=False, decisions=command.decisions)
+        elif isinstance(command, AwaitAny):
+            awaited = history.await_any(command.handles, command.decisions)
+        elif isinstance(command, AwaitAtLeast):
+            awaited = history.await_at_least(
                 command.count, command.handles, command.distinct, command.decisions
             )
-        assert isinstance(command, _STEP_TYPES), f"engine bug: no command to resolve ({command})"
-        return self._resolve_step(command)
+        else:
+            assert isinstance(command, _STEP_TYPES), f"engine bug: nothing to resolve ({command})"
+            return self._resolve_step(command)
+        return self._suspend(awaited.ids) if isinstance(awaited, Awaiting) else awaited
 
-    def _resolve_step(self, command: StepCommand) -> _Resolution | Outcome:
+    def _resolve_step(self, command: StepCommand) -> Resolution | Outcome:
         step_id, position = self._current_id, self._current_position
-        tags = self._tags(command)
+        tags = step_tags(command, self._group)
         if isinstance(command, CreatePromise) and command.schema is not None:
-            self._decisions[step_id] = command.schema
-        recorded = self._known.get(step_id)
+            self._history.decisions[step_id] = command.schema
+        recorded = self._history.known.get(step_id)
         if recorded is None:
             return self._create(command, step_id, position, tags)
         if (recorded.tags.get(TAG_KIND), recorded.tags.get(TAG_FUNC)) != (
@@ -439,15 +422,15 @@ class Engine:
         if isinstance(command, CreatePromise) or (
             isinstance(command, StartWorkflow) and not command.wait
         ):
-            return self._replayed_step(step_id, _Send(PromiseHandle(step_id)))
+            return self._replayed_step(step_id, Send(PromiseHandle(step_id)))
         if isinstance(command, Sleep | StartWorkflow):
             if not recorded.is_settled:
                 return self._suspend((step_id,))
-            return self._replayed_step(step_id, self._result(recorded))
+            return self._replayed_step(step_id, self._history.result(recorded))
         # RunStep, Now, Random: a pending one lost its worker before its result was recorded.
         if not recorded.is_settled:
             return self._create(command, step_id, position, tags, exists=True)
-        return self._replayed_step(step_id, self._result(recorded))
+        return self._replayed_step(step_id, self._history.result(recorded))
 
     def _create(
         self,
@@ -457,18 +440,18 @@ class Engine:
         tags: Mapping[str, str],
         *,
         exists: bool = False,
-    ) -> _Resolution | Outcome:
-        if self._root_cancelled and not self._cancel_delivered:
+    ) -> Resolution | Outcome:
+        if self._history.root_cancelled and not self._cancel_delivered:
             # Once the workflow has been told, it may run compensation steps
             # (checkpointed like any other) before it ends; it may not wait again.
-            return _Throw(Cancelled(self.root_id))
+            return Throw(Cancelled(self.root_id))
         param = Payload()
         ttl: timedelta | None = None
         if isinstance(command, StartWorkflow):
             try:
                 param = self._codec.encode(list(command.args))
             except Exception as exc:  # the codec's TypeError/ValueError, at the yield
-                return _Throw(exc)
+                return Throw(exc)
             ttl = command.ttl
         elif isinstance(command, CreatePromise):
             ttl = command.timeout
@@ -478,82 +461,15 @@ class Engine:
         requested_by = f"workflow {self.root_id}" if isinstance(command, CreatePromise) else ""
         return CreateStep(step_id, position, command, tags, param, ttl, exists, requested_by)
 
-    def _replayed_step(self, step_id: str, resolution: _Resolution) -> _Resolution:
+    def _replayed_step(self, step_id: str, resolution: Resolution) -> Resolution:
         """A recorded step answered from the history, without I/O."""
         self._replayed += 1
         self._to_replay.discard(step_id)
         return resolution
 
-    def _await_all(
-        self, handles: Sequence[PromiseHandle], *, single: bool, decisions: bool = False
-    ) -> _Resolution | Outcome:
-        promises = [self._known.get(h.id) for h in handles]
-        settled = [(i, p) for i, p in enumerate(promises) if p is not None and p.is_settled]
-        results = {i: self._result(p, decisions) for i, p in settled}
-        failed = [(i, p) for i, p in settled if isinstance(results[i], _Throw)]
-        if failed:
-            first, _ = min(failed, key=lambda item: _settle_order(item[1], item[0]))
-            return results[first]
-        if len(settled) < len(handles):
-            pending = [h.id for h, p in zip(handles, promises, strict=True) if not _settled(p)]
-            return self._suspend(tuple(dict.fromkeys(pending)))
-        values = [results[i] for i in range(len(handles))]
-        if single:
-            return values[0]
-        return _Send([v.value for v in values if isinstance(v, _Send)])
-
-    def _await_any(
-        self, handles: Sequence[PromiseHandle], decisions: bool = False
-    ) -> _Resolution | Outcome:
-        settled = [
-            (i, p)
-            for i, p in enumerate(self._known.get(h.id) for h in handles)
-            if p is not None and p.is_settled
-        ]
-        if not settled:
-            return self._suspend(tuple(dict.fromkeys(h.id for h in handles)))
-        _, first = min(settled, key=lambda item: _settle_order(item[1], item[0]))
-        return self._result(first, decisions)
-
-    def _await_at_least(
-        self,
-        count: int,
-        handles: Sequence[PromiseHandle],
-        distinct: bool = False,
-        decisions: bool = False,
-    ) -> _Resolution | Outcome:
-        settled = [
-            (i, p)
-            for i, p in enumerate(self._known.get(h.id) for h in handles)
-            if p is not None and p.is_settled
-        ]
-        # Replayed in settle order, so that the decision is the one the first
-        # execution made, however many more have settled since.
-        values: list[Any] = []
-        rejected = 0
-        approvers: set[str] = set()
-        for _, promise in sorted(settled, key=lambda item: _settle_order(item[1], item[0])):
-            result = self._result(promise, decisions)
-            if distinct and isinstance(result, _Send) and promise.settled_by:
-                if promise.settled_by in approvers:
-                    # The same principal again: it counts once, so this one is lost.
-                    result = _Throw(_not_distinct(promise))
-                approvers.add(promise.settled_by)
-            if isinstance(result, _Send):
-                values.append(result.value)
-                if len(values) == count:
-                    return _Send(values)
-            else:
-                rejected += 1
-                if len(handles) - rejected < count:
-                    return result
-        settled_ids = {p.id for _, p in settled}
-        pending = [h.id for h in handles if h.id not in settled_ids]
-        return self._suspend(tuple(dict.fromkeys(pending)))
-
-    def _suspend(self, awaiting: tuple[str, ...]) -> _Resolution | Outcome:
-        if self._root_cancelled:
-            return _Throw(Cancelled(self.root_id))
+    def _suspend(self, awaiting: tuple[str, ...]) -> Resolution | Outcome:
+        if self._history.root_cancelled:
+            return Throw(Cancelled(self.root_id))
         unreached = self._unreached()
         if unreached is not None:
             return unreached
@@ -569,10 +485,10 @@ class Engine:
         """Non-determinism when the history holds a step at a position the code has not reached."""
         ahead = [
             (position, promise)
-            for promise in self._known.values()
-            if (position := self._position_of(promise.id)) is not None
+            for promise in self._history.known.values()
+            if (position := self._history.position_of(promise.id)) is not None
             and position >= self._next_position
-            and self._is_own_step(promise)
+            and self._history.is_own_step(promise)
         ]
         if not ahead:
             return None
@@ -592,126 +508,6 @@ class Engine:
                 self._closing = closing
         self._final = Failed(error)
         return self._final
-
-    # -- history ----------------------------------------------------------
-
-    def _record(self, promise: Promise) -> None:
-        if promise.id == self.root_id:
-            self._root_cancelled = promise.state is PromiseState.REJECTED_CANCELED
-            return
-        known = self._known.get(promise.id)
-        if known is not None and known.is_settled and not promise.is_settled:
-            return  # a stale read never un-settles a promise
-        self._known[promise.id] = promise
-
-    def _is_own_step(self, promise: Promise) -> bool:
-        """A step of this workflow: its parent is the root (histories from before
-        `parent_id`, and hand-written ones, say so by the id `<root>.<n>`)."""
-        if promise.parent_id:
-            return promise.parent_id == self.root_id
-        return self._position_of(promise.id) is not None
-
-    def _position_of(self, promise_id: str) -> int | None:
-        if not promise_id.startswith(self._prefix):
-            return None
-        rest = promise_id[len(self._prefix) :]
-        return int(rest) if rest.isdigit() and rest.isascii() else None
-
-    def _tags(self, command: StepCommand) -> dict[str, str]:
-        if isinstance(command, CreatePromise):
-            tags = {**command.tags, TAG_KIND: Kind.PROMISE}
-            if self._group:
-                tags[TAG_GROUP] = self._group
-            return _with_digest(tags, command)
-        if isinstance(command, RunStep):
-            return _with_digest({TAG_KIND: Kind.RUN, TAG_FUNC: command.name}, command)
-        if isinstance(command, Sleep):
-            return _with_digest({TAG_KIND: Kind.SLEEP, TAG_TIMER: "true"}, command)
-        if isinstance(command, StartWorkflow):
-            tags = {TAG_KIND: Kind.START, TAG_FUNC: command.name}
-            group = command.group or self._group
-            if group:
-                tags[TAG_INVOKE] = group
-            return _with_digest(tags, command)
-        if isinstance(command, SettleToken):
-            return _with_digest({TAG_KIND: Kind.SETTLE_TOKEN}, command)
-        if isinstance(command, Now):
-            return {TAG_KIND: Kind.NOW}
-        return {TAG_KIND: Kind.RANDOM}
-
-    def _result(self, promise: Promise, decisions: bool = False) -> _Resolution:
-        """What a settled promise gives the `yield` that awaits it: with `decisions`,
-        a resolved one's value as a `Decision` carrying who settled it, from the record."""
-        result = self._plain_result(promise)
-        if decisions and isinstance(result, _Send):
-            decision = Decision(promise.id, result.value, promise.settled_by, promise.settle_time)
-            return _Send(decision)
-        return result
-
-    def _plain_result(self, promise: Promise) -> _Resolution:
-        state = promise.state
-        is_timer = promise.tags.get(TAG_TIMER) == "true"
-        if state is PromiseState.RESOLVED or (is_timer and state is PromiseState.REJECTED_TIMEDOUT):
-            try:
-                value = self._codec.decode(promise.value)
-                kind = promise.tags.get(TAG_KIND)
-                if kind == Kind.NOW:
-                    value = datetime.fromisoformat(value)
-                elif kind == Kind.RANDOM:
-                    value = float(value)
-            except Exception as exc:  # a value this codec cannot read, raised at the yield
-                return _Throw(exc)
-            decision = self._decisions.get(promise.id)
-            if decision is not None and decision.decode is not None:
-                try:
-                    value = decision.decode(value)
-                except Exception as exc:  # e.g. settled early, before its schema was known
-                    return _Throw(
-                        TypeError(
-                            f"the value of promise {promise.id!r} does not fit "
-                            f"{decision.name}: {exc}"
-                        )
-                    )
-            return _Send(value)
-        if state is PromiseState.REJECTED:
-            try:
-                value = self._codec.decode(promise.value)
-            except Exception:
-                value = promise.value.data
-            return _Throw(PromiseRejectedError(promise.id, value))
-        if state is PromiseState.REJECTED_CANCELED:
-            return _Throw(Cancelled(promise.id))
-        assert state is PromiseState.REJECTED_TIMEDOUT, f"engine bug: {promise.id} is {state}"
-        return _Throw(
-            timed_out(promise.id, f"promise {promise.id!r} timed out before anyone settled it")
-        )
-
-
-def _with_digest(tags: dict[str, str], command: StepCommand) -> dict[str, str]:
-    digest = args_digest(command)
-    if digest is not None:
-        tags[TAG_ARGS] = digest
-    return tags
-
-
-def _settled(promise: Promise | None) -> bool:
-    return promise is not None and promise.is_settled
-
-
-def _not_distinct(promise: Promise) -> PromiseRejectedError:
-    """What a quorum of distinct approvers raises when it is out of reach because one
-    principal settled several of its promises."""
-    return PromiseRejectedError(
-        promise.id,
-        {"reason": f"{promise.settled_by!r} already approved: approvers must be distinct"},
-    )
-
-
-def _settle_order(promise: Promise, index: int) -> tuple[int, float, int]:
-    """Earliest settle time first; unknown times last; ties in handle order."""
-    if promise.settle_time is None:
-        return (1, 0.0, index)
-    return (0, promise.settle_time.timestamp(), index)
 
 
 def _close_generator(gen: Generator[Any, Any, Any], workflow_id: str) -> None:

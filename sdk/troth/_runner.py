@@ -1,92 +1,59 @@
-"""`Runner`: runs one task of a worker: the engine loop, the step I/O, and the cache of
-suspended generators.
+"""`Runner`: runs one task of a worker: the engine loop and the cache of suspended
+generators; the step I/O is `troth._step_writes.StepWriter`.
 
 For each delivery the runner builds a `troth._engine.Engine` from the
 registered function, the root's param and the task's history (or takes the
-workflow's live generator from the cache), and does the I/O the engine asks
-for: it creates step promises (latent, timer, child start), runs `ctx.run`
-functions under their `RetryPolicy` and records their results, resolves
-`now()`/`random()` with a fresh draw, suspends the task on what the workflow
-waits for, and completes it with the workflow's outcome. Every step write
-carries the task's fence (`Held.fence`).
+workflow's live generator from the cache), and does what the engine asks for:
+each step goes to the step writer (it creates step promises, runs `ctx.run`
+functions and records their results, every write fenced by the task), a wait
+suspends the task on what the workflow waits for, and the workflow's end
+completes it with its outcome.
 
 A bug pauses, it does not lose (`troth._failures`): an exception out of
 workflow code that is not the workflow's outcome (`WorkflowFailed`, a declared
 `fail_on` type, an uncaught rejection, timeout or `Cancelled`) fails the task
 instead of the root, logged at ERROR with its traceback once per attempt: the
 server records it and retries the task after a backoff, and the root stays
-PENDING until fixed code resumes it.
-
-A finished step is recorded, not re-run: once a step function has returned,
-its result is kept and its record retried (with backoff, until the worker
-gives up stopping) through any outage, until it lands or the step's promise
-exists already (then the stored one counts: first writer wins). A lease lost
-meanwhile does not stop the record; the task is dropped after it.
-
-A step function starts only on a fresh lease (`Leases.confirm`). A pending
-step refused because the root is settled (`WORKFLOW_SETTLED`) throws
-`Cancelled` into the workflow at that yield if the root was cancelled (its
-compensation steps are still recorded); a root settled otherwise (timed out)
-ends the task.
+PENDING until fixed code resumes it. A root settled without the task (it timed
+out) ends the task.
 """
 
 from __future__ import annotations
 
 import collections
 import logging
-import random
 import threading
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from troth._commands import TAG_FUNC, TAG_KIND, CreatePromise, Now, Random, RunStep, SettleToken
+from troth._commands import TAG_FUNC, TAG_KIND, RunStep
 from troth._convert import promise_from_proto
 from troth._engine import CreateStep, Done, Engine, Failed, Suspend, error_value
 from troth._failures import describe_error, fails_workflow, format_traceback, log_paused
 from troth._leases import Held, Leases, Lost
-from troth._lifetimes import cut_short
-from troth._promise import PromiseState
+from troth._step_writes import RootSettled, StepWriter, Stopping
 from troth._tracing import step_span, task_span
-from troth._worker_steps import Exhausted, Interrupted, Succeeded, run_with_retry
 from troth.errors import (
     AlreadyExistsError,
     AlreadySettledError,
-    DeadlineExceededError,
-    FailedPreconditionError,
-    InvalidArgumentError,
     LeaseLostError,
     PromiseTimedOutError,
-    Reason,
     RegistrationError,
-    ResourceExhaustedError,
     RpcError,
-    UnavailableError,
 )
 from troth.v1 import tasks_pb2
 
 if TYPE_CHECKING:
     from troth._calls import Connection
-    from troth._promise import CreateResult, Promise
+    from troth._promise import Promise
     from troth._tasks import TaskCalls
     from troth._versions import WorkflowRegistration
     from troth.client import Client
     from troth.codec import Payload
 
-__all__ = ["Runner", "Stopping", "describe_version", "foreign_version"]
+__all__ = ["Runner", "describe_version", "foreign_version"]
 
 _log = logging.getLogger("troth.worker")
-
-_UNRECORDED = (UnavailableError, DeadlineExceededError, ResourceExhaustedError)
-"""Failures of a record that say nothing about the record: the server was away."""
-_RECORD_BACKOFF = (0.1, 5.0)  # first and longest wait between attempts to record a result
-
-
-class Stopping(Exception):
-    """The worker is stopping: leave the task for the release sweep."""
-
-
-class _RootSettled(Exception):
-    """The root finished without this task (it timed out, say): nothing is left to run."""
 
 
 class Runner:
@@ -119,7 +86,14 @@ class Runner:
         abandon: threading.Event,
     ) -> None:
         self._client = client
-        self._calls = connection
+        self._steps = StepWriter(
+            client,
+            connection,
+            leases,
+            worker_id=tasks.worker_id,
+            stopping=stopping,
+            abandon=abandon,
+        )
         self._tasks = tasks
         self._leases = leases
         self._registrations = registrations
@@ -163,7 +137,7 @@ class Runner:
             self._leases.forget(held)
         except Stopping:
             pass  # left for the release sweep
-        except _RootSettled as exc:
+        except RootSettled as exc:
             _log.info(
                 "workflow %r was settled (%s) while task %s ran; completing the task",
                 held.root_id,
@@ -260,7 +234,7 @@ class Runner:
                     self._check(held)
                     try:
                         with step_span(**_step_attributes(outcome)):
-                            created = self._step(held, outcome)
+                            created = self._steps.write(held, outcome)
                     except AlreadyExistsError as exc:
                         # The step's id is taken by a promise that is not this
                         # workflow's step (the server says whose): no retry helps,
@@ -351,160 +325,6 @@ class Runner:
         self._leases.check(held)
         if self._stopping.is_set():
             raise Stopping
-
-    def _wait(self, seconds: float) -> bool:
-        return not self._stopping.wait(seconds)
-
-    # -- step I/O ----------------------------------------------------------
-
-    def _step(self, held: Held, step: CreateStep) -> list[Promise]:
-        command = step.command
-        if not isinstance(command, RunStep | Now | Random | SettleToken):
-            if step.exists:
-                return [self._calls.get(step.step_id)]
-            try:
-                created = self._create(held, step).promise
-            except FailedPreconditionError as exc:
-                if exc.reason != Reason.WORKFLOW_SETTLED:
-                    raise
-                return [self._settled_root(held)]
-            if (warning := cut_short(step, created)) is not None:
-                _log.warning(
-                    "%s", warning, extra={"step_id": step.step_id, "workflow_id": created.parent_id}
-                )
-            return [created]
-        # A step that computes its value records it with its creation, in one call.
-        # Dying before that call means the step runs again: at-least-once
-        # execution, exactly-once recording (the first record wins).
-        value: Any
-        if isinstance(command, Now | Random):
-            ok, value = True, command.draw()
-        elif isinstance(command, SettleToken):
-            ok, value = self._mint(held, command)
-        else:
-            self._leases.confirm(held, self._wait)
-            result = run_with_retry(
-                command.fn, command.args, command.retry, wait=self._wait, step_id=step.step_id
-            )
-            if isinstance(result, Interrupted):
-                raise Stopping
-            if isinstance(result, Succeeded):
-                ok, value = True, result.value
-            else:
-                assert isinstance(result, Exhausted)
-                _log.info(
-                    "step %r (%s) failed after %d attempt(s): %s: %s",
-                    step.step_id,
-                    command.name,
-                    result.attempts,
-                    type(result.error).__name__,
-                    result.error,
-                    extra={"step_id": step.step_id},
-                )
-                ok, value = False, error_value(result.error)
-        return [self._record_until_landed(held, step, ok, value)]
-
-    def _mint(self, held: Held, command: SettleToken) -> tuple[bool, Any]:
-        """Mint the settle token a `settle_token` step records (a refusal is recorded
-        as the step's rejection: the yield raises it)."""
-        try:
-            token = self._calls.mint_settle_token(
-                command.promise_id,
-                outcomes=command.outcomes,
-                ttl=command.ttl,
-                fence=held.fence(self.worker_id),
-            )
-        except RpcError as exc:
-            if exc.retryable:
-                raise
-            return False, error_value(exc)
-        return True, token
-
-    def _settled_root(self, held: Held) -> Promise:
-        """The root, refused a new pending step because it is settled: if it was
-        cancelled, the engine throws `Cancelled` at this yield; else the task is over."""
-        root = self._calls.get(held.root_id)
-        if root.state is not PromiseState.REJECTED_CANCELED:
-            raise _RootSettled(root.state.value)
-        return root
-
-    def _record_until_landed(self, held: Held, step: CreateStep, ok: bool, value: Any) -> Promise:
-        """Record a finished step's result, through any outage: an outage alone never
-        re-runs a step function. Gives up only when the worker stops waiting."""
-        attempt = 0
-        while True:
-            try:
-                if step.exists:  # created pending by an older worker: settle it
-                    return self._settle(held, step.step_id, ok, value)
-                return self._record(held, step, ok, value)
-            except AlreadyExistsError:
-                stored = self._calls.get(step.step_id)
-                if stored.parent_id != held.root_id:
-                    raise  # a promise that is not this workflow's step: never a checkpoint
-                return stored  # recorded first by another writer of this workflow: that stands
-            except _UNRECORDED as exc:
-                attempt += 1
-                first, longest = _RECORD_BACKOFF
-                delay = min(longest, first * 2 ** (attempt - 1)) * random.uniform(0.5, 1.0)
-                _log.warning(
-                    "step %r finished but its result is not recorded yet (%s); "
-                    "retrying in %.1fs (attempt %d)",
-                    step.step_id,
-                    exc,
-                    delay,
-                    attempt,
-                    extra={"step_id": step.step_id, "workflow_id": held.root_id},
-                )
-                if self._abandon.wait(delay):
-                    raise Stopping from exc
-
-    def _create(
-        self, held: Held, step: CreateStep, *, ok: bool | None = None, value: Any = None
-    ) -> CreateResult:
-        encoded = None if ok is None else self._client.encode(value)
-        command = step.command
-        decision = command if isinstance(command, CreatePromise) else None
-        return self._calls.create(
-            step.step_id,
-            step.param,
-            tags=step.tags,
-            ttl=step.ttl,
-            resolved_with=encoded if ok else None,
-            rejected_with=encoded if ok is False else None,
-            schema=decision.schema.json_schema if decision and decision.schema else None,
-            title=decision.title if decision else "",
-            message=decision.message if decision else "",
-            requested_by=step.requested_by,
-            fence=held.fence(self.worker_id),
-            approvers=decision.approvers if decision else None,
-        )
-
-    def _record(self, held: Held, step: CreateStep, ok: bool, value: Any) -> Promise:
-        """Create the step's promise already settled with its result."""
-        try:
-            return self._create(held, step, ok=ok, value=value).promise
-        except (TypeError, ValueError, InvalidArgumentError) as exc:
-            if not ok:
-                raise
-            # The result cannot be recorded (not encodable, over the size limit).
-            _log.info("step %r: its result cannot be recorded: %s", step.step_id, exc)
-            return self._create(held, step, ok=False, value=error_value(exc)).promise
-
-    def _settle(self, held: Held, step_id: str, ok: bool, value: Any) -> Promise:
-        """Record a step's result; a step someone else settled first keeps their result."""
-        fence = held.fence(self.worker_id)
-        try:
-            if ok:
-                try:
-                    encoded = self._client.encode(value)
-                    return self._calls.settle(step_id, encoded, ok=True, fence=fence)
-                except (TypeError, ValueError, InvalidArgumentError) as exc:
-                    # The result cannot be recorded (not encodable, over the size limit).
-                    _log.info("step %r: its result cannot be recorded: %s", step_id, exc)
-                    value = error_value(exc)
-            return self._calls.settle(step_id, self._client.encode(value), ok=False, fence=fence)
-        except (AlreadySettledError, PromiseTimedOutError):
-            return self._calls.get(step_id)
 
     # -- task calls --------------------------------------------------------
 

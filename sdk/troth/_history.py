@@ -1,0 +1,285 @@
+"""What the replay engine knows of a workflow's promises, and what an await makes of them.
+
+`History` is the engine's record of the root's step promises (the history a
+task carried, and every promise created or settled since): it answers what a
+settled promise gives the `yield` that awaits it (its value, decoded, or the
+error to throw) and what each kind of await (`PromiseHandle`, `AwaitAll`,
+`AwaitAny`, `AwaitAtLeast`) resolves to on what is settled so far, or which
+promises it still waits on. Pure: no I/O, no clock (the server's settle times
+order the promises), no generator; `troth._engine.Engine` drives the generator.
+
+`step_tags` is what a step command is recorded with (its kind, function,
+group and arguments digest): replay compares them with the recorded step's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from troth._commands import (
+    TAG_ARGS,
+    TAG_FUNC,
+    TAG_GROUP,
+    TAG_INVOKE,
+    TAG_KIND,
+    TAG_TIMER,
+    CreatePromise,
+    Kind,
+    Now,
+    PromiseHandle,
+    RunStep,
+    SettleToken,
+    Sleep,
+    StartWorkflow,
+    StepCommand,
+)
+from troth._digests import args_digest
+from troth._promise import Decision, Promise, PromiseState
+from troth.errors import Cancelled, PromiseRejectedError, timed_out
+
+if TYPE_CHECKING:
+    from troth._schema import DecisionSchema
+    from troth.codec import Codec
+
+__all__ = ["Awaiting", "History", "Resolution", "Send", "Throw", "step_tags"]
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    """Send `value` into the generator at its `yield`."""
+
+    value: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Throw:
+    """Throw `error` into the generator at its `yield`."""
+
+    error: Exception
+
+
+Resolution = Send | Throw
+
+
+@dataclass(frozen=True, slots=True)
+class Awaiting:
+    """An await that cannot resolve yet: it waits on these pending promises."""
+
+    ids: tuple[str, ...]
+
+
+class History:
+    """The root's promises as the engine knows them, and what awaits make of them.
+
+    Args:
+        root_id: The root promise's id.
+        codec: Decodes the values of settled promises.
+    """
+
+    def __init__(self, root_id: str, codec: Codec) -> None:
+        self.root_id = root_id
+        self._codec = codec
+        self._prefix = f"{root_id}."
+        self.known: dict[str, Promise] = {}
+        """Every promise known by id, the root's own excepted."""
+        self.decisions: dict[str, DecisionSchema] = {}
+        """Typed `ctx.promise` steps: their values are decoded into the declared type."""
+        self.root_cancelled = False
+
+    def record(self, promise: Promise) -> None:
+        """Learn a promise created or settled (the root's own: whether it is cancelled)."""
+        if promise.id == self.root_id:
+            self.root_cancelled = promise.state is PromiseState.REJECTED_CANCELED
+            return
+        known = self.known.get(promise.id)
+        if known is not None and known.is_settled and not promise.is_settled:
+            return  # a stale read never un-settles a promise
+        self.known[promise.id] = promise
+
+    def is_own_step(self, promise: Promise) -> bool:
+        """A step of this workflow: its parent is the root (histories from before
+        `parent_id`, and hand-written ones, say so by the id `<root>.<n>`)."""
+        if promise.parent_id:
+            return promise.parent_id == self.root_id
+        return self.position_of(promise.id) is not None
+
+    def position_of(self, promise_id: str) -> int | None:
+        """n for a step id `<root>.<n>`; None for any other id."""
+        if not promise_id.startswith(self._prefix):
+            return None
+        rest = promise_id[len(self._prefix) :]
+        return int(rest) if rest.isdigit() and rest.isascii() else None
+
+    # -- awaits ------------------------------------------------------------
+
+    def await_all(
+        self, handles: Sequence[PromiseHandle], *, single: bool, decisions: bool = False
+    ) -> Resolution | Awaiting:
+        """Every value (one, for a single handle), or the earliest failure."""
+        promises = [self.known.get(h.id) for h in handles]
+        settled = [(i, p) for i, p in enumerate(promises) if p is not None and p.is_settled]
+        results = {i: self.result(p, decisions) for i, p in settled}
+        failed = [(i, p) for i, p in settled if isinstance(results[i], Throw)]
+        if failed:
+            first, _ = min(failed, key=lambda item: _settle_order(item[1], item[0]))
+            return results[first]
+        if len(settled) < len(handles):
+            pending = [h.id for h, p in zip(handles, promises, strict=True) if not _settled(p)]
+            return Awaiting(tuple(dict.fromkeys(pending)))
+        values = [results[i] for i in range(len(handles))]
+        if single:
+            return values[0]
+        return Send([v.value for v in values if isinstance(v, Send)])
+
+    def await_any(
+        self, handles: Sequence[PromiseHandle], decisions: bool = False
+    ) -> Resolution | Awaiting:
+        """The result of the earliest settled, by the server's settle time."""
+        settled = self._settled(handles)
+        if not settled:
+            return Awaiting(tuple(dict.fromkeys(h.id for h in handles)))
+        _, first = min(settled, key=lambda item: _settle_order(item[1], item[0]))
+        return self.result(first, decisions)
+
+    def await_at_least(
+        self,
+        count: int,
+        handles: Sequence[PromiseHandle],
+        distinct: bool = False,
+        decisions: bool = False,
+    ) -> Resolution | Awaiting:
+        """The first `count` values, or the failure that puts them out of reach."""
+        settled = self._settled(handles)
+        # Replayed in settle order, so that the decision is the one the first
+        # execution made, however many more have settled since.
+        values: list[Any] = []
+        rejected = 0
+        approvers: set[str] = set()
+        for _, promise in sorted(settled, key=lambda item: _settle_order(item[1], item[0])):
+            result = self.result(promise, decisions)
+            if distinct and isinstance(result, Send) and promise.settled_by:
+                if promise.settled_by in approvers:
+                    # The same principal again: it counts once, so this one is lost.
+                    result = Throw(_not_distinct(promise))
+                approvers.add(promise.settled_by)
+            if isinstance(result, Send):
+                values.append(result.value)
+                if len(values) == count:
+                    return Send(values)
+            else:
+                rejected += 1
+                if len(handles) - rejected < count:
+                    return result
+        settled_ids = {p.id for _, p in settled}
+        return Awaiting(tuple(dict.fromkeys(h.id for h in handles if h.id not in settled_ids)))
+
+    def _settled(self, handles: Sequence[PromiseHandle]) -> list[tuple[int, Promise]]:
+        return [
+            (i, p)
+            for i, p in enumerate(self.known.get(h.id) for h in handles)
+            if p is not None and p.is_settled
+        ]
+
+    # -- values ------------------------------------------------------------
+
+    def result(self, promise: Promise, decisions: bool = False) -> Resolution:
+        """What a settled promise gives the `yield` that awaits it: with `decisions`,
+        a resolved one's value as a `Decision` carrying who settled it, from the record."""
+        result = self._plain_result(promise)
+        if decisions and isinstance(result, Send):
+            decision = Decision(promise.id, result.value, promise.settled_by, promise.settle_time)
+            return Send(decision)
+        return result
+
+    def _plain_result(self, promise: Promise) -> Resolution:
+        state = promise.state
+        is_timer = promise.tags.get(TAG_TIMER) == "true"
+        if state is PromiseState.RESOLVED or (is_timer and state is PromiseState.REJECTED_TIMEDOUT):
+            try:
+                value = self._codec.decode(promise.value)
+                kind = promise.tags.get(TAG_KIND)
+                if kind == Kind.NOW:
+                    value = datetime.fromisoformat(value)
+                elif kind == Kind.RANDOM:
+                    value = float(value)
+            except Exception as exc:  # a value this codec cannot read, raised at the yield
+                return Throw(exc)
+            decision = self.decisions.get(promise.id)
+            if decision is not None and decision.decode is not None:
+                try:
+                    value = decision.decode(value)
+                except Exception as exc:  # e.g. settled early, before its schema was known
+                    return Throw(
+                        TypeError(
+                            f"the value of promise {promise.id!r} does not fit "
+                            f"{decision.name}: {exc}"
+                        )
+                    )
+            return Send(value)
+        if state is PromiseState.REJECTED:
+            try:
+                value = self._codec.decode(promise.value)
+            except Exception:
+                value = promise.value.data
+            return Throw(PromiseRejectedError(promise.id, value))
+        if state is PromiseState.REJECTED_CANCELED:
+            return Throw(Cancelled(promise.id))
+        assert state is PromiseState.REJECTED_TIMEDOUT, f"engine bug: {promise.id} is {state}"
+        return Throw(
+            timed_out(promise.id, f"promise {promise.id!r} timed out before anyone settled it")
+        )
+
+
+def step_tags(command: StepCommand, group: str | None) -> dict[str, str]:
+    """The tags a step command's promise is created with (`group`: the workflow's,
+    the default of a child workflow's)."""
+    if isinstance(command, CreatePromise):
+        tags = {**command.tags, TAG_KIND: Kind.PROMISE}
+        if group:
+            tags[TAG_GROUP] = group
+        return _with_digest(tags, command)
+    if isinstance(command, RunStep):
+        return _with_digest({TAG_KIND: Kind.RUN, TAG_FUNC: command.name}, command)
+    if isinstance(command, Sleep):
+        return _with_digest({TAG_KIND: Kind.SLEEP, TAG_TIMER: "true"}, command)
+    if isinstance(command, StartWorkflow):
+        tags = {TAG_KIND: Kind.START, TAG_FUNC: command.name}
+        invoke = command.group or group
+        if invoke:
+            tags[TAG_INVOKE] = invoke
+        return _with_digest(tags, command)
+    if isinstance(command, SettleToken):
+        return _with_digest({TAG_KIND: Kind.SETTLE_TOKEN}, command)
+    if isinstance(command, Now):
+        return {TAG_KIND: Kind.NOW}
+    return {TAG_KIND: Kind.RANDOM}
+
+
+def _with_digest(tags: dict[str, str], command: StepCommand) -> dict[str, str]:
+    digest = args_digest(command)
+    if digest is not None:
+        tags[TAG_ARGS] = digest
+    return tags
+
+
+def _settled(promise: Promise | None) -> bool:
+    return promise is not None and promise.is_settled
+
+
+def _not_distinct(promise: Promise) -> PromiseRejectedError:
+    """What a quorum of distinct approvers raises when it is out of reach because one
+    principal settled several of its promises."""
+    return PromiseRejectedError(
+        promise.id,
+        {"reason": f"{promise.settled_by!r} already approved: approvers must be distinct"},
+    )
+
+
+def _settle_order(promise: Promise, index: int) -> tuple[int, float, int]:
+    """Earliest settle time first; unknown times last; ties in handle order."""
+    if promise.settle_time is None:
+        return (1, 0.0, index)
+    return (0, promise.settle_time.timestamp(), index)
