@@ -11,11 +11,16 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Iterable, Mapping
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from troth._convert import payload_to_proto, promise_from_proto, timedelta_to_proto
-from troth._promise import CreateResult
+from troth._convert import (
+    datetime_to_proto,
+    payload_to_proto,
+    promise_from_proto,
+    timedelta_to_proto,
+)
+from troth._promise import CreateResult, SettleResult
 from troth.v1 import promises_pb2, types_pb2
 
 if TYPE_CHECKING:
@@ -26,9 +31,16 @@ if TYPE_CHECKING:
     from troth._transport import Transport
     from troth.codec import Payload
 
-__all__ = ["Connection", "schema_text"]
+__all__ = ["Connection", "SettleRequest", "schema_text"]
 
 _R = TypeVar("_R")
+
+SettleRequest = (
+    promises_pb2.ResolvePromiseRequest
+    | promises_pb2.RejectPromiseRequest
+    | promises_pb2.CancelPromiseRequest
+)
+"""The request of each way to settle a promise."""
 
 
 class Connection:
@@ -68,7 +80,10 @@ class Connection:
         *,
         tags: Mapping[str, str],
         ttl: timedelta | None = None,
+        expire_time: datetime | None = None,
+        never_expires: bool = False,
         idempotency_key: str | None = None,
+        strict: bool = False,
         resolved_with: Payload | None = None,
         rejected_with: Payload | None = None,
         schema: Mapping[str, Any] | None = None,
@@ -78,13 +93,16 @@ class Connection:
         fence: types_pb2.TaskFence | None = None,
         approvers: Approvers | None = None,
     ) -> CreateResult:
-        """Create a promise with a param already encoded (a start, a workflow step); with
-        `resolved_with`/`rejected_with` it is created already settled."""
+        """Create a promise with a param already encoded (`Client.create`, a start, a
+        workflow step); with `resolved_with`/`rejected_with` it is created already
+        settled. The arguments are the caller's to check."""
         request = promises_pb2.CreatePromiseRequest(
             id=id,
             param=payload_to_proto(param),
             tags=dict(tags),
+            never_expires=never_expires,
             idempotency_key=idempotency_key or "",
+            strict=strict,
             schema=schema_text(schema),
             title=title,
             message=message,
@@ -92,6 +110,8 @@ class Connection:
         )
         if ttl is not None:
             request.ttl.CopyFrom(timedelta_to_proto(ttl))
+        elif expire_time is not None:
+            request.expire_time.CopyFrom(datetime_to_proto(expire_time))
         if resolved_with is not None:
             request.resolved_with.CopyFrom(payload_to_proto(resolved_with))
         elif rejected_with is not None:
@@ -104,25 +124,42 @@ class Connection:
         return CreateResult(promise=promise_from_proto(response.promise), created=response.created)
 
     def settle(
-        self, id: str, value: Payload, *, ok: bool, fence: types_pb2.TaskFence | None = None
-    ) -> Promise:
-        """Resolve (`ok`) or reject a pending promise with an encoded value; a fresh
-        idempotency key makes a retry of a settle whose reply was lost harmless."""
-        promises = self.transport.promises
-        key = uuid.uuid4().hex
-        if ok:
-            resolve = promises_pb2.ResolvePromiseRequest(
-                id=id, value=payload_to_proto(value), idempotency_key=key
-            )
+        self,
+        kind: type[SettleRequest],
+        id: str,
+        value: Payload,
+        *,
+        idempotency_key: str | None = None,
+        strict: bool = False,
+        create_if_missing: bool = False,
+        settle_token: str | None = None,
+        fence: types_pb2.TaskFence | None = None,
+    ) -> SettleResult:
+        """Resolve, reject or cancel (by `kind`, the request's type) a pending promise
+        with an encoded value. Without an `idempotency_key` a fresh one makes a retry
+        of a settle whose reply was lost harmless, and counts as this call's (`applied`).
+        The arguments are the caller's to check."""
+        generated = not idempotency_key
+        key = uuid.uuid4().hex if generated else idempotency_key
+        request = kind(id=id, value=payload_to_proto(value), idempotency_key=key, strict=strict)
+        stubs = self.transport.promises
+        if create_if_missing or settle_token or fence is not None:
+            # A cancel takes none of them: a wait that does not exist yet needs none,
+            # and a worker's step is settled, not cancelled.
+            assert not isinstance(request, promises_pb2.CancelPromiseRequest)
+            request.create_if_missing = create_if_missing
+            if settle_token:
+                request.settle_token = settle_token
+                # Its own permission, good with no credential: a stream would need one.
+                stubs = self.transport.unary_promises
             if fence is not None:
-                resolve.fence.CopyFrom(fence)
-            return promise_from_proto(self.call(promises.ResolvePromise, resolve).promise)
-        reject = promises_pb2.RejectPromiseRequest(
-            id=id, value=payload_to_proto(value), idempotency_key=key
-        )
-        if fence is not None:
-            reject.fence.CopyFrom(fence)
-        return promise_from_proto(self.call(promises.RejectPromise, reject).promise)
+                request.fence.CopyFrom(fence)
+        response = self.call(getattr(stubs, kind.__name__.removesuffix("Request")), request)
+        promise = promise_from_proto(response.promise)
+        # A generated key is unique to this call, so a promise settled with it
+        # was settled by this call: an earlier attempt whose reply was lost.
+        applied = response.applied or (generated and promise.idempotency_key_for_settle == key)
+        return SettleResult(promise=promise, applied=applied)
 
     def mint_settle_token(
         self,

@@ -42,6 +42,7 @@ from troth.errors import (
     RpcError,
     UnavailableError,
 )
+from troth.v1 import promises_pb2
 
 if TYPE_CHECKING:
     from troth._calls import Connection
@@ -52,6 +53,9 @@ if TYPE_CHECKING:
 __all__ = ["RootSettled", "StepWriter", "Stopping"]
 
 _log = logging.getLogger("troth.worker")
+
+_RESOLVE = promises_pb2.ResolvePromiseRequest
+_REJECT = promises_pb2.RejectPromiseRequest
 
 _UNRECORDED = (UnavailableError, DeadlineExceededError, ResourceExhaustedError)
 """Failures of a record that say nothing about the record: the server was away."""
@@ -247,11 +251,12 @@ class StepWriter:
             if ok:
                 try:
                     encoded = self._client.encode(value)
-                    return self._calls.settle(step_id, encoded, ok=True, fence=fence)
+                    return self._calls.settle(_RESOLVE, step_id, encoded, fence=fence).promise
                 except (TypeError, ValueError, InvalidArgumentError) as exc:
                     # The result cannot be recorded (not encodable, over the size limit).
                     _log.info("step %r: its result cannot be recorded: %s", step_id, exc)
                     value = error_value(exc)
-            return self._calls.settle(step_id, self._client.encode(value), ok=False, fence=fence)
+            encoded = self._client.encode(value)
+            return self._calls.settle(_REJECT, step_id, encoded, fence=fence).promise
         except (AlreadySettledError, PromiseTimedOutError):
             return self._calls.get(step_id)

@@ -16,6 +16,7 @@ import functools
 import hashlib
 import inspect
 import textwrap
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from types import CodeType
@@ -161,4 +162,65 @@ def registration(
     return WorkflowRegistration(name, fn, own, older, check_fail_on(name, fail_on))
 
 
-__all__ = ["WorkflowRegistration", "check_version", "code_version", "registration"]
+class Registry:
+    """A worker's registered workflows by name; thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_name: dict[str, WorkflowRegistration] = {}
+
+    def add(
+        self,
+        fn: Callable[..., Any],
+        name: str | None,
+        version: str | None = None,
+        compatible: Iterable[str] = (),
+        fail_on: object = (),
+    ) -> WorkflowRegistration:
+        """Register `fn` under `name` (default: its `__name__`); the same function
+        again is a no-op.
+
+        Raises:
+            RegistrationError: `fn` is not callable, has no name, is a plain
+                function without `yield`, or the name is another function's; or
+                a version or `fail_on` is malformed.
+        """
+        if not callable(fn):
+            raise RegistrationError(str(name), f"workflow {fn!r} is not callable")
+        key = name if name is not None else str(getattr(fn, "__name__", ""))
+        if not key:
+            raise RegistrationError(
+                key, f"workflow {fn!r} has no name; register it with @worker.workflow(name=...)"
+            )
+        if inspect.isfunction(fn) and not inspect.isgeneratorfunction(fn):
+            raise RegistrationError(
+                key,
+                f"workflow {key!r} is a plain function, not a generator: a workflow must "
+                "`yield` its steps (write `result = yield ctx.run(fn, ...)`)",
+            )
+        registered = registration(key, fn, version, compatible, fail_on)
+        with self._lock:
+            existing = self._by_name.get(key)
+            if existing is not None and existing.fn is not fn:
+                raise RegistrationError(
+                    key,
+                    f"a workflow named {key!r} is already registered on this worker "
+                    f"({_describe(existing.fn)}); register {_describe(fn)} under another "
+                    "name with @worker.workflow(name=...)",
+                )
+            self._by_name[key] = registered
+        return registered
+
+    def copy(self) -> dict[str, WorkflowRegistration]:
+        """The registrations by name, as they are now."""
+        with self._lock:
+            return dict(self._by_name)
+
+
+def _describe(fn: Callable[..., Any]) -> str:
+    module = getattr(fn, "__module__", None)
+    name = getattr(fn, "__qualname__", None) or repr(fn)
+    return f"{module}.{name}" if module else str(name)
+
+
+__all__ = ["Registry", "WorkflowRegistration", "check_version", "code_version", "registration"]

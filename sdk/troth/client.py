@@ -28,29 +28,18 @@ are safe because every call is idempotent:
 from __future__ import annotations
 
 import math
-import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
 from troth import _arguments as check
-from troth._calls import Connection, schema_text
+from troth._calls import Connection, SettleRequest
 from troth._commands import TAG_FUNC, TAG_INVOKE
-from troth._convert import (
-    datetime_to_proto,
-    payload_to_proto,
-    promise_from_proto,
-    timedelta_to_proto,
-)
 from troth._credentials import TlsConfig, resolve_tls, resolve_token
 from troth._events import WATCH_READY_METADATA, PromiseEventStream
 from troth._handle import Handle
 from troth._operators import OperatorCalls
-from troth._promise import (
-    CreateResult,
-    SettleResult,
-)
 from troth._reads import PromiseReads
 from troth._schema import decision_schema
 from troth._tracing import TRACEPARENT_TAG, client_span
@@ -62,9 +51,11 @@ from troth.errors import (
 from troth.v1 import promises_pb2
 
 if TYPE_CHECKING:
-    import grpc
-
     from troth._approvers import Approvers
+    from troth._promise import (
+        CreateResult,
+        SettleResult,
+    )
 
 __all__ = [
     "DEFAULT_ADDRESS",
@@ -79,12 +70,7 @@ __all__ = [
 DEFAULT_ADDRESS = "127.0.0.1:7070"
 """Where `troth serve` listens by default."""
 
-_SettleRequest = (
-    promises_pb2.ResolvePromiseRequest
-    | promises_pb2.RejectPromiseRequest
-    | promises_pb2.CancelPromiseRequest
-)
-_SPANS: dict[type[_SettleRequest], str] = {
+_SPANS: dict[type[SettleRequest], str] = {
     promises_pb2.ResolvePromiseRequest: "troth.resolve",
     promises_pb2.RejectPromiseRequest: "troth.reject",
     promises_pb2.CancelPromiseRequest: "troth.cancel",
@@ -291,26 +277,21 @@ class Client(PromiseReads, OperatorCalls):
         check.texts(call, optional=True, idempotency_key=idempotency_key)
         check.approvers(call, approvers)
         check.at_most_one_expiry(f"create({id!r})", ttl, expire_time, never_expires)
-        request = promises_pb2.CreatePromiseRequest(
-            id=id,
-            param=payload_to_proto(self.encode(param)),
+        return self._connection.create(
+            id,
+            self.encode(param),
             tags=tags,
+            ttl=ttl,
+            expire_time=expire_time,
             never_expires=never_expires,
-            idempotency_key=idempotency_key or "",
+            idempotency_key=idempotency_key,
             strict=strict,
-            schema=schema_text(None if schema is None else decision_schema(schema).json_schema),
+            schema=None if schema is None else decision_schema(schema).json_schema,
             title=title,
             message=message,
             requested_by=requested_by,
+            approvers=approvers,
         )
-        if ttl is not None:
-            request.ttl.CopyFrom(timedelta_to_proto(ttl))
-        elif expire_time is not None:
-            request.expire_time.CopyFrom(datetime_to_proto(expire_time))
-        if approvers is not None:
-            request.approvers.CopyFrom(approvers.to_proto())
-        response = self._transport.call(self._stub.CreatePromise, request, timeout=self._timeout)
-        return CreateResult(promise=promise_from_proto(response.promise), created=response.created)
 
     def resolve(
         self,
@@ -350,7 +331,6 @@ class Client(PromiseReads, OperatorCalls):
             NotFoundError: No promise has this id.
         """
         return self._settle(
-            self._stub.ResolvePromise,
             promises_pb2.ResolvePromiseRequest,
             id,
             value,
@@ -375,7 +355,6 @@ class Client(PromiseReads, OperatorCalls):
         Arguments, result and errors are those of `resolve`.
         """
         return self._settle(
-            self._stub.RejectPromise,
             promises_pb2.RejectPromiseRequest,
             id,
             value,
@@ -411,7 +390,6 @@ class Client(PromiseReads, OperatorCalls):
         Arguments, result and errors are those of `resolve`.
         """
         return self._settle(
-            self._stub.CancelPromise,
             promises_pb2.CancelPromiseRequest,
             id,
             value,
@@ -421,8 +399,7 @@ class Client(PromiseReads, OperatorCalls):
 
     def _settle(
         self,
-        method: grpc.UnaryUnaryMultiCallable[Any, Any],
-        request_type: type[_SettleRequest],
+        kind: type[SettleRequest],
         id: str,
         value: Any,
         idempotency_key: str | None,
@@ -431,33 +408,20 @@ class Client(PromiseReads, OperatorCalls):
         create_if_missing: bool = False,
         settle_token: str | None = None,
     ) -> SettleResult:
-        call = f"Client.{request_type.__name__.removesuffix('PromiseRequest').lower()}"
+        call = f"Client.{kind.__name__.removesuffix('PromiseRequest').lower()}"
         check.promise_id(call, id)
         check.texts(call, optional=True, idempotency_key=idempotency_key, settle_token=settle_token)
         check.flags(call, strict=strict, create_if_missing=create_if_missing)
-        generated = not idempotency_key
-        key = uuid.uuid4().hex if generated else idempotency_key
-        request = request_type(
-            id=id, value=payload_to_proto(self.encode(value)), idempotency_key=key, strict=strict
-        )
-        if create_if_missing:
-            # Only resolve and reject pass it: a cancel of a wait that does not exist yet is no use.
-            assert not isinstance(request, promises_pb2.CancelPromiseRequest)
-            request.create_if_missing = True
-        if settle_token:
-            assert not isinstance(request, promises_pb2.CancelPromiseRequest)
-            request.settle_token = settle_token
-            # Its own permission, good with no credential: a stream would need one.
-            method = getattr(
-                self._transport.unary_promises, request_type.__name__.removesuffix("Request")
+        with client_span(_SPANS[kind], **{"troth.promise.id": id}):
+            return self._connection.settle(
+                kind,
+                id,
+                self.encode(value),
+                idempotency_key=idempotency_key,
+                strict=strict,
+                create_if_missing=create_if_missing,
+                settle_token=settle_token,
             )
-        with client_span(_SPANS[request_type], **{"troth.promise.id": id}):
-            response = self._transport.call(method, request, timeout=self._timeout)
-        promise = promise_from_proto(response.promise)
-        # A generated key is unique to this call, so a promise settled with it
-        # was settled by this call: an earlier attempt whose reply was lost.
-        applied = response.applied or (generated and promise.idempotency_key_for_settle == key)
-        return SettleResult(promise=promise, applied=applied)
 
     def start(
         self,

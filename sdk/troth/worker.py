@@ -14,9 +14,11 @@ bounded thread pool::
 
     worker.run()  # blocks until SIGINT/SIGTERM; or start() ... stop() to embed
 
-Layout. This module is the registry, the lifecycle and the poll loop;
-`troth._leases` holds the leases (fencing, heartbeats), `troth._runner` runs
-each task, `troth._tasks` makes the `TaskService` calls (see ARCHITECTURE.md).
+Layout. This module is the registration API, the lifecycle and the poll loop;
+`troth._versions.Registry` keeps the registered workflows, `troth._leases`
+holds the leases (fencing, heartbeats), `troth._runner` runs each task (its
+step I/O in `troth._step_writes`), `troth._tasks` makes the `TaskService`
+calls (see ARCHITECTURE.md).
 
 Running a task. The worker builds a `troth._engine.Engine` from the
 registered function, the arguments in the root promise's param and the
@@ -77,7 +79,6 @@ to stderr when the program configured no logging (`troth._foreground`).
 
 from __future__ import annotations
 
-import inspect
 import logging
 import os
 import random
@@ -100,9 +101,8 @@ from troth._leases import Held, Leases
 from troth._runner import Runner, describe_version
 from troth._tasks import PollCall, TaskCalls
 from troth._transport import as_call, overload_delay
-from troth._versions import WorkflowRegistration, registration
+from troth._versions import Registry, WorkflowRegistration
 from troth.client import connection
-from troth.errors import RegistrationError
 from troth.v1 import tasks_pb2
 
 if TYPE_CHECKING:
@@ -185,8 +185,7 @@ class Worker:
         self.lease = lease
         self._grace = shutdown_grace.total_seconds()
         self._max_backoff = max_reconnect_backoff
-        self._versions: dict[str, WorkflowRegistration] = {}
-        """The registered workflows by name, with their versions."""
+        self._registry = Registry()
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
         self._running = 0  # tasks submitted to the pool and not yet finished
@@ -283,49 +282,15 @@ class Worker:
         declared = tuple(compatible) if not isinstance(compatible, str) else compatible
 
         def register(function: _W) -> _W:
-            self._register(function, name, version, declared, fail_on)
+            self._registry.add(function, name, version, declared, fail_on)
             return function
 
         return register if fn is None else register(fn)
 
-    def _register(
-        self,
-        fn: Callable[..., Any],
-        name: str | None,
-        version: str | None = None,
-        compatible: Iterable[str] = (),
-        fail_on: object = (),
-    ) -> None:
-        if not callable(fn):
-            raise RegistrationError(str(name), f"workflow {fn!r} is not callable")
-        key = name if name is not None else str(getattr(fn, "__name__", ""))
-        if not key:
-            raise RegistrationError(
-                key, f"workflow {fn!r} has no name; register it with @worker.workflow(name=...)"
-            )
-        if inspect.isfunction(fn) and not inspect.isgeneratorfunction(fn):
-            raise RegistrationError(
-                key,
-                f"workflow {key!r} is a plain function, not a generator: a workflow must "
-                "`yield` its steps (write `result = yield ctx.run(fn, ...)`)",
-            )
-        registered = registration(key, fn, version, compatible, fail_on)
-        with self._lock:
-            existing = self._versions.get(key)
-            if existing is not None and existing.fn is not fn:
-                raise RegistrationError(
-                    key,
-                    f"a workflow named {key!r} is already registered on this worker "
-                    f"({_describe(existing.fn)}); register {_describe(fn)} under another "
-                    "name with @worker.workflow(name=...)",
-                )
-            self._versions[key] = registered
-
     @property
     def workflows(self) -> Mapping[str, Workflow]:
         """The registered workflows by name (a copy)."""
-        with self._lock:
-            return {name: registered.fn for name, registered in self._versions.items()}
+        return {name: registered.fn for name, registered in self._registry.copy().items()}
 
     @property
     def registrations(self) -> Mapping[str, WorkflowRegistration]:
@@ -334,8 +299,7 @@ class Worker:
 
         .. versionadded:: 0.2.0
         """
-        with self._lock:
-            return dict(self._versions)
+        return self._registry.copy()
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -574,9 +538,3 @@ class Worker:
         with self._idle:
             self._running -= 1
             self._idle.notify_all()
-
-
-def _describe(fn: Callable[..., Any]) -> str:
-    module = getattr(fn, "__module__", None)
-    name = getattr(fn, "__qualname__", None) or repr(fn)
-    return f"{module}.{name}" if module else str(name)
