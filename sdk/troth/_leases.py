@@ -17,7 +17,8 @@ answer no longer lists is dropped.
 
 One task per root at a time: the table is keyed by root as well as by task.
 A second delivery of a root whose older task still runs here marks the older
-one lost (the server re-leased it) and waits until it stops (`Held.after`).
+one lost (the server re-leased it) and waits until it stops (`Held.after`);
+what the older one wrote meanwhile (`Held.written`) joins its history.
 
 Heartbeats. One thread extends every lease every `lease / 3` (and at once at
 start and when the stream reconnects, to learn the clock offset and which
@@ -44,6 +45,7 @@ from troth.v1 import types_pb2
 if TYPE_CHECKING:
     from google.protobuf.timestamp_pb2 import Timestamp
 
+    from troth._promise import Promise
     from troth._tasks import TaskCalls
     from troth.v1 import tasks_pb2
 
@@ -78,6 +80,9 @@ class Held:
     """Its runner gave up on it but could not release it yet; the heartbeater retries."""
     after: Held | None = None
     """An older task of the same root still running here: this one waits until it stops."""
+    written: list[Promise] = field(default_factory=list)
+    """The step promises its runner created or settled, as the server answered: a
+    newer task of the root that waited for it (`after`) adds them to its history."""
     stopped: threading.Event = field(default_factory=threading.Event)
     """Set once its runner is done with it."""
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import collections
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from troth._commands import TAG_FUNC, TAG_KIND, RunStep
@@ -110,7 +110,7 @@ class Runner:
     def run(self, held: Held, response: tasks_pb2.PollResponse) -> None:
         """Run the task to its end, its suspension, or the loss of its lease."""
         try:
-            waited = self._after(held)
+            older_writes = self._after(held)
             if self._stopping.is_set():
                 return  # left for the release sweep
             if held.lost:
@@ -123,7 +123,7 @@ class Runner:
                 "troth.task.kind": tasks_pb2.TaskKind.Name(response.task.kind),
                 "troth.worker.id": self.worker_id,
             }):  # fmt: skip
-                self._execute(held, response, refresh=waited)
+                self._execute(held, response, older_writes=older_writes)
             self._leases.forget(held)
         except (Lost, LeaseLostError) as exc:
             _log.info(
@@ -162,20 +162,24 @@ class Runner:
         finally:
             self._leases.finished(held)
 
-    def _after(self, held: Held) -> bool:
-        """Wait until the older task of this root (if one still runs here) stops;
-        True if there was one (then the delivery's history may lack its last steps)."""
+    def _after(self, held: Held) -> list[Promise]:
+        """Wait until the older task of this root (if one still runs here) stops; answer
+        what it wrote (the delivery's history, read before, may lack its last steps)."""
         older = held.after
         held.after = None
         if older is None:
-            return False
+            return []
         while not older.stopped.wait(0.1):
             if self._stopping.is_set():
                 raise Stopping
-        return True
+        return older.written
 
     def _execute(
-        self, held: Held, response: tasks_pb2.PollResponse, *, refresh: bool = False
+        self,
+        held: Held,
+        response: tasks_pb2.PollResponse,
+        *,
+        older_writes: Sequence[Promise] = (),
     ) -> None:
         foreign = foreign_version(self._registrations(), response)
         if foreign is not None:
@@ -191,10 +195,10 @@ class Runner:
             return
         root = promise_from_proto(response.root)
         history = [root, *(promise_from_proto(p) for p in response.history)]
-        if refresh:
-            # Steps the older task recorded after this delivery left the server:
-            # read them, so that none of their functions runs again.
-            history += self._client.search_all(parent_id=root.id)
+        # Steps the older task of this root recorded here after this delivery left
+        # the server: so that none of their functions runs again. Known in this
+        # process, they need no read (which a worker's role may not make).
+        history += older_writes
         engine = self._cache_take(root.id)
         if engine is not None:
             outcome = engine.advance(history)
@@ -235,6 +239,7 @@ class Runner:
                     try:
                         with step_span(**_step_attributes(outcome)):
                             created = self._steps.write(held, outcome)
+                        held.written.extend(created)
                     except AlreadyExistsError as exc:
                         # The step's id is taken by a promise that is not this
                         # workflow's step (the server says whose): no retry helps,
