@@ -37,11 +37,12 @@ class PollCall(Protocol):
 
 
 class TaskCalls:
-    """The `TaskService` as worker `worker_id` calls it (the CLI's is "")."""
+    """The `TaskService` as worker `worker_id` of `group` calls it (the CLI's is "")."""
 
-    def __init__(self, connection: Connection, worker_id: str = "") -> None:
+    def __init__(self, connection: Connection, worker_id: str = "", group: str = "") -> None:
         self.connection = connection
         self.worker_id = worker_id
+        self.group = group
         self._stub = connection.transport.tasks
 
     def poll(self, request: tasks_pb2.PollRequest) -> PollCall:
@@ -51,9 +52,10 @@ class TaskCalls:
         return call
 
     def heartbeat(self, lease: timedelta, timeout: float) -> tasks_pb2.HeartbeatResponse:
-        """Extend every lease this worker holds; the answer lists the tasks still its own."""
+        """Extend every lease this worker holds in its group; the answer lists the tasks
+        still its own (another group's worker under the same id has its own)."""
         request = tasks_pb2.HeartbeatRequest(
-            worker_id=self.worker_id, lease=timedelta_to_proto(lease)
+            worker_id=self.worker_id, lease=timedelta_to_proto(lease), group=self.group
         )
         return self.connection.call(self._stub.Heartbeat, request, timeout=timeout)
 

@@ -198,7 +198,7 @@ class Worker:
         # one stream: a fraction of a call's cost to the server (`troth._mux`).
         calls = Connection(shared.transport.multiplexed(), shared.timeout)
         self._calls = calls
-        self._tasks = TaskCalls(calls, self.worker_id)
+        self._tasks = TaskCalls(calls, self.worker_id, group)
         self._leases = Leases(self._tasks, lease)
         self._runner = Runner(
             client,

@@ -91,14 +91,18 @@ class _HeartbeatOp:
     lease_ms: int
     principal: Principal | None = None
     """The caller: only the tasks leased to it are extended (None: auth off, all)."""
+    group: str | None = None
+    """Only the tasks of this group (None: of every group)."""
 
     def keys(self, tx: WriteTx, now: int) -> Keys:
-        return _claimed_keys(tx, self.worker_id)
+        return _claimed_keys(tx, self.worker_id, self.group)
 
     def apply(self, batch: Batch) -> Heartbeat:
         extended = []
         foreign = None
         for task in batch.claimed_by(self.worker_id):
+            if self.group is not None and task.group != self.group:
+                continue  # another group's worker under the same id heartbeats it
             if not tasks.leased_to(task, self.principal):
                 # Another principal's stream used this worker id: its tasks are not
                 # this caller's to keep alive (nor to refuse this caller's own for).
@@ -364,11 +368,15 @@ class TaskService:
         return self._store.search_tasks(group, limit, root_id)
 
     def heartbeat(
-        self, worker_id: str, lease_ms: int, principal: Principal | None = None
+        self,
+        worker_id: str,
+        lease_ms: int,
+        principal: Principal | None = None,
+        group: str | None = None,
     ) -> Heartbeat:
-        """Extend every lease the worker holds (that is leased to `principal`);
-        returns the tasks it still holds."""
-        return self._committer.submit(_HeartbeatOp(worker_id, lease_ms, principal))
+        """Extend every lease the worker holds (in `group`, if given; leased to
+        `principal`); returns the tasks it still holds."""
+        return self._committer.submit(_HeartbeatOp(worker_id, lease_ms, principal, group))
 
     def complete(
         self,
@@ -487,9 +495,14 @@ class TaskService:
         return await self._checks.settle_checked_async(root_outcome, write)
 
     async def heartbeat_async(
-        self, worker_id: str, lease_ms: int, principal: Principal | None = None
+        self,
+        worker_id: str,
+        lease_ms: int,
+        principal: Principal | None = None,
+        group: str | None = None,
     ) -> Heartbeat:
-        return await self._committer.submit_async(_HeartbeatOp(worker_id, lease_ms, principal))
+        op = _HeartbeatOp(worker_id, lease_ms, principal, group)
+        return await self._committer.submit_async(op)
 
     async def release_async(
         self, task_id: str, counter: int, worker_id: str, principal: Principal | None = None

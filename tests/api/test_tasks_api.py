@@ -239,6 +239,30 @@ def test_a_stream_that_breaks_gives_back_only_its_own_groups_tasks(
     assert done.task.state == tasks_pb2.TASK_STATE_COMPLETED
 
 
+def test_a_heartbeat_naming_a_group_extends_and_lists_only_that_groups_tasks(
+    stubs: tuple[promises_pb2_grpc.PromiseServiceStub, tasks_pb2_grpc.TaskServiceStub],
+    pollers: list[Poller],
+) -> None:
+    """A process may run a worker per group under one worker id: each heartbeats its own
+    group's tasks, and must not find (and give back) the others' in its answer."""
+    promises, tasks = stubs
+    groups = [f"g-{uuid.uuid4().hex[:8]}" for _ in range(2)]
+    polls = [Poller(tasks, group, "w1", lease_seconds=60) for group in groups]
+    pollers.extend(polls)
+    for group in groups:
+        start(promises, f"wf-{uuid.uuid4().hex[:8]}", group)
+    held = [poll.next().task.id for poll in polls]
+    for group, task_id in zip(groups, held, strict=True):
+        beat = tasks.Heartbeat(tasks_pb2.HeartbeatRequest(worker_id="w1", group=group))
+        assert (list(beat.task_ids), dict(beat.counters)) == ([task_id], {task_id: 1})
+    every = tasks.Heartbeat(tasks_pb2.HeartbeatRequest(worker_id="w1"))
+    assert sorted(every.task_ids) == sorted(held)  # no group: a worker from before groups
+    with pytest.raises(grpc.RpcError) as caught:
+        tasks.Heartbeat(tasks_pb2.HeartbeatRequest(worker_id="w1", group="bad group\n"))
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error_info(caught.value).metadata["field"] == "group"
+
+
 def test_a_frozen_worker_loses_its_task_and_gets_nothing_until_it_heartbeats(
     stubs: tuple[promises_pb2_grpc.PromiseServiceStub, tasks_pb2_grpc.TaskServiceStub],
     group: str,

@@ -27,7 +27,7 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from troth.v1 import types_pb2 as troth_dot_v1_dot_types__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14troth/v1/tasks.proto\x12\x08troth.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x14troth/v1/types.proto\"a\n\x0c\x43\x61llsRequest\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x0e\n\x06method\x18\x02 \x01(\t\x12\x0f\n\x07request\x18\x03 \x01(\x0c\x12$\n\x04more\x18\x04 \x03(\x0b\x32\x16.troth.v1.CallsRequest\"\x8b\x01\n\rCallsResponse\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x0c\n\x04\x63ode\x18\x02 \x01(\x05\x12\x10\n\x08response\x18\x03 \x01(\x0c\x12\x0f\n\x07message\x18\x04 \x01(\t\x12\x16\n\x0estatus_details\x18\x05 \x01(\x0c\x12%\n\x04more\x18\x06 \x03(\x0b\x32\x17.troth.v1.CallsResponse\"\xe3\x03\n\x04Task\x12\n\n\x02id\x18\x01 \x01(\t\x12\x17\n\x0froot_promise_id\x18\x02 \x01(\t\x12\r\n\x05group\x18\x03 \x01(\t\x12 \n\x04kind\x18\x04 \x01(\x0e\x32\x12.troth.v1.TaskKind\x12\"\n\x05state\x18\x05 \x01(\x0e\x32\x13.troth.v1.TaskState\x12\x0f\n\x07\x63ounter\x18\x06 \x01(\x03\x12\x11\n\tworker_id\x18\x07 \x01(\t\x12\x35\n\x11lease_expire_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08workflow\x18\t \x01(\t\x12\x18\n\x10workflow_version\x18\n \x01(\t\x12/\n\x0b\x63reate_time\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x13\n\x0bwaiting_for\x18\x0c \x01(\t\x12\x18\n\x10worker_principal\x18\r \x01(\t\x12\x17\n\x0f\x66\x61iled_attempts\x18\x0e \x01(\x05\x12\x12\n\nlast_error\x18\x0f \x01(\t\x12\x16\n\x0elast_traceback\x18\x10 \x01(\t\x12\x35\n\x11next_attempt_time\x18\x11 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"0\n\x0fWorkflowVersion\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\"\x99\x01\n\x0bPollRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\x10\n\x08\x63\x61pacity\x18\x03 \x01(\x05\x12(\n\x05lease\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12,\n\tworkflows\x18\x05 \x03(\x0b\x32\x19.troth.v1.WorkflowVersion\"\x97\x01\n\x0cPollResponse\x12\x1c\n\x04task\x18\x01 \x01(\x0b\x32\x0e.troth.v1.Task\x12\x1f\n\x04root\x18\x02 \x01(\x0b\x32\x11.troth.v1.Promise\x12\"\n\x07history\x18\x03 \x03(\x0b\x32\x11.troth.v1.Promise\x12$\n\x04more\x18\x04 \x03(\x0b\x32\x16.troth.v1.PollResponse\"\xc2\x01\n\x13\x43ompleteTaskRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63ounter\x18\x02 \x01(\x03\x12\x11\n\tworker_id\x18\x03 \x01(\t\x12)\n\x0cresolve_root\x18\x04 \x01(\x0b\x32\x11.troth.v1.PayloadH\x00\x12(\n\x0breject_root\x18\x05 \x01(\x0b\x32\x11.troth.v1.PayloadH\x00\x12\x12\n\nsuspend_on\x18\x06 \x03(\tB\r\n\x0broot_result\"y\n\x14\x43ompleteTaskResponse\x12\x1c\n\x04task\x18\x01 \x01(\x0b\x32\x0e.troth.v1.Task\x12\x1f\n\x04root\x18\x02 \x01(\x0b\x32\x11.troth.v1.Promise\x12\"\n\x07settled\x18\x03 \x03(\x0b\x32\x11.troth.v1.Promise\"O\n\x10HeartbeatRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12(\n\x05lease\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\"\xc4\x01\n\x11HeartbeatResponse\x12\x10\n\x08task_ids\x18\x01 \x03(\t\x12;\n\x08\x63ounters\x18\x02 \x03(\x0b\x32).troth.v1.HeartbeatResponse.CountersEntry\x12/\n\x0bserver_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x1a/\n\rCountersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"I\n\x12ReleaseTaskRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63ounter\x18\x02 \x01(\x03\x12\x11\n\tworker_id\x18\x03 \x01(\t\"3\n\x13ReleaseTaskResponse\x12\x1c\n\x04task\x18\x01 \x01(\x0b\x32\x0e.troth.v1.Task\"d\n\x18RegisterCallbacksRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63ounter\x18\x02 \x01(\x03\x12\x11\n\tworker_id\x18\x03 \x01(\t\x12\x13\n\x0bpromise_ids\x18\x04 \x03(\t\"?\n\x19RegisterCallbacksResponse\x12\"\n\x07settled\x18\x01 \x03(\x0b\x32\x11.troth.v1.Promise\"O\n\x12SearchTasksRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x17\n\x0froot_promise_id\x18\x03 \x01(\t\"4\n\x13SearchTasksResponse\x12\x1d\n\x05tasks\x18\x01 \x03(\x0b\x32\x0e.troth.v1.Task\"h\n\x0f\x46\x61ilTaskRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63ounter\x18\x02 \x01(\x03\x12\x11\n\tworker_id\x18\x03 \x01(\t\x12\r\n\x05\x65rror\x18\x04 \x01(\t\x12\x11\n\ttraceback\x18\x05 \x01(\t\"0\n\x10\x46\x61ilTaskResponse\x12\x1c\n\x04task\x18\x01 \x01(\x0b\x32\x0e.troth.v1.Task\"1\n\x13\x46\x61ilWorkflowRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"7\n\x14\x46\x61ilWorkflowResponse\x12\x1f\n\x04root\x18\x01 \x01(\x0b\x32\x11.troth.v1.Promise\"L\n\x14SearchWorkersRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\"S\n\x15SearchWorkersResponse\x12!\n\x07workers\x18\x01 \x03(\x0b\x32\x10.troth.v1.Worker\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\x9c\x02\n\x06Worker\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\r\n\x05group\x18\x02 \x01(\t\x12\x11\n\tprincipal\x18\x03 \x01(\t\x12,\n\tworkflows\x18\x04 \x03(\x0b\x32\x19.troth.v1.WorkflowVersion\x12\x10\n\x08\x63\x61pacity\x18\x05 \x01(\x05\x12\x10\n\x08task_ids\x18\x06 \x03(\t\x12\x30\n\x0c\x63onnect_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x37\n\x13last_heartbeat_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07streams\x18\t \x01(\x05\x12\x0f\n\x07stalled\x18\n \x01(\x08*Q\n\x08TaskKind\x12\x19\n\x15TASK_KIND_UNSPECIFIED\x10\x00\x12\x14\n\x10TASK_KIND_INVOKE\x10\x01\x12\x14\n\x10TASK_KIND_RESUME\x10\x02*q\n\tTaskState\x12\x1a\n\x16TASK_STATE_UNSPECIFIED\x10\x00\x12\x16\n\x12TASK_STATE_PENDING\x10\x01\x12\x16\n\x12TASK_STATE_CLAIMED\x10\x02\x12\x18\n\x14TASK_STATE_COMPLETED\x10\x03\x32\xf3\x05\n\x0bTaskService\x12\x37\n\x04Poll\x12\x15.troth.v1.PollRequest\x1a\x16.troth.v1.PollResponse0\x01\x12M\n\x0c\x43ompleteTask\x12\x1d.troth.v1.CompleteTaskRequest\x1a\x1e.troth.v1.CompleteTaskResponse\x12\x44\n\tHeartbeat\x12\x1a.troth.v1.HeartbeatRequest\x1a\x1b.troth.v1.HeartbeatResponse\x12J\n\x0bReleaseTask\x12\x1c.troth.v1.ReleaseTaskRequest\x1a\x1d.troth.v1.ReleaseTaskResponse\x12\\\n\x11RegisterCallbacks\x12\".troth.v1.RegisterCallbacksRequest\x1a#.troth.v1.RegisterCallbacksResponse\x12J\n\x0bSearchTasks\x12\x1c.troth.v1.SearchTasksRequest\x1a\x1d.troth.v1.SearchTasksResponse\x12\x41\n\x08\x46\x61ilTask\x12\x19.troth.v1.FailTaskRequest\x1a\x1a.troth.v1.FailTaskResponse\x12M\n\x0c\x46\x61ilWorkflow\x12\x1d.troth.v1.FailWorkflowRequest\x1a\x1e.troth.v1.FailWorkflowResponse\x12P\n\rSearchWorkers\x12\x1e.troth.v1.SearchWorkersRequest\x1a\x1f.troth.v1.SearchWorkersResponse\x12<\n\x05\x43\x61lls\x12\x16.troth.v1.CallsRequest\x1a\x17.troth.v1.CallsResponse(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14troth/v1/tasks.proto\x12\x08troth.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x14troth/v1/types.proto\"a\n\x0c\x43\x61llsRequest\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x0e\n\x06method\x18\x02 \x01(\t\x12\x0f\n\x07request\x18\x03 \x01(\x0c\x12$\n\x04more\x18\x04 \x03(\x0b\x32\x16.troth.v1.CallsRequest\"\x8b\x01\n\rCallsResponse\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x0c\n\x04\x63ode\x18\x02 \x01(\x05\x12\x10\n\x08response\x18\x03 \x01(\x0c\x12\x0f\n\x07message\x18\x04 \x01(\t\x12\x16\n\x0estatus_details\x18\x05 \x01(\x0c\x12%\n\x04more\x18\x06 \x03(\x0b\x32\x17.troth.v1.CallsResponse\"\xe3\x03\n\x04Task\x12\n\n\x02id\x18\x01 \x01(\t\x12\x17\n\x0froot_promise_id\x18\x02 \x01(\t\x12\r\n\x05group\x18\x03 \x01(\t\x12 \n\x04kind\x18\x04 \x01(\x0e\x32\x12.troth.v1.TaskKind\x12\"\n\x05state\x18\x05 \x01(\x0e\x32\x13.troth.v1.TaskState\x12\x0f\n\x07\x63ounter\x18\x06 \x01(\x03\x12\x11\n\tworker_id\x18\x07 \x01(\t\x12\x35\n\x11lease_expire_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08workflow\x18\t \x01(\t\x12\x18\n\x10workflow_version\x18\n \x01(\t\x12/\n\x0b\x63reate_time\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x13\n\x0bwaiting_for\x18\x0c \x01(\t\x12\x18\n\x10worker_principal\x18\r \x01(\t\x12\x17\n\x0f\x66\x61iled_attempts\x18\x0e \x01(\x05\x12\x12\n\nlast_error\x18\x0f \x01(\t\x12\x16\n\x0elast_traceback\x18\x10 \x01(\t\x12\x35\n\x11next_attempt_time\x18\x11 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"0\n\x0fWorkflowVersion\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\"\x99\x01\n\x0bPollRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\x10\n\x08\x63\x61pacity\x18\x03 \x01(\x05\x12(\n\x05lease\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12,\n\tworkflows\x18\x05 \x03(\x0b\x32\x19.troth.v1.WorkflowVersion\"\x97\x01\n\x0cPollResponse\x12\x1c\n\x04task\x18\x01 \x01(\x0b\x32\x0e.troth.v1.Task\x12\x1f\n\x04root\x18\x02 \x01(\x0b\x32\x11.troth.v1.Promise\x12\"\n\x07history\x18\x03 \x03(\x0b\x32\x11.troth.v1.Promise\x12$\n\x04more\x18\x04 \x03(\x0b\x32\x16.troth.v1.PollResponse\"\xc2\x01\n\x13\x43ompleteTaskRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63ounter\x18\x02 \x01(\x03\x12\x11\n\tworker_id\x18\x03 \x01(\t\x12)\n\x0cresolve_root\x18\x04 \x01(\x0b\x32\x11.troth.v1.PayloadH\x00\x12(\n\x0breject_root\x18\x05 \x01(\x0b\x32\x11.troth.v1.PayloadH\x00\x12\x12\n\nsuspend_on\x18\x06 \x03(\tB\r\n\x0broot_result\"y\n\x14\x43ompleteTaskResponse\x12\x1c\n\x04task\x18\x01 \x01(\x0b\x32\x0e.troth.v1.Task\x12\x1f\n\x04root\x18\x02 \x01(\x0b\x32\x11.troth.v1.Promise\x12\"\n\x07settled\x18\x03 \x03(\x0b\x32\x11.troth.v1.Promise\"^\n\x10HeartbeatRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12(\n\x05lease\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\r\n\x05group\x18\x03 \x01(\t\"\xc4\x01\n\x11HeartbeatResponse\x12\x10\n\x08task_ids\x18\x01 \x03(\t\x12;\n\x08\x63ounters\x18\x02 \x03(\x0b\x32).troth.v1.HeartbeatResponse.CountersEntry\x12/\n\x0bserver_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x1a/\n\rCountersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"I\n\x12ReleaseTaskRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63ounter\x18\x02 \x01(\x03\x12\x11\n\tworker_id\x18\x03 \x01(\t\"3\n\x13ReleaseTaskResponse\x12\x1c\n\x04task\x18\x01 \x01(\x0b\x32\x0e.troth.v1.Task\"d\n\x18RegisterCallbacksRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63ounter\x18\x02 \x01(\x03\x12\x11\n\tworker_id\x18\x03 \x01(\t\x12\x13\n\x0bpromise_ids\x18\x04 \x03(\t\"?\n\x19RegisterCallbacksResponse\x12\"\n\x07settled\x18\x01 \x03(\x0b\x32\x11.troth.v1.Promise\"O\n\x12SearchTasksRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x17\n\x0froot_promise_id\x18\x03 \x01(\t\"4\n\x13SearchTasksResponse\x12\x1d\n\x05tasks\x18\x01 \x03(\x0b\x32\x0e.troth.v1.Task\"h\n\x0f\x46\x61ilTaskRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63ounter\x18\x02 \x01(\x03\x12\x11\n\tworker_id\x18\x03 \x01(\t\x12\r\n\x05\x65rror\x18\x04 \x01(\t\x12\x11\n\ttraceback\x18\x05 \x01(\t\"0\n\x10\x46\x61ilTaskResponse\x12\x1c\n\x04task\x18\x01 \x01(\x0b\x32\x0e.troth.v1.Task\"1\n\x13\x46\x61ilWorkflowRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"7\n\x14\x46\x61ilWorkflowResponse\x12\x1f\n\x04root\x18\x01 \x01(\x0b\x32\x11.troth.v1.Promise\"L\n\x14SearchWorkersRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\"S\n\x15SearchWorkersResponse\x12!\n\x07workers\x18\x01 \x03(\x0b\x32\x10.troth.v1.Worker\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\x9c\x02\n\x06Worker\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\r\n\x05group\x18\x02 \x01(\t\x12\x11\n\tprincipal\x18\x03 \x01(\t\x12,\n\tworkflows\x18\x04 \x03(\x0b\x32\x19.troth.v1.WorkflowVersion\x12\x10\n\x08\x63\x61pacity\x18\x05 \x01(\x05\x12\x10\n\x08task_ids\x18\x06 \x03(\t\x12\x30\n\x0c\x63onnect_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x37\n\x13last_heartbeat_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07streams\x18\t \x01(\x05\x12\x0f\n\x07stalled\x18\n \x01(\x08*Q\n\x08TaskKind\x12\x19\n\x15TASK_KIND_UNSPECIFIED\x10\x00\x12\x14\n\x10TASK_KIND_INVOKE\x10\x01\x12\x14\n\x10TASK_KIND_RESUME\x10\x02*q\n\tTaskState\x12\x1a\n\x16TASK_STATE_UNSPECIFIED\x10\x00\x12\x16\n\x12TASK_STATE_PENDING\x10\x01\x12\x16\n\x12TASK_STATE_CLAIMED\x10\x02\x12\x18\n\x14TASK_STATE_COMPLETED\x10\x03\x32\xf3\x05\n\x0bTaskService\x12\x37\n\x04Poll\x12\x15.troth.v1.PollRequest\x1a\x16.troth.v1.PollResponse0\x01\x12M\n\x0c\x43ompleteTask\x12\x1d.troth.v1.CompleteTaskRequest\x1a\x1e.troth.v1.CompleteTaskResponse\x12\x44\n\tHeartbeat\x12\x1a.troth.v1.HeartbeatRequest\x1a\x1b.troth.v1.HeartbeatResponse\x12J\n\x0bReleaseTask\x12\x1c.troth.v1.ReleaseTaskRequest\x1a\x1d.troth.v1.ReleaseTaskResponse\x12\\\n\x11RegisterCallbacks\x12\".troth.v1.RegisterCallbacksRequest\x1a#.troth.v1.RegisterCallbacksResponse\x12J\n\x0bSearchTasks\x12\x1c.troth.v1.SearchTasksRequest\x1a\x1d.troth.v1.SearchTasksResponse\x12\x41\n\x08\x46\x61ilTask\x12\x19.troth.v1.FailTaskRequest\x1a\x1a.troth.v1.FailTaskResponse\x12M\n\x0c\x46\x61ilWorkflow\x12\x1d.troth.v1.FailWorkflowRequest\x1a\x1e.troth.v1.FailWorkflowResponse\x12P\n\rSearchWorkers\x12\x1e.troth.v1.SearchWorkersRequest\x1a\x1f.troth.v1.SearchWorkersResponse\x12<\n\x05\x43\x61lls\x12\x16.troth.v1.CallsRequest\x1a\x17.troth.v1.CallsResponse(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,10 +36,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_HEARTBEATRESPONSE_COUNTERSENTRY']._loaded_options = None
   _globals['_HEARTBEATRESPONSE_COUNTERSENTRY']._serialized_options = b'8\001'
-  _globals['_TASKKIND']._serialized_start=2952
-  _globals['_TASKKIND']._serialized_end=3033
-  _globals['_TASKSTATE']._serialized_start=3035
-  _globals['_TASKSTATE']._serialized_end=3148
+  _globals['_TASKKIND']._serialized_start=2967
+  _globals['_TASKKIND']._serialized_end=3048
+  _globals['_TASKSTATE']._serialized_start=3050
+  _globals['_TASKSTATE']._serialized_end=3163
   _globals['_CALLSREQUEST']._serialized_start=121
   _globals['_CALLSREQUEST']._serialized_end=218
   _globals['_CALLSRESPONSE']._serialized_start=221
@@ -57,37 +57,37 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_COMPLETETASKRESPONSE']._serialized_start=1405
   _globals['_COMPLETETASKRESPONSE']._serialized_end=1526
   _globals['_HEARTBEATREQUEST']._serialized_start=1528
-  _globals['_HEARTBEATREQUEST']._serialized_end=1607
-  _globals['_HEARTBEATRESPONSE']._serialized_start=1610
-  _globals['_HEARTBEATRESPONSE']._serialized_end=1806
-  _globals['_HEARTBEATRESPONSE_COUNTERSENTRY']._serialized_start=1759
-  _globals['_HEARTBEATRESPONSE_COUNTERSENTRY']._serialized_end=1806
-  _globals['_RELEASETASKREQUEST']._serialized_start=1808
-  _globals['_RELEASETASKREQUEST']._serialized_end=1881
-  _globals['_RELEASETASKRESPONSE']._serialized_start=1883
-  _globals['_RELEASETASKRESPONSE']._serialized_end=1934
-  _globals['_REGISTERCALLBACKSREQUEST']._serialized_start=1936
-  _globals['_REGISTERCALLBACKSREQUEST']._serialized_end=2036
-  _globals['_REGISTERCALLBACKSRESPONSE']._serialized_start=2038
-  _globals['_REGISTERCALLBACKSRESPONSE']._serialized_end=2101
-  _globals['_SEARCHTASKSREQUEST']._serialized_start=2103
-  _globals['_SEARCHTASKSREQUEST']._serialized_end=2182
-  _globals['_SEARCHTASKSRESPONSE']._serialized_start=2184
-  _globals['_SEARCHTASKSRESPONSE']._serialized_end=2236
-  _globals['_FAILTASKREQUEST']._serialized_start=2238
-  _globals['_FAILTASKREQUEST']._serialized_end=2342
-  _globals['_FAILTASKRESPONSE']._serialized_start=2344
-  _globals['_FAILTASKRESPONSE']._serialized_end=2392
-  _globals['_FAILWORKFLOWREQUEST']._serialized_start=2394
-  _globals['_FAILWORKFLOWREQUEST']._serialized_end=2443
-  _globals['_FAILWORKFLOWRESPONSE']._serialized_start=2445
-  _globals['_FAILWORKFLOWRESPONSE']._serialized_end=2500
-  _globals['_SEARCHWORKERSREQUEST']._serialized_start=2502
-  _globals['_SEARCHWORKERSREQUEST']._serialized_end=2578
-  _globals['_SEARCHWORKERSRESPONSE']._serialized_start=2580
-  _globals['_SEARCHWORKERSRESPONSE']._serialized_end=2663
-  _globals['_WORKER']._serialized_start=2666
-  _globals['_WORKER']._serialized_end=2950
-  _globals['_TASKSERVICE']._serialized_start=3151
-  _globals['_TASKSERVICE']._serialized_end=3906
+  _globals['_HEARTBEATREQUEST']._serialized_end=1622
+  _globals['_HEARTBEATRESPONSE']._serialized_start=1625
+  _globals['_HEARTBEATRESPONSE']._serialized_end=1821
+  _globals['_HEARTBEATRESPONSE_COUNTERSENTRY']._serialized_start=1774
+  _globals['_HEARTBEATRESPONSE_COUNTERSENTRY']._serialized_end=1821
+  _globals['_RELEASETASKREQUEST']._serialized_start=1823
+  _globals['_RELEASETASKREQUEST']._serialized_end=1896
+  _globals['_RELEASETASKRESPONSE']._serialized_start=1898
+  _globals['_RELEASETASKRESPONSE']._serialized_end=1949
+  _globals['_REGISTERCALLBACKSREQUEST']._serialized_start=1951
+  _globals['_REGISTERCALLBACKSREQUEST']._serialized_end=2051
+  _globals['_REGISTERCALLBACKSRESPONSE']._serialized_start=2053
+  _globals['_REGISTERCALLBACKSRESPONSE']._serialized_end=2116
+  _globals['_SEARCHTASKSREQUEST']._serialized_start=2118
+  _globals['_SEARCHTASKSREQUEST']._serialized_end=2197
+  _globals['_SEARCHTASKSRESPONSE']._serialized_start=2199
+  _globals['_SEARCHTASKSRESPONSE']._serialized_end=2251
+  _globals['_FAILTASKREQUEST']._serialized_start=2253
+  _globals['_FAILTASKREQUEST']._serialized_end=2357
+  _globals['_FAILTASKRESPONSE']._serialized_start=2359
+  _globals['_FAILTASKRESPONSE']._serialized_end=2407
+  _globals['_FAILWORKFLOWREQUEST']._serialized_start=2409
+  _globals['_FAILWORKFLOWREQUEST']._serialized_end=2458
+  _globals['_FAILWORKFLOWRESPONSE']._serialized_start=2460
+  _globals['_FAILWORKFLOWRESPONSE']._serialized_end=2515
+  _globals['_SEARCHWORKERSREQUEST']._serialized_start=2517
+  _globals['_SEARCHWORKERSREQUEST']._serialized_end=2593
+  _globals['_SEARCHWORKERSRESPONSE']._serialized_start=2595
+  _globals['_SEARCHWORKERSRESPONSE']._serialized_end=2678
+  _globals['_WORKER']._serialized_start=2681
+  _globals['_WORKER']._serialized_end=2965
+  _globals['_TASKSERVICE']._serialized_start=3166
+  _globals['_TASKSERVICE']._serialized_end=3921
 # @@protoc_insertion_point(module_scope)

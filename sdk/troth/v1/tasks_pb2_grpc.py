@@ -120,7 +120,7 @@ class TaskServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Heartbeat(self, request, context):
-        """Extends every lease this worker holds, in one call.
+        """Extends every lease this worker holds (in one group, if named), in one call.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -178,10 +178,11 @@ class _Handlers:
         require_inside(root_id, context, "FailWorkflow")
         return root_id, reason
 
-    def _heartbeat_args(self, request: tasks_pb2.HeartbeatRequest) -> tuple[str, int]:
+    def _heartbeat_args(self, request: tasks_pb2.HeartbeatRequest) -> tuple[str, int, str | None]:
         return (
             convert.name(request.worker_id, self._limits, "worker_id"),
             convert.lease_ms(request.lease if request.HasField("lease") else None, self._limits),
+            convert.optional_group(request.group, self._limits) or None,
         )
 
 
@@ -284,8 +285,8 @@ class TaskServiceServicer(_Handlers, tasks_pb2_grpc.TaskServiceServicer):
     async def Heartbeat(
         self, request: tasks_pb2.HeartbeatRequest, context: AioContext
     ) -> tasks_pb2.HeartbeatResponse:
-        worker, lease = self._heartbeat_args(request)
-        held = await self._tasks.heartbeat_async(worker, lease, bound_principal())
+        worker, lease, group = self._heartbeat_args(request)
+        held = await self._tasks.heartbeat_async(worker, lease, bound_principal(), group)
         self._dispatcher.alive(worker)
         return _heartbeat_response(held)
 
