@@ -61,7 +61,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -442,6 +442,21 @@ def _run_shard(address: str, args: argparse.Namespace, seconds: float, run: str)
     return tally
 
 
+@contextlib.contextmanager
+def load_processes(count: int) -> Iterator[ProcessPoolExecutor]:
+    """`count` load processes, started (and their imports done) before it yields, and
+    ended when it exits."""
+    with ProcessPoolExecutor(count, mp_context=multiprocessing.get_context("spawn")) as pool:
+        # Concurrent, so that every process starts; each imports what a shard needs.
+        for ready in [pool.submit(_ready, 0.2) for _ in range(count)]:
+            ready.result()
+        yield pool
+
+
+def _ready(hold_s: float) -> None:
+    time.sleep(hold_s)
+
+
 def run_phase(
     pool: ProcessPoolExecutor,
     address: str,
@@ -475,10 +490,13 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
         process = psutil.Process(cluster.servers[0].proc.pid)
         address = cluster.addresses[0]
         log(f"soak: {args.store} server at {address}; warm-up {args.warmup:g}s")
-        pool = stack.enter_context(
-            ProcessPoolExecutor(args.processes, mp_context=multiprocessing.get_context("spawn"))
-        )
-        run_phase(pool, address, args, args.warmup, "warm")
+        # A pool of load processes per phase, ended with it: a process's exit closes
+        # every connection it had, so the quiet census after a phase waits on the
+        # server alone (gRPC core in a live process may close a closed channel's
+        # connection much later on a loaded machine).
+        with load_processes(args.processes) as warm:
+            run_phase(warm, address, args, args.warmup, "warm")
+        pool = stack.enter_context(load_processes(args.processes))  # started before the clock
         port = int(address.rsplit(":", 1)[1])
         db_path = str(cluster.database.path) if cluster.database.path is not None else None
         start = quiet_resources(process, port, db_path)
@@ -503,6 +521,7 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
         tally = run_phase(pool, address, args, seconds, uuid.uuid4().hex[:6], sample)
         elapsed = time.monotonic() - began
         server_cpu = (sum(process.cpu_times()[:2]) - sum(cpu_began[:2])) / elapsed
+        pool.shutdown()  # before the census: see the warm-up's pool
         end = quiet_resources(process, port, db_path)
         log(f"end (quiet): rss {end.rss / MiB:.1f} MiB, fds {end.fds} {end}")
         refused_total = server_refusals(cluster)
