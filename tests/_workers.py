@@ -17,10 +17,14 @@ import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from _procs import reap, spawn, stop
+
+if TYPE_CHECKING:
+    from troth import Context
 
 EFFECTS_ENV = "TROTH_TEST_EFFECTS"
 """The side-effect file, one line per step run, given to worker processes."""
@@ -31,6 +35,29 @@ def effect(line: str) -> str:
     with open(os.environ[EFFECTS_ENV], "a", encoding="utf-8") as file:
         file.write(line + "\n")
     return line
+
+
+RELEASE_ENV = "TROTH_TEST_RELEASE"
+"""A file whose appearance lets `send_email` return."""
+
+
+def send_email(workflow_id: str) -> str:
+    """A step that records that it started, then runs until the file `$TROTH_TEST_RELEASE`
+    names appears (the test kills or freezes something meanwhile)."""
+    effect(f"{workflow_id} email {os.getpid()}")
+    release = Path(os.environ[RELEASE_ENV])
+    deadline = time.monotonic() + 120
+    while not release.exists():
+        assert time.monotonic() < deadline, "the test never released the step"
+        time.sleep(0.05)
+    return "sent"
+
+
+def mail_flow(ctx: Context) -> Generator[Any, Any, str]:
+    """A workflow whose first step the test holds (`send_email`), then a second one."""
+    sent: str = yield ctx.run(send_email, ctx.id)
+    yield ctx.run(effect, f"{ctx.id} after")
+    return sent
 
 
 class WorkerFleet:

@@ -52,10 +52,7 @@ from troth.v1 import promises_pb2
 
 if TYPE_CHECKING:
     from troth._approvers import Approvers
-    from troth._promise import (
-        CreateResult,
-        SettleResult,
-    )
+    from troth._promise import CreateResult, SettleResult
 
 __all__ = [
     "DEFAULT_ADDRESS",

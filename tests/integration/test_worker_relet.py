@@ -16,49 +16,28 @@ Workers are real subprocesses: this file, run as a script, is the worker
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import sys
-import time
 import uuid
-from collections.abc import Generator, Iterator
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from troth import Client, Context, TaskState, Worker
+from troth import Client, TaskState, Worker
 
 sys.path.insert(0, str(Path(__file__).parent.parent))
 
 from _auth import Grant, write_token_file
 from _support import ServerProcess, start_server
-from _workers import WorkerFleet, effect
+from _workers import RELEASE_ENV, WorkerFleet, mail_flow
 
 GROUP = "relet"
 LEASE = timedelta(seconds=2)
-RELEASE_ENV = "TROTH_TEST_RELEASE"
-"""A file whose appearance lets the step function return."""
 
 
 # -- the worker process (run as a script) ------------------------------------------------
-
-
-def send_email(workflow_id: str) -> str:
-    effect(f"{workflow_id} email {os.getpid()}")
-    release = Path(os.environ[RELEASE_ENV])
-    deadline = time.monotonic() + 120
-    while not release.exists():  # the test freezes the worker meanwhile
-        assert time.monotonic() < deadline, "the test never released the step"
-        time.sleep(0.05)
-    return "sent"
-
-
-def mail_flow(ctx: Context) -> Generator[Any, Any, str]:
-    sent: str = yield ctx.run(send_email, ctx.id)
-    yield ctx.run(effect, f"{ctx.id} after")
-    return sent
 
 
 def main(address: str, worker_id: str) -> None:
