@@ -143,10 +143,9 @@ class Connection:
         key = uuid.uuid4().hex if generated else idempotency_key
         request = kind(id=id, value=payload_to_proto(value), idempotency_key=key, strict=strict)
         stubs = self.transport.promises
-        if create_if_missing or settle_token or fence is not None:
-            # A cancel takes none of them: a wait that does not exist yet needs none,
-            # and a worker's step is settled, not cancelled.
-            assert not isinstance(request, promises_pb2.CancelPromiseRequest)
+        if not isinstance(request, promises_pb2.CancelPromiseRequest):
+            # A cancel takes none of these: a wait that does not exist yet needs no
+            # cancel, and a worker's step is settled, not cancelled.
             request.create_if_missing = create_if_missing
             if settle_token:
                 request.settle_token = settle_token
@@ -154,6 +153,8 @@ class Connection:
                 stubs = self.transport.unary_promises
             if fence is not None:
                 request.fence.CopyFrom(fence)
+        else:
+            assert not (create_if_missing or settle_token or fence is not None), "cancel: none"
         response = self.call(getattr(stubs, kind.__name__.removesuffix("Request")), request)
         promise = promise_from_proto(response.promise)
         # A generated key is unique to this call, so a promise settled with it

@@ -246,12 +246,15 @@ class Batch:
             return self._root_workflows.get(root_id, (None, None))
         return workflow_name(root.tags), root.workflow_version or None
 
-    def claimed_by(self, worker_id: str | None) -> list[Task]:
-        """Loaded CLAIMED tasks of the worker (of anyone, for None)."""
+    def claimed_by(self, worker_id: str | None, group: str | None = None) -> list[Task]:
+        """Loaded CLAIMED tasks of the worker (of anyone, for None), of `group` if given:
+        the batch may hold others its other operations loaded."""
         return [
             t
             for t in self._tasks.values()
-            if t.state is TaskState.CLAIMED and (worker_id is None or t.worker_id == worker_id)
+            if t.state is TaskState.CLAIMED
+            and (worker_id is None or t.worker_id == worker_id)
+            and (group is None or t.group == group)
         ]
 
     def new_task_id(self) -> str:

@@ -100,9 +100,8 @@ class _HeartbeatOp:
     def apply(self, batch: Batch) -> Heartbeat:
         extended = []
         foreign = None
-        for task in batch.claimed_by(self.worker_id):
-            if self.group is not None and task.group != self.group:
-                continue  # another group's worker under the same id heartbeats it
+        # Another group's worker under the same id heartbeats the worker's others.
+        for task in batch.claimed_by(self.worker_id, self.group):
             if not tasks.leased_to(task, self.principal):
                 # Another principal's stream used this worker id: its tasks are not
                 # this caller's to keep alive (nor to refuse this caller's own for).
@@ -322,7 +321,7 @@ class _ReclaimOp:
     def apply(self, batch: Batch) -> list[Task]:
         at = batch.now if self.now is None else self.now
         returned = []
-        for task in batch.claimed_by(self.worker_id):
+        for task in batch.claimed_by(self.worker_id, self.group or None):
             back = (
                 tasks.worker_gone(task, self.worker_id, self.group, self.principal)
                 if self.worker_id is not None

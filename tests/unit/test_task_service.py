@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from troth_server.batch import Batch
+from troth_server.domain import task as domain_task
 from troth_server.domain.errors import PromiseNotFound
 from troth_server.domain.promise import (
     EMPTY,
@@ -326,3 +328,18 @@ def test_a_task_failed_on_a_bug_waits_its_backoff_unless_its_workflow_is_cancell
     env.promises.settle(SettleRequest("wf-bug", PromiseState.REJECTED_CANCELED, EMPTY))
     (hurried,) = env.claim("w1")
     assert hurried.id == task.id and hurried.failed_attempts == 2
+
+
+def test_a_batch_gives_a_group_s_operation_only_the_worker_s_tasks_of_that_group() -> None:
+    """A heartbeat or a broken stream of one group shares its batch with other
+    operations, which may have loaded the same worker's tasks of other groups."""
+    held = [
+        domain_task.claim(
+            domain_task.create(f"t-{group}", f"r-{group}", group, TaskKind.INVOKE), "w1", 0, LEASE
+        )
+        for group in ("a", "b")
+    ]
+    batch = Batch({}, 0, tasks=held)
+    assert [t.id for t in batch.claimed_by("w1", "a")] == ["t-a"]
+    assert sorted(t.id for t in batch.claimed_by("w1")) == ["t-a", "t-b"]
+    assert batch.claimed_by("w2", "a") == []

@@ -148,7 +148,7 @@ class TaskStatements:
     )
 
 
-_TASK_COLUMNS = [c.name for c in tasks.c]
+_TASK_COLUMNS = tuple(c.name for c in tasks.c)
 
 
 class CompiledTaskStatements:
@@ -351,12 +351,9 @@ class TaskTx:
             self._write(stmt.sql, rows)
 
 
-_TASK_NAMES = tuple(c.name for c in tasks.c)
-
-
 def _task_of(row: Sequence[Any]) -> Task:
     """A task from a row of every column, in the table's order."""
-    return to_task(dict(zip(_TASK_NAMES, row, strict=True)))
+    return to_task(dict(zip(_TASK_COLUMNS, row, strict=True)))
 
 
 def _task_row(t: Task, now: int) -> dict[str, Any]:
