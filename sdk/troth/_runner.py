@@ -135,6 +135,9 @@ class Runner:
                 extra={"worker_id": self.worker_id, "workflow_id": held.root_id},
             )
             self._leases.forget(held)
+            # A lease that ran out stalls this worker's streams on the server until a
+            # call of ours succeeds: heartbeat now, even if nothing is held any more.
+            self._leases.wake()
         except Stopping:
             pass  # left for the release sweep
         except RootSettled as exc:

@@ -22,14 +22,9 @@ from grpc_reflection.v1alpha import reflection
 from troth.v1 import promises_pb2, tasks_pb2
 from troth_server import _logging
 from troth_server._tls import TlsError, TlsMode, TlsServerFiles, load_server_tls
-from troth_server.api._admission import (
-    Admission,
-    AdmissionInterceptor,
-    OverloadReport,
-    backlog_options,
-)
-from troth_server.api._auth import AuthInterceptor
+from troth_server.api._admission import Admission, OverloadReport, backlog_options
 from troth_server.api._decode import register
+from troth_server.api._door import Door, DoorInterceptor
 from troth_server.api._metrics import MetricsInterceptor
 from troth_server.api._mux import CallMux
 from troth_server.api.promises import PromiseServiceServicer
@@ -309,9 +304,11 @@ def _authenticator(settings: Settings) -> Authenticator | None:
     return None if sources is None else Authenticator(sources)
 
 
-def _reload_auth(authenticator: Authenticator) -> None:
-    """SIGHUP: re-read the token file and JWT keys; a file that fails keeps its old table."""
+def _reload_auth(authenticator: Authenticator, door: Door) -> None:
+    """SIGHUP: re-read the token file and JWT keys (a file that fails keeps its old
+    table); the door checks every open stream against them at once."""
     errors = authenticator.reload()
+    door.reloaded()
     for error in errors:
         log.error("auth.reload_failed", error=error, kept="the previous table")
     if not errors:
@@ -358,11 +355,10 @@ async def _serve_aio(settings: Settings) -> int:
     admission = Admission.with_limits(
         settings.max_concurrent_rpcs, settings.max_streams, settings.max_queue_delay_ms
     )
-    interceptors: list[grpc.aio.ServerInterceptor] = [
-        # Admission first: a refused flood costs no authentication.
-        AdmissionInterceptor(admission),
-        AuthInterceptor(authenticator),
-    ]
+    # Every call on every road passes the one door: admitted first (a refused flood
+    # costs no authentication), then authenticated, authorized and recorded.
+    door = Door(authenticator, admission)
+    interceptors: list[grpc.aio.ServerInterceptor] = [DoorInterceptor(door)]
     if metrics is not None:
         # Outermost: every call counts with the code its caller saw.
         interceptors.insert(0, MetricsInterceptor(metrics))
@@ -384,7 +380,7 @@ async def _serve_aio(settings: Settings) -> int:
     # Not the generated add_*Servicer_to_server: their deserializers raise on bytes
     # that do not decode, which grpc answers UNKNOWN (api/_decode.py).
     limits = settings.limits
-    promises, tasks = servicers(core, limits, admission)
+    promises, tasks = servicers(core, limits, door)
     register(server, PROMISES, promises, limits)
     register(server, TASKS, tasks, limits)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -403,6 +399,7 @@ async def _serve_aio(settings: Settings) -> int:
             "pick another address with --metrics-listen HOST:PORT"
         ) from exc
     overload.start()
+    door.start()
     await server.start()
     for name in ("", PROMISES_SERVICE, TASKS_SERVICE):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
@@ -414,7 +411,7 @@ async def _serve_aio(settings: Settings) -> int:
         loop.add_signal_handler(signum, _aio_stop, stop, signum)
     loop.add_signal_handler(signal.SIGUSR1, _log_stats, core, overload)
     if authenticator is not None:
-        loop.add_signal_handler(signal.SIGHUP, _reload_auth, authenticator)
+        loop.add_signal_handler(signal.SIGHUP, _reload_auth, authenticator, door)
     _write_port_file(settings, port)
     await stop.wait()
 
@@ -423,6 +420,7 @@ async def _serve_aio(settings: Settings) -> int:
     core.service.stop_watches()
     core.dispatcher.end_streams()
     await server.stop(settings.shutdown_grace_ms / 1000)
+    await door.stop()
     await overload.stop()
     # The writer answers its last batch through this loop: stop it from a thread.
     await asyncio.to_thread(core.stop)
@@ -432,17 +430,17 @@ async def _serve_aio(settings: Settings) -> int:
 
 
 def servicers(
-    core: Core, limits: Limits, admission: Admission
+    core: Core, limits: Limits, door: Door
 ) -> tuple[PromiseServiceServicer, TaskServiceServicer]:
     """Both services' servicers over `core`, the `Calls` stream serving their unary
-    methods (its calls counted against `admission`'s unary limit, and in the metrics
-    as the RPCs they are)."""
+    methods (each call through `door`, as its unary RPC would be, and in the metrics
+    as the RPC it is)."""
     promises = PromiseServiceServicer(core.service, limits)
     tasks = TaskServiceServicer(core.tasks, core.dispatcher, limits)
     tasks.mux = CallMux(
         ((PROMISES, promises), (TASKS, tasks)),
         limits,
-        admission,
+        door,
         on_call=None if core.metrics is None else core.metrics.rpc,
     )
     return promises, tasks

@@ -121,6 +121,10 @@ class Dispatcher:
         self._stalled_workers: set[str] = set()
         self._last_seen: dict[str, int] = {}
         """worker id -> its last task call here (wall ms); dropped with its last stream."""
+        self._owners: dict[str, frozenset[str | None]] = {}
+        """worker id -> the principals of its open streams here (None: authentication
+        off): whose task calls count as the worker's (`alive`). Replaced, never
+        changed in place, so that `alive` reads it without the lock."""
         self._deployments = Deployments()
         self._backlog: set[str] = set()
         """Groups whose PENDING tasks wait for room: a wake-up for them while every
@@ -160,6 +164,9 @@ class Dispatcher:
             self._deployments.register(stream.group, stream.registration)
             self._streams.setdefault(stream.group, []).append(stream)
             self._last_seen.setdefault(stream.worker_id, stream.connected_ms)
+            self._owners[stream.worker_id] = self._owners.get(stream.worker_id, frozenset()) | {
+                stream.principal
+            }
         workflows = sorted(f"{n}@{v}" for n, v in stream.registration.accepted)
         log.info("worker.connected", group=stream.group, worker_id=stream.worker_id,
                  capacity=stream.capacity, workflows=workflows or "any")  # fmt: skip
@@ -222,9 +229,16 @@ class Dispatcher:
             others = any(
                 s.worker_id == stream.worker_id and s.principal == stream.principal for s in group
             )
-            if not any(
-                s.worker_id == stream.worker_id for ss in self._streams.values() for s in ss
-            ):
+            owners = frozenset(
+                s.principal
+                for ss in self._streams.values()
+                for s in ss
+                if s.worker_id == stream.worker_id
+            )
+            if owners:
+                self._owners[stream.worker_id] = owners
+            else:
+                self._owners.pop(stream.worker_id, None)
                 self._last_seen.pop(stream.worker_id, None)
         if others or self._stopping:
             return
@@ -267,21 +281,30 @@ class Dispatcher:
                         self._stalled_workers.add(stream.worker_id)
         self.wake(groups)
 
-    def alive(self, worker_id: str) -> None:
-        """The worker made a call (a heartbeat, a completion...): its stalled streams
-        may take tasks again. Cheap when nothing is stalled: every task call runs it."""
-        if worker_id in self._last_seen:  # one dict write (GIL-atomic), no lock
-            self._last_seen[worker_id] = wall_ms()
+    def alive(self, worker_id: str, principal: str | None) -> None:
+        """A task call of `worker_id` by `principal` succeeded: its streams opened by that
+        principal are seen, and may take tasks again if they were stalled. Another
+        principal naming the same worker id wakes nothing and fakes no last-seen time.
+        Cheap when nothing is stalled: every task call runs it."""
+        if principal not in self._owners.get(worker_id, ()):
+            return  # no stream of this worker id opened by this principal
+        self._last_seen[worker_id] = wall_ms()  # one dict write (GIL-atomic), no lock
         if worker_id not in self._stalled_workers:
             return
         groups = set()
         with self._lock:
-            self._stalled_workers.discard(worker_id)
+            still = False
             for group, streams in self._streams.items():
                 for stream in streams:
-                    if stream.worker_id == worker_id and stream.stalled:
+                    if stream.worker_id != worker_id or not stream.stalled:
+                        continue
+                    if stream.principal == principal:
                         stream.stalled = False
                         groups.add(group)
+                    else:
+                        still = True
+            if not still:
+                self._stalled_workers.discard(worker_id)
         self.wake(groups)
 
     def reconcile(self) -> None:

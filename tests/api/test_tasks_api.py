@@ -291,7 +291,7 @@ def test_a_frozen_worker_loses_its_task_and_gets_nothing_until_it_heartbeats(
     assert frozen.next().task.worker_id == "w-frozen"
 
 
-def test_any_call_from_a_stalled_worker_makes_it_eligible_again(
+def test_a_stalled_worker_is_eligible_again_after_its_next_call_that_succeeds(
     stubs: tuple[promises_pb2_grpc.PromiseServiceStub, tasks_pb2_grpc.TaskServiceStub],
     group: str,
     pollers: list[Poller],
@@ -304,8 +304,8 @@ def test_any_call_from_a_stalled_worker_makes_it_eligible_again(
     other = Poller(tasks, group, "w-other", capacity=1, lease_seconds=30)
     pollers.append(other)
     moved = other.next().task  # the lease ran out (a network blip, say)
-    # The worker, back, finishes its task late: refused, but it is evidently alive,
-    # and it holds nothing, so it would never heartbeat again. It gets new work.
+    # The worker, back, finishes its task late: refused. A refused call proves nothing
+    # (anyone may send one naming its worker id): it stays stalled.
     with pytest.raises(grpc.RpcError) as caught:
         tasks.CompleteTask(
             tasks_pb2.CompleteTaskRequest(task_id=task.id, counter=task.counter, worker_id="w-blip")
@@ -316,6 +316,10 @@ def test_any_call_from_a_stalled_worker_makes_it_eligible_again(
     )
     other.cancel()
     start(promises, f"wf-{uuid.uuid4().hex[:8]}", group)
+    assert frozen.nothing_within(1.0)
+    # Its next call that succeeds (the SDK heartbeats at once after a lost lease,
+    # holding nothing or not) makes it eligible again: it gets the new work.
+    tasks.Heartbeat(tasks_pb2.HeartbeatRequest(worker_id="w-blip"))
     assert frozen.next().task.worker_id == "w-blip"
 
 

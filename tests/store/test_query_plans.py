@@ -55,7 +55,7 @@ from sqlalchemy import Engine, event
 from troth import Client, Context, PromiseRejectedError, PromiseState, Worker
 from troth.v1 import promises_pb2, promises_pb2_grpc, tasks_pb2, tasks_pb2_grpc, types_pb2
 from troth_server.api._admission import Admission
-from troth_server.api._auth import AuthInterceptor
+from troth_server.api._door import Door, DoorInterceptor
 from troth_server.api._metrics import MetricsInterceptor
 from troth_server.app import Core, grpc_options, servicers
 from troth_server.config import settings_from
@@ -184,12 +184,13 @@ def in_process_server(db_url: str, *flags: str) -> Iterator[tuple[str, int]]:
         metrics = Metrics()
         core = Core(settings, metrics=metrics)
         # Authentication off, as `--no-auth` has it: every caller is the local developer.
+        admission = Admission.with_limits(settings.max_concurrent_rpcs, settings.max_streams)
+        door = Door(None, admission)
         server = grpc.aio.server(
             options=grpc_options(settings),
-            interceptors=[MetricsInterceptor(metrics), AuthInterceptor(None)],
+            interceptors=[MetricsInterceptor(metrics), DoorInterceptor(door)],
         )
-        admission = Admission.with_limits(settings.max_concurrent_rpcs, settings.max_streams)
-        promises, tasks = servicers(core, settings.limits, admission)
+        promises, tasks = servicers(core, settings.limits, door)
         promises_pb2_grpc.add_PromiseServiceServicer_to_server(promises, server)
         tasks_pb2_grpc.add_TaskServiceServicer_to_server(tasks, server)
         health_pb2_grpc.add_HealthServicer_to_server(health.aio.HealthServicer(), server)

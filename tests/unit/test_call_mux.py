@@ -14,6 +14,7 @@ import grpc
 from troth._mux import MULTIPLEXED
 from troth.v1 import tasks_pb2
 from troth_server.api._admission import STREAM_FLAG, UNARY_FLAG, Admission, Gate, QueueDelay
+from troth_server.api._door import Door
 from troth_server.api._mux import STREAM_CALLS, CallMux
 from troth_server.app import PROMISES, TASKS
 from troth_server.config import Limits
@@ -42,7 +43,7 @@ def test_calls_cancelled_before_they_ran_give_their_slots_back() -> None:
     started: each call's slot must come back, though its task never ran."""
     admission = Admission.with_limits(8, 8)
     servicer = types.SimpleNamespace(**{name: None for name in STREAM_CALLS})
-    mux = CallMux(((PROMISES, servicer), (TASKS, servicer)), Limits(), admission)
+    mux = CallMux(((PROMISES, servicer), (TASKS, servicer)), Limits(), Door(None, admission))
 
     async def requests() -> Any:
         for n in range(5):
@@ -78,7 +79,7 @@ def test_a_call_on_the_stream_is_refused_while_calls_wait_too_long_to_start() ->
         queue=queue,
     )
     servicer = types.SimpleNamespace(**{name: None for name in STREAM_CALLS})
-    mux = CallMux(((PROMISES, servicer), (TASKS, servicer)), Limits(), admission)
+    mux = CallMux(((PROMISES, servicer), (TASKS, servicer)), Limits(), Door(None, admission))
 
     async def requests() -> Any:
         yield tasks_pb2.CallsRequest(id=7, method="CreatePromise", request=b"")

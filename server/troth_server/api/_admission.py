@@ -43,20 +43,17 @@ from __future__ import annotations
 import asyncio
 import collections
 import math
-import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 import grpc
 import structlog
 
-from troth_server.api._intercept import MethodInterceptor
-from troth_server.api._status import status_for
 from troth_server.domain.errors import InvalidArgument, Overloaded
 from troth_server.units import duration_text
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable
+    from collections.abc import Callable
 
     import grpc.aio
 
@@ -206,7 +203,7 @@ def waited_s(timeout_ms: str | None, time_remaining: float | None) -> float | No
 
 @dataclass(slots=True)
 class Admission:
-    """Both gates and the refusal counters (pure: the interceptor and the report use it)."""
+    """Both gates and the refusal counters (pure: the door and the report use it)."""
 
     unary: Gate
     streams: Gate
@@ -247,6 +244,23 @@ class Admission:
             retry_after_ms=min(QUEUE_RETRY_MAX_MS, max(UNARY_RETRY_MS, round(standing * 1000))),
         )
 
+    def admit(self, method: str, gate: Gate, waited: float | None, now: float) -> Overloaded | None:
+        """The one admission decision, for a unary call, a stream's opening and a call on
+        `Calls` alike (`api/_door.py`): the call's time queued sampled (if it says), then
+        a slot of `gate` taken; or the refusal, counted (while calls wait too long to be
+        started, a new one is refused unless it finishes work)."""
+        if waited is not None:
+            self.queue.sample(waited, now)
+        if method not in FINISHING_WORK:
+            queued = self.queue_refusal(now)
+            if queued is not None:
+                self.refused(method, queued.limit)
+                return queued
+        if not gate.try_enter():
+            self.refused(method, gate.flag)
+            return gate.refusal()
+        return None
+
     def refused(self, method: str, limit: str = "") -> None:
         self.refused_total[method] += 1
         self._since_report[method] += 1
@@ -272,84 +286,6 @@ class Admission:
             self.streams.flag: self.streams.limit,
             QUEUE_FLAG: round(self.queue.limit_s * 1000),
         }
-
-
-class AdmissionInterceptor(MethodInterceptor):
-    """Puts each troth RPC behind its gate; the wrapped handlers are built once per method."""
-
-    def __init__(self, admission: Admission) -> None:
-        self._admission = admission
-        super().__init__()
-        self._statuses: dict[str, grpc.Status] = {}
-
-    def _unary(self, name: str, inner: Callable[..., Any]) -> Callable[..., Any]:
-        gate = self._admission.gate_for(name)
-
-        async def unary(request: Any, context: AioContext) -> Any:
-            await self._check_queue(name, context)
-            if not gate.try_enter():
-                await self._refuse(name, context, gate)
-            try:
-                return await inner(request, context)
-            except Overloaded as exc:  # the write queue is full (`_rpc` lets it through)
-                await self._refuse(name, context, exc)
-            finally:
-                gate.leave()
-
-        return unary
-
-    def _stream(self, name: str, inner: Callable[..., Any]) -> Callable[..., Any]:
-        gate = self._admission.streams
-
-        async def stream(request: Any, context: AioContext) -> AsyncIterator[Any]:
-            await self._check_queue(name, context)
-            if not gate.try_enter():
-                await self._refuse(name, context, gate)
-            # However the stream ends (finished, failed, cancelled by the client), the
-            # slot comes back when gRPC is done with the call, not when the generator
-            # happens to be collected.
-            # (The stubs type the callback as their own `_DoneCallback` class, not a callable.)
-            context.add_done_callback(lambda _context: gate.leave())  # type: ignore[arg-type]
-            try:
-                async for response in inner(request, context):
-                    yield response
-            except Overloaded as exc:
-                await self._refuse(name, context, exc)
-
-        return stream
-
-    async def _check_queue(self, name: str, context: AioContext) -> None:
-        """Measure how long this call waited (if it says), and refuse it while calls wait
-        too long to be started (unless it finishes work)."""
-        now = time.monotonic()
-        timeout_ms = None
-        for key, value in context.invocation_metadata() or ():
-            if key == TIMEOUT_METADATA:
-                timeout_ms = value if isinstance(value, str) else None
-                break
-        try:
-            waited = waited_s(timeout_ms, context.time_remaining())
-        except InvalidArgument as exc:
-            status = status_for(exc)
-            await context.abort(status.code, status.details, status.trailing_metadata)
-        queue = self._admission.queue
-        if waited is not None:
-            queue.sample(waited, now)
-        if name in FINISHING_WORK:
-            return
-        refusal = self._admission.queue_refusal(now)
-        if refusal is not None:
-            await self._refuse(name, context, refusal)
-
-    async def _refuse(self, name: str, context: AioContext, why: Gate | Overloaded) -> None:
-        self._admission.refused(name, why.flag if isinstance(why, Gate) else why.limit)
-        if isinstance(why, Gate):
-            status = self._statuses.get(why.flag)
-            if status is None:  # the same answer every time: built once
-                status = self._statuses[why.flag] = status_for(why.refusal())
-        else:
-            status = status_for(why)
-        await context.abort(status.code, status.details, status.trailing_metadata)
 
 
 class OverloadReport:

@@ -1,53 +1,31 @@
-"""Authentication and the RPC x role gate: one interceptor, and `caller()` for the servicers.
+"""Who the caller is, for the servicers, and the rules that depend on a request's content.
 
-Every call to a `troth.v1` service passes `AuthInterceptor` (after admission):
-
-1. With authentication on, the `authorization: Bearer <token>` metadata is
-   checked by the `troth_server.auth.Authenticator` (a token-file token, or a
-   JWT). Missing, malformed, unknown, wrong or expired credentials are
-   UNAUTHENTICATED, each with its own `ErrorInfo.reason`.
-2. `domain.access.may_call` decides whether that principal may call the RPC at
-   all: PERMISSION_DENIED, reason `ROLE_NOT_ALLOWED`, naming the RPC, the
-   principal and the roles that may. (A `ResolvePromise` / `RejectPromise` that
-   carries a settle token needs no role and no credential: the token is its
-   permission, verified by `troth_server.guard` before the write.)
-3. The principal is set for the call: servicers read it with `caller()`. With
-   authentication on, `troth-principal` metadata is ignored; with it off
-   (`--no-auth`) the caller is `domain.access.LOCAL_DEVELOPER`, named by
-   `troth-principal` when the call sends one (`caller_name`).
-
-Health checks and server reflection are not troth services and stay open:
-load balancers probe health with no credentials, and reflection describes only
-the public schema (the .proto files of this repository), never data, so that
-`grpcurl list` works before one has a token.
-
-Every refusal is logged once (`auth.refused`, by `api/_audit.py`: rpc, reason,
-principal if known, peer address), never with the token; successful calls add no
-log line.
+The door (`api/_door.py`) authenticates and authorizes every call on every road
+and sets its principal: the servicers read it with `caller()` (with
+authentication off, `domain.access.LOCAL_DEVELOPER`, named by `troth-principal`
+metadata when the call sends one: `caller_name`). What a request names is checked
+here, by the servicer methods that unary calls and calls on `Calls` share:
+`require_group` (a worker polls and works only for the task groups its grant
+names; never a principal scoped to prefixes) and `require_inside` (an id named by a
+principal scoped to prefixes). `role_refusal` and `group_refusal` are the refusals
+the door also ends an open stream with. Each refusal is recorded once
+(`auth.refused`, `api/_audit.py`), never with the token.
 """
 
 from __future__ import annotations
 
-import asyncio
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, TypeAlias
-
-import grpc
 
 from troth.errors import Reason
 from troth_server.api import _audit as audit
 from troth_server.api import _convert as convert
-from troth_server.api._intercept import MethodInterceptor
-from troth_server.api._status import status_for
-from troth_server.auth import AuthError, NotAllowed, bearer_token
-from troth_server.domain.access import LOCAL_DEVELOPER, RPC_ROLES, Principal, Role, may_call
+from troth_server.auth import AuthError, NotAllowed
+from troth_server.domain.access import RPC_ROLES, Principal, Role
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable
-
     import grpc.aio
 
-    from troth_server.auth import Authenticator
     from troth_server.config import Limits
 
     AioContext: TypeAlias = grpc.aio.ServicerContext[Any, Any]
@@ -60,10 +38,10 @@ _caller: ContextVar[Principal | None] = ContextVar("troth_caller", default=None)
 
 
 def caller() -> Principal:
-    """The principal of the call being handled (set by `AuthInterceptor`)."""
+    """The principal of the call being handled (set by the door, `api/_door.py`)."""
     principal = _caller.get()
     if principal is None:  # fail closed: a handler outside the interceptor is a server bug
-        raise RuntimeError("no caller: the call did not pass the authentication interceptor")
+        raise RuntimeError("no caller: the call did not pass the door (api/_door.py)")
     return principal
 
 
@@ -84,13 +62,17 @@ def _declared(context: AioContext) -> dict[str, str]:
     return {}
 
 
-def require_group(group: str, context: AioContext, rpc: str = "Poll") -> None:
-    """A worker may poll (and work for) only the task groups its grant names."""
-    principal = caller()
+def set_caller(principal: Principal) -> None:
+    """Who makes the call being handled (the door sets it, for the current task)."""
+    _caller.set(principal)
+
+
+def group_refusal(principal: Principal, group: str, rpc: str = "Poll") -> NotAllowed | None:
+    """Why `principal` may not poll (or work for) task group `group`; None if it may."""
     if principal.prefixes:
         # A task group is what a worker is trusted with: its workflows' ids are
         # chosen by whoever starts them, so no id prefix can scope a worker.
-        scoped = NotAllowed(
+        return NotAllowed(
             Reason.OUTSIDE_PREFIXES,
             f"principal {principal.name!r} is scoped to the id prefixes "
             f"{_prefixes(principal)} and so may not {rpc} any task group: give a "
@@ -99,12 +81,10 @@ def require_group(group: str, context: AioContext, rpc: str = "Poll") -> None:
             principal=principal.name,
             prefixes=_prefixes(principal),
         )
-        _audit(rpc, scoped, principal.name, context)
-        raise scoped
     if principal.may_work_for(group):
-        return
+        return None
     names = ", ".join(sorted(principal.groups)) or "none"
-    error = NotAllowed(
+    return NotAllowed(
         Reason.GROUP_NOT_ALLOWED,
         f"principal {principal.name!r} may not {rpc} task group {group!r}: its grant names "
         f"the groups {names}",
@@ -112,8 +92,15 @@ def require_group(group: str, context: AioContext, rpc: str = "Poll") -> None:
         principal=principal.name,
         group=group,
     )
-    _audit(rpc, error, principal.name, context)
-    raise error
+
+
+def require_group(group: str, context: AioContext, rpc: str = "Poll") -> None:
+    """A worker may poll (and work for) only the task groups its grant names."""
+    principal = caller()
+    error = group_refusal(principal, group, rpc)
+    if error is not None:
+        _audit(rpc, error, principal.name, context)
+        raise error
 
 
 def require_inside(promise_id: str, context: AioContext, rpc: str) -> None:
@@ -144,13 +131,6 @@ def _audit(rpc: str, error: AuthError, principal: str | None, context: AioContex
     audit.auth_refused(rpc, error, principal, context)
 
 
-def _authorization(context: AioContext) -> str | None:
-    for key, value in context.invocation_metadata() or ():
-        if key == "authorization":
-            return value if isinstance(value, str) else ""
-    return None
-
-
 def bears_settle_token(request: Any) -> bool:
     """Whether `request` (a settle) carries a settle token."""
     descriptor = getattr(request, "DESCRIPTOR", None)
@@ -173,59 +153,3 @@ def role_refusal(rpc: str, principal: Principal) -> NotAllowed:
         principal=principal.name,
         allowed_roles=allowed,
     )
-
-
-class AuthInterceptor(MethodInterceptor):
-    """Authenticates and gates each troth RPC; the wrapped handlers are built once per method.
-
-    `authenticator` None means authentication is off: every caller is `LOCAL_DEVELOPER`.
-    """
-
-    def __init__(self, authenticator: Authenticator | None) -> None:
-        self._auth = authenticator
-        super().__init__()
-
-    def _unary(self, name: str, inner: Callable[..., Any]) -> Callable[..., Any]:
-        async def unary(request: Any, context: AioContext) -> Any:
-            _caller.set(await self._authenticate(name, request, context))
-            return await inner(request, context)
-
-        return unary
-
-    def _stream(self, name: str, inner: Callable[..., Any]) -> Callable[..., Any]:
-        async def stream(request: Any, context: AioContext) -> AsyncIterator[Any]:
-            _caller.set(await self._authenticate(name, request, context))
-            async for response in inner(request, context):
-                yield response
-
-        return stream
-
-    async def _authenticate(self, rpc: str, request: Any, context: AioContext) -> Principal:
-        auth = self._auth
-        if auth is None:
-            return LOCAL_DEVELOPER
-        found: list[Principal] = []  # who it was, for the audit line of a role refusal
-        try:
-            return await self._principal(auth, rpc, request, _authorization(context), found)
-        except AuthError as exc:
-            _audit(rpc, exc, found[0].name if found else None, context)
-            status = status_for(exc)
-            await context.abort(status.code, status.details, status.trailing_metadata)
-            raise  # not reached: abort raises
-
-    @staticmethod
-    async def _principal(
-        auth: Authenticator, rpc: str, request: Any, header: str | None, found: list[Principal]
-    ) -> Principal:
-        settle_token = rpc in SETTLE_TOKEN_RPCS and bears_settle_token(request)
-        if settle_token and header is None:
-            return SETTLE_TOKEN_BEARER
-        token = bearer_token(header)
-        principal = auth.cached(token)
-        if principal is None:
-            # One scrypt or signature check, off the event loop; cached after.
-            principal = await asyncio.to_thread(auth.verify, token)
-        found.append(principal)
-        if not settle_token and not may_call(principal, rpc):
-            raise role_refusal(rpc, principal)
-        return principal

@@ -7,11 +7,13 @@ a fraction of that (bench/README.md, "One stream per worker"). Each
 `CallsRequest` is handled as its RPC would be, by the same servicer method
 (with its input checks, canonical log line and error mapping), concurrently
 with the others, and answered by a `CallsResponse` with its id as soon as it
-finishes. The stream was authenticated and admitted once, when it opened;
-each call is authorized here as its own RPC (`may_call`), and takes a slot of
-the same `--max-concurrent-rpcs` limit as a unary call (a call beyond it is
-refused the same way: RESOURCE_EXHAUSTED, OVERLOADED); a long poll
-(`WaitPromise`) takes a slot of `--max-streams` instead, as its RPC does.
+finishes. Each call passes the door (`api/_door.py`) as its unary RPC would:
+admitted (a slot of the same `--max-concurrent-rpcs` limit, or of
+`--max-streams` for a long poll, `WaitPromise`; refused the same way,
+RESOURCE_EXHAUSTED, OVERLOADED), its stream's credential looked up again when
+it may have changed (a reload, a JWT's expiry: a revoked credential stops here
+on its next call), and authorized as its own RPC; a long poll's answer is
+checked again before it is sent.
 
 Calls and answers that are ready together travel in one message (`more`):
 a message costs both sides far more than the call it carries does to encode.
@@ -34,13 +36,13 @@ import structlog
 from google.protobuf import message_factory
 
 from troth.v1 import tasks_pb2
-from troth_server.api import _audit as audit
-from troth_server.api._admission import FINISHING_WORK
-from troth_server.api._auth import SETTLE_TOKEN_RPCS, bears_settle_token, caller, role_refusal
+from troth_server.api._admission import LONG_POLLS
+from troth_server.api._auth import set_caller
 from troth_server.api._batches import batched
 from troth_server.api._decode import Refused, deserializer
+from troth_server.api._door import Held, held_stream
 from troth_server.api._status import status_for
-from troth_server.domain.access import may_call
+from troth_server.auth import AuthError
 from troth_server.domain.errors import InvalidArgument, Overloaded
 
 if TYPE_CHECKING:
@@ -48,7 +50,8 @@ if TYPE_CHECKING:
 
     from google.protobuf.descriptor import ServiceDescriptor
 
-    from troth_server.api._admission import Admission, Gate
+    from troth_server.api._admission import Gate
+    from troth_server.api._door import Door
     from troth_server.config import Limits
 
     AioContext: TypeAlias = grpc.aio.ServicerContext[Any, Any]
@@ -159,10 +162,10 @@ class CallMux:
         self,
         services: Sequence[tuple[ServiceDescriptor, object]],
         limits: Limits,
-        admission: Admission,
+        door: Door,
         on_call: Callable[[str, str, float | None], None] | None = None,
     ) -> None:
-        self._admission = admission
+        self._door = door
         self._on_call = on_call
         """Each call answered: its method, status code name and seconds (the metrics,
         which count it as its RPC, as they count a unary call)."""
@@ -182,6 +185,7 @@ class CallMux:
         running: set[asyncio.Task[None]] = set()
         reading = [True]
         calls = _CallContext(context)
+        held = held_stream()
         batching = BATCH_METADATA in calls.invocation_metadata()
 
         def finished(gate: Gate, task: asyncio.Task[None]) -> None:
@@ -208,21 +212,13 @@ class CallMux:
                     answers.put_nowait(None)
 
         def start(call: tasks_pb2.CallsRequest) -> None:
-            admission = self._admission
-            gate = admission.gate_for(call.method)
-            if call.method not in FINISHING_WORK:
-                # While calls wait too long to be started, a new one is refused as its
-                # unary RPC would be (a worker's completions and heartbeats never are).
-                queued = admission.queue_refusal(time.monotonic())
-                if queued is not None:
-                    admission.refused(call.method, queued.limit)
-                    answers.put_nowait(_refusal(call.id, queued))
-                    return
-            if not gate.try_enter():
-                admission.refused(call.method, gate.flag)
-                answers.put_nowait(_refusal(call.id, gate.refusal()))
+            gate = self._door.admission.gate_for(call.method)
+            try:
+                self._door.admit(call.method, gate)
+            except Overloaded as refused:
+                answers.put_nowait(_refusal(call.id, refused))
                 return
-            task = asyncio.create_task(self._one(call, calls, answers))
+            task = asyncio.create_task(self._one(call, calls, held, answers))
             running.add(task)
             task.add_done_callback(functools.partial(finished, gate))
 
@@ -251,17 +247,18 @@ class CallMux:
         self,
         message: tasks_pb2.CallsRequest,
         context: _CallContext,
+        held: Held | None,
         answers: asyncio.Queue[tasks_pb2.CallsResponse | None],
     ) -> None:
         started = time.perf_counter()
-        answer = await self._answer(message, context)
+        answer = await self._answer(message, context, held)
         answers.put_nowait(answer)
         if self._on_call is not None:
             code = _CODE_NAMES.get(answer.code, grpc.StatusCode.UNKNOWN.name)
             self._on_call(message.method, code, time.perf_counter() - started)
 
     async def _answer(
-        self, message: tasks_pb2.CallsRequest, context: _CallContext
+        self, message: tasks_pb2.CallsRequest, context: _CallContext, held: Held | None
     ) -> tasks_pb2.CallsResponse:
         method = self._methods.get(message.method)
         if method is None:
@@ -274,19 +271,22 @@ class CallMux:
                 ),
             )
         request = method.parse(message.request)
-        principal = caller()
-        # As on its unary RPC, a settle that bears a settle token needs no role: the
-        # token is its permission, verified before the write.
-        token = message.method in SETTLE_TOKEN_RPCS and bears_settle_token(request)
-        if not token and not may_call(principal, message.method):
-            refused = role_refusal(message.method, principal)
-            audit.auth_refused(message.method, refused, principal.name, context.stream)
+        door = self._door
+        try:
+            # This task's own caller: the principal its stream's credential gives now.
+            set_caller(await door.call(held, message.method, request, context.stream))
+        except AuthError as refused:
             return _refusal(message.id, refused)
         try:
             response = await method.handler(request, context)
+            if held is not None and message.method in LONG_POLLS:
+                await door.recheck(held)  # a long poll's answer is a delivery
+        except AuthError as refused:
+            return _refusal(message.id, refused)
         except _Aborted as aborted:
             return _answer(message.id, aborted.code, aborted.details, aborted.trailers)
         except Overloaded as exc:  # the write queue is full (`_rpc` lets it through)
+            door.admission.refused(message.method, exc.limit)
             return _refusal(message.id, exc)
         except Exception as exc:  # a handler's bug: answered, and the stream goes on
             log.exception("rpc.crashed", method=message.method)

@@ -77,6 +77,13 @@ class _Handlers:
             principal=None if who is None else who.name,
         )
 
+    def _alive(self, worker_id: str) -> None:
+        """A task call of `worker_id` succeeded: its own streams (opened by the same
+        principal) are alive. Never before the call succeeded, never for another
+        principal's streams under the same worker id."""
+        who = bound_principal()
+        self._dispatcher.alive(worker_id, None if who is None else who.name)
+
     def _search(self, request: tasks_pb2.SearchTasksRequest) -> tasks_pb2.SearchTasksResponse:
         group = convert.name(request.group, self._limits, "group")
         root_id = (
@@ -263,17 +270,18 @@ class TaskServiceServicer(_Handlers, tasks_pb2_grpc.TaskServiceServicer):
     ) -> tasks_pb2.CompleteTaskResponse:
         task_id, counter, worker, outcome = self._complete_args(request)
         suspend_on = self._suspend_on(request)
-        self._dispatcher.alive(worker)
         who = bound_principal()
         if suspend_on:
             task, settled = await self._tasks.suspend_async(
                 task_id, counter, worker, suspend_on, who
             )
+            self._alive(worker)
             if settled:
                 return _not_suspended(task, settled)
             result: tuple[Any, Any] = (task, None)
         else:
             result = await self._tasks.complete_async(task_id, counter, worker, outcome, who)
+            self._alive(worker)
             root = result[1]
             if outcome is not None and root is not None and root.state is outcome.state:
                 # The workflow's result, settled by its worker: audited like any settle.
@@ -287,7 +295,7 @@ class TaskServiceServicer(_Handlers, tasks_pb2_grpc.TaskServiceServicer):
     ) -> tasks_pb2.HeartbeatResponse:
         worker, lease, group = self._heartbeat_args(request)
         held = await self._tasks.heartbeat_async(worker, lease, bound_principal(), group)
-        self._dispatcher.alive(worker)
+        self._alive(worker)
         return _heartbeat_response(held)
 
     @aio_unary("ReleaseTask")
@@ -295,8 +303,8 @@ class TaskServiceServicer(_Handlers, tasks_pb2_grpc.TaskServiceServicer):
         self, request: tasks_pb2.ReleaseTaskRequest, context: AioContext
     ) -> tasks_pb2.ReleaseTaskResponse:
         task_id, counter, worker = self._held_args(request)
-        self._dispatcher.alive(worker)
         task = await self._tasks.release_async(task_id, counter, worker, bound_principal())
+        self._alive(worker)
         self._dispatcher.done(worker, task_id)
         self._dispatcher.wake([task.group])
         return tasks_pb2.ReleaseTaskResponse(task=convert.task_to_pb(task))
@@ -306,10 +314,10 @@ class TaskServiceServicer(_Handlers, tasks_pb2_grpc.TaskServiceServicer):
         self, request: tasks_pb2.RegisterCallbacksRequest, context: AioContext
     ) -> tasks_pb2.RegisterCallbacksResponse:
         task_id, counter, worker = self._held_args(request)
-        self._dispatcher.alive(worker)
         settled = await self._tasks.register_callbacks_async(
             task_id, counter, worker, self._promise_ids(request), bound_principal()
         )
+        self._alive(worker)
         return tasks_pb2.RegisterCallbacksResponse(settled=_awaited(settled))
 
     @aio_unary("FailTask")
@@ -317,10 +325,10 @@ class TaskServiceServicer(_Handlers, tasks_pb2_grpc.TaskServiceServicer):
         self, request: tasks_pb2.FailTaskRequest, context: AioContext
     ) -> tasks_pb2.FailTaskResponse:
         task_id, counter, worker, error, traceback = self._fail_args(request)
-        self._dispatcher.alive(worker)
         task, _ = await self._tasks.fail_async(
             task_id, counter, worker, error, traceback, bound_principal()
         )
+        self._alive(worker)
         log.warning(
             "task.failed", task_id=task.id, root_promise_id=task.root_promise_id,
             worker_id=worker, attempts=task.failed_attempts, error=error,

@@ -5,6 +5,13 @@ signature check): a token seen and verified before. `Authenticator.verify` does
 the work the first time (one scrypt, or one signature check) and is meant to
 run off the event loop. `reload` re-reads every file (on SIGHUP); a file that
 fails to parse keeps its old table, and the error is returned to be logged.
+
+Every reload raises `generation`: a credential authenticated under an older
+generation must be looked up again before it is trusted (`api/_door.py` does, for
+every call and every open stream, within a second). Tokens verified before a
+reload stay verified when their entry's secret hash did not change (no scrypt
+again), with the principal the new file gives them: a narrowed grant takes effect,
+a removed entry is unknown.
 """
 
 from __future__ import annotations
@@ -74,6 +81,8 @@ class Authenticator:
         self.sources = sources
         self._tokens: TokenTable | None = None
         self._jwt: JwtVerifier | None = None
+        self.generation = 0
+        """Raised by every `reload`: credentials looked up before must be looked up again."""
         errors = self.reload()
         if errors:
             raise AuthConfigError("; ".join(errors))
@@ -83,9 +92,13 @@ class Authenticator:
         Returns the errors (empty when everything loaded). Caches start empty."""
         errors: list[str] = []
         sources = self.sources
+        self.generation += 1
         if sources.tokens_file is not None:
             try:
-                self._tokens = TokenTable.load(sources.tokens_file)
+                tokens = TokenTable.load(sources.tokens_file)
+                if self._tokens is not None:
+                    tokens.keep_verified(self._tokens)
+                self._tokens = tokens
             except AuthConfigError as exc:
                 errors.append(str(exc))
         if sources.uses_jwt:
@@ -112,6 +125,13 @@ class Authenticator:
             key_id, _secret = split_token(token)
             return self._token_table().cached(key_id, token)
         return self._verifier(token).cached(token)
+
+    def expires_at(self, token: str) -> float | None:
+        """When a token verified before stops being accepted (epoch seconds, with the
+        leeway): a JWT's `exp`; None for a token-file token, which lasts until revoked."""
+        if token.startswith(TOKEN_PREFIX) or self._jwt is None:
+            return None
+        return self._jwt.expires_at(token)
 
     def verify(self, token: str) -> Principal:
         """Verify a token (one scrypt or one signature check); blocking."""

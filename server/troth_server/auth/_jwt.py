@@ -174,6 +174,12 @@ class JwtVerifier:
             return hit[0]
         return None
 
+    def expires_at(self, token: str) -> float | None:
+        """The end of a verified token's acceptance (`exp` plus the leeway, epoch
+        seconds); None when it is not in the cache (verify it)."""
+        hit = self._cache.get(hashlib.sha256(token.encode()).digest())
+        return None if hit is None else hit[1] + LEEWAY_S
+
     def verify(self, token: str) -> Principal:
         try:
             header = jwt.get_unverified_header(token)

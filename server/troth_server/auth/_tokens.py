@@ -204,6 +204,15 @@ class TokenTable:
             return hit[1]
         return None
 
+    def keep_verified(self, before: TokenTable) -> None:
+        """After a reload: the tokens `before` verified stay verified here when their
+        entry kept its secret hash (no scrypt again), now with this file's principal
+        (a narrowed grant holds at once); a removed or re-keyed entry's token is not."""
+        for key_id, (digest, _principal) in before._verified.items():
+            entry, old = self._entries.get(key_id), before._entries.get(key_id)
+            if entry is not None and old is not None and entry.secret_hash == old.secret_hash:
+                self._verified[key_id] = (digest, entry.principal)
+
     def verify(self, key_id: str, secret: str, token: str) -> Principal:
         """Check a token against its entry (one scrypt); cache the answer."""
         entry = self._entries.get(key_id)
