@@ -176,7 +176,11 @@ class Core:
         # Back from being away (frozen, or cut off from the store)? Then workers
         # could not heartbeat: no lease is taken for one lease length from then.
         # Asked inside the sweep's transaction, at its time.
-        lost = self.tasks.expire_leases(self.settings.sweep_batch, came_back=self._came_back)
+        lost = self.tasks.expire_leases(
+            self.settings.sweep_batch,
+            came_back=self._came_back,
+            on_expired=self.dispatcher.stall,
+        )
         if self.metrics is not None:
             self.metrics.lost(lost)
         self.dispatcher.lost(lost)

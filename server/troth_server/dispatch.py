@@ -121,6 +121,8 @@ class Dispatcher:
         self._stalled_workers: set[str] = set()
         self._last_seen: dict[str, int] = {}
         """worker id -> its last task call here (wall ms); dropped with its last stream."""
+        self._expired_from: dict[str, list[PollStream]] = {}
+        """task id -> the streams `stall` found holding it, for `lost` to take it off."""
         self._owners: dict[str, frozenset[str | None]] = {}
         """worker id -> the principals of its open streams here (None: authentication
         off): whose task calls count as the worker's (`alive`). Replaced, never
@@ -264,21 +266,28 @@ class Dispatcher:
             if self._wanted:
                 self._lock.notify_all()
 
-    def lost(self, lost_tasks: Iterable[Task]) -> None:
-        """Tasks whose lease expired: off their old streams, and offered to others.
-
-        The stream that held one is stalled: handing the task straight back to a
-        frozen worker whose connection is still open would lose it again.
-        """
-        groups = set()
-        for task in lost_tasks:
-            groups.add(task.group)
-            with self._lock:
+    def stall(self, expired: Iterable[Task]) -> None:
+        """Tasks whose lease ran out (from the writer, before the commit that gives them
+        back): the streams that held them are stalled first, so that the wake-up of that
+        commit cannot hand a task straight back to a frozen worker."""
+        with self._lock:
+            for task in expired:
                 for stream in self._streams.get(task.group, []):
                     if task.id in stream.held:
-                        stream.held.discard(task.id)
                         stream.stalled = True
                         self._stalled_workers.add(stream.worker_id)
+                        self._expired_from.setdefault(task.id, []).append(stream)
+
+    def lost(self, lost_tasks: Iterable[Task]) -> None:
+        """Tasks whose lease expired, after the commit that gave them back: off the
+        streams that held them (stalled by `stall` before that commit), and offered to
+        others. A stream that took one again meanwhile is not stalled and keeps it."""
+        groups = set()
+        with self._lock:
+            for task in lost_tasks:
+                groups.add(task.group)
+                for stream in self._expired_from.pop(task.id, ()):
+                    stream.held.discard(task.id)
         self.wake(groups)
 
     def alive(self, worker_id: str, principal: str | None) -> None:

@@ -310,6 +310,9 @@ class _ReclaimOp:
     """For a broken stream: its authenticated principal (only its tasks go back)."""
     group: str = ""
     """For a broken stream: its group (only that group's tasks go back)."""
+    on_expired: Callable[[list[Task]], None] | None = None
+    """Told of the tasks whose lease ran out, on the writer, before the commit that makes
+    them PENDING wakes anyone: their streams are stalled before they could take them back."""
 
     def keys(self, tx: WriteTx, now: int) -> Keys:
         if self.worker_id is not None:
@@ -330,6 +333,8 @@ class _ReclaimOp:
             if back is not task:
                 batch.put_task(back)
                 returned.append(back)
+        if returned and self.worker_id is None and self.on_expired is not None:
+            self.on_expired(returned)
         return returned
 
 
@@ -533,11 +538,15 @@ class TaskService:
         now: int | None = None,
         *,
         came_back: Callable[[int], int] | None = None,
+        on_expired: Callable[[list[Task]], None] | None = None,
     ) -> list[Task]:
         """Give back up to `limit` tasks whose lease ran out at `now` (default: the
         store's clock, read inside the transaction), but none within one lease length
-        of `came_back(now)`: when this server last came back from being away."""
-        return self._committer.submit(_ReclaimOp(None, now, limit, came_back))
+        of `came_back(now)`: when this server last came back from being away.
+        `on_expired` hears of them on the writer, before the commit wakes anyone."""
+        return self._committer.submit(
+            _ReclaimOp(None, now, limit, came_back, on_expired=on_expired)
+        )
 
     def forget_completed(self, limit: int, kept_ms: int = tasks.COMPLETED_KEPT_MS) -> int:
         """Delete up to `limit` tasks completed more than `kept_ms` ago (by the store's
