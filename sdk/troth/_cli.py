@@ -185,7 +185,7 @@ def _global_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
         (
             "--token-file",
             "TROTH_TOKEN_FILE",
-            "send the bearer token in FILE (else env TROTH_TOKEN)",
+            "send the bearer token in FILE, read again when it changes (else env TROTH_TOKEN)",
         ),
     ):
         parser.add_argument(
