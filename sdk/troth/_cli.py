@@ -185,7 +185,7 @@ def _global_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
         (
             "--token-file",
             "TROTH_TOKEN_FILE",
-            "send the bearer token in FILE (else env TROTH_TOKEN)",
+            "send the bearer token in FILE, read again when it changes (else env TROTH_TOKEN)",
         ),
     ):
         parser.add_argument(
@@ -415,7 +415,7 @@ def main(argv: list[str] | None = None) -> int:
             timeout=args.timeout.total_seconds(),
             principal=args.principal,
             tls=_tls_option(args),
-            token=_read_token_file(args.token_file),
+            token_file=_token_file(args.token_file),
             multiplex_calls=False,  # a call or two, then exit: no stream to open
         ) as client:
             if threading.current_thread() is not threading.main_thread():
@@ -452,9 +452,11 @@ def _tls_option(args: argparse.Namespace) -> TlsConfig | None:
     return None
 
 
-def _read_token_file(path: str | None) -> str | None:
-    """The token in `path` (surrounding whitespace, e.g. a final newline, stripped);
-    None without a file, so that Client reads TROTH_TOKEN."""
+def _token_file(path: str | None) -> str | None:
+    """`--token-file` checked, for Client(token_file=...) to read and re-read (a
+    long-lived `troth worker` renews its token when the file changes); None without
+    a file, so that Client reads TROTH_TOKEN. A file that cannot be used is named by
+    its flag here."""
     if path is None:
         return None
     try:
@@ -464,7 +466,7 @@ def _read_token_file(path: str | None) -> str | None:
         raise ConfigurationError(f"--token-file {path}: cannot be read ({why})") from None
     if not token:
         raise ConfigurationError(f"--token-file {path}: is empty; put the bearer token in it")
-    return token
+    return path
 
 
 def _server_command(command: str, argv: list[str]) -> int:

@@ -4,8 +4,11 @@
   roots), and for mTLS the client's own certificate and key; read from
   `Client(tls=...)` or from `TROTH_TLS`, `TROTH_TLS_CA`, `TROTH_TLS_CERT`,
   `TROTH_TLS_KEY`.
-- the bearer token (`Client(token=...)` or `TROTH_TOKEN`), sent as
-  `authorization: Bearer <token>` metadata on every call. The token is a
+- the bearer token, sent as `authorization: Bearer <token>` metadata on every
+  call: `TokenSource`, fixed (`Client(token="...")`, `TROTH_TOKEN`), from a
+  callable (`Client(token=fn)`), or from a file it re-reads when it changes
+  (`Client(token_file=...)`, `TROTH_TOKEN_FILE`), so that a long-lived process
+  renews its token (a JWT before its `exp`) without restarting. The token is a
   secret: it never appears in a repr, a log line or an error message (a
   `_Secret` keeps it out of reprs of the metadata that carries it).
 - the one rule joining them: a token is never sent in plaintext to an address
@@ -18,8 +21,12 @@ Plaintext to a loopback address stays the default for a local developer server.
 from __future__ import annotations
 
 import ipaddress
+import logging
+import math
 import os
-from collections.abc import Mapping, Sequence
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,14 +37,20 @@ from troth.errors import ConfigurationError
 
 __all__ = [
     "AUTHORIZATION_METADATA_KEY",
+    "TOKEN_CHECK_S",
     "TlsConfig",
+    "TokenSource",
+    "TokenSupplier",
     "bearer_metadata",
     "check_tls_target",
     "check_token_channel",
     "is_loopback",
     "resolve_tls",
     "resolve_token",
+    "token_source",
 ]
+
+_log = logging.getLogger("troth.client")
 
 AUTHORIZATION_METADATA_KEY = "authorization"
 """gRPC metadata key carrying `Bearer <token>`."""
@@ -48,6 +61,15 @@ _ENV_CERT = "TROTH_TLS_CERT"
 _ENV_KEY = "TROTH_TLS_KEY"
 _ENV_SERVER_NAME = "TROTH_TLS_SERVER_NAME"
 _ENV_TOKEN = "TROTH_TOKEN"
+_ENV_TOKEN_FILE = "TROTH_TOKEN_FILE"
+
+TokenSupplier = Callable[[], str]
+"""A callable that returns the bearer token to send now (`Client(token=fn)`)."""
+
+TOKEN_CHECK_S = 1.0
+"""How often, at most, a token supplier is asked again (or a token file looked at):
+the token a call sends is at most this old, unless the server refuses it, when the
+supplier is asked at once."""
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off", "")
@@ -186,7 +208,7 @@ def resolve_tls(
 
 
 def resolve_token(token: str | None, environ: Mapping[str, str] = os.environ) -> str | None:
-    """The bearer token to send: `token`, else `TROTH_TOKEN`, else None; checked.
+    """The fixed bearer token to send: `token`, else `TROTH_TOKEN`, else None; checked.
 
     Raises:
         ConfigurationError: The token is empty or not one printable word (its
@@ -199,10 +221,16 @@ def resolve_token(token: str | None, environ: Mapping[str, str] = os.environ) ->
         source = _ENV_TOKEN
         if given is None:
             return None
+    return _checked(source, given)
+
+
+def _checked(source: str, given: object) -> str:
+    """`given` if it is a usable bearer token; else a `ConfigurationError` naming
+    `source` (where it came from), never the value."""
     if not isinstance(given, str):
         raise ConfigurationError(
             f"{source} must be a string (got {type(given).__name__}); pass the bearer token "
-            "itself, without 'Bearer '"
+            "itself, without 'Bearer ', or a callable returning it"
         )
     if not given:
         raise ConfigurationError(f"{source} is empty; pass the bearer token, or None to send none")
@@ -214,9 +242,180 @@ def resolve_token(token: str | None, environ: Mapping[str, str] = os.environ) ->
         raise ConfigurationError(
             f"{source} holds spaces, line breaks or non-ASCII characters (its value is "
             "not shown); a bearer token is one printable ASCII word: check how it was "
-            "read (a token file's trailing newline is stripped for you by --token-file)"
+            "read (a token file's surrounding whitespace is stripped for you)"
         )
     return given
+
+
+def token_source(
+    token: str | TokenSupplier | None,
+    token_file: str | os.PathLike[str] | None = None,
+    environ: Mapping[str, str] = os.environ,
+    *,
+    clock: Callable[[], float] = time.monotonic,
+) -> TokenSource | None:
+    """What `Client(token=..., token_file=...)` means: where the bearer token comes
+    from, or None to send none.
+
+    - `token` a string: that token, always;
+    - `token` a callable: whatever it returns (`TokenSource` says when it is asked);
+    - `token_file`: the file's content, re-read when it changes;
+    - neither: the file `TROTH_TOKEN_FILE` names, else `TROTH_TOKEN`, else none.
+
+    The first token is read (and checked) here.
+
+    Raises:
+        ConfigurationError: Both arguments given; the token unusable; the file
+            missing, unreadable or empty; the callable raised.
+    """
+    if token is not None and token_file is not None:
+        raise ConfigurationError(
+            "token and token_file are both given: pass the token, a callable returning it, "
+            "or the file holding it, one of them"
+        )
+    if callable(token):
+        return TokenSource(_Supplier(token), "the token supplier (token=)", clock=clock)
+    if token is None and token_file is None:
+        token_file = environ.get(_ENV_TOKEN_FILE) or None
+        label = _ENV_TOKEN_FILE
+    else:
+        label = "token_file"
+    if token_file is not None:
+        path = os.fspath(token_file)
+        return TokenSource(_TokenFile(path), f"{label} {path!r}", clock=clock)
+    fixed = resolve_token(token, environ)
+    return None if fixed is None else TokenSource.fixed(fixed)
+
+
+class _Unusable(Exception):
+    """A token source could not give a token now: why (never the token itself)."""
+
+
+class _Supplier:
+    """A user's callable, asked for the token."""
+
+    def __init__(self, supplier: TokenSupplier) -> None:
+        self._supplier = supplier
+
+    def __call__(self, *, force: bool) -> str:
+        try:
+            return self._supplier()
+        except Exception as exc:
+            # The exception is the caller's own; its message is theirs (the SDK never
+            # gave the callable a token to put in it).
+            raise _Unusable(f"raised {type(exc).__name__}: {exc}") from exc
+
+
+class _TokenFile:
+    """A file holding the token (surrounding whitespace stripped), read again when
+    its size, modification time or inode change (a Kubernetes secret volume swaps a
+    symlink), or when `force`d."""
+
+    def __init__(self, path: str) -> None:
+        self._path = path
+        self._seen: tuple[int, int, int] | None = None
+        self._token = ""
+
+    def __call__(self, *, force: bool) -> str:
+        try:
+            stat = os.stat(self._path)
+            seen = (stat.st_mtime_ns, stat.st_size, stat.st_ino)
+            if seen == self._seen and not force:
+                return self._token
+            token = Path(self._path).read_text(encoding="utf-8").strip()
+        except FileNotFoundError:
+            raise _Unusable("no such file") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            raise _Unusable(f"cannot be read ({why}); check its permissions") from None
+        if not token:
+            raise _Unusable("is empty; put the bearer token in it")
+        self._seen, self._token = seen, token
+        return token
+
+
+class TokenSource:
+    """Where the bearer token comes from, and the `authorization` metadata to send now.
+
+    A fixed token never changes. A callable is asked, and a file looked at, at most
+    once per `TOKEN_CHECK_S` (by the first call after that, on its own thread; the
+    calls meanwhile take the token it last gave), and at once by `refresh()`, which
+    the SDK calls when the server refuses a token. The first token is read in the
+    constructor: a source that cannot give one is a `ConfigurationError` there.
+    Later, one that cannot (the file gone or empty, the callable raising or
+    returning something unusable) keeps the last good token and logs a warning
+    (once, until it gives a token again); a new token is logged at INFO. Neither
+    log line, nor any message, shows a token.
+
+    Thread-safe. `current()` costs a clock read and an attribute lookup while the
+    token has not changed, and returns the same metadata pair object until it does.
+    """
+
+    def __init__(
+        self,
+        read: Callable[..., str],
+        label: str,
+        *,
+        check_every: float = TOKEN_CHECK_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._read = read
+        self.label = label
+        """Where the token comes from, for messages (never the token)."""
+        self._every, self._clock = check_every, clock
+        self._lock = threading.Lock()
+        self._problem: str | None = None
+        try:
+            token = _checked(label, read(force=True))
+        except _Unusable as exc:
+            raise ConfigurationError(f"{label}: {exc}") from exc.__cause__
+        self._token = token
+        self.pair: tuple[str, str] = bearer_metadata(token)
+        """The `authorization` metadata pair of the current token."""
+        self._next = clock() + check_every
+
+    @classmethod
+    def fixed(cls, token: str) -> TokenSource:
+        """A token that never changes (already checked)."""
+        return cls(lambda *, force: token, "token", check_every=math.inf)
+
+    def current(self) -> tuple[str, str]:
+        """The metadata pair to send now (asking the source again if it is time)."""
+        if self._clock() < self._next:
+            return self.pair
+        return self._check(force=False)
+
+    def refresh(self) -> tuple[str, str]:
+        """Ask the source now (the server refused the token sent); the pair to send."""
+        return self._check(force=True)
+
+    def _check(self, *, force: bool) -> tuple[str, str]:
+        # A routine check by one thread at a time; the others send the token they have.
+        if not self._lock.acquire(blocking=force):
+            return self.pair
+        try:
+            self._next = self._clock() + self._every
+            try:
+                token = _checked(self.label, self._read(force=force))
+            except (_Unusable, ConfigurationError) as exc:
+                why = str(exc).removeprefix(f"{self.label}: ").removeprefix(self.label + " ")
+                if why != self._problem:
+                    self._problem = why
+                    _log.warning("%s: %s; still sending the last token it gave", self.label, why)
+                return self.pair
+            if self._problem is not None:
+                self._problem = None
+                _log.info("%s gives a usable token again", self.label)
+            if token != self._token:
+                self._token = token
+                self.pair = bearer_metadata(token)
+                _log.info("%s gave a new token; the next calls send it", self.label)
+            return self.pair
+        finally:
+            self._lock.release()
+
+    def __repr__(self) -> str:
+        return f"TokenSource({self.label})"
 
 
 class _Secret(str):
@@ -295,9 +494,12 @@ def check_tls_target(addresses: Sequence[str], tls: TlsConfig | None) -> None:
 
 
 def check_token_channel(
-    addresses: Sequence[str], *, tls: TlsConfig | None, token: str | None, allowed: bool
+    addresses: Sequence[str], *, tls: TlsConfig | None, token: object | None, allowed: bool
 ) -> None:
     """Refuse to send a bearer token in plaintext to an address off this machine.
+
+    Decided once, for every token a source will ever give (`token` is the token or
+    its `TokenSource`): the channel is what carries them all.
 
     Raises:
         ConfigurationError: A token, no TLS, an address that is not loopback, and

@@ -1,6 +1,11 @@
 """The watch streams, reconnecting by themselves: `watch_promise` (`Client.watch`, one
 promise until it settles) and `PromiseEventStream` (the events of `Client.watch_promises`);
-and `wait_promise` (`Client.wait`), the same wait as long polls on the `Calls` stream."""
+and `wait_promise` (`Client.wait`), the same wait as long polls on the `Calls` stream.
+
+Each stream opens with the token source's current token. One the server ends because
+it refuses the credential (`UNAUTHENTICATED`, `PERMISSION_DENIED`: revoked, expired,
+a narrowed grant) reopens at once if the source now gives another token
+(`Transport.renewed`); with the same token, the refusal is raised, as any other."""
 
 from __future__ import annotations
 
@@ -19,7 +24,7 @@ from troth.v1 import promises_pb2
 
 if TYPE_CHECKING:
     from troth._promise import Promise, PromiseEvent
-    from troth._transport import PromiseServiceStub, Transport
+    from troth._transport import Metadata, PromiseServiceStub, Transport
 
     _EventCall = grpc._CallIterator[promises_pb2.WatchPromisesResponse]
 
@@ -59,7 +64,9 @@ class PromiseEventStream:
         self._closed = threading.Event()
         self._lock = threading.Lock()
         self._stream: _EventCall | None = None
-        self._stream = self._open(reconnecting=False)
+        self._sent: Metadata = ()
+        """The metadata the current stream opened with."""
+        self._stream, self._sent = self._open(reconnecting=False)
 
     def __iter__(self) -> Self:
         return self
@@ -86,7 +93,7 @@ class PromiseEventStream:
     def __next__(self) -> PromiseEvent:
         while True:
             with self._lock:
-                stream = self._stream
+                stream, sent = self._stream, self._sent
             if self._closed.is_set() or stream is None:
                 raise StopIteration
             try:
@@ -98,10 +105,17 @@ class PromiseEventStream:
                     raise StopIteration from None
                 call = as_call(exc)
                 code = call.code() if call is not None else None
-                if code not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED):
+                if code not in (
+                    grpc.StatusCode.UNAVAILABLE,
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                ) and not self._transport.renewed(exc, sent, stream=True):
                     with map_rpc_errors(self._transport.address, tls=self._transport.tls):
                         raise
-                why = f"{code.name}: {call.details() if call is not None else exc}"
+                why = (
+                    f"{code.name}: {call.details()}"
+                    if call is not None and code is not None
+                    else repr(exc)
+                )
             else:
                 event = event_from_proto(response)
                 if event is not None:
@@ -119,36 +133,37 @@ class PromiseEventStream:
             why,
             extra={"address": self._transport.address},
         )
-        stream = self._open(reconnecting=True)
+        stream, sent = self._open(reconnecting=True)
         with self._lock:
             if self._closed.is_set():
                 stream.cancel()
                 return
-            self._stream = stream
+            self._stream, self._sent = stream, sent
         if self._on_reconnect is not None:
             self._on_reconnect()
 
-    def _open(self, *, reconnecting: bool) -> _EventCall:
-        """A stream the server confirmed is in place; retried per the transport's policy
-        (briefly on the first connect, through an outage of up to its reconnect
-        window after)."""
+    def _open(self, *, reconnecting: bool) -> tuple[_EventCall, Metadata]:
+        """A stream the server confirmed is in place, and the metadata it opened with;
+        retried per the transport's policy (briefly on the first connect, through an
+        outage of up to its reconnect window after), and at once, once, when the server
+        refused the token and the source gives another."""
         transport = self._transport
         started = transport.now()
         failures = 0
+        renewed = False
         with map_rpc_errors(transport.address, tls=transport.tls):
             while True:
-                stream = transport.promises.WatchPromises(
-                    self._request, metadata=transport.metadata
-                )
+                sent = transport.metadata
+                stream = transport.promises.WatchPromises(self._request, metadata=sent)
                 try:
                     if WATCH_READY_METADATA in tuple(stream.initial_metadata() or ()):
-                        return stream
+                        return stream, sent
                     next(stream)  # not in place: raises the call's error
                     raise grpc.RpcError("the server ended the watch before it was in place")
                 except (grpc.RpcError, StopIteration) as exc:
                     stream.cancel()
                     if self._closed.is_set():
-                        return stream
+                        return stream, sent
                     if isinstance(exc, StopIteration):
                         raise UnavailableError(
                             grpc.StatusCode.UNAVAILABLE,
@@ -156,6 +171,9 @@ class PromiseEventStream:
                             f"the server at {transport.address} ended the watch of promises "
                             "before it was in place; check the server's logs",
                         ) from None
+                    if not renewed and transport.renewed(exc, sent, stream=True):
+                        renewed = True
+                        continue
                     failures += 1
                     delay = transport.reconnect_delay(
                         exc, failures, None, outage_start=started if reconnecting else None
@@ -228,16 +246,19 @@ def wait_promise(
             wait = WAIT_CALL_S if remaining is None else min(remaining, WAIT_CALL_S)
             request = promises_pb2.WaitPromiseRequest(id=id)
             request.wait.FromMilliseconds(round(wait * 1000))
+            sent = transport.metadata
             try:
                 response = stub.WaitPromise(
                     request,
                     timeout=wait + WAIT_GRACE_S,
-                    metadata=transport.metadata_for(wait + WAIT_GRACE_S),
+                    metadata=transport.metadata_for(wait + WAIT_GRACE_S, sent),
                 )
             except grpc.RpcError as exc:
                 call = as_call(exc)
                 if call is not None and lacks_method(call):
                     break  # an older server: watch instead
+                if transport.renewed(exc, sent):
+                    continue  # refused with an old token: at once, with the new one
                 breaks.failed(exc, established=answered, what="wait")
                 continue
             breaks.answered()
@@ -275,8 +296,9 @@ def watch_promise(
     with map_rpc_errors(transport.address, tls=transport.tls):
         while True:
             remaining = transport.remaining(deadline)
+            sent = transport.metadata
             stream = stub.WatchPromise(
-                request, timeout=remaining, metadata=transport.metadata_for(remaining)
+                request, timeout=remaining, metadata=transport.metadata_for(remaining, sent)
             )
             try:
                 for response in stream:
@@ -289,7 +311,8 @@ def watch_promise(
                     if promise.is_settled:
                         return
             except grpc.RpcError as exc:
-                breaks.failed(exc, established=last is not None, what="watch")
+                if not transport.renewed(exc, sent, stream=True):
+                    breaks.failed(exc, established=last is not None, what="watch")
                 continue
             finally:
                 stream.cancel()

@@ -12,6 +12,14 @@ stream opens at the first call and again at the first call after it broke; a bre
 calls waiting on it with UNAVAILABLE (they may or may not have been made: the
 same as a unary call cut off), which the retry policy retries.
 
+The stream is authenticated by the metadata it opened with. When the token source
+gives a new token (`troth._credentials.TokenSource`), the next call opens a new
+stream with it, and the old one is ended once the calls on it are answered (it
+takes no more): every call goes with the current token, on a stream opened with
+it. A stream the server ends because it refuses the credential fails its calls
+with that answer, which `Transport.call` makes again, once, with a new token if
+the source now gives one (`Transport.renewed`).
+
 Calls ready together go in one message (`CallsRequest.more`, up to
 `BATCH_CALLS` of them and `UNARY_ABOVE_BYTES` in all) once the server has said
 in its initial metadata that it reads batches; the worker says so in its
@@ -35,6 +43,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 
     from google.protobuf.message import Message
+
+    Metadata = tuple[tuple[str, str], ...]
 
 __all__ = ["MULTIPLEXED", "CallError", "CallStream", "MultiplexedStub", "take_batch"]
 
@@ -168,7 +178,9 @@ class _Waiter:
 class _Open:
     """One open stream: its outgoing queue, the calls waiting on it, its reader thread."""
 
-    def __init__(self, method: Any, metadata: Any) -> None:
+    def __init__(self, method: Any, metadata: Metadata) -> None:
+        self.sent = metadata
+        """The metadata it opened with (its credential)."""
         self.outgoing: queue.SimpleQueue[object] = queue.SimpleQueue()
         self.waiting: dict[int, _Waiter] = {}
         self.lock = threading.Lock()
@@ -208,6 +220,15 @@ class _Open:
     def drop(self, call_id: int) -> None:
         with self.lock:
             self.waiting.pop(call_id, None)
+
+    def retire(self) -> None:
+        """Take no more calls: end the stream once those sent are answered (the server
+        answers every call it read before it ends the stream)."""
+        self.outgoing.put(END)
+
+    def done(self) -> bool:
+        """Its reader has seen the end (or it never opened)."""
+        return self._reader is None or not self._reader.is_alive()
 
     def close(self) -> None:
         """End the stream, and wait (a little) until gRPC is done with it: a channel
@@ -273,16 +294,19 @@ class CallStream:
     Thread-safe: any number of threads call at once; answers are matched by id.
     """
 
-    def __init__(self, channel: grpc.Channel, metadata: tuple[tuple[str, str], ...]) -> None:
+    def __init__(self, channel: grpc.Channel, metadata: Callable[[], Metadata]) -> None:
         self._method = channel.stream_stream(
             CALLS_METHOD,
             request_serializer=tasks_pb2.CallsRequest.SerializeToString,
             response_deserializer=tasks_pb2.CallsResponse.FromString,
         )
         self._metadata = metadata
+        """The metadata to open a stream with now (the current token's)."""
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self._open: _Open | None = None
+        self._retired: list[_Open] = []
+        """Streams opened with an older token, ending once their calls are answered."""
         self._closed = False
         self.unsupported = False
         """The server refused `Calls` (an older troth): calls go as unary RPCs."""
@@ -318,17 +342,25 @@ class CallStream:
         """Make call `name` with the serialized `request` on the stream; its answer, or
         a `CallError` as the unary call would have raised it."""
         call_id = next(self._ids)
+        message = tasks_pb2.CallsRequest(id=call_id, method=name, request=request)
+        self._metadata()  # (asks the token source, if it is time, outside the lock)
         with self._lock:
             if self._closed:
                 raise CallError(grpc.StatusCode.CANCELLED, "the worker's Calls stream is closed")
+            metadata = self._metadata()
             stream = self._open
+            if stream is not None and stream.sent != metadata:  # a new token
+                stream.retire()
+                self._retired = [old for old in self._retired if not old.done()] + [stream]
+                stream = None
             waiter = None if stream is None else stream.add(call_id)
             if stream is None or waiter is None:  # not open yet, or broken: open it (again)
-                stream = self._open = _Open(self._method, self._metadata)
+                stream = self._open = _Open(self._method, metadata)
                 waiter = _Waiter()
                 stream.waiting[call_id] = waiter
                 stream.start()
-        stream.outgoing.put(tasks_pb2.CallsRequest(id=call_id, method=name, request=request))
+            # Queued under the lock: never behind the end of a stream retired meanwhile.
+            stream.outgoing.put(message)
         if not waiter.wait(timeout):
             stream.drop(call_id)
             raise CallError(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
@@ -346,8 +378,10 @@ class CallStream:
         with self._lock:
             self._closed = True
             stream, self._open = self._open, None
-        if stream is not None:
-            stream.close()
+            retired, self._retired = self._retired, []
+        for old in (*retired, stream):
+            if old is not None:
+                old.close()
 
 
 class MultiplexedStub:

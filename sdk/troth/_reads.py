@@ -212,7 +212,10 @@ class PromiseReads:
         server ended the watch), it reconnects with backoff, as `watch` does,
         and resumes from *now*: events in between are not replayed. So
         `on_reconnect` is called each time, after the watch is in place again;
-        re-list there (with `search_all`) to catch up.
+        re-list there (with `search_all`) to catch up. A watch the server ends
+        refusing the client's token (revoked, expired, a narrowed grant)
+        reconnects so, at once, when the client's token callable or file now
+        gives another token; with the same token the refusal is raised.
 
         Args:
             id: Glob over ids; `*` matches any run of characters.
@@ -222,6 +225,8 @@ class PromiseReads:
         Raises:
             InvalidArgumentError: Bad glob or tags.
             UnavailableError: The server could not be reached.
+            UnauthenticatedError: The server refused the token, and the client
+                has no other (`PermissionDeniedError`: its roles do not allow it).
 
         Example:
             >>> inbox = {"troth:kind": "promise"}

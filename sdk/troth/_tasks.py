@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 
     from troth._calls import Connection
     from troth._promise import Promise
+    from troth._transport import Metadata
     from troth.codec import Payload
 
 __all__ = ["POLL_BATCH_METADATA", "PollCall", "TaskCalls"]
@@ -45,11 +46,13 @@ class TaskCalls:
         self.group = group
         self._stub = connection.transport.tasks
 
-    def poll(self, request: tasks_pb2.PollRequest) -> PollCall:
-        """Open the task stream (no deadline: it stays open as long as the worker runs)."""
-        metadata = (*self.connection.transport.metadata, POLL_BATCH_METADATA)
-        call: PollCall = self._stub.Poll(request, metadata=metadata)
-        return call
+    def poll(self, request: tasks_pb2.PollRequest) -> tuple[PollCall, Metadata]:
+        """Open the task stream (no deadline: it stays open as long as the worker runs),
+        with the current token; returns it and the metadata it opened with (for
+        `Transport.renewed`, when the server ends it refusing the token)."""
+        sent = self.connection.transport.metadata
+        call: PollCall = self._stub.Poll(request, metadata=(*sent, POLL_BATCH_METADATA))
+        return call, sent
 
     def heartbeat(self, lease: timedelta, timeout: float) -> tasks_pb2.HeartbeatResponse:
         """Extend every lease this worker holds in its group; the answer lists the tasks

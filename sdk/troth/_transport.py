@@ -9,10 +9,14 @@ This module owns everything that knows about gRPC on the SDK side:
   has one channel to all of them, which fails over by itself (`troth._addresses`);
 - the principal sent as `troth-principal` metadata, and the bearer token as
   `authorization: Bearer ...`, on every call, unary and streaming alike (the
-  one `metadata` tuple every call site passes), and each call's timeout as
+  `metadata` every call site passes, built per call from the token source's
+  current token, `troth._credentials.TokenSource`), and each call's timeout as
   `troth-timeout-ms` (the server's measure of how long calls wait); TLS or
   plaintext, and the rule that a token never goes in plaintext off this
   machine (`troth._credentials`);
+- a token the server refuses (`UNAUTHENTICATED`; a stream ended with it or with
+  `PERMISSION_DENIED`) while the source now gives another: the call is made again,
+  once, with the new one (`renewed`), and so is a stream reopened;
 - retries with capped, jittered exponential backoff (`troth._backoff`) of
   `UNAVAILABLE` and `DEADLINE_EXCEEDED`, for idempotent calls only, and of an
   overload refusal (`RESOURCE_EXHAUSTED`, reason `OVERLOADED`, after its
@@ -41,7 +45,7 @@ from troth._addresses import Resolver, channel_target, parse_addresses
 from troth._backoff import RetryPolicy, retry_delay
 from troth._credentials import (
     TlsConfig,
-    bearer_metadata,
+    TokenSource,
     check_tls_target,
     check_token_channel,
 )
@@ -110,6 +114,9 @@ CHANNEL_OPTIONS: tuple[tuple[str, Any], ...] = (
 _R = TypeVar("_R")
 
 _RETRYABLE_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+
+Metadata = tuple[tuple[str, str], ...]
+"""gRPC metadata as the SDK sends it."""
 
 __all__ = ["PRINCIPAL_METADATA_KEY", "RetryPolicy", "Transport", "as_call", "map_rpc_errors"]
 
@@ -191,7 +198,8 @@ class Transport:
         principal: Sent as `troth-principal` metadata on every call, if given.
         tls: Connect over TLS with these settings; None is plaintext.
         token: Sent as `authorization: Bearer <token>` metadata on every call, if
-            given (already checked: `troth._credentials.resolve_token`).
+            given: a checked token, or the source of the current one
+            (`troth._credentials.token_source`).
         allow_plaintext_token: Send the token in plaintext to a non-loopback
             address (something else encrypts the path); refused otherwise.
         retry: How idempotent calls are retried.
@@ -207,7 +215,7 @@ class Transport:
         *,
         principal: str | None = None,
         tls: TlsConfig | None = None,
-        token: str | None = None,
+        token: str | TokenSource | None = None,
         allow_plaintext_token: bool = False,
         retry: RetryPolicy | None = None,
         sleep: Callable[[float], None] = time.sleep,
@@ -228,13 +236,10 @@ class Transport:
         self.retry = retry or RetryPolicy()
         self.tls = tls
         """The TLS settings of the channel, or None for plaintext."""
-        metadata: list[tuple[str, str]] = []
-        if principal is not None:
-            metadata.append((PRINCIPAL_METADATA_KEY, principal))
-        if token is not None:
-            metadata.append(bearer_metadata(token))
-        self.metadata: tuple[tuple[str, str], ...] = tuple(metadata)
-        """Sent with every call (its token, if any, shows as `<redacted>` in a repr)."""
+        self._fixed: Metadata = () if principal is None else ((PRINCIPAL_METADATA_KEY, principal),)
+        self._token = TokenSource.fixed(token) if isinstance(token, str) else token
+        self._sent: tuple[tuple[str, str] | None, Metadata] = (None, self._fixed)
+        """The last token pair and the metadata made with it (`metadata`)."""
         self._sleep = sleep
         self._clock = clock
         if tls is None:
@@ -255,6 +260,48 @@ class Transport:
         """The stream a `multiplexed()` transport sends its unary calls on."""
 
     @property
+    def metadata(self) -> Metadata:
+        """Sent with every call and stream: the principal and the token source's current
+        token, if any (which shows as `<redacted>` in a repr). The same tuple until the
+        token changes, so a stream can tell whether it was opened with the current one."""
+        source = self._token
+        if source is None:
+            return self._fixed
+        pair = source.current()
+        sent = self._sent
+        if sent[0] is pair:
+            return sent[1]
+        metadata = (*self._fixed, pair)
+        self._sent = (pair, metadata)
+        return metadata
+
+    def renewed(self, exc: grpc.RpcError, sent: Metadata, *, stream: bool = False) -> bool:
+        """Whether to make again, at once, a call (or reopen a stream) that `exc` ended
+        after it sent `sent`: the server refused the credential (`UNAUTHENTICATED`; for a
+        stream, or a call on the `Calls` stream that ended with it, `PERMISSION_DENIED`
+        too), and the token source, asked again now, gives another token. With the same
+        token, the answer would be the same: False."""
+        source = self._token
+        code = _code(exc)
+        if source is None or code is None:
+            return False
+        stream = stream or bool(getattr(exc, "stream_failed", False))
+        if code is not grpc.StatusCode.UNAUTHENTICATED and not (
+            stream and code is grpc.StatusCode.PERMISSION_DENIED
+        ):
+            return False
+        pair = source.refresh()
+        if pair in sent:
+            return False
+        _log.info(
+            "the server refused the token (%s); trying again with the new one %s gave",
+            code.name,
+            source.label,
+            extra={"address": self.address},
+        )
+        return True
+
+    @property
     def channel(self) -> grpc.Channel:
         """The gRPC channel itself."""
         return self._channel
@@ -264,7 +311,7 @@ class Transport:
         stream carries (`troth._mux.MULTIPLEXED`) sent as messages on a
         `TaskService.Calls` stream of its own; close that stream with `close_calls()`."""
         twin = copy.copy(self)
-        twin.calls = CallStream(self._channel, self.metadata)
+        twin.calls = CallStream(self._channel, lambda: twin.metadata)
         twin.promises = cast("PromiseServiceStub", MultiplexedStub(self.unary_promises, twin.calls))
         twin.tasks = cast("TaskServiceStub", MultiplexedStub(self.unary_tasks, twin.calls))
         return twin
@@ -286,13 +333,15 @@ class Transport:
         """Seconds left until `deadline` (never negative), or None for no deadline."""
         return None if deadline is None else max(0.0, deadline - self._clock())
 
-    def metadata_for(self, timeout: float | None) -> tuple[tuple[str, str], ...]:
-        """`metadata` plus the call's timeout (`troth-timeout-ms`), from which the server
-        tells how long the call waited before it could start it, and sheds load before
-        calls wait too long (RESOURCE_EXHAUSTED, reason OVERLOADED)."""
+    def metadata_for(self, timeout: float | None, base: Metadata | None = None) -> Metadata:
+        """`metadata` (or `base`, taken from it) plus the call's timeout
+        (`troth-timeout-ms`), from which the server tells how long the call waited before
+        it could start it, and sheds load before calls wait too long (RESOURCE_EXHAUSTED,
+        reason OVERLOADED)."""
+        metadata = self.metadata if base is None else base
         if timeout is None:
-            return self.metadata
-        return (*self.metadata, (TIMEOUT_METADATA_KEY, str(max(1, round(timeout * 1000)))))
+            return metadata
+        return (*metadata, (TIMEOUT_METADATA_KEY, str(max(1, round(timeout * 1000)))))
 
     def now(self) -> float:
         """The monotonic clock deadlines are measured on."""
@@ -385,16 +434,28 @@ class Transport:
         started = self._clock()
         attempt = 0
         unreachable: grpc.RpcError | None = None
+        renewed = False
         try:
             with map_rpc_errors(self.address, tls=self.tls):
                 while True:
                     attempt += 1
+                    sent = self.metadata
                     try:
                         remaining = self.remaining(deadline)
                         return method(
-                            request, timeout=remaining, metadata=self.metadata_for(remaining)
+                            request, timeout=remaining, metadata=self.metadata_for(remaining, sent)
                         )
                     except grpc.RpcError as exc:
+                        if (
+                            not renewed
+                            and (idempotent or not getattr(exc, "stream_failed", False))
+                            and self.renewed(exc, sent)
+                        ):
+                            # Refused before it was made (or, on a stream that ended,
+                            # perhaps made: an idempotent call only): once more, at once.
+                            renewed = True
+                            attempt -= 1
+                            continue
                         delay = self.retry_delay(exc, attempt, deadline, idempotent=idempotent)
                         if delay is None:
                             if (

@@ -28,6 +28,7 @@ are safe because every call is idempotent:
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from types import TracebackType
@@ -36,7 +37,7 @@ from typing import TYPE_CHECKING, Any, Self
 from troth import _arguments as check
 from troth._calls import Connection, SettleRequest
 from troth._commands import TAG_FUNC, TAG_INVOKE
-from troth._credentials import TlsConfig, resolve_tls, resolve_token
+from troth._credentials import TlsConfig, resolve_tls, token_source
 from troth._events import WATCH_READY_METADATA, PromiseEventStream
 from troth._handle import Handle
 from troth._operators import OperatorCalls
@@ -103,8 +104,27 @@ class Client(PromiseReads, OperatorCalls):
             none is set.
         token: A bearer token, sent as `authorization: Bearer <token>` on
             every call, streams included (a `Worker` on this client sends it
-            on its Poll stream and heartbeats too); default `TROTH_TOKEN`.
-            It never appears in a repr, a log line or an error message.
+            on its Poll stream and heartbeats too); or a callable taking no
+            argument that returns the token to send now, for a token that is
+            renewed (a JWT before its `exp`): it is called here, then again at
+            most about once a second, from whichever thread makes a call (make
+            it quick and thread-safe: return a cached token and renew it ahead
+            of time), and at once when the server refuses the token sent. Each
+            call, and each stream as it opens, sends its current token; a call
+            or stream the server refuses (`UNAUTHENTICATED`; a stream ended
+            with it or with `PERMISSION_DENIED`) is made again, once, with a
+            new one if the callable now gives another. A callable that raises
+            or returns an unusable token later keeps the last good one (and
+            logs a warning). Default: `token_file`'s, else `TROTH_TOKEN`.
+            A token never appears in a repr, a log line or an error message.
+        token_file: A file holding the bearer token (surrounding whitespace
+            stripped), read here and again when it changes (its size,
+            modification time or inode, looked at most about once a second), and
+            at once when the server refuses the token sent: renew the token by
+            replacing the file (written whole, then renamed into place, as a
+            Kubernetes secret volume does). Gone or empty later, the last good
+            token is kept and a warning logged. Not with `token`. Default
+            `TROTH_TOKEN_FILE`, when `token` is not given either.
         allow_plaintext_token: A token is refused (ConfigurationError) over
             plaintext to an address that is not loopback, where anyone on the
             path could read it; say True only when something else encrypts
@@ -118,7 +138,9 @@ class Client(PromiseReads, OperatorCalls):
 
     Raises:
         ConfigurationError: An argument is unusable (the message names a bad
-            address, an unreadable TLS file, or a token sent in plaintext).
+            address, an unreadable TLS file, a token sent in plaintext, both
+            `token` and `token_file`, a token file missing or empty, or a token
+            callable that raised or gave no usable token).
 
     Example:
         >>> with Client("127.0.0.1:7070") as client:  # doctest: +SKIP
@@ -126,6 +148,10 @@ class Client(PromiseReads, OperatorCalls):
         ...     client.resolve("approval-7", {"approved": True})
 
     .. versionadded:: 0.1.0
+
+    .. versionchanged:: 0.2.0
+       `token` may be a callable, and `token_file` (`TROTH_TOKEN_FILE`) names a
+       file that is re-read: a long-lived client renews its token.
     """
 
     def __init__(
@@ -136,7 +162,8 @@ class Client(PromiseReads, OperatorCalls):
         timeout: float = 10.0,
         principal: str | None = None,
         tls: bool | TlsConfig | None = None,
-        token: str | None = None,
+        token: str | Callable[[], str] | None = None,
+        token_file: str | os.PathLike[str] | None = None,
         allow_plaintext_token: bool = False,
         multiplex_calls: bool = True,
     ) -> None:
@@ -158,7 +185,7 @@ class Client(PromiseReads, OperatorCalls):
             address,
             principal=principal,
             tls=resolve_tls(tls),
-            token=resolve_token(token),
+            token=token_source(token, token_file),
             allow_plaintext_token=allow_plaintext_token,
         )
         # Its unary calls as messages on one `Calls` stream (`troth._mux`), by default.

@@ -50,6 +50,14 @@ another replica when the one it used stops answering, and heartbeats at
 once; the answer says which tasks are still this worker's (a server that saw
 the stream break while it stayed up has given them back to the group).
 
+Credentials. Every stream opens, and every call goes, with the client's current
+token (`Client(token=callable)` or `token_file=`). A stream the server ends
+refusing the credential (`UNAUTHENTICATED`: revoked, expired; `PERMISSION_DENIED`:
+a narrowed grant) reopens at once if the client's token source now gives another
+token, and the leases go on, heartbeated with it; with the same token it is a
+refusal like any other: logged as an ERROR, and tried again slowly (a token
+renewed later is picked up by the next try).
+
 Stopping. `stop()` lets every running task reach its next step boundary (a
 step function already running finishes and its result is recorded), for at
 most `shutdown_grace`, then gives every task it still holds back to the group
@@ -451,8 +459,9 @@ class Worker:
 
     def _poll_loop(self) -> None:
         failures = 0
+        renewing = False  # the last stream was reopened at once with a new token
         while not self._stopping.is_set():
-            call = self._tasks.poll(self._poll_request())
+            call, sent = self._tasks.poll(self._poll_request())
             with self._lock:
                 if self._stopping.is_set():
                     call.cancel()
@@ -463,6 +472,7 @@ class Worker:
             why = "the server ended the stream"
             code: grpc.StatusCode | None = None
             asked: float | None = None  # the server's RetryInfo delay, when it refused
+            renewed = False  # refused with an old token; the client has a new one
             try:
                 for response in call:
                     if not received:
@@ -475,6 +485,7 @@ class Worker:
                 code = rpc.code() if rpc is not None else None
                 why = f"{rpc.code().name}: {rpc.details()}" if rpc is not None else f"{exc!r}"
                 asked = overload_delay(rpc) if rpc is not None else None
+                renewed = self._calls.transport.renewed(exc, sent, stream=True)
             except Exception:
                 _log.exception("worker %s: error reading the task stream", self.worker_id)
                 why = "an error in the worker"
@@ -491,7 +502,17 @@ class Worker:
             # server answers, tells which it is, for each task we hold.
             self._leases.wake()
             if received or time.monotonic() - opened > _STABLE_STREAM:
-                failures = 0
+                failures, renewing = 0, False
+            if renewed and not renewing:  # (a source giving a new token each time waits)
+                renewing = True
+                _log.info(
+                    "worker %s: the server ended its task stream refusing its token (%s); "
+                    "reconnecting with the client's new token",
+                    self.worker_id,
+                    why,
+                    extra={"worker_id": self.worker_id, "group": self.group},
+                )
+                continue
             failures += 1
             delay = min(self._max_backoff, _MIN_RECONNECT_BACKOFF * 2 ** (failures - 1))
             delay *= random.uniform(0.5, 1.0)
