@@ -94,7 +94,9 @@ def _create(setup: Setup, promise_id: str, by: str = "alice", **fields: Any) -> 
     return setup.promises.CreatePromise(request, metadata=setup.md[by], timeout=10).promise  # type: ignore[no-any-return]
 
 
-def _mint(setup: Setup, promise_id: str, by: str, **fields: Any) -> promises_pb2.MintSettleTokenResponse:
+def _mint(
+    setup: Setup, promise_id: str, by: str, **fields: Any
+) -> promises_pb2.MintSettleTokenResponse:
     request = promises_pb2.MintSettleTokenRequest(promise_id=promise_id, **fields)
     return setup.promises.MintSettleToken(request, metadata=setup.md[by], timeout=10)  # type: ignore[no-any-return]
 
@@ -283,15 +285,15 @@ def test_four_eyes_the_starter_gets_no_link_to_its_own_approval(
 # -- distinct quorums ------------------------------------------------------------------
 
 
-def test_a_distinct_quorum_counts_principals_never_tokens(
-    setup: Setup, workflow: Workflow
-) -> None:
+def test_a_distinct_quorum_counts_principals_never_tokens(setup: Setup, workflow: Workflow) -> None:
     steps = [workflow.step(n, distinct=True) for n in range(3)]
     # Minted while bob had approved nothing of the quorum: the mint is allowed...
     early_link = _mint(setup, steps[1].id, "bob")
     assert _resolve(setup, steps[0].id, "bob").applied
     # ...but the settle is bob's second approval of the quorum.
-    _not_an_approver(_refused(_resolve, setup, steps[1].id, settle_token=early_link.token), "distinct")
+    _not_an_approver(
+        _refused(_resolve, setup, steps[1].id, settle_token=early_link.token), "distinct"
+    )
     # Now bob may not mint another, nor have one minted for him.
     _not_an_approver(_refused(_mint, setup, steps[1].id, "bob"), "distinct")
     _not_an_approver(_refused(_mint, setup, steps[1].id, "carol", acts_for="bob"), "distinct")
