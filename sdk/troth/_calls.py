@@ -169,8 +169,10 @@ class Connection:
         outcomes: Iterable[str] = (),
         ttl: timedelta | None = None,
         fence: types_pb2.TaskFence | None = None,
+        acts_for: str | None = None,
     ) -> str:
-        """A settle token for the pending promise `id` (outcomes "resolve"/"reject")."""
+        """A settle token for the pending promise `id` (outcomes "resolve"/"reject"),
+        acting for the caller or the principal `acts_for`."""
         states = {
             "resolve": types_pb2.PROMISE_STATE_RESOLVED,
             "reject": types_pb2.PROMISE_STATE_REJECTED,
@@ -185,6 +187,8 @@ class Connection:
             request.ttl.CopyFrom(timedelta_to_proto(ttl))
         if fence is not None:
             request.fence.CopyFrom(fence)
+        if acts_for:
+            request.acts_for = acts_for
         return self.call(self.transport.promises.MintSettleToken, request).token
 
 

@@ -178,16 +178,29 @@ class PromiseHandle(Command[Any]):
     id: str
 
     def settle_token(
-        self, *, outcomes: Iterable[str] = (), ttl: timedelta | None = None
+        self,
+        *,
+        outcomes: Iterable[str] = (),
+        ttl: timedelta | None = None,
+        acts_for: str | None = None,
     ) -> SettleToken:
         """A settle token for this promise, minted once and recorded as a step: `yield`
         it for the token (a str to put in a link), the same on every replay.
 
+        The settle made with it is that of the principal it acts for, checked
+        against the promise's approvers (see `Client.mint_settle_token`); a refusal
+        (`NOT_AN_APPROVER`, `ROLE_NOT_ALLOWED`) is raised at the `yield`.
+
         Args:
             outcomes: "resolve" and/or "reject"; default both.
             ttl: How long the link works; default until the promise expires.
+            acts_for: The approver the link is for (a principal the promise's
+                `Approvers` names); the worker's principal then needs the gateway
+                role. Default: the worker's principal itself.
         """
-        return SettleToken(self.id, tuple(sorted(set(outcomes))), ttl)
+        if acts_for is not None and not isinstance(acts_for, str):
+            raise TypeError(f"acts_for must be a principal's name (str), not {acts_for!r}")
+        return SettleToken(self.id, tuple(sorted(set(outcomes))), ttl, acts_for=acts_for)
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,7 +213,9 @@ class SettleToken(Command[str]):
     ttl: timedelta | None = None
     id: str | None = None
     check_args: bool = True
-    """Record a digest of the promise id, outcomes and ttl, and check it on replay."""
+    """Record a digest of the promise id, outcomes, ttl and acts_for, and check it on replay."""
+    acts_for: str | None = None
+    """The principal the token acts for; None for the worker's own."""
 
 
 @dataclass(frozen=True, slots=True)

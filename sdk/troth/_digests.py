@@ -119,7 +119,9 @@ def _fields(command: StepCommand) -> list[Any] | None:
         return ["sleep", command.duration.total_seconds()]
     if isinstance(command, SettleToken):
         ttl = None if command.ttl is None else command.ttl.total_seconds()
-        return ["settle_token", command.promise_id, list(command.outcomes), ttl]
+        asked = ["settle_token", command.promise_id, list(command.outcomes), ttl]
+        # Only when given: a token for the worker itself keeps the digest it always had.
+        return asked if command.acts_for is None else [*asked, command.acts_for]
     return None  # Now, Random: nothing asked
 
 

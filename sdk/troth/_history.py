@@ -14,6 +14,7 @@ group and arguments digest): replay compares them with the recorded step's.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -161,10 +162,11 @@ class History:
         for _, promise in sorted(settled, key=lambda item: _settle_order(item[1], item[0])):
             result = self.result(promise, decisions)
             if distinct and isinstance(result, Send) and promise.settled_by:
-                if promise.settled_by in approvers:
+                approver = settler(promise.settled_by)
+                if approver in approvers:
                     # The same principal again: it counts once, so this one is lost.
                     result = Throw(_not_distinct(promise))
-                approvers.add(promise.settled_by)
+                approvers.add(approver)
             if isinstance(result, Send):
                 values.append(result.value)
                 if len(values) == count:
@@ -269,12 +271,23 @@ def _settled(promise: Promise | None) -> bool:
     return promise is not None and promise.is_settled
 
 
+_SETTLED_VIA = re.compile(r"([\x21-\x7e]+) via settle-token [A-Za-z0-9_-]{1,32}:[A-Za-z0-9_-]+")
+
+
+def settler(settled_by: str) -> str:
+    """The principal a settle acted for, from the promise's `settled_by`: a settle
+    with a settle token is recorded as `<principal> via settle-token <key>:<id>` and
+    counts as that principal's (the server's `settle_tokens.settler` reads it so)."""
+    via = _SETTLED_VIA.fullmatch(settled_by)
+    return settled_by if via is None else via[1]
+
+
 def _not_distinct(promise: Promise) -> PromiseRejectedError:
     """What a quorum of distinct approvers raises when it is out of reach because one
     principal settled several of its promises."""
     return PromiseRejectedError(
         promise.id,
-        {"reason": f"{promise.settled_by!r} already approved: approvers must be distinct"},
+        {"reason": f"{settler(promise.settled_by)!r} already approved: approvers must be distinct"},
     )
 
 

@@ -132,9 +132,10 @@ class Decision:
     Attributes:
         promise_id: The promise that was settled.
         value: Its decoded value (an instance of its schema's class, if it has one).
-        settled_by: The authenticated principal that settled it
-            (`settle-token:<key id>:<token id>` for a settle token); "" if none was
-            recorded (authentication off and no `troth-principal`).
+        settled_by: The authenticated principal that settled it (`<principal>
+            via settle-token <key id>:<token id>` for a settle token, which acts for
+            that principal); "" if none was recorded (authentication off and no
+            `troth-principal`).
         settle_time: When it was settled (UTC).
 
     .. versionadded:: 0.2.0

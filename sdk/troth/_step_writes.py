@@ -167,6 +167,7 @@ class StepWriter:
                 outcomes=command.outcomes,
                 ttl=command.ttl,
                 fence=held.fence(self.worker_id),
+                acts_for=command.acts_for,
             )
         except RpcError as exc:
             if exc.retryable:

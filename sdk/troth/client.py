@@ -389,15 +389,32 @@ class Client(PromiseReads, OperatorCalls):
         )
 
     def mint_settle_token(
-        self, id: str, *, outcomes: Iterable[str] = (), ttl: timedelta | None = None
+        self,
+        id: str,
+        *,
+        outcomes: Iterable[str] = (),
+        ttl: timedelta | None = None,
+        acts_for: str | None = None,
     ) -> str:
         """A settle token for the pending promise `id`, to put in a link: it lets its
         bearer resolve or reject that promise (`outcomes`: "resolve", "reject";
-        default both), until `ttl` (default: the promise's expiry), once."""
+        default both), until `ttl` (default: the promise's expiry), once.
+
+        The token acts for a principal: the settle made with it is that principal's,
+        checked against the promise's approver policy (four-eyes and distinct quorums
+        count the principal) and recorded as `settled_by` "<principal> via
+        settle-token <key>:<id>". By default it acts for this client's principal,
+        and is minted only if the policy lets that principal settle the promise now.
+        `acts_for` names another one, e.g. the approver a link is mailed to: that
+        needs the gateway role (`admin` does not imply it), and a policy that lists
+        the name among its principals (the server cannot know its roles). Refusals:
+        `PermissionDeniedError` with reason `NOT_AN_APPROVER` or `ROLE_NOT_ALLOWED`.
+        """
         call = "Client.mint_settle_token"
         ttl = check.duration(call, ttl, "ttl")
+        check.texts(call, optional=True, acts_for=acts_for)
         return self._connection.mint_settle_token(
-            check.promise_id(call, id), outcomes=outcomes, ttl=ttl
+            check.promise_id(call, id), outcomes=outcomes, ttl=ttl, acts_for=acts_for
         )
 
     def cancel(

@@ -136,7 +136,8 @@ class Context:
             approvers: Who may resolve or reject it (`troth.Approvers`): the
                 server refuses anyone else (`PermissionDeniedError`, reason
                 `NOT_AN_APPROVER`). A settle token (`handle.settle_token()`)
-                needs no approver.
+                acts for a principal and is checked against them as that
+                principal's settle.
         """
         call = "ctx.promise"
         check.optional_id(call, id)

@@ -83,7 +83,9 @@ class Reason(enum.StrEnum):
     TOKEN_EXPIRED = "TOKEN_EXPIRED"
     """A JWT past its `exp` (beyond the server's small leeway)."""
     ROLE_NOT_ALLOWED = "ROLE_NOT_ALLOWED"
-    """The caller's roles may not call this RPC (the RPC x role table)."""
+    """The caller's roles may not call this RPC (the RPC x role table), or may not do
+    what it asks: `MintSettleToken` with `acts_for` another principal needs the
+    `gateway` role itself (`admin` does not imply it)."""
     GROUP_NOT_ALLOWED = "GROUP_NOT_ALLOWED"
     """A worker asked for a task group its grant does not name."""
     NOT_THE_TASKS_WORKER = "NOT_THE_TASKS_WORKER"
@@ -104,14 +106,20 @@ class Reason(enum.StrEnum):
     allow; metadata `rule` names the rule (approvers, not_requester, distinct)."""
     SETTLE_TOKEN_MALFORMED = "SETTLE_TOKEN_MALFORMED"
     """A `settle_token` that is not a token at all (cut short, or not one of ours)."""
+    SETTLE_TOKEN_OUTDATED = "SETTLE_TOKEN_OUTDATED"
+    """A settle token of an older format (`st1`), minted by an older server: it acted
+    for no principal, so it no longer settles anything; ask for a new link."""
     SETTLE_TOKEN_UNKNOWN_KEY = "SETTLE_TOKEN_UNKNOWN_KEY"
     """A settle token signed with a key this server does not have (retired, or forged)."""
     SETTLE_TOKEN_BAD_SIGNATURE = "SETTLE_TOKEN_BAD_SIGNATURE"
     """A settle token whose signature does not match: forged, or altered (its promise,
-    outcomes or expiry)."""
+    outcomes, expiry or principal)."""
     SETTLE_TOKEN_EXPIRED = "SETTLE_TOKEN_EXPIRED"
     SETTLE_TOKEN_WRONG_PROMISE = "SETTLE_TOKEN_WRONG_PROMISE"
     """A valid settle token, for another promise than the one settled."""
+    SETTLE_TOKEN_PROMISE_REPLACED = "SETTLE_TOKEN_PROMISE_REPLACED"
+    """A valid settle token for an earlier promise of this id, pruned since: the
+    promise of that id now is another one (created again)."""
     SETTLE_TOKEN_OUTCOME_NOT_ALLOWED = "SETTLE_TOKEN_OUTCOME_NOT_ALLOWED"
     """A valid settle token that does not allow this outcome (e.g. reject-only)."""
     SETTLE_TOKEN_USED = "SETTLE_TOKEN_USED"

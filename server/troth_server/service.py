@@ -14,6 +14,7 @@ Nothing here knows protobuf or gRPC.
 from __future__ import annotations
 
 import asyncio
+import secrets
 import threading
 import time
 from dataclasses import dataclass, field, replace
@@ -66,6 +67,8 @@ class _CreateOp:
     settled_with: SettleRequest | None = None
     fence: Fence | None = None
     """The task of the workflow whose step this is (DESIGN §4.13)."""
+    instance: int = field(default_factory=lambda: 1 + secrets.randbelow(settle_tokens.MAX_INSTANCE))
+    """The created promise's `instance`, drawn once (an op may be applied again)."""
 
     def keys(self, tx: WriteTx, now: int) -> Keys:
         promise_ids = (self.request.id,)
@@ -109,7 +112,13 @@ class _CreateOp:
                 existing = None
                 early_refused = True
         promise, created = domain.create(
-            existing, request, batch.now, cap=cap, links=links, started_by=started_by
+            existing,
+            request,
+            batch.now,
+            cap=cap,
+            links=links,
+            started_by=started_by,
+            instance=self.instance,
         )
         if not created and existing is not None and domain.is_early(existing):
             batch.rewrite(promise)  # a settled-early promise, adopted by its creator
@@ -202,13 +211,17 @@ class _SettleOp:
         """The writer's part of the settle guard (`troth_server.guard`): comparisons
         only. False for a repeat of a token's own settle, answered as it was."""
         request = self.request
-        if request.token_id is not None:
-            return settle_tokens.check_use(existing, request.token_id, request.idempotency_key)
+        token = request.token
+        if token is not None and not settle_tokens.check_use(
+            existing, token, request.idempotency_key
+        ):
+            return False
         if existing.is_settled:
             return True  # the state machine answers: a repeat, or ALREADY_SETTLED
         if existing.approvers != request.checked_policy:
             raise policies.PolicyNotChecked(existing.id)
         if request.quorum:
+            # Who settled each, by principal: a token's settle counts as its principal's.
             settlers = [p.settled_by for p in map(batch.get, request.quorum) if p is not None]
             refusal = policies.check_distinct(existing.id, request.principal, settlers)
             if refusal is not None:
@@ -327,18 +340,21 @@ class PromiseService:
         op = _CreateOp(request, principal, settled_with, fence)
         return await self._committer.submit_async(op)
 
+    def with_settle_token(self, request: SettleRequest, token: str) -> SettleRequest:
+        """`request` carrying the settle token `token`, once verified: a settle of the
+        principal the token acts for (`SettleGuard.with_token`); cheap (an HMAC)."""
+        return self.guard.with_token(request, token)
+
     def settle(
         self,
         request: SettleRequest,
         fence: Fence | None = None,
         caller: Principal = LOCAL_DEVELOPER,
-        token: str | None = None,
     ) -> tuple[Promise, bool]:
         """Settle a promise; a resolve value is checked against the promise's schema
         first, on this thread (never the writer's), and an unfenced resolve or reject
-        against its approver policy, or with the settle token it carries."""
-        if token is not None:
-            request = self.guard.with_token(request, token)
+        against its approver policy as `caller`'s, or, with a settle token
+        (`with_settle_token`), as the settle of the principal the token acts for."""
         for attempt in range(_POLICY_ATTEMPTS):
             found = self._store.get_promise(request.id) if _reads(request, fence, attempt) else None
             if fence is None:
@@ -359,11 +375,8 @@ class PromiseService:
         request: SettleRequest,
         fence: Fence | None = None,
         caller: Principal = LOCAL_DEVELOPER,
-        token: str | None = None,
     ) -> tuple[Promise, bool]:
         """`settle` for an event loop: the schema check runs on the check pool."""
-        if token is not None:
-            request = self.guard.with_token(request, token)
 
         async def write(checked: SettleRequest) -> tuple[Promise, bool]:
             return await self._committer.submit_async(_SettleOp(checked, fence))
@@ -392,9 +405,11 @@ class PromiseService:
         ttl_ms: int | None,
         caller: Principal,
         fence: Fence | None,
+        acts_for: str | None = None,
     ) -> tuple[str, settle_tokens.SettleToken]:
-        """A settle token for a pending promise (see `SettleGuard.mint`); blocking."""
-        token, granted = self.guard.mint(promise_id, outcomes, ttl_ms, caller, fence)
+        """A settle token for a pending promise, acting for `caller` or the approver
+        `acts_for` (see `SettleGuard.mint`); blocking."""
+        token, granted = self.guard.mint(promise_id, outcomes, ttl_ms, caller, fence, acts_for)
         log.info(
             "settle_token.minted",
             promise_id=promise_id,
@@ -403,6 +418,7 @@ class PromiseService:
             outcomes=sorted(o.value for o in granted.outcomes),
             expire_time=granted.expire_time,
             principal=caller.name,
+            acts_for=granted.principal,
         )
         return token, granted
 

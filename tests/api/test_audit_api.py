@@ -168,12 +168,13 @@ def acted(run: Run) -> Run:
     other = run.create("other")
     minted = stub.MintSettleToken(
         promises_pb2.MintSettleTokenRequest(
-            promise_id=by_link, outcomes=[types_pb2.PROMISE_STATE_RESOLVED]
+            promise_id=by_link, outcomes=[types_pb2.PROMISE_STATE_RESOLVED], acts_for="alice"
         ),
         metadata=run.as_("gateway"),
         timeout=10,
     )
     run.secrets.append(minted.token)
+    run.ids["by-link-token"] = f"k1:{minted.token_id}"
     refusals = {
         "SETTLE_TOKEN_BAD_SIGNATURE": promises_pb2.ResolvePromiseRequest(
             id=by_link, settle_token=_altered(minted.token)
@@ -255,10 +256,16 @@ def test_every_settle_is_one_audit_line(acted: Run) -> None:
         assert (line["rpc"], line["outcome"], line["principal"]) == (rpc, outcome, principal)
         assert (line["settled_by"], line["via"]) == (settled_by, via)
         assert line["peer"].startswith("ipv4:127.0.0.1:"), line
+    for promise_id, *_ in expected:
+        (line,) = _audit(acted, "audit.settled", promise_id=promise_id)
+        assert line["caller"] == line["principal"]
+        assert line["settle_token"] is None
+    # A link's settle is its principal's, and says by what means and who presented it.
     (by_link,) = _audit(acted, "audit.settled", promise_id=ids["by-link"])
     assert (by_link["outcome"], by_link["via"]) == ("RESOLVED", "settle_token")
-    assert by_link["principal"] == "troth:settle-token"
-    assert by_link["settled_by"].startswith("settle-token:k1:")
+    assert (by_link["principal"], by_link["caller"]) == ("alice", "troth:settle-token")
+    assert by_link["settle_token"] == ids["by-link-token"]
+    assert by_link["settled_by"] == f"alice via settle-token {ids['by-link-token']}"
     # Nothing else was settled: the refusals and the idempotent repeat left no line.
     assert len(_audit(acted, "audit.settled")) == 4
 
@@ -274,6 +281,11 @@ def test_every_refusal_is_one_audit_line(acted: Run) -> None:
         (line,) = _audit(acted, "audit.refused", promise_id=promise_id)
         assert (line["rpc"], line["outcome"], line["principal"]) == (rpc, outcome, principal)
         assert (line["reason"], line["rule"]) == ("NOT_AN_APPROVER", "approvers")
+        assert (line["via"], line["caller"], line["settle_token"]) == (
+            "credential",
+            principal,
+            None,
+        )
         assert line["peer"].startswith("ipv4:127.0.0.1:")
         assert "rule approvers" in line["message"]
     tokens = {
@@ -286,7 +298,13 @@ def test_every_refusal_is_one_audit_line(acted: Run) -> None:
     for reason, promise_id in tokens.items():
         (line,) = _audit(acted, "audit.refused", reason=reason)
         assert line["promise_id"] == promise_id
-        assert line["principal"] == "troth:settle-token"
+        assert (line["via"], line["caller"]) == ("settle_token", "troth:settle-token")
+        if reason == "SETTLE_TOKEN_USED":
+            # Verified: the refusal names whom the token acts for, and which it is.
+            assert (line["principal"], line["settle_token"]) == ("alice", ids["by-link-token"])
+        else:
+            # Not a token that verifies for this settle: it acts for nobody.
+            assert (line["principal"], line["settle_token"]) == ("troth:settle-token", None)
         assert line["rule"] is None
         assert line["peer"].startswith("ipv4:127.0.0.1:")
     assert len(_audit(acted, "audit.refused")) == len(policy) + len(tokens)
@@ -333,7 +351,7 @@ def test_get_promise_returns_who_settled_and_when(acted: Run) -> None:
         metadata=acted.as_("gateway"),
         timeout=10,
     ).promise
-    assert link.settled_by.startswith("settle-token:k1:")
+    assert link.settled_by == f"alice via settle-token {acted.ids['by-link-token']}"
     pending = stub.GetPromise(
         promises_pb2.GetPromiseRequest(id=acted.ids["other"]),
         metadata=acted.as_("gateway"),

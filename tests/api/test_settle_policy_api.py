@@ -1,9 +1,10 @@
 """Approver policy and settle tokens against a real server (issue 11 parts 3 and 4).
 
-Until authentication lands every caller is the local developer, named by its
+Every caller is the local developer (authentication off), named by its
 `troth-principal` metadata: enough to show who may settle (principals,
 four-eyes, distinct quorums) and every way a settle token is refused, each with
-its own reason, on SQLite and PostgreSQL.
+its own reason, on SQLite and PostgreSQL. Who may mint a token, and how its
+settle is counted, with authentication on: test_settle_token_principal.py.
 """
 
 from __future__ import annotations
@@ -252,14 +253,14 @@ def test_a_distinct_quorum_needs_a_different_principal_per_approval(
 def test_a_token_settles_its_promise_once_with_no_other_credential(
     stub: promises_pb2_grpc.PromiseServiceStub,
 ) -> None:
-    # The policy names someone else: the token is its own permission.
+    # A link for the approver the policy names: the settle is carol's, by the token.
     promise = _create(stub, _id("p"), approvers=types_pb2.Approvers(principals=["carol"]))
-    minted = _mint(stub, promise.id)
-    assert minted.key_id == "k1"
+    minted = _mint(stub, promise.id, acts_for="carol")
+    assert (minted.key_id, minted.acts_for) == ("k1", "carol")
     assert minted.expire_time.ToMilliseconds() <= promise.expire_time.ToMilliseconds()
     settled = _resolve(stub, promise.id, settle_token=minted.token, idempotency_key="click-1")
     assert settled.applied
-    assert settled.promise.settled_by == f"settle-token:k1:{minted.token_id}"
+    assert settled.promise.settled_by == f"carol via settle-token k1:{minted.token_id}"
     # Once: a second use is refused, saying so; a retry of the same click is answered.
     code, reason, _ = _refused(_resolve, stub, promise.id, settle_token=minted.token)
     assert (code, reason) == (grpc.StatusCode.FAILED_PRECONDITION, Reason.SETTLE_TOKEN_USED)
@@ -282,9 +283,12 @@ def test_a_second_token_of_a_settled_promise_finds_it_settled(
     )
 
 
+_HEAD = struct.Struct(">12sQBBQH")  # token id, expiry, outcomes, roles, instance, id length
+
+
 def _parts(token: str) -> tuple[str, bytes, bytes]:
     prefix, key_id, payload, mac = token.split(".")
-    assert prefix == "st1"
+    assert prefix == "st2"
     return key_id, _unb64(payload), _unb64(mac)
 
 
@@ -296,8 +300,8 @@ def _b64(data: bytes) -> str:
     return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
 
 
-def _token(key_id: str, payload: bytes, mac: bytes) -> str:
-    return ".".join(("st1", key_id, _b64(payload), _b64(mac)))
+def _token(key_id: str, payload: bytes, mac: bytes, prefix: str = "st2") -> str:
+    return ".".join((prefix, key_id, _b64(payload), _b64(mac)))
 
 
 def test_altered_tokens_are_refused_as_badly_signed(
@@ -308,11 +312,25 @@ def test_altered_tokens_are_refused_as_badly_signed(
         stub, promise.id, outcomes=[types_pb2.PROMISE_STATE_REJECTED], ttl=Duration(seconds=60)
     )
     key_id, payload, mac = _parts(minted.token)
-    token_id, expire, bits = struct.unpack(">12sQB", payload[:21])
+    token_id, expire, bits, roles, instance, length = _HEAD.unpack_from(payload)
+    rest = payload[_HEAD.size :]
+    principal = rest[length:]
+    assert (rest[:length], principal) == (promise.id.encode(), b"local-developer")
+
+    def head(**changed: int) -> bytes:
+        fields = {"expire": expire, "bits": bits, "roles": roles, "instance": instance}
+        fields.update(changed)
+        return _HEAD.pack(token_id, *fields.values(), length)
+
     altered = {
-        "outcome": struct.pack(">12sQB", token_id, expire, 3) + promise.id.encode(),
-        "expiry": struct.pack(">12sQB", token_id, expire + 86_400_000, bits) + promise.id.encode(),
-        "promise": payload[:21] + other.id.encode(),
+        "outcome": head(bits=3) + rest,
+        "expiry": head(expire=expire + 86_400_000) + rest,
+        "roles": head(roles=roles ^ 8) + rest,
+        "instance": head(instance=instance ^ 1) + rest,
+        "principal": payload[: _HEAD.size + length] + b"carol",
+        "promise": _HEAD.pack(token_id, expire, bits, roles, instance, len(other.id))
+        + other.id.encode()
+        + principal,
     }
     for what, changed in altered.items():
         target = other.id if what == "promise" else promise.id
@@ -324,7 +342,7 @@ def test_altered_tokens_are_refused_as_badly_signed(
             Reason.SETTLE_TOKEN_BAD_SIGNATURE,
         ), what
     # Forged outright: a mac made with a key that is not the server's.
-    forged = hmac.new(b"x" * 32, b"troth-settle-token/1\0k1\0" + payload, hashlib.sha256).digest()
+    forged = hmac.new(b"x" * 32, b"troth-settle-token/2\0k1\0" + payload, hashlib.sha256).digest()
     assert _refused(_reject, stub, promise.id, settle_token=_token(key_id, payload, forged))[1] == (
         Reason.SETTLE_TOKEN_BAD_SIGNATURE
     )
@@ -366,6 +384,22 @@ def test_a_token_is_refused_for_each_other_reason_distinctly(
     assert key_id == "k1"
 
 
+def test_a_token_of_an_older_server_is_refused_saying_so(
+    stub: promises_pb2_grpc.PromiseServiceStub, keys_file: Path
+) -> None:
+    # An st1 token, signed with the server's own key: it acted for nobody.
+    promise = _create(stub, _id("p"))
+    secret = _unb64(json.loads(keys_file.read_text())["keys"]["k1"])
+    payload = struct.pack(">12sQB", b"\0" * 12, int(time.time() * 1000) + 60_000, 3)
+    payload += promise.id.encode()
+    mac = hmac.new(secret, b"troth-settle-token/1\0k1\0" + payload, hashlib.sha256).digest()
+    code, reason, _ = _refused(
+        _resolve, stub, promise.id, settle_token=_token("k1", payload, mac, prefix="st1")
+    )
+    assert (code, reason) == (grpc.StatusCode.PERMISSION_DENIED, Reason.SETTLE_TOKEN_OUTDATED)
+    assert promise.state == types_pb2.PROMISE_STATE_PENDING
+
+
 def test_an_expired_token_is_refused(stub: promises_pb2_grpc.PromiseServiceStub) -> None:
     promise = _create(stub, _id("p"))
     minted = _mint(stub, promise.id, ttl=Duration(nanos=300_000_000))
@@ -379,7 +413,7 @@ def test_cancelling_the_workflow_voids_its_links(
     stub: promises_pb2_grpc.PromiseServiceStub, workflow: Workflow
 ) -> None:
     step = workflow.step(0, principals=["carol"])
-    minted = _mint(stub, step.id)
+    minted = _mint(stub, step.id, acts_for="carol")
     stub.CancelPromise(promises_pb2.CancelPromiseRequest(id=workflow.id), timeout=10)
     code, reason, metadata = _refused(_resolve, stub, step.id, settle_token=minted.token)
     assert (code, reason) == (grpc.StatusCode.FAILED_PRECONDITION, Reason.SETTLE_TOKEN_VOID)

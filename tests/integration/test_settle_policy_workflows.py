@@ -1,6 +1,7 @@
 """Approver policy and settle tokens from a workflow, with a real server and Worker:
 four-eyes and a distinct quorum on `ctx.promise(approvers=...)`, and a link minted
-with `handle.settle_token()` that is recorded once and works with no other credential.
+with `handle.settle_token(acts_for=...)` that is recorded once, works with no other
+credential and counts as its approver's.
 """
 
 from __future__ import annotations
@@ -34,7 +35,10 @@ def budget(ctx: Context, amount: int) -> Generator[Any, Any, list[Any]]:
     approvals = []
     for _ in range(3):
         approvals.append((yield ctx.promise(approvers=policy, title=f"approve {amount}")))
-    token = yield approvals[0].settle_token(outcomes=["resolve"], ttl=timedelta(hours=1))
+    # A link for carol: the worker's principal (the local developer) is a gateway.
+    token = yield approvals[0].settle_token(
+        outcomes=["resolve"], ttl=timedelta(hours=1), acts_for="carol"
+    )
     yield ctx.run(send_link, approvals[0].id, token)
     return (yield ctx.at_least(2, approvals, distinct=True))
 
@@ -94,9 +98,9 @@ def test_a_quorum_of_distinct_approvers_and_a_mailed_link(
         with pytest.raises(PermissionDeniedError) as refused:
             bob.resolve(f"{wid}.2", {"ok": True})
         assert refused.value.metadata["rule"] == "distinct"
-        # The link: no principal, no role, only the token.
+        # The link: no principal, no role, only the token; the settle is carol's.
         settled = gateway.resolve(f"{wid}.0", {"ok": "by link"}, settle_token=token)
-        assert settled.promise.settled_by.startswith("settle-token:k1:")
+        assert settled.promise.settled_by.startswith("carol via settle-token k1:")
         assert handle.result(timeout=30) == [{"ok": True}, {"ok": "by link"}]
         # Replays did not mint another token: one link sent, the step holds it.
         sent = [line for line in lines(links) if line.startswith(f"{wid}.0 ")]

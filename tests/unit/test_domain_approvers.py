@@ -104,3 +104,19 @@ def test_decide_is_exactly_the_three_rules(
 def test_the_writers_distinct_check_is_membership(caller: str, settlers: list[str | None]) -> None:
     assert (check_distinct("p", caller, settlers) is None) == (caller not in settlers)
     assert check_distinct("p", None, settlers) is None  # an unnamed settle counts for nobody
+
+
+def test_a_settle_token_counts_as_its_principal_in_a_distinct_quorum() -> None:
+    via = "bob via settle-token k1:AAAAAAAAAAAAAAAA"
+    # Bob's link settled one approval: bob, directly or by another link, is refused.
+    for caller in ("bob", "bob via settle-token k1:BBBBBBBBBBBBBBBB"):
+        refused = check_distinct("p", caller, [via])
+        assert refused is not None and refused.rule is Rule.DISTINCT
+        assert "'bob' already settled" in refused.message
+    assert check_distinct("p", "carol", [via]) is None
+    # So does the policy's decision before the write.
+    policy = Approvers(distinct=True)
+    bob = Principal("bob", frozenset({Role.GATEWAY}))
+    assert decide("p", policy, bob, None, [via]) is not None
+    # An older (st1) token acted for nobody: it counts for no principal.
+    assert decide("p", policy, bob, None, ["settle-token:k1:AAAAAAAAAAAAAAAA"]) is None

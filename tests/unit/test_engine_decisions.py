@@ -98,6 +98,23 @@ def test_a_distinct_quorum_says_who_approved_in_settle_order() -> None:
     assert replay(plain, [], history, root_id="r") == Done(["yes", "fine"])
 
 
+def test_a_link_settle_counts_as_its_principal_in_a_distinct_quorum() -> None:
+    def wf(ctx: Context) -> Gen:
+        handles = yield from _three(ctx)
+        return (yield ctx.at_least(2, handles, distinct=True, decisions=True))
+
+    # bob once directly, once by a link that acts for him: one vote.
+    link = "bob via settle-token k1:Xq3v0b8yTn2LhQaD"
+    history = [
+        make("r.0", value="yes", by="bob", at=1),
+        make("r.1", value="yes again", by=link, at=2),
+        make("r.2", value="fine", by="carol", at=3),
+    ]
+    assert replay(wf, [], history, root_id="r") == Done(
+        [Decision("r.0", "yes", "bob", at(1)), Decision("r.2", "fine", "carol", at(3))]
+    )
+
+
 def test_all_and_any_give_decisions_too() -> None:
     def both(ctx: Context) -> Gen:
         handles = yield from _three(ctx)

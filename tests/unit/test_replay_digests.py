@@ -11,6 +11,7 @@ issue's router is tests/integration/test_replay_router.py.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import os
 import subprocess
@@ -36,7 +37,7 @@ from troth import (
     RetryPolicy,
 )
 from troth._cli_replay import check_history, render_result
-from troth._commands import TAG_ARGS, RunStep
+from troth._commands import TAG_ARGS, RunStep, SettleToken
 from troth._digests import DIGEST_LENGTH, args_digest, canonical_json
 from troth._engine import CreateStep, Done, Engine, Failed, Outcome, Suspend
 from troth.testing import History, load_histories, replay, replay_file
@@ -483,3 +484,14 @@ def test_troth_replay_reports_a_digest_mismatch() -> None:
         f"digest {digest} (id r.0), the code now yields run(do_branch) with arguments "
         "('auto_reply',), digest "
     )
+
+
+def test_a_settle_token_s_principal_is_checked_and_a_token_for_the_worker_keeps_its_digest() -> (
+    None
+):
+    mine = SettleToken("wf.0", ("resolve",), timedelta(hours=1))
+    before = canonical_json(["settle_token", "wf.0", ["resolve"], 3600.0]).encode("ascii")
+    assert args_digest(mine) == hashlib.blake2b(before, digest_size=DIGEST_LENGTH // 2).hexdigest()
+    for_bob = SettleToken("wf.0", ("resolve",), timedelta(hours=1), acts_for="bob")
+    for_carol = SettleToken("wf.0", ("resolve",), timedelta(hours=1), acts_for="carol")
+    assert len({args_digest(mine), args_digest(for_bob), args_digest(for_carol)}) == 3

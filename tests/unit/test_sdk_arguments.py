@@ -65,6 +65,8 @@ CASES: list[tuple[str, Callable[[Client], Any], type[Exception], str]] = [
      "Client.start: id must be a str"),
     ("mint ttl in seconds", lambda c: c.mint_settle_token("a", ttl=60), TypeError,
      "Client.mint_settle_token: ttl must be a timedelta (datetime.timedelta)"),
+    ("mint acts_for not a str", lambda c: c.mint_settle_token("a", acts_for=["bob"]), TypeError,
+     "Client.mint_settle_token: acts_for must be a str"),
     ("watch_promises tags", lambda c: c.watch_promises(tags={"a": 1}), TypeError,
      "Client.watch_promises: tags['a'] must be a str"),
     ("ctx.promise timeout in seconds", lambda _: CTX.promise(timeout=3600), TypeError,

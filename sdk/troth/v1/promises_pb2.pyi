@@ -35,28 +35,32 @@ PROMISE_EVENT_TYPE_SETTLED: PromiseEventType
 PROMISE_EVENT_TYPE_TIMED_OUT: PromiseEventType
 
 class MintSettleTokenRequest(_message.Message):
-    __slots__ = ("promise_id", "outcomes", "ttl", "fence")
+    __slots__ = ("promise_id", "outcomes", "ttl", "fence", "acts_for")
     PROMISE_ID_FIELD_NUMBER: _ClassVar[int]
     OUTCOMES_FIELD_NUMBER: _ClassVar[int]
     TTL_FIELD_NUMBER: _ClassVar[int]
     FENCE_FIELD_NUMBER: _ClassVar[int]
+    ACTS_FOR_FIELD_NUMBER: _ClassVar[int]
     promise_id: str
     outcomes: _containers.RepeatedScalarFieldContainer[_types_pb2.PromiseState]
     ttl: _duration_pb2.Duration
     fence: _types_pb2.TaskFence
-    def __init__(self, promise_id: _Optional[str] = ..., outcomes: _Optional[_Iterable[_Union[_types_pb2.PromiseState, str]]] = ..., ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., fence: _Optional[_Union[_types_pb2.TaskFence, _Mapping]] = ...) -> None: ...
+    acts_for: str
+    def __init__(self, promise_id: _Optional[str] = ..., outcomes: _Optional[_Iterable[_Union[_types_pb2.PromiseState, str]]] = ..., ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., fence: _Optional[_Union[_types_pb2.TaskFence, _Mapping]] = ..., acts_for: _Optional[str] = ...) -> None: ...
 
 class MintSettleTokenResponse(_message.Message):
-    __slots__ = ("token", "expire_time", "key_id", "token_id")
+    __slots__ = ("token", "expire_time", "key_id", "token_id", "acts_for")
     TOKEN_FIELD_NUMBER: _ClassVar[int]
     EXPIRE_TIME_FIELD_NUMBER: _ClassVar[int]
     KEY_ID_FIELD_NUMBER: _ClassVar[int]
     TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    ACTS_FOR_FIELD_NUMBER: _ClassVar[int]
     token: str
     expire_time: _timestamp_pb2.Timestamp
     key_id: str
     token_id: str
-    def __init__(self, token: _Optional[str] = ..., expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., key_id: _Optional[str] = ..., token_id: _Optional[str] = ...) -> None: ...
+    acts_for: str
+    def __init__(self, token: _Optional[str] = ..., expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., key_id: _Optional[str] = ..., token_id: _Optional[str] = ..., acts_for: _Optional[str] = ...) -> None: ...
 
 class CreatePromiseRequest(_message.Message):
     __slots__ = ("id", "param", "tags", "expire_time", "ttl", "never_expires", "idempotency_key", "strict", "resolved_with", "rejected_with", "schema", "title", "message", "requested_by", "fence", "approvers")

@@ -8,15 +8,20 @@ knows the caller's peer address) and never with a token, a secret or a payload:
   peer, message.
 - `audit.refused` (warning): a settle refused by the promise's approver policy
   (`NOT_AN_APPROVER`, with the `rule`) or a settle token that does not allow it
-  (`SETTLE_TOKEN_*`): rpc, promise_id, outcome asked for, principal, reason,
-  rule, peer, message. Other failures of a settle (not found, already settled,
-  a bad value) are not refusals of a person and are left to the `rpc` line.
+  (`SETTLE_TOKEN_*`): rpc, promise_id, outcome asked for, principal (whom the
+  settle acts for: the caller, or the principal of a verified settle token), via
+  (`credential` or `settle_token`), settle_token (`<key id>:<token id>` of a
+  verified one), caller (who made the call: `troth:settle-token` for a link with
+  no other credential), reason, rule, peer, message. Other failures of a settle
+  (not found, already settled, a bad value) are not refusals of a person and are
+  left to the `rpc` line.
 - `audit.settled` (info): a resolve, reject or cancel that changed the promise, or a
   `CompleteTask` that settled its workflow's root
   (`applied`; a repeat with the winner's idempotency key is not a settle):
-  rpc, promise_id, outcome, principal (the caller), settled_by (what is
-  recorded on the promise: the caller, or `settle-token:<key>:<id>` when a
-  settle token was its permission), via (`credential` or `settle_token`), peer.
+  rpc, promise_id, outcome, principal (whom the settle acted for), settled_by (what
+  is recorded on the promise: the principal, or `<principal> via settle-token
+  <key>:<id>` when a settle token was its means), via (`credential` or
+  `settle_token`), settle_token, caller, peer.
 
 `promise.state_changed` (`service.py`) stays the state machine's log: every
 change of every promise, including the ones nobody asked for (timeouts,
@@ -42,6 +47,7 @@ if TYPE_CHECKING:
     from troth_server.domain.access import Principal
     from troth_server.domain.errors import DomainError
     from troth_server.domain.promise import Promise, SettleRequest
+    from troth_server.domain.settle_tokens import SettleToken
 
     AioContext: TypeAlias = grpc.aio.ServicerContext[Any, Any]
 
@@ -51,10 +57,12 @@ REFUSALS = frozenset(
     {
         Reason.NOT_AN_APPROVER,
         Reason.SETTLE_TOKEN_MALFORMED,
+        Reason.SETTLE_TOKEN_OUTDATED,
         Reason.SETTLE_TOKEN_UNKNOWN_KEY,
         Reason.SETTLE_TOKEN_BAD_SIGNATURE,
         Reason.SETTLE_TOKEN_EXPIRED,
         Reason.SETTLE_TOKEN_WRONG_PROMISE,
+        Reason.SETTLE_TOKEN_PROMISE_REPLACED,
         Reason.SETTLE_TOKEN_OUTCOME_NOT_ALLOWED,
         Reason.SETTLE_TOKEN_USED,
         Reason.SETTLE_TOKEN_VOID,
@@ -77,18 +85,28 @@ def auth_refused(rpc: str, error: AuthError, principal: str | None, context: Aio
 
 
 def settle_refused(
-    rpc: str, request: SettleRequest, caller: Principal, error: DomainError, context: AioContext
+    rpc: str,
+    request: SettleRequest,
+    caller: Principal,
+    by_token: bool,
+    error: DomainError,
+    context: AioContext,
 ) -> None:
     """A settle refused by approver policy or settle token (`audit.refused`); any other
-    error is not logged here."""
+    error is not logged here. `by_token`: the call carried a settle token, which
+    `request` carries once verified."""
     if error.reason not in REFUSALS:
         return
+    token = request.token
     log.warning(
         "audit.refused",
         rpc=rpc,
         promise_id=request.id,
         outcome=request.state.value,
-        principal=caller.name,
+        principal=caller.name if token is None else token.principal,
+        via="settle_token" if by_token else "credential",
+        settle_token=None if token is None else f"{token.key_id}:{token.token_id}",
+        caller=caller.name,
         reason=error.reason.value,
         rule=error.metadata.get("rule"),
         peer=context.peer(),
@@ -97,16 +115,22 @@ def settle_refused(
 
 
 def settled(
-    rpc: str, promise: Promise, caller: Principal, by_token: bool, context: AioContext
+    rpc: str,
+    promise: Promise,
+    caller: Principal,
+    token: SettleToken | None,
+    context: AioContext,
 ) -> None:
-    """A settle that changed the promise (`audit.settled`)."""
+    """A settle that changed the promise (`audit.settled`), made with `token` or not."""
     log.info(
         "audit.settled",
         rpc=rpc,
         promise_id=promise.id,
         outcome=promise.state.value,
-        principal=caller.name,
+        principal=caller.name if token is None else token.principal,
         settled_by=promise.settled_by,
-        via="settle_token" if by_token else "credential",
+        via="credential" if token is None else "settle_token",
+        settle_token=None if token is None else f"{token.key_id}:{token.token_id}",
+        caller=caller.name,
         peer=context.peer(),
     )

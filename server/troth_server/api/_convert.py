@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from google.protobuf.timestamp_pb2 import Timestamp
@@ -23,6 +24,7 @@ from troth_server.domain.promise import (
     SettleRequest,
 )
 from troth_server.domain.routing import MAX_WORKFLOW_NAME, MAX_WORKFLOW_VERSION
+from troth_server.domain.settle_tokens import RESERVED_NAMES, is_principal_name
 from troth_server.domain.steps import INVOKE_TAG, Fence
 from troth_server.domain.task import Task, TaskKind, TaskState
 from troth_server.store import PromiseOrder
@@ -163,10 +165,20 @@ _TOKEN_OUTCOMES = {
 }
 
 
-def mint_request(
-    request: promises_pb2.MintSettleTokenRequest, limits: Limits
-) -> tuple[str, frozenset[PromiseState], int | None, Fence | None]:
-    """(promise id, outcomes, ttl in ms or None, fence) of a MintSettleToken request."""
+@dataclass(frozen=True, slots=True)
+class Mint:
+    """A MintSettleToken request, checked."""
+
+    promise_id: str
+    outcomes: frozenset[PromiseState]
+    ttl_ms: int | None
+    fence: Fence | None
+    acts_for: str | None
+    """The principal the token is to act for; None for the caller."""
+
+
+def mint_request(request: promises_pb2.MintSettleTokenRequest, limits: Limits) -> Mint:
+    """A MintSettleToken request's fields, each checked."""
     outcomes = set()
     for i, value in enumerate(request.outcomes):
         outcome = _TOKEN_OUTCOMES.get(value)
@@ -180,11 +192,19 @@ def mint_request(
             raise InvalidArgument("ttl", "must be positive, e.g. 86400s; omit it for the default")
         if ttl > limits.max_ttl_ms:
             raise InvalidArgument("ttl", f"exceeds the limit of {duration_text(limits.max_ttl_ms)}")
-    return (
+    acts_for = request.acts_for or None
+    if acts_for is not None and not is_principal_name(acts_for):
+        raise InvalidArgument(
+            "acts_for",
+            "must be a principal's name: 1 to 256 printable ASCII characters, no space, "
+            f"not starting with {' or '.join(map(repr, RESERVED_NAMES))}",
+        )
+    return Mint(
         promise_id(request.promise_id, limits, "promise_id"),
         frozenset(outcomes),
         ttl,
         fence(request, limits),
+        acts_for,
     )
 
 

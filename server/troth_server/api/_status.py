@@ -24,10 +24,13 @@ from troth_server.domain.errors import (
 )
 from troth_server.domain.settle_tokens import (
     BadSignature,
+    MintForAnother,
     OutcomeNotAllowed,
+    PromiseReplaced,
     SettleTokenError,
     TokenExpired,
     TokenMalformed,
+    TokenOutdated,
     TokensOff,
     TokenUsed,
     TokenVoid,
@@ -94,11 +97,14 @@ STATUS_CODES: dict[type[Exception], grpc.StatusCode] = {
     UnknownKey: grpc.StatusCode.PERMISSION_DENIED,
     BadSignature: grpc.StatusCode.PERMISSION_DENIED,
     TokenExpired: grpc.StatusCode.PERMISSION_DENIED,
+    TokenOutdated: grpc.StatusCode.PERMISSION_DENIED,
     WrongPromise: grpc.StatusCode.PERMISSION_DENIED,
+    PromiseReplaced: grpc.StatusCode.PERMISSION_DENIED,
     OutcomeNotAllowed: grpc.StatusCode.PERMISSION_DENIED,
     TokenUsed: grpc.StatusCode.FAILED_PRECONDITION,
     TokenVoid: grpc.StatusCode.FAILED_PRECONDITION,
     TokensOff: grpc.StatusCode.FAILED_PRECONDITION,
+    MintForAnother: grpc.StatusCode.PERMISSION_DENIED,
 }
 
 

@@ -103,23 +103,29 @@ class _Handlers:
         """A resolve, reject or cancel, with its audit line (`api/_audit.py`)."""
         settle, fence, caller, token = self._settle_request(request, state, context)
         try:
-            promise, applied = await self._service.settle_async(settle, fence, caller, token)
+            if token is not None:
+                # Verified first: the settle is then its principal's, and says so.
+                settle = self._service.with_settle_token(settle, token)
+            promise, applied = await self._service.settle_async(settle, fence, caller)
         except DomainError as exc:
-            audit.settle_refused(rpc, settle, caller, exc, context)
+            audit.settle_refused(rpc, settle, caller, token is not None, exc, context)
             raise
         if applied:
-            audit.settled(rpc, promise, caller, token is not None, context)
+            audit.settled(rpc, promise, caller, settle.token, context)
         return response(promise=self._one(promise, caller, settle.idempotency_key), applied=applied)
 
     def _mint(
         self, request: promises_pb2.MintSettleTokenRequest, caller: Principal
     ) -> promises_pb2.MintSettleTokenResponse:
-        promise_id, outcomes, ttl_ms, fence = convert.mint_request(request, self._limits)
+        mint = convert.mint_request(request, self._limits)
         token, granted = self._service.mint_settle_token(
-            promise_id, outcomes, ttl_ms, caller, fence
+            mint.promise_id, mint.outcomes, mint.ttl_ms, caller, mint.fence, mint.acts_for
         )
         response = promises_pb2.MintSettleTokenResponse(
-            token=token, key_id=granted.key_id, token_id=granted.token_id
+            token=token,
+            key_id=granted.key_id,
+            token_id=granted.token_id,
+            acts_for=granted.principal,
         )
         response.expire_time.FromMilliseconds(granted.expire_time)
         return response

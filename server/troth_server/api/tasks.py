@@ -285,7 +285,7 @@ class TaskServiceServicer(_Handlers, tasks_pb2_grpc.TaskServiceServicer):
             root = result[1]
             if outcome is not None and root is not None and root.state is outcome.state:
                 # The workflow's result, settled by its worker: audited like any settle.
-                audit.settled("CompleteTask", root, caller(), False, context)
+                audit.settled("CompleteTask", root, caller(), None, context)
         self._dispatcher.done(worker, task_id)
         return _completed(result)
 
@@ -347,7 +347,7 @@ class TaskServiceServicer(_Handlers, tasks_pb2_grpc.TaskServiceServicer):
             root_id, _failure_value(reason, by), by
         )
         if applied:
-            audit.settled("FailWorkflow", root, caller(), False, context)
+            audit.settled("FailWorkflow", root, caller(), None, context)
         return tasks_pb2.FailWorkflowResponse(root=convert.to_pb(visibility.view(root, caller())))
 
     @aio_unary("SearchWorkers")

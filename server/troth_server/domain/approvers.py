@@ -17,6 +17,12 @@ Rules, in the order they are checked (the refusal names the first broken one):
 
 Roles are compared by name with the caller's roles; `admin` counts only where it
 is listed: an administrator may do everything *but* stand in for an approver.
+
+The caller of a settle that carries a settle token is the principal the token
+acts for (DESIGN §4 rule 16): its name, and the roles it held when the token was
+minted (none for a named approver a gateway minted it for). Settlers are compared
+by principal (`settle_tokens.settler`), so a token's settle counts as its
+principal's in a distinct quorum.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 from troth.errors import Reason
 from troth_server.domain.access import Principal
 from troth_server.domain.errors import DomainError, InvalidArgument
+from troth_server.domain.settle_tokens import settler
 
 if TYPE_CHECKING:
     from collections.abc import Collection, Iterable
@@ -144,14 +151,17 @@ class NotAnApprover(DomainError):
 
     reason = Reason.NOT_AN_APPROVER
 
-    def __init__(self, promise_id: str, rule: Rule, why: str) -> None:
+    def __init__(
+        self, promise_id: str, rule: Rule, why: str, then: str = "nothing was changed"
+    ) -> None:
         super().__init__(
             f"promise {promise_id!r} may not be settled by this principal (rule {rule.value}): "
-            f"{why}; nothing was changed",
+            f"{why}; {then}",
             promise_id=promise_id,
             rule=rule.value,
         )
         self.rule = rule
+        self.why = why
 
 
 class PolicyNotChecked(DomainError):
@@ -242,12 +252,17 @@ def early_refusal(
 def check_distinct(
     promise_id: str, caller: str | None, quorum_settlers: Collection[str | None]
 ) -> NotAnApprover | None:
-    """The writer's part of `distinct`: a comparison with who settled the quorum."""
-    if caller is not None and caller in quorum_settlers:
+    """The writer's part of `distinct`: a comparison with who settled the quorum.
+
+    `caller` and `quorum_settlers` are `settled_by` values (or names): each is
+    compared as the principal it names (`settle_tokens.settler`), so a settle with a
+    settle token counts as its principal's, never as a token's."""
+    principal = settler(caller)
+    if principal is not None and principal in {settler(s) for s in quorum_settlers}:
         return NotAnApprover(
             promise_id,
             Rule.DISTINCT,
-            f"{caller!r} already settled another approval of this quorum; "
+            f"{principal!r} already settled another approval of this quorum; "
             "each approval needs a different principal",
         )
     return None

@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
 
     from troth_server.domain.approvers import Approvers
+    from troth_server.domain.settle_tokens import SettleToken
 
 TIMER_TAG = "troth:timer"
 """A promise tagged `troth:timer=true` resolves, rather than times out, at expiry."""
@@ -108,6 +109,10 @@ class Promise:
     """The authenticated creator; on a workflow's step, its top-level root's."""
     settle_token_id: str | None = None
     """The settle token it was settled with, if any: what makes a token single-use."""
+    instance: int = 0
+    """Drawn at random when the promise is created (1 to 2**63 - 1): what tells it from
+    an earlier promise of the same id, pruned since, whose settle tokens are void for
+    it. 0: created before instances were recorded, or settled before it was created."""
 
     @property
     def is_timer(self) -> bool:
@@ -152,8 +157,9 @@ class SettleRequest:
     """The schema text `value` was checked against (`domain.schema.check_value`),
     before the write: a resolve of a promise with another schema is refused with
     `ValueNotChecked`, so the writer never runs a schema check itself."""
-    token_id: str | None = None
-    """The id of the verified settle token this settle carries (`domain.settle_tokens`)."""
+    token: SettleToken | None = None
+    """The verified settle token this settle carries (`domain.settle_tokens`): the
+    settle is then its principal's, and `principal` says so with the means."""
     checked_policy: Approvers | None = None
     """The approver policy the caller was checked against before the write; the
     writer refuses (`PolicyNotChecked`) when the promise's is another."""
@@ -193,6 +199,7 @@ def create(
     cap: int | None = None,
     links: tuple[str, str] | None = None,
     started_by: str | None = None,
+    instance: int = 0,
 ) -> tuple[Promise, bool]:
     """Create a promise, or recognise a repeat of the create that made `existing`.
 
@@ -200,8 +207,9 @@ def create(
     root, DESIGN §4.5); the effective expire_time is in the returned promise.
     `links` is (root_id, parent_id) of a workflow's step, recorded on a promise
     this create makes (or adopts); `started_by` the principal recorded as its
-    starter (the creator, or a step's root's starter). Returns the promise (as a reader at `now`
-    sees it) and whether it was created.
+    starter (the creator, or a step's root's starter); `instance` the random number a
+    promise this create makes records (`Promise.instance`). Returns the promise (as a
+    reader at `now` sees it) and whether it was created.
     """
     if existing is None:
         expire_time = request.expire_time
@@ -232,6 +240,7 @@ def create(
             parent_id=None if links is None else links[1],
             approvers=request.approvers,
             started_by=started_by,
+            instance=instance,
         )
         return promise, True
 
@@ -338,7 +347,7 @@ def settle(existing: Promise | None, request: SettleRequest, now: int) -> tuple[
             settle_time=now,
             idempotency_key_for_settle=request.idempotency_key,
             settled_by=request.principal,
-            settle_token_id=request.token_id,
+            settle_token_id=None if request.token is None else request.token.token_id,
         )
         return settled, True
 

@@ -71,6 +71,7 @@ def to_row(p: Promise) -> dict[str, Any]:
         "approvers": None if p.approvers is None else p.approvers.to_json(),
         "started_by": p.started_by,
         "settle_token_id": p.settle_token_id,
+        "instance": p.instance,
     }
 
 
@@ -90,7 +91,7 @@ def load_json(value: Any) -> dict[str, str]:
 # value_data, tags, timer, create_time, settle_time, expire_time,
 # idempotency_key_for_create, idempotency_key_for_settle, settled_by, schema,
 # title, message, requested_by, workflow_version, root_id, parent_id, approvers,
-# started_by, settle_token_id.
+# started_by, settle_token_id, instance.
 def to_promise(row: Sequence[Any]) -> Promise:
     return Promise(
         id=row[1],
@@ -114,4 +115,5 @@ def to_promise(row: Sequence[Any]) -> Promise:
         approvers=None if row[22] is None else Approvers.from_json(row[22]),
         started_by=row[23],
         settle_token_id=row[24],
+        instance=row[25],
     )

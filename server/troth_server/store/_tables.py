@@ -74,6 +74,9 @@ promises = Table(
     Column("approvers", _json, nullable=True),
     Column("started_by", String(1024), nullable=True),
     Column("settle_token_id", String(64), nullable=True),
+    # Random, drawn at create: a promise pruned and created again under the same id is
+    # another instance, and its settle tokens are void (revision 0011; 0 before it).
+    Column("instance", BigInteger(), nullable=False, server_default=text("0")),
 )
 
 # The sweeper's loop: pending promises by expiry. Partial, so settled rows cost nothing.
