@@ -132,6 +132,7 @@ class _CreateOp:
         workflow = batch.get(task.root_promise_id)
         if workflow is None:
             raise PromiseNotFound(task.root_promise_id)
+        steps.check_step_owner(self.request.id, workflow.id)
         if existing is not None:
             latent = pending and not steps.is_checkpoint(self.request.tags)
             steps.check_owner(existing, workflow, latent=latent, early=domain.is_early(existing))
@@ -169,6 +170,8 @@ class _SettleOp:
                 raise steps.ReservedForWorkflow(
                     self.request.id, f"is not a step of workflow {task.root_promise_id!r}"
                 )
+            if existing is None and self.request.create_if_missing:
+                steps.check_step_owner(self.request.id, task.root_promise_id)
         elif self.request.state is not PromiseState.REJECTED_CANCELED and (
             existing is not None or self.request.create_if_missing
         ):

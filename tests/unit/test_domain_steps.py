@@ -14,11 +14,14 @@ from troth_server.domain.steps import (
     ReservedForWorkflow,
     check_fence,
     check_owner,
+    check_step_owner,
     check_unfenced_create,
     check_unfenced_settle,
     ended,
+    is_step_id,
     links_under,
     namespace_roots,
+    step_workflow,
 )
 from troth_server.domain.task import StaleCounter, Task, TaskKind, TaskNotFound, TaskState
 
@@ -40,12 +43,42 @@ def test_the_step_namespace_is_a_root_then_a_number() -> None:
     assert namespace_roots("plain") == []
 
 
+def test_a_numbered_steps_id_is_the_form_x_dot_a_number() -> None:
+    assert is_step_id("order-42.0") and step_workflow("order-42.0") == "order-42"
+    assert step_workflow("order-42.3.1") == "order-42.3"
+    assert step_workflow("a.b.17") == "a.b"
+    for other in ("order-42", "order-42.review", "order-42.0a", ".5", "x.", "x.\u0663"):
+        assert not is_step_id(other), other
+
+
+def test_nobody_creates_a_numbered_steps_id_without_a_fence_started_or_not() -> None:
+    loaded = {"wf": _promise("wf", ROOT), "plain": _promise("plain")}
+    for promise_id in ("plain.0", "not-started-yet.0", "wf.0", "wf.3.1"):
+        with pytest.raises(ReservedForWorkflow, match="numbered step") as refused:
+            check_unfenced_create(promise_id, {}, loaded)
+        assert "choose another id" in refused.value.message
+        with pytest.raises(ReservedForWorkflow, match="numbered step"):
+            check_unfenced_settle(promise_id, None, loaded)  # create_if_missing
+    check_unfenced_create("order-42-0", {}, loaded)
+    check_unfenced_create("order-42.review-0", {}, loaded)
+
+
+def test_a_fenced_create_takes_numbered_ids_only_in_its_own_workflow() -> None:
+    check_step_owner("wf.0", "wf")
+    check_step_owner("wf.3.1", "wf.3")  # a child workflow's own step
+    check_step_owner("approval-7", "wf")  # an id the workflow names
+    check_step_owner("other.approval", "wf")
+    for promise_id, workflow_id in (("other.0", "wf"), ("wf.3.1", "wf"), ("wf.0", "wf.3")):
+        with pytest.raises(ReservedForWorkflow, match="numbered step") as refused:
+            check_step_owner(promise_id, workflow_id)
+        assert f"not one of workflow {workflow_id!r}" in refused.value.message
+
+
 def test_unfenced_writes_of_checkpoints_are_refused() -> None:
     loaded = {"wf": _promise("wf", ROOT), "plain": _promise("plain")}
-    check_unfenced_create("plain.0", {}, loaded)  # a plain promise reserves nothing
     check_unfenced_create("wf.invoice", {}, loaded)  # not a numbered step
     with pytest.raises(ReservedForWorkflow, match="namespace"):
-        check_unfenced_create("wf.0", {}, loaded)
+        check_unfenced_create("wf.3.invoice", {}, loaded)  # a child's namespace
     with pytest.raises(ReservedForWorkflow, match="'run' step"):
         check_unfenced_create("anything", {"troth:kind": "run"}, loaded)
     check_unfenced_create("anything", {"troth:kind": "promise"}, loaded)

@@ -12,11 +12,20 @@ The rules (one table, enforced by the create and settle ops of the service):
 | create PENDING (latent, timer, child start) | root's task, current counter | STALE_COUNTER|
 | create with a finished result (a record)    | root's task, any counter     | STALE_COUNTER|
 | settle a `run`/`now`/`random` step          | root's task, any counter     | STALE_COUNTER|
+| create of an id `<x>.<n>` (n a number)      | required, and x its workflow | RESERVED_... |
 | create in `<root>.<n>...` or with step tags | required                     | RESERVED_... |
 | settle a latent step (`ctx.promise`)        | none needed (humans)         |              |
 | new PENDING step under a settled root       | -                            | WORKFLOW_... |
 
 RESERVED_... is RESERVED_FOR_WORKFLOW, WORKFLOW_... is WORKFLOW_SETTLED.
+
+An id whose last dot-separated part is a number (`order-42.0`, `order-42.3.1`)
+has the form of a numbered step (`is_step_id`), the ids the SDK's engine gives
+a workflow's steps: it is created only with the fence of the task holding the
+workflow it names (`order-42`, `order-42.3`), before that workflow starts as
+after, so that nobody can take the id of a step a workflow will write
+(`check_unfenced_create`, `check_step_owner`). Ids a workflow names itself
+(`ctx.promise(id=...)`) are of any other form, and keep their rules.
 
 When a workflow root settles in any way, its steps still PENDING are settled
 REJECTED_CANCELED with a value saying why (`ended`), and a child workflow's
@@ -75,14 +84,25 @@ class ReservedForWorkflow(DomainError):
 
     reason = Reason.RESERVED_FOR_WORKFLOW
 
-    def __init__(self, promise_id: str, why: str) -> None:
+    def __init__(self, promise_id: str, why: str, todo: str | None = None) -> None:
         super().__init__(
             f"promise {promise_id!r} {why}: only the worker holding the workflow's task "
-            "writes it (with the task's fence); settle latent promises (ctx.promise) "
-            "instead, or choose an id outside the workflow's step namespace",
+            "writes it (with the task's fence); "
+            + (
+                todo
+                or "settle latent promises (ctx.promise) instead, or choose an id outside "
+                "the workflow's step namespace"
+            ),
             promise_id=promise_id,
         )
         self.promise_id = promise_id
+
+
+_STEP_ID_TODO = (
+    "ids ending in a dot and a number are reserved for the steps a workflow numbers "
+    "itself (`<workflow id>.<n>`), so that nobody can take one before the workflow "
+    "writes it: choose another id (e.g. 'order-42-0' or 'order-42.review-0')"
+)
 
 
 class WorkflowSettled(DomainError):
@@ -127,6 +147,33 @@ def namespace_roots(promise_id: str) -> list[str]:
     ]
 
 
+def is_step_id(promise_id: str) -> bool:
+    """Whether `promise_id` has the form of a workflow's numbered step, `<x>.<n>` (n
+    ASCII digits): created only with the fence of workflow x's task (`order-42.0` of
+    `order-42`, `order-42.3.1` of the child `order-42.3`)."""
+    head, dot, last = promise_id.rpartition(".")
+    return bool(dot and head) and last.isascii() and last.isdigit()
+
+
+def step_workflow(promise_id: str) -> str | None:
+    """The workflow whose numbered step `promise_id` would be (None: not of that form)."""
+    return promise_id.rpartition(".")[0] if is_step_id(promise_id) else None
+
+
+def check_step_owner(promise_id: str, workflow_id: str) -> None:
+    """A fenced write that creates `promise_id` for workflow `workflow_id`: a
+    numbered step's id only in its own workflow's namespace."""
+    owner = step_workflow(promise_id)
+    if owner is not None and owner != workflow_id:
+        raise ReservedForWorkflow(
+            promise_id,
+            f"is the id of workflow {owner!r}'s numbered step, not one of workflow "
+            f"{workflow_id!r} (whose task's fence came with it)",
+            f"workflow {workflow_id!r} creates its numbered steps as "
+            f"'{workflow_id}.<n>'; give a step it names another id",
+        )
+
+
 def reserved_by(promise_id: str, loaded: Mapping[str, Promise | None]) -> str | None:
     """The workflow root (among `loaded`) whose step namespace holds `promise_id`."""
     for root_id in namespace_roots(promise_id):
@@ -139,9 +186,19 @@ def reserved_by(promise_id: str, loaded: Mapping[str, Promise | None]) -> str | 
 def check_unfenced_create(
     promise_id: str, tags: Mapping[str, str], loaded: Mapping[str, Promise | None]
 ) -> None:
-    """Refuse a create without a fence that would write a workflow's checkpoint."""
+    """Refuse a create without a fence that would write a workflow's checkpoint, or
+    take the id of a workflow's numbered step (whether the workflow exists yet or not)."""
     if is_checkpoint(tags):
         raise ReservedForWorkflow(promise_id, f"is tagged as a workflow's {tags[KIND_TAG]!r} step")
+    _check_unfenced_id(promise_id, loaded)
+
+
+def _check_unfenced_id(promise_id: str, loaded: Mapping[str, Promise | None]) -> None:
+    owner = step_workflow(promise_id)
+    if owner is not None:
+        raise ReservedForWorkflow(
+            promise_id, f"has the form of workflow {owner!r}'s numbered step", _STEP_ID_TODO
+        )
     owner = reserved_by(promise_id, loaded)
     if owner is not None:
         raise ReservedForWorkflow(promise_id, f"is in workflow {owner!r}'s step namespace")
@@ -153,9 +210,7 @@ def check_unfenced_settle(
     """Refuse a settle without a fence of a workflow's checkpoint step, or one that
     would create (`create_if_missing`) a promise in a workflow's step namespace."""
     if existing is None:
-        owner = reserved_by(promise_id, loaded)
-        if owner is not None:
-            raise ReservedForWorkflow(promise_id, f"is in workflow {owner!r}'s step namespace")
+        _check_unfenced_id(promise_id, loaded)
         return
     if existing.parent_id is not None and is_checkpoint(existing.tags):
         raise ReservedForWorkflow(
