@@ -167,3 +167,33 @@ def _pending(client: Client, promise_id: str) -> bool:
         return client.get(promise_id).state == "PENDING"
     except NotFoundError:  # not created yet
         return False
+
+
+# -- item 7: idempotency keys only to their owner --------------------------------------
+
+
+def test_an_already_settled_message_shows_the_winners_key_to_nobody(site: Site) -> None:
+    promise_id = site.create("gateway", _id("keys-")).id
+    site.resolve("gateway", promise_id, idempotency_key="the-winners-key")
+    for who in ("worker-gateway", "admin"):
+        with pytest.raises(grpc.RpcError) as lost:
+            site.resolve(who, promise_id, idempotency_key="another-key")
+        assert error_info(lost.value).reason == Reason.ALREADY_SETTLED
+        details = lost.value.details()  # type: ignore[attr-defined]
+        assert "the-winners-key" not in details and "the-winners-key" not in str(
+            error_info(lost.value)
+        )
+        assert "by 'gateway'" in details and "with another idempotency key" in details
+    # The winner's own strict repeat asking another state: its own key, not named either.
+    with pytest.raises(grpc.RpcError) as strict:
+        site.promises.RejectPromise(
+            promises_pb2.RejectPromiseRequest(
+                id=promise_id, idempotency_key="the-winners-key", strict=True
+            ),
+            metadata=site.md("gateway"),
+            timeout=10,
+        )
+    assert "with this settle's idempotency key" in strict.value.details()  # type: ignore[attr-defined]
+    # GetPromise shows it to its writer and admins only, as before.
+    assert site.get("gateway", promise_id).idempotency_key_for_settle == "the-winners-key"
+    assert site.get("ops", promise_id).idempotency_key_for_settle == ""
