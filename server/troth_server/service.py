@@ -342,6 +342,8 @@ class PromiseService:
         against its approver policy, or with the settle token it carries."""
         if token is not None:
             request = self.guard.with_token(request, token)
+        elif fence is None:
+            self.check_settle_reach(request, caller)
         for attempt in range(_POLICY_ATTEMPTS):
             found = self._store.get_promise(request.id) if _reads(request, fence, attempt) else None
             if fence is None:
@@ -367,6 +369,8 @@ class PromiseService:
         """`settle` for an event loop: the schema check runs on the check pool."""
         if token is not None:
             request = self.guard.with_token(request, token)
+        elif fence is None:
+            self.check_settle_reach(request, caller)  # point reads, as GetPromise's
 
         async def write(checked: SettleRequest) -> tuple[Promise, bool]:
             return await self._committer.submit_async(_SettleOp(checked, fence))
@@ -539,12 +543,31 @@ class PromiseService:
 
     def workflow_groups(self, workflow_ids: Iterable[str]) -> dict[str, str]:
         """The task group of each of these workflows (roots or child roots) that exists:
-        whose workers see its steps' keys and settle tokens (`domain.visibility`)."""
+        whose workers see its steps' keys and settle tokens (`domain.visibility`), and
+        reach its steps (`domain.steps.check_worker_reach`)."""
         wanted = set(workflow_ids)
-        if not wanted:
-            return {}
-        found = self._store.get_promises(wanted)
-        return {p.id: p.tags[steps.INVOKE_TAG] for p in found if steps.INVOKE_TAG in p.tags}
+        return steps.groups_of(self._store.get_promises(wanted)) if wanted else {}
+
+    def check_reach(self, promise: Promise, reader: Principal, action: str) -> None:
+        """Refuse `reader` a promise outside its reach (a worker's: its groups'
+        workflows, `domain.steps.check_worker_reach`); a point read of the promise's
+        workflow when the rule needs its group."""
+        parent = steps.reach_parent(promise, reader)
+        group = None if parent is None else self.workflow_groups([parent]).get(parent)
+        steps.check_worker_reach(reader, promise, group, action)
+
+    def check_settle_reach(self, request: SettleRequest, caller: Principal) -> None:
+        """An unfenced settle by a worker, of a promise of its groups' workflows only:
+        read before the write (a promise's workflow never changes while it is pending;
+        a settled one is only answered, as it was)."""
+        if not steps.is_confined(caller) or request.state is PromiseState.REJECTED_CANCELED:
+            return
+        found = self._store.get_promise(request.id)
+        if found is None:
+            if request.create_if_missing:
+                steps.check_worker_early(caller, request.id)
+            raise PromiseNotFound(request.id)
+        self.check_reach(found, caller, "settle")
 
     def watch(self, promise_id: str) -> PromiseWatch:
         """The promise now, then once more when it settles (see `PromiseWatch`)."""

@@ -7,20 +7,27 @@ from typing import Any
 
 import pytest
 
+from troth.errors import Reason
+from troth_server.domain.access import ANY_GROUP, LOCAL_DEVELOPER, Principal, Role
 from troth_server.domain.errors import PromiseAlreadyExists
 from troth_server.domain.promise import EMPTY, Promise, PromiseState
 from troth_server.domain.steps import (
     Fence,
+    OutsideWorkersGroups,
     ReservedForWorkflow,
     check_fence,
     check_owner,
     check_step_owner,
     check_unfenced_create,
     check_unfenced_settle,
+    check_worker_early,
+    check_worker_reach,
+    check_worker_start,
     ended,
     is_step_id,
     links_under,
     namespace_roots,
+    reach_parent,
     step_workflow,
 )
 from troth_server.domain.task import StaleCounter, Task, TaskKind, TaskNotFound, TaskState
@@ -138,3 +145,46 @@ def test_a_step_ends_with_its_root_saying_why() -> None:
         assert json.loads(done.value.data) == {
             "reason": reason, "workflow": "wf", "workflow_state": state.value,
         }  # fmt: skip
+
+
+def test_a_worker_reaches_only_its_groups_workflows_and_its_own_promises() -> None:
+    a = Principal("w-a", frozenset({Role.WORKER}), frozenset({"ga"}))
+    every = Principal("w-all", frozenset({Role.WORKER}), frozenset({ANY_GROUP}))
+    hybrid = Principal("w-gw", frozenset({Role.WORKER, Role.GATEWAY}), frozenset({"gb"}))
+    gateway = Principal("gw", frozenset({Role.GATEWAY}))
+    root_a = _promise("wf", {"troth:invoke": "ga"})
+    step_a = _promise("wf.0", parent_id="wf", root_id="wf")
+    child_b = _promise("wf.1", {"troth:invoke": "gb"}, parent_id="wf", root_id="wf")
+    standalone = _promise("loose", started_by="gw")
+    own = _promise("mine", started_by="w-a")
+    for promise, parent_group in ((root_a, None), (step_a, "ga"), (child_b, "ga"), (own, None)):
+        check_worker_reach(a, promise, parent_group, "read")
+    for reader in (hybrid, gateway, LOCAL_DEVELOPER):
+        check_worker_reach(reader, standalone, None, "read")
+    check_worker_reach(every, step_a, "gb", "read")  # '*': every group's workflows,
+    with pytest.raises(OutsideWorkersGroups):
+        check_worker_reach(every, standalone, None, "read")  # but no group is no workflow
+    assert reach_parent(step_a, a) == "wf" and reach_parent(step_a, hybrid) is None
+    cases = [
+        (root_a, None, "group ga", hybrid),
+        (step_a, "gb", "group gb", a),
+        (step_a, None, "step of workflow 'wf'", a),
+        (standalone, None, "belongs to no workflow", a),
+    ]
+    for promise, parent_group, why, reader in cases:
+        if reader is hybrid:
+            check_worker_reach(reader, promise, parent_group, "read")  # a gateway too
+            continue
+        with pytest.raises(OutsideWorkersGroups, match=why) as refused:
+            check_worker_reach(reader, promise, parent_group, "settle")
+        assert refused.value.reason is Reason.GROUP_NOT_ALLOWED
+        assert refused.value.metadata["promise_id"] == promise.id
+        assert "may not settle promise" in refused.value.message
+    check_worker_start(a, "wf-new", {"troth:invoke": "ga"})
+    check_worker_start(a, "loose-2", {})
+    check_worker_start(hybrid, "wf-new", {"troth:invoke": "ga"})
+    with pytest.raises(OutsideWorkersGroups, match="workflow of the group 'gb'"):
+        check_worker_start(a, "wf-new", {"troth:invoke": "gb"})
+    with pytest.raises(OutsideWorkersGroups, match="early"):
+        check_worker_early(a, "approval-7")
+    check_worker_early(gateway, "approval-7")

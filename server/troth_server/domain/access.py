@@ -7,7 +7,8 @@ Roles:
 
 - `worker`: the task calls (`Poll`, `Heartbeat`, `CompleteTask`, `ReleaseTask`,
   `RegisterCallbacks`) and its workflows' step writes, for the task groups its
-  grant names (`Principal.groups`);
+  grant names (`Principal.groups`); a worker and nothing more reads and settles
+  only its groups' workflows' promises (`domain.steps.check_worker_reach`);
 - `gateway`: starts workflows, reads, searches and watches promises, settles them;
 - `operator`: reads, searches and watches promises, cancels them, lists tasks;
 - `admin`: everything, including `PrunePromises`.

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING
 
 from troth.errors import Reason
 from troth_server.domain import task as tasks
+from troth_server.domain.access import Role
 from troth_server.domain.errors import DomainError, PromiseAlreadyExists
 from troth_server.domain.promise import (
     SETTLE_VERBS,
@@ -53,7 +54,7 @@ from troth_server.domain.starts import INVOKE_TAG as INVOKE_TAG
 from troth_server.domain.task import Task, TaskNotFound
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Iterable, Mapping
 
     from troth_server.domain.access import Principal
 
@@ -120,6 +121,95 @@ class WorkflowSettled(DomainError):
             state=root.state.value,
         )
         self.root = root
+
+
+class OutsideWorkersGroups(DomainError):
+    """A worker reading or settling a promise of no workflow in its groups (DESIGN §7)."""
+
+    reason = Reason.GROUP_NOT_ALLOWED
+
+    def __init__(
+        self, principal: Principal, promise_id: str, action: str, why: str, groups: Iterable[str]
+    ) -> None:
+        names = ", ".join(sorted(principal.groups)) or "none"
+        super().__init__(
+            f"principal {principal.name!r} (a worker for the groups {names}) may not "
+            f"{action} promise {promise_id!r}: {why}. A worker reads and settles only the "
+            "promises of workflows in its groups and those it created itself; read or "
+            "settle others with a gateway's or operator's credential",
+            principal=principal.name,
+            promise_id=promise_id,
+            groups=", ".join(sorted(groups)),
+        )
+
+
+def is_confined(principal: Principal) -> bool:
+    """Whether `principal` is a worker and nothing more, so that it reaches only the
+    promises of its groups' workflows (`check_worker_reach`). A principal that also
+    holds `gateway`, `operator` or `admin` keeps those roles' reach (authentication
+    off: the local developer holds every role)."""
+    return Role.WORKER in principal.roles and principal.roles <= {Role.WORKER}
+
+
+def reach_parent(promise: Promise, reader: Principal) -> str | None:
+    """The workflow whose group `check_worker_reach` needs for `reader` to reach
+    `promise` (its parent's `troth:invoke`, one point read), if any."""
+    return promise.parent_id if is_confined(reader) else None
+
+
+def groups_of(workflows: Iterable[Promise]) -> dict[str, str]:
+    """The task group of each of these promises that is a workflow's root, by id."""
+    return {p.id: p.tags[INVOKE_TAG] for p in workflows if INVOKE_TAG in p.tags}
+
+
+def check_worker_reach(
+    reader: Principal, promise: Promise, parent_group: str | None, action: str
+) -> None:
+    """The one rule of a worker's reach (DESIGN §7: "a worker principal acts only in
+    the groups its grant names"): a worker and nothing more reads and settles (`action`)
+    a promise only if it belongs to a workflow of one of its groups, by record: a
+    workflow's root (its `troth:invoke` group), or a step (its parent workflow's group,
+    `parent_group`; a child workflow's root is both). A promise of no workflow only if
+    it created it itself. Anyone else: no limit here. Pure."""
+    if not is_confined(reader):
+        return
+    groups = {g for g in (promise.tags.get(INVOKE_TAG), parent_group) if g is not None}
+    if any(reader.may_work_for(g) for g in groups):
+        return
+    if promise.parent_id is None and not groups and promise.started_by == reader.name:
+        return  # a standalone promise of its own
+    if groups:
+        why = f"it belongs to a workflow of the group {', '.join(sorted(groups))}"
+    elif promise.parent_id is not None:
+        why = f"it is a step of workflow {promise.parent_id!r}, which no group of it runs"
+    else:
+        why = "it belongs to no workflow, and another principal created it"
+    raise OutsideWorkersGroups(reader, promise.id, action, why, groups)
+
+
+def check_worker_start(reader: Principal, promise_id: str, tags: Mapping[str, str]) -> None:
+    """`check_worker_reach` for a create without a fence: what a worker creates must be
+    its to reach, so it starts workflows only in its groups (a standalone promise is
+    its own). A step's create carries its task's fence, checked by `check_fence`."""
+    group = tags.get(INVOKE_TAG)
+    if is_confined(reader) and group is not None and not reader.may_work_for(group):
+        raise OutsideWorkersGroups(
+            reader, promise_id, "start", f"it would be a workflow of the group {group!r}", [group]
+        )
+
+
+def check_worker_early(reader: Principal, promise_id: str) -> None:
+    """A settle by a worker of a promise that does not exist yet (`create_if_missing`)
+    would create one of no workflow, settled by it: not a worker's to make."""
+    if is_confined(reader):
+        raise OutsideWorkersGroups(
+            reader,
+            promise_id,
+            "settle",
+            "it does not exist, and a worker settles only promises of its workflows, "
+            "which exist (it may not settle one early, create_if_missing)",
+            [],
+        )
 
 
 def is_workflow(promise: Promise) -> bool:
