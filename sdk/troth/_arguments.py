@@ -31,6 +31,7 @@ __all__ = [
     "optional_text",
     "promise_id",
     "seconds",
+    "step_name",
     "tags",
     "text",
     "texts",
@@ -60,6 +61,22 @@ def promise_id(call: str, value: object, name: str = "id") -> str:
 
 def optional_id(call: str, value: object, name: str = "id") -> str | None:
     return None if value is None else promise_id(call, value, name)
+
+
+def step_name(call: str, value: object) -> str | None:
+    """The `id=` a workflow gives one of its steps (`ctx.promise`, `ctx.run`, ...):
+    any id but one ending in `.<number>`, the form the server keeps for the steps
+    a workflow numbers itself and refuses to anyone else (`RESERVED_FOR_WORKFLOW`)."""
+    name = optional_id(call, value)
+    if name is not None:
+        head, dot, last = name.rpartition(".")
+        if dot and head and last.isascii() and last.isdigit():
+            raise ValueError(
+                f"{call}: id {name!r} ends in '.<number>', the form troth keeps for the "
+                "steps it numbers itself ('<workflow id>.<n>'); name the step otherwise, "
+                f"e.g. {f'{head}.step-{last}'!r}"
+            )
+    return name
 
 
 def text(call: str, value: object, name: str) -> str:

@@ -115,7 +115,9 @@ class Context:
             id: Its id; default `<workflow id>.<n>`. Choose one (e.g.
                 f"approval-{post_id}") when a gateway must settle it by a
                 name it knows, even before the workflow gets here (see
-                `Client.resolve(..., create_if_missing=True)`).
+                `Client.resolve(..., create_if_missing=True)`). A chosen id
+                never ends in `.<number>`, the form kept for numbered steps
+                (`ValueError`).
             timeout: After this long it is rejected as timed out (the wait raises
                 `TimedOut`); default the server's (`--default-ttl`, 1 day). Capped
                 by the workflow's own expiry (its `ttl`, default 30 days): the
@@ -140,7 +142,7 @@ class Context:
                 principal's settle.
         """
         call = "ctx.promise"
-        check.optional_id(call, id)
+        check.step_name(call, id)
         timeout = check.duration(call, timeout, "timeout")
         user_tags = check.tags(call, tags)
         check.texts(call, title=title, message=message)
@@ -180,7 +182,8 @@ class Context:
             fn: Any callable; its `__qualname__` is recorded to detect changed code.
             args: Passed to `fn` as they are (they are not encoded).
             retry: How failures are retried; default `RetryPolicy()`.
-            id: The step's id; default `<workflow id>.<n>`.
+            id: The step's id; default `<workflow id>.<n>` (a chosen one never
+                ends in `.<number>`: `ValueError`).
             check_args: Record a digest of `args` (and of a `functools.partial`'s
                 bound arguments) on the step and, on replay, fail with
                 `NonDeterminismError` if the code now passes others at this
@@ -198,7 +201,7 @@ class Context:
             raise TypeError(
                 f"ctx.run: retry must be a troth.RetryPolicy, not {type(retry).__name__}"
             )
-        check.optional_id("ctx.run", id)
+        check.step_name("ctx.run", id)
         check.flag("ctx.run", check_args, "check_args")
         return RunStep(fn=fn, args=args, retry=retry or RetryPolicy(), id=id, check_args=check_args)
 
@@ -214,7 +217,7 @@ class Context:
         delta = check.duration("ctx.sleep", duration, "duration", in_seconds=True)
         if delta is None:
             raise TypeError("ctx.sleep: duration must be a datetime.timedelta or seconds, not None")
-        check.optional_id("ctx.sleep", id)
+        check.step_name("ctx.sleep", id)
         if delta < timedelta(0):
             raise ValueError(f"duration must not be negative, not {delta}")
         return Sleep(duration=delta, id=id, check_args=check_args)
@@ -246,7 +249,7 @@ class Context:
 
         .. versionchanged:: 0.2.0 `ttl`.
         """
-        check.optional_id("ctx.start", id)
+        check.step_name("ctx.start", id)
         check.optional_text("ctx.start", group, "group")
         return StartWorkflow(
             name=check.workflow_name(workflow),
@@ -270,7 +273,7 @@ class Context:
 
         `check_args` and `ttl` as for `start`.
         """
-        check.optional_id("ctx.rpc", id)
+        check.step_name("ctx.rpc", id)
         check.optional_text("ctx.rpc", group, "group")
         return StartWorkflow(
             name=check.workflow_name(workflow),

@@ -141,6 +141,7 @@ class _CreateOp:
         workflow = batch.get(task.root_promise_id)
         if workflow is None:
             raise PromiseNotFound(task.root_promise_id)
+        steps.check_step_owner(self.request.id, workflow.id)
         if existing is not None:
             latent = pending and not steps.is_checkpoint(self.request.tags)
             steps.check_owner(existing, workflow, latent=latent, early=domain.is_early(existing))
@@ -178,6 +179,8 @@ class _SettleOp:
                 raise steps.ReservedForWorkflow(
                     self.request.id, f"is not a step of workflow {task.root_promise_id!r}"
                 )
+            if existing is None and self.request.create_if_missing:
+                steps.check_step_owner(self.request.id, task.root_promise_id)
         elif self.request.state is not PromiseState.REJECTED_CANCELED and (
             existing is not None or self.request.create_if_missing
         ):
@@ -355,6 +358,8 @@ class PromiseService:
         first, on this thread (never the writer's), and an unfenced resolve or reject
         against its approver policy as `caller`'s, or, with a settle token
         (`with_settle_token`), as the settle of the principal the token acts for."""
+        if fence is None and request.token is None:
+            self.check_settle_reach(request, caller)
         for attempt in range(_POLICY_ATTEMPTS):
             found = self._store.get_promise(request.id) if _reads(request, fence, attempt) else None
             if fence is None:
@@ -377,6 +382,8 @@ class PromiseService:
         caller: Principal = LOCAL_DEVELOPER,
     ) -> tuple[Promise, bool]:
         """`settle` for an event loop: the schema check runs on the check pool."""
+        if fence is None and request.token is None:
+            self.check_settle_reach(request, caller)  # point reads, as GetPromise's
 
         async def write(checked: SettleRequest) -> tuple[Promise, bool]:
             return await self._committer.submit_async(_SettleOp(checked, fence))
@@ -552,12 +559,31 @@ class PromiseService:
 
     def workflow_groups(self, workflow_ids: Iterable[str]) -> dict[str, str]:
         """The task group of each of these workflows (roots or child roots) that exists:
-        whose workers see its steps' keys and settle tokens (`domain.visibility`)."""
+        whose workers see its steps' keys and settle tokens (`domain.visibility`), and
+        reach its steps (`domain.steps.check_worker_reach`)."""
         wanted = set(workflow_ids)
-        if not wanted:
-            return {}
-        found = self._store.get_promises(wanted)
-        return {p.id: p.tags[steps.INVOKE_TAG] for p in found if steps.INVOKE_TAG in p.tags}
+        return steps.groups_of(self._store.get_promises(wanted)) if wanted else {}
+
+    def check_reach(self, promise: Promise, reader: Principal, action: str) -> None:
+        """Refuse `reader` a promise outside its reach (a worker's: its groups'
+        workflows, `domain.steps.check_worker_reach`); a point read of the promise's
+        workflow when the rule needs its group."""
+        parent = steps.reach_parent(promise, reader)
+        group = None if parent is None else self.workflow_groups([parent]).get(parent)
+        steps.check_worker_reach(reader, promise, group, action)
+
+    def check_settle_reach(self, request: SettleRequest, caller: Principal) -> None:
+        """An unfenced settle by a worker, of a promise of its groups' workflows only:
+        read before the write (a promise's workflow never changes while it is pending;
+        a settled one is only answered, as it was)."""
+        if not steps.is_confined(caller) or request.state is PromiseState.REJECTED_CANCELED:
+            return
+        found = self._store.get_promise(request.id)
+        if found is None:
+            if request.create_if_missing:
+                steps.check_worker_early(caller, request.id)
+            raise PromiseNotFound(request.id)
+        self.check_reach(found, caller, "settle")
 
     def watch(self, promise_id: str) -> PromiseWatch:
         """The promise now, then once more when it settles (see `PromiseWatch`)."""

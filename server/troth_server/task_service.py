@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from troth_server.batch import Batch, Keys, claim_in
 from troth_server.checks import SchemaChecks
 from troth_server.domain import promise as domain
+from troth_server.domain import steps
 from troth_server.domain import task as tasks
 from troth_server.domain.errors import NotAWorkflow, PromiseNotFound
 from troth_server.domain.promise import PromiseState
@@ -365,6 +366,16 @@ class TaskService:
         worker (its resumes first), recording its version on roots that had none,
         and on each task the authenticated `principal` it is leased to."""
         return self._committer.submit(_ClaimOp(group, worker_id, limit, lease_ms, route, principal))
+
+    def check_reach(self, promises: Sequence[Promise], reader: Principal, action: str) -> None:
+        """Refuse `reader` an answer with a promise outside its reach (a worker's: its
+        groups' workflows, `domain.steps.check_worker_reach`): the awaited promises a
+        RegisterCallbacks or a suspending CompleteTask answers with."""
+        parents = {p for p in (steps.reach_parent(x, reader) for x in promises) if p}
+        groups = steps.groups_of(self._store.get_promises(parents)) if parents else {}
+        for promise in promises:
+            group = None if promise.parent_id is None else groups.get(promise.parent_id)
+            steps.check_worker_reach(reader, promise, group, action)
 
     def search(self, group: str, limit: int, root_id: str | None = None) -> list[Task]:
         """The group's tasks that are not completed, oldest first (a read); with

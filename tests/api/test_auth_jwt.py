@@ -185,6 +185,27 @@ def test_refused_jwts(jwks_server: ServerProcess, keys: JwtKeys) -> None:
             make_jwt(keys.rsa_private, "RS256", "troth:me", ["gateway"], kid="rsa-1", **CLAIMS),
             "TOKEN_INVALID",
         ),
+        # Its settles would look like a settle link's (issue 26).
+        "a settle token's name": (
+            make_jwt(keys.rsa_private, "RS256", "settle-token:k1:abc", ["gateway"], kid="rsa-1",
+                     **CLAIMS),
+            "TOKEN_INVALID",
+        ),
+        # PyJWT takes a string of digits for a time (issue 26): a JSON number or nothing.
+        "exp a string": (
+            make_jwt(keys.rsa_private, "RS256", "a", ["gateway"], kid="rsa-1", exp="9999999999",
+                     **CLAIMS),
+            "TOKEN_INVALID",
+        ),
+        "nbf a string": (
+            make_jwt(keys.rsa_private, "RS256", "a", ["gateway"], kid="rsa-1", nbf=str(now),
+                     **CLAIMS),
+            "TOKEN_INVALID",
+        ),
+        "iat true": (
+            make_jwt(keys.rsa_private, "RS256", "a", ["gateway"], kid="rsa-1", iat=True, **CLAIMS),
+            "TOKEN_INVALID",
+        ),
     }  # fmt: skip
     wrong = []
     for what, (token, reason) in cases.items():
@@ -252,3 +273,23 @@ def test_a_jwks_rotated_on_sighup_drops_cached_tokens(
         grpc.StatusCode.UNAUTHENTICATED,
         "TOKEN_UNKNOWN",
     )
+
+
+def test_a_time_claim_that_is_no_number_is_named(jwks_server: ServerProcess, keys: JwtKeys) -> None:
+    for claim, value, what in (
+        ("exp", "9999999999", "a str"),
+        ("nbf", [1], "a list"),
+        ("iat", 1e300, "a number out of range"),
+    ):
+        token = make_jwt(
+            keys.rsa_private, "RS256", "a", ["gateway"], kid="rsa-1", **{claim: value}, **CLAIMS
+        )
+        with jwks_server.channel() as channel:
+            stub = promises_pb2_grpc.PromiseServiceStub(channel)
+            with pytest.raises(grpc.RpcError) as refused:
+                stub.GetPromise(
+                    promises_pb2.GetPromiseRequest(id="x"), metadata=bearer(token), timeout=10
+                )
+        assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED  # type: ignore[attr-defined]
+        details = refused.value.details()  # type: ignore[attr-defined]
+        assert f"its {claim!r} claim is {what}, not a number of seconds since 1970" in details

@@ -61,7 +61,7 @@ def test_each_call_is_answered_as_its_unary_rpc_answers_it(
     run = uuid.uuid4().hex[:8]
     promises = promises_pb2_grpc.PromiseServiceStub(channel)
     # What the creates below find: both ways answer a repeat (created false).
-    for existing in (f"calls-{run}", f"calls-{run}.0"):
+    for existing in (f"calls-{run}", f"calls-{run}.note"):
         promises.CreatePromise(pb.CreatePromiseRequest(id=existing), timeout=WAIT)
     settled = f"calls-{run}-settled"  # what the settles below find: refused both ways
     promises.CreatePromise(pb.CreatePromiseRequest(id=settled), timeout=WAIT)
@@ -71,7 +71,8 @@ def test_each_call_is_answered_as_its_unary_rpc_answers_it(
         ("GetPromise", pb.GetPromiseRequest(id=f"calls-{run}-missing")),  # NOT_FOUND
         ("GetPromise", pb.GetPromiseRequest(id="")),  # INVALID_ARGUMENT
         ("CreatePromise", pb.CreatePromiseRequest(id=f"calls-{run}")),  # a repeat: OK
-        ("CreatePromise", pb.CreatePromiseRequest(id=f"calls-{run}.0")),  # not a workflow's
+        ("CreatePromise", pb.CreatePromiseRequest(id=f"calls-{run}.note")),  # not a workflow's
+        ("CreatePromise", pb.CreatePromiseRequest(id=f"calls-{run}.7")),  # a step's id: refused
         ("CreatePromise", pb.CreatePromiseRequest(id="x" * 100_000)),  # INVALID_ARGUMENT
         ("CompleteTask", tasks_pb2.CompleteTaskRequest(task_id="t-none", counter=1, worker_id="w")),
         ("Heartbeat", tasks_pb2.HeartbeatRequest(worker_id=f"w-{run}")),

@@ -157,7 +157,7 @@ def test_a_hand_edited_page_token_is_an_invalid_page_token(
 ) -> None:
     run = uid()
     for i in range(3):
-        stub.CreatePromise(pb.CreatePromiseRequest(id=f"{run}.{i}"))
+        stub.CreatePromise(pb.CreatePromiseRequest(id=f"{run}.p{i}"))
     for order in (
         pb.PROMISE_ORDER_CREATED_ASC,
         pb.PROMISE_ORDER_CREATED_DESC,

@@ -71,7 +71,7 @@ def test_newest_first_pages_backwards_through_creation_order(
     stub: promises_pb2_grpc.PromiseServiceStub,
 ) -> None:
     run = uid()
-    made = [f"{run}.{i}" for i in range(7)]
+    made = [f"{run}.p{i}" for i in range(7)]
     for pid in made:
         stub.CreatePromise(pb.CreatePromiseRequest(id=pid))
     seen, pages = all_pages(stub, 3, id=f"{run}.*", order=pb.PROMISE_ORDER_CREATED_DESC)
@@ -120,7 +120,7 @@ def test_deadline_pages_repeat_nothing_while_promises_come_and_go(
     run = uid()
     base = int(time.time() * 1000) + 3_600_000
     for i in range(10):
-        stub.CreatePromise(pb.CreatePromiseRequest(id=f"{run}.{i}", expire_time=at(base + i)))
+        stub.CreatePromise(pb.CreatePromiseRequest(id=f"{run}.p{i}", expire_time=at(base + i)))
     seen: list[str] = []
     token = ""
     while True:
@@ -137,7 +137,7 @@ def test_deadline_pages_repeat_nothing_while_promises_come_and_go(
         token = reply.next_page_token
         if not token:
             break
-    assert seen[:10] == [f"{run}.{i}" for i in range(10)]
+    assert seen[:10] == [f"{run}.p{i}" for i in range(10)]
     assert len(seen) == len(set(seen))
     assert all(".late" in i for i in seen[10:])
 
@@ -168,7 +168,7 @@ def test_a_token_is_bound_to_its_order_and_cut_off(
 ) -> None:
     run = uid()
     for i in range(3):
-        stub.CreatePromise(pb.CreatePromiseRequest(id=f"{run}.{i}"))
+        stub.CreatePromise(pb.CreatePromiseRequest(id=f"{run}.p{i}"))
     cut = at(int(time.time() * 1000) + 60_000)
     first = stub.SearchPromises(
         pb.SearchPromisesRequest(id=f"{run}.*", page_size=1, order=pb.PROMISE_ORDER_EXPIRE_TIME_ASC)
@@ -347,12 +347,12 @@ def test_sdk_watch_promises(server: ServerProcess) -> None:
     with Client(server.address, principal="alice") as client:
         with client.watch_promises(f"{run}.*", tags={"troth:kind": "promise"}) as events:
             # In place once the call returns: nothing committed from now on is missed.
-            client.create(f"{run}.1", tags={"troth:kind": "promise"})
-            client.create(f"{run}.2", tags={"troth:kind": "note"})
-            client.resolve(f"{run}.1", {"ok": True})
+            client.create(f"{run}.p1", tags={"troth:kind": "promise"})
+            client.create(f"{run}.p2", tags={"troth:kind": "note"})
+            client.resolve(f"{run}.p1", {"ok": True})
             first, second = next(events), next(events)
         assert list(events) == []  # closed: the iteration ends
-        assert (first.type, first.promise.id) == (PromiseEventType.CREATED, f"{run}.1")
+        assert (first.type, first.promise.id) == (PromiseEventType.CREATED, f"{run}.p1")
         assert second.type is PromiseEventType.SETTLED
         assert second.promise.state is PromiseState.RESOLVED
         assert second.promise.settled_by == "alice"
@@ -395,7 +395,7 @@ def test_a_watch_that_falls_behind_is_ended_with_resource_exhausted(
         big = types.Payload(data=b"x" * 200_000)
         started = time.monotonic()
         for i in range(150):
-            stub.CreatePromise(pb.CreatePromiseRequest(id=f"{run}.{i}", param=big), timeout=10)
+            stub.CreatePromise(pb.CreatePromiseRequest(id=f"{run}.p{i}", param=big), timeout=10)
         assert time.monotonic() - started < 30
         received = 0
         with pytest.raises(grpc.RpcError) as caught:
@@ -416,7 +416,7 @@ def test_a_watch_that_falls_behind_is_ended_with_resource_exhausted(
 
         with client.watch_promises(f"{run}-sdk.*", on_reconnect=reconnected) as events:
             for i in range(150):
-                client.create(f"{run}-sdk.{i}", {"blob": "x" * 200_000})
+                client.create(f"{run}-sdk.p{i}", {"blob": "x" * 200_000})
             for event in events:
                 if event.promise.id == last:
                     break

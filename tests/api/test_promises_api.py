@@ -375,7 +375,7 @@ def test_search_pagination_is_stable_under_concurrent_inserts(
 ) -> None:
     run = uid("page")
     for i in range(25):
-        stub.CreatePromise(pb.CreatePromiseRequest(id=f"{run}.{i:03}"))
+        stub.CreatePromise(pb.CreatePromiseRequest(id=f"{run}.p{i:03}"))
     seen: list[str] = []
     token = ""
     pages = 0
@@ -390,7 +390,7 @@ def test_search_pagination_is_stable_under_concurrent_inserts(
         token = reply.next_page_token
         if not token:
             break
-    assert seen[:25] == [f"{run}.{i:03}" for i in range(25)]
+    assert seen[:25] == [f"{run}.p{i:03}" for i in range(25)]
     assert len(seen) == len(set(seen))
     assert set(seen[25:]) <= {f"{run}.new{i}" for i in range(1, pages + 1)}
 

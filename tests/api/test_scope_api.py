@@ -271,16 +271,17 @@ def test_idempotency_keys_go_only_to_their_writer_and_admins(calls: Calls) -> No
     assert (again.applied, again.promise.idempotency_key_for_settle) == (False, "settle-key")
     seen = {
         who: (p.idempotency_key_for_create, p.idempotency_key_for_settle)
-        for who in ("gateway", "gateway-2", "ops", "worker", "admin")
+        for who in ("gateway", "gateway-2", "ops", "admin")
         for p in [calls.get(who, promise_id)]
     }
     assert seen == {
         "gateway": ("create-key", ""),
         "gateway-2": ("", "settle-key"),
         "ops": ("", ""),
-        "worker": ("", ""),
         "admin": ("create-key", "settle-key"),
     }
+    # A worker does not read a promise of no workflow at all (issue 26).
+    assert _refused(lambda: calls.get("worker", promise_id))[1] == Reason.GROUP_NOT_ALLOWED
     by_search = {
         who: [(p.idempotency_key_for_create, p.idempotency_key_for_settle) for p in found]
         for who in ("gateway", "ops", "admin")
@@ -372,11 +373,14 @@ def test_a_settle_token_step_shows_its_token_only_to_the_workflows_workers(
         got = calls.get(who, step.id)
         assert got.value.data == value.data, who
         assert got.idempotency_key_for_create == "step-key", who
-    for who in ("gateway", "ops", "worker-other"):
+    for who in ("gateway", "ops"):
         got = calls.get(who, step.id)
         assert got.value.data == b"", who
         assert dict(got.value.headers) == {"troth-redacted": "settle_token"}, who
         assert got.idempotency_key_for_create == "", who
+    # A worker of another group does not read the step at all (issue 26).
+    code, reason, _ = _refused(lambda: calls.get("worker-other", step.id))
+    assert (code, reason) == (grpc.StatusCode.PERMISSION_DENIED, Reason.GROUP_NOT_ALLOWED)
     for who in ("gateway", "ops"):
         (found,) = calls.search(who, step.id)
         assert found.value.data == b"" and token not in str(found), who

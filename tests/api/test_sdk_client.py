@@ -202,14 +202,14 @@ def test_a_wait_against_a_server_without_wait_promise_watches_instead(
 
 def test_search_follows_pages(client: Client) -> None:
     for i in range(5):
-        client.create(f"sdk.page.{i}", i, tags={"batch": "p"})
-    client.resolve("sdk.page.3")
-    ids = [p.id for p in client.search_all("sdk.page.*", page_size=2)]
-    assert ids == [f"sdk.page.{i}" for i in range(5)]
-    page = client.search("sdk.page.*", page_size=2)
+        client.create(f"sdk.page-{i}", i, tags={"batch": "p"})
+    client.resolve("sdk.page-3")
+    ids = [p.id for p in client.search_all("sdk.page-*", page_size=2)]
+    assert ids == [f"sdk.page-{i}" for i in range(5)]
+    page = client.search("sdk.page-*", page_size=2)
     assert len(page.promises) == 2 and page.next_page_token is not None
     resolved = list(client.search_all(tags={"batch": "p"}, states=[PromiseState.RESOLVED]))
-    assert [p.id for p in resolved] == ["sdk.page.3"]
+    assert [p.id for p in resolved] == ["sdk.page-3"]
 
 
 def test_unreachable_server_fails_fast_and_says_so() -> None:

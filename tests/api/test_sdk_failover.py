@@ -46,20 +46,20 @@ def test_calls_move_to_the_next_address_when_the_server_dies(
     first, second = pair
     with Client([first.address, second.address], timeout=5) as client:
         assert client.address == f"{first.address},{second.address}"
-        assert client.create("fo.1", {"n": 1}).created
-        assert holds(first, "fo.1")  # the first address that answers is used
-        assert not holds(second, "fo.1")
+        assert client.create("fo.one", {"n": 1}).created
+        assert holds(first, "fo.one")  # the first address that answers is used
+        assert not holds(second, "fo.one")
 
         first.kill()
         started = time.monotonic()
         # The same idempotent create, repeated as a gateway would after a
         # failover: it reaches the survivor, which has never seen it.
-        assert client.create("fo.1", {"n": 1}).created
+        assert client.create("fo.one", {"n": 1}).created
         assert time.monotonic() - started < 3, "the failover took too long"
-        assert holds(second, "fo.1")
-        assert client.resolve("fo.1", {"ok": True}).applied
-        assert client.get("fo.1").state is PromiseState.RESOLVED
-        assert [p.id for p in client.search_all("fo.*")] == ["fo.1"]
+        assert holds(second, "fo.one")
+        assert client.resolve("fo.one", {"ok": True}).applied
+        assert client.get("fo.one").state is PromiseState.RESOLVED
+        assert [p.id for p in client.search_all("fo.*")] == ["fo.one"]
 
 
 def test_the_first_address_may_be_down_from_the_start(

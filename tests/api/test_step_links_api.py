@@ -129,15 +129,20 @@ def test_nobody_but_the_task_holder_writes_a_workflows_checkpoints(
     client: Client, server: ServerProcess
 ) -> None:
     group, wid = _wid("g"), _wid("wf")
-    # Before the workflow exists: a `run` step's tags are reserved anyway.
+    # Before the workflow exists: a `run` step's tags are reserved anyway, and so is
+    # every id of a numbered step's form.
     with pytest.raises(PermissionDeniedError) as denied:
         client.create(f"{wid}.0", tags=RUN_TAGS)
     assert denied.value.reason == Reason.RESERVED_FOR_WORKFLOW
+    with pytest.raises(PermissionDeniedError, match="numbered step"):
+        client.create(f"{wid}.0")
     client.start("wf", id=wid, group=group, ttl=HOUR)
     # After it: its whole `<wid>.<n>` namespace, whatever the tags.
-    with pytest.raises(PermissionDeniedError, match="step namespace"):
+    with pytest.raises(PermissionDeniedError, match="numbered step"):
         client.create(f"{wid}.5")
     with pytest.raises(PermissionDeniedError, match="step namespace"):
+        client.create(f"{wid}.5.note")
+    with pytest.raises(PermissionDeniedError, match="numbered step"):
         client.resolve(f"{wid}.6", {"forged": True}, create_if_missing=True)
     # A plain settle of a wait the workflow has not reached yet is NOT_FOUND (the
     # caller retries), not a refusal it would give up on (found by chaos seed 9001).
@@ -194,6 +199,38 @@ def test_a_fenced_create_of_an_id_taken_by_another_is_already_exists(
         held.close()
 
 
+def test_a_fenced_write_creates_numbered_ids_only_in_its_own_workflow(
+    client: Client, server: ServerProcess
+) -> None:
+    """Workflow A's fence does not take workflow B's `B.0`, started or not (issue 26)."""
+    group, wid, other = _wid("g"), _wid("wf"), _wid("wf")
+    client.start("wf", id=wid, group=group, ttl=HOUR)
+    held = Held(server, group)
+    try:
+        early = promises_pb2.ResolvePromiseRequest(
+            id=f"{other}.1", create_if_missing=True, fence=held.fence
+        )
+        for write in (
+            lambda: held.create(f"{other}.0"),
+            lambda: held.create(f"{wid}.0.1"),  # its child's, were it to start one
+            lambda: held.promises.ResolvePromise(early, timeout=10),
+        ):
+            exc = _error(write)
+            assert (exc.code(), _reason(exc)) == (
+                grpc.StatusCode.PERMISSION_DENIED,
+                "RESERVED_FOR_WORKFLOW",
+            )
+            assert f"not one of workflow {wid!r}" in (exc.details() or "")
+        client.start("wf", id=other, group=_wid("g"), ttl=HOUR)
+        assert _reason(_error(lambda: held.create(f"{other}.0"))) == "RESERVED_FOR_WORKFLOW"
+        assert held.create(f"{wid}.0").promise.parent_id == wid  # its own
+        assert held.create(f"{other}.named").promise.parent_id == wid  # a name, not a number
+    finally:
+        held.close()
+    with pytest.raises(NotFoundError):
+        client.get(f"{other}.0")
+
+
 def _run_worker(client: Client, group: str, build: Any) -> Iterator[Worker]:
     worker = Worker(client, group=group, worker_id=_wid("w"), lease=timedelta(seconds=5))
     build(worker)
@@ -207,10 +244,10 @@ def _run_worker(client: Client, group: str, build: Any) -> Iterator[Worker]:
 def test_a_forged_checkpoint_is_never_taken_as_the_steps_result(
     client: Client, stub: promises_pb2_grpc.PromiseServiceStub
 ) -> None:
-    """A `<wid>.0` written before the workflow starts: its value never stands in for the
-    step's. With run tags it cannot be created at all (the step runs and records its
-    own result); settled early through `create_if_missing` it is refused as the
-    step's record, and the run fails saying the id is taken."""
+    """A `<wid>.0` written before the workflow starts: refused, whatever its tags and
+    however it is written (a create, a create already settled, an early settle), so
+    the step's id stays the workflow's and the run records its own result (issue 26:
+    an early settle used to take the id, and the run failed saying it was taken)."""
     group = _wid("forge")
     ran: list[str] = []
 
@@ -224,26 +261,25 @@ def test_a_forged_checkpoint_is_never_taken_as_the_steps_result(
             return (yield ctx.run(charge, order))
 
     clean, early = _wid("pay"), _wid("pay")
-    forged = promises_pb2.CreatePromiseRequest(
-        id=f"{clean}.0",
-        tags=RUN_TAGS,
-        resolved_with=types_pb2.Payload(headers=JSON, data=b'"forged"'),
-    )
-    exc = _error(lambda: stub.CreatePromise(forged, timeout=10))
-    assert (exc.code(), _reason(exc)) == (
-        grpc.StatusCode.PERMISSION_DENIED,
-        "RESERVED_FOR_WORKFLOW",
-    )
-    client.resolve(f"{early}.0", "forged", create_if_missing=True)
-    for _ in _run_worker(client, group, build):
-        assert client.start("pay", "o-1", id=clean, group=group).result(timeout=30) == (
-            "charged o-1"
+    for tags in (RUN_TAGS, {}):
+        forged = promises_pb2.CreatePromiseRequest(
+            id=f"{clean}.0",
+            tags=tags,
+            resolved_with=types_pb2.Payload(headers=JSON, data=b'"forged"'),
         )
-        with pytest.raises(PromiseRejectedError) as failed:
-            client.start("pay", "o-2", id=early, group=group).result(timeout=30)
-    assert "not this workflow's step" in str(failed.value)
-    assert ran == ["o-1", "o-2"]  # the function ran; the forged value was never taken
-    assert client.get(f"{early}.0").value is not None
+        exc = _error(lambda: stub.CreatePromise(forged, timeout=10))  # noqa: B023
+        assert (exc.code(), _reason(exc)) == (
+            grpc.StatusCode.PERMISSION_DENIED,
+            "RESERVED_FOR_WORKFLOW",
+        )
+    with pytest.raises(PermissionDeniedError, match="numbered step"):
+        client.resolve(f"{early}.0", "forged", create_if_missing=True)
+    for _ in _run_worker(client, group, build):
+        for wid, order in ((clean, "o-1"), (early, "o-2")):
+            result = client.start("pay", order, id=wid, group=group).result(timeout=30)
+            assert result == f"charged {order}"
+    assert ran == ["o-1", "o-2"]  # the function ran; no forged value was ever there
+    assert client.get(f"{early}.0").parent_id == early
     assert client.get(f"{clean}.0").parent_id == clean
 
 
@@ -376,7 +412,7 @@ def test_a_search_by_parent_lists_a_workflows_steps_named_ones_too(client: Clien
             yield ctx.run(str.upper, "b")
             return (yield approval)
 
-    client.create(f"{wid}.99")  # shares the prefix, belongs to no one
+    client.create(f"{wid}.note-99")  # shares the prefix, belongs to no one
     for _ in _run_worker(client, group, build):
         handle = client.start("asks", id=wid, group=group, ttl=HOUR)
         _eventually(lambda: len(client.search(parent_id=wid).promises) == 3, "three steps")
@@ -388,7 +424,7 @@ def test_a_search_by_parent_lists_a_workflows_steps_named_ones_too(client: Clien
     first = client.search(parent_id=wid, page_size=1)
     assert first.next_page_token is not None
     with pytest.raises(InvalidArgumentError):  # the token was issued for that parent
-        client.search(parent_id=f"{wid}.99", page_size=1, page_token=first.next_page_token)
+        client.search(parent_id=f"{wid}.note-99", page_size=1, page_token=first.next_page_token)
     with pytest.raises(InvalidArgumentError) as caught:
         client.search(parent_id="not an id")
     assert caught.value.field == "parent_id"

@@ -126,7 +126,7 @@ def test_health_reads_and_writes_answer_within_100ms_during_the_worst_check(
             into["read"].append(
                 timed_ms(lambda: stub.GetPromise(pb.GetPromiseRequest(id=unrelated), timeout=10))
             )
-            write = pb.CreatePromiseRequest(id=f"{unrelated}.{i}")
+            write = pb.CreatePromiseRequest(id=f"{unrelated}.w{i}")
             into["write"].append(timed_ms(lambda: stub.CreatePromise(write, timeout=10)))
 
         # The same calls without the attack first: what the machine gives right now.

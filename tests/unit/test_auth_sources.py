@@ -14,6 +14,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
 from troth.errors import Reason
+from troth_server.api import _convert as convert
 from troth_server.auth import (
     AuthConfigError,
     Authenticator,
@@ -22,8 +23,17 @@ from troth_server.auth import (
     bearer_token,
     mint,
 )
-from troth_server.config import NO_AUTH_CONFIGURED, auth_refusal, is_loopback, settings_from
-from troth_server.domain.access import Role
+from troth_server.config import (
+    NO_AUTH_CONFIGURED,
+    Limits,
+    auth_refusal,
+    is_loopback,
+    settings_from,
+)
+from troth_server.domain.access import Role, reserved_prefix
+from troth_server.domain.errors import InvalidArgument
+from troth_server.domain.promise import TIMEOUT_PRINCIPAL
+from troth_server.domain.settle_tokens import PRINCIPAL_PREFIX
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -116,6 +126,32 @@ def test_pem_key_files_rs256_and_eddsa(tmp_path: Path) -> None:
         with pytest.raises(Unauthenticated) as caught:
             auth.verify(other)
         assert caught.value.reason is Reason.TOKEN_INVALID
+
+
+@pytest.mark.parametrize("name", ["troth:timeout", "settle-token:k1:abc", "settle-token:"])
+def test_a_reserved_name_is_no_principal_from_any_source(tmp_path: Path, name: str) -> None:
+    """`troth:...` and `settle-token:...` are the names the server records itself
+    (`settled_by` of a timeout, of a settle link): no principal is named so (issue 26)."""
+    entry = f'[[principal]]\nname = "{name}"\nroles = ["gateway"]\n'
+    with pytest.raises(AuthConfigError, match="reserved for the server's own records"):
+        _table(tmp_path, entry)
+    with pytest.raises(ValueError, match="reserved"):
+        mint(name, ["gateway"])
+    keys = make_jwt_keys(tmp_path / "keys")
+    auth = Authenticator(AuthSources(jwt_key_file=keys.hs_file))
+    with pytest.raises(Unauthenticated, match="reserved") as caught:
+        auth.verify(make_jwt(keys.hs_secret, "HS256", name, ["gateway"]))
+    assert caught.value.reason is Reason.TOKEN_INVALID
+    with pytest.raises(InvalidArgument, match="reserved") as declared:
+        convert.principal({"troth-principal": name}, Limits())
+    assert declared.value.field == "troth-principal"
+
+
+def test_the_reserved_prefixes_cover_every_name_the_server_records() -> None:
+    for recorded in (TIMEOUT_PRINCIPAL, "troth:workflow", f"{PRINCIPAL_PREFIX}k1:abc"):
+        assert reserved_prefix(recorded) is not None, recorded
+    assert reserved_prefix("alice") is None
+    assert reserved_prefix("settle-tokens-team") is None
 
 
 def test_unusable_key_files_are_refused(tmp_path: Path) -> None:

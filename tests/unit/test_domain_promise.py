@@ -313,7 +313,8 @@ def test_already_settled_message_names_state_principal_time_and_key() -> None:
     message = caught.value.message
     assert message.startswith("promise 'order-1' was already rejected by 'alice' at ")
     assert "2026-01-01T00:00:01.500+00:00" in message
-    assert "with idempotency key 'sk-1'" in message
+    # The winner's key is not the loser's to see (DESIGN §7: keys go to their owner).
+    assert "with another idempotency key" in message and "sk-1" not in message
     assert "idempotency key" in message and "Read the promise" in message
     assert caught.value.metadata == {"promise_id": "order-1", "state": "REJECTED"}
     assert caught.value.reason is Reason.ALREADY_SETTLED
@@ -338,7 +339,7 @@ def test_strict_repeat_with_other_state_is_refused() -> None:
     )
     again = SettleRequest("order-1", PromiseState.REJECTED, Payload(), "k")
     assert domain.settle(resolved, again, T0 + 1) == (resolved, False)
-    with pytest.raises(PromiseAlreadySettled):
+    with pytest.raises(PromiseAlreadySettled, match="with this settle's idempotency key"):
         domain.settle(resolved, replace(again, strict=True), T0 + 1)
 
 

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from troth_server import paging
 from troth_server.domain.errors import InvalidPageToken
-from troth_server.domain.workers import After, StreamView, page, summarize
+from troth_server.domain.workers import After, StreamView, for_tenant, page, summarize
 
 
 def stream(
@@ -98,3 +98,21 @@ def _token(fields: object) -> str:
 def test_forged_tokens_are_refused(token: str) -> None:
     with pytest.raises(InvalidPageToken):
         paging.decode_workers(token, "")
+
+
+def test_a_tenant_sees_workers_without_principals_or_tasks() -> None:
+    streams = [
+        stream("w1", "b", principal="p", held=("t1",), capacity=2),
+        stream("w1", "b", principal="q", held=("t2",), seen=300),
+        stream("w2", "b", principal="p", stalled=True),
+    ]
+    assert len(summarize(streams)) == 3
+    seen = summarize(for_tenant(streams))
+    assert [(w.group, w.worker_id, w.principal, w.task_ids) for w in seen] == [
+        ("b", "w1", None, ()),
+        ("b", "w2", None, ()),
+    ]
+    assert (seen[0].capacity, seen[0].streams, seen[0].last_seen_ms) == (3, 2, 300)
+    assert seen[1].stalled
+    _, more = page(seen, 1)
+    assert more == After("b", "w1", "")  # the page token names no principal

@@ -85,6 +85,18 @@ CASES: list[tuple[str, Callable[[Client], Any], type[Exception], str]] = [
     ("ctx.sleep forever", lambda _: CTX.sleep(float("inf")), ValueError,
      "ctx.sleep: duration must be a finite number of seconds"),
     ("ctx.start id", lambda _: CTX.start("child", id=3), TypeError, "ctx.start: id must be a str"),
+    ("ctx.promise numbered id", lambda _: CTX.promise(id="order-42.0"), ValueError,
+     "ctx.promise: id 'order-42.0' ends in '.<number>', the form troth keeps for the steps "
+     "it numbers itself ('<workflow id>.<n>'); name the step otherwise, e.g. "
+     "'order-42.step-0'"),
+    ("ctx.run numbered id", lambda _: CTX.run(print, id="wf-1.3"), ValueError,
+     "ctx.run: id 'wf-1.3' ends in '.<number>'"),
+    ("ctx.sleep numbered id", lambda _: CTX.sleep(1, id="a.b.7"), ValueError,
+     "ctx.sleep: id 'a.b.7' ends in '.<number>'"),
+    ("ctx.start numbered id", lambda _: CTX.start("child", id="x.1"), ValueError,
+     "ctx.start: id 'x.1' ends in '.<number>'"),
+    ("ctx.rpc numbered id", lambda _: CTX.rpc("child", id="x.2"), ValueError,
+     "ctx.rpc: id 'x.2' ends in '.<number>'"),
     ("ctx.rpc group", lambda _: CTX.rpc("child", group=3), TypeError,
      "ctx.rpc: group must be a str"),
 ]  # fmt: skip
@@ -104,3 +116,5 @@ def test_good_arguments_still_pass_the_checks() -> None:
     assert CTX.sleep(1.5).duration == timedelta(seconds=1.5)
     assert CTX.sleep(timedelta(minutes=1)).duration == timedelta(minutes=1)
     assert CTX.promise(id="approve-1", timeout=timedelta(days=3)).timeout == timedelta(days=3)
+    assert CTX.promise(id="wf-1.approval").id == "wf-1.approval"
+    assert CTX.run(print, id="wf-1.3a").id == "wf-1.3a"

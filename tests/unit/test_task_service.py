@@ -230,9 +230,9 @@ def test_cancelling_a_root_cancels_its_pending_descendants_and_resumes_it(env: E
 
 def test_cancelling_a_plain_promise_takes_nothing_along(env: Env) -> None:
     env.latent("plain")
-    env.latent("plain.0")
+    env.latent("plain.note")
     env.promises.settle(SettleRequest("plain", PromiseState.REJECTED_CANCELED, EMPTY))
-    assert env.promises.get("plain.0").state is PromiseState.PENDING
+    assert env.promises.get("plain.note").state is PromiseState.PENDING
 
 
 def test_a_step_never_outlives_its_workflow(env: Env) -> None:
@@ -249,7 +249,7 @@ def test_a_step_never_outlives_its_workflow(env: Env) -> None:
     assert step("wf-11.2", 1_000).expire_time == env.clock.now + 1_000
     # Only a workflow root caps: a dotted id under a plain promise keeps its ttl.
     env.promises.create(CreateRequest("order", EMPTY, {}, ttl=60_000))
-    other, _ = env.promises.create(CreateRequest("order.7", EMPTY, {}, ttl=HOUR))
+    other, _ = env.promises.create(CreateRequest("order.note-7", EMPTY, {}, ttl=HOUR))
     assert other.expire_time == env.clock.now + HOUR
 
 

@@ -14,6 +14,7 @@ from troth.v1 import promises_pb2, tasks_pb2, types_pb2
 from troth_server.api._checks import check_text
 from troth_server.api._inputs import MAX_WORKFLOWS
 from troth_server.domain import approvers as policies
+from troth_server.domain.access import reserved_prefix
 from troth_server.domain.errors import InvalidArgument
 from troth_server.domain.promise import (
     EMPTY,
@@ -488,10 +489,11 @@ def principal(metadata: Mapping[str, str] | None, limits: Limits) -> str | None:
         raise InvalidArgument(
             "troth-principal", f"metadata is longer than {limits.max_principal_length} characters"
         )
-    if value.startswith("troth:"):
+    if (prefix := reserved_prefix(value)) is not None:
         raise InvalidArgument(
             "troth-principal",
-            f"{value!r}: names starting with 'troth:' are reserved for the server",
+            f"{value[:60]!r}: names starting with {prefix!r} are reserved for the server's "
+            "own records; name yourself otherwise",
         )
     return value or None
 

@@ -38,7 +38,7 @@ from troth_server.domain.settle_tokens import (
     WrongPromise,
 )
 from troth_server.domain.starts import WorkflowAlreadyExists
-from troth_server.domain.steps import ReservedForWorkflow, WorkflowSettled
+from troth_server.domain.steps import OutsideWorkersGroups, ReservedForWorkflow, WorkflowSettled
 from troth_server.domain.task import (
     GroupNotAllowed,
     NotTheTasksWorker,
@@ -77,6 +77,7 @@ STATUS_CODES: dict[type[Exception], grpc.StatusCode] = {
     StaleCounter: grpc.StatusCode.FAILED_PRECONDITION,
     WorkflowSettled: grpc.StatusCode.FAILED_PRECONDITION,
     ReservedForWorkflow: grpc.StatusCode.PERMISSION_DENIED,
+    OutsideWorkersGroups: grpc.StatusCode.PERMISSION_DENIED,
     TaskNotClaimable: grpc.StatusCode.FAILED_PRECONDITION,
     TaskNotFound: grpc.StatusCode.NOT_FOUND,
     NotTheTasksWorker: grpc.StatusCode.PERMISSION_DENIED,

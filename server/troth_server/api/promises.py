@@ -15,7 +15,7 @@ from troth_server.api import _audit as audit
 from troth_server.api import _convert as convert
 from troth_server.api._auth import caller, caller_name, require_inside
 from troth_server.api._rpc import aio_server_stream, aio_unary
-from troth_server.domain import visibility
+from troth_server.domain import steps, visibility
 from troth_server.domain.access import LOCAL_DEVELOPER, Principal
 from troth_server.domain.errors import DomainError, InvalidArgument
 from troth_server.domain.promise import CreateRequest, Promise, PromiseState, SettleRequest
@@ -69,6 +69,8 @@ class _Handlers:
     ) -> tuple[CreateRequest, str | None, SettleRequest | None, Fence | None]:
         create = convert.create_request(request, self._limits)
         require_inside(create.id, context, "CreatePromise")
+        if not request.HasField("fence"):
+            steps.check_worker_start(_caller(context, self._limits), create.id, create.tags)
         too_far = self._service.now() + self._limits.max_ttl_ms
         if create.expire_time is not None and create.expire_time > too_far:
             raise InvalidArgument(
@@ -253,6 +255,9 @@ class PromiseServiceServicer(_Handlers, promises_pb2_grpc.PromiseServiceServicer
         create = self._create_request(request, context)
         reader = _caller(context, self._limits)
         result = await self._service.create_async(*create)
+        if not result[1] and create[3] is None:
+            # A repeat answers with the promise as it is: a read, by the reader's reach.
+            self._service.check_reach(result[0], reader, "read")
         return self._created(result, reader, create[0].idempotency_key)
 
     @aio_unary("GetPromise")
@@ -263,9 +268,9 @@ class PromiseServiceServicer(_Handlers, promises_pb2_grpc.PromiseServiceServicer
         # past its expire_time is decided by the writer, awaited without blocking.
         promise_id = self._read_id(request.id, context, "GetPromise")
         promise = await self._service.get_async(promise_id)
-        return promises_pb2.GetPromiseResponse(
-            promise=self._one(promise, _caller(context, self._limits))
-        )
+        reader = _caller(context, self._limits)
+        self._service.check_reach(promise, reader, "read")
+        return promises_pb2.GetPromiseResponse(promise=self._one(promise, reader))
 
     @aio_unary("SearchPromises")
     async def SearchPromises(
@@ -333,6 +338,7 @@ class PromiseServiceServicer(_Handlers, promises_pb2_grpc.PromiseServiceServicer
         watch = self._service.watch_async(self._read_id(request.id, context, "WatchPromise"))
         context.add_done_callback(lambda _ctx: watch.cancel())  # type: ignore[arg-type]
         async for promise in watch:
+            self._service.check_reach(promise, reader, "watch")
             yield promises_pb2.WatchPromiseResponse(promise=self._one(promise, reader))
 
     @aio_unary("WaitPromise")
@@ -340,14 +346,15 @@ class PromiseServiceServicer(_Handlers, promises_pb2_grpc.PromiseServiceServicer
         self, request: promises_pb2.WaitPromiseRequest, context: AioContext
     ) -> promises_pb2.WaitPromiseResponse:
         promise_id = self._read_id(request.id, context, "WaitPromise")
+        reader = _caller(context, self._limits)
+        if steps.is_confined(reader):  # refused before the wait, not after it
+            self._service.check_reach(await self._service.get_async(promise_id), reader, "read")
         wait = convert.wait_ms(request) / 1000
         left = context.time_remaining()
         if left is not None:  # answer, pending, before the caller gives up on the call
             wait = max(0.0, min(wait, left - min(_DEADLINE_MARGIN_S, left / 10)))
         promise = await self._service.wait_async(promise_id, wait)
-        return promises_pb2.WaitPromiseResponse(
-            promise=self._one(promise, _caller(context, self._limits))
-        )
+        return promises_pb2.WaitPromiseResponse(promise=self._one(promise, reader))
 
     @aio_server_stream("WatchPromises")
     async def WatchPromises(

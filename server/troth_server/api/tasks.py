@@ -109,9 +109,10 @@ class _Handlers:
         group = convert.optional_group(request.group, self._limits)
         size = convert.page_size(request.page_size, self._limits)
         after = paging.decode_workers(request.page_token, group) if request.page_token else None
-        shown, more = workers.page(
-            workers.summarize(self._dispatcher.streams(), group), size, after
-        )
+        streams = self._dispatcher.streams()
+        if caller().prefixes:
+            streams = workers.for_tenant(streams)
+        shown, more = workers.page(workers.summarize(streams, group), size, after)
         return tasks_pb2.SearchWorkersResponse(
             workers=[convert.worker_to_pb(w) for w in shown],
             next_page_token="" if more is None else paging.encode_workers(more, group),
@@ -219,7 +220,8 @@ def _not_suspended(task: Any, settled: list[Any]) -> tasks_pb2.CompleteTaskRespo
 
 
 def _awaited(settled: list[Any]) -> list[Any]:
-    """Promises a workflow waits for (latent ones), as the worker may see them."""
+    """Promises a workflow waits for (latent ones), as the worker may see them (each
+    one its reach allows: `TaskService.check_reach`, called first)."""
     reader = caller()
     return [convert.to_pb(visibility.view(p, reader)) for p in settled]
 
@@ -277,6 +279,7 @@ class TaskServiceServicer(_Handlers, tasks_pb2_grpc.TaskServiceServicer):
             )
             self._alive(worker)
             if settled:
+                self._tasks.check_reach(settled, caller(), "read")
                 return _not_suspended(task, settled)
             result: tuple[Any, Any] = (task, None)
         else:
@@ -318,6 +321,7 @@ class TaskServiceServicer(_Handlers, tasks_pb2_grpc.TaskServiceServicer):
             task_id, counter, worker, self._promise_ids(request), bound_principal()
         )
         self._alive(worker)
+        self._tasks.check_reach(settled, caller(), "read")
         return tasks_pb2.RegisterCallbacksResponse(settled=_awaited(settled))
 
     @aio_unary("FailTask")

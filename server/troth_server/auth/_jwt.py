@@ -7,7 +7,8 @@ is never accepted. Required claims: `sub` (the principal's name), `exp`, and
 `iss` / `aud` when the server is given an issuer / audience. troth's own
 claims: `troth_roles` (a list, or a space-separated string, of roles),
 `troth_groups` (task groups a worker may poll) and `troth_prefixes` (id
-prefixes). A verified token is cached until its `exp`.
+prefixes). `exp`, `nbf` and `iat` must be JSON numbers, and `sub` no reserved
+name (`troth:...`, `settle-token:...`). A verified token is cached until its `exp`.
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ LEEWAY_S = 30
 """Clock skew allowed on `exp`, `nbf` and `iat`."""
 ROLES_CLAIM, GROUPS_CLAIM, PREFIXES_CLAIM = "troth_roles", "troth_groups", "troth_prefixes"
 _MIN_SECRET_BYTES = 32
+_MAX_TIME = 2**53
+"""Times beyond it are no instant (and a float cannot hold them exactly)."""
 _CACHE_SIZE = 10_000
 
 
@@ -122,6 +125,38 @@ def _invalid(message: str) -> Unauthenticated:
     return Unauthenticated(Reason.TOKEN_INVALID, f"the JWT is not accepted: {message}")
 
 
+NUMERIC_CLAIMS = ("exp", "nbf", "iat")
+"""Claims that are times: JSON numbers of seconds since 1970 (RFC 7519 NumericDate)."""
+
+
+def _check_numeric_claims(token: str) -> None:
+    """Refuse a JWT whose `exp`, `nbf` or `iat` is not a JSON number: PyJWT takes a
+    string of digits (`"9999999999"`) for one, and `true` for 1. Read before the
+    signature is checked: it only refuses, and names the claim however the rest fails."""
+    try:
+        claims = jwt.decode(token, options={"verify_signature": False})
+    except jwt.PyJWTError:
+        return  # the verified decode says what is wrong with it
+    for name in NUMERIC_CLAIMS:
+        if name in claims and not _is_time(claims[name]):
+            value = claims[name]
+            what = "a number out of range" if _is_number(value) else f"a {type(value).__name__}"
+            raise _invalid(
+                f"its {name!r} claim is {what}, not a number of seconds since 1970 (a JSON "
+                "number, RFC 7519 NumericDate); have the issuer write it as one"
+            )
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _is_time(value: object) -> bool:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    return 0 <= value < _MAX_TIME  # NaN compares false
+
+
 def _claim_list(claims: dict[str, Any], name: str) -> object:
     value = claims.get(name)
     return value.split() if isinstance(value, str) else value
@@ -203,6 +238,7 @@ class JwtVerifier:
                 Reason.TOKEN_UNKNOWN,
                 f"no {alg} key with kid {str(kid)[:80]!r} is known to this server",
             )
+        _check_numeric_claims(token)
         claims = self._decode(token, alg, keys)
         try:
             principal = principal_from(

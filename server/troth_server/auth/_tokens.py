@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from troth.errors import Reason
 from troth_server.auth._errors import AuthConfigError, Unauthenticated
-from troth_server.domain.access import ANY_GROUP, Principal, Role
+from troth_server.domain.access import ANY_GROUP, Principal, Role, reserved_prefix
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping
@@ -55,13 +55,17 @@ _SCRYPT_SLOTS = threading.BoundedSemaphore(2)
 
 
 def check_name(name: object, where: str) -> str:
-    """A principal name: 1 to 256 printable ASCII characters, not `troth:...`."""
+    """A principal name: 1 to 256 printable ASCII characters, not `troth:...` nor
+    `settle-token:...` (`domain.access.RESERVED_NAME_PREFIXES`)."""
     if not isinstance(name, str) or not name:
         raise ValueError(f"{where}: a principal name is required")
     if len(name) > _MAX_NAME or not _NAME_CHARS.fullmatch(name):
         raise ValueError(f"{where}: {name[:60]!r} must be 1 to 256 printable ASCII characters")
-    if name.startswith("troth:"):
-        raise ValueError(f"{where}: {name!r}: names starting with 'troth:' are reserved")
+    if (prefix := reserved_prefix(name)) is not None:
+        raise ValueError(
+            f"{where}: {name[:60]!r}: names starting with {prefix!r} are reserved for the "
+            "server's own records; name the principal otherwise"
+        )
     return name
 
 

@@ -7,7 +7,8 @@ Roles:
 
 - `worker`: the task calls (`Poll`, `Heartbeat`, `CompleteTask`, `ReleaseTask`,
   `RegisterCallbacks`) and its workflows' step writes, for the task groups its
-  grant names (`Principal.groups`);
+  grant names (`Principal.groups`); a worker and nothing more reads and settles
+  only its groups' workflows' promises (`domain.steps.check_worker_reach`);
 - `gateway`: starts workflows, reads, searches and watches promises, settles them;
 - `operator`: reads, searches and watches promises, cancels them, lists tasks;
 - `admin`: everything, including `PrunePromises`.
@@ -37,6 +38,18 @@ class Role(enum.StrEnum):
 
 ANY_GROUP = "*"
 """In `Principal.groups`: every task group."""
+
+RESERVED_NAME_PREFIXES = ("troth:", "settle-token:")
+"""Names the server records itself as `settled_by`: `troth:timeout`, `troth:workflow`,
+and a settle token's `settle-token:<key id>:<token id>` (`domain.settle_tokens`). No
+principal has one, from any source (a token file, a JWT's `sub`, the `troth-principal`
+metadata with authentication off), so a settle recorded under one is always the
+server's own."""
+
+
+def reserved_prefix(name: str) -> str | None:
+    """The reserved prefix `name` starts with (None: a name a principal may have)."""
+    return next((p for p in RESERVED_NAME_PREFIXES if name.startswith(p)), None)
 
 
 @dataclass(frozen=True, slots=True)

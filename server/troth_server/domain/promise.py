@@ -363,11 +363,14 @@ def settle(existing: Promise | None, request: SettleRequest, now: int) -> tuple[
     ):
         raise _timed_out(existing)
     by = f" by {existing.settled_by!r}" if existing.settled_by else ""
-    key = (
-        f" with idempotency key {existing.idempotency_key_for_settle!r}"
-        if existing.idempotency_key_for_settle
-        else " without an idempotency key"
-    )
+    # The winner's key is its own (DESIGN §7): the message says only whether it was
+    # this settle's, which the caller knows; GetPromise shows it to its writer.
+    if not existing.idempotency_key_for_settle:
+        key = " without an idempotency key"
+    elif existing.idempotency_key_for_settle == request.idempotency_key:
+        key = " with this settle's idempotency key (a strict repeat must ask the same state)"
+    else:
+        key = " with another idempotency key"
     assert existing.settle_time is not None
     raise PromiseAlreadySettled(
         existing,

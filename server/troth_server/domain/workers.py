@@ -5,12 +5,13 @@ A worker is its (group, worker id, principal): the streams of one worker process
 in one group (a second stream adds capacity) are summed, their held tasks joined.
 Sorted by (group, worker id, principal); a page starts after the last worker of
 the previous page (`After`), so a worker that connects or goes away between two
-pages moves no other one. Pure: no I/O, no clock.
+pages moves no other one. A principal scoped to id prefixes sees them without
+principals and held tasks (`for_tenant`). Pure: no I/O, no clock.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -94,6 +95,15 @@ def _summary(views: list[StreamView]) -> WorkerSummary:
     )
 
 
+def for_tenant(streams: Iterable[StreamView]) -> list[StreamView]:
+    """The streams as a principal scoped to id prefixes sees them: which workers serve
+    which groups and workflows, how much room and how alive, but neither the principal
+    they authenticated as nor the tasks they hold, which may be any tenant's (its own
+    workflows' tasks, with the worker holding each: `SearchTasks`). Summarized, a
+    worker of two principals is one, so that no page token carries a principal."""
+    return [replace(s, principal=None, held=()) for s in streams]
+
+
 def page(
     workers: list[WorkerSummary], size: int, after: After | None = None
 ) -> tuple[list[WorkerSummary], After | None]:
@@ -104,4 +114,4 @@ def page(
     return shown, (shown[-1].key if len(rest) > size else None)
 
 
-__all__ = ["After", "StreamView", "WorkerSummary", "page", "summarize"]
+__all__ = ["After", "StreamView", "WorkerSummary", "for_tenant", "page", "summarize"]
