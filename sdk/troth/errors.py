@@ -93,7 +93,11 @@ class Reason(enum.StrEnum):
     from a principal the task was not leased to: the right counter is not enough."""
     OUTSIDE_PREFIXES = "OUTSIDE_PREFIXES"
     """A principal scoped to id prefixes named a promise outside them (or polled:
-    a scoped principal works for no task group)."""
+    a scoped principal works for no task group), or its prefixes changed while its
+    watch was open."""
+    GRANT_CHANGED = "GRANT_CHANGED"
+    """The principal's roles or task groups changed (a token file reloaded) while its
+    watch was open: what it may read was decided when it opened; open it again."""
     RESOURCE_EXHAUSTED = "RESOURCE_EXHAUSTED"
     OVERLOADED = "OVERLOADED"
     """The server refused the call for now: too many concurrent calls, streams or

@@ -33,7 +33,7 @@ from troth_server.config import (
 from troth_server.domain.access import Role, reserved_prefix
 from troth_server.domain.errors import InvalidArgument
 from troth_server.domain.promise import TIMEOUT_PRINCIPAL
-from troth_server.domain.settle_tokens import PRINCIPAL_PREFIX
+from troth_server.domain.settle_tokens import OLD_SETTLED_BY_PREFIX
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -148,7 +148,7 @@ def test_a_reserved_name_is_no_principal_from_any_source(tmp_path: Path, name: s
 
 
 def test_the_reserved_prefixes_cover_every_name_the_server_records() -> None:
-    for recorded in (TIMEOUT_PRINCIPAL, "troth:workflow", f"{PRINCIPAL_PREFIX}k1:abc"):
+    for recorded in (TIMEOUT_PRINCIPAL, "troth:workflow", f"{OLD_SETTLED_BY_PREFIX}k1:abc"):
         assert reserved_prefix(recorded) is not None, recorded
     assert reserved_prefix("alice") is None
     assert reserved_prefix("settle-tokens-team") is None

@@ -14,7 +14,7 @@ from troth.v1 import promises_pb2, tasks_pb2, types_pb2
 from troth_server.api._checks import check_text
 from troth_server.api._inputs import MAX_WORKFLOWS
 from troth_server.domain import approvers as policies
-from troth_server.domain.access import reserved_prefix
+from troth_server.domain.access import RESERVED_NAME_PREFIXES, reserved_prefix
 from troth_server.domain.errors import InvalidArgument
 from troth_server.domain.promise import (
     EMPTY,
@@ -25,7 +25,7 @@ from troth_server.domain.promise import (
     SettleRequest,
 )
 from troth_server.domain.routing import MAX_WORKFLOW_NAME, MAX_WORKFLOW_VERSION
-from troth_server.domain.settle_tokens import RESERVED_NAMES, is_principal_name
+from troth_server.domain.settle_tokens import is_principal_name
 from troth_server.domain.steps import INVOKE_TAG, Fence
 from troth_server.domain.task import Task, TaskKind, TaskState
 from troth_server.store import PromiseOrder
@@ -198,7 +198,7 @@ def mint_request(request: promises_pb2.MintSettleTokenRequest, limits: Limits) -
         raise InvalidArgument(
             "acts_for",
             "must be a principal's name: 1 to 256 printable ASCII characters, no space, "
-            f"not starting with {' or '.join(map(repr, RESERVED_NAMES))}",
+            f"not starting with {' or '.join(map(repr, RESERVED_NAME_PREFIXES))}",
         )
     return Mint(
         promise_id(request.promise_id, limits, "promise_id"),

@@ -142,7 +142,22 @@ def stream_refusal(rpc: str, request: Any, opened: Principal, now: Principal) ->
             rpc=rpc,
             principal=now.name,
         )
+    if rpc in _READS_DECIDED_AT_OPEN and (
+        now.roles != opened.roles or now.groups != opened.groups
+    ):
+        # What a watch may read (a worker's reach: its groups' workflows) was decided
+        # when it opened.
+        return NotAllowed(
+            Reason.GRANT_CHANGED,
+            f"the roles or task groups of principal {now.name!r} changed while its {rpc} "
+            "was open; open it again to be served under the new grant",
+            rpc=rpc,
+            principal=now.name,
+        )
     return None
+
+
+_READS_DECIDED_AT_OPEN = frozenset({"WatchPromise", "WatchPromises", "WaitPromise"})
 
 
 class Door:

@@ -50,7 +50,7 @@ from hashlib import sha256
 from typing import TYPE_CHECKING
 
 from troth.errors import Reason
-from troth_server.domain.access import Principal, Role
+from troth_server.domain.access import RESERVED_NAME_PREFIXES, Principal, Role
 from troth_server.domain.errors import DomainError
 from troth_server.domain.promise import PromiseState
 
@@ -78,8 +78,6 @@ OLD_SETTLED_BY_PREFIX = "settle-token:"
 VIA = " via settle-token "
 """Between the principal and `<key id>:<token id>` in the `settled_by` of a token's settle."""
 _NAME = re.compile(r"[\x21-\x7e]{1,256}")
-RESERVED_NAMES = ("troth:", OLD_SETTLED_BY_PREFIX)
-"""Prefixes no principal's name may have: the server's own names, old token settlers."""
 _SETTLED_VIA = re.compile(r"([\x21-\x7e]+) via settle-token [A-Za-z0-9_-]{1,32}:[A-Za-z0-9_-]+")
 
 
@@ -397,8 +395,8 @@ def check_use(promise: Promise, token: SettleToken, idempotency_key: str | None)
 def is_principal_name(name: str) -> bool:
     """Whether a token may act for `name`: 1 to 256 printable ASCII characters, no
     space (as every authenticated principal's), so that `settled_by` reads back, and
-    none of the `RESERVED_NAMES`."""
-    return _NAME.fullmatch(name) is not None and not name.startswith(RESERVED_NAMES)
+    none of the reserved prefixes (`domain.access.RESERVED_NAME_PREFIXES`)."""
+    return _NAME.fullmatch(name) is not None and not name.startswith(RESERVED_NAME_PREFIXES)
 
 
 def settler(settled_by: str | None) -> str | None:
