@@ -67,10 +67,10 @@ MAX_WAITING = 16
 """Verifications waiting for a thread, all key ids together (about 16 x 50 ms of scrypt)."""
 MAX_PER_KEY = 4
 """Verifications running or waiting for one key id (all JWTs share one)."""
-PER_KEY_RATE = 2.0
+PER_KEY_RATE = 1.0
 """Verifications a key id of the token file may start per second, on average (JWTs,
 cheap to check and each one distinct, are not limited so)."""
-PER_KEY_BURST = 4
+PER_KEY_BURST = 2
 """... and at once, after a quiet while."""
 RETRY_AFTER_MS = 250
 """The delay a refusal's RetryInfo asks for: a few verifications' time."""
