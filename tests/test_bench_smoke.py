@@ -1,6 +1,6 @@
-"""Smoke runs of the benchmarks: `bench/workflows.py --quick --parts 1,2` and a tiny
-`bench/sweep.py` work, on SQLite and on two PostgreSQL replicas (the run's PostgreSQL,
-see tests/_pg.py, or TROTH_BENCH_PG)."""
+"""Smoke runs of the benchmarks: `bench/workflows.py --quick --parts 1,2`, a tiny
+`bench/sweep.py` (on SQLite and on two PostgreSQL replicas: the run's PostgreSQL, see
+tests/_pg.py, or TROTH_BENCH_PG), `bench/auth_cost.py` and `bench/bad_secrets.py` work."""
 
 from __future__ import annotations
 
@@ -73,3 +73,12 @@ def test_auth_cost_bench_runs_every_mode() -> None:
     assert set(modes) == {"off", "token-file", "jwt"}
     for figures in modes.values():
         assert figures["median"]["promise_ops_per_s"] > 0 and figures["median"]["hitl_per_s"] > 0
+
+
+@pytest.mark.slow
+def test_bad_secrets_bench_tiny_run_prints_both_phases() -> None:
+    out = _run(str(BENCH / "bad_secrets.py"), "--rounds", "1", "--duration", "1", "--loops", "8",
+               "--promises", "20", "--json", timeout=120)  # fmt: skip
+    result = json.loads(out)
+    assert result["phases"]["quiet"]["calls"] > 0 and result["phases"]["flooded"]["calls"] > 0
+    assert result["flood"]["calls"] > 0 and result["verdict"] in {"PASS", "MISS"}

@@ -22,6 +22,7 @@ from grpc_reflection.v1alpha import reflection
 from troth.v1 import promises_pb2, tasks_pb2
 from troth_server import _logging
 from troth_server._tls import TlsError, TlsMode, TlsServerFiles, load_server_tls
+from troth_server.api import _audit as audit
 from troth_server.api._admission import Admission, OverloadReport, backlog_options
 from troth_server.api._decode import register
 from troth_server.api._door import Door, DoorInterceptor
@@ -29,7 +30,7 @@ from troth_server.api._metrics import MetricsInterceptor
 from troth_server.api._mux import CallMux
 from troth_server.api.promises import PromiseServiceServicer
 from troth_server.api.tasks import TaskServiceServicer
-from troth_server.auth import AuthConfigError, Authenticator
+from troth_server.auth import AuthConfigError, Authenticator, VerifierPool
 from troth_server.checks import SchemaChecks
 from troth_server.clock import (
     DatabaseClock,
@@ -352,6 +353,10 @@ def serve(argv: list[str]) -> int:
 
 async def _serve_aio(settings: Settings) -> int:
     authenticator = _authenticator(settings)  # before the store: a bad file opens nothing
+    # A credential not seen before is verified on a small bounded pool of its own,
+    # never on the loop's default executor (which the searches use): the door's
+    # `await verifier.verify(token)`.
+    verifier = None if authenticator is None else VerifierPool(authenticator)
     # Before the store opens: a bad certificate path stops the start with nothing to undo.
     tls = load_server_tls(settings.tls_cert, settings.tls_key, settings.tls_client_ca)
     metrics = Metrics() if settings.metrics_listen is not None else None
@@ -361,12 +366,13 @@ async def _serve_aio(settings: Settings) -> int:
     )
     # Every call on every road passes the one door: admitted first (a refused flood
     # costs no authentication), then authenticated, authorized and recorded.
-    door = Door(authenticator, admission)
+    door = Door(authenticator, admission, verify=None if verifier is None else verifier.verify)
     interceptors: list[grpc.aio.ServerInterceptor] = [DoorInterceptor(door)]
     if metrics is not None:
         # Outermost: every call counts with the code its caller saw.
         interceptors.insert(0, MetricsInterceptor(metrics))
         admission.on_refused = metrics.refused
+        audit.count_auth_refusals(metrics.auth_refused)
         metrics.live.in_flight = lambda: {
             "unary": admission.unary.in_use,
             "stream": admission.streams.in_use,
@@ -425,6 +431,8 @@ async def _serve_aio(settings: Settings) -> int:
     core.dispatcher.end_streams()
     await server.stop(settings.shutdown_grace_ms / 1000)
     await door.stop()
+    if verifier is not None:
+        verifier.stop()
     await overload.stop()
     # The writer answers its last batch through this loop: stop it from a thread.
     await asyncio.to_thread(core.stop)

@@ -101,6 +101,13 @@ class Metrics:
             ["method", "limit"],
             registry=r,
         )
+        self.auth_refusals = Counter(
+            "troth_auth_refusals_total",
+            "Calls refused by authentication or authorization, by ErrorInfo reason (every "
+            "one, though the auth.refused log lines are rate-limited).",
+            ["reason"],
+            registry=r,
+        )
         self.commits = Counter(
             "troth_store_commits_total", "Group-commit transactions committed.", registry=r
         )
@@ -171,6 +178,9 @@ class Metrics:
 
     def refused(self, method: str, limit: str) -> None:
         self.refusals.labels(method, limit).inc()
+
+    def auth_refused(self, reason: str) -> None:
+        self.auth_refusals.labels(reason).inc()
 
     def commit(self, size: int, seconds: float) -> None:
         self.commits.inc()

@@ -60,16 +60,22 @@ def test_a_minted_token_verifies_once_then_comes_from_the_cache(tmp_path: Path) 
     with pytest.raises(Unauthenticated) as wrong:
         auth.verify(f"troth_{key_id}_not-the-secret")
     assert wrong.value.reason is Reason.TOKEN_INVALID
-    assert auth.cached(f"troth_{key_id}_not-the-secret") is None
-    with pytest.raises(Unauthenticated) as unknown:
-        auth.verify("troth_ffffffffffffffff_whatever")
-    assert unknown.value.reason is Reason.TOKEN_UNKNOWN
+    # Refused again from the cache of refused tokens, with no scrypt (issue 26).
+    with pytest.raises(Unauthenticated) as again:
+        auth.cached(f"troth_{key_id}_not-the-secret")
+    assert again.value.reason is Reason.TOKEN_INVALID
+    for check in (auth.verify, auth.cached):
+        with pytest.raises(Unauthenticated) as unknown:
+            check("troth_ffffffffffffffff_whatever")
+        assert unknown.value.reason is Reason.TOKEN_UNKNOWN
     auth.reload()
     # Kept across a reload while its entry keeps its secret: no scrypt again.
     assert auth.cached(minted.token) == principal
     (tmp_path / "tokens.toml").write_text("")
     auth.reload()
-    assert auth.cached(minted.token) is None  # its entry is gone
+    with pytest.raises(Unauthenticated) as gone:  # its entry is gone: refused at once
+        auth.cached(minted.token)
+    assert gone.value.reason is Reason.TOKEN_UNKNOWN
 
 
 @pytest.mark.parametrize(

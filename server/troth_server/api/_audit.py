@@ -5,7 +5,12 @@ knows the caller's peer address) and never with a token, a secret or a payload:
 
 - `auth.refused` (warning): a call refused by authentication or the RPC x role
   table (`api/_auth.py`): rpc, reason, principal (when it was authenticated),
-  peer, message.
+  peer, message. Rate-limited, since anyone can cause one: at most
+  `REFUSED_LINES` lines per `REFUSED_INTERVAL_S` per reason and subject (the
+  principal; else the key id of a token-file token the file holds; else none),
+  and the first line written after some were left out says how many
+  (`suppressed`). Every refusal is counted, written or not, by the callback
+  `count_auth_refusals` sets (`troth_auth_refusals_total{reason}`).
 - `audit.refused` (warning): a settle refused by the promise's approver policy
   (`NOT_AN_APPROVER`, with the `rule`) or a settle token that does not allow it
   (`SETTLE_TOKEN_*`): rpc, promise_id, outcome asked for, principal (whom the
@@ -34,6 +39,10 @@ the call's peer.
 
 from __future__ import annotations
 
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 import structlog
@@ -41,6 +50,8 @@ import structlog
 from troth.errors import Reason
 
 if TYPE_CHECKING:
+    from collections.abc import Callable, Hashable
+
     import grpc.aio
 
     from troth_server.auth import AuthError
@@ -72,16 +83,105 @@ REFUSALS = frozenset(
 """The settle refusals that are audited: a person (or a link) not allowed to settle."""
 
 
+REFUSED_LINES = 10
+"""`auth.refused` lines written per `REFUSED_INTERVAL_S` per reason and subject."""
+REFUSED_INTERVAL_S = 10.0
+REFUSED_SUBJECTS = 1024
+"""(reason, subject) pairs whose lines are counted; past it the one unseen longest is
+forgotten (with the count of its lines left out, which the metric still has)."""
+
+
+@dataclass(slots=True)
+class _Window:
+    start: float
+    written: int = 1
+    suppressed: int = 0
+
+
+class LineLimit:
+    """At most `lines` log lines per `interval_s` per key, counting the ones left out.
+
+    `admit(key)` is None when the line is to be left out, else the number of lines
+    of `key` left out since the last one written (to be written with it). Holds at
+    most `max_keys` keys, forgetting the one unseen longest. Thread-safe.
+    """
+
+    def __init__(
+        self,
+        lines: int,
+        interval_s: float,
+        max_keys: int = REFUSED_SUBJECTS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.lines = lines
+        self.interval_s = interval_s
+        self.max_keys = max_keys
+        self._clock = clock
+        self._windows: OrderedDict[Hashable, _Window] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def admit(self, key: Hashable) -> int | None:
+        now = self._clock()
+        with self._lock:
+            window = self._windows.get(key)
+            if window is None or now - window.start >= self.interval_s:
+                suppressed = window.suppressed if window is not None else 0
+                self._windows[key] = _Window(now)
+                self._windows.move_to_end(key)
+                while len(self._windows) > self.max_keys:
+                    self._windows.popitem(last=False)
+                return suppressed
+            self._windows.move_to_end(key)
+            if window.written < self.lines:
+                window.written += 1
+                suppressed, window.suppressed = window.suppressed, 0
+                return suppressed
+            window.suppressed += 1
+            return None
+
+
+_refused_lines = LineLimit(REFUSED_LINES, REFUSED_INTERVAL_S)
+_count_refused: Callable[[str], None] | None = None
+
+
+def count_auth_refusals(callback: Callable[[str], None] | None) -> None:
+    """Report each `auth.refused` refusal (its reason), written or not, to `callback`
+    (`Metrics.auth_refused`); None stops it. One per process (the server's)."""
+    global _count_refused
+    _count_refused = callback
+
+
 def auth_refused(rpc: str, error: AuthError, principal: str | None, context: AioContext) -> None:
-    """A call refused by authentication or authorization (`auth.refused`)."""
+    """A call refused by authentication or authorization (`auth.refused`), rate-limited
+    per reason and subject; counted always."""
+    reason = error.reason.value
+    if _count_refused is not None:
+        _count_refused(reason)
+    suppressed = _refused_lines.admit((reason, _subject(error, principal)))
+    if suppressed is None:
+        return
+    extra = {"suppressed": suppressed} if suppressed else {}
     log.warning(
         "auth.refused",
         rpc=rpc,
-        reason=error.reason.value,
+        reason=reason,
         principal=principal,
         peer=context.peer(),
         message=error.message,
+        **extra,
     )
+
+
+def _subject(error: AuthError, principal: str | None) -> tuple[str, str] | None:
+    """Whose refusals a line stands for: the principal; else the key id of a token the
+    token file holds (a key id it does not hold is the caller's to invent, and counts
+    with every other unknown one); else nobody in particular."""
+    if principal is not None:
+        return "principal", principal
+    key_id = error.metadata.get("key_id")
+    if key_id is None or error.reason is Reason.TOKEN_UNKNOWN:
+        return None
+    return "key_id", key_id
 
 
 def settle_refused(

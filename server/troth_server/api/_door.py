@@ -142,9 +142,7 @@ def stream_refusal(rpc: str, request: Any, opened: Principal, now: Principal) ->
             rpc=rpc,
             principal=now.name,
         )
-    if rpc in _READS_DECIDED_AT_OPEN and (
-        now.roles != opened.roles or now.groups != opened.groups
-    ):
+    if rpc in _READS_DECIDED_AT_OPEN and (now.roles != opened.roles or now.groups != opened.groups):
         # What a watch may read (a worker's reach: its groups' workflows) was decided
         # when it opened.
         return NotAllowed(
@@ -208,14 +206,30 @@ class Door:
     # -- 2. authentication ---------------------------------------------------------
 
     async def _verify_on_thread(self, token: str) -> Principal:
+        """The slow path without a pool of its own (tests): the cache, else a thread."""
         assert self._auth is not None
+        principal = self._auth.cached(token)
+        if principal is not None:
+            return principal
         return await asyncio.to_thread(self._auth.verify, token)
 
     async def _authenticate(self, token: str) -> Pass:
+        """A new call's credential: from the cache, else verified by `verify` (the
+        server's `VerifierPool`: bounded, off the loop, refusals answered late)."""
         auth = self._auth
         assert auth is not None
         generation = auth.generation  # before the look-up: a reload meanwhile looks again
-        principal = auth.cached(token)
+        principal = await self._verify(token)
+        return Pass(principal, token, generation, auth.expires_at(token))
+
+    async def _reauthenticate(self, token: str) -> Pass:
+        """An open stream's credential, looked up again (a reload, an expiry): refused at
+        once when the cache knows it is not valid any more; a JWT checked here (cheap),
+        a token-file token whose secret changed through `verify`."""
+        auth = self._auth
+        assert auth is not None
+        generation = auth.generation
+        principal = auth.cached(token) or auth.verify_cheaply(token)
         if principal is None:
             principal = await self._verify(token)
         return Pass(principal, token, generation, auth.expires_at(token))
@@ -235,7 +249,7 @@ class Door:
         if self.current(pass_):
             return pass_
         assert pass_.token is not None
-        return await self._authenticate(pass_.token)
+        return await self._reauthenticate(pass_.token)
 
     # -- 3. authorization ------------------------------------------------------------
 

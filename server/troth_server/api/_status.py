@@ -8,7 +8,7 @@ from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
 from troth.errors import ERROR_DOMAIN, Reason
-from troth_server.auth import AuthError, NotAllowed, Unauthenticated
+from troth_server.auth import AuthError, NotAllowed, Unauthenticated, VerificationsBusy
 from troth_server.domain.approvers import NotAnApprover, PolicyNotChecked
 from troth_server.domain.errors import (
     DomainError,
@@ -87,6 +87,8 @@ STATUS_CODES: dict[type[Exception], grpc.StatusCode] = {
     EventsMissed: grpc.StatusCode.UNAVAILABLE,
     AuthError: grpc.StatusCode.PERMISSION_DENIED,
     Unauthenticated: grpc.StatusCode.UNAUTHENTICATED,
+    # A new credential that cannot be verified now (the verification pool is full).
+    VerificationsBusy: grpc.StatusCode.RESOURCE_EXHAUSTED,
     NotAllowed: grpc.StatusCode.PERMISSION_DENIED,
     NotAnApprover: grpc.StatusCode.PERMISSION_DENIED,
     # Like ValueNotChecked: the service checks the policy again and resends.

@@ -2,7 +2,8 @@
 
 Pure of gRPC and of the store: `troth_server.api._auth` (the interceptor) asks
 an `Authenticator` who a bearer token is, then `troth_server.domain.access`
-what that principal may call.
+what that principal may call. A credential not seen before is verified on the
+`VerifierPool`, a small bounded pool of threads of its own.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from troth_server.auth._jwt import (
     parse_algorithms,
 )
 from troth_server.auth._tokens import Minted, hash_secret, mint
+from troth_server.auth._verifier_pool import VerificationsBusy, VerifierPool
 
 __all__ = [
     "GROUPS_CLAIM",
@@ -32,6 +34,8 @@ __all__ = [
     "Minted",
     "NotAllowed",
     "Unauthenticated",
+    "VerificationsBusy",
+    "VerifierPool",
     "bearer_token",
     "hash_secret",
     "mint",

@@ -4,8 +4,12 @@ A token is `troth_<key id>_<secret>`. The key id (lowercase letters and digits)
 picks the one entry to check, so a call never costs more than one scrypt, and
 only the first time: a verified token is cached (key id -> SHA-256 of the
 token, compared with `hmac.compare_digest`), so a repeated token costs a dict
-lookup. The file holds only `hashlib.scrypt` hashes, each with its own salt
-and its parameters recorded:
+lookup. A key id the file does not hold, and a token refused before (the last
+`REFUSED_PER_KEY` refused per key id), are refused by `cached` with no scrypt
+at all; only a new secret for a known key id reaches `verify`, which the server
+runs on a small bounded pool of its own (`auth/_verifier_pool.py`). The file
+holds only `hashlib.scrypt` hashes, each with its own salt and its parameters
+recorded:
 
 ```toml
 [[principal]]
@@ -29,6 +33,7 @@ import re
 import secrets
 import threading
 import tomllib
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -44,14 +49,19 @@ TOKEN_PREFIX = "troth_"
 KEY_ID = re.compile(r"^[a-z0-9]{8,64}$")
 SCRYPT_N, SCRYPT_R, SCRYPT_P = 2**14, 8, 1
 """scrypt's cost: about 16 MiB and tens of milliseconds per check, paid once per token."""
+_MAXMEM = 256 * 1024 * 1024
+"""Room for the dearest parameters a token file may name (OpenSSL's default is 32 MiB)."""
 _HASH = re.compile(r"^scrypt\$n=(\d+),r=(\d+),p=(\d+)\$([A-Za-z0-9+/=]+)\$([A-Za-z0-9+/=]+)$")
 _MAX_NAME = 256
 _NAME_CHARS = re.compile(r"^[\x21-\x7e]+$")
-_FAILED_CACHE = 4096
-"""Token digests that failed, remembered so that a repeated bad token costs no scrypt."""
+REFUSED_PER_KEY = 64
+"""Digests of refused tokens remembered per key id (the oldest forgotten first), so that
+a repeated bad token costs no scrypt: a flood of fresh secrets for one key id pushes
+out that key id's own entries only, never another's."""
 
 _SCRYPT_SLOTS = threading.BoundedSemaphore(2)
-"""At most two scrypt checks at once: a flood of bad tokens cannot take every core."""
+"""At most two scrypt checks at once in the process, whoever asks: a flood of bad tokens
+cannot take every core (the server's own pool runs fewer than this)."""
 
 
 def check_name(name: object, where: str) -> str:
@@ -110,7 +120,7 @@ def _b64(data: bytes) -> str:
 def hash_secret(secret: str, *, n: int = SCRYPT_N, r: int = SCRYPT_R, p: int = SCRYPT_P) -> str:
     """`secret_hash` for a token file: scrypt with a fresh 16-byte salt, parameters recorded."""
     salt = secrets.token_bytes(16)
-    digest = hashlib.scrypt(secret.encode(), salt=salt, n=n, r=r, p=p, dklen=32)
+    digest = hashlib.scrypt(secret.encode(), salt=salt, n=n, r=r, p=p, maxmem=_MAXMEM, dklen=32)
     return f"scrypt$n={n},r={r},p={p}${_b64(salt)}${_b64(digest)}"
 
 
@@ -148,7 +158,7 @@ class _SecretHash:
                 n=self.n,
                 r=self.r,
                 p=self.p,
-                maxmem=256 * 1024 * 1024,
+                maxmem=_MAXMEM,
                 dklen=len(self.digest),
             )
         return hmac.compare_digest(got, self.digest)
@@ -177,12 +187,19 @@ def split_token(token: str) -> tuple[str, str]:
 
 
 class TokenTable:
-    """The parsed token file, with its cache of verified tokens."""
+    """The parsed token file, with its caches of verified and of refused tokens.
+
+    `cached` runs on the event loop, `verify` on the verification pool's threads: the
+    caches are guarded by a lock, held for dict operations only, never for a scrypt.
+    """
 
     def __init__(self, entries: Mapping[str, _Entry]) -> None:
         self._entries = dict(entries)
         self._verified: dict[str, tuple[bytes, Principal]] = {}
-        self._failed: dict[bytes, None] = {}
+        self._refused: dict[str, OrderedDict[bytes, None]] = {}
+        """key id -> digests of its tokens refused lately (the key ids are the file's:
+        an unknown one is refused before anything is remembered)."""
+        self._lock = threading.Lock()
 
     @classmethod
     def load(cls, path: Path) -> TokenTable:
@@ -202,10 +219,20 @@ class TokenTable:
         return len(self._entries)
 
     def cached(self, key_id: str, token: str) -> Principal | None:
-        """The principal of a token verified before (no scrypt), else None."""
+        """The principal of a token verified before (no scrypt); None when it must be
+        `verify`-ed. Raises `Unauthenticated` with no scrypt for a key id this file does
+        not hold (TOKEN_UNKNOWN) and for a token refused before (TOKEN_INVALID)."""
+        if key_id not in self._entries:
+            raise _unknown(key_id)
+        digest = token_digest(token)
         hit = self._verified.get(key_id)
-        if hit is not None and hmac.compare_digest(hit[0], token_digest(token)):
+        if hit is not None and hmac.compare_digest(hit[0], digest):
             return hit[1]
+        with self._lock:
+            refused = self._refused.get(key_id)
+            if refused is not None and digest in refused:
+                refused.move_to_end(digest)
+                raise _wrong_secret(key_id)
         return None
 
     def keep_verified(self, before: TokenTable) -> None:
@@ -218,30 +245,43 @@ class TokenTable:
                 self._verified[key_id] = (digest, entry.principal)
 
     def verify(self, key_id: str, secret: str, token: str) -> Principal:
-        """Check a token against its entry (one scrypt); cache the answer."""
-        entry = self._entries.get(key_id)
-        if entry is None:
-            raise Unauthenticated(
-                Reason.TOKEN_UNKNOWN,
-                f"no token with key id {key_id!r} is known to this server (revoked, or "
-                "from another server's token file)",
-                key_id=key_id,
-            )
+        """Check a token against its entry (one scrypt, unless `cached` would have
+        answered); cache the answer, either way."""
+        principal = self.cached(key_id, token)
+        if principal is not None:
+            return principal
+        entry = self._entries[key_id]  # `cached` refused a key id it does not hold
         digest = token_digest(token)
-        if digest in self._failed or not entry.secret_hash.matches(secret):
-            self._remember_failure(digest)
-            raise Unauthenticated(
-                Reason.TOKEN_INVALID,
-                f"the token with key id {key_id!r} has the wrong secret",
-                key_id=key_id,
-            )
+        if not entry.secret_hash.matches(secret):
+            self._remember_refused(key_id, digest)
+            raise _wrong_secret(key_id)
         self._verified[key_id] = (digest, entry.principal)
         return entry.principal
 
-    def _remember_failure(self, digest: bytes) -> None:
-        if len(self._failed) >= _FAILED_CACHE:
-            self._failed.pop(next(iter(self._failed)))
-        self._failed[digest] = None
+    def _remember_refused(self, key_id: str, digest: bytes) -> None:
+        with self._lock:
+            refused = self._refused.setdefault(key_id, OrderedDict())
+            refused[digest] = None
+            refused.move_to_end(digest)
+            while len(refused) > REFUSED_PER_KEY:
+                refused.popitem(last=False)
+
+
+def _unknown(key_id: str) -> Unauthenticated:
+    return Unauthenticated(
+        Reason.TOKEN_UNKNOWN,
+        f"no token with key id {key_id!r} is known to this server (revoked, or "
+        "from another server's token file)",
+        key_id=key_id,
+    )
+
+
+def _wrong_secret(key_id: str) -> Unauthenticated:
+    return Unauthenticated(
+        Reason.TOKEN_INVALID,
+        f"the token with key id {key_id!r} has the wrong secret",
+        key_id=key_id,
+    )
 
 
 def _entries(document: Mapping[str, Any]) -> dict[str, _Entry]:
