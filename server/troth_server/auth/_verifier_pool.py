@@ -11,7 +11,8 @@ random secret each time. So the slow path runs here, apart from everything else:
   MintSettleToken, PrunePromises and the approver prechecks use: however many
   bad secrets arrive, those calls do not queue behind them;
 - bounded: at most `max_waiting` verifications wait for a thread, and at most
-  `max_per_key` per key id (all JWTs count as one key) are running or waiting,
+  `max_per_key` per key id of the token file are running or waiting (JWTs, a
+  signature check each, only by the waiting room),
   so a flood on one key id leaves room for the others; and a key id starts at
   most `per_key_rate` verifications a second (bursts of `per_key_burst`), so a
   flood on one key id costs a fraction of a core, not a whole one. A key id's
@@ -278,14 +279,15 @@ class VerifierPool:
     def _refusal(self, key: str) -> VerificationsBusy | None:
         """Why a new verification for `key` may not start now (under `_lock`)."""
         admitted = self._admitted
-        if admitted.per_key.get(key, 0) >= self.max_per_key:
-            what = "all JWTs" if key == JWT_KEY else f"key id {key!r}"
+        # JWTs (a signature check each: microseconds) have no bound of their own: a
+        # fleet reconnecting with its JWTs must not be refused four at a time.
+        if key != JWT_KEY and admitted.per_key.get(key, 0) >= self.max_per_key:
             return VerificationsBusy(
-                f"{self.max_per_key} verifications of {what} are already under way "
+                f"{self.max_per_key} verifications of key id {key!r} are already under way "
                 "(other credentials are still verified)",
                 self.retry_after_ms,
-                one_key=key != JWT_KEY,  # an honest new JWT may meet the JWTs' bound
-                **({} if key == JWT_KEY else {"key_id": key}),
+                one_key=True,
+                key_id=key,
             )
         if len(admitted.flights) >= self.workers + self.max_waiting:
             return VerificationsBusy(
