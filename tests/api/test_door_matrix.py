@@ -24,7 +24,6 @@ from __future__ import annotations
 import queue
 import re
 import signal
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -34,9 +33,9 @@ from typing import TYPE_CHECKING, Any
 import grpc
 import pytest
 from _auth import bearer, code_and_reason, make_jwt, make_jwt_keys
-from _support import error_info, start_server
+from _streams import HandCalls, ReadStream, StreamEnded, ended_with
+from _support import start_server
 from google.protobuf.duration_pb2 import Duration
-from google.rpc import error_details_pb2, status_pb2
 
 from troth.v1 import promises_pb2, promises_pb2_grpc, tasks_pb2, tasks_pb2_grpc
 from troth_server.api._mux import STREAM_CALLS
@@ -247,80 +246,8 @@ def _judge(world: World, road: str, who: Who, rpc: str, answer: Any, after: bool
         world.wrong.append(f"{road} {who.name} {rpc}: {answer}, want {want}")
 
 
-class OpenCalls:
-    """A `Calls` stream held open: calls sent one at a time, answers read on a thread."""
-
-    def __init__(self, channel: grpc.Channel, metadata: Any) -> None:
-        self._out: queue.Queue[tasks_pb2.CallsRequest | None] = queue.Queue()
-        self.answers: queue.Queue[Any] = queue.Queue()
-        stub = tasks_pb2_grpc.TaskServiceStub(channel)
-        self.call = stub.Calls(self._requests(), metadata=metadata, timeout=300)
-        self._ids = 0
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _requests(self) -> Iterator[tasks_pb2.CallsRequest]:
-        while (message := self._out.get()) is not None:
-            yield message
-
-    def _read(self) -> None:
-        try:
-            for answer in self.call:
-                self.answers.put(answer)
-        except grpc.RpcError as exc:
-            self.answers.put(exc)
-
-    def send(self, rpc: str, request: Any) -> tuple[grpc.StatusCode, str] | grpc.RpcError:
-        self._ids += 1
-        self._out.put(_on_stream(rpc, request, self._ids))
-        got = self.answers.get(timeout=20)
-        if isinstance(got, grpc.RpcError):
-            self.answers.put(got)
-            return got
-        code = next(c for c in grpc.StatusCode if c.value[0] == got.code)
-        return code, _reason(got.status_details)
-
-    def close(self) -> None:
-        self._out.put(None)
-        self.call.cancel()
-
-
-def _reason(status_details: bytes) -> str:
-    if not status_details:
-        return ""
-    for detail in status_pb2.Status.FromString(status_details).details:
-        info = error_details_pb2.ErrorInfo()
-        if detail.Unpack(info):
-            return str(info.reason)
-    return ""
-
-
-class OpenStream:
-    """A server stream held open, its messages (or its end) read on a thread."""
-
-    def __init__(self, call: Any) -> None:
-        self.call = call
-        self.got: queue.Queue[Any] = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        try:
-            for message in self.call:
-                self.got.put(message)
-        except grpc.RpcError as exc:
-            self.got.put(exc)
-
-    def drain(self) -> list[Any]:
-        items = []
-        while not self.got.empty():
-            items.append(self.got.get_nowait())
-        return items
-
-
 def _error(got: grpc.RpcError) -> tuple[grpc.StatusCode, str]:
-    try:
-        return got.code(), error_info(got).reason  # type: ignore[attr-defined]
-    except AssertionError:
-        return got.code(), ""  # type: ignore[attr-defined]
+    return ended_with(got)
 
 
 def _expiring(world: World) -> list[Who]:
@@ -365,7 +292,7 @@ def _unary_road(world: World, after: bool, who: list[Who] | None = None) -> None
 
 def _calls_road(
     world: World,
-    streams: dict[str, OpenCalls],
+    streams: dict[str, HandCalls],
     after: bool,
     road: str,
     who: list[Who] | None = None,
@@ -373,31 +300,36 @@ def _calls_road(
     def one(who: Who) -> None:
         calls = streams[who.name]
         for rpc in STREAM_CALLS:
-            got = calls.send(rpc, _REQUESTS[rpc](f"{who.name}-{rpc}-{road}"))
-            if isinstance(got, grpc.RpcError):
-                got = _error(got)  # the stream itself was ended: the same answer is due
+            try:
+                got = calls.send(rpc, _REQUESTS[rpc](f"{who.name}-{rpc}-{road}"))
+            except StreamEnded as ended:
+                got = _error(ended.error)  # the stream itself was ended: the same answer
             _judge(world, road, who, rpc, got, after)
 
     with ThreadPoolExecutor(16) as pool:
         list(pool.map(one, world.who if who is None else who))
 
 
-def _open_streams(world: World) -> dict[tuple[str, str], OpenStream]:
+def _tasks(world: World) -> tasks_pb2_grpc.TaskServiceStub:
+    return tasks_pb2_grpc.TaskServiceStub(world.channel)
+
+
+def _open_streams(world: World) -> dict[tuple[str, str], ReadStream]:
     p = promises_pb2_grpc.PromiseServiceStub(world.channel)
     t = tasks_pb2_grpc.TaskServiceStub(world.channel)
-    opened: dict[tuple[str, str], OpenStream] = {}
+    opened: dict[tuple[str, str], ReadStream] = {}
     for who in world.who:
         if who.expect("Poll", after=False) is None:
             request = tasks_pb2.PollRequest(group=GROUP, worker_id=f"w-{who.name}", capacity=1)
-            opened[(who.name, "Poll")] = OpenStream(t.Poll(request, metadata=who.metadata))
+            opened[(who.name, "Poll")] = ReadStream(t.Poll(request, metadata=who.metadata))
         if who.expect("WatchPromise", after=False) is None:
             request_w = promises_pb2.WatchPromiseRequest(id=f"mx-watched-{who.name}")
-            opened[(who.name, "WatchPromise")] = OpenStream(
+            opened[(who.name, "WatchPromise")] = ReadStream(
                 p.WatchPromise(request_w, metadata=who.metadata)
             )
         if who.expect("WatchPromises", after=False) is None:
             request_ws = promises_pb2.WatchPromisesRequest(id="mx-event-*")
-            opened[(who.name, "WatchPromises")] = OpenStream(
+            opened[(who.name, "WatchPromises")] = ReadStream(
                 p.WatchPromises(request_ws, metadata=who.metadata)
             )
     return opened
@@ -427,7 +359,7 @@ def test_every_rpc_every_principal_every_road_before_and_after(world: World) -> 
     for who in world.who:
         watched(who)
     _unary_road(world, after=False)
-    before_calls = {who.name: OpenCalls(world.channel, who.metadata) for who in world.who}
+    before_calls = {who.name: HandCalls(_tasks(world), who.metadata) for who in world.who}
     _calls_road(world, before_calls, after=False, road="calls(before)")
     expiring = _expiring(world)
     made = time.monotonic()
@@ -436,7 +368,7 @@ def test_every_rpc_every_principal_every_road_before_and_after(world: World) -> 
         watched(who)
     _unary_road(world, after=False, who=expiring)
     for who in expiring:
-        before_calls[who.name] = OpenCalls(world.channel, who.metadata)
+        before_calls[who.name] = HandCalls(_tasks(world), who.metadata)
     _calls_road(world, before_calls, after=False, road="calls(before)", who=expiring)
     world.who += expiring
     opened = _open_streams(world)
@@ -501,7 +433,7 @@ def test_every_rpc_every_principal_every_road_before_and_after(world: World) -> 
     # The Calls streams opened before: each call as the principal is now; and new ones.
     _calls_road(world, before_calls, after=True, road="calls(opened before)")
     _unary_road(world, after=True)
-    after_calls = {who.name: OpenCalls(world.channel, who.metadata) for who in world.who}
+    after_calls = {who.name: HandCalls(_tasks(world), who.metadata) for who in world.who}
     _calls_road(world, after_calls, after=True, road="calls(opened after)")
     for calls in (*before_calls.values(), *after_calls.values()):
         calls.close()

@@ -14,7 +14,6 @@ revocation touches nothing else; both stores.
 
 from __future__ import annotations
 
-import queue
 import signal
 import threading
 import time
@@ -27,9 +26,9 @@ import grpc
 import pytest
 from _auth import Grant, bearer, code_and_reason, make_jwt, make_jwt_keys
 from _pg import fresh_schema
-from _support import PollStream, error_info, eventually, start_server
+from _streams import HandCalls, ReadStream, StreamEnded, ended_with
+from _support import PollStream, eventually, start_server
 from google.protobuf.duration_pb2 import Duration
-from google.rpc import status_pb2
 
 from troth.errors import Reason
 from troth.v1 import promises_pb2, promises_pb2_grpc, tasks_pb2, tasks_pb2_grpc, types_pb2
@@ -136,73 +135,8 @@ def setup(
             assert server.stop() == 0, server.log()[-3000:]
 
 
-class StreamEnded(Exception):
-    """A call sent on a `Calls` stream that had ended."""
-
-
-class RawCalls:
-    """A `Calls` stream played by hand: calls sent one by one, answers read on a thread."""
-
-    def __init__(self, stub: tasks_pb2_grpc.TaskServiceStub, metadata: Any) -> None:
-        self._out: queue.Queue[tasks_pb2.CallsRequest | None] = queue.Queue()
-        self._answers: queue.Queue[tasks_pb2.CallsResponse | grpc.RpcError | None] = queue.Queue()
-        self._ids = 0
-        self.call = stub.Calls(self._requests(), metadata=metadata, timeout=120)
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _requests(self) -> Iterator[tasks_pb2.CallsRequest]:
-        while (message := self._out.get()) is not None:
-            yield message
-
-    def _read(self) -> None:
-        try:
-            for answer in self.call:
-                self._answers.put(answer)
-            self._answers.put(None)
-        except grpc.RpcError as exc:
-            self._answers.put(exc)
-
-    def send(self, method: str, request: Any) -> tuple[grpc.StatusCode, str, Any]:
-        """One call and its answer: (code, reason, the response bytes)."""
-        self._ids += 1
-        self._out.put(
-            tasks_pb2.CallsRequest(id=self._ids, method=method, request=request.SerializeToString())
-        )
-        answer = self._answers.get(timeout=20)
-        if not isinstance(answer, tasks_pb2.CallsResponse):
-            self._answers.put(answer)  # the stream's end, for `ended`
-            raise StreamEnded(answer)
-        assert answer.id == self._ids
-        code = next(c for c in grpc.StatusCode if c.value[0] == answer.code)
-        reason = ""
-        if answer.status_details:
-            status = status_pb2.Status.FromString(answer.status_details)
-            for detail in status.details:
-                info = _error_info(detail)
-                if info is not None:
-                    reason = info.reason
-        return code, reason, answer.response
-
-    def ended(self, within: float) -> grpc.RpcError:
-        """The error the server ended the stream with (it must, within `within` s)."""
-        got = self._answers.get(timeout=within)
-        assert isinstance(got, grpc.RpcError), f"the stream was not ended: {got}"
-        return got
-
-    def close(self) -> None:
-        self._out.put(None)
-        self.call.cancel()
-
-
-def _error_info(detail: Any) -> Any:
-    from google.rpc import error_details_pb2
-
-    info = error_details_pb2.ErrorInfo()
-    return info if detail.Unpack(info) else None
-
-
 def _reason(error: grpc.RpcError) -> tuple[grpc.StatusCode, str]:
-    return error.code(), error_info(error).reason  # type: ignore[attr-defined]
+    return ended_with(error)
 
 
 def _ended_stream(reader: PollStream, within: float) -> grpc.RpcError:
@@ -224,30 +158,14 @@ def _poll(setup: Setup, principal: str, group: str, worker_id: str, lease: int =
     return PollStream(_WithToken(), request, wait=20)  # type: ignore[arg-type]
 
 
-class Watch:
-    def __init__(self, setup: Setup, principal: str, glob: str) -> None:
-        self.call = setup.promises.WatchPromises(
-            promises_pb2.WatchPromisesRequest(id=glob), metadata=setup.md(principal), timeout=120
-        )
-        self.got: queue.Queue[Any] = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        try:
-            for event in self.call:
-                self.got.put(event)
-        except grpc.RpcError as exc:
-            self.got.put(exc)
-
-    def ended(self, within: float) -> grpc.RpcError:
-        deadline = time.monotonic() + within
-        while True:  # events from before the change may come first
-            got = self.got.get(timeout=max(0.01, deadline - time.monotonic()))
-            if isinstance(got, grpc.RpcError):
-                return got
+def _watch(setup: Setup, principal: str, glob: str) -> ReadStream:
+    request = promises_pb2.WatchPromisesRequest(id=glob)
+    return ReadStream(
+        setup.promises.WatchPromises(request, metadata=setup.md(principal), timeout=120)
+    )
 
 
-def _complete_on(calls: RawCalls, task: tasks_pb2.Task, worker_id: str) -> None:
+def _complete_on(calls: HandCalls, task: tasks_pb2.Task, worker_id: str) -> None:
     """A CompleteTask that would settle the root, on a stream that may have been ended
     meanwhile: refused either way."""
     request = tasks_pb2.CompleteTaskRequest(
@@ -257,7 +175,7 @@ def _complete_on(calls: RawCalls, task: tasks_pb2.Task, worker_id: str) -> None:
         resolve_root=types_pb2.Payload(data=b"1"),
     )
     try:
-        code, _, _ = calls.send("CompleteTask", request)
+        code, _ = calls.send("CompleteTask", request)
     except StreamEnded:
         return  # the stream was ended before the call could be answered
     assert code != grpc.StatusCode.OK
@@ -273,11 +191,11 @@ def test_a_revoked_token_stops_on_calls_poll_and_watch_streams_opened_before(
     setup.promises.CreatePromise(
         promises_pb2.CreatePromiseRequest(id=pending), metadata=setup.md("admin-1"), timeout=10
     )
-    gateway = RawCalls(setup.tasks, setup.md("gw-calls"))
+    gateway = HandCalls(setup.tasks, setup.md("gw-calls"))
     assert gateway.send("GetPromise", promises_pb2.GetPromiseRequest(id=pending))[0] == (
         grpc.StatusCode.OK
     )
-    watch = Watch(setup, "op-watch", "rv-*")
+    watch = _watch(setup, "op-watch", "rv-*")
     waiting = setup.promises.WaitPromise.future(
         promises_pb2.WaitPromiseRequest(id=pending, wait=Duration(seconds=50)),
         metadata=setup.md("gw-calls"),
@@ -285,7 +203,7 @@ def test_a_revoked_token_stops_on_calls_poll_and_watch_streams_opened_before(
     )
     # The worker holds a task, and its Calls stream is open, before the revocation.
     worker = _poll(setup, "wk-revoked", "g-revoked", "w-revoked")
-    worker_calls = RawCalls(setup.tasks, setup.md("wk-revoked"))
+    worker_calls = HandCalls(setup.tasks, setup.md("wk-revoked"))
     held_root = setup.start("g-revoked")
     task = worker.next_response().task
     assert task.root_promise_id == held_root
@@ -328,7 +246,7 @@ def _audited(setup: Setup, principal: str, reason: Reason) -> None:
 
 def test_a_grant_narrowed_to_another_group_stops_its_open_poll_and_calls(setup: Setup) -> None:
     worker = _poll(setup, "wk-narrowed", "gq", "w-narrowed")
-    calls = RawCalls(setup.tasks, setup.md("wk-narrowed"))
+    calls = HandCalls(setup.tasks, setup.md("wk-narrowed"))
     root = setup.start("gq")
     task = worker.next_response().task
     beat = tasks_pb2.HeartbeatRequest(worker_id="w-narrowed", lease=Duration(seconds=30))
@@ -352,7 +270,7 @@ def test_a_grant_narrowed_to_another_group_stops_its_open_poll_and_calls(setup: 
             worker_id="w-narrowed",
             resolve_root=types_pb2.Payload(data=b"1"),
         )
-        code, reason, _ = calls.send("CompleteTask", request)
+        code, reason = calls.send("CompleteTask", request)
         assert (code, reason) in (
             denied,
             (grpc.StatusCode.FAILED_PRECONDITION, Reason.STALE_COUNTER.value),
@@ -369,7 +287,7 @@ def test_a_grant_narrowed_to_another_group_stops_its_open_poll_and_calls(setup: 
 def test_an_expired_jwt_stops_on_its_open_streams(setup: Setup) -> None:
     # exp 28 s ago: accepted within the server's 30 s leeway, for 2 s more.
     token = make_jwt(setup.jwt_secret, "HS256", "jwt-gateway", ["gateway"], ttl=-28)
-    calls = RawCalls(setup.tasks, bearer(token))
+    calls = HandCalls(setup.tasks, bearer(token))
     promise_id = f"jwt-{uuid.uuid4().hex[:8]}"
     create = promises_pb2.CreatePromiseRequest(id=promise_id)
     assert calls.send("CreatePromise", create)[0] == grpc.StatusCode.OK
