@@ -281,6 +281,21 @@ class Door:
             raise
         return pass_
 
+    def authorized(
+        self, held: Held | None, rpc: str, request: Any, context: AioContext
+    ) -> Principal | None:
+        """`call` without awaiting, while the stream's credential is current (the hot
+        path: a few comparisons); None when it must be looked up again (await `call`)."""
+        if held is None or held.ended is not None or not self.current(held.pass_):
+            return None
+        principal = held.pass_.principal
+        try:
+            self.authorize(principal, rpc, request)
+        except AuthError as exc:
+            audit.auth_refused(rpc, exc, principal.name, context)
+            raise
+        return principal
+
     async def call(
         self, held: Held | None, rpc: str, request: Any, context: AioContext
     ) -> Principal:
@@ -444,7 +459,8 @@ class DoorInterceptor(MethodInterceptor):
                             return
                         finally:
                             held.waiting = False
-                        await door.recheck(held)
+                        if not door.current(held.pass_):
+                            await door.recheck(held)
                         yield response
                 except asyncio.CancelledError:
                     if held.ended is None:

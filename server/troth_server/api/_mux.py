@@ -274,9 +274,12 @@ class CallMux:
         door = self._door
         try:
             # This task's own caller: the principal its stream's credential gives now.
-            set_caller(await door.call(held, message.method, request, context.stream))
+            principal = door.authorized(held, message.method, request, context.stream)
+            if principal is None:
+                principal = await door.call(held, message.method, request, context.stream)
         except AuthError as refused:
             return _refusal(message.id, refused)
+        set_caller(principal)
         try:
             response = await method.handler(request, context)
             if held is not None and message.method in LONG_POLLS:
