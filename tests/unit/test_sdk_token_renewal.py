@@ -132,9 +132,9 @@ class Door:
             self.ended.append(token)
 
     async def _watch(self, request: bytes, context: Any) -> Any:
+        sent = len(self.events)  # before the open is recorded: what comes after is sent
         token = await self._door("WatchPromises", context)
         await context.send_initial_metadata((WATCH_READY_METADATA,))
-        sent = len(self.events)
         while token in self.accepted:
             while sent < len(self.events):
                 sent += 1
@@ -274,8 +274,14 @@ def test_a_watch_ended_for_its_token_reopens_with_the_new_one(
         transport, pb.WatchPromisesRequest(id="*"), lambda: reconnected.append(1)
     )
     try:
+        first: list[str] = []
+        opening = threading.Thread(target=lambda: first.append(next(events).promise.id))
+        opening.start()
+        # The fake server sends only the events appended after a watch opened.
+        _wait_for(lambda: door.opens("WatchPromises") == [OLD])
         door.events.append(_event("before"))
-        assert next(events).promise.id == "before"
+        opening.join(10)
+        assert first == ["before"]
         _revoke_and_renew(door, supplier)
         got: list[str] = []
         reader = threading.Thread(target=lambda: got.append(next(events).promise.id))
