@@ -22,6 +22,8 @@ from troth_server.console._app import build_app
 from troth_server.console._config import ConsoleSettings
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     import httpx
     from _support import ServerProcess
 
@@ -64,8 +66,13 @@ def named(ctx: Context, post: int) -> Generator[Any, Any, Any]:
 
 class Site:
     def __init__(
-        self, server: ServerProcess, console: ConsoleProcess, tokens: dict[str, str]
+        self,
+        server: ServerProcess,
+        console: ConsoleProcess,
+        tokens: dict[str, str],
+        server_workdir: Path,
     ) -> None:
+        self.server_workdir = server_workdir
         self.server = server
         self.console = console
         self.tokens = tokens
@@ -103,12 +110,13 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
             Grant("alice", ("gateway",)),
             Grant("bob", ("gateway",)),
             Grant("ops", ("operator",)),
+            Grant("dave", ("gateway",)),  # revoked by a test: nobody else signs in as dave
         ],
     )
     server = start_server(workdir, "--auth-tokens", str(workdir / "tokens.toml"))
     console = start_console(workdir, server.address)
     try:
-        yield Site(server, console, tokens)
+        yield Site(server, console, tokens, workdir)
     finally:
         assert console.stop() == 0, console.log()[-3000:]
         assert server.stop() == 0, server.log()[-3000:]
@@ -332,6 +340,38 @@ def test_events_bridge_the_watch_stream_as_server_sent_events(site: Site, starte
             assert "live pages: 1" in http.get("/healthz").text
         # The browser went away: the console closes its watch.
         eventually(lambda: "live pages: 0" in http.get("/healthz").text, 20, "the watch closed")
+
+
+def test_a_person_whose_token_is_revoked_is_refused_on_every_page_and_their_live_page_ends(
+    site: Site, worker: Worker, starter: Client
+) -> None:
+    """The console is a road too (DESIGN §4 rule 15): a signed-in person whose token is
+    removed from the token file (then SIGHUP) is refused on the next page and settle,
+    and the live updates of a page they hold open stop."""
+    import signal
+
+    _, step = started(starter, "dave")
+    path = site.server_workdir / "tokens.toml"
+    with site.http() as http:
+        site.sign_in(http, "dave")
+        page = http.get(f"/promises/{step}").text
+        form = {"csrf": csrf(http, "/"), "key": key_of(page, step), "action": "approve",
+                "channel": '"blog"'}  # fmt: skip
+        with http.stream("GET", "/events", params={"id": "review-*"}) as stream:
+            lines = stream.iter_lines()
+            assert next(lines) == "event: ready"
+            entries = path.read_text().split("[[principal]]")
+            path.write_text("[[principal]]".join(e for e in entries if '"dave"' not in e))
+            site.server.proc.send_signal(signal.SIGHUP)
+            # The page's live stream ends (the server ends the watch within a second).
+            for _ in lines:
+                pass
+        refused = http.get("/")
+        assert refused.status_code == 401, refused.text[:500]
+        assert "The server does not know your token" in refused.text
+        posted = http.post(f"/settle/{step}", data=form)
+        assert posted.status_code == 401, posted.text[:500]
+    assert starter.get(step).state is PromiseState.PENDING
 
 
 def test_the_timeline_shows_a_pending_step_with_an_id_of_its_own_as_the_waiting_point(

@@ -155,6 +155,8 @@ _WORDS: dict[str, str] = {
     Reason.PERMISSION_DENIED: "You may not do this",
     Reason.ROLE_NOT_ALLOWED: "Your roles do not allow this",
     Reason.OUTSIDE_PREFIXES: "This promise is outside the ids you may touch",
+    Reason.GRANT_CHANGED: "Your roles or task groups changed; reload the page",
+    Reason.GROUP_NOT_ALLOWED: "Your grant does not name this workflow's task group",
     Reason.UNAUTHENTICATED: "The server did not accept your token",
     Reason.TOKEN_UNKNOWN: "The server does not know your token",
     Reason.TOKEN_INVALID: "Your token is not valid",
