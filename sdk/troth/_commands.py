@@ -230,7 +230,8 @@ class CreatePromise(Command[PromiseHandle]):
     title: str = ""
     message: str = ""
     check_args: bool = True
-    """Record a digest of id, timeout and schema, and check it on replay (`troth._digests`)."""
+    """Record a digest of id, timeout, schema, title, message, tags and approvers, and
+    check it on replay (`troth._digests`)."""
     approvers: Approvers | None = None
     """Who may settle it, enforced by the server (`troth.Approvers`)."""
 
