@@ -32,7 +32,9 @@ digests, nor for a step that opts out with `check_args=False`), else
 `Failed(NonDeterminismError)`; a settled step's value is sent into the generator
 (or its error thrown) without running anything, so a function whose step is
 settled is never called again. A recorded step the code never reaches before it
-finishes or blocks is non-determinism too.
+finishes, blocks or raises is non-determinism too; when the code raised, the
+error names that exception and has it as its `__cause__` (the worker reports a
+bug's own traceback: `troth._failures.task_failure`).
 
 Awaiting. Yielding a `PromiseHandle`, `AwaitAll`, `AwaitAny` or `AwaitAtLeast` creates no
 promise and shifts no id. Where several awaited promises are settled,
@@ -93,6 +95,7 @@ from troth._commands import (
     StepCommand,
 )
 from troth._digests import args_digest, describe_args, describe_recorded, recorded_version
+from troth._failures import describe_error
 from troth._history import Awaiting, History, Resolution, Send, Throw, step_tags
 from troth.codec import Codec, JsonCodec, Payload
 from troth.context import Context
@@ -485,12 +488,14 @@ class Engine:
         return Suspend(awaiting)
 
     def _finish(self, outcome: Done | Failed) -> Done | Failed:
-        unreached = self._unreached()
+        raised = outcome.error if isinstance(outcome, Failed) else None
+        unreached = self._unreached(raised)
         self._final = unreached or outcome
         return self._final
 
-    def _unreached(self) -> Failed | None:
-        """Non-determinism when the history holds a step at a position the code has not reached."""
+    def _unreached(self, raised: Exception | None = None) -> Failed | None:
+        """Non-determinism when the history holds a step at a position the code has not
+        reached (before it blocked, returned, or raised `raised`: named, and the cause)."""
         ahead = [
             (position, promise)
             for promise in self._history.known.values()
@@ -501,12 +506,27 @@ class Engine:
         if not ahead:
             return None
         position, promise = min(ahead, key=lambda item: item[0])
-        return self._nondeterminism(position, describe_tags(promise.tags), None, promise.id)
+        return self._nondeterminism(
+            position, describe_tags(promise.tags), None, promise.id, raised=raised
+        )
 
     def _nondeterminism(
-        self, position: int, recorded: str | None, yielded: str | None, step_id: str
+        self,
+        position: int,
+        recorded: str | None,
+        yielded: str | None,
+        step_id: str,
+        *,
+        raised: Exception | None = None,
     ) -> Failed:
-        error = NonDeterminismError(position, recorded=recorded, yielded=yielded, step_id=step_id)
+        error = NonDeterminismError(
+            position,
+            recorded=recorded,
+            yielded=yielded,
+            step_id=step_id,
+            raised="" if raised is None else describe_error(raised),
+        )
+        error.__cause__ = raised
         gen, self._gen = self._gen, None
         if gen is not None:
             closing, self._closing = self._closing, True

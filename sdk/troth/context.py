@@ -185,7 +185,11 @@ class Context:
         Args:
             fn: Any callable; its `__qualname__` is recorded to detect changed code.
             args: Passed to `fn` as they are (they are not encoded).
-            retry: How failures are retried; default `RetryPolicy()`.
+            retry: How failures are retried; default `RetryPolicy()`: no
+                maximum (3 attempts in a task, then the task fails and is
+                retried after a backoff, the step unrecorded: a bug waits for
+                its fix). Give `max_attempts` or `non_retryable` for failures
+                the workflow should see as `PromiseRejectedError`.
             id: The step's id; default `<workflow id>.<n>` (a chosen one never
                 ends in `.<number>`: `ValueError`).
             check_args: Record a digest of `args` (and of a `functools.partial`'s
