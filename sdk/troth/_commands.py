@@ -115,33 +115,51 @@ class Command(Generic[T_co]):
 
 @dataclass(frozen=True, slots=True)
 class RetryPolicy:
-    """How a `ctx.run` step retries its function before the step is rejected.
+    """How a `ctx.run` step retries its function.
 
     Attempt n (1-based) that fails waits `min(max_backoff, initial_backoff *
-    multiplier ** (n - 1))` seconds before attempt n + 1. After `max_attempts`
-    failures, or at once for an exception that is an instance of one of
-    `non_retryable`, the step promise is rejected and the workflow sees
-    `PromiseRejectedError` at its `yield`, where it can compensate.
+    multiplier ** (n - 1))` seconds before attempt n + 1.
+
+    By default there is no maximum (as Temporal's default activity retry policy):
+    a step keeps failing only on a bug or an outage, and either is fixed by
+    something other than the workflow, so the run waits instead of failing.
+    After `ATTEMPTS_PER_TASK` (3) attempts in one task, the worker fails the
+    task (`FailTask`, the step's exception and traceback, shown by `troth tasks
+    list`) and records nothing for the step: the server retries the task after
+    its backoff (1 s doubling to 5 min), the root stays PENDING with its
+    approvals, and the step runs again on the next attempt, on fixed code once
+    deployed.
+
+    The step is rejected (the workflow sees `PromiseRejectedError` at its
+    `yield`, where it can compensate, else the run fails) only by the user's
+    choice: after an explicit `max_attempts` failures, or at once for an
+    exception that is an instance of one of `non_retryable`.
 
     Attributes:
-        max_attempts: Attempts in all, at least 1 (1 means no retry).
+        max_attempts: Attempts in all, at least 1 (1 means no retry); None (the
+            default) for no maximum.
         initial_backoff: Seconds to wait after the first failure.
         max_backoff: Upper bound of any one wait, in seconds.
         multiplier: Growth of the wait per attempt, at least 1.
         non_retryable: Exception types that are never retried.
 
     .. versionadded:: 0.1.0
+    .. versionchanged:: 0.2.0 `max_attempts` defaults to None (no maximum), not 3.
     """
 
-    max_attempts: int = 3
+    max_attempts: int | None = None
     initial_backoff: float = 1.0
     max_backoff: float = 60.0
     multiplier: float = 2.0
     non_retryable: tuple[type[BaseException], ...] = ()
 
     def __post_init__(self) -> None:
-        if self.max_attempts < 1:
-            raise ValueError(f"max_attempts must be at least 1, not {self.max_attempts}")
+        if self.max_attempts is not None and (
+            isinstance(self.max_attempts, bool) or self.max_attempts < 1
+        ):
+            raise ValueError(
+                f"max_attempts must be at least 1, or None for no maximum, not {self.max_attempts}"
+            )
         if self.initial_backoff < 0 or self.max_backoff < 0:
             raise ValueError("initial_backoff and max_backoff must not be negative")
         if self.multiplier < 1:
@@ -152,13 +170,23 @@ class RetryPolicy:
         """Seconds to wait after failed attempt number `attempt` (1-based)."""
         if attempt < 1:
             raise ValueError(f"attempt is 1-based, not {attempt}")
-        return min(self.max_backoff, self.initial_backoff * self.multiplier ** (attempt - 1))
+        if self.initial_backoff == 0:
+            return 0.0
+        try:
+            grown = self.initial_backoff * self.multiplier ** (attempt - 1)
+        except OverflowError:  # a retry with no maximum gets there: the cap holds
+            return self.max_backoff
+        return min(self.max_backoff, grown)
+
+    def retryable(self, error: BaseException) -> bool:
+        """Whether `error` may be retried at all (an `Exception` not declared non-retryable)."""
+        return isinstance(error, Exception) and not isinstance(error, self.non_retryable)
 
     def should_retry(self, error: BaseException, attempt: int) -> bool:
         """Whether failed attempt number `attempt` (1-based) that raised `error` is retried."""
-        if not isinstance(error, Exception) or isinstance(error, self.non_retryable):
+        if not self.retryable(error):
             return False
-        return attempt < self.max_attempts
+        return self.max_attempts is None or attempt < self.max_attempts
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,7 +258,8 @@ class CreatePromise(Command[PromiseHandle]):
     title: str = ""
     message: str = ""
     check_args: bool = True
-    """Record a digest of id, timeout and schema, and check it on replay (`troth._digests`)."""
+    """Record a digest of id, timeout, schema, title, message, tags and approvers, and
+    check it on replay (`troth._digests`)."""
     approvers: Approvers | None = None
     """Who may settle it, enforced by the server (`troth.Approvers`)."""
 

@@ -22,13 +22,25 @@ The fields per command (what "what was asked" means):
 | command   | fields                                                         |
 |-----------|----------------------------------------------------------------|
 | `run`     | function name; args; a `functools.partial`'s bound args/kwargs |
-| `promise` | explicit id or null; timeout in seconds or null; JSON Schema   |
+| `promise` | explicit id or null; timeout in seconds or null; JSON Schema;  |
+|           | (version 2) title; message; its own tags; approvers            |
 | `start`   | workflow name; args; explicit id or null; ttl in seconds (*)   |
 | `sleep`   | duration in seconds                                            |
 
-`now` and `random` take no arguments: they get no digest. A promise's title,
-message and tags, a child's group and `start` versus `rpc` are not part of it.
+`now` and `random` take no arguments: they get no digest. A child's group and
+`start` versus `rpc` are not part of it.
 (*) Only when given, so a start without a ttl keeps the digest it had before ttls.
+
+Versions. A recorded digest says which fields it covers, so that a history is
+always checked against what it recorded and never against more: version 1 is
+16 bare hex characters (every digest recorded before versions, and today every
+command's but a promise's, whose fields have not changed); version n > 1 is
+`v<n>:` and 16 hex characters. A promise is recorded in version 2, which adds
+what its human sees and what a workflow may branch on (title, message, tags,
+approvers) to version 1's id, timeout and schema. Replay computes the command's
+digest in the version the step recorded (`recorded_version`): a promise
+recorded in version 1 is still checked on its id, timeout and schema only, and
+one recorded in a version this SDK does not know (a newer SDK's) is not checked.
 
 Arguments the encoding cannot represent (an object of a class it does not
 know, NaN, a dict with keys of mixed types...) give no digest: the step is
@@ -46,10 +58,13 @@ import hashlib
 import json
 import logging
 import uuid
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from troth._commands import (
+    TAG_KIND,
     CreatePromise,
+    Kind,
     Now,
     Random,
     RunStep,
@@ -60,10 +75,26 @@ from troth._commands import (
 )
 from troth._schema import to_json_compatible
 
-__all__ = ["DIGEST_LENGTH", "args_digest", "canonical_json", "describe_args"]
+if TYPE_CHECKING:
+    from troth._approvers import Approvers
+    from troth._promise import Promise
+
+__all__ = [
+    "DIGEST_LENGTH",
+    "DIGEST_VERSION",
+    "args_digest",
+    "canonical_json",
+    "describe_args",
+    "describe_recorded",
+    "digest_version",
+    "recorded_version",
+]
 
 DIGEST_LENGTH = 16
-"""Hex characters in a digest (BLAKE2b with an 8-byte digest)."""
+"""Hex characters in a digest (BLAKE2b with an 8-byte digest), after its version prefix."""
+DIGEST_VERSION = 2
+"""The newest digest version this SDK records (a promise's); see the module docstring."""
+_HEX = frozenset("0123456789abcdef")
 
 _log = logging.getLogger("troth.engine")
 
@@ -99,7 +130,7 @@ def _default(value: Any) -> Any:
     return to_json_compatible(value)
 
 
-def _fields(command: StepCommand) -> list[Any] | None:
+def _fields(command: StepCommand, version: int) -> list[Any] | None:
     if isinstance(command, RunStep):
         fn: Any = command.fn
         bound: list[Any] = []
@@ -110,7 +141,10 @@ def _fields(command: StepCommand) -> list[Any] | None:
     if isinstance(command, CreatePromise):
         timeout = None if command.timeout is None else command.timeout.total_seconds()
         schema = None if command.schema is None else dict(command.schema.json_schema)
-        return ["promise", command.id, timeout, schema]
+        first: list[Any] = ["promise", command.id, timeout, schema]
+        if version < 2:
+            return first
+        return [*first, command.title, command.message, dict(command.tags), _approvers(command)]
     if isinstance(command, StartWorkflow):
         fields = ["start", command.name, list(command.args), command.id]
         # Only when given: a start without one keeps the digest it always had.
@@ -125,12 +159,51 @@ def _fields(command: StepCommand) -> list[Any] | None:
     return None  # Now, Random: nothing asked
 
 
-def args_digest(command: StepCommand) -> str | None:
-    """The digest of what `command` asks, or None: it asks nothing (`now`, `random`),
-    opted out (`check_args=False`), or its arguments cannot be encoded canonically."""
+def _approvers(command: CreatePromise) -> dict[str, Any] | None:
+    approvers = command.approvers
+    if approvers is None:
+        return None
+    return {
+        "principals": list(approvers.principals),
+        "roles": list(approvers.roles),
+        "not_requester": approvers.not_requester,
+        "distinct": approvers.distinct,
+        "quorum": approvers.quorum,
+    }
+
+
+def digest_version(command: StepCommand) -> int:
+    """The version a new step of this command records: 2 for a promise, else 1 (the
+    others' fields are version 1's, and their digests stay the bare hex they were)."""
+    return 2 if isinstance(command, CreatePromise) else 1
+
+
+def recorded_version(digest: str) -> int | None:
+    """The version of a recorded `troth:args` value (1: bare hex; `v<n>:<hex>`: n), or
+    None for a value this SDK cannot check (a newer version, or not a digest)."""
+    version, colon, hexdigits = digest.rpartition(":")
+    if not colon:
+        number = 1
+    elif version.startswith("v") and version[1:].isdigit() and version[1:].isascii():
+        number = int(version[1:])
+        if number < 2:  # version 1 is written bare
+            return None
+    else:
+        return None
+    if number > DIGEST_VERSION or len(hexdigits) != DIGEST_LENGTH or not set(hexdigits) <= _HEX:
+        return None
+    return number
+
+
+def args_digest(command: StepCommand, version: int | None = None) -> str | None:
+    """The digest of what `command` asks, as recorded in `troth:args` (in `version`,
+    default the one a new step records), or None: it asks nothing (`now`,
+    `random`), opted out (`check_args=False`), or its arguments cannot be encoded
+    canonically."""
     if isinstance(command, Now | Random) or not command.check_args:
         return None
-    fields = _fields(command)
+    version = digest_version(command) if version is None else version
+    fields = _fields(command, version)
     if fields is None:
         return None
     try:
@@ -143,22 +216,66 @@ def args_digest(command: StepCommand) -> str | None:
             exc,
         )
         return None
-    return hashlib.blake2b(text.encode("ascii"), digest_size=DIGEST_LENGTH // 2).hexdigest()
+    digest = hashlib.blake2b(text.encode("ascii"), digest_size=DIGEST_LENGTH // 2).hexdigest()
+    return digest if version == 1 else f"v{version}:{digest}"
 
 
-def describe_args(command: StepCommand, limit: int = 80) -> str:
-    """The arguments a command asks for, shortened for a message, e.g. `('auto_reply',)`."""
-    fields = _fields(command)
+def describe_args(command: StepCommand, limit: int | None = None) -> str:
+    """The arguments a command asks for, shortened for a message (to `limit`, default
+    80 characters, a promise's 200), e.g. `('auto_reply',)`; a promise's as
+    `title='...', tags={...}` (what its human sees)."""
+    if limit is None:
+        limit = 200 if isinstance(command, CreatePromise) else 80
+    fields = _fields(command, digest_version(command))
     if fields is None:
         return ""
     if isinstance(command, RunStep | StartWorkflow):
         text = repr(tuple(command.args))
     elif isinstance(command, Sleep):
         text = str(command.duration)
-    else:
-        assert isinstance(command, CreatePromise)
-        asked = {"id": command.id, "timeout": command.timeout}
+    elif isinstance(command, CreatePromise):
+        asked: dict[str, Any] = {"id": command.id, "timeout": command.timeout}
         if command.schema is not None:
             asked["schema"] = command.schema.name
-        text = ", ".join(f"{k}={v}" for k, v in asked.items() if v is not None) or "defaults"
+        text = _promise_text(
+            asked, command.title, command.message, command.tags, command.approvers, limit
+        )
+    else:
+        text = repr(fields[1:])
+    return _shorten(text, limit)
+
+
+def describe_recorded(promise: Promise, limit: int = 200) -> str:
+    """What a recorded `promise` step asked its human, as `describe_args` says it of
+    a command (its title, message, own tags and approvers; "" for another kind)."""
+    if promise.tags.get(TAG_KIND) != Kind.PROMISE:
+        return ""
+    own = {k: v for k, v in promise.tags.items() if not k.startswith("troth:")}
+    if not (promise.title or promise.message or own or promise.approvers):
+        return ""
+    return _shorten(
+        _promise_text({}, promise.title, promise.message, own, promise.approvers, limit), limit
+    )
+
+
+def _promise_text(
+    asked: dict[str, Any],
+    title: str,
+    message: str,
+    tags: Mapping[str, str],
+    approvers: Approvers | None,
+    limit: int,
+) -> str:
+    if title:
+        asked["title"] = repr(_shorten(title, limit // 2))
+    if message:
+        asked["message"] = repr(_shorten(message, limit // 4))
+    if tags:
+        asked["tags"] = dict(sorted(tags.items()))
+    if approvers is not None:
+        asked["approvers"] = approvers
+    return ", ".join(f"{k}={v}" for k, v in asked.items() if v is not None) or "defaults"
+
+
+def _shorten(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -25,13 +25,16 @@ clock and draws no random numbers.
 Replay. A step command at position n (counting only commands that create a
 promise) gets the id `<root>.<n>`, unless given an explicit id. If the
 history holds that id, the step's `troth:kind`/`troth:func` tags must match
-the command, and so must its `troth:args` digest of the command's arguments
-(`troth._digests`) when both the recorded step and the command have one (not
-for histories recorded before digests, nor for a step that opts out with
-`check_args=False`), else `Failed(NonDeterminismError)`; a settled step's value is
-sent into the generator (or its error thrown) without running anything, so a
-function whose step is settled is never called again. A recorded step the
-code never reaches before it finishes or blocks is non-determinism too.
+the command, and so must its `troth:args` digest of what the command asks
+(`troth._digests`; computed in the digest version the step recorded) when both
+the recorded step and the command have one (not for histories recorded before
+digests, nor for a step that opts out with `check_args=False`), else
+`Failed(NonDeterminismError)`; a settled step's value is sent into the generator
+(or its error thrown) without running anything, so a function whose step is
+settled is never called again. A recorded step the code never reaches before it
+finishes, blocks or raises is non-determinism too; when the code raised, the
+error names that exception and has it as its `__cause__` (the worker reports a
+bug's own traceback: `troth._failures.task_failure`).
 
 Awaiting. Yielding a `PromiseHandle`, `AwaitAll`, `AwaitAny` or `AwaitAtLeast` creates no
 promise and shifts no id. Where several awaited promises are settled,
@@ -91,7 +94,8 @@ from troth._commands import (
     StartWorkflow,
     StepCommand,
 )
-from troth._digests import describe_args
+from troth._digests import args_digest, describe_args, describe_recorded, recorded_version
+from troth._failures import describe_error
 from troth._history import Awaiting, History, Resolution, Send, Throw, step_tags
 from troth.codec import Codec, JsonCodec, Payload
 from troth.context import Context
@@ -409,13 +413,20 @@ class Engine:
             return self._nondeterminism(
                 position, describe_tags(recorded.tags), describe_tags(tags), step_id
             )
-        recorded_digest, digest = recorded.tags.get(TAG_ARGS), tags.get(TAG_ARGS)
+        recorded_digest = recorded.tags.get(TAG_ARGS)
+        version = recorded_version(recorded_digest) if recorded_digest else None
+        # Computed in the version the step recorded: a history is checked on what it
+        # recorded, never on more (a promise recorded before version 2, on its id,
+        # timeout and schema only).
+        digest = args_digest(command, version) if version else None
         if recorded_digest and digest and recorded_digest != digest:
             # Only when both sides have one: a history recorded before digests,
             # or a step opted out (`check_args=False`) on either side, is not checked.
+            asked = describe_recorded(recorded)
             return self._nondeterminism(
                 position,
-                f"{describe_tags(recorded.tags)} with arguments digest {recorded_digest}",
+                f"{describe_tags(recorded.tags)} with arguments "
+                f"{f'{asked}, ' if asked else ''}digest {recorded_digest}",
                 f"{describe_tags(tags)} with arguments {describe_args(command)}, digest {digest}",
                 step_id,
             )
@@ -477,12 +488,14 @@ class Engine:
         return Suspend(awaiting)
 
     def _finish(self, outcome: Done | Failed) -> Done | Failed:
-        unreached = self._unreached()
+        raised = outcome.error if isinstance(outcome, Failed) else None
+        unreached = self._unreached(raised)
         self._final = unreached or outcome
         return self._final
 
-    def _unreached(self) -> Failed | None:
-        """Non-determinism when the history holds a step at a position the code has not reached."""
+    def _unreached(self, raised: Exception | None = None) -> Failed | None:
+        """Non-determinism when the history holds a step at a position the code has not
+        reached (before it blocked, returned, or raised `raised`: named, and the cause)."""
         ahead = [
             (position, promise)
             for promise in self._history.known.values()
@@ -493,12 +506,27 @@ class Engine:
         if not ahead:
             return None
         position, promise = min(ahead, key=lambda item: item[0])
-        return self._nondeterminism(position, describe_tags(promise.tags), None, promise.id)
+        return self._nondeterminism(
+            position, describe_tags(promise.tags), None, promise.id, raised=raised
+        )
 
     def _nondeterminism(
-        self, position: int, recorded: str | None, yielded: str | None, step_id: str
+        self,
+        position: int,
+        recorded: str | None,
+        yielded: str | None,
+        step_id: str,
+        *,
+        raised: Exception | None = None,
     ) -> Failed:
-        error = NonDeterminismError(position, recorded=recorded, yielded=yielded, step_id=step_id)
+        error = NonDeterminismError(
+            position,
+            recorded=recorded,
+            yielded=yielded,
+            step_id=step_id,
+            raised="" if raised is None else describe_error(raised),
+        )
+        error.__cause__ = raised
         gen, self._gen = self._gen, None
         if gen is not None:
             closing, self._closing = self._closing, True

@@ -14,8 +14,11 @@ workflow code that is not the workflow's outcome (`WorkflowFailed`, a declared
 `fail_on` type, an uncaught rejection, timeout or `Cancelled`) fails the task
 instead of the root, logged at ERROR with its traceback once per attempt: the
 server records it and retries the task after a backoff, and the root stays
-PENDING until fixed code resumes it. A root settled without the task (it timed
-out) ends the task.
+PENDING until fixed code resumes it. So does user code that raises outside the
+generator (`PauseTask`): a step's function still failing after its attempts in
+the task (a retry policy with no maximum), and the codec on the workflow's
+arguments, its result or a step's result. A root settled without the task (it
+timed out) ends the task.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from troth._commands import TAG_FUNC, TAG_KIND, RunStep
 from troth._convert import promise_from_proto
 from troth._engine import CreateStep, Done, Engine, Failed, Suspend, error_value
-from troth._failures import describe_error, fails_workflow, format_traceback, log_paused
+from troth._failures import PauseTask, fails_workflow, log_paused, task_failure
 from troth._leases import Held, Leases, Lost
 from troth._step_writes import RootSettled, StepWriter, Stopping
 from troth._tracing import step_span, task_span
@@ -222,7 +225,10 @@ class Runner:
                 return
             try:
                 args = self._decode_args(root)
-            except (TypeError, ValueError) as exc:
+            except PauseTask as exc:
+                self._pause(held, response, exc.error, exc.where)
+                return
+            except TypeError as exc:  # not a list: the start was not this SDK's
                 self._complete(held, reject=error_value(exc))
                 return
             engine = Engine(
@@ -249,6 +255,9 @@ class Runner:
                         # and each would run the step's function again.
                         self._reject(held, exc)
                         return
+                    except PauseTask as exc:  # a step's function or the codec: a bug
+                        self._pause(held, response, exc.error, exc.where)
+                        return
                     outcome = engine.advance(created)
                 elif isinstance(outcome, Suspend):
                     # One call registers the callbacks and completes the task,
@@ -268,8 +277,10 @@ class Runner:
                 elif isinstance(outcome, Done):
                     try:
                         value = self._client.encode(outcome.value)
-                    except (TypeError, ValueError) as exc:
-                        self._complete(held, reject=error_value(exc))
+                    except Exception as exc:  # the codec refused it: a bug, it pauses
+                        kind = type(outcome.value).__name__
+                        where = f"encoding the workflow's result (a {kind}) with the codec"
+                        self._pause(held, response, exc, where)
                     else:
                         self._complete(held, resolve=value)
                         _log.info(
@@ -288,7 +299,10 @@ class Runner:
                 engine.close()
 
     def _decode_args(self, root: Promise) -> list[Any]:
-        args = self._client.decode(root.param)
+        try:
+            args = self._client.decode(root.param)
+        except Exception as exc:  # the codec's (a key not deployed?): the run waits
+            raise PauseTask(exc, "decoding the workflow's arguments with the codec") from exc
         if args is None:
             return []
         if not isinstance(args, list):
@@ -302,22 +316,33 @@ class Runner:
         """The workflow raised: its outcome (reject the root), or a bug (fail the task:
         the server retries it after a backoff and the root stays PENDING)."""
         error = outcome.error
-        name = response.root.tags.get(TAG_FUNC, "")
-        registered = self._registrations().get(name)
-        if fails_workflow(error, registered.fail_on if registered else ()):
+        if fails_workflow(error, self._fail_on(response)):
             self._reject(held, error)
             return
+        self._pause(held, response, error)
+
+    def _fail_on(self, response: tasks_pb2.PollResponse) -> tuple[type[BaseException], ...]:
+        registered = self._registrations().get(response.root.tags.get(TAG_FUNC, ""))
+        return registered.fail_on if registered else ()
+
+    def _pause(
+        self, held: Held, response: tasks_pb2.PollResponse, error: BaseException, where: str = ""
+    ) -> None:
+        """A bug: fail the task with it (the server retries it after a backoff; the root
+        stays PENDING, nothing more recorded), logged at ERROR with its traceback."""
+        named, text, trace = task_failure(error, self._fail_on(response), where)
         log_paused(
             _log,
-            error,
+            named,
             workflow_id=held.root_id,
             task_id=held.task_id,
             attempt=response.task.failed_attempts + 1,
             version=response.task.workflow_version or response.root.workflow_version,
             worker_id=self.worker_id,
+            where=where,
         )
         # A lease lost meanwhile: `run` drops the task; whoever holds it now retries.
-        self._tasks.fail(held.task_id, held.counter, describe_error(error), format_traceback(error))
+        self._tasks.fail(held.task_id, held.counter, text, trace)
 
     def _reject(self, held: Held, error: Exception) -> None:
         _log.info(

@@ -12,6 +12,15 @@ gives up stopping) through any outage, until it lands or the step's promise
 exists already (then the stored one counts: first writer wins). A lease lost
 meanwhile does not stop the record; the task is dropped after it.
 
+What user code raises here is a bug, and pauses the run (`PauseTask`: the task
+fails, nothing is recorded for the step, and it runs again on the task's next
+attempt): a `ctx.run` function still failing after its attempts in the task
+under a retry policy with no maximum (the default), the codec refusing a
+step's result, the server refusing the step (`INVALID_ARGUMENT`: a result over
+the size limit, a schema over its budget...). Only the step's own policy
+rejects it: an explicit `max_attempts` run out, or an exception it declares
+non-retryable.
+
 A pending step refused because the root is settled (`WORKFLOW_SETTLED`) is
 answered with the root if it was cancelled (the engine throws `Cancelled` into
 the workflow at that yield, and its compensation steps are still recorded); a
@@ -27,9 +36,10 @@ from typing import TYPE_CHECKING, Any
 
 from troth._commands import CreatePromise, Now, Random, RunStep, SettleToken
 from troth._engine import CreateStep, error_value
+from troth._failures import PauseTask
 from troth._lifetimes import cut_short
 from troth._promise import PromiseState
-from troth._worker_steps import Exhausted, Interrupted, Succeeded, run_with_retry
+from troth._worker_steps import Exhausted, Interrupted, Paused, Succeeded, run_with_retry
 from troth.errors import (
     AlreadyExistsError,
     AlreadySettledError,
@@ -49,6 +59,7 @@ if TYPE_CHECKING:
     from troth._leases import Held, Leases
     from troth._promise import CreateResult, Promise
     from troth.client import Client
+    from troth.codec import Payload
 
 __all__ = ["RootSettled", "StepWriter", "Stopping"]
 
@@ -122,6 +133,8 @@ class StepWriter:
                 if exc.reason != Reason.WORKFLOW_SETTLED:
                     raise
                 return [self._settled_root(held)]
+            except InvalidArgumentError as exc:  # what the code asked (a tag, a schema...)
+                raise PauseTask(exc, f"creating step {step.step_id!r}") from exc
             if (warning := cut_short(step, created)) is not None:
                 _log.warning(
                     "%s", warning, extra={"step_id": step.step_id, "workflow_id": created.parent_id}
@@ -142,6 +155,13 @@ class StepWriter:
             )
             if isinstance(result, Interrupted):
                 raise Stopping
+            if isinstance(result, Paused):
+                raise PauseTask(
+                    result.error,
+                    f"step {step.step_id!r} ({command.name}) failed {result.attempts} times in "
+                    "this task; nothing is recorded for it, and it runs again when the task "
+                    "is retried (its retry policy has no maximum)",
+                )
             if isinstance(result, Succeeded):
                 ok, value = True, result.value
             else:
@@ -190,7 +210,7 @@ class StepWriter:
         while True:
             try:
                 if step.exists:  # created pending by an older worker: settle it
-                    return self._settle(held, step.step_id, ok, value)
+                    return self._settle(held, step, ok, value)
                 return self._record(held, step, ok, value)
             except AlreadyExistsError:
                 stored = self._calls.get(step.step_id)
@@ -213,10 +233,23 @@ class StepWriter:
                 if self._abandon.wait(delay):
                     raise Stopping from exc
 
+    def _encode(self, step: CreateStep, value: Any) -> Payload:
+        """A step's result as the codec writes it; a value it refuses is a bug (`PauseTask`)."""
+        try:
+            return self._client.encode(value)
+        except Exception as exc:
+            command = step.command
+            name = f" ({command.name})" if isinstance(command, RunStep) else ""
+            where = (
+                f"encoding the result of step {step.step_id!r}{name} "
+                f"(a {type(value).__name__}) with the codec; nothing is recorded for it"
+            )
+            raise PauseTask(exc, where) from exc
+
     def _create(
         self, held: Held, step: CreateStep, *, ok: bool | None = None, value: Any = None
     ) -> CreateResult:
-        encoded = None if ok is None else self._client.encode(value)
+        encoded = None if ok is None else self._encode(step, value)
         command = step.command
         decision = command if isinstance(command, CreatePromise) else None
         return self._calls.create(
@@ -238,26 +271,22 @@ class StepWriter:
         """Create the step's promise already settled with its result."""
         try:
             return self._create(held, step, ok=ok, value=value).promise
-        except (TypeError, ValueError, InvalidArgumentError) as exc:
-            if not ok:
-                raise
-            # The result cannot be recorded (not encodable, over the size limit).
-            _log.info("step %r: its result cannot be recorded: %s", step.step_id, exc)
-            return self._create(held, step, ok=False, value=error_value(exc)).promise
+        except InvalidArgumentError as exc:
+            raise _refused(step, exc) from exc
 
-    def _settle(self, held: Held, step_id: str, ok: bool, value: Any) -> Promise:
+    def _settle(self, held: Held, step: CreateStep, ok: bool, value: Any) -> Promise:
         """Record a step's result; a step someone else settled first keeps their result."""
         fence = held.fence(self.worker_id)
+        encoded = self._encode(step, value)
         try:
-            if ok:
-                try:
-                    encoded = self._client.encode(value)
-                    return self._calls.settle(_RESOLVE, step_id, encoded, fence=fence).promise
-                except (TypeError, ValueError, InvalidArgumentError) as exc:
-                    # The result cannot be recorded (not encodable, over the size limit).
-                    _log.info("step %r: its result cannot be recorded: %s", step_id, exc)
-                    value = error_value(exc)
-            encoded = self._client.encode(value)
-            return self._calls.settle(_REJECT, step_id, encoded, fence=fence).promise
+            kind = _RESOLVE if ok else _REJECT
+            return self._calls.settle(kind, step.step_id, encoded, fence=fence).promise
         except (AlreadySettledError, PromiseTimedOutError):
-            return self._calls.get(step_id)
+            return self._calls.get(step.step_id)
+        except InvalidArgumentError as exc:
+            raise _refused(step, exc) from exc
+
+
+def _refused(step: CreateStep, error: InvalidArgumentError) -> PauseTask:
+    """The server refused a step's record (a result over the size limit, say): a bug."""
+    return PauseTask(error, f"recording the result of step {step.step_id!r}; nothing is recorded")

@@ -7,6 +7,14 @@ stopping worker can cut a wait short). What it answers the worker records on
 the step promise: `Succeeded` resolves it, `Exhausted` rejects it with
 `error_value(error)` (the workflow sees `PromiseRejectedError` and may
 compensate), `Interrupted` leaves it pending for a replay to run again.
+
+A policy with no maximum (the default) is tried `ATTEMPTS_PER_TASK` times in one
+task and then answers `Paused`: the worker fails the task with the error
+(`FailTask`: a bug or an outage shows in `troth tasks list`, and the server
+retries the task after its backoff) and records nothing, so the step runs again
+on the task's next attempt: a fix deployed meanwhile is what runs it. A worker
+never holds a task, its lease and a pool thread for a step that may fail until
+a deploy, and the run stays recoverable whatever the step does.
 """
 
 from __future__ import annotations
@@ -19,9 +27,21 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from troth._commands import RetryPolicy
 
-__all__ = ["Exhausted", "Interrupted", "StepResult", "Succeeded", "run_with_retry"]
+__all__ = [
+    "ATTEMPTS_PER_TASK",
+    "Exhausted",
+    "Interrupted",
+    "Paused",
+    "StepResult",
+    "Succeeded",
+    "run_with_retry",
+]
 
 _log = logging.getLogger("troth.worker")
+
+ATTEMPTS_PER_TASK = 3
+"""Attempts of a step with no maximum in one task (waits 1 s and 2 s between them by
+default) before the task fails and the server's backoff takes over."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,13 +61,22 @@ class Exhausted:
 
 
 @dataclass(frozen=True, slots=True)
+class Paused:
+    """A policy with no maximum: the function failed `attempts` times in this task, the
+    last with `error`. Fail the task with it; record nothing (the step runs again)."""
+
+    error: Exception
+    attempts: int
+
+
+@dataclass(frozen=True, slots=True)
 class Interrupted:
     """The wait before attempt number `attempts + 1` was cut short (the worker is stopping)."""
 
     attempts: int
 
 
-StepResult = Succeeded | Exhausted | Interrupted
+StepResult = Succeeded | Exhausted | Paused | Interrupted
 
 
 def run_with_retry(
@@ -57,6 +86,7 @@ def run_with_retry(
     *,
     wait: Callable[[float], bool],
     step_id: str = "",
+    per_task: int = ATTEMPTS_PER_TASK,
 ) -> StepResult:
     """Call `fn(*args)` per `policy`; never raises an `Exception` out of `fn`.
 
@@ -67,6 +97,7 @@ def run_with_retry(
         wait: Waits the given seconds; answers False if it was cut short, so
             no further attempt is made.
         step_id: Named in log lines.
+        per_task: Attempts in this task of a policy with no maximum, then `Paused`.
 
     A `BaseException` that is not an `Exception` (KeyboardInterrupt,
     SystemExit) propagates: it is not the step's failure to record.
@@ -79,12 +110,14 @@ def run_with_retry(
         except Exception as exc:
             if not policy.should_retry(exc, attempt):
                 return Exhausted(exc, attempt)
+            if policy.max_attempts is None and attempt >= per_task:
+                return Paused(exc, attempt)
             delay = policy.backoff(attempt)
             _log.info(
-                "step %r failed on attempt %d of %d (%s: %s); retrying in %.3gs",
+                "step %r failed on attempt %d of %s (%s: %s); retrying in %.3gs",
                 step_id,
                 attempt,
-                policy.max_attempts,
+                policy.max_attempts or f"{per_task} in this task (no maximum)",
                 type(exc).__name__,
                 exc,
                 delay,

@@ -130,11 +130,15 @@ class Context:
             title: A short line for the human who decides (shown by `troth
                 approvals list` and `GetPromise`).
             message: The longer text for that human.
-            check_args: Record a digest of `id`, `timeout` and `schema` on the
-                step and, on replay, fail with `NonDeterminismError` if the code
-                now asks for others at this position. Pass False where they
-                legitimately vary between runs (e.g. a timeout computed from
-                the clock). Title, message and tags are never checked.
+            check_args: Record a digest of everything the human sees or the
+                workflow may branch on (`id`, `timeout`, `schema`, `title`,
+                `message`, `tags`, `approvers`) on the step and, on replay, fail
+                with `NonDeterminismError` if the code now asks something else at
+                this position (a router that switched branch while it waited).
+                Pass False where they legitimately vary between runs (e.g. a
+                timeout computed from the clock). Steps recorded before the
+                digest covered title, message, tags and approvers are checked on
+                `id`, `timeout` and `schema` only.
             approvers: Who may resolve or reject it (`troth.Approvers`): the
                 server refuses anyone else (`PermissionDeniedError`, reason
                 `NOT_AN_APPROVER`). A settle token (`handle.settle_token()`)
@@ -181,7 +185,11 @@ class Context:
         Args:
             fn: Any callable; its `__qualname__` is recorded to detect changed code.
             args: Passed to `fn` as they are (they are not encoded).
-            retry: How failures are retried; default `RetryPolicy()`.
+            retry: How failures are retried; default `RetryPolicy()`: no
+                maximum (3 attempts in a task, then the task fails and is
+                retried after a backoff, the step unrecorded: a bug waits for
+                its fix). Give `max_attempts` or `non_retryable` for failures
+                the workflow should see as `PromiseRejectedError`.
             id: The step's id; default `<workflow id>.<n>` (a chosen one never
                 ends in `.<number>`: `ValueError`).
             check_args: Record a digest of `args` (and of a `functools.partial`'s

@@ -390,26 +390,42 @@ class NonDeterminismError(WorkflowError):
             arguments differ;
             None when the code yielded a step the history never had at a
             position the history had already passed.
-        yielded: What the code yielded there; None when it finished or
-            blocked without reaching a step the history recorded.
+        yielded: What the code yielded there; None when it finished, blocked
+            or raised without reaching a step the history recorded.
         step_id: The step promise's id, or "" when unknown.
+        raised: The exception the code raised before reaching that step, as
+            `Type: message` ("" if it did not raise); the exception itself is
+            this error's `__cause__`, and a worker reports a bug's own
+            traceback for it.
 
     .. versionadded:: 0.1.0
+    .. versionchanged:: 0.2.0 `raised`.
     """
 
     def __init__(
-        self, position: int, recorded: str | None, yielded: str | None, step_id: str = ""
+        self,
+        position: int,
+        recorded: str | None,
+        yielded: str | None,
+        step_id: str = "",
+        raised: str = "",
     ) -> None:
-        super().__init__(position, recorded, yielded, step_id)
+        super().__init__(position, recorded, yielded, step_id, raised)
         self.position = position
         self.recorded = recorded
         self.yielded = yielded
         self.step_id = step_id
+        self.raised = raised
 
     def __str__(self) -> str:
         where = f"step {self.position}" + (f" ({self.step_id!r})" if self.step_id else "")
         recorded = self.recorded or "nothing"
-        yielded = self.yielded or "nothing (it returned or blocked before reaching it)"
+        if self.yielded:
+            yielded = self.yielded
+        elif self.raised:
+            yielded = f"nothing (it raised {self.raised} before reaching it)"
+        else:
+            yielded = "nothing (it returned or blocked before reaching it)"
         return (
             f"workflow is not deterministic at {where}: the history recorded {recorded} "
             f"but the code yielded {yielded}; a workflow's code must not change while "
@@ -418,7 +434,10 @@ class NonDeterminismError(WorkflowError):
         )
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.position, self.recorded, self.yielded, self.step_id))
+        return (
+            type(self),
+            (self.position, self.recorded, self.yielded, self.step_id, self.raised),
+        )
 
 
 class PromiseRejectedError(WorkflowError):

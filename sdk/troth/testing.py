@@ -46,8 +46,9 @@ this shape; a file holds one such object, or a list of them::
 Each promise has `id`, `state` (default `RESOLVED`), `tags` (a step's
 `troth:args`, its argument digest, is checked on replay when present; files
 written before digests existed have none and are not checked), and optionally
-`param`, `value`, `create_time`, `settle_time` (ISO 8601) and `parent_id` (the
-workflow whose step it is: a step with an explicit id is known by it). `param` and
+`param`, `value`, `create_time`, `settle_time` (ISO 8601), `parent_id` (the
+workflow whose step it is: a step with an explicit id is known by it), and a
+`promise` step's `title` and `message` (named when it diverges). `param` and
 `value` are plain JSON, encoded with the codec (default JSON); a payload that
 is not JSON is written `{"$base64": "...", "headers": {...}}` and read back
 byte for byte. Other keys (`expire_time`, `settled_by`, ...) are for people
@@ -382,6 +383,7 @@ def _promise_from_json(item: Any, codec: Codec, where: str) -> Promise:
         create_time = _time(item.get("create_time"), "create_time") or _EPOCH
         tags = {str(k): str(v) for k, v in item.get("tags", {}).items()}
         parent_id = str(item.get("parent_id", ""))
+        title, message = str(item.get("title") or ""), str(item.get("message") or "")
     except (TypeError, ValueError, AttributeError, binascii.Error) as exc:
         raise ValueError(f"{where} ({item['id']}): {exc}") from None
     return Promise(
@@ -393,6 +395,8 @@ def _promise_from_json(item: Any, codec: Codec, where: str) -> Promise:
         create_time=create_time,
         settle_time=settle_time,
         parent_id=parent_id,
+        title=title,
+        message=message,
     )
 
 

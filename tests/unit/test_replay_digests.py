@@ -4,8 +4,11 @@ The engine alone, no server: a first execution records its steps (with the
 tags the engine gives them), then changed code replays against that history.
 Same kind and function with other arguments is non-determinism naming both
 commands; a step may opt out (`check_args=False`); histories recorded before
-digests (no `troth:args` tag) replay as before. The real-server run of the
-issue's router is tests/integration/test_replay_router.py.
+digests (no `troth:args` tag) replay as before. A promise's digest covers what
+its human sees (issue 27 item 4: title, message, tags, approvers) from digest
+version 2 on; one recorded in version 1 (id, timeout, schema) is checked on
+those only. The real-server runs of the issue's routers are
+tests/integration/test_replay_router.py.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from typing import Any
 import pytest
 
 from troth import (
+    Approvers,
     Context,
     JsonCodec,
     NonDeterminismError,
@@ -37,12 +41,19 @@ from troth import (
     RetryPolicy,
 )
 from troth._cli_replay import check_history, render_result
-from troth._commands import TAG_ARGS, RunStep, SettleToken
-from troth._digests import DIGEST_LENGTH, args_digest, canonical_json
+from troth._commands import TAG_ARGS, CreatePromise, RunStep, SettleToken
+from troth._digests import (
+    DIGEST_LENGTH,
+    args_digest,
+    canonical_json,
+    digest_version,
+    recorded_version,
+)
 from troth._engine import CreateStep, Done, Engine, Failed, Outcome, Suspend
 from troth.testing import History, load_histories, replay, replay_file
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "histories"
+DIGESTS = Path(__file__).parent.parent / "fixtures" / "digests"
 CODEC = JsonCodec()
 T0 = datetime(2025, 1, 1, tzinfo=UTC)
 Gen = Generator[Any, Any, Any]
@@ -306,6 +317,19 @@ class Ticket:
             lambda c: c.promise(schema={"type": "object"}),
             lambda c: c.promise(schema={"type": "string"}),
         ),
+        (lambda c: c.promise(title="Approve?"), lambda c: c.promise(title="Approve now?")),
+        (lambda c: c.promise(message="at 09:00"), lambda c: c.promise(message="at 09:05")),
+        (lambda c: c.promise(tags={"t": "1"}), lambda c: c.promise(tags={"t": "2"})),
+        (lambda c: c.promise(), lambda c: c.promise(tags={"t": "1"})),
+        (
+            lambda c: c.promise(approvers=Approvers(principals=["ada"])),
+            lambda c: c.promise(approvers=Approvers(principals=["bob"])),
+        ),
+        (lambda c: c.promise(), lambda c: c.promise(approvers=Approvers(roles=["legal"]))),
+        (
+            lambda c: c.promise(approvers=Approvers(not_requester=True)),
+            lambda c: c.promise(approvers=Approvers()),
+        ),
         (lambda c: c.start("child", 1), lambda c: c.start("child", 2)),
         (lambda c: c.sleep(60), lambda c: c.sleep(61)),
     ],
@@ -317,6 +341,13 @@ class Ticket:
         "promise-timeout-added",
         "promise-timeout",
         "promise-schema",
+        "promise-title",
+        "promise-message",
+        "promise-tags",
+        "promise-tags-added",
+        "promise-approvers",
+        "promise-approvers-added",
+        "promise-four-eyes",
         "start-args",
         "sleep-duration",
     ],
@@ -342,7 +373,13 @@ def test_each_command_s_arguments_are_checked(
         ),
         (
             lambda c: c.promise(title="Approve?", message="at 09:00", tags={"t": "1"}),
-            lambda c: c.promise(title="Approve now?", message="at 09:05", tags={"t": "2"}),
+            lambda c: c.promise(
+                title="Approve now?", message="at 09:05", tags={"t": "2"}, check_args=False
+            ),
+        ),
+        (
+            lambda c: c.promise(tags={"a": "1", "b": "2"}, approvers=Approvers(["x", "y"])),
+            lambda c: c.promise(tags={"b": "2", "a": "1"}, approvers=Approvers(["y", "x", "y"])),
         ),
         (lambda c: c.sleep(60), lambda c: c.sleep(timedelta(minutes=1))),
         (lambda c: c.start("child", 1), lambda c: c.start("child", 1, group="elsewhere")),
@@ -355,7 +392,8 @@ def test_each_command_s_arguments_are_checked(
         "tuple-is-list",
         "dict-order",
         "retry-policy",
-        "promise-texts-and-tags",
+        "promise-texts-and-tags-opted-out",
+        "promise-tag-and-approver-order",
         "seconds-or-timedelta",
         "start-group",
         "sleep-opted-out",
@@ -397,6 +435,142 @@ def test_now_and_random_ask_nothing() -> None:
     with Engine(wf, [], root_id="r") as engine:
         step = engine.advance()
         assert isinstance(step, CreateStep) and TAG_ARGS not in step.tags
+
+
+# -- what the human was asked (issue 27 item 4) ---------------------------------------
+
+
+def asker(route: dict[str, Any]) -> Callable[..., Gen]:
+    """Both branches park on the same-shaped approval: only what `route["asked"]` names
+    (its title, its tags or its approvers) says which branch asks."""
+
+    def wf(ctx: Context, ticket: str) -> Gen:
+        branch, asked = route["branch"], route.get("asked", "title")
+        approval = yield ctx.promise(
+            title=f"Approve the {branch} branch?" if asked == "title" else f"Approve {ticket}?",
+            tags={"branch": branch} if asked == "tags" else None,
+            approvers=Approvers(principals=[f"{branch}-lead"]) if asked == "approvers" else None,
+        )
+        decision = yield approval
+        yield ctx.run(do_branch, "applied", ticket)  # the same on both branches
+        return {"branch": branch, "decision": decision}
+
+    return wf
+
+
+@pytest.mark.parametrize("asked", ["title", "tags", "approvers"])
+def test_a_router_whose_question_changed_while_parked_is_nondeterminism_naming_both(
+    asked: str,
+) -> None:
+    route: dict[str, Any] = {"branch": "human_review", "asked": asked}
+    (step,) = resolved(record(asker(route), ["t-1"]), "r.0", "approved")
+    digest = step.tags[TAG_ARGS]
+    assert digest.startswith("v2:") and len(digest) == 3 + DIGEST_LENGTH
+    # As the server stores it: with the title and approvers the human saw.
+    question = Promise(
+        id=step.id,
+        state=step.state,
+        param=step.param,
+        value=step.value,
+        tags=step.tags,
+        create_time=step.create_time,
+        settle_time=step.settle_time,
+        title="Approve the human_review branch?" if asked == "title" else "Approve t-1?",
+        approvers=Approvers(principals=["human_review-lead"]) if asked == "approvers" else None,
+    )
+
+    route["branch"] = "auto_reply"  # the selector's input changed while it waited
+    with Engine(asker(route), ["t-1"], root_id="r", history=[question]) as engine:
+        outcome = engine.advance()
+    assert isinstance(outcome, Failed), outcome  # not auto_reply with human_review's approval
+    error = outcome.error
+    assert isinstance(error, NonDeterminismError)
+    assert (error.position, error.step_id) == (0, "r.0")
+    assert error.recorded is not None and error.yielded is not None
+    assert error.recorded.startswith("promise with arguments title=")
+    assert error.recorded.endswith(f"digest {digest}")
+    assert error.yielded.startswith("promise with arguments title=")
+    shown = {
+        "title": ("title='Approve the human_review branch?'", "title='Approve the auto_reply"),
+        "tags": ("tags={'branch': 'human_review'}", "tags={'branch': 'auto_reply'}"),
+        "approvers": ("principals=('human_review-lead',)", "principals=('auto_reply-lead',)"),
+    }
+    assert shown[asked][0] in error.recorded and shown[asked][1] in error.yielded
+    message = str(error)
+    assert "step 0 ('r.0')" in message and shown[asked][0] in message
+    assert CALLS == []
+
+    route["branch"] = "human_review"  # put right: it replays on to the next step
+    outcome = replay(asker(route), ["t-1"], [question], root_id="r")
+    assert isinstance(outcome, CreateStep) and outcome.position == 1
+
+
+def test_a_promise_digest_is_version_2_and_its_version_1_is_what_older_releases_recorded() -> None:
+    asked = CreatePromise(title="Approve the human_review branch?")
+    assert digest_version(asked) == 2
+    assert args_digest(asked) == GOLDEN_PROMISE_V2  # pinned, as version 1's is
+    # Version 1 (id, timeout, schema), the bare hex every release before recorded.
+    v1 = canonical_json(["promise", None, None, None]).encode("ascii")
+    assert args_digest(asked, 1) == hashlib.blake2b(v1, digest_size=8).hexdigest()
+    assert args_digest(asked, 1) == args_digest(CreatePromise(title="other"), 1)
+    assert args_digest(CreatePromise(check_args=False)) is None
+    # Other commands' fields did not change: their digests stay version 1, bare.
+    assert digest_version(RunStep(do_branch, ("human_review",))) == 1
+    assert args_digest(RunStep(do_branch, ("human_review",))) == GOLDEN_HUMAN_REVIEW
+
+    assert recorded_version("2116d4bf897f5cd3") == 1
+    assert recorded_version(str(GOLDEN_PROMISE_V2)) == 2
+    for unknown in ("v3:2116d4bf897f5cd3", "v1:2116d4bf897f5cd3", "x:2116d4bf897f5cd3",
+                    "2116d4bf", "v2:2116D4BF897F5CD3", "v2:", ""):  # fmt: skip
+        assert recorded_version(unknown) is None, unknown
+
+
+def test_a_history_recorded_with_version_1_promise_digests_replays_as_before() -> None:
+    # Recorded by a release before digest versions: a `troth:args` of id, timeout and schema.
+    path = DIGESTS / "asker_v1.json"
+    (history,) = load_histories(path)
+    assert history.promises[0].tags[TAG_ARGS] == "2116d4bf897f5cd3"
+    assert history.promises[0].title == "Approve the human_review branch?"
+    route: dict[str, Any] = {"branch": "human_review"}
+    (outcome,) = replay_file(path, {"asker": asker(route)})
+    assert isinstance(outcome, CreateStep) and outcome.position == 1
+    # Its title was not part of what it recorded: as before, it is not checked ...
+    route["branch"] = "auto_reply"
+    (outcome,) = replay_file(path, {"asker": asker(route)})
+    assert isinstance(outcome, CreateStep) and outcome.position == 1
+
+    # ... and what it recorded still is.
+    def timed(ctx: Context, ticket: str) -> Gen:
+        approval = yield ctx.promise(timeout=timedelta(days=1))
+        return (yield approval)
+
+    with pytest.raises(NonDeterminismError) as diverged:
+        replay_file(path, {"asker": timed})
+    assert diverged.value.recorded == (
+        "promise with arguments title='Approve the human_review branch?', digest 2116d4bf897f5cd3"
+    )
+    assert diverged.value.yielded == "promise with arguments timeout=1 day, 0:00:00, digest " + str(
+        args_digest(CreatePromise(timeout=timedelta(days=1)), 1)
+    )
+
+
+def test_a_digest_of_a_version_this_sdk_does_not_know_is_not_checked() -> None:
+    route: dict[str, Any] = {"branch": "human_review"}
+    recorded = resolved(record(asker(route), ["t-1"]), "r.0", "approved")
+    newer = [
+        Promise(
+            id=p.id,
+            state=p.state,
+            param=p.param,
+            value=p.value,
+            tags={**p.tags, TAG_ARGS: "v3:0123456789abcdef"},
+            create_time=p.create_time,
+            settle_time=p.settle_time,
+        )
+        for p in recorded
+    ]
+    outcome = replay(asker(route), ["t-1"], newer, root_id="r")
+    assert isinstance(outcome, CreateStep) and outcome.position == 1
 
 
 # -- stable across processes -------------------------------------------------------
@@ -443,7 +617,16 @@ def test_digests_are_stable_across_interpreter_runs() -> None:
     exec(_COMMANDS, scope)
     here = [args_digest(c) for c in scope["commands"]]
     assert first == second == here
-    assert all(d is not None and len(d) == DIGEST_LENGTH for d in here)
+    # A promise's is version 2 (`v2:` and the hex), the others' version 1 (the bare hex).
+    assert all(d is not None and len(d.removeprefix("v2:")) == DIGEST_LENGTH for d in here)
+    assert [d is not None and d.startswith("v2:") for d in here] == [
+        False,
+        False,
+        False,
+        True,
+        False,
+        False,
+    ]
     assert len(set(here)) == len(here)
     # Pinned: a digest recorded by this release must match in every later one.
     assert here[0] == GOLDEN_HUMAN_REVIEW
@@ -462,6 +645,7 @@ def test_canonical_json_is_the_documented_encoding() -> None:
 
 
 GOLDEN_HUMAN_REVIEW = "29a33d9c92a0cec5"
+GOLDEN_PROMISE_V2 = "v2:b25502e5bef73dcd"
 
 
 # -- what the CLI says -------------------------------------------------------------

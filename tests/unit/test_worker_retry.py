@@ -1,11 +1,23 @@
-"""A `ctx.run` step's function under its RetryPolicy: attempts, backoff, non-retryable errors."""
+"""A `ctx.run` step's function under its RetryPolicy: attempts, backoff, non-retryable errors.
+
+The default policy has no maximum (issue 27 item 5): a few attempts in the task, then
+`Paused` (the worker fails the task; nothing is recorded); an explicit maximum and
+non-retryable errors reject the step, as the user chose.
+"""
 
 from __future__ import annotations
 
 import pytest
 
 from troth import RetryPolicy
-from troth._worker_steps import Exhausted, Interrupted, Succeeded, run_with_retry
+from troth._worker_steps import (
+    ATTEMPTS_PER_TASK,
+    Exhausted,
+    Interrupted,
+    Paused,
+    Succeeded,
+    run_with_retry,
+)
 
 
 class FakeWait:
@@ -101,3 +113,43 @@ def test_base_exceptions_are_not_the_steps_failure() -> None:
 
     with pytest.raises(KeyboardInterrupt):
         run_with_retry(fn, (), RetryPolicy(), wait=FakeWait())
+
+
+def test_the_default_policy_has_no_maximum_and_pauses_the_task_after_a_few_attempts() -> None:
+    assert RetryPolicy().max_attempts is None
+    wait = FakeWait()
+    errors = iter([NameError("one"), NameError("two"), NameError("three"), NameError("four")])
+
+    def fn() -> None:
+        raise next(errors)
+
+    result = run_with_retry(fn, (), RetryPolicy(), wait=wait)
+    assert isinstance(result, Paused)  # not Exhausted: the step is not rejected
+    assert (result.attempts, str(result.error)) == (ATTEMPTS_PER_TASK, "three")
+    assert wait.waits == [1.0, 2.0]
+
+
+def test_the_default_policy_still_succeeds_on_a_retry_within_the_task() -> None:
+    wait, fn = FakeWait(), Flaky(2)
+    assert run_with_retry(fn, (), RetryPolicy(), wait=wait) == Succeeded("ok", 3)
+
+
+def test_with_no_maximum_a_non_retryable_error_still_fails_the_step_at_once() -> None:
+    wait, fn = FakeWait(), Flaky(5, KeyError("nope"))
+    result = run_with_retry(fn, (), RetryPolicy(non_retryable=(KeyError,)), wait=wait)
+    assert isinstance(result, Exhausted) and result.attempts == 1
+
+
+def test_an_explicit_maximum_above_the_attempts_per_task_runs_them_all_in_the_task() -> None:
+    wait, fn = FakeWait(), Flaky(10)
+    policy = RetryPolicy(max_attempts=5, initial_backoff=0)
+    result = run_with_retry(fn, (), policy, wait=wait)
+    assert isinstance(result, Exhausted) and result.attempts == 5
+
+
+def test_backoff_with_no_maximum_stays_capped_however_many_attempts() -> None:
+    policy = RetryPolicy(initial_backoff=1, multiplier=10, max_backoff=30)
+    assert policy.backoff(10_000) == 30
+    assert RetryPolicy(initial_backoff=0).backoff(10_000) == 0
+    with pytest.raises(ValueError, match="or None for no maximum"):
+        RetryPolicy(max_attempts=0)

@@ -1,5 +1,7 @@
 """Which exceptions out of workflow code fail the workflow, and which only its task
-(issue 12 item 5, `troth._failures`): pure, with the engine's own outcomes."""
+(issue 12 item 5, `troth._failures`): pure, with the engine's own outcomes. A bug raised
+while replaying is reported as itself, not as the non-determinism it also is (issue 27
+item 5)."""
 
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ from troth import (
     Worker,
     WorkflowFailed,
 )
-from troth._engine import Engine, Failed, error_value
+from troth._engine import CreateStep, Engine, Failed, error_value
 from troth._failures import (
     MAX_ERROR_CHARS,
     MAX_TRACEBACK_CHARS,
@@ -29,6 +31,7 @@ from troth._failures import (
     fails_workflow,
     format_traceback,
     log_paused,
+    task_failure,
 )
 from troth.errors import timed_out
 
@@ -121,6 +124,82 @@ def test_the_engine_answers_a_bug_with_failed_carrying_its_traceback() -> None:
     assert "return undefined_name" in format_traceback(outcome.error)
 
 
+SETTINGS: dict[str, str] = {}
+
+
+def reads_a_setting(ctx: Context) -> Generator[Any, Any, Any]:
+    prefix = SETTINGS["prefix"]  # a KeyError where the deploy lacks the setting
+    when = yield ctx.now()
+    return f"{prefix} {when}"
+
+
+def declares(ctx: Context) -> Generator[Any, Any, Any]:
+    if "prefix" not in SETTINGS:
+        raise ValueError("no prefix")  # declared: fail_on=(ValueError,)
+    yield ctx.now()
+    return SETTINGS["prefix"]
+
+
+def _recorded_first_step(workflow: Any) -> Any:
+    SETTINGS["prefix"] = "blog"
+    try:
+        with Engine(workflow, root_id="wf") as engine:
+            step = engine.advance()
+            assert isinstance(step, CreateStep)
+            return _settled_now(step)
+    finally:
+        SETTINGS.clear()
+
+
+def test_a_bug_raised_while_replaying_before_a_recorded_step_is_reported_as_itself() -> None:
+    history = [_recorded_first_step(reads_a_setting)]
+    with Engine(reads_a_setting, root_id="wf", history=history) as engine:
+        outcome = engine.advance()
+    assert isinstance(outcome, Failed)
+    error = outcome.error
+    # Non-determinism still (the code did not reach its recorded step), naming the exception.
+    assert isinstance(error, NonDeterminismError)
+    assert (error.position, error.step_id, error.raised) == (0, "wf.0", "KeyError: 'prefix'")
+    assert isinstance(error.__cause__, KeyError)
+    assert "nothing (it raised KeyError: 'prefix' before reaching it)" in str(error)
+    copy = pickle.loads(pickle.dumps(error))
+    assert (copy.raised, str(copy)) == (error.raised, str(error))
+    # What the task reports: the bug itself, with its own traceback.
+    named, text, trace = task_failure(error)
+    assert named is error.__cause__ and text == "KeyError: 'prefix'"
+    assert trace.startswith(
+        "raised while replaying, before the code reached recorded step 0 ('wf.0'), now\n"
+        "Traceback (most recent call last):"
+    )
+    assert 'prefix = SETTINGS["prefix"]' in trace
+    # A declared failure raised there cannot be the run's outcome: the first execution
+    # went past that point. It is reported as the non-determinism, naming it.
+    declared = [_recorded_first_step(declares)]
+    with Engine(declares, root_id="wf", history=declared) as engine:
+        outcome = engine.advance()
+    assert isinstance(outcome, Failed) and isinstance(outcome.error, NonDeterminismError)
+    assert not fails_workflow(outcome.error, (ValueError,))
+    named, text, trace = task_failure(outcome.error, (ValueError,))
+    assert named is outcome.error
+    assert text.startswith("troth.errors.NonDeterminismError: ")
+    assert "it raised ValueError: no prefix before reaching it" in text
+    assert 'raise ValueError("no prefix")' in trace  # the raise, for whoever reads it
+
+
+def test_a_bug_raised_on_a_first_run_and_a_task_failure_outside_the_code() -> None:
+    bug = _raise(NameError("name 'x' is not defined"))
+    named, text, trace = task_failure(bug)
+    assert named is bug and text == "NameError: name 'x' is not defined"
+    assert trace.startswith("Traceback (most recent call last):")
+    codec = _raise(TypeError("JsonCodec cannot encode 'set' values"))
+    named, text, trace = task_failure(codec, where="encoding the result")
+    assert named is codec
+    assert text == "TypeError: JsonCodec cannot encode 'set' values"
+    assert trace.startswith("encoding the result\nTraceback (most recent call last):")
+    plain = NonDeterminismError(1, "run(a)", "run(b)", "wf.1")
+    assert task_failure(plain) == (plain, describe_error(plain), "")
+
+
 def _settled_now(step: Any) -> Any:
     from datetime import UTC, datetime
 
@@ -170,7 +249,14 @@ def test_a_paused_attempt_is_logged_once_at_error_with_its_traceback_and_what_to
             log, NonDeterminismError(0, "run(a)", "run(b)"), workflow_id="wf", task_id="t1",
             attempt=4, version="", worker_id="w",
         )  # fmt: skip
-    first, second = caplog.records
+        log_paused(
+            log, _raise(NameError("name 'y' is not defined")), workflow_id="wf", task_id="t1",
+            attempt=5, version="", worker_id="w", where="step 'wf.2' (notify) failed 3 times",
+        )  # fmt: skip
+    first, second, third = caplog.records
+    assert "raised NameError: name 'y' is not defined (step 'wf.2' (notify) failed 3 times)" in (
+        third.getMessage()
+    )
     assert first.levelno == second.levelno == logging.ERROR
     message = first.getMessage()
     assert "workflow 'wf' (task t1, attempt 3) raised NameError" in message
