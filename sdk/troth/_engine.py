@@ -167,9 +167,11 @@ class Done:
 @dataclass(frozen=True, slots=True)
 class Failed:
     """The workflow raised `error` (or replay found it changed): reject the root promise if
-    it is the workflow's outcome, else fail the task (`troth._failures.fails_workflow`)."""
+    it is the workflow's outcome, else fail the task (`troth._failures.fails_workflow`).
+    `Cancelled`, a `BaseException`, is the one error out of workflow code that is not an
+    `Exception`."""
 
-    error: Exception
+    error: Exception | Cancelled
 
 
 Outcome = CreateStep | Suspend | Done | Failed
@@ -345,7 +347,7 @@ class Engine:
         except StopIteration as stop:
             self._gen = None
             return self._finish(Done(stop.value))
-        except Exception as exc:
+        except (Exception, Cancelled) as exc:  # a cancel the workflow let through
             self._gen = None
             return self._finish(Failed(exc))
         self._accept(yielded)
@@ -518,7 +520,7 @@ def _close_generator(gen: Generator[Any, Any, Any], workflow_id: str) -> None:
         gen.throw(_Evicted(f"workflow {workflow_id!r} left this worker; it resumes by replay"))
     except (GeneratorExit, StopIteration):
         return
-    except Exception:
+    except (Exception, Cancelled):
         _log.warning(
             "workflow %r raised while closing (in a finally: block); ignored",
             workflow_id,

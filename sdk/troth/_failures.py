@@ -48,7 +48,7 @@ __all__ = [
     "log_paused",
 ]
 
-OUTCOME_ERRORS: tuple[type[Exception], ...] = (
+OUTCOME_ERRORS: tuple[type[BaseException], ...] = (
     WorkflowFailed,
     PromiseRejectedError,
     PromiseTimedOutError,

@@ -59,7 +59,7 @@ class Send:
 class Throw:
     """Throw `error` into the generator at its `yield`."""
 
-    error: Exception
+    error: Exception | Cancelled
 
 
 Resolution = Send | Throw

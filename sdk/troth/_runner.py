@@ -36,6 +36,7 @@ from troth._tracing import step_span, task_span
 from troth.errors import (
     AlreadyExistsError,
     AlreadySettledError,
+    Cancelled,
     LeaseLostError,
     PromiseTimedOutError,
     RegistrationError,
@@ -319,7 +320,7 @@ class Runner:
         # A lease lost meanwhile: `run` drops the task; whoever holds it now retries.
         self._tasks.fail(held.task_id, held.counter, describe_error(error), format_traceback(error))
 
-    def _reject(self, held: Held, error: Exception) -> None:
+    def _reject(self, held: Held, error: Exception | Cancelled) -> None:
         _log.info(
             "workflow %r raised %s: %s; rejecting it",
             held.root_id,

@@ -16,6 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from troth.errors import Cancelled
+
 if TYPE_CHECKING:
     from troth._commands import RetryPolicy
 
@@ -36,7 +38,7 @@ class Succeeded:
 class Exhausted:
     """The function's last attempt (number `attempts`) raised `error`; no retry is left."""
 
-    error: Exception
+    error: Exception | Cancelled
     attempts: int
 
 
@@ -69,14 +71,17 @@ def run_with_retry(
         step_id: Named in log lines.
 
     A `BaseException` that is not an `Exception` (KeyboardInterrupt,
-    SystemExit) propagates: it is not the step's failure to record.
+    SystemExit) propagates: it is not the step's failure to record. `Cancelled`
+    (a `BaseException` so that workflow code cannot swallow it), raised by the
+    function, say from `Handle.result()` of a cancelled workflow, is: it fails
+    the step at once (never retried).
     """
     attempt = 0
     while True:
         attempt += 1
         try:
             return Succeeded(fn(*args), attempt)
-        except Exception as exc:
+        except (Exception, Cancelled) as exc:
             if not policy.should_retry(exc, attempt):
                 return Exhausted(exc, attempt)
             delay = policy.backoff(attempt)

@@ -36,6 +36,7 @@ from troth import (
 from troth._commands import CreatePromise, Now, Random, RunStep, Sleep, StartWorkflow
 from troth._digests import args_digest
 from troth._engine import CreateStep, Done, Engine, Failed, Outcome, Suspend, error_value
+from troth._failures import fails_workflow
 from troth.codec import Payload
 from troth.testing import load_history, replay
 
@@ -541,6 +542,54 @@ def test_after_the_cancel_is_delivered_compensation_steps_run_once() -> None:
     again = replay(wf, [], list(world.promises.values()), root_id="r")
     assert isinstance(again, Failed) and isinstance(again.error, Cancelled)
     assert CALLS == ["refund 1"]
+
+
+def test_except_exception_around_a_wait_does_not_swallow_a_cancel() -> None:
+    """`Cancelled` is a `BaseException` (issue 27), as `asyncio.CancelledError` is: a
+    broad `except Exception:` around a wait lets it through, so the steps after it do
+    not run and the workflow ends cancelled, as it does without the handler."""
+
+    def wf(ctx: Context) -> Gen:
+        yield ctx.run(charge, 1)
+        approval = yield ctx.promise()
+        try:
+            yield approval
+        except Exception:  # a broad handler around a wait (for a rejection, say)
+            pass
+        yield ctx.run(refund, 1)  # must not run after a cancel
+        return "went on as if nothing happened"
+
+    CALLS.clear()
+    world = World(
+        [
+            make("r", PromiseState.REJECTED_CANCELED),
+            make("r.0", value={"charged": 1}, tags={"troth:kind": "run", "troth:func": "charge"}),
+            make("r.1", PromiseState.REJECTED_CANCELED, tags={"troth:kind": "promise"}),
+        ]
+    )
+    with Engine(wf, [], root_id="r", history=world.promises.values()) as engine:
+        outcome = drive(engine, world)
+    assert CALLS == [], "the step after the handler ran after the cancel"
+    assert not isinstance(Cancelled("r"), Exception)
+    assert isinstance(outcome, Failed), outcome
+    assert isinstance(outcome.error, Cancelled)
+    assert outcome.error.promise_id == "r.1"
+    assert "r.2" not in world.promises
+    # What the worker makes of it: the workflow's outcome (the root stays cancelled),
+    # not a bug to retry.
+    assert fails_workflow(outcome.error)
+    # `except Cancelled:` still catches it, and so does `except BaseException:`.
+    assert isinstance(replay(_catches_cancelled, [], world.history(), root_id="r"), Done)
+
+
+def _catches_cancelled(ctx: Context) -> Gen:
+    yield ctx.run(charge, 1)
+    approval = yield ctx.promise()
+    try:
+        yield approval
+    except Cancelled:
+        return "cancelled"
+    return "approved"
 
 
 @dataclass(frozen=True)
