@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from troth._commands import TAG_FUNC, TAG_KIND, RunStep
-from troth._convert import promise_from_proto
+from troth._convert import datetime_from_proto, promise_from_proto
 from troth._engine import CreateStep, Done, Engine, Failed, Suspend, error_value
 from troth._failures import describe_error, fails_workflow, format_traceback, log_paused
 from troth._leases import Held, Leases, Lost
@@ -226,6 +226,7 @@ class Runner:
             except (TypeError, ValueError) as exc:
                 self._complete(held, reject=error_value(exc))
                 return
+            task = response.task
             engine = Engine(
                 workflow.fn,
                 args,
@@ -233,6 +234,11 @@ class Runner:
                 history=history,
                 codec=self._client.codec,
                 group=self.group,
+                # What the execution before this one saw: `ctx.log` stays silent up to
+                # the wait where it suspended.
+                resumed_at=(
+                    datetime_from_proto(task.create_time) if task.HasField("create_time") else None
+                ),
             )
             outcome = engine.advance()
         keep = False
