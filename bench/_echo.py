@@ -29,18 +29,23 @@ import grpc
 import grpc.aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from troth._grpc_args import (
+    ARG_ALLOW_REUSEPORT,
+    ARG_MAX_RECEIVE_MESSAGE_LENGTH,
+    ARG_MAX_SEND_MESSAGE_LENGTH,
+    PERMITTED_PING_INTERVAL_MS,
+    server_keepalive,
+)
 from troth.v1 import promises_pb2, promises_pb2_grpc, types_pb2
 
 # Keep these aligned with the troth server's own gRPC server (server/troth_server/
 # app.py `grpc_options` and config.py defaults: 1 MiB payload limit, 128 workers).
 _MAX_MESSAGE = 2 * 1_048_576 + 1_048_576
 SERVER_OPTIONS: list[tuple[str, int | str]] = [
-    ("grpc.so_reuseport", 0),
-    ("grpc.max_receive_message_length", _MAX_MESSAGE),
-    ("grpc.max_send_message_length", _MAX_MESSAGE),
-    ("grpc.keepalive_time_ms", 60_000),
-    ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
-    ("grpc.keepalive_permit_without_calls", 1),
+    (ARG_ALLOW_REUSEPORT, 0),
+    (ARG_MAX_RECEIVE_MESSAGE_LENGTH, _MAX_MESSAGE),
+    (ARG_MAX_SEND_MESSAGE_LENGTH, _MAX_MESSAGE),
+    *server_keepalive(PERMITTED_PING_INTERVAL_MS, 60_000),
 ]
 SYNC_MAX_WORKERS = 128
 STOP_GRACE_S = 1.0

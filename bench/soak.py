@@ -75,6 +75,7 @@ from google.protobuf import duration_pb2
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
+from troth._grpc_args import ARG_USE_LOCAL_SUBCHANNEL_POOL
 from troth.v1 import promises_pb2, promises_pb2_grpc, tasks_pb2, tasks_pb2_grpc, types_pb2
 
 FORBIDDEN = ("UNKNOWN", "INTERNAL", "CANCELLED")
@@ -88,7 +89,7 @@ TIMEOUT_S = 60.0
 TIMED = (("troth-timeout-ms", str(round(TIMEOUT_S * 1000))),)
 """Every unary call says its timeout, as the SDK does, so the server measures how long
 calls wait before it can start them (and sheds load before they wait too long)."""
-CHANNEL_OPTIONS = [("grpc.use_local_subchannel_pool", 1)]
+CHANNEL_OPTIONS = [(ARG_USE_LOCAL_SUBCHANNEL_POOL, 1)]
 MiB = 1024 * 1024
 
 

@@ -28,7 +28,7 @@ def test_every_error_class_is_exported() -> None:
     classes = {
         name
         for name, value in vars(errors).items()
-        if inspect.isclass(value) and issubclass(value, errors.TrothError)
+        if inspect.isclass(value) and issubclass(value, (errors.TrothError, errors.Cancelled))
     }
     assert classes <= set(troth.__all__)
     assert "Reason" in troth.__all__

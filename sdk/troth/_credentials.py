@@ -33,6 +33,7 @@ from pathlib import Path
 import grpc
 
 from troth._addresses import split_host_port
+from troth._grpc_args import SSL_TARGET_NAME_OVERRIDE_ARG
 from troth.errors import ConfigurationError
 
 __all__ = [
@@ -144,7 +145,7 @@ class TlsConfig:
         """Extra channel options: the certificate name override, if any."""
         if self.server_name is None:
             return ()
-        return (("grpc.ssl_target_name_override", self.server_name),)
+        return ((SSL_TARGET_NAME_OVERRIDE_ARG, self.server_name),)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> TlsConfig | None:

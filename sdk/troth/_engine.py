@@ -58,13 +58,18 @@ again, so it never surfaces later from the garbage collector.
 Layout. The engine owns the generator and the order of steps; what it knows
 of the promises, and what an await makes of them, is `troth._history.History`.
 
-Logging. `ctx.log` is silent while `Engine.replaying`: from the start until
-every step recorded in the history (the root's own steps, by `parent_id`: named
-steps as well as `<root>.<n>` ones) has been replayed, or until the engine
-first asks for I/O; `Engine.replayed` counts the steps answered from it. Lines
-logged after the last recorded step but before the point where an earlier
-execution suspended may therefore appear again on a resume (at least once,
-never lost).
+Logging. `ctx.log` is silent while `Engine.replaying` (`ctx.is_replaying`): from
+the start until the workflow has gone past everything an earlier execution ran,
+that is until every step recorded in the history (the root's own steps, by
+`parent_id`: named steps as well as `<root>.<n>` ones) has been replayed and,
+when the engine knows when its task was created (`resumed_at`), it has also
+passed the wait where the execution before suspended (the first wait answered
+by a settle that execution cannot have seen: `troth._history.Horizon`); or
+until the engine first asks for I/O. So a line logged before the suspension
+(after the last recorded step, say, just before `yield approval`) is logged
+once, not again by the worker that resumes. `Engine.replayed` counts the steps
+answered from the history. Where the horizon is unsure (an expiry seen just
+before the suspension), a line may appear again: at least once, never lost.
 """
 
 from __future__ import annotations
@@ -73,7 +78,7 @@ import inspect
 import logging
 from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Self
 
 from troth._commands import (
@@ -96,7 +101,7 @@ from troth._commands import (
 )
 from troth._digests import args_digest, describe_args, describe_recorded, recorded_version
 from troth._failures import describe_error
-from troth._history import Awaiting, History, Resolution, Send, Throw, step_tags
+from troth._history import Awaiting, History, Horizon, Resolution, Send, Throw, step_tags
 from troth.codec import Codec, JsonCodec, Payload
 from troth.context import Context
 from troth.errors import Cancelled, NonDeterminismError
@@ -171,9 +176,11 @@ class Done:
 @dataclass(frozen=True, slots=True)
 class Failed:
     """The workflow raised `error` (or replay found it changed): reject the root promise if
-    it is the workflow's outcome, else fail the task (`troth._failures.fails_workflow`)."""
+    it is the workflow's outcome, else fail the task (`troth._failures.fails_workflow`).
+    `Cancelled`, a `BaseException`, is the one error out of workflow code that is not an
+    `Exception`."""
 
-    error: Exception
+    error: Exception | Cancelled
 
 
 Outcome = CreateStep | Suspend | Done | Failed
@@ -215,6 +222,11 @@ class Engine:
             instead of any new step or wait.
         codec: Decodes step values and encodes child arguments; default JSON.
         group: This workflow's group, the default for child workflows.
+        resumed_at: When the task being run was created (`Task.create_time`), if
+            known: with it, `ctx.log` stays silent until the workflow has passed the
+            wait where the execution before this one suspended (see the module
+            docstring); without it (`troth replay`), only until the recorded steps
+            are replayed.
     """
 
     def __init__(
@@ -226,6 +238,7 @@ class Engine:
         history: Iterable[Promise] = (),
         codec: Codec | None = None,
         group: str | None = None,
+        resumed_at: datetime | None = None,
     ) -> None:
         self.root_id = root_id
         self._workflow = workflow
@@ -240,6 +253,13 @@ class Engine:
             id for id, p in self._history.known.items() if self._history.is_own_step(p)
         }
         """The recorded steps not yet replayed: while any is left, `ctx.log` is silent."""
+        known = self._history.known
+        self._horizon: Horizon | None = (
+            Horizon(resumed_at, max(known[id].create_time for id in self._to_replay))
+            if resumed_at is not None and self._to_replay
+            else None
+        )
+        """Set until the workflow passed the wait where the execution before suspended."""
         self._replayed = 0
         self.context = Context(root_id, replaying=lambda: self.replaying)
         self._gen: Generator[Any, Any, Any] | None = None
@@ -257,8 +277,12 @@ class Engine:
 
     @property
     def replaying(self) -> bool:
-        """True while re-running recorded steps (and while closing): `ctx.log` is silent."""
-        return self._closing or (not self._live and bool(self._to_replay))
+        """True while re-running what an earlier execution ran: the recorded steps, and
+        up to the wait where the execution before suspended (and while closing):
+        `ctx.log` is silent."""
+        if self._closing:
+            return True
+        return not self._live and (bool(self._to_replay) or self._horizon is not None)
 
     @property
     def replayed(self) -> int:
@@ -349,7 +373,7 @@ class Engine:
         except StopIteration as stop:
             self._gen = None
             return self._finish(Done(stop.value))
-        except Exception as exc:
+        except (Exception, Cancelled) as exc:  # a cancel the workflow let through
             self._gen = None
             return self._finish(Failed(exc))
         self._accept(yielded)
@@ -396,7 +420,10 @@ class Engine:
         else:
             assert isinstance(command, _STEP_TYPES), f"engine bug: nothing to resolve ({command})"
             return self._resolve_step(command)
-        return self._suspend(awaited.ids) if isinstance(awaited, Awaiting) else awaited
+        if isinstance(awaited, Awaiting):
+            return self._suspend(awaited.ids)
+        self._waited(history.decided)
+        return awaited
 
     def _resolve_step(self, command: StepCommand) -> Resolution | Outcome:
         step_id, position = self._current_id, self._current_position
@@ -437,6 +464,7 @@ class Engine:
         if isinstance(command, Sleep | StartWorkflow):
             if not recorded.is_settled:
                 return self._suspend((step_id,))
+            self._waited(recorded)  # a timer or a child the execution before waited for
             return self._replayed_step(step_id, self._history.result(recorded))
         # RunStep, Now, Random: a pending one lost its worker before its result was recorded.
         if not recorded.is_settled:
@@ -455,6 +483,7 @@ class Engine:
         if self._history.root_cancelled and not self._cancel_delivered:
             # Once the workflow has been told, it may run compensation steps
             # (checkpointed like any other) before it ends; it may not wait again.
+            self._horizon = None  # news to the workflow: what it logs now is new
             return Throw(Cancelled(self.root_id))
         param = Payload()
         ttl: timedelta | None = None
@@ -472,6 +501,14 @@ class Engine:
         requested_by = f"workflow {self.root_id}" if isinstance(command, CreatePromise) else ""
         return CreateStep(step_id, position, command, tags, param, ttl, exists, requested_by)
 
+    def _waited(self, decided: Promise | None) -> None:
+        """A wait answered from the history by `decided`: past the point where the
+        execution before suspended if that execution cannot have seen it settled (a
+        wait that needed no promise, `ctx.all([])`, tells nothing)."""
+        horizon = self._horizon
+        if horizon is not None and decided is not None and horizon.is_new(decided):
+            self._horizon = None
+
     def _replayed_step(self, step_id: str, resolution: Resolution) -> Resolution:
         """A recorded step answered from the history, without I/O."""
         self._replayed += 1
@@ -480,6 +517,7 @@ class Engine:
 
     def _suspend(self, awaiting: tuple[str, ...]) -> Resolution | Outcome:
         if self._history.root_cancelled:
+            self._horizon = None  # news to the workflow: what it logs now is new
             return Throw(Cancelled(self.root_id))
         unreached = self._unreached()
         if unreached is not None:
@@ -493,7 +531,7 @@ class Engine:
         self._final = unreached or outcome
         return self._final
 
-    def _unreached(self, raised: Exception | None = None) -> Failed | None:
+    def _unreached(self, raised: BaseException | None = None) -> Failed | None:
         """Non-determinism when the history holds a step at a position the code has not
         reached (before it blocked, returned, or raised `raised`: named, and the cause)."""
         ahead = [
@@ -517,7 +555,7 @@ class Engine:
         yielded: str | None,
         step_id: str,
         *,
-        raised: Exception | None = None,
+        raised: BaseException | None = None,
     ) -> Failed:
         error = NonDeterminismError(
             position,
@@ -546,7 +584,7 @@ def _close_generator(gen: Generator[Any, Any, Any], workflow_id: str) -> None:
         gen.throw(_Evicted(f"workflow {workflow_id!r} left this worker; it resumes by replay"))
     except (GeneratorExit, StopIteration):
         return
-    except Exception:
+    except (Exception, Cancelled):
         _log.warning(
             "workflow %r raised while closing (in a finally: block); ignored",
             workflow_id,

@@ -56,7 +56,7 @@ __all__ = [
     "task_failure",
 ]
 
-OUTCOME_ERRORS: tuple[type[Exception], ...] = (
+OUTCOME_ERRORS: tuple[type[BaseException], ...] = (
     WorkflowFailed,
     PromiseRejectedError,
     PromiseTimedOutError,

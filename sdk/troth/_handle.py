@@ -62,7 +62,8 @@ class Handle:
         Raises:
             PromiseRejectedError: The workflow raised; `.value` is the decoded
                 error (`{"type": ..., "message": ...}` for an exception).
-            Cancelled: The workflow was cancelled.
+            Cancelled: The workflow was cancelled (a `BaseException`: `except
+                Exception` does not catch it; name it).
             PromiseTimedOutError: The workflow ran out of time (its ttl).
             DeadlineExceededError: It had not finished within `timeout` (also a `TimeoutError`).
             NotFoundError: No workflow (promise) has this id.

@@ -45,7 +45,12 @@ if TYPE_CHECKING:
     from troth._schema import DecisionSchema
     from troth.codec import Codec
 
-__all__ = ["Awaiting", "History", "Resolution", "Send", "Throw", "step_tags"]
+__all__ = ["EXPIRY_PRINCIPAL", "Awaiting", "History", "Horizon", "Resolution", "Send", "Throw",
+           "step_tags"]  # fmt: skip
+
+EXPIRY_PRINCIPAL = "troth:timeout"
+"""The `settled_by` of a promise settled by its own expiry (a timeout, a timer): its
+settle time is its `expire_time`, which may be earlier than the sweep that settled it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +64,7 @@ class Send:
 class Throw:
     """Throw `error` into the generator at its `yield`."""
 
-    error: Exception
+    error: Exception | Cancelled
 
 
 Resolution = Send | Throw
@@ -89,6 +94,10 @@ class History:
         self.decisions: dict[str, DecisionSchema] = {}
         """Typed `ctx.promise` steps: their values are decoded into the declared type."""
         self.root_cancelled = False
+        self.decided: Promise | None = None
+        """The promise whose settlement decided the last await answered (None: it waits):
+        the latest one an `all` needed, the first an `any` took, the one that filled or
+        broke a quorum, the earliest failure."""
 
     def record(self, promise: Promise) -> None:
         """Learn a promise created or settled (the root's own: whether it is cancelled)."""
@@ -124,12 +133,15 @@ class History:
         settled = [(i, p) for i, p in enumerate(promises) if p is not None and p.is_settled]
         results = {i: self.result(p, decisions) for i, p in settled}
         failed = [(i, p) for i, p in settled if isinstance(results[i], Throw)]
+        self.decided = None
         if failed:
-            first, _ = min(failed, key=lambda item: _settle_order(item[1], item[0]))
+            first, self.decided = min(failed, key=lambda item: _settle_order(item[1], item[0]))
             return results[first]
         if len(settled) < len(handles):
             pending = [h.id for h, p in zip(handles, promises, strict=True) if not _settled(p)]
             return Awaiting(tuple(dict.fromkeys(pending)))
+        if settled:  # (an `all` of no handles needs nothing)
+            _, self.decided = max(settled, key=lambda item: _settle_order(item[1], item[0]))
         values = [results[i] for i in range(len(handles))]
         if single:
             return values[0]
@@ -140,9 +152,11 @@ class History:
     ) -> Resolution | Awaiting:
         """The result of the earliest settled, by the server's settle time."""
         settled = self._settled(handles)
+        self.decided = None
         if not settled:
             return Awaiting(tuple(dict.fromkeys(h.id for h in handles)))
         _, first = min(settled, key=lambda item: _settle_order(item[1], item[0]))
+        self.decided = first
         return self.result(first, decisions)
 
     def await_at_least(
@@ -159,6 +173,7 @@ class History:
         values: list[Any] = []
         rejected = 0
         approvers: set[str] = set()
+        self.decided = None
         for _, promise in sorted(settled, key=lambda item: _settle_order(item[1], item[0])):
             result = self.result(promise, decisions)
             if distinct and isinstance(result, Send) and promise.settled_by:
@@ -170,10 +185,12 @@ class History:
             if isinstance(result, Send):
                 values.append(result.value)
                 if len(values) == count:
+                    self.decided = promise
                     return Send(values)
             else:
                 rejected += 1
                 if len(handles) - rejected < count:
+                    self.decided = promise
                     return result
         settled_ids = {p.id for _, p in settled}
         return Awaiting(tuple(dict.fromkeys(h.id for h in handles if h.id not in settled_ids)))
@@ -233,6 +250,45 @@ class History:
         return Throw(
             timed_out(promise.id, f"promise {promise.id!r} timed out before anyone settled it")
         )
+
+
+@dataclass(frozen=True, slots=True)
+class Horizon:
+    """What the execution of a workflow before this one can have seen settled, so that
+    a replay knows when it has gone past the point where that execution suspended
+    (`ctx.log` is silent until then: its lines were logged once already).
+
+    That execution suspended at a wait on promises all pending when it did; the task
+    resuming the workflow was created (`resumed_at`, the server's clock) by the first
+    settle of one of them, in that settle's transaction, or later. So a settle at or
+    after `resumed_at` is new to this execution, and one before it was seen; except an
+    expiry (a timeout, a timer), settled as of its `expire_time` by a sweep that may
+    come later: one after the newest step the earlier execution created
+    (`last_step`) is counted as new. Every error is on the side of logging a line
+    again, never of losing one, as long as the server creates a resume task in the
+    transaction of the settle that calls for it (or of the completion that finds one
+    came meanwhile), as it does: a task created later than that would leave the
+    lines after that wait silent until the workflow's next step.
+
+    Attributes:
+        resumed_at: When the task being run was created (`Task.create_time`).
+        last_step: The newest creation time of the workflow's recorded steps.
+    """
+
+    resumed_at: datetime
+    last_step: datetime | None
+
+    def is_new(self, promise: Promise) -> bool:
+        """Whether `promise` settled after the earlier execution suspended."""
+        settled = promise.settle_time
+        if settled is None or settled >= self.resumed_at:
+            return True
+        if (
+            promise.settled_by == EXPIRY_PRINCIPAL
+            or promise.state is PromiseState.REJECTED_TIMEDOUT
+        ):
+            return self.last_step is None or settled > self.last_step
+        return False
 
 
 def step_tags(command: StepCommand, group: str | None) -> dict[str, str]:

@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from troth._commands import TAG_FUNC, TAG_KIND, RunStep
-from troth._convert import promise_from_proto
+from troth._convert import datetime_from_proto, promise_from_proto
 from troth._engine import CreateStep, Done, Engine, Failed, Suspend, error_value
 from troth._failures import PauseTask, fails_workflow, log_paused, task_failure
 from troth._leases import Held, Leases, Lost
@@ -39,6 +39,7 @@ from troth._tracing import step_span, task_span
 from troth.errors import (
     AlreadyExistsError,
     AlreadySettledError,
+    Cancelled,
     LeaseLostError,
     PromiseTimedOutError,
     RegistrationError,
@@ -231,6 +232,7 @@ class Runner:
             except TypeError as exc:  # not a list: the start was not this SDK's
                 self._complete(held, reject=error_value(exc))
                 return
+            task = response.task
             engine = Engine(
                 workflow.fn,
                 args,
@@ -238,6 +240,11 @@ class Runner:
                 history=history,
                 codec=self._client.codec,
                 group=self.group,
+                # What the execution before this one saw: `ctx.log` stays silent up to
+                # the wait where it suspended.
+                resumed_at=(
+                    datetime_from_proto(task.create_time) if task.HasField("create_time") else None
+                ),
             )
             outcome = engine.advance()
         keep = False
@@ -344,7 +351,7 @@ class Runner:
         # A lease lost meanwhile: `run` drops the task; whoever holds it now retries.
         self._tasks.fail(held.task_id, held.counter, text, trace)
 
-    def _reject(self, held: Held, error: Exception) -> None:
+    def _reject(self, held: Held, error: Exception | Cancelled) -> None:
         _log.info(
             "workflow %r raised %s: %s; rejecting it",
             held.root_id,

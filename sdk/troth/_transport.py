@@ -49,6 +49,14 @@ from troth._credentials import (
     check_tls_target,
     check_token_channel,
 )
+from troth._grpc_args import (
+    ARG_LB_POLICY_NAME,
+    ARG_MAX_RECEIVE_MESSAGE_LENGTH,
+    ARG_MAX_RECONNECT_BACKOFF_MS,
+    ARG_MAX_SEND_MESSAGE_LENGTH,
+    Options,
+    client_keepalive,
+)
 from troth._mux import CallStream, MultiplexedStub
 from troth.errors import (
     ERROR_DOMAIN,
@@ -84,32 +92,30 @@ TIMEOUT_METADATA_KEY = "troth-timeout-ms"
 
 _MiB = 1024 * 1024
 
-CHANNEL_OPTIONS: tuple[tuple[str, Any], ...] = (
-    # Ping every minute while a call is open, so a watch waiting for days on a
-    # half-open connection (NAT timeout, dead host) notices within ~80 s and
-    # reconnects. The server must accept pings this often
-    # (grpc.http2.min_recv_ping_interval_without_data_ms <= 60000); if it does
-    # not, it answers GOAWAY "too_many_pings", gRPC doubles the interval and the
-    # watch reconnects, so a mismatch degrades, never breaks.
-    ("grpc.keepalive_time_ms", 60_000),
-    ("grpc.keepalive_timeout_ms", 20_000),
-    # gRPC's own reconnect backoff grows to 120 s by default, during which calls
-    # fail at once; cap it near our retry backoff so a restarted server is
-    # found again within seconds.
-    ("grpc.max_reconnect_backoff_ms", 5_000),
-    # An idle channel (no open call) needs no pings: nothing waits on it.
-    ("grpc.keepalive_permit_without_calls", 0),
-    # A watch sends no data while it waits; keep pinging anyway (default stops after 2).
-    ("grpc.http2.max_pings_without_data", 0),
-    # Generous so that a search page of large payloads fits; the server's own
-    # payload limit is what bounds a single promise.
-    ("grpc.max_receive_message_length", 64 * _MiB),
-    ("grpc.max_send_message_length", 64 * _MiB),
-    # gRPC's default, stated because failover between replicas relies on it:
-    # use the first address that answers; when it goes away, the next call
-    # connects to the first that answers again (troth._addresses).
-    ("grpc.lb_policy_name", "pick_first"),
-)
+
+def channel_options() -> Options:
+    """The SDK channel's options, keys from `troth._grpc_args` (gRPC ignores a misspelt
+    key without a word; a test checks every one against gRPC's own list)."""
+    return (
+        # Ping every minute while a call is open, so a watch waiting for days on a
+        # half-open connection (NAT timeout, dead host) notices within ~80 s and
+        # reconnects. The troth server permits pings this often
+        # (`--keepalive-min-ping-interval`, derived from the same constants).
+        *client_keepalive(),
+        # gRPC's own reconnect backoff grows to 120 s by default, during which calls
+        # fail at once; cap it near our retry backoff so a restarted server is
+        # found again within seconds.
+        (ARG_MAX_RECONNECT_BACKOFF_MS, 5_000),
+        # Generous so that a search page of large payloads fits; the server's own
+        # payload limit is what bounds a single promise.
+        (ARG_MAX_RECEIVE_MESSAGE_LENGTH, 64 * _MiB),
+        (ARG_MAX_SEND_MESSAGE_LENGTH, 64 * _MiB),
+        # gRPC's default, stated because failover between replicas relies on it:
+        # use the first address that answers; when it goes away, the next call
+        # connects to the first that answers again (troth._addresses).
+        (ARG_LB_POLICY_NAME, "pick_first"),
+    )
+
 
 _R = TypeVar("_R")
 
@@ -243,10 +249,10 @@ class Transport:
         self._sleep = sleep
         self._clock = clock
         if tls is None:
-            self._channel = grpc.insecure_channel(target, options=CHANNEL_OPTIONS)
+            self._channel = grpc.insecure_channel(target, options=channel_options())
         else:
             self._channel = grpc.secure_channel(
-                target, tls.channel_credentials(), options=CHANNEL_OPTIONS + tls.channel_options()
+                target, tls.channel_credentials(), options=channel_options() + tls.channel_options()
             )
         # The generated stub is unannotated; PromiseServiceStub gives its methods their types.
         stub = promises_pb2_grpc.PromiseServiceStub(self._channel)  # type: ignore[no-untyped-call,unused-ignore]

@@ -24,6 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from troth.errors import Cancelled
+
 if TYPE_CHECKING:
     from troth._commands import RetryPolicy
 
@@ -56,7 +58,7 @@ class Succeeded:
 class Exhausted:
     """The function's last attempt (number `attempts`) raised `error`; no retry is left."""
 
-    error: Exception
+    error: Exception | Cancelled
     attempts: int
 
 
@@ -100,15 +102,18 @@ def run_with_retry(
         per_task: Attempts in this task of a policy with no maximum, then `Paused`.
 
     A `BaseException` that is not an `Exception` (KeyboardInterrupt,
-    SystemExit) propagates: it is not the step's failure to record.
+    SystemExit) propagates: it is not the step's failure to record. `Cancelled`
+    (a `BaseException` so that workflow code cannot swallow it), raised by the
+    function, say from `Handle.result()` of a cancelled workflow, is: it fails
+    the step at once (never retried).
     """
     attempt = 0
     while True:
         attempt += 1
         try:
             return Succeeded(fn(*args), attempt)
-        except Exception as exc:
-            if not policy.should_retry(exc, attempt):
+        except (Exception, Cancelled) as exc:
+            if isinstance(exc, Cancelled) or not policy.should_retry(exc, attempt):
                 return Exhausted(exc, attempt)
             if policy.max_attempts is None and attempt >= per_task:
                 return Paused(exc, attempt)

@@ -12,8 +12,9 @@ safe to call on every replay::
         decision = yield approval
         return {"post": post_id, "decision": decision}
 
-`ctx.log` is a logger that is silent while the workflow replays steps it has
-already run, so each line appears once per step, not once per replay.
+`ctx.log` is a logger that is silent while the workflow replays what an earlier
+execution already ran (`ctx.is_replaying`), so each line appears once per run, not
+once per replay.
 """
 
 from __future__ import annotations
@@ -74,7 +75,9 @@ class Context:
     Attributes:
         id: The workflow's id: its root promise's id, and the prefix of its step ids.
         log: A `logging.LoggerAdapter` (logger `troth.workflow`, extra
-            `workflow_id`) that is silent while the workflow replays.
+            `workflow_id`) that is silent while the workflow replays
+            (`is_replaying`): a line logged before a suspension is not logged
+            again by the worker that resumes the workflow.
 
     .. versionadded:: 0.1.0
     """
@@ -90,7 +93,18 @@ class Context:
 
     @property
     def is_replaying(self) -> bool:
-        """True while the workflow re-runs steps an earlier execution already recorded."""
+        """True while the workflow re-runs what an earlier execution already ran: the
+        steps it recorded, and on to the wait where it suspended (and while a suspended
+        workflow is closed, its `finally:` blocks running). `ctx.log` is silent then;
+        use it to keep any other output of workflow code (a print, a metric) to once
+        per run, as Temporal's `workflow.unsafe.is_replaying()` is used.
+
+        Best effort on one side only: where the worker cannot tell (an expiry seen
+        just before the suspension), it says False, so output may repeat, never be lost.
+
+        .. versionchanged:: 0.2.0 True up to the wait where the execution before
+           suspended, not only until its last recorded step.
+        """
         return self._replaying()
 
     def promise(

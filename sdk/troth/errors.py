@@ -19,11 +19,18 @@ TrothError(Exception)
 ├── WorkflowError                raised into (or out of) workflow code by the replay engine
 │   ├── NonDeterminismError      .position, .recorded, .yielded: replay met a changed workflow
 │   ├── PromiseRejectedError     .promise_id, .value: what `yield` on a rejected step raises
-│   ├── Cancelled                .promise_id: the step (or the workflow) was cancelled
 │   └── WorkflowFailed           .message, .details: raised by workflow code to fail its run
 ├── RegistrationError            .name: a workflow could not be registered on a Worker
 └── ConfigurationError
+
+Cancelled(BaseException)         .promise_id: the step (or the workflow) was cancelled
 ```
+
+`Cancelled` is a `BaseException`, outside this tree, for the reason Python's
+`asyncio.CancelledError` is: a `try: ... except Exception:` around a wait in workflow
+code must not swallow a cancel (and let the next step run as if nothing happened).
+`except Cancelled:` catches it, as before; `except Exception`, `except TrothError` and
+`except WorkflowError` no longer do (changed in 0.2.0).
 
 A step that timed out raises `PromiseTimedOutError` into the workflow, the
 same class a late settle gets from the server, so one `except` covers both.
@@ -494,20 +501,27 @@ TimedOut = PromiseTimedOutError
 """
 
 
-class Cancelled(WorkflowError):
+class Cancelled(BaseException):
     """The promise the workflow awaited, or the workflow itself, was cancelled.
 
     Raised at the workflow's next `yield` after a cancel (its pending
     approvals are rejected as cancelled in the same transaction). The workflow
-    may catch it and run compensation steps (`ctx.run`, checkpointed and never
-    repeated, like any other step) before it returns or re-raises; a new wait
-    on a promise raises `Cancelled` again. The root keeps its cancelled state
-    whatever the workflow then returns.
+    may catch it (`except Cancelled:`) and run compensation steps (`ctx.run`,
+    checkpointed and never repeated, like any other step) before it returns or
+    re-raises; a new wait on a promise raises `Cancelled` again. The root keeps
+    its cancelled state whatever the workflow then returns. `Handle.result()`
+    raises it too, for a cancelled workflow.
+
+    A `BaseException`, like `asyncio.CancelledError` and for the same reason:
+    `except Exception:` around a wait does not swallow a cancel. Catch it by
+    name.
 
     Attributes:
         promise_id: The cancelled promise's id (the root's, if the workflow was cancelled).
 
     .. versionadded:: 0.1.0
+    .. versionchanged:: 0.2.0 A `BaseException`, no longer a `WorkflowError`
+       (nor a `TrothError`, nor an `Exception`).
     """
 
     def __init__(self, promise_id: str) -> None:

@@ -11,7 +11,7 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import grpc.aio
@@ -19,6 +19,12 @@ import structlog
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from troth._grpc_args import (
+    ARG_ALLOW_REUSEPORT,
+    ARG_MAX_RECEIVE_MESSAGE_LENGTH,
+    ARG_MAX_SEND_MESSAGE_LENGTH,
+    server_keepalive,
+)
 from troth.v1 import promises_pb2, tasks_pb2
 from troth_server import _logging
 from troth_server._tls import TlsError, TlsMode, TlsServerFiles, load_server_tls
@@ -68,21 +74,26 @@ HEALTH_SERVICE = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
 SERVED = (PROMISES_SERVICE, TASKS_SERVICE, HEALTH_SERVICE, reflection.SERVICE_NAME)
 
 
-def grpc_options(settings: Settings) -> list[tuple[str, int]]:
+SERVER_PING_INTERVAL_MS = 60_000
+"""How often the server pings its clients (so that it notices a worker whose host died)."""
+
+
+def grpc_options(settings: Settings) -> list[tuple[str, Any]]:
+    """The gRPC server's options, keys from `troth._grpc_args` (gRPC ignores a misspelt
+    key without a word; a test checks every one against gRPC's own list)."""
     # Room for two maximal payloads plus framing, so that an oversized payload
     # reaches validation and gets INVALID_ARGUMENT naming the field.
     max_message = 2 * settings.limits.max_payload_bytes + 1_048_576
     return [
-        ("grpc.so_reuseport", 0),
-        ("grpc.max_receive_message_length", max_message),
+        (ARG_ALLOW_REUSEPORT, 0),
+        (ARG_MAX_RECEIVE_MESSAGE_LENGTH, max_message),
         # A task carries its workflow's whole history (50k steps is about 8 MB);
         # the SDK accepts up to 64 MiB.
-        ("grpc.max_send_message_length", max(max_message, 64 * 1_048_576)),
-        ("grpc.keepalive_time_ms", 60_000),
-        # Clients ping every 60 s on long watches; accept that instead of the
-        # default 5 min, which answers such pings with "too_many_pings".
-        ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
-        ("grpc.keepalive_permit_without_calls", 1),
+        (ARG_MAX_SEND_MESSAGE_LENGTH, max(max_message, 64 * 1_048_576)),
+        # Clients ping every minute on long watches and idle task streams; accept
+        # that (gRPC's default minimum, 5 min, answers such pings with strikes and
+        # then GOAWAY "too_many_pings").
+        *server_keepalive(settings.keepalive_min_ping_interval_ms, SERVER_PING_INTERVAL_MS),
         # Room in gRPC core's backlog of calls not yet picked up, which it would
         # otherwise answer CANCELLED past 1000: the admission gates answer instead.
         *backlog_options(settings.max_concurrent_rpcs, settings.max_streams),

@@ -10,6 +10,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from troth._durations import EXAMPLES, duration_ms, unit_hint
+from troth._grpc_args import (
+    MAX_PERMITTED_PING_INTERVAL_MS,
+    PERMITTED_PING_INTERVAL_MS,
+    PING_INTERVAL_MS,
+)
 from troth_server.auth import SUPPORTED_ALGORITHMS, AuthSources, parse_algorithms
 from troth_server.domain.schema import SchemaBounds
 from troth_server.units import duration_text, size_text
@@ -120,6 +125,10 @@ class Settings:
     """The settle-token keys file (`troth_server.settle_keys`); None: no settle tokens."""
     metrics_listen: str | None = None
     """HOST:PORT to serve Prometheus metrics on (`troth_server.metrics`); None: off."""
+    keepalive_min_ping_interval_ms: int = PERMITTED_PING_INTERVAL_MS
+    """The shortest interval between a client's pings that earns no strike (gRPC's
+    ping-strike window; the third strike ends the connection, `too_many_pings`).
+    Derived from the SDK's ping interval (`troth._grpc_args`); 0 permits any."""
     limits: Limits = Limits()
 
     def auth_sources(self) -> AuthSources | None:
@@ -240,6 +249,14 @@ _OPTIONS: dict[str, tuple[str, type | None, str]] = {
         str,
         "serve Prometheus metrics over HTTP on HOST:PORT (/metrics; the README lists them); "
         "unset: no metrics",
+    ),
+    "keepalive-min-ping-interval": (
+        "keepalive_min_ping_interval_ms",
+        None,
+        "accept a client's keepalive pings this often (troth's SDK pings every "
+        f"{duration_text(PING_INTERVAL_MS)} on an open call or stream); pings sooner "
+        "are strikes, and the third ends the connection (GOAWAY too_many_pings); at most "
+        f"{duration_text(MAX_PERMITTED_PING_INTERVAL_MS)}, 0 accepts any",
     ),
     "max-id-length": ("max_id_length", int, "longest promise id"),
     "max-payload-bytes": ("max_payload_bytes", int, "largest param or value (data plus headers)"),
@@ -394,12 +411,28 @@ def _check(settings: Settings, parser: argparse.ArgumentParser) -> None:
         parser.error("default-ttl cannot exceed max-ttl")
     if settings.limits.default_lease_ms > settings.limits.max_lease_ms:
         parser.error("default-lease cannot exceed max-lease")
+    _check_keepalive(settings, parser)
     if settings.metrics_listen is not None:
         try:
             split_listen(settings.metrics_listen)
         except ValueError as exc:
             parser.error(f"--metrics-listen: {exc}")
     _check_auth(settings, parser)
+
+
+def _check_keepalive(settings: Settings, parser: argparse.ArgumentParser) -> None:
+    interval = settings.keepalive_min_ping_interval_ms
+    if interval < 0:
+        parser.error("keepalive-min-ping-interval must not be negative (0 accepts any)")
+    if interval > MAX_PERMITTED_PING_INTERVAL_MS:
+        parser.error(
+            f"--keepalive-min-ping-interval {duration_text(interval)} is longer than troth's "
+            f"SDK waits between pings ({duration_text(PING_INTERVAL_MS)}, give or take a busy "
+            "machine's timer): the server would count each ping as a strike and cut idle "
+            "workers and watches off (GOAWAY too_many_pings); use at most "
+            f"{duration_text(MAX_PERMITTED_PING_INTERVAL_MS)} (default "
+            f"{duration_text(PERMITTED_PING_INTERVAL_MS)})"
+        )
 
 
 _SOURCE_FLAGS = {"auth_tokens": "--auth-tokens", "jwt_key_file": "--jwt-key-file",

@@ -31,6 +31,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_status import rpc_status
 
 from troth import Client
+from troth._grpc_args import ARG_USE_LOCAL_SUBCHANNEL_POOL
 from troth.errors import ERROR_DOMAIN, Reason
 from troth.v1 import promises_pb2 as pb
 from troth.v1 import promises_pb2_grpc, tasks_pb2, tasks_pb2_grpc, types_pb2
@@ -124,7 +125,7 @@ async def _burst(
     address: str, count: int, make: Any, *, health_checks: int = 0
 ) -> tuple[collections.Counter[str], list[grpc.aio.AioRpcError], list[float]]:
     """`count` concurrent calls over CHANNELS channels (each its own connection)."""
-    options = [("grpc.use_local_subchannel_pool", 1)]
+    options = [(ARG_USE_LOCAL_SUBCHANNEL_POOL, 1)]
     channels = [grpc.aio.insecure_channel(address, options=options) for _ in range(CHANNELS)]
     health = grpc.aio.insecure_channel(address, options=options)
     codes: collections.Counter[str] = collections.Counter()

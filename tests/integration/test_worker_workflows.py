@@ -89,6 +89,17 @@ def waits_forever(ctx: Context) -> Generator[Any, Any, str]:
     return "settled"
 
 
+def broad_except(ctx: Context, path: str) -> Generator[Any, Any, str]:
+    """A broad `except Exception:` around a wait, which once swallowed a cancel."""
+    approval = yield ctx.promise()
+    try:
+        yield approval
+    except Exception:  # a rejection, say; never a cancel (a BaseException)
+        yield ctx.run(append, path, "handled")
+    yield ctx.run(append, path, "went on")
+    return "went on"
+
+
 def sleeper(ctx: Context) -> Generator[Any, Any, list[Any]]:
     yield ctx.sleep(0.3)
     moment = yield ctx.now()
@@ -121,6 +132,7 @@ def quorum(ctx: Context) -> Generator[Any, Any, Any]:
 
 WORKFLOWS = [
     approval_flow, timed_out, compensating, failing, waits_forever, sleeper, parent, child, quorum,
+    broad_except,
 ]  # fmt: skip
 
 
@@ -270,6 +282,24 @@ def test_cancel_reaches_the_workflow(client: Client, worker: Worker) -> None:
         handle.result(timeout=10)
     assert client.get(f"{handle.id}.0").state is PromiseState.REJECTED_CANCELED
     assert handle.cancel() is False
+
+
+def test_except_exception_around_a_wait_does_not_swallow_a_cancel(
+    client: Client, worker: Worker, tmp_path: Path
+) -> None:
+    path = tmp_path / "effects"
+    handle = client.start(broad_except, str(path), id=new_id("broad"))
+    eventually(lambda: exists(client, f"{handle.id}.0"), what="the latent promise")
+    assert handle.cancel() is True
+    with pytest.raises(Cancelled):
+        handle.result(timeout=10)
+    # The cancel created the task that resumes the workflow; it ends with the run.
+    eventually(
+        lambda: not [t for t in client.search_tasks(worker.group) if t.root_id == handle.id],
+        what="the workflow's last task to end",
+    )
+    assert lines(path) == []
+    assert not exists(client, f"{handle.id}.1")
 
 
 def test_sleep_now_random(client: Client, worker: Worker) -> None:

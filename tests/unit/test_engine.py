@@ -36,6 +36,7 @@ from troth import (
 from troth._commands import CreatePromise, Now, Random, RunStep, Sleep, StartWorkflow
 from troth._digests import args_digest
 from troth._engine import CreateStep, Done, Engine, Failed, Outcome, Suspend, error_value
+from troth._failures import fails_workflow
 from troth.codec import Payload
 from troth.testing import load_history, replay
 
@@ -543,6 +544,54 @@ def test_after_the_cancel_is_delivered_compensation_steps_run_once() -> None:
     assert CALLS == ["refund 1"]
 
 
+def test_except_exception_around_a_wait_does_not_swallow_a_cancel() -> None:
+    """`Cancelled` is a `BaseException` (issue 27), as `asyncio.CancelledError` is: a
+    broad `except Exception:` around a wait lets it through, so the steps after it do
+    not run and the workflow ends cancelled, as it does without the handler."""
+
+    def wf(ctx: Context) -> Gen:
+        yield ctx.run(charge, 1)
+        approval = yield ctx.promise()
+        try:
+            yield approval
+        except Exception:  # a broad handler around a wait (for a rejection, say)
+            pass
+        yield ctx.run(refund, 1)  # must not run after a cancel
+        return "went on as if nothing happened"
+
+    CALLS.clear()
+    world = World(
+        [
+            make("r", PromiseState.REJECTED_CANCELED),
+            make("r.0", value={"charged": 1}, tags={"troth:kind": "run", "troth:func": "charge"}),
+            make("r.1", PromiseState.REJECTED_CANCELED, tags={"troth:kind": "promise"}),
+        ]
+    )
+    with Engine(wf, [], root_id="r", history=world.promises.values()) as engine:
+        outcome = drive(engine, world)
+    assert CALLS == [], "the step after the handler ran after the cancel"
+    assert not isinstance(Cancelled("r"), Exception)
+    assert isinstance(outcome, Failed), outcome
+    assert isinstance(outcome.error, Cancelled)
+    assert outcome.error.promise_id == "r.1"
+    assert "r.2" not in world.promises
+    # What the worker makes of it: the workflow's outcome (the root stays cancelled),
+    # not a bug to retry.
+    assert fails_workflow(outcome.error)
+    # `except Cancelled:` still catches it, and so does `except BaseException:`.
+    assert isinstance(replay(_catches_cancelled, [], world.history(), root_id="r"), Done)
+
+
+def _catches_cancelled(ctx: Context) -> Gen:
+    yield ctx.run(charge, 1)
+    approval = yield ctx.promise()
+    try:
+        yield approval
+    except Cancelled:
+        return "cancelled"
+    return "approved"
+
+
 @dataclass(frozen=True)
 class Decision:
     approved: bool
@@ -951,13 +1000,127 @@ def test_ctx_log_is_silent_while_replaying_named_steps(caplog: pytest.LogCapture
         assert engine.replaying
         assert drive(engine, world) == Done("ok")
         assert engine.replayed == 2
-    # Silent until the last recorded step was replayed (then at least once, as documented).
+    # Without knowing when its task was created (`troth replay`): silent until the last
+    # recorded step was replayed, then at least once.
     assert [r.getMessage() for r in caplog.records] == ["asked", "approved"]
+
+    # A worker knows it (the task's create time): silent up to the wait it resumes at.
+    caplog.clear()
+    resumed_at = world.promises["approve-order-1"].settle_time
+    with Engine(wf, [], root_id="r", history=history, resumed_at=resumed_at) as engine:
+        assert drive(engine, world) == Done("ok")
+    assert [r.getMessage() for r in caplog.records] == ["approved"]
 
     # Another workflow's promise with a `<root>.<n>`-looking id is not a step of this one.
     stranger = replace(make("r.7"), parent_id="someone-else")
     with Engine(wf, [], root_id="r", history=[*history, stranger]) as engine:
         assert drive(engine, world) == Done("ok")
+
+
+def _resume(
+    wf: Callable[..., Gen], world: World, resumed_at: datetime | None, caplog: Any
+) -> tuple[Outcome, list[str]]:
+    """Run `wf` as a fresh worker does on a resume (the history, the task's create
+    time): its outcome, and what `ctx.log` logged."""
+    caplog.clear()
+    with Engine(wf, [], root_id="r", history=world.history(), resumed_at=resumed_at) as engine:
+        outcome = drive(engine, world)
+    return outcome, [r.getMessage() for r in caplog.records]
+
+
+def test_a_resume_logs_nothing_the_execution_before_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Issue 27: a line logged after the last recorded step, before the wait where the
+    workflow suspended, was logged again by the worker that resumed it. Each line is
+    logged once in all, across the executions of one run."""
+
+    def wf(ctx: Context) -> Gen:
+        ctx.log.info("started")
+        first = yield ctx.promise()
+        second = yield ctx.promise()
+        ctx.log.info("waiting for the first")
+        one = yield first
+        ctx.log.info(f"first said {one}; waiting for the second")
+        two = yield second
+        ctx.log.info(f"second said {two}")
+        yield ctx.run(charge, 1)
+        ctx.log.info("charged")
+        return [one, two]
+
+    caplog.set_level(logging.INFO, logger="troth.workflow")
+    world = World()
+    with Engine(wf, [], root_id="r") as engine:
+        assert isinstance(drive(engine, world), Suspend)
+    logged = [r.getMessage() for r in caplog.records]
+    assert logged == ["started", "waiting for the first"]
+
+    # The first settles: the server creates the resume task in that transaction.
+    first = world.settle("r.0", PromiseState.RESOLVED, "yes")
+    outcome, lines = _resume(wf, world, first.settle_time, caplog)
+    assert isinstance(outcome, Suspend)
+    assert lines == ["first said yes; waiting for the second"]
+    logged += lines
+
+    # The second settles; a third worker replays both waits.
+    second = world.settle("r.1", PromiseState.RESOLVED, "no")
+    outcome, lines = _resume(wf, world, second.settle_time, caplog)
+    assert outcome == Done(["yes", "no"])
+    logged += lines
+    assert logged == [
+        "started",
+        "waiting for the first",
+        "first said yes; waiting for the second",
+        "second said no",
+        "charged",
+    ]
+
+
+def test_a_resume_after_a_timer_or_a_timeout_loses_no_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An expiry is settled as of its expire time, by a sweep that may come later, so
+    before the task it creates: the lines after the wait it ends are new, and logged."""
+
+    def wf(ctx: Context) -> Gen:
+        approval = yield ctx.promise(timeout=timedelta(hours=1))
+        ctx.log.info("asked")
+        try:
+            yield approval
+        except PromiseTimedOutError:
+            ctx.log.info("nobody answered")
+        yield ctx.sleep(60)
+        ctx.log.info("slept")
+        return "done"
+
+    caplog.set_level(logging.INFO, logger="troth.workflow")
+    world = World()
+    with Engine(wf, [], root_id="r") as engine:
+        assert isinstance(drive(engine, world), Suspend)
+    created = world.promises["r.0"].create_time
+    expired = replace(
+        world.promises["r.0"],
+        state=PromiseState.REJECTED_TIMEDOUT,
+        settle_time=created + timedelta(hours=1),
+        settled_by="troth:timeout",
+    )
+    world.promises["r.0"] = expired
+    swept = created + timedelta(hours=1, seconds=1)  # the sweep created the task
+    outcome, lines = _resume(wf, world, swept, caplog)
+    assert isinstance(outcome, Suspend)  # on the timer
+    assert lines == ["nobody answered"]
+
+    # The timer, created by that resume, fires 60 s later; the sweep is 1 s late.
+    timer = replace(world.promises["r.1"], create_time=swept + timedelta(seconds=1))
+    world.promises["r.1"] = replace(
+        timer,
+        state=PromiseState.RESOLVED,
+        settle_time=timer.create_time + timedelta(seconds=60),
+        settled_by="troth:timeout",
+    )
+    outcome, lines = _resume(wf, world, timer.create_time + timedelta(seconds=61), caplog)
+    assert outcome == Done("done")
+    assert lines == ["slept"]
 
 
 # -- the finally: decision ------------------------------------------------------

@@ -19,6 +19,11 @@ from hypothesis import strategies as st
 from structlog.testing import capture_logs
 from test_group_commit_service import WAIT, FakeClock, Gate, wait_until
 
+from troth._grpc_args import (
+    ARG_SERVER_MAX_PENDING_REQUESTS,
+    ARG_SERVER_MAX_PENDING_REQUESTS_HARD_LIMIT,
+    ARG_SERVER_MAX_UNREQUESTED_TIME_IN_SERVER_SECONDS,
+)
 from troth.errors import Reason
 from troth_server.api._admission import Admission, OverloadReport, backlog_options
 from troth_server.api._status import status_for
@@ -98,14 +103,14 @@ def test_the_report_runs_on_the_loop_and_flushes_at_stop() -> None:
 
 def test_core_backlog_leaves_room_beyond_what_the_gates_admit() -> None:
     options = dict(backlog_options(1000, 1000))
-    assert options["grpc.server.max_pending_requests"] >= 20_000
+    assert options[ARG_SERVER_MAX_PENDING_REQUESTS] >= 20_000
     assert (
-        options["grpc.server.max_pending_requests_hard_limit"]
-        == options["grpc.server.max_pending_requests"]
+        options[ARG_SERVER_MAX_PENDING_REQUESTS_HARD_LIMIT]
+        == options[ARG_SERVER_MAX_PENDING_REQUESTS]
     )
-    assert dict(backlog_options(10_000, 5_000))["grpc.server.max_pending_requests"] == 150_000
+    assert dict(backlog_options(10_000, 5_000))[ARG_SERVER_MAX_PENDING_REQUESTS] == 150_000
     # Core never cancels a call for waiting (it would answer CANCELLED after 30 s, unlogged).
-    assert options["grpc.server_max_unrequested_time_in_server"] >= 3600
+    assert options[ARG_SERVER_MAX_UNREQUESTED_TIME_IN_SERVER_SECONDS] >= 3600
 
 
 # -- the answer --------------------------------------------------------------------------------

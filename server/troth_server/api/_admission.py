@@ -49,6 +49,11 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 import grpc
 import structlog
 
+from troth._grpc_args import (
+    ARG_SERVER_MAX_PENDING_REQUESTS,
+    ARG_SERVER_MAX_PENDING_REQUESTS_HARD_LIMIT,
+    ARG_SERVER_MAX_UNREQUESTED_TIME_IN_SERVER_SECONDS,
+)
 from troth_server.domain.errors import InvalidArgument, Overloaded
 from troth_server.units import duration_text
 
@@ -95,12 +100,12 @@ def backlog_options(max_concurrent_rpcs: int, max_streams: int) -> list[tuple[st
     as each call's own deadline allows."""
     backlog = max(20_000, 10 * (max_concurrent_rpcs + max_streams))
     return [
-        ("grpc.server.max_pending_requests", backlog),
-        ("grpc.server.max_pending_requests_hard_limit", backlog),
+        (ARG_SERVER_MAX_PENDING_REQUESTS, backlog),
+        (ARG_SERVER_MAX_PENDING_REQUESTS_HARD_LIMIT, backlog),
         # Core would cancel a call that waited this long (default 30 s) with no word;
         # a call waits for its own deadline instead, and the queue-delay check sheds
         # load long before.
-        ("grpc.server_max_unrequested_time_in_server", UNREQUESTED_CALL_MAX_S),
+        (ARG_SERVER_MAX_UNREQUESTED_TIME_IN_SERVER_SECONDS, UNREQUESTED_CALL_MAX_S),
     ]
 
 
