@@ -6,11 +6,17 @@ runs a `ctx.run` function under its `RetryPolicy` (on a fresh lease,
 records the result with the step's creation, in one call. Every write carries
 the task's fence (`Held.fence`).
 
-A finished step is recorded, not re-run: once a step function has returned,
-its result is kept and its record retried (with backoff, until the worker
-gives up stopping) through any outage, until it lands or the step's promise
-exists already (then the stored one counts: first writer wins). A lease lost
-meanwhile does not stop the record; the task is dropped after it.
+A finished step is recorded, not re-run (DESIGN §4 rule 6): once a step
+function has returned, its result is kept and its record retried through any
+outage (`until_landed`: no per-call timeout, lease or reconnect ends it; only
+the end of the process, or `stop()` giving up on running tasks), until it
+lands or the step's promise exists already (then the stored one counts: first
+writer wins). Meanwhile the task is busy (`Leases.busy`): it is not dropped
+for want of a heartbeat, so the first heartbeat after the server is back
+keeps its lease and nobody else replays the step before the record lands. A
+lease lost anyway (the server moved the task on) does not stop the record
+(the server accepts a finished result at any counter the task had); the
+task is dropped after it.
 
 A pending step refused because the root is settled (`WORKFLOW_SETTLED`) is
 answered with the root if it was cancelled (the engine throws `Cancelled` into
@@ -23,7 +29,9 @@ from __future__ import annotations
 import logging
 import random
 import threading
-from typing import TYPE_CHECKING, Any
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from troth._commands import CreatePromise, Now, Random, RunStep, SettleToken
 from troth._engine import CreateStep, error_value
@@ -50,16 +58,22 @@ if TYPE_CHECKING:
     from troth._promise import CreateResult, Promise
     from troth.client import Client
 
-__all__ = ["RootSettled", "StepWriter", "Stopping"]
+__all__ = ["RootSettled", "StepWriter", "Stopping", "until_landed"]
 
 _log = logging.getLogger("troth.worker")
 
 _RESOLVE = promises_pb2.ResolvePromiseRequest
 _REJECT = promises_pb2.RejectPromiseRequest
 
-_UNRECORDED = (UnavailableError, DeadlineExceededError, ResourceExhaustedError)
-"""Failures of a record that say nothing about the record: the server was away."""
-_RECORD_BACKOFF = (0.1, 5.0)  # first and longest wait between attempts to record a result
+_T = TypeVar("_T")
+
+UNRECORDED = (UnavailableError, DeadlineExceededError, ResourceExhaustedError)
+"""Failures of a record that say nothing about the record: the server was away (or busy)."""
+RECORD_BACKOFF = (0.1, 1.0)
+"""First and longest wait between attempts to record a result: short, so that the
+record lands soon after the server is back."""
+_LOG_EVERY_S = 30.0
+"""While a result waits, its warning is logged at most this often."""
 
 
 class Stopping(Exception):
@@ -68,6 +82,52 @@ class Stopping(Exception):
 
 class RootSettled(Exception):
     """The root finished without this task (it timed out, say): nothing is left to run."""
+
+
+def until_landed(
+    record: Callable[[], _T], *, what: str, abandon: threading.Event, extra: dict[str, str]
+) -> _T:
+    """`record()`, tried again through any outage (`UNRECORDED` failures) until it
+    lands: no per-call timeout, lease or reconnect window ends the retry, only
+    `abandon` (the worker stops waiting for its running tasks: `Stopping`).
+
+    Args:
+        record: The call that records the result (each try has the client's timeout).
+        what: What waits, for the log ("step 'x.1' finished").
+        abandon: Set when the worker gives up on its running tasks.
+        extra: The log lines' extra fields.
+    """
+    attempt = 0
+    started = time.monotonic()
+    logged = -_LOG_EVERY_S
+    while True:
+        try:
+            return record()
+        except UNRECORDED as exc:
+            attempt += 1
+            first, longest = RECORD_BACKOFF
+            delay = min(longest, first * 2 ** min(attempt - 1, 16)) * random.uniform(0.5, 1.0)
+            waited = time.monotonic() - started
+            if waited - logged >= _LOG_EVERY_S:
+                logged = waited
+                _log.warning(
+                    "%s, but its result is not recorded yet (%s); keeping it and trying again "
+                    "until the server takes it (attempt %d, %.0fs so far)",
+                    what,
+                    exc,
+                    attempt,
+                    waited,
+                    extra=extra,
+                )
+            if abandon.wait(delay):
+                _log.error(
+                    "%s, but the worker stopped before its result was recorded (%s); "
+                    "the result is given up",
+                    what,
+                    exc,
+                    extra=extra,
+                )
+                raise Stopping from exc
 
 
 class StepWriter:
@@ -129,34 +189,41 @@ class StepWriter:
             return [created]
         # A step that computes its value records it with its creation, in one call.
         # Dying before that call means the step runs again: at-least-once
-        # execution, exactly-once recording (the first record wins).
-        value: Any
-        if isinstance(command, Now | Random):
-            ok, value = True, command.draw()
-        elif isinstance(command, SettleToken):
-            ok, value = self._mint(held, command)
-        else:
+        # execution, exactly-once recording (the first record wins). From the
+        # function's start to the record the task is busy: no outage takes it.
+        if isinstance(command, RunStep):
             self._leases.confirm(held, self._wait)
-            result = run_with_retry(
-                command.fn, command.args, command.retry, wait=self._wait, step_id=step.step_id
-            )
-            if isinstance(result, Interrupted):
-                raise Stopping
-            if isinstance(result, Succeeded):
-                ok, value = True, result.value
-            else:
-                assert isinstance(result, Exhausted)
-                _log.info(
-                    "step %r (%s) failed after %d attempt(s): %s: %s",
-                    step.step_id,
-                    command.name,
-                    result.attempts,
-                    type(result.error).__name__,
-                    result.error,
-                    extra={"step_id": step.step_id},
-                )
-                ok, value = False, error_value(result.error)
-        return [self._record_until_landed(held, step, ok, value)]
+        with self._leases.busy(held):
+            ok, value = self._compute(held, step)
+            return [self._record_until_landed(held, step, ok, value)]
+
+    def _compute(self, held: Held, step: CreateStep) -> tuple[bool, Any]:
+        """The value a `run`, `now`, `random` or `settle_token` step records (False: its
+        rejection)."""
+        command = step.command
+        if isinstance(command, Now | Random):
+            return True, command.draw()
+        if isinstance(command, SettleToken):
+            return self._mint(held, command)
+        assert isinstance(command, RunStep)
+        result = run_with_retry(
+            command.fn, command.args, command.retry, wait=self._wait, step_id=step.step_id
+        )
+        if isinstance(result, Interrupted):
+            raise Stopping
+        if isinstance(result, Succeeded):
+            return True, result.value
+        assert isinstance(result, Exhausted)
+        _log.info(
+            "step %r (%s) failed after %d attempt(s): %s: %s",
+            step.step_id,
+            command.name,
+            result.attempts,
+            type(result.error).__name__,
+            result.error,
+            extra={"step_id": step.step_id},
+        )
+        return False, error_value(result.error)
 
     def _mint(self, held: Held, command: SettleToken) -> tuple[bool, Any]:
         """Mint the settle token a `settle_token` step records (a refusal is recorded
@@ -186,32 +253,24 @@ class StepWriter:
     def _record_until_landed(self, held: Held, step: CreateStep, ok: bool, value: Any) -> Promise:
         """Record a finished step's result, through any outage: an outage alone never
         re-runs a step function. Gives up only when the worker stops waiting."""
-        attempt = 0
-        while True:
+
+        def record() -> Promise:
+            if step.exists:  # created pending by an older worker: settle it
+                return self._settle(held, step.step_id, ok, value)
             try:
-                if step.exists:  # created pending by an older worker: settle it
-                    return self._settle(held, step.step_id, ok, value)
                 return self._record(held, step, ok, value)
             except AlreadyExistsError:
                 stored = self._calls.get(step.step_id)
                 if stored.parent_id != held.root_id:
                     raise  # a promise that is not this workflow's step: never a checkpoint
                 return stored  # recorded first by another writer of this workflow: that stands
-            except _UNRECORDED as exc:
-                attempt += 1
-                first, longest = _RECORD_BACKOFF
-                delay = min(longest, first * 2 ** (attempt - 1)) * random.uniform(0.5, 1.0)
-                _log.warning(
-                    "step %r finished but its result is not recorded yet (%s); "
-                    "retrying in %.1fs (attempt %d)",
-                    step.step_id,
-                    exc,
-                    delay,
-                    attempt,
-                    extra={"step_id": step.step_id, "workflow_id": held.root_id},
-                )
-                if self._abandon.wait(delay):
-                    raise Stopping from exc
+
+        return until_landed(
+            record,
+            what=f"step {step.step_id!r} finished",
+            abandon=self._abandon,
+            extra={"step_id": step.step_id, "workflow_id": held.root_id},
+        )
 
     def _create(
         self, held: Held, step: CreateStep, *, ok: bool | None = None, value: Any = None

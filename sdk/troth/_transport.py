@@ -94,9 +94,12 @@ CHANNEL_OPTIONS: tuple[tuple[str, Any], ...] = (
     ("grpc.keepalive_time_ms", 60_000),
     ("grpc.keepalive_timeout_ms", 20_000),
     # gRPC's own reconnect backoff grows to 120 s by default, during which calls
-    # fail at once; cap it near our retry backoff so a restarted server is
-    # found again within seconds.
-    ("grpc.max_reconnect_backoff_ms", 5_000),
+    # fail at once; cap it at a second so that a restarted server is found again
+    # within about one: a worker holding a finished step's result must heartbeat
+    # within one lease length of the server's return to keep its task (and the
+    # step from running again elsewhere; troth._leases). A connection attempt a
+    # second to a server that is down costs next to nothing.
+    ("grpc.max_reconnect_backoff_ms", 1_000),
     # An idle channel (no open call) needs no pings: nothing waits on it.
     ("grpc.keepalive_permit_without_calls", 0),
     # A watch sends no data while it waits; keep pinging anyway (default stops after 2).
