@@ -243,8 +243,14 @@ def wait_promise(
     with map_rpc_errors(transport.address, tls=transport.tls):
         while True:
             remaining = transport.remaining(deadline)
-            wait = WAIT_CALL_S if remaining is None else min(remaining, WAIT_CALL_S)
+            # The first call is answered at once (the promise as it is now): from then
+            # on the server was reached, and the wait rides out a restart or failover
+            # however young it is, as a watch does; only a server never reached fails
+            # as fast as any call (a wrong address).
+            longest = WAIT_CALL_S if answered else 0.0
+            wait = longest if remaining is None else min(remaining, longest)
             request = promises_pb2.WaitPromiseRequest(id=id)
+            request.wait.SetInParent()
             request.wait.FromMilliseconds(round(wait * 1000))
             sent = transport.metadata
             try:

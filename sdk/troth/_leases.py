@@ -22,24 +22,41 @@ what the older one wrote meanwhile (`Held.written`) joins its history.
 
 Heartbeats. One thread extends every lease every `lease / 3` (and at once at
 start and when the stream reconnects, to learn the clock offset and which
-tasks are still ours). A lease no heartbeat got through for is dropped
-(`expire`); tasks dropped or abandoned that the server still counts as ours
-are released when a heartbeat names them.
+tasks are still ours; every `RETRY_BEAT_S` while heartbeats fail). A lease no
+heartbeat got through for is dropped (`expire`); tasks dropped or abandoned
+that the server still counts as ours are released when a heartbeat names them.
+
+Busy tasks. A task whose runner is inside a step function, or holds a
+finished result (a step's, or the workflow's own) that is not recorded yet
+(`Leases.busy`), is never dropped for want of a heartbeat, nor given back:
+an outage alone must not move a task whose result waits, or another worker
+would run the step again. It stays held however long no heartbeat gets
+through; the first that does (the server takes no lease for one lease length
+after it is back, DESIGN §2) keeps it, unless the server says it moved on
+(then it is lost, and the result is recorded all the same: a finished result
+is accepted at any counter the task had, first writer wins).
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
-from troth.errors import LeaseLostError, NotFoundError, RpcError
+from troth.errors import (
+    DeadlineExceededError,
+    LeaseLostError,
+    NotFoundError,
+    RpcError,
+    UnavailableError,
+)
 from troth.v1 import types_pb2
 
 if TYPE_CHECKING:
@@ -49,12 +66,22 @@ if TYPE_CHECKING:
     from troth._tasks import TaskCalls
     from troth.v1 import tasks_pb2
 
-__all__ = ["FRESH", "Held", "Leases", "Lost"]
+__all__ = ["FRESH", "RETRY_BEAT_S", "Held", "Leases", "Lost"]
 
 _log = logging.getLogger("troth.worker")
 
 FRESH = 0.5
 """A step function starts only if the server confirmed its lease within this fraction of it."""
+
+RETRY_BEAT_S = 0.25
+"""While heartbeats fail, the next is tried this soon (not a third of the lease later):
+a server back from an outage keeps a lease only for one lease length."""
+
+UNANSWERED = (UnavailableError, DeadlineExceededError)
+"""Heartbeat failures that say the server was away (not a refusal)."""
+
+_QUIET_S = 30.0
+"""While heartbeats keep failing, their warning is logged at most this often."""
 
 _MAX_DROPPED = 1024
 
@@ -78,6 +105,9 @@ class Held:
     """The server moved it on (stale counter, missing from a heartbeat, lease ran out)."""
     abandoned: bool = False
     """Its runner gave up on it but could not release it yet; the heartbeater retries."""
+    busy: int = 0
+    """Inside a step function, or holding a result not recorded yet (`Leases.busy`):
+    never dropped for want of a heartbeat, never given back."""
     after: Held | None = None
     """An older task of the same root still running here: this one waits until it stops."""
     written: list[Promise] = field(default_factory=list)
@@ -129,6 +159,9 @@ class Leases:
         """Server wall clock minus our monotonic clock, as the last heartbeat measured it
         (None until one did, or if the server sends no `server_time`)."""
         self._learned = False  # a heartbeat got through since start
+        self._failing_since: float | None = None  # heartbeats fail since (None: they do not)
+        self._away = False  # the last heartbeat failed for want of an answer from the server
+        self._warned = -math.inf  # when a failing heartbeat was last logged
         self._stop = threading.Event()
         self._now = threading.Event()
         self._thread: threading.Thread | None = None
@@ -233,6 +266,19 @@ class Leases:
             if not beaten and not wait(min(0.5, max(0.05, left / 4))):
                 raise Lost
 
+    @contextlib.contextmanager
+    def busy(self, held: Held) -> Iterator[None]:
+        """While a step function runs, or a finished result waits to be recorded: the
+        task is not dropped when heartbeats fail, nor given back (see the module
+        docstring). Nests."""
+        with self._lock:
+            held.busy += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                held.busy -= 1
+
     # -- releasing ---------------------------------------------------------
 
     def release(self, held: Held) -> None:
@@ -278,13 +324,16 @@ class Leases:
     def _loop(self) -> None:
         interval = self._seconds / 3
         while True:
-            forced = self._now.wait(interval)
+            # While the server is away, try again soon: it keeps a lease for one lease
+            # length after it is back (a refusal is tried at the usual pace).
+            forced = self._now.wait(min(interval, RETRY_BEAT_S) if self._away else interval)
             self._now.clear()
             if self._stop.is_set():
                 return
             with self._lock:
                 idle = not self._held and not self._dropped
             if idle and not forced and self._learned:
+                self._away = False
                 continue
             self.beat(timeout=interval)
 
@@ -297,16 +346,32 @@ class Leases:
             try:
                 response = self._tasks.heartbeat(self.lease, timeout)
             except RpcError as exc:
-                if before:
+                now = self._clock()
+                self._away = isinstance(exc, UNANSWERED)
+                if self._failing_since is None:
+                    self._failing_since = now
+                if before and now - self._warned >= _QUIET_S:
+                    self._warned = now
                     _log.warning(
-                        "worker %s: heartbeat failed (%s); leases expire in %s unless one succeeds",
+                        "worker %s: heartbeat failed (%s), failing for %.0fs; leases expire "
+                        "in %s unless one succeeds (tasks inside a step keep theirs)",
                         self.worker_id,
                         exc,
+                        now - self._failing_since,
                         self.lease,
                         extra={"worker_id": self.worker_id},
                     )
-                self.expire(self._clock())
+                self.expire(now)
                 return False
+            self._away = False
+            if self._failing_since is not None:
+                _log.info(
+                    "worker %s: a heartbeat got through again after %.1fs",
+                    self.worker_id,
+                    self._clock() - self._failing_since,
+                    extra={"worker_id": self.worker_id},
+                )
+                self._failing_since, self._warned = None, -math.inf
             if response.HasField("server_time"):
                 self._skew = _seconds(response.server_time) - sent
             # (An older server sends none: its leases are timed from arrival, and
@@ -363,9 +428,10 @@ class Leases:
         return [*abandoned, *stale, *orphans]
 
     def expire(self, now: float) -> None:
-        """Drop the tasks whose leases ran out with no heartbeat getting through."""
+        """Drop the tasks whose leases ran out with no heartbeat getting through (a busy
+        one stays: its result waits; the server says whether it is still ours)."""
         with self._lock:
-            expired = [held for held in self._held.values() if held.expires <= now]
+            expired = [h for h in self._held.values() if h.expires <= now and not h.busy]
             for held in expired:
                 held.lost = True
                 del self._held[held.task_id]

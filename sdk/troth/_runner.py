@@ -34,7 +34,7 @@ from troth._convert import datetime_from_proto, promise_from_proto
 from troth._engine import CreateStep, Done, Engine, Failed, Suspend, error_value
 from troth._failures import PauseTask, fails_workflow, log_paused, task_failure
 from troth._leases import Held, Leases, Lost
-from troth._step_writes import RootSettled, StepWriter, Stopping
+from troth._step_writes import RootSettled, StepWriter, Stopping, until_landed
 from troth._tracing import step_span, task_span
 from troth.errors import (
     AlreadyExistsError,
@@ -369,18 +369,34 @@ class Runner:
     # -- task calls --------------------------------------------------------
 
     def _complete(self, held: Held, *, resolve: Payload | None = None, reject: Any = None) -> None:
+        """Complete the task with the workflow's outcome, settling its root: kept and
+        tried again through any outage until it lands, the task busy meanwhile (as a
+        step's result: `StepWriter`); a lease lost meanwhile (`LeaseLostError`) leaves
+        the outcome to the task's new holder, whose replay reaches it again."""
         encoded_reject = None if reject is None else self._client.encode(reject)
-        try:
-            self._tasks.complete(held.task_id, held.counter, resolve=resolve, reject=encoded_reject)
-        except (AlreadySettledError, PromiseTimedOutError) as exc:
-            # The root was settled meanwhile (cancelled, timed out): that stands.
-            _log.info(
-                "workflow %r finished, but its root was already settled (%s)",
-                held.root_id,
-                exc,
-                extra={"workflow_id": held.root_id},
+
+        def complete() -> None:
+            try:
+                self._tasks.complete(
+                    held.task_id, held.counter, resolve=resolve, reject=encoded_reject
+                )
+            except (AlreadySettledError, PromiseTimedOutError) as exc:
+                # The root was settled meanwhile (cancelled, timed out): that stands.
+                _log.info(
+                    "workflow %r finished, but its root was already settled (%s)",
+                    held.root_id,
+                    exc,
+                    extra={"workflow_id": held.root_id},
+                )
+                self._tasks.complete(held.task_id, held.counter)
+
+        with self._leases.busy(held):
+            until_landed(
+                complete,
+                what=f"workflow {held.root_id!r} finished",
+                abandon=self._abandon,
+                extra={"workflow_id": held.root_id, "task_id": held.task_id},
             )
-            self._tasks.complete(held.task_id, held.counter)
 
     # -- the cache of suspended workflows ----------------------------------
 

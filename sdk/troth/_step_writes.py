@@ -6,11 +6,17 @@ runs a `ctx.run` function under its `RetryPolicy` (on a fresh lease,
 records the result with the step's creation, in one call. Every write carries
 the task's fence (`Held.fence`).
 
-A finished step is recorded, not re-run: once a step function has returned,
-its result is kept and its record retried (with backoff, until the worker
-gives up stopping) through any outage, until it lands or the step's promise
-exists already (then the stored one counts: first writer wins). A lease lost
-meanwhile does not stop the record; the task is dropped after it.
+A finished step is recorded, not re-run (DESIGN §4 rule 6): once a step
+function has returned, its result is kept and its record retried through any
+outage (`until_landed`: no per-call timeout, lease or reconnect ends it; only
+the end of the process, or `stop()` giving up on running tasks), until it
+lands or the step's promise exists already (then the stored one counts: first
+writer wins). Meanwhile the task is busy (`Leases.busy`): it is not dropped
+for want of a heartbeat, so the first heartbeat after the server is back
+keeps its lease and nobody else replays the step before the record lands. A
+lease lost anyway (the server moved the task on) does not stop the record
+(the server accepts a finished result at any counter the task had); the
+task is dropped after it.
 
 What user code raises here is a bug, and pauses the run (`PauseTask`: the task
 fails, nothing is recorded for the step, and it runs again on the task's next
@@ -32,7 +38,9 @@ from __future__ import annotations
 import logging
 import random
 import threading
-from typing import TYPE_CHECKING, Any
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from troth._commands import CreatePromise, Now, Random, RunStep, SettleToken
 from troth._engine import CreateStep, error_value
@@ -61,16 +69,22 @@ if TYPE_CHECKING:
     from troth.client import Client
     from troth.codec import Payload
 
-__all__ = ["RootSettled", "StepWriter", "Stopping"]
+__all__ = ["RootSettled", "StepWriter", "Stopping", "until_landed"]
 
 _log = logging.getLogger("troth.worker")
 
 _RESOLVE = promises_pb2.ResolvePromiseRequest
 _REJECT = promises_pb2.RejectPromiseRequest
 
-_UNRECORDED = (UnavailableError, DeadlineExceededError, ResourceExhaustedError)
-"""Failures of a record that say nothing about the record: the server was away."""
-_RECORD_BACKOFF = (0.1, 5.0)  # first and longest wait between attempts to record a result
+_T = TypeVar("_T")
+
+UNRECORDED = (UnavailableError, DeadlineExceededError, ResourceExhaustedError)
+"""Failures of a record that say nothing about the record: the server was away (or busy)."""
+RECORD_BACKOFF = (0.1, 1.0)
+"""First and longest wait between attempts to record a result: short, so that the
+record lands soon after the server is back."""
+_LOG_EVERY_S = 30.0
+"""While a result waits, its warning is logged at most this often."""
 
 
 class Stopping(Exception):
@@ -79,6 +93,52 @@ class Stopping(Exception):
 
 class RootSettled(Exception):
     """The root finished without this task (it timed out, say): nothing is left to run."""
+
+
+def until_landed(
+    record: Callable[[], _T], *, what: str, abandon: threading.Event, extra: dict[str, str]
+) -> _T:
+    """`record()`, tried again through any outage (`UNRECORDED` failures) until it
+    lands: no per-call timeout, lease or reconnect window ends the retry, only
+    `abandon` (the worker stops waiting for its running tasks: `Stopping`).
+
+    Args:
+        record: The call that records the result (each try has the client's timeout).
+        what: What waits, for the log ("step 'x.1' finished").
+        abandon: Set when the worker gives up on its running tasks.
+        extra: The log lines' extra fields.
+    """
+    attempt = 0
+    started = time.monotonic()
+    logged = -_LOG_EVERY_S
+    while True:
+        try:
+            return record()
+        except UNRECORDED as exc:
+            attempt += 1
+            first, longest = RECORD_BACKOFF
+            delay = min(longest, first * 2 ** min(attempt - 1, 16)) * random.uniform(0.5, 1.0)
+            waited = time.monotonic() - started
+            if waited - logged >= _LOG_EVERY_S:
+                logged = waited
+                _log.warning(
+                    "%s, but its result is not recorded yet (%s); keeping it and trying again "
+                    "until the server takes it (attempt %d, %.0fs so far)",
+                    what,
+                    exc,
+                    attempt,
+                    waited,
+                    extra=extra,
+                )
+            if abandon.wait(delay):
+                _log.error(
+                    "%s, but the worker stopped before its result was recorded (%s); "
+                    "the result is given up",
+                    what,
+                    exc,
+                    extra=extra,
+                )
+                raise Stopping from exc
 
 
 class StepWriter:
@@ -142,41 +202,48 @@ class StepWriter:
             return [created]
         # A step that computes its value records it with its creation, in one call.
         # Dying before that call means the step runs again: at-least-once
-        # execution, exactly-once recording (the first record wins).
-        value: Any
-        if isinstance(command, Now | Random):
-            ok, value = True, command.draw()
-        elif isinstance(command, SettleToken):
-            ok, value = self._mint(held, command)
-        else:
+        # execution, exactly-once recording (the first record wins). From the
+        # function's start to the record the task is busy: no outage takes it.
+        if isinstance(command, RunStep):
             self._leases.confirm(held, self._wait)
-            result = run_with_retry(
-                command.fn, command.args, command.retry, wait=self._wait, step_id=step.step_id
+        with self._leases.busy(held):
+            ok, value = self._compute(held, step)
+            return [self._record_until_landed(held, step, ok, value)]
+
+    def _compute(self, held: Held, step: CreateStep) -> tuple[bool, Any]:
+        """The value a `run`, `now`, `random` or `settle_token` step records (False: its
+        rejection)."""
+        command = step.command
+        if isinstance(command, Now | Random):
+            return True, command.draw()
+        if isinstance(command, SettleToken):
+            return self._mint(held, command)
+        assert isinstance(command, RunStep)
+        result = run_with_retry(
+            command.fn, command.args, command.retry, wait=self._wait, step_id=step.step_id
+        )
+        if isinstance(result, Interrupted):
+            raise Stopping
+        if isinstance(result, Paused):
+            raise PauseTask(
+                result.error,
+                f"step {step.step_id!r} ({command.name}) failed {result.attempts} times in "
+                "this task; nothing is recorded for it, and it runs again when the task "
+                "is retried (its retry policy has no maximum)",
             )
-            if isinstance(result, Interrupted):
-                raise Stopping
-            if isinstance(result, Paused):
-                raise PauseTask(
-                    result.error,
-                    f"step {step.step_id!r} ({command.name}) failed {result.attempts} times in "
-                    "this task; nothing is recorded for it, and it runs again when the task "
-                    "is retried (its retry policy has no maximum)",
-                )
-            if isinstance(result, Succeeded):
-                ok, value = True, result.value
-            else:
-                assert isinstance(result, Exhausted)
-                _log.info(
-                    "step %r (%s) failed after %d attempt(s): %s: %s",
-                    step.step_id,
-                    command.name,
-                    result.attempts,
-                    type(result.error).__name__,
-                    result.error,
-                    extra={"step_id": step.step_id},
-                )
-                ok, value = False, error_value(result.error)
-        return [self._record_until_landed(held, step, ok, value)]
+        if isinstance(result, Succeeded):
+            return True, result.value
+        assert isinstance(result, Exhausted)
+        _log.info(
+            "step %r (%s) failed after %d attempt(s): %s: %s",
+            step.step_id,
+            command.name,
+            result.attempts,
+            type(result.error).__name__,
+            result.error,
+            extra={"step_id": step.step_id},
+        )
+        return False, error_value(result.error)
 
     def _mint(self, held: Held, command: SettleToken) -> tuple[bool, Any]:
         """Mint the settle token a `settle_token` step records (a refusal is recorded
@@ -206,8 +273,8 @@ class StepWriter:
     def _record_until_landed(self, held: Held, step: CreateStep, ok: bool, value: Any) -> Promise:
         """Record a finished step's result, through any outage: an outage alone never
         re-runs a step function. Gives up only when the worker stops waiting."""
-        attempt = 0
-        while True:
+
+        def record() -> Promise:
             try:
                 if step.exists:  # created pending by an older worker: settle it
                     return self._settle(held, step, ok, value)
@@ -217,21 +284,13 @@ class StepWriter:
                 if stored.parent_id != held.root_id:
                     raise  # a promise that is not this workflow's step: never a checkpoint
                 return stored  # recorded first by another writer of this workflow: that stands
-            except _UNRECORDED as exc:
-                attempt += 1
-                first, longest = _RECORD_BACKOFF
-                delay = min(longest, first * 2 ** (attempt - 1)) * random.uniform(0.5, 1.0)
-                _log.warning(
-                    "step %r finished but its result is not recorded yet (%s); "
-                    "retrying in %.1fs (attempt %d)",
-                    step.step_id,
-                    exc,
-                    delay,
-                    attempt,
-                    extra={"step_id": step.step_id, "workflow_id": held.root_id},
-                )
-                if self._abandon.wait(delay):
-                    raise Stopping from exc
+
+        return until_landed(
+            record,
+            what=f"step {step.step_id!r} finished",
+            abandon=self._abandon,
+            extra={"step_id": step.step_id, "workflow_id": held.root_id},
+        )
 
     def _encode(self, step: CreateStep, value: Any) -> Payload:
         """A step's result as the codec writes it; a value it refuses is a bug (`PauseTask`)."""

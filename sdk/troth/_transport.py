@@ -103,9 +103,12 @@ def channel_options() -> Options:
         # (`--keepalive-min-ping-interval`, derived from the same constants).
         *client_keepalive(),
         # gRPC's own reconnect backoff grows to 120 s by default, during which calls
-        # fail at once; cap it near our retry backoff so a restarted server is
-        # found again within seconds.
-        (ARG_MAX_RECONNECT_BACKOFF_MS, 5_000),
+        # fail at once; cap it at a second so that a restarted server is found again
+        # within about one: a worker holding a finished step's result must heartbeat
+        # within one lease length of the server's return to keep its task (and the
+        # step from running again elsewhere; troth._leases). A connection attempt a
+        # second to a server that is down costs next to nothing.
+        (ARG_MAX_RECONNECT_BACKOFF_MS, 1_000),
         # Generous so that a search page of large payloads fits; the server's own
         # payload limit is what bounds a single promise.
         (ARG_MAX_RECEIVE_MESSAGE_LENGTH, 64 * _MiB),

@@ -39,9 +39,11 @@ unrun; a step function starts only on a lease the server confirmed recently;
 one root never runs twice at once here. A task whose lease is gone (the
 server says `STALE_COUNTER`, the heartbeat no longer lists it, or no
 heartbeat got through for a whole lease) is dropped quietly: another worker
-replays it from the checkpoints. A step function that returned has its
-result recorded even so, retried through an outage: an outage alone never
-runs a step function twice.
+replays it from the checkpoints. A task inside a step function, or holding a
+result not recorded yet, is not dropped for want of heartbeats: it is kept
+until the server says it moved on, and the result is recorded, retried
+through an outage of any length (no per-call timeout ends it), even if the
+lease was lost: a server outage alone never runs a step function twice.
 
 Failover. A broken stream does not end the leases by itself: a server that
 died (or a replica of several, see `Client`) could not end them. The worker

@@ -154,3 +154,44 @@ def test_a_wait_calls_the_next_address_when_its_server_dies(
         assert isinstance(settled, Promise), settled
         assert settled.state is PromiseState.RESOLVED
         assert client.decode(settled.value) == "from the survivor"
+
+
+def test_a_young_wait_rides_out_a_restart_of_its_server(tmp_path: Path) -> None:
+    """A wait begun a moment before its server is killed (its first long poll not
+    answered yet) rides out the restart, as one begun a minute before does: only a
+    server never reached fails a wait as fast as any call."""
+    server = start_server(tmp_path / "server", "--sweep-interval", "200ms")
+    restarted: ServerProcess | None = None
+    outcome: list[Promise | BaseException] = []
+    try:
+        with Client(server.address, timeout=5) as client:
+            client.create("young.waited", {"n": 1})
+
+            def wait() -> None:
+                try:
+                    outcome.append(client.wait("young.waited", timeout=60))
+                except BaseException as exc:  # reported by the test thread
+                    outcome.append(exc)
+
+            thread = threading.Thread(target=wait, daemon=True)
+            thread.start()
+            time.sleep(1.0)  # the wait's long poll is in place, far from its end
+            server.kill()
+            time.sleep(6.0)  # longer than a call's retries ride out
+            assert outcome == [], "the wait gave up during the outage"
+            restarted = start_server(
+                tmp_path / "server", "--sweep-interval", "200ms", "--listen", server.address,
+                db_url=server.db_url,
+            )  # fmt: skip
+            with Client(restarted.address) as direct:
+                direct.resolve("young.waited", "after the restart")
+            thread.join(30)
+            assert not thread.is_alive()
+    finally:
+        server.kill()
+        if restarted is not None:
+            restarted.kill()
+    (settled,) = outcome
+    assert isinstance(settled, Promise), settled
+    assert settled.state is PromiseState.RESOLVED
+    assert client.decode(settled.value) == "after the restart"

@@ -93,3 +93,34 @@ def test_a_heartbeat_listing_a_task_at_another_counter_loses_it(leases: Leases) 
     leases._apply({"t1": held}, response, time.monotonic())
     assert held.lost
     assert leases.held() == []
+
+
+def test_a_busy_task_is_kept_however_long_no_heartbeat_gets_through(leases: Leases) -> None:
+    """Inside a step function, or holding its result: an outage of any length does not
+    drop it (nor, then, give it back); the server's answer decides."""
+    now = time.monotonic()
+    held = Held("t1", 1, "root-1", expires=now - 3600.0)  # an hour past its lease
+    leases._held["t1"] = held
+    with leases.busy(held):
+        leases.expire(now)
+        assert leases.held() == [held]
+        assert not held.lost
+        assert not leases._dropped
+        # The first heartbeat that gets through still lists it: kept, extended.
+        response = tasks_pb2.HeartbeatResponse(task_ids=["t1"], counters={"t1": 1})
+        assert leases._apply({"t1": held}, response, now) == []
+        assert held.expires == pytest.approx(now + 3.0)
+        assert leases.is_fresh(held)
+    leases.expire(now + 10.0)  # no longer busy: dropped like any other
+    assert held.lost
+
+
+def test_a_busy_task_the_server_moved_on_is_lost_and_not_given_back(leases: Leases) -> None:
+    now = time.monotonic()
+    held = Held("t1", 1, "root-1", expires=now - 60.0)
+    leases._held["t1"] = held
+    with leases.busy(held):
+        response = tasks_pb2.HeartbeatResponse(task_ids=["t1"], counters={"t1": 2})
+        assert leases._apply({"t1": held}, response, now) == []
+        assert held.lost
+        assert leases.held() == []
