@@ -160,7 +160,8 @@ class Connection:
         # A generated key is unique to this call, so a promise settled with it
         # was settled by this call: an earlier attempt whose reply was lost.
         applied = response.applied or (generated and promise.idempotency_key_for_settle == key)
-        return SettleResult(promise=promise, applied=applied)
+        waiting = getattr(response, "workflow_waiting", "") or None  # not on a cancel's
+        return SettleResult(promise=promise, applied=applied, workflow_waiting=waiting)
 
     def mint_settle_token(
         self,

@@ -112,6 +112,7 @@ def task_to_json(task: tasks_pb2.Task) -> dict[str, Any]:
         "last_error": task.last_error or None,
         "last_traceback": task.last_traceback or None,
         "next_attempt_time": _when(task, "next_attempt_time"),
+        "version_absent_since": _when(task, "version_absent_since"),
     }
 
 

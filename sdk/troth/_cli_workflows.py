@@ -5,14 +5,25 @@ troth workflows show ID            the root, its steps, and its task (attempts, 
                                    the traceback of a failing one)
 troth workflows fail ID --reason TEXT
                                    reject the workflow's root with the reason (operators)
+troth workflows move ID --to-current | --to-version V
+                                   run it on other code: the newest version connected,
+                                   or version V (operators)
 ```
 
 A bug pauses a workflow, it does not lose it: an unexpected exception in its
 code fails the *task*, which is retried with backoff while the root stays
 PENDING. `show` says so (attempts, the last error and its traceback, when it
 is retried); deploy fixed code to resume it from its checkpoints, or `fail`
-it on purpose. With `--json`, `show` writes one object `{"workflow": promise,
-"steps": [promise, ...], "task": task or null}` and `fail` the rejected root.
+it on purpose.
+
+A run whose recorded version no connected worker runs waits, its decisions
+recorded: `show` says "waiting for a worker of ... version X (none connected
+since ...)". Start a worker of that version, or `move` the run to the code
+deployed now: it replays its history there, and pauses with a
+`NonDeterminismError` (shown by `show`) if that code does not fit it. With
+`--json`, `show` writes one object `{"workflow": promise, "steps": [promise,
+...], "task": task or null}`, `fail` the rejected root and `move` `{"workflow":
+promise, "task": task or null}`.
 """
 
 from __future__ import annotations
@@ -32,6 +43,7 @@ from troth._cli import (
 )
 from troth._cli_tasks import _KINDS, _STATES, task_to_json
 from troth._commands import TAG_INVOKE, TAG_KIND
+from troth._convert import promise_from_proto
 from troth._tasks import TaskCalls
 from troth.client import connection
 from troth.v1 import tasks_pb2
@@ -40,7 +52,7 @@ if TYPE_CHECKING:
     from troth._promise import Promise
     from troth.client import Client
 
-__all__ = ["add_commands", "cmd_fail", "cmd_show", "format_task"]
+__all__ = ["add_commands", "cmd_fail", "cmd_move", "cmd_show", "format_task"]
 
 _STEP_COLUMNS = ("STEP", "KIND", "STATE", "CREATED", "SETTLED", "SETTLED BY", "VALUE")
 
@@ -66,6 +78,21 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
     )
     fail.add_argument("id", metavar="ID", help="the workflow's id (its root promise)")
     fail.add_argument("--reason", required=True, metavar="TEXT", help="why it fails")
+    move = add_leaf(
+        actions,
+        "move",
+        "run a waiting workflow on other code: the newest version connected, or a given "
+        "one (it replays there; needs the operator role)",
+        cmd_move,
+    )
+    move.add_argument("id", metavar="ID", help="the workflow's id (its root promise)")
+    to = move.add_mutually_exclusive_group(required=True)
+    to.add_argument(
+        "--to-current",
+        action="store_true",
+        help="the newest version connected takes it (and records its own)",
+    )
+    to.add_argument("--to-version", metavar="V", help="the version to run it with")
 
 
 def cmd_show(client: Client, args: argparse.Namespace, out: IO[str]) -> int:
@@ -109,6 +136,29 @@ def cmd_fail(client: Client, args: argparse.Namespace, out: IO[str]) -> int:
     return 0
 
 
+def cmd_move(client: Client, args: argparse.Namespace, out: IO[str]) -> int:
+    moved = TaskCalls(connection(client)).move_workflow(args.id, args.to_version)
+    root = promise_from_proto(moved.root)
+    task = moved.task if moved.HasField("task") else None
+    if args.json:
+        _write_json(
+            {
+                "workflow": promise_to_json(root),
+                "task": task_to_json(task) if task is not None else None,
+            },
+            out,
+        )
+        return 0
+    where = (
+        f"version {args.to_version!r}"
+        if args.to_version
+        else ("the newest version connected (recorded when a worker takes it)")
+    )
+    out.write(f"workflow {root.id} moved to {where}: it replays its history there\n\n")
+    out.write(format_task(task, root))
+    return 0
+
+
 def format_steps(steps: list[Promise]) -> str:
     """A workflow's steps as an aligned table, in creation order."""
     ordered = sorted(steps, key=lambda p: (p.create_time, p.id))
@@ -139,6 +189,13 @@ def format_task(task: tasks_pb2.Task | None, root: Promise) -> str:
         lines.append(f"worker:    {task.worker_id}")
     elif task.waiting_for:
         lines.append(f"waiting:   {task.waiting_for}")
+        if task.HasField("version_absent_since"):
+            lines.append(
+                "Its decisions are recorded; it resumes when a worker of version "
+                f"{task.workflow_version!r} connects, or run `troth workflows move {root.id} "
+                "--to-current` (or `--to-version V`) to replay it on other code, or "
+                f"`troth workflows fail {root.id} --reason TEXT`."
+            )
     if task.failed_attempts:
         lines.append(f"attempts:  {task.failed_attempts} failed")
         if task.HasField("next_attempt_time"):

@@ -77,6 +77,10 @@ class TaskInfo:
     last_traceback: str | None = None
     next_attempt_time: datetime | None = None
     """For a PENDING task that failed: when it is delivered again (its retry backoff)."""
+    version_absent_since: datetime | None = None
+    """For a PENDING task waiting for its `workflow_version` because no worker connected
+    to the server runs it: since when none has been (the last one left, or the server
+    started). `troth workflows move` moves such a run to another version."""
 
     @classmethod
     def from_proto(cls, task: tasks_pb2.Task) -> TaskInfo:
@@ -101,6 +105,7 @@ class TaskInfo:
             last_error=task.last_error or None,
             last_traceback=task.last_traceback or None,
             next_attempt_time=when("next_attempt_time"),
+            version_absent_since=when("version_absent_since"),
         )
 
 

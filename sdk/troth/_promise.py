@@ -114,12 +114,19 @@ class SettleResult:
     Attributes:
         promise: The promise as settled.
         applied: True if this call's settlement is the one that counted.
+        workflow_waiting: For a decision on a workflow's step: when it was recorded
+            but the workflow cannot resume now because no worker connected to the
+            server runs the version of its code it recorded, that in words
+            ("waiting for a worker of group ... version ... (none connected since
+            ...)"); None otherwise. An operator runs the old code again, or moves
+            the workflow (`troth workflows move`).
 
     .. versionadded:: 0.1.0
     """
 
     promise: Promise
     applied: bool
+    workflow_waiting: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

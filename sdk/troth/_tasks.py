@@ -107,6 +107,16 @@ class TaskCalls:
         request = tasks_pb2.FailWorkflowRequest(id=workflow_id, reason=reason)
         return promise_from_proto(self.connection.call(self._stub.FailWorkflow, request).root)
 
+    def move_workflow(
+        self, workflow_id: str, to_version: str | None
+    ) -> tasks_pb2.MoveWorkflowResponse:
+        """Move workflow `workflow_id` to version `to_version` of its code (None: the
+        newest connected); an operator's call. Returns its root and waiting task."""
+        request = tasks_pb2.MoveWorkflowRequest(
+            id=workflow_id, to_version=to_version or "", to_current=to_version is None
+        )
+        return self.connection.call(self._stub.MoveWorkflow, request)
+
     def release(self, task_id: str, counter: int) -> None:
         """Give the task back to its group, for another worker to take at once."""
         request = tasks_pb2.ReleaseTaskRequest(

@@ -189,6 +189,9 @@ class TaskServiceStub(Protocol):
     FailWorkflow: grpc.UnaryUnaryMultiCallable[
         tasks_pb2.FailWorkflowRequest, tasks_pb2.FailWorkflowResponse
     ]
+    MoveWorkflow: grpc.UnaryUnaryMultiCallable[
+        tasks_pb2.MoveWorkflowRequest, tasks_pb2.MoveWorkflowResponse
+    ]
     SearchWorkers: grpc.UnaryUnaryMultiCallable[
         tasks_pb2.SearchWorkersRequest, tasks_pb2.SearchWorkersResponse
     ]

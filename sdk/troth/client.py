@@ -347,7 +347,10 @@ class Client(PromiseReads, OperatorCalls):
                 permission to settle this one promise, once; no other is needed.
 
         Returns:
-            The settled promise, and whether this call's settlement counted.
+            The settled promise, and whether this call's settlement counted; for
+            a workflow's step whose workflow cannot resume now because no worker
+            connected to the server runs its recorded version, `workflow_waiting`
+            says so (the decision is recorded all the same).
 
         Raises:
             AlreadySettledError: Someone else settled it first (the message says how).

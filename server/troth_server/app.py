@@ -178,6 +178,7 @@ class Core:
             live.streams = self.dispatcher.streams
             live.live_counts = self.store.live_counts
             live.queued_writes = lambda: self.committer.queued
+            live.absent_versions = self.dispatcher.absent_versions
 
     def _on_commit(self, changes: list[StateChange]) -> None:
         self.service.on_commit(changes)
@@ -460,6 +461,7 @@ def servicers(
     as the RPC it is)."""
     promises = PromiseServiceServicer(core.service, limits)
     tasks = TaskServiceServicer(core.tasks, core.dispatcher, limits)
+    promises.workflow_waiting = tasks.workflow_waiting
     tasks.mux = CallMux(
         ((PROMISES, promises), (TASKS, tasks)),
         limits,

@@ -44,6 +44,15 @@ log = structlog.get_logger("troth.dispatch")
 
 
 @dataclass(frozen=True, slots=True)
+class Waiting:
+    """Why a PENDING task waits (`Dispatcher.waiting_for`)."""
+
+    words: str
+    absence: routing.Absence | None
+    """For a task whose version no worker connected here runs: since when."""
+
+
+@dataclass(frozen=True, slots=True)
 class Delivery:
     task: Task
     root: Promise | None
@@ -128,6 +137,7 @@ class Dispatcher:
         off): whose task calls count as the worker's (`alive`). Replaced, never
         changed in place, so that `alive` reads it without the lock."""
         self._deployments = Deployments()
+        self._absences = routing.Absences(wall_ms())
         self._backlog: set[str] = set()
         """Groups whose PENDING tasks wait for room: a wake-up for them while every
         stream is full or a dispatch pass that found streams full says so, and a pass
@@ -195,13 +205,39 @@ class Dispatcher:
             ]
         return sorted(views, key=lambda v: (v.group, v.worker_id, v.connected_ms))
 
-    def waiting_for(self, tasks: Iterable[Task]) -> dict[str, str]:
-        """Why each of these PENDING tasks is not delivered, as this server sees it."""
+    def waiting_for(self, tasks: Iterable[Task]) -> dict[str, Waiting]:
+        """Why each of these PENDING tasks is not delivered, as this server sees it, and,
+        for one whose version no worker connected here runs, since when."""
+        tasks = list(tasks)
         with self._lock:
             by_group = {
                 group: self._candidates(group) for group in {t.group for t in tasks}
             }  # fmt: skip
-        return {t.id: routing.waiting_for(t, t.group, by_group[t.group]) for t in tasks}
+        found: dict[str, Waiting] = {}
+        for t in tasks:
+            streams = by_group[t.group]
+            absence: routing.Absence | None = None
+            if routing.version_absent(t, streams):
+                absence = self._absences.of(t.group, t.workflow or "", t.workflow_version or "")
+            words = routing.waiting_for(t, t.group, streams, absence)
+            found[t.id] = Waiting(words, absence)
+        return found
+
+    def absent_versions(
+        self, keys: Iterable[tuple[str, str, str]]
+    ) -> dict[tuple[str, str, str], routing.Absence]:
+        """Of these (group, workflow, version), those no open stream here accepts, with
+        since when (the metrics' tasks waiting for a version)."""
+        absent: dict[tuple[str, str, str], routing.Absence] = {}
+        with self._lock:
+            candidates: dict[str, list[Candidate]] = {}
+            for group, workflow, version in keys:
+                streams = candidates.get(group)
+                if streams is None:
+                    streams = candidates[group] = self._candidates(group)
+                if not any(s.route.accepts(workflow, version) for s in streams):
+                    absent[(group, workflow, version)] = self._absences.of(group, workflow, version)
+        return absent
 
     def _candidates(self, group: str) -> list[Candidate]:
         """The group's open streams as routing sees them (under the lock)."""
@@ -228,6 +264,7 @@ class Dispatcher:
             group = self._streams.get(stream.group, [])
             if stream in group:
                 group.remove(stream)
+                self._absences.ended(stream.group, stream.registration, wall_ms())
             others = any(
                 s.worker_id == stream.worker_id and s.principal == stream.principal for s in group
             )
@@ -525,4 +562,4 @@ class Dispatcher:
                 continue  # it moved on already (its lease ran out meanwhile)
 
 
-__all__ = ["Delivery", "Dispatcher", "PollStream", "StreamView", "TaskState"]
+__all__ = ["Delivery", "Dispatcher", "PollStream", "StreamView", "TaskState", "Waiting"]

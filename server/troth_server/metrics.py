@@ -8,7 +8,9 @@ Two kinds, chosen by what each costs:
 - State, computed when Prometheus scrapes (`_LiveCollector`): the connected
   workers (from the dispatcher's table, no I/O), the gates' calls in flight and
   the queued writes (counters already kept), and the live rows of the store
-  (`Store.live_counts`: PENDING promises, PENDING and CLAIMED tasks), read by
+  (`Store.live_counts`: PENDING promises, PENDING and CLAIMED tasks, and the
+  PENDING ones by workflow version, of which those whose version no worker
+  connected here runs are shown as waiting for it), read by
   the partial indexes of live rows, never the settled history, on the scrape's
   own HTTP thread, and at most once per `LIVE_CACHE_S` however often it is
   scraped (several Prometheus servers, a dashboard's refresh).
@@ -44,6 +46,7 @@ if TYPE_CHECKING:
 
     from troth_server.batch import StateChange
     from troth_server.domain.promise import Promise
+    from troth_server.domain.routing import Absence
     from troth_server.domain.task import Task
     from troth_server.domain.workers import StreamView
     from troth_server.store import LiveCounts
@@ -247,6 +250,11 @@ class _LiveCollector(Collector):
         self.in_flight: Callable[[], dict[str, int]] | None = None
         """{"unary": n, "stream": n}: calls the admission gates count now."""
         self.queued_writes: Callable[[], int] | None = None
+        self.absent_versions: (
+            Callable[[Iterable[tuple[str, str, str]]], dict[tuple[str, str, str], Absence]] | None
+        ) = None
+        """Of some (group, workflow, version), those no worker connected here runs, and
+        since when (the dispatcher's `absent_versions`)."""
         self._lock = threading.Lock()
         self._cached: tuple[float, LiveCounts] | None = None
 
@@ -275,6 +283,29 @@ class _LiveCollector(Collector):
         for (state, group), n in sorted(counts.tasks.items()):
             tasks.add_metric([state, group], n)
         yield tasks
+        yield from self._version_waits(counts)
+
+    def _version_waits(self, counts: LiveCounts) -> Iterator[Metric]:
+        if self.absent_versions is None:
+            return
+        absent = self.absent_versions(counts.versioned)
+        waiting = GaugeMetricFamily(
+            "troth_tasks_waiting_for_version",
+            "PENDING tasks whose workflow version no worker connected here runs (their "
+            "decisions recorded, their runs waiting), by group, workflow and version.",
+            labels=["group", "workflow", "version"],
+        )
+        since = GaugeMetricFamily(
+            "troth_workflow_version_absent_since_seconds",
+            "For each version tasks wait for: since when (Unix time) no worker running it "
+            "has been connected here (the last one left, or this server started).",
+            labels=["group", "workflow", "version"],
+        )
+        for key, absence in sorted(absent.items()):
+            waiting.add_metric(list(key), counts.versioned[key])
+            since.add_metric(list(key), absence.since_ms / 1000)
+        yield waiting
+        yield since
 
     def _workers(self) -> Iterator[Metric]:
         if self.streams is None:

@@ -265,6 +265,39 @@ class _FailWorkflowOp:
 
 
 @dataclass(frozen=True, slots=True)
+class _MoveWorkflowOp:
+    """An operator moves a workflow to another version of its code (None: whichever is
+    newest when a worker next takes it): its root's recorded version and its waiting
+    task's change, and a task waiting out a retry backoff is offered at once. A task a
+    worker holds is refused: the run is not waiting."""
+
+    root_id: str
+    version: str | None
+
+    def keys(self, tx: WriteTx, now: int) -> Keys:
+        return Keys(promises=(self.root_id,), roots=(self.root_id,))
+
+    def apply(self, batch: Batch) -> tuple[Promise, Task | None]:
+        root = batch.get(self.root_id)
+        if root is None:
+            raise PromiseNotFound(self.root_id)
+        if INVOKE_TAG not in root.tags:
+            raise NotAWorkflow(root.id)
+        if root.is_settled:
+            raise tasks.WorkflowOver(root.id, root.state.value)
+        active = batch.active_task(root.id)
+        if active is not None and active.state is not TaskState.PENDING:
+            raise tasks.TaskRunning(active)
+        moved = replace(root, workflow_version=self.version)
+        batch.rewrite(moved)
+        if active is None:
+            return moved, None
+        task = tasks.move(active, self.version)
+        batch.put_task(task)
+        return moved, task
+
+
+@dataclass(frozen=True, slots=True)
 class _RegisterCallbacksOp:
     task_id: str
     counter: int
@@ -476,6 +509,23 @@ class TaskService:
         """Reject workflow root `root_id` with `value` (an operator's decision), ending
         its waiting task; returns the root and whether this call settled it."""
         return await self._committer.submit_async(_FailWorkflowOp(root_id, value, principal))
+
+    async def move_workflow_async(
+        self, root_id: str, version: str | None
+    ) -> tuple[Promise, Task | None]:
+        """Move workflow `root_id` to `version` of its code (None: the newest connected
+        when a worker next takes it); returns its root and its waiting task, if any."""
+        return await self._committer.submit_async(_MoveWorkflowOp(root_id, version))
+
+    def active_task(self, root_id: str) -> Task | None:
+        """Workflow `root_id`'s PENDING or CLAIMED task, if it has one (two point reads:
+        the root for its group, then the task by the one-active-task index)."""
+        root = self._store.get_promise(root_id)
+        group = None if root is None else root.tags.get(INVOKE_TAG)
+        if group is None:
+            return None
+        found = self._store.search_tasks(group, 1, root_id)
+        return found[0] if found else None
 
     def register_callbacks(
         self,

@@ -145,6 +145,9 @@ def _calls(channel: grpc.Channel, tag: str) -> dict[str, Callable[[Any], object]
         "FailWorkflow": lambda md: t.FailWorkflow(
             tasks_pb2.FailWorkflowRequest(id=missing, reason="walk"), metadata=md, timeout=10
         ),
+        "MoveWorkflow": lambda md: t.MoveWorkflow(
+            tasks_pb2.MoveWorkflowRequest(id=missing, to_current=True), metadata=md, timeout=10
+        ),
         "SearchWorkers": lambda md: t.SearchWorkers(
             tasks_pb2.SearchWorkersRequest(), metadata=md, timeout=10
         ),

@@ -222,6 +222,7 @@ _REQUESTS: dict[str, Callable[[str], Any]] = {
         task_id="t-missing", counter=1, worker_id=f"w-{tag}", error="NameError: x"
     ),
     "FailWorkflow": lambda tag: tasks_pb2.FailWorkflowRequest(id=_MISSING, reason="matrix"),
+    "MoveWorkflow": lambda tag: tasks_pb2.MoveWorkflowRequest(id=_MISSING, to_current=True),
     "SearchWorkers": lambda tag: tasks_pb2.SearchWorkersRequest(),
 }
 

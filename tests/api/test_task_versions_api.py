@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 import uuid
 from collections.abc import Iterator
@@ -140,10 +141,14 @@ def test_a_parked_workflow_resumes_only_on_its_version_while_new_starts_go_on(
     assert (waiting.root_promise_id, waiting.kind, waiting.workflow_version) == (
         "old-wf-" + group, tasks_pb2.TASK_KIND_RESUME, "v1",
     )  # fmt: skip
-    assert waiting.waiting_for == (
-        f"waiting for a worker of group {group!r} running workflow 'publish' version 'v1' "
-        "(connected here: 'publish' versions 'v2')"
-    )
+    # Since when: the v1 stream left (this server's wall clock, for operators).
+    assert re.fullmatch(
+        rf"waiting for a worker of group {re.escape(repr(group))} running workflow 'publish' "
+        r"version 'v1' \(none connected since \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ; "
+        r"connected here: 'publish' versions 'v2'\)",
+        waiting.waiting_for,
+    ), waiting.waiting_for
+    assert waiting.HasField("version_absent_since")
     assert waiting.HasField("create_time")
 
     # A worker whose author declared v1 compatible resumes it.
@@ -187,6 +192,60 @@ def test_a_workflow_no_worker_lists_goes_to_any_worker_unversioned(
     # Its worker rejects it as not registered; no version is recorded for it.
     assert (got.task.workflow, got.task.workflow_version) == ("pubilsh", "")
     assert got.root.workflow_version == ""
+
+
+def test_a_settle_says_its_run_waits_for_its_version_and_a_move_runs_it_elsewhere(
+    stubs: Stubs, group: str, pollers: list[Poller], server: ServerProcess
+) -> None:
+    promises, tasks = stubs
+    old = Poller(tasks, group, f"w-v1-{group}", [("publish", "v1")])
+    pollers.append(old)
+    root = f"moved-{group}"
+    start(promises, root, group, "publish")
+    step = suspend(stubs, old.next(), old.worker)
+    old.cancel()
+    wait_logged(server, "worker.disconnected", old.worker)
+    new = Poller(tasks, group, f"w-v2-{group}", [("publish", "v2")], capacity=1)
+    pollers.append(new)
+    wait_logged(server, "worker.connected", new.worker)
+
+    settled = promises.ResolvePromise(pb.ResolvePromiseRequest(id=step))
+    assert settled.applied
+    assert settled.workflow_waiting.startswith(
+        f"waiting for a worker of group {group!r} running workflow 'publish' version 'v1' "
+        "(none connected since "
+    ), settled.workflow_waiting
+    (waiting,) = search(tasks, group)
+    assert waiting.waiting_for == settled.workflow_waiting
+    assert waiting.HasField("version_absent_since")
+
+    moved = tasks.MoveWorkflow(tasks_pb2.MoveWorkflowRequest(id=root, to_version="v2"))
+    assert moved.root.workflow_version == "v2"
+    assert (moved.task.id, moved.task.workflow_version) == (waiting.id, "v2")
+    resume = new.next()
+    assert (resume.task.id, resume.task.workflow_version) == (waiting.id, "v2")
+    assert resume.root.workflow_version == "v2"
+    # Its task is held now: the run waits for nothing, and is not moved.
+    with pytest.raises(grpc.RpcError) as held:
+        tasks.MoveWorkflow(tasks_pb2.MoveWorkflowRequest(id=root, to_current=True))
+    assert held.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+    assert error_info(held.value).reason == "TASK_NOT_PENDING"
+    with pytest.raises(grpc.RpcError) as both:
+        tasks.MoveWorkflow(tasks_pb2.MoveWorkflowRequest(id=root, to_version="v2", to_current=True))
+    assert both.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_a_settle_of_a_run_whose_version_is_connected_says_nothing_of_versions(
+    stubs: Stubs, group: str, pollers: list[Poller]
+) -> None:
+    promises, tasks = stubs
+    worker = Poller(tasks, group, f"w-v1-{group}", [("publish", "v1")])
+    pollers.append(worker)
+    start(promises, f"served-{group}", group, "publish")
+    step = suspend(stubs, worker.next(), worker.worker)
+    settled = promises.ResolvePromise(pb.ResolvePromiseRequest(id=step))
+    assert settled.applied and settled.workflow_waiting == ""
+    assert worker.next().task.kind == tasks_pb2.TASK_KIND_RESUME
 
 
 def test_a_stream_listing_nothing_takes_a_versioned_task(

@@ -5,6 +5,7 @@ the CSRF check, the workflow timeline, the tasks and workers pages."""
 
 from __future__ import annotations
 
+import json
 import re
 import uuid
 from collections.abc import Generator, Iterator
@@ -57,6 +58,11 @@ def review(ctx: Context, post: int, approver: str) -> Generator[Any, Any, Any]:
     except PromiseRejectedError as rejected:
         return {"rejected": rejected.value}
     return {"published": decision}
+
+
+def gated(ctx: Context, approver: str) -> Generator[Any, Any, Any]:
+    approval = yield ctx.promise(title="Gated", approvers=Approvers(principals=[approver]))
+    return (yield approval)
 
 
 def named(ctx: Context, post: int) -> Generator[Any, Any, Any]:
@@ -390,3 +396,49 @@ def test_the_timeline_shows_a_pending_step_with_an_id_of_its_own_as_the_waiting_
     assert "Your decision" not in root, "a workflow's root is not decided in the console"
     assert "Waiting for\n" in page or "Waiting for" in page
     assert "waiting for a decision" in page
+
+
+def test_a_decision_on_a_run_whose_version_is_gone_says_the_run_waits_for_it(
+    site: Site, starter: Client
+) -> None:
+    wid = f"gated-{uuid.uuid4().hex[:8]}"
+    with Client(site.server.address, timeout=10, token=site.tokens["worker"]) as client:
+        old = Worker(client, group=GROUP, worker_id=f"old-{wid}", lease=timedelta(seconds=5))
+        old.workflow(gated)
+        old.start()
+        try:
+            starter.start("gated", "alice", id=wid, group=GROUP)
+            eventually(lambda: _pending(starter, f"{wid}.0"), 20, "the approval step")
+        finally:
+            old.stop()  # the only worker of its version goes away
+    eventually(lambda: _gone(site, f"old-{wid}"), 15, "the old worker gone")
+    with site.http() as http:
+        site.sign_in(http, "alice")  # a gateway: she may not read tasks
+        page = http.get(f"/promises/{wid}.0").text
+        form = {"csrf": csrf(http, f"/promises/{wid}.0"), "key": key_of(page, f"{wid}.0"),
+                "action": "approve", "troth.raw": "true"}  # fmt: skip
+        response = http.post(f"/settle/{wid}.0", data=form)
+        assert response.status_code == 303, response.text
+        landed = http.get(response.headers["location"]).text
+        assert f"Your decision on <code>{wid}.0</code> was recorded." in landed
+        assert "The workflow cannot go on yet: waiting for a worker of group" in landed
+        assert "(none connected since" in landed
+        assert "an operator can move it" in landed and "/move/" not in landed
+        # Once seen, the note is gone; an operator sees the wait from the task, and the button.
+        assert "cannot go on yet" not in http.get(response.headers["location"]).text
+    with site.http() as http:
+        site.sign_in(http, "ops")
+        shown = http.get(f"/workflows/{wid}").text
+    assert "waiting for a worker of group" in shown and f'action="/move/{wid}"' in shown
+
+
+def _gone(site: Site, worker_id: str) -> bool:
+    """The server logged the end of the worker's stream: it routes without it from then."""
+    for line in site.server.log().splitlines():
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if entry.get("event") == "worker.disconnected" and entry.get("worker_id") == worker_id:
+            return True
+    return False

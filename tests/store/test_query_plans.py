@@ -109,9 +109,11 @@ def _claimed_index(plan: str) -> bool:
 
 
 def _live_count(sql: str) -> bool:
+    # PENDING tasks are counted by group and workflow version (those waiting for one).
+    by = r"tasks\.\"group\"(, tasks\.workflow, tasks\.workflow_version)?"
     return bool(
-        re.match(r"SELECT (tasks\.\"group\", )?count\(\*\) AS count_1 FROM (promises|tasks) "
-                 r"WHERE \w+\.state = '(PENDING|CLAIMED)'( GROUP BY tasks\.\"group\")?$", sql)
+        re.match(rf"SELECT ({by}, )?count\(\*\) AS count_1 FROM (promises|tasks) "
+                 rf"WHERE \w+\.state = '(PENDING|CLAIMED)'( GROUP BY {by})?$", sql)
     )  # fmt: skip
 
 
@@ -411,6 +413,8 @@ def _raw_tasks(address: str, group: str) -> None:
         tasks.SearchTasks(
             tasks_pb2.SearchTasksRequest(group=other, root_promise_id=back.root_promise_id)
         )
+        # ...or moves it to another version first (it waits out its backoff: PENDING).
+        tasks.MoveWorkflow(tasks_pb2.MoveWorkflowRequest(id=back.root_promise_id, to_version="v9"))
         tasks.FailWorkflow(tasks_pb2.FailWorkflowRequest(id=back.root_promise_id, reason="no"))
         tasks.CompleteTask(
             tasks_pb2.CompleteTaskRequest(

@@ -90,6 +90,7 @@ def test_json_output_names_fields_as_the_proto_does() -> None:
         "last_error": None,
         "last_traceback": None,
         "next_attempt_time": None,
+        "version_absent_since": None,
     }
 
 

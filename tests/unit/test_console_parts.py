@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -9,7 +10,7 @@ import pytest
 from troth import TaskInfo, TaskKind, TaskState, WorkerInfo
 from troth_server.console._clients import ANONYMOUS, ClientCache, Identity
 from troth_server.console._config import ConsoleSettings, settings_from
-from troth_server.console._views import task_rows, worker_rows
+from troth_server.console._views import VersionWait, task_rows, version_wait, worker_rows
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 
@@ -31,6 +32,16 @@ def test_task_rows_say_who_holds_a_claimed_task_and_why_a_pending_one_waits() ->
         ("invoke", "claimed", "w-7", "5m"),
         ("invoke", "pending", "waiting for a worker of group g", "5m"),
     ]
+
+
+def test_a_run_waiting_for_its_version_is_said_from_its_task_else_from_the_settle() -> None:
+    words = "waiting for a worker of group 'g' running workflow 'publish' version 'v1' (...)"
+    absent = replace(_task(TaskState.PENDING, None, words), version_absent_since=NOW)
+    assert version_wait(absent, "") == VersionWait(words, movable=True)
+    assert version_wait(None, words) == VersionWait(words, movable=False)  # a gateway's view
+    busy = _task(TaskState.PENDING, None, "waiting for a free worker of group 'g' (...)")
+    assert version_wait(busy, "") is None
+    assert version_wait(None, "") is None
 
 
 def test_worker_rows_show_versions_held_tasks_and_heartbeats_in_words() -> None:

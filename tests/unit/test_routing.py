@@ -152,11 +152,34 @@ def test_waiting_for_names_the_version_and_what_is_connected() -> None:
         "being delivered to a worker of group 'g'"
     )
     assert routing.waiting_for(task(version="v1"), "g", []) == (
+        "waiting for a worker of group 'g' running workflow 'publish' version 'v1' "
+        "(connected here: no worker of group 'g')"
+    )
+    assert routing.waiting_for(task(version=None, kind=TaskKind.INVOKE), "g", []) == (
         "waiting for a worker of group 'g': none is connected to this server"
     )
     (billing,) = routes_of(registered(("billing", "b1")))
     assert routing.waiting_for(task(version="v1"), "g", [Candidate("w", billing, 1)]).endswith(
         "(connected here: no worker running 'publish')"
+    )
+
+
+def test_a_task_waiting_for_its_version_says_since_when_none_was_connected() -> None:
+    old, new = routes_of(registered(("publish", "v1")), registered(("publish", "v2")))
+    only_new = [Candidate("w-new", new, 3)]
+    waiting = task(version="v1")
+    assert routing.version_absent(waiting, only_new)
+    assert routing.version_absent(waiting, [])
+    assert not routing.version_absent(waiting, [Candidate("w-old", old, 0)])  # busy, not absent
+    assert not routing.version_absent(task(version=None, kind=TaskKind.INVOKE), only_new)
+    left = routing.Absence(1_780_000_000_000, left=True)  # 2026-05-28T20:26:40Z
+    assert routing.waiting_for(waiting, "g", only_new, left) == (
+        "waiting for a worker of group 'g' running workflow 'publish' version 'v1' "
+        "(none connected since 2026-05-28T20:26:40Z; connected here: 'publish' versions 'v2')"
+    )
+    started = routing.Absence(1_780_000_000_000, left=False)
+    assert "(none connected since this server started at 2026-05-28T20:26:40Z; " in (
+        routing.waiting_for(waiting, "g", only_new, started)
     )
 
 

@@ -211,20 +211,24 @@ class CancelPromiseRequest(_message.Message):
     def __init__(self, id: _Optional[str] = ..., value: _Optional[_Union[_types_pb2.Payload, _Mapping]] = ..., idempotency_key: _Optional[str] = ..., strict: _Optional[bool] = ...) -> None: ...
 
 class ResolvePromiseResponse(_message.Message):
-    __slots__ = ("promise", "applied")
+    __slots__ = ("promise", "applied", "workflow_waiting")
     PROMISE_FIELD_NUMBER: _ClassVar[int]
     APPLIED_FIELD_NUMBER: _ClassVar[int]
+    WORKFLOW_WAITING_FIELD_NUMBER: _ClassVar[int]
     promise: _types_pb2.Promise
     applied: bool
-    def __init__(self, promise: _Optional[_Union[_types_pb2.Promise, _Mapping]] = ..., applied: _Optional[bool] = ...) -> None: ...
+    workflow_waiting: str
+    def __init__(self, promise: _Optional[_Union[_types_pb2.Promise, _Mapping]] = ..., applied: _Optional[bool] = ..., workflow_waiting: _Optional[str] = ...) -> None: ...
 
 class RejectPromiseResponse(_message.Message):
-    __slots__ = ("promise", "applied")
+    __slots__ = ("promise", "applied", "workflow_waiting")
     PROMISE_FIELD_NUMBER: _ClassVar[int]
     APPLIED_FIELD_NUMBER: _ClassVar[int]
+    WORKFLOW_WAITING_FIELD_NUMBER: _ClassVar[int]
     promise: _types_pb2.Promise
     applied: bool
-    def __init__(self, promise: _Optional[_Union[_types_pb2.Promise, _Mapping]] = ..., applied: _Optional[bool] = ...) -> None: ...
+    workflow_waiting: str
+    def __init__(self, promise: _Optional[_Union[_types_pb2.Promise, _Mapping]] = ..., applied: _Optional[bool] = ..., workflow_waiting: _Optional[str] = ...) -> None: ...
 
 class CancelPromiseResponse(_message.Message):
     __slots__ = ("promise", "applied")

@@ -61,7 +61,7 @@ class CallsResponse(_message.Message):
     def __init__(self, id: _Optional[int] = ..., code: _Optional[int] = ..., response: _Optional[bytes] = ..., message: _Optional[str] = ..., status_details: _Optional[bytes] = ..., more: _Optional[_Iterable[_Union[CallsResponse, _Mapping]]] = ...) -> None: ...
 
 class Task(_message.Message):
-    __slots__ = ("id", "root_promise_id", "group", "kind", "state", "counter", "worker_id", "lease_expire_time", "workflow", "workflow_version", "create_time", "waiting_for", "worker_principal", "failed_attempts", "last_error", "last_traceback", "next_attempt_time")
+    __slots__ = ("id", "root_promise_id", "group", "kind", "state", "counter", "worker_id", "lease_expire_time", "workflow", "workflow_version", "create_time", "waiting_for", "worker_principal", "failed_attempts", "last_error", "last_traceback", "next_attempt_time", "version_absent_since")
     ID_FIELD_NUMBER: _ClassVar[int]
     ROOT_PROMISE_ID_FIELD_NUMBER: _ClassVar[int]
     GROUP_FIELD_NUMBER: _ClassVar[int]
@@ -79,6 +79,7 @@ class Task(_message.Message):
     LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
     LAST_TRACEBACK_FIELD_NUMBER: _ClassVar[int]
     NEXT_ATTEMPT_TIME_FIELD_NUMBER: _ClassVar[int]
+    VERSION_ABSENT_SINCE_FIELD_NUMBER: _ClassVar[int]
     id: str
     root_promise_id: str
     group: str
@@ -96,7 +97,8 @@ class Task(_message.Message):
     last_error: str
     last_traceback: str
     next_attempt_time: _timestamp_pb2.Timestamp
-    def __init__(self, id: _Optional[str] = ..., root_promise_id: _Optional[str] = ..., group: _Optional[str] = ..., kind: _Optional[_Union[TaskKind, str]] = ..., state: _Optional[_Union[TaskState, str]] = ..., counter: _Optional[int] = ..., worker_id: _Optional[str] = ..., lease_expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., workflow: _Optional[str] = ..., workflow_version: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., waiting_for: _Optional[str] = ..., worker_principal: _Optional[str] = ..., failed_attempts: _Optional[int] = ..., last_error: _Optional[str] = ..., last_traceback: _Optional[str] = ..., next_attempt_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    version_absent_since: _timestamp_pb2.Timestamp
+    def __init__(self, id: _Optional[str] = ..., root_promise_id: _Optional[str] = ..., group: _Optional[str] = ..., kind: _Optional[_Union[TaskKind, str]] = ..., state: _Optional[_Union[TaskState, str]] = ..., counter: _Optional[int] = ..., worker_id: _Optional[str] = ..., lease_expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., workflow: _Optional[str] = ..., workflow_version: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., waiting_for: _Optional[str] = ..., worker_principal: _Optional[str] = ..., failed_attempts: _Optional[int] = ..., last_error: _Optional[str] = ..., last_traceback: _Optional[str] = ..., next_attempt_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., version_absent_since: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class WorkflowVersion(_message.Message):
     __slots__ = ("name", "version")
@@ -268,6 +270,24 @@ class FailWorkflowResponse(_message.Message):
     ROOT_FIELD_NUMBER: _ClassVar[int]
     root: _types_pb2.Promise
     def __init__(self, root: _Optional[_Union[_types_pb2.Promise, _Mapping]] = ...) -> None: ...
+
+class MoveWorkflowRequest(_message.Message):
+    __slots__ = ("id", "to_version", "to_current")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    TO_VERSION_FIELD_NUMBER: _ClassVar[int]
+    TO_CURRENT_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    to_version: str
+    to_current: bool
+    def __init__(self, id: _Optional[str] = ..., to_version: _Optional[str] = ..., to_current: _Optional[bool] = ...) -> None: ...
+
+class MoveWorkflowResponse(_message.Message):
+    __slots__ = ("root", "task")
+    ROOT_FIELD_NUMBER: _ClassVar[int]
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    root: _types_pb2.Promise
+    task: Task
+    def __init__(self, root: _Optional[_Union[_types_pb2.Promise, _Mapping]] = ..., task: _Optional[_Union[Task, _Mapping]] = ...) -> None: ...
 
 class SearchWorkersRequest(_message.Message):
     __slots__ = ("group", "page_size", "page_token")

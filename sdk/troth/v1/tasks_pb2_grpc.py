@@ -79,6 +79,11 @@ class TaskServiceStub:
                 request_serializer=troth_dot_v1_dot_tasks__pb2.FailWorkflowRequest.SerializeToString,
                 response_deserializer=troth_dot_v1_dot_tasks__pb2.FailWorkflowResponse.FromString,
                 _registered_method=True)
+        self.MoveWorkflow = channel.unary_unary(
+                '/troth.v1.TaskService/MoveWorkflow',
+                request_serializer=troth_dot_v1_dot_tasks__pb2.MoveWorkflowRequest.SerializeToString,
+                response_deserializer=troth_dot_v1_dot_tasks__pb2.MoveWorkflowResponse.FromString,
+                _registered_method=True)
         self.SearchWorkers = channel.unary_unary(
                 '/troth.v1.TaskService/SearchWorkers',
                 request_serializer=troth_dot_v1_dot_tasks__pb2.SearchWorkersRequest.SerializeToString,
@@ -170,6 +175,20 @@ class TaskServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def MoveWorkflow(self, request, context):
+        """An operator moves a workflow to another version of its code (`troth
+        workflows move`), typically one whose recorded version no connected worker
+        runs any more: its root's workflow_version, and its waiting task's, become
+        `to_version`, or are cleared (`to_current`: the next worker of the newest
+        version connected takes it and records its own). It replays its history on
+        that code; a history that code does not fit pauses its task with a
+        NonDeterminismError (FailTask), as any replay mismatch does. A task a
+        worker holds now is refused (FAILED_PRECONDITION, TASK_NOT_PENDING).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def SearchWorkers(self, request, context):
         """Lists the workers connected to this server (their Poll streams), by group
         then worker id: what each runs, the tasks it holds, when it last heartbeat.
@@ -241,6 +260,11 @@ def add_TaskServiceServicer_to_server(servicer, server):
                     servicer.FailWorkflow,
                     request_deserializer=troth_dot_v1_dot_tasks__pb2.FailWorkflowRequest.FromString,
                     response_serializer=troth_dot_v1_dot_tasks__pb2.FailWorkflowResponse.SerializeToString,
+            ),
+            'MoveWorkflow': grpc.unary_unary_rpc_method_handler(
+                    servicer.MoveWorkflow,
+                    request_deserializer=troth_dot_v1_dot_tasks__pb2.MoveWorkflowRequest.FromString,
+                    response_serializer=troth_dot_v1_dot_tasks__pb2.MoveWorkflowResponse.SerializeToString,
             ),
             'SearchWorkers': grpc.unary_unary_rpc_method_handler(
                     servicer.SearchWorkers,
@@ -474,6 +498,33 @@ class TaskService:
             '/troth.v1.TaskService/FailWorkflow',
             troth_dot_v1_dot_tasks__pb2.FailWorkflowRequest.SerializeToString,
             troth_dot_v1_dot_tasks__pb2.FailWorkflowResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def MoveWorkflow(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/troth.v1.TaskService/MoveWorkflow',
+            troth_dot_v1_dot_tasks__pb2.MoveWorkflowRequest.SerializeToString,
+            troth_dot_v1_dot_tasks__pb2.MoveWorkflowResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -550,7 +550,9 @@ _PB_TASK_STATES = {
 }
 
 
-def task_to_pb(task: Task, waiting_for: str = "") -> tasks_pb2.Task:
+def task_to_pb(
+    task: Task, waiting_for: str = "", version_absent_since: int | None = None
+) -> tasks_pb2.Task:
     message = tasks_pb2.Task(
         id=task.id,
         root_promise_id=task.root_promise_id,
@@ -573,6 +575,8 @@ def task_to_pb(task: Task, waiting_for: str = "") -> tasks_pb2.Task:
         message.next_attempt_time.CopyFrom(_timestamp(task.next_attempt_time))
     if task.create_time is not None:
         message.create_time.CopyFrom(_timestamp(task.create_time))
+    if version_absent_since is not None:
+        message.version_absent_since.CopyFrom(_timestamp(version_absent_since))
     return message
 
 

@@ -103,6 +103,7 @@ ANSWERS: dict[str, dict[BadInput, Answer]] = {
     "troth.v1.TaskService/SearchTasks": {**_EVERY_REQUEST},
     "troth.v1.TaskService/FailTask": {**_EVERY_REQUEST},
     "troth.v1.TaskService/FailWorkflow": {**_EVERY_REQUEST},
+    "troth.v1.TaskService/MoveWorkflow": {**_EVERY_REQUEST},
     "troth.v1.TaskService/SearchWorkers": {
         **_EVERY_REQUEST,
         BadInput.FORGED_PAGE_TOKEN: INVALID_TOKEN,

@@ -45,6 +45,8 @@ from troth_server.domain.task import (
     StaleCounter,
     TaskNotClaimable,
     TaskNotFound,
+    TaskRunning,
+    WorkflowOver,
 )
 from troth_server.group_commit import ShuttingDown
 from troth_server.store import (
@@ -80,6 +82,8 @@ STATUS_CODES: dict[type[Exception], grpc.StatusCode] = {
     OutsideWorkersGroups: grpc.StatusCode.PERMISSION_DENIED,
     TaskNotClaimable: grpc.StatusCode.FAILED_PRECONDITION,
     TaskNotFound: grpc.StatusCode.NOT_FOUND,
+    TaskRunning: grpc.StatusCode.FAILED_PRECONDITION,
+    WorkflowOver: grpc.StatusCode.FAILED_PRECONDITION,
     NotTheTasksWorker: grpc.StatusCode.PERMISSION_DENIED,
     GroupNotAllowed: grpc.StatusCode.PERMISSION_DENIED,
     WatchFellBehind: grpc.StatusCode.RESOURCE_EXHAUSTED,

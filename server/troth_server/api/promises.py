@@ -22,7 +22,7 @@ from troth_server.domain.promise import CreateRequest, Promise, PromiseState, Se
 from troth_server.units import duration_text
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
+    from collections.abc import AsyncIterator, Callable
 
     import grpc.aio
 
@@ -59,6 +59,10 @@ if less), so that its caller gets the pending promise rather than DEADLINE_EXCEE
 
 class _Handlers:
     """Request validation and response building."""
+
+    workflow_waiting: Callable[[str], str] | None = None
+    """Why a workflow (by root id) waits for a version no worker here runs, or "" (the
+    task servicer's `workflow_waiting`; set once both servicers are built)."""
 
     def __init__(self, service: PromiseService, limits: Limits) -> None:
         self._service = service
@@ -114,7 +118,21 @@ class _Handlers:
             raise
         if applied:
             audit.settled(rpc, promise, caller, settle.token, context)
-        return response(promise=self._one(promise, caller, settle.idempotency_key), applied=applied)
+        answer = response(
+            promise=self._one(promise, caller, settle.idempotency_key), applied=applied
+        )
+        if (
+            self.workflow_waiting is not None
+            and fence is None  # a worker's own step: it knows
+            and promise.parent_id is not None
+            and not isinstance(answer, promises_pb2.CancelPromiseResponse)
+        ):
+            # A human's decision on a workflow's step: say so if the workflow it resumes
+            # (its parent: the root, or a child workflow) cannot resume now for want of
+            # a worker of its version (two point reads).
+            waiting = await asyncio.to_thread(self.workflow_waiting, promise.parent_id)
+            answer.workflow_waiting = waiting
+        return answer
 
     def _mint(
         self, request: promises_pb2.MintSettleTokenRequest, caller: Principal

@@ -20,7 +20,7 @@ from troth_server.dispatch import Delivery, PollStream
 from troth_server.domain import visibility, workers
 from troth_server.domain.errors import InvalidArgument
 from troth_server.domain.promise import Payload, PromiseState, SettleRequest
-from troth_server.domain.routing import registration
+from troth_server.domain.routing import MAX_WORKFLOW_VERSION, registration
 from troth_server.domain.task import MAX_ERROR_CHARS, MAX_TRACEBACK_CHARS, TaskState
 
 log = structlog.get_logger("troth.tasks")
@@ -96,14 +96,31 @@ class _Handlers:
         # A principal scoped to id prefixes sees the tasks of its workflows only
         # (a page may come back shorter than asked).
         found = [t for t in found if caller().may_touch(t.root_promise_id)]
+        return tasks_pb2.SearchTasksResponse(tasks=self._described(found))
+
+    def _described(self, found: list[Task]) -> list[tasks_pb2.Task]:
+        """Tasks on the wire, each PENDING one with why it waits (and, waiting for a
+        version no worker here runs, since when)."""
         waiting = self._dispatcher.waiting_for([t for t in found if t.state is TaskState.PENDING])
         now = self._tasks.now()
+        described = []
         for t in found:
+            why = waiting.get(t.id)
+            words = "" if why is None else why.words
             if t.state is TaskState.PENDING and not t.claimable(now):
-                waiting[t.id] = _backing_off(t)
-        return tasks_pb2.SearchTasksResponse(
-            tasks=[convert.task_to_pb(t, waiting.get(t.id, "")) for t in found]
-        )
+                words = _backing_off(t)
+            since = None if why is None or why.absence is None else why.absence.since_ms
+            described.append(convert.task_to_pb(t, words, since))
+        return described
+
+    def workflow_waiting(self, root_id: str) -> str:
+        """Why workflow `root_id`'s task waits, if it waits for a version no worker here
+        runs ("" otherwise): what a settle that resumes it tells the settler. Reads."""
+        task = self._tasks.active_task(root_id)
+        if task is None or task.state is not TaskState.PENDING:
+            return ""
+        why = self._dispatcher.waiting_for([task])[task.id]
+        return why.words if why.absence is not None else ""
 
     def _workers(self, request: tasks_pb2.SearchWorkersRequest) -> tasks_pb2.SearchWorkersResponse:
         group = convert.optional_group(request.group, self._limits)
@@ -185,6 +202,26 @@ class _Handlers:
         reason = _bounded(request.reason, MAX_ERROR_CHARS, "reason")
         require_inside(root_id, context, "FailWorkflow")
         return root_id, reason
+
+    def _move_args(
+        self, request: tasks_pb2.MoveWorkflowRequest, context: AioContext
+    ) -> tuple[str, str | None]:
+        root_id = convert.promise_id(request.id, self._limits, "id")
+        if request.to_current == bool(request.to_version):
+            raise InvalidArgument(
+                "to_version",
+                "give either a version (`--to-version V`) or to_current (`--to-current`), "
+                "not both or neither",
+            )
+        version: str | None = None
+        if request.to_version:
+            if len(request.to_version) > MAX_WORKFLOW_VERSION:
+                raise InvalidArgument(
+                    "to_version", f"is longer than {MAX_WORKFLOW_VERSION} characters"
+                )
+            version = request.to_version
+        require_inside(root_id, context, "MoveWorkflow")
+        return root_id, version
 
     def _heartbeat_args(self, request: tasks_pb2.HeartbeatRequest) -> tuple[str, int, str | None]:
         return (
@@ -353,6 +390,24 @@ class TaskServiceServicer(_Handlers, tasks_pb2_grpc.TaskServiceServicer):
         if applied:
             audit.settled("FailWorkflow", root, caller(), None, context)
         return tasks_pb2.FailWorkflowResponse(root=convert.to_pb(visibility.view(root, caller())))
+
+    @aio_unary("MoveWorkflow")
+    async def MoveWorkflow(
+        self, request: tasks_pb2.MoveWorkflowRequest, context: AioContext
+    ) -> tasks_pb2.MoveWorkflowResponse:
+        root_id, version = self._move_args(request, context)
+        root, task = await self._tasks.move_workflow_async(root_id, version)
+        log.info(
+            "workflow.moved", root_promise_id=root_id, to_version=version or "(current)",
+            task_id=None if task is None else task.id, by=caller_name(context, self._limits),
+        )  # fmt: skip
+        response = tasks_pb2.MoveWorkflowResponse(
+            root=convert.to_pb(visibility.view(root, caller()))
+        )
+        if task is not None:
+            (described,) = await asyncio.to_thread(self._described, [task])
+            response.task.CopyFrom(described)
+        return response
 
     @aio_unary("SearchWorkers")
     async def SearchWorkers(

@@ -16,8 +16,16 @@ import grpc
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import RedirectResponse, Response, StreamingResponse
 
-from troth import PromiseState
-from troth.errors import ConfigurationError, RpcError, TrothError
+from troth import PromiseState, TaskInfo
+from troth._tasks import TaskCalls
+from troth.client import connection
+from troth.errors import (
+    ConfigurationError,
+    PermissionDeniedError,
+    RpcError,
+    TrothError,
+    UnauthenticatedError,
+)
 from troth_server.console import _session, _views
 from troth_server.console._clients import Identity
 from troth_server.console._forms import FormError, form_for, value_from
@@ -193,11 +201,11 @@ async def settle(request: Request) -> Response:
     try:
         if action == "approve":
             value = value_from(form_for(found.schema), form)
-            await run_in_threadpool(client.resolve, id, value, idempotency_key=key)
+            result = await run_in_threadpool(client.resolve, id, value, idempotency_key=key)
         elif action == "reject":
             reason = form.get("reason", "").strip()
             rejection = {"reason": reason} if reason else None
-            await run_in_threadpool(client.reject, id, rejection, idempotency_key=key)
+            result = await run_in_threadpool(client.reject, id, rejection, idempotency_key=key)
         else:
             raise FormError("action", "must be approve or reject")
     except FormError as exc:
@@ -208,10 +216,30 @@ async def settle(request: Request) -> Response:
         return _promise_page(request, client, fresh, status, words)
     root = found.root_id if found.root_id and found.root_id != id else ""
     target = f"/workflows/{quote(root)}" if root else f"/promises/{quote(id)}"
-    return RedirectResponse(f"{target}?settled={quote(id)}", status_code=303)
+    response = RedirectResponse(f"{target}?settled={quote(id)}", status_code=303)
+    if result.workflow_waiting:
+        # The decision counts, but its workflow waits for a worker of its version: the
+        # page the person lands on says so (the server's words, kept for one view).
+        _session.note(
+            response, result.workflow_waiting, secure=_console(request).settings.secure_cookies
+        )
+    return response
 
 
 # --- a workflow's timeline -------------------------------------------------------
+
+
+def _task_of(client: Client, root: Promise) -> TaskInfo | None:
+    """The workflow's open task, for a person whose roles may read tasks (operators);
+    None for others, and for a workflow that is over or waits on its steps."""
+    group = root.tags.get(_views.TAG_INVOKE)
+    if group is None or root.state is not PromiseState.PENDING:
+        return None
+    try:
+        found = TaskCalls(connection(client)).search(group, 1, root.id)
+    except (PermissionDeniedError, UnauthenticatedError):
+        return None
+    return TaskInfo.from_proto(found[0]) if found else None
 
 
 def _workflow(client: Client, id: str) -> tuple[Promise, list[Promise]]:
@@ -242,15 +270,34 @@ async def workflow(request: Request) -> Response:
         return RedirectResponse(f"/workflows/{quote(root.root_id)}", status_code=303)
     lines = _views.timeline(root, steps, client.decode)
     waiting = [line for line in lines if line.waiting]
-    return render(
+    task = await run_in_threadpool(_task_of, client, root)
+    settled = request.query_params.get("settled", "")
+    note = _session.read_note(request) if settled else ""
+    response = render(
         request,
         "workflow.html",
         root=root,
         lines=lines,
         waiting=waiting,
-        settled=request.query_params.get("settled", ""),
+        settled=settled,
+        version_wait=_views.version_wait(task, note),
         truncated=len(steps) >= STEPS_LIMIT,
     )
+    if note:
+        _session.clear_note(response)
+    return response
+
+
+@_page
+async def move(request: Request) -> Response:
+    """An operator's button: run a workflow waiting for a version on the newest code."""
+    id = request.path_params["id"]
+    form = await _form(request)
+    if isinstance(form, Response):
+        return form
+    client = _client(request)
+    await run_in_threadpool(TaskCalls(connection(client)).move_workflow, id, None)
+    return RedirectResponse(f"/workflows/{quote(id)}?moved=1", status_code=303)
 
 
 # --- tasks and workers ---------------------------------------------------------------
@@ -357,6 +404,7 @@ ROUTES: list[tuple[str, Endpoint, list[str]]] = [
     ("/promises/{id:path}", promise, ["GET"]),
     ("/settle/{id:path}", settle, ["POST"]),
     ("/workflows/{id:path}", workflow, ["GET"]),
+    ("/move/{id:path}", move, ["POST"]),
     ("/tasks", tasks, ["GET"]),
     ("/workers", workers, ["GET"]),
     ("/events", events, ["GET"]),

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hmac
 import secrets
 from typing import TYPE_CHECKING
+from urllib.parse import quote, unquote
 
 from troth_server.console._clients import ANONYMOUS, Identity
 
@@ -25,10 +26,13 @@ __all__ = [
     "CSRF_FIELD",
     "NAME_COOKIE",
     "TOKEN_COOKIE",
+    "clear_note",
     "csrf_ok",
     "csrf_token",
     "finish",
     "identity",
+    "note",
+    "read_note",
     "remember",
     "sign_out",
 ]
@@ -37,6 +41,8 @@ TOKEN_COOKIE = "troth_token"
 NAME_COOKIE = "troth_name"
 CSRF_COOKIE = "troth_csrf"
 CSRF_FIELD = "csrf"
+NOTE_COOKIE = "troth_note"
+"""What the server said of a settle, for the page the settler lands on (one view)."""
 _MAX_AGE = 12 * 3600
 
 
@@ -75,6 +81,20 @@ def remember(response: Response, who: Identity, *, secure: bool) -> None:
             _set(response, name, value, secure=secure)
         else:
             response.delete_cookie(name, path="/")
+
+
+def note(response: Response, text: str, *, secure: bool) -> None:
+    """Keep `text` for the next page (a cookie of this site only: no other sets it)."""
+    response.set_cookie(NOTE_COOKIE, quote(text[:2000]), max_age=60, path="/",
+                        httponly=True, samesite="strict", secure=secure)  # fmt: skip
+
+
+def read_note(request: Request) -> str:
+    return unquote(request.cookies.get(NOTE_COOKIE, ""))
+
+
+def clear_note(response: Response) -> None:
+    response.delete_cookie(NOTE_COOKIE, path="/", httponly=True, samesite="strict")
 
 
 def sign_out(response: Response) -> None:

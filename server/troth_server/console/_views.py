@@ -32,12 +32,14 @@ __all__ = [
     "InboxRow",
     "Step",
     "TaskRow",
+    "VersionWait",
     "WorkerRow",
     "error_words",
     "inbox_rows",
     "pretty",
     "task_rows",
     "timeline",
+    "version_wait",
     "worker_rows",
 ]
 
@@ -253,3 +255,23 @@ def worker_rows(workers: Iterable[WorkerInfo], now: datetime) -> list[WorkerRow]
         )
         for worker in workers
     ]
+
+
+@dataclass(frozen=True, slots=True)
+class VersionWait:
+    """A workflow that waits for a worker of the version of its code it recorded."""
+
+    words: str
+    """The server's words: "waiting for a worker of ... version X (none connected since ...)"."""
+    movable: bool
+    """The person may read tasks (an operator): offer to move it to the newest code."""
+
+
+def version_wait(task: TaskInfo | None, note: str) -> VersionWait | None:
+    """What the workflow page says of a run waiting for a version: from its task (read
+    by an operator), else from what the server answered the settle just made."""
+    if task is not None and task.version_absent_since is not None and task.waiting_for:
+        return VersionWait(task.waiting_for, movable=True)
+    if note:
+        return VersionWait(note, movable=False)
+    return None

@@ -10,7 +10,8 @@ Roles:
   grant names (`Principal.groups`); a worker and nothing more reads and settles
   only its groups' workflows' promises (`domain.steps.check_worker_reach`);
 - `gateway`: starts workflows, reads, searches and watches promises, settles them;
-- `operator`: reads, searches and watches promises, cancels them, lists tasks;
+- `operator`: reads, searches and watches promises, cancels them, lists tasks,
+  fails and moves workflows;
 - `admin`: everything, including `PrunePromises`.
 
 Every role may open `Calls`, the stream that carries a worker's or a client's
@@ -138,6 +139,8 @@ RPC_ROLES: Mapping[str, frozenset[Role]] = {
     # A worker fails only the task it holds (fenced); an operator fails a workflow.
     "FailTask": _WORKER,
     "FailWorkflow": frozenset({Role.OPERATOR, Role.ADMIN}),
+    # An operator moves a waiting workflow to another version of its code.
+    "MoveWorkflow": frozenset({Role.OPERATOR, Role.ADMIN}),
     "SearchWorkers": frozenset({Role.OPERATOR, Role.ADMIN}),
     # Unary calls on one stream (a worker's, a client's): each is authorized as its
     # own RPC, so every role may open it.

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -179,29 +180,84 @@ def choose_stream(task: Task, streams: Sequence[Candidate]) -> Candidate | None:
     return max(able, key=lambda s: (s.worker_id == task.preferred_worker_id, s.room))
 
 
-def waiting_for(task: Task, group: str, streams: Sequence[Candidate]) -> str:
-    """Why a PENDING task is not delivered yet, in words for an operator."""
+def version_absent(task: Task, streams: Sequence[Candidate]) -> bool:
+    """Whether the task waits for a code version that no connected stream runs: it has
+    a version (its root's) and no stream of its group accepts it (rule 2)."""
+    if not task.workflow_version:
+        return False
+    return not any(s.route.accepts(task.workflow, task.workflow_version) for s in streams)
+
+
+@dataclass(frozen=True, slots=True)
+class Absence:
+    """Since when no stream running a version has been connected here (wall ms, for
+    operators): when the last one left, or when this server started (`left` False)."""
+
+    since_ms: int
+    left: bool
+
+    def words(self) -> str:
+        at = datetime.fromtimestamp(self.since_ms / 1000, UTC).isoformat(timespec="seconds")
+        at = at.replace("+00:00", "Z")
+        return (
+            f"none connected since {at}"
+            if self.left
+            else (f"none connected since this server started at {at}")
+        )
+
+
+class Absences:
+    """When the last stream running each (group, workflow, version) ended here (wall ms,
+    given by the caller): since when a task of that version has had no worker."""
+
+    def __init__(self, started_ms: int) -> None:
+        self._started_ms = started_ms
+        self._left: dict[tuple[str, str, str], int] = {}
+
+    def ended(self, group: str, stream: Registration, at_ms: int) -> None:
+        for name, version in stream.accepted:
+            self._left[(group, name, version)] = at_ms
+
+    def of(self, group: str, workflow: str, version: str) -> Absence:
+        left = self._left.get((group, workflow, version))
+        if left is None:
+            return Absence(self._started_ms, left=False)
+        return Absence(left, left=True)
+
+
+def waiting_for(
+    task: Task, group: str, streams: Sequence[Candidate], absence: Absence | None = None
+) -> str:
+    """Why a PENDING task is not delivered yet, in words for an operator; `absence`
+    says since when its version has had no worker here (when `version_absent`)."""
+    if version_absent(task, streams):
+        return _waiting_for_version(task, group, streams, absence)
     if not streams:
         return f"waiting for a worker of group {group!r}: none is connected to this server"
     if choose_stream(task, streams) is not None:
         return f"being delivered to a worker of group {group!r}"
     able = [s for s in streams if s.route.accepts(task.workflow, task.workflow_version)]
-    if able:
-        return (
-            f"waiting for a free worker of group {group!r} ({len(able)} connected here "
-            "can run it; all are at capacity or not heartbeating)"
-        )
-    # Only a versioned task can be refused by every stream (rules 3 and 4).
+    return (
+        f"waiting for a free worker of group {group!r} ({len(able)} connected here "
+        "can run it; all are at capacity or not heartbeating)"
+    )
+
+
+def _waiting_for_version(
+    task: Task, group: str, streams: Sequence[Candidate], absence: Absence | None
+) -> str:
     workflow = task.workflow or ""
     listed = sorted({v for s in streams for n, v in s.route.accepted if n == workflow})
-    here = (
-        f"{workflow!r} versions {', '.join(repr(v) for v in listed)}"
-        if listed
-        else f"no worker running {workflow!r}"
-    )
+    if not streams:
+        here = f"no worker of group {group!r}"
+    elif listed:
+        here = f"{workflow!r} versions {', '.join(repr(v) for v in listed)}"
+    else:
+        here = f"no worker running {workflow!r}"
+    since = f"{absence.words()}; " if absence is not None else ""
     return (
         f"waiting for a worker of group {group!r} running workflow {workflow!r} "
-        f"version {task.workflow_version!r} (connected here: {here})"
+        f"version {task.workflow_version!r} ({since}connected here: {here})"
     )
 
 
@@ -210,6 +266,7 @@ __all__ = [
     "FUNC_TAG",
     "MAX_WORKFLOW_NAME",
     "MAX_WORKFLOW_VERSION",
+    "Absence",
     "Candidate",
     "Deployments",
     "Registration",
@@ -218,6 +275,7 @@ __all__ = [
     "choose_stream",
     "registration",
     "routes",
+    "version_absent",
     "waiting_for",
     "workflow_name",
 ]

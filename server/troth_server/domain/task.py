@@ -166,6 +166,36 @@ class TaskNotClaimable(DomainError):
         self.task = task
 
 
+class TaskRunning(DomainError):
+    """An operator's move of a workflow whose task a worker holds now."""
+
+    reason = Reason.TASK_NOT_PENDING
+
+    def __init__(self, task: Task) -> None:
+        super().__init__(
+            f"workflow {task.root_promise_id!r} is running: its task {task.id!r} is "
+            f"{task.state.value} by worker {task.worker_id!r}, so it waits for no version; "
+            "move it once it waits (`troth workflows show` says what it waits for)",
+            task_id=task.id,
+            state=task.state.value,
+        )
+        self.task = task
+
+
+class WorkflowOver(DomainError):
+    """An operator's move of a workflow whose root is settled."""
+
+    reason = Reason.ALREADY_SETTLED
+
+    def __init__(self, root_id: str, state: str) -> None:
+        super().__init__(
+            f"workflow {root_id!r} is over ({state}): there is nothing left to run, on any version",
+            promise_id=root_id,
+            state=state,
+        )
+        self.root_id = root_id
+
+
 class StaleCounter(DomainError):
     """A call from a worker whose lease on the task has ended."""
 
@@ -272,6 +302,16 @@ def pin(task: Task, version: str) -> Task:
     if task.workflow_version is not None or not version:
         return task
     return replace(task, workflow_version=version)
+
+
+def move(task: Task, version: str | None) -> Task:
+    """A waiting task moved to another version of its workflow's code (None: the newest
+    connected, recorded by the worker that takes it), offered at once even if it was
+    waiting out a retry backoff. The history replays on that code: if it does not fit,
+    the replay fails the task (a `NonDeterminismError`), as any mismatch does."""
+    assert task.state is TaskState.PENDING
+    return replace(task, workflow_version=version or None, next_attempt_time=None,
+                   preferred_worker_id=None)  # fmt: skip
 
 
 def leased_to(task: Task, principal: Principal | None) -> bool:

@@ -8,7 +8,7 @@ leave it (they become `StoreError`s).
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
 if TYPE_CHECKING:
@@ -104,6 +104,8 @@ class LiveCounts:
     """PENDING rows (some may be overdue and not yet expired by the sweeper)."""
     tasks: dict[tuple[str, str], int]
     """(state, group) -> tasks PENDING or CLAIMED (completed ones are not counted)."""
+    versioned: dict[tuple[str, str, str], int] = field(default_factory=dict)
+    """(group, workflow, version) -> PENDING tasks bound to that version of their code."""
 
 
 class WriteTx(Protocol):

@@ -338,9 +338,15 @@ class SqlStore(PromiseReads):
             )
 
         pending, pending_tasks, claimed_tasks = self._read(read)
-        counts = {(TaskState.PENDING.value, group): n for group, n in pending_tasks}
+        counts: dict[tuple[str, str], int] = {}
+        versions: dict[tuple[str, str, str], int] = {}
+        for group, workflow, version, n in pending_tasks:
+            key = (TaskState.PENDING.value, group)
+            counts[key] = counts.get(key, 0) + n
+            if version is not None:
+                versions[(group, workflow or "", version)] = n
         counts.update({(TaskState.CLAIMED.value, group): n for group, n in claimed_tasks})
-        return LiveCounts(pending_promises=pending, tasks=counts)
+        return LiveCounts(pending_promises=pending, tasks=counts, versioned=versions)
 
     def claimed_task_ids(self, worker_ids: Collection[str]) -> set[tuple[str, str]]:
         if not worker_ids:

@@ -136,10 +136,11 @@ class TaskStatements:
         state_in(tasks.c.state, TaskState.PENDING.value, TaskState.CLAIMED.value),
     )
     # The metrics' counts of live tasks, each by the partial index of its state.
+    # PENDING ones by workflow version too: those waiting for a version (the metrics').
     count_pending = (
-        select(tasks.c.group, func.count())
+        select(tasks.c.group, tasks.c.workflow, tasks.c.workflow_version, func.count())
         .where(state_in(tasks.c.state, TaskState.PENDING.value))
-        .group_by(tasks.c.group)
+        .group_by(tasks.c.group, tasks.c.workflow, tasks.c.workflow_version)
     )
     count_claimed = (
         select(tasks.c.group, func.count())
