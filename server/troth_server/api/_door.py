@@ -288,13 +288,7 @@ class Door:
         path: a few comparisons); None when it must be looked up again (await `call`)."""
         if held is None or held.ended is not None or not self.current(held.pass_):
             return None
-        principal = held.pass_.principal
-        try:
-            self.authorize(principal, rpc, request)
-        except AuthError as exc:
-            audit.auth_refused(rpc, exc, principal.name, context)
-            raise
-        return principal
+        return self._authorized_as(held.pass_.principal, rpc, request, context)
 
     async def call(
         self, held: Held | None, rpc: str, request: Any, context: AioContext
@@ -305,10 +299,18 @@ class Door:
             if self._auth is not None:
                 raise RuntimeError("a call on a stream that did not pass the door")
             return LOCAL_DEVELOPER
-        principal = held.pass_.principal
         try:
             await self.recheck(held)
-            principal = held.pass_.principal
+        except AuthError as exc:
+            audit.auth_refused(rpc, exc, held.pass_.principal.name, context)
+            raise
+        return self._authorized_as(held.pass_.principal, rpc, request, context)
+
+    def _authorized_as(
+        self, principal: Principal, rpc: str, request: Any, context: AioContext
+    ) -> Principal:
+        """`authorize`, its refusal recorded: the one check of a call on `Calls`."""
+        try:
             self.authorize(principal, rpc, request)
         except AuthError as exc:
             audit.auth_refused(rpc, exc, principal.name, context)
