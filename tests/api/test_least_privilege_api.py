@@ -25,6 +25,7 @@ import grpc
 import pytest
 from _auth import Grant, bearer, write_token_file
 from _pg import fresh_schema
+from _streams import HandCalls
 from _support import error_info, eventually, start_server
 from google.protobuf.duration_pb2 import Duration
 
@@ -288,6 +289,15 @@ def test_a_worker_of_another_group_neither_reads_nor_settles_a_workflows_promise
             site.get("worker-b", promise_id)
         details = refused.value.details()  # type: ignore[attr-defined]
         assert f"may not read promise {promise_id!r}: {why}" in details
+    # The same rule on the Calls stream, the road the SDK's client and worker take.
+    calls = HandCalls(site.tasks, site.md("worker-b"))
+    try:
+        denied = (grpc.StatusCode.PERMISSION_DENIED, "GROUP_NOT_ALLOWED")
+        assert calls.send("GetPromise", promises_pb2.GetPromiseRequest(id=approval.id)) == denied
+        resolve = promises_pb2.ResolvePromiseRequest(id=approval.id)
+        assert calls.send("ResolvePromise", resolve) == denied
+    finally:
+        calls.close()
     # Nothing was settled; the group's own worker and a gateway still reach them.
     assert site.get("gateway", approval.id).state == types_pb2.PROMISE_STATE_PENDING
     assert site.get("worker-a", approval.id).param.data == b'"the param"'

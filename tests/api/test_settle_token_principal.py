@@ -23,6 +23,7 @@ import grpc
 import pytest
 from _auth import Grant, bearer, write_token_file
 from _pg import fresh_schema
+from _streams import HandCalls
 from _support import error_info, start_server
 from google.protobuf.duration_pb2 import Duration
 
@@ -188,6 +189,14 @@ def test_a_non_approver_can_neither_mint_nor_settle_with_a_token(setup: Setup) -
     _not_an_approver(_refused(_mint, setup, ap1.id, "carol"), "approvers")
     # Nor may a gateway mint one for somebody else the policy does not name.
     _not_an_approver(_refused(_mint, setup, ap1.id, "carol", acts_for="dave"), "approvers")
+    # The same on the Calls stream (the SDK's road): her settle and her mint.
+    calls = HandCalls(tasks_pb2_grpc.TaskServiceStub(setup.channel), setup.md["carol"])
+    try:
+        denied = (grpc.StatusCode.PERMISSION_DENIED, "NOT_AN_APPROVER")
+        resolve = promises_pb2.ResolvePromiseRequest(id=ap1.id)
+        assert calls.send("ResolvePromise", resolve) == denied
+    finally:
+        calls.close()
     got = setup.promises.GetPromise(
         promises_pb2.GetPromiseRequest(id=ap1.id), metadata=setup.md["alice"], timeout=10
     ).promise
