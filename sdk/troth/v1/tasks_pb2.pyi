@@ -2,6 +2,7 @@ import datetime
 
 from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from troth.v1 import promises_pb2 as _promises_pb2
 from troth.v1 import types_pb2 as _types_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
@@ -288,6 +289,70 @@ class MoveWorkflowResponse(_message.Message):
     root: _types_pb2.Promise
     task: Task
     def __init__(self, root: _Optional[_Union[_types_pb2.Promise, _Mapping]] = ..., task: _Optional[_Union[Task, _Mapping]] = ...) -> None: ...
+
+class SearchWorkflowsRequest(_message.Message):
+    __slots__ = ("id", "states", "group", "workflow", "workflow_version", "paused", "waiting_for_human", "created_after", "created_before", "page_size", "page_token", "order")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    STATES_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    WORKFLOW_FIELD_NUMBER: _ClassVar[int]
+    WORKFLOW_VERSION_FIELD_NUMBER: _ClassVar[int]
+    PAUSED_FIELD_NUMBER: _ClassVar[int]
+    WAITING_FOR_HUMAN_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AFTER_FIELD_NUMBER: _ClassVar[int]
+    CREATED_BEFORE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    ORDER_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    states: _containers.RepeatedScalarFieldContainer[_types_pb2.PromiseState]
+    group: str
+    workflow: str
+    workflow_version: str
+    paused: bool
+    waiting_for_human: bool
+    created_after: _timestamp_pb2.Timestamp
+    created_before: _timestamp_pb2.Timestamp
+    page_size: int
+    page_token: str
+    order: _promises_pb2.PromiseOrder
+    def __init__(self, id: _Optional[str] = ..., states: _Optional[_Iterable[_Union[_types_pb2.PromiseState, str]]] = ..., group: _Optional[str] = ..., workflow: _Optional[str] = ..., workflow_version: _Optional[str] = ..., paused: _Optional[bool] = ..., waiting_for_human: _Optional[bool] = ..., created_after: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., created_before: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., order: _Optional[_Union[_promises_pb2.PromiseOrder, str]] = ...) -> None: ...
+
+class WorkflowSummary(_message.Message):
+    __slots__ = ("root", "group", "workflow", "workflow_version", "task", "waiting_on")
+    ROOT_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    WORKFLOW_FIELD_NUMBER: _ClassVar[int]
+    WORKFLOW_VERSION_FIELD_NUMBER: _ClassVar[int]
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    WAITING_ON_FIELD_NUMBER: _ClassVar[int]
+    root: _types_pb2.Promise
+    group: str
+    workflow: str
+    workflow_version: str
+    task: Task
+    waiting_on: _containers.RepeatedCompositeFieldContainer[_types_pb2.Promise]
+    def __init__(self, root: _Optional[_Union[_types_pb2.Promise, _Mapping]] = ..., group: _Optional[str] = ..., workflow: _Optional[str] = ..., workflow_version: _Optional[str] = ..., task: _Optional[_Union[Task, _Mapping]] = ..., waiting_on: _Optional[_Iterable[_Union[_types_pb2.Promise, _Mapping]]] = ...) -> None: ...
+
+class SearchWorkflowsResponse(_message.Message):
+    __slots__ = ("workflows", "next_page_token")
+    WORKFLOWS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    workflows: _containers.RepeatedCompositeFieldContainer[WorkflowSummary]
+    next_page_token: str
+    def __init__(self, workflows: _Optional[_Iterable[_Union[WorkflowSummary, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class RetryWorkflowNowRequest(_message.Message):
+    __slots__ = ("id",)
+    ID_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    def __init__(self, id: _Optional[str] = ...) -> None: ...
+
+class RetryWorkflowNowResponse(_message.Message):
+    __slots__ = ("task",)
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    task: Task
+    def __init__(self, task: _Optional[_Union[Task, _Mapping]] = ...) -> None: ...
 
 class SearchWorkersRequest(_message.Message):
     __slots__ = ("group", "page_size", "page_token")

@@ -84,6 +84,16 @@ class TaskServiceStub:
                 request_serializer=troth_dot_v1_dot_tasks__pb2.MoveWorkflowRequest.SerializeToString,
                 response_deserializer=troth_dot_v1_dot_tasks__pb2.MoveWorkflowResponse.FromString,
                 _registered_method=True)
+        self.SearchWorkflows = channel.unary_unary(
+                '/troth.v1.TaskService/SearchWorkflows',
+                request_serializer=troth_dot_v1_dot_tasks__pb2.SearchWorkflowsRequest.SerializeToString,
+                response_deserializer=troth_dot_v1_dot_tasks__pb2.SearchWorkflowsResponse.FromString,
+                _registered_method=True)
+        self.RetryWorkflowNow = channel.unary_unary(
+                '/troth.v1.TaskService/RetryWorkflowNow',
+                request_serializer=troth_dot_v1_dot_tasks__pb2.RetryWorkflowNowRequest.SerializeToString,
+                response_deserializer=troth_dot_v1_dot_tasks__pb2.RetryWorkflowNowResponse.FromString,
+                _registered_method=True)
         self.SearchWorkers = channel.unary_unary(
                 '/troth.v1.TaskService/SearchWorkers',
                 request_serializer=troth_dot_v1_dot_tasks__pb2.SearchWorkersRequest.SerializeToString,
@@ -189,6 +199,28 @@ class TaskServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SearchWorkflows(self, request, context):
+        """Lists workflows (the promises that start one, tagged troth:invoke; child
+        workflows included), newest first unless `order` says otherwise, each with
+        its task if one is not completed and the human decisions it waits on.
+        Filters combine; the caller sees only the workflows its prefixes and
+        groups allow (`troth workflows list`, the console's Workflows page).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RetryWorkflowNow(self, request, context):
+        """An operator retries a paused workflow now (`troth workflows retry-now`):
+        its task, waiting out its retry backoff after its code failed (FailTask),
+        is delivered at once (next_attempt_time = now); its failure count and last
+        error stay until an attempt succeeds. A workflow with no such task is
+        refused (FAILED_PRECONDITION, WORKFLOW_NOT_PAUSED).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def SearchWorkers(self, request, context):
         """Lists the workers connected to this server (their Poll streams), by group
         then worker id: what each runs, the tasks it holds, when it last heartbeat.
@@ -265,6 +297,16 @@ def add_TaskServiceServicer_to_server(servicer, server):
                     servicer.MoveWorkflow,
                     request_deserializer=troth_dot_v1_dot_tasks__pb2.MoveWorkflowRequest.FromString,
                     response_serializer=troth_dot_v1_dot_tasks__pb2.MoveWorkflowResponse.SerializeToString,
+            ),
+            'SearchWorkflows': grpc.unary_unary_rpc_method_handler(
+                    servicer.SearchWorkflows,
+                    request_deserializer=troth_dot_v1_dot_tasks__pb2.SearchWorkflowsRequest.FromString,
+                    response_serializer=troth_dot_v1_dot_tasks__pb2.SearchWorkflowsResponse.SerializeToString,
+            ),
+            'RetryWorkflowNow': grpc.unary_unary_rpc_method_handler(
+                    servicer.RetryWorkflowNow,
+                    request_deserializer=troth_dot_v1_dot_tasks__pb2.RetryWorkflowNowRequest.FromString,
+                    response_serializer=troth_dot_v1_dot_tasks__pb2.RetryWorkflowNowResponse.SerializeToString,
             ),
             'SearchWorkers': grpc.unary_unary_rpc_method_handler(
                     servicer.SearchWorkers,
@@ -525,6 +567,60 @@ class TaskService:
             '/troth.v1.TaskService/MoveWorkflow',
             troth_dot_v1_dot_tasks__pb2.MoveWorkflowRequest.SerializeToString,
             troth_dot_v1_dot_tasks__pb2.MoveWorkflowResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SearchWorkflows(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/troth.v1.TaskService/SearchWorkflows',
+            troth_dot_v1_dot_tasks__pb2.SearchWorkflowsRequest.SerializeToString,
+            troth_dot_v1_dot_tasks__pb2.SearchWorkflowsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RetryWorkflowNow(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/troth.v1.TaskService/RetryWorkflowNow',
+            troth_dot_v1_dot_tasks__pb2.RetryWorkflowNowRequest.SerializeToString,
+            troth_dot_v1_dot_tasks__pb2.RetryWorkflowNowResponse.FromString,
             options,
             channel_credentials,
             insecure,
