@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+from troth._tags import TAG_ARGS, TAG_FUNC, TAG_GROUP, TAG_INVOKE, TAG_KIND, TAG_TIMER
+
 if TYPE_CHECKING:
     from troth._approvers import Approvers
     from troth._schema import DecisionSchema
@@ -60,19 +62,6 @@ __all__ = [
 ]
 
 T_co = TypeVar("T_co", covariant=True)
-
-TAG_KIND = "troth:kind"
-"""Step tag: which command created the step (a `Kind` value)."""
-TAG_FUNC = "troth:func"
-"""Step tag: the function (`run`) or workflow (`start`) name; root tag: the workflow name."""
-TAG_ARGS = "troth:args"
-"""Step tag: the digest of what the command asked (`troth._digests`), checked on replay."""
-TAG_INVOKE = "troth:invoke"
-"""Root tag: the group whose workers run the workflow."""
-TAG_TIMER = "troth:timer"
-"""Tag `"true"` on a timer promise: it resolves (not times out) at its expire_time."""
-TAG_GROUP = "troth:group"
-"""Step tag on a `ctx.promise()` step: its workflow's group (what an approvals inbox filters on)."""
 
 
 class Kind(enum.StrEnum):

@@ -36,13 +36,13 @@ from typing import TYPE_CHECKING, Any, Self
 
 from troth import _arguments as check
 from troth._calls import Connection, SettleRequest
-from troth._commands import TAG_FUNC, TAG_INVOKE
 from troth._credentials import TlsConfig, resolve_tls, token_source
 from troth._events import WATCH_READY_METADATA, PromiseEventStream
 from troth._handle import Handle
 from troth._operators import OperatorCalls
 from troth._reads import PromiseReads
 from troth._schema import decision_schema
+from troth._tags import TAG_FUNC, TAG_INVOKE
 from troth._tracing import TRACEPARENT_TAG, client_span
 from troth._transport import Transport
 from troth.codec import Codec, JsonCodec, Payload

@@ -486,7 +486,7 @@ def _wait_for_port(
         if proc.poll() is not None or time.monotonic() > deadline:
             log = log_path.read_text(errors="replace")
             if "No module named troth_server" in log:
-                from troth._cli import INSTALL_SERVER  # the CLI's own words for it
+                from troth._install import INSTALL_SERVER  # the CLI's words too
 
                 raise ConfigurationError(
                     f"running_server needs the server, troth-server: {INSTALL_SERVER}"

@@ -12,17 +12,9 @@ import grpc
 import pytest
 
 from troth import Client, NotFoundError, Payload, Promise, PromiseState
-from troth._cli import (
-    format_block,
-    format_table,
-    main,
-    parse_duration,
-    parse_json,
-    parse_state,
-    parse_tag,
-    payload_preview,
-    promise_to_json,
-)
+from troth._cli import main
+from troth._cli.args import parse_duration, parse_json, parse_state, parse_tag
+from troth._cli.output import format_block, format_table, payload_preview, promise_to_json
 
 T0 = datetime(2030, 1, 2, 3, 4, 5, tzinfo=UTC)
 JSON = {"content-type": "application/json"}

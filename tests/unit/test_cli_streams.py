@@ -1,4 +1,4 @@
-"""`troth._cli_streams`: a followed stream yields its items, raises its error and is
+"""`troth._cli.streams`: a followed stream yields its items, raises its error and is
 closed; after Ctrl-C a command whose cleanup hangs still ends (130) within the grace
 period; a command with a SIGINT handler of its own keeps its meaning of Ctrl-C.
 (Each Ctrl-C case runs in a subprocess: the watchdog ends a process.)"""
@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from troth._cli_streams import CLEANUP_SECONDS, INTERRUPTED, follow
+from troth._cli.streams import CLEANUP_SECONDS, INTERRUPTED, follow
 
 
 def test_follow_yields_the_items_in_order_then_closes() -> None:
@@ -42,7 +42,7 @@ def _run(code: str) -> tuple[subprocess.CompletedProcess[str], float]:
 
 HANGS_AFTER_CTRL_C = """
 import os, signal, time
-from troth._cli_streams import Interrupts
+from troth._cli.streams import Interrupts
 interrupts = Interrupts()
 interrupts.install()
 try:
@@ -65,7 +65,7 @@ def test_a_cleanup_that_hangs_after_ctrl_c_is_ended_with_130() -> None:
 
 OWN_HANDLER = f"""
 import os, signal, time
-from troth._cli_streams import Interrupts
+from troth._cli.streams import Interrupts
 interrupts = Interrupts()
 interrupts.install()
 seen = []

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from troth._cli import build_parser, main
-from troth._cli_tasks import cmd_list, format_tasks, task_to_json
+from troth._cli.tasks import cmd_list, format_tasks, task_to_json
 from troth.v1 import tasks_pb2
 
 CREATED = 1_893_553_445  # 2030-01-02T03:04:05Z

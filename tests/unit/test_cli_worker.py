@@ -11,7 +11,7 @@ import pytest
 
 from troth import Client
 from troth._cli import main
-from troth._cli_worker import find_worker
+from troth._cli.worker import find_worker
 from troth._foreground import show_logs
 from troth._modules import UsageError
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from troth import Payload, Promise, PromiseState
 from troth._cli import build_parser, main
-from troth._cli_workflows import format_task
+from troth._cli.workflows import format_task
 from troth.v1 import tasks_pb2
 
 if TYPE_CHECKING:

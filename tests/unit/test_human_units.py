@@ -12,7 +12,8 @@ import pytest
 from google.protobuf.duration_pb2 import Duration
 
 from troth import Client
-from troth._cli import main, parse_duration
+from troth._cli import main
+from troth._cli.args import parse_duration
 from troth._durations import duration_ms, format_duration
 from troth.v1 import promises_pb2 as pb
 from troth.v1 import types_pb2 as types

@@ -15,7 +15,7 @@ from troth import Payload, PromiseEvent, PromiseEventType
 from troth import Promise as SdkPromise
 from troth import PromiseState as SdkState
 from troth._cli import main
-from troth._cli_approvals import format_event, format_inbox, inbox_tags
+from troth._cli.approvals import format_event, format_inbox, inbox_tags
 from troth._durations import format_duration
 from troth_server import paging
 from troth_server.batch import StateChange

@@ -40,7 +40,7 @@ from troth import (
     PromiseState,
     RetryPolicy,
 )
-from troth._cli_replay import check_history, render_result
+from troth._cli.replay import check_history, render_result
 from troth._commands import TAG_ARGS, CreatePromise, RunStep, SettleToken
 from troth._digests import (
     DIGEST_LENGTH,

@@ -21,7 +21,7 @@ import pytest
 
 from troth import Context, JsonCodec, NonDeterminismError, Payload, Promise, PromiseState
 from troth._cli import main
-from troth._cli_replay import (
+from troth._cli.replay import (
     CheckResult,
     UsageError,
     check_history,

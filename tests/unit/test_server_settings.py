@@ -59,7 +59,7 @@ def test_the_schema_check_limits_are_flags_and_variables() -> None:
 def test_server_durations_are_the_clis_one_syntax() -> None:
     from datetime import timedelta
 
-    from troth._cli import parse_duration
+    from troth._cli.args import parse_duration
 
     settings = settings_from(["--default-ttl", "1h30m", "--max-ttl", "7d", "--sweep-interval",
                               "1.5s", "--retention", "0"], environ={})  # fmt: skip

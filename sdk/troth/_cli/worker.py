@@ -27,7 +27,7 @@ import logging
 import sys
 from typing import IO, TYPE_CHECKING, Any
 
-from troth._cli import add_leaf
+from troth._cli.args import add_leaf
 from troth._foreground import LOG_FORMAT
 from troth._modules import UsageError, add_import_paths, import_module, split_spec
 from troth.worker import Worker

@@ -30,22 +30,24 @@ import sys
 from datetime import UTC, datetime
 from typing import IO, TYPE_CHECKING, Any
 
-from troth._cli import (
-    _DEFAULT_LIMIT,
+from troth._cli.args import (
+    DEFAULT_LIMIT,
     Handler,
-    _align,
-    _emit_result,
-    _positive_int,
-    _when,
-    _write_json,
     add_leaf,
     add_tag_option,
-    emit_listing,
     parse_duration,
     parse_json,
-    promise_to_json,
+    positive_int,
 )
-from troth._cli_streams import follow
+from troth._cli.output import (
+    align,
+    emit_listing,
+    emit_result,
+    promise_to_json,
+    when,
+    write_json,
+)
+from troth._cli.streams import follow
 from troth._commands import TAG_GROUP, TAG_KIND, Kind
 from troth._durations import format_duration
 from troth._promise import PromiseEventType, PromiseOrder, PromiseState
@@ -103,8 +105,8 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
     )
     listing.add_argument(
         "--limit",
-        type=_positive_int,
-        default=_DEFAULT_LIMIT,
+        type=positive_int,
+        default=DEFAULT_LIMIT,
         metavar="N",
         help="show at most N (default %(default)s; 0 for all)",
     )
@@ -182,14 +184,14 @@ def _cmd_approve(client: Client, args: argparse.Namespace, out: IO[str]) -> int:
                 file=sys.stderr,
             )
         raise
-    _emit_result(result, args.json, out)
+    emit_result(result, args.json, out)
     return 0
 
 
 def _cmd_reject(client: Client, args: argparse.Namespace, out: IO[str]) -> int:
     value = {"reason": args.reason} if args.reason is not None else args.value
     result = client.reject(args.id, value, idempotency_key=args.key)
-    _emit_result(result, args.json, out)
+    emit_result(result, args.json, out)
     return 0
 
 
@@ -207,7 +209,7 @@ def _cmd_watch(client: Client, args: argparse.Namespace, out: IO[str]) -> int:
         print("watching for approvals (Ctrl-C to stop)...", file=sys.stderr, flush=True)
         for event in follow(events, events.close):  # read on a thread: Ctrl-C ends it at once
             if args.json:
-                _write_json(
+                write_json(
                     {"type": event.type.value, "promise": promise_to_json(event.promise)}, out
                 )
             else:
@@ -233,14 +235,14 @@ def format_inbox(promises: list[Promise], now: datetime) -> str:
         )
         for p in promises
     ]
-    return _align(rows)
+    return align(rows)
 
 
 def format_event(event: PromiseEvent) -> str:
     """One line for one event: when, what happened, the approval, and by whom."""
     p = event.promise
     moment = p.create_time if event.type is PromiseEventType.CREATED else p.settle_time
-    line = f"{_when(moment)}  {_EVENT_WORDS[event.type]:<9}  {p.id}"
+    line = f"{when(moment)}  {_EVENT_WORDS[event.type]:<9}  {p.id}"
     if p.title:
         line += f"  {_cut(p.title, _TITLE_WIDTH)!r}"
     if event.type is PromiseEventType.SETTLED:

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING
 
-from troth._cli import _DEFAULT_LIMIT, _align, _iso, _write_json, add_leaf
-from troth._convert import datetime_from_proto
+from troth._cli.args import DEFAULT_LIMIT, add_leaf
+from troth._cli.output import TASK_KINDS, TASK_STATES, align, task_time, task_to_json, write_json
 from troth._tasks import TaskCalls
 from troth.client import connection
 from troth.v1 import tasks_pb2
@@ -31,12 +31,6 @@ if TYPE_CHECKING:
 
 _MAX_LIMIT = 1000
 
-_KINDS = {tasks_pb2.TASK_KIND_INVOKE: "INVOKE", tasks_pb2.TASK_KIND_RESUME: "RESUME"}
-_STATES = {
-    tasks_pb2.TASK_STATE_PENDING: "PENDING",
-    tasks_pb2.TASK_STATE_CLAIMED: "CLAIMED",
-    tasks_pb2.TASK_STATE_COMPLETED: "COMPLETED",
-}
 _COLUMNS = ("ROOT", "KIND", "STATE", "WORKFLOW", "VERSION", "CREATED", "WORKER / WAITING FOR")
 _FAILURE_COLUMNS = ("ATTEMPTS", "LAST ERROR")
 """Shown when a task failed: how often its workflow code raised, and the last error."""
@@ -68,7 +62,7 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
     listing.add_argument(
         "--limit",
         type=_limit,
-        default=_DEFAULT_LIMIT,
+        default=DEFAULT_LIMIT,
         metavar="N",
         help=f"show at most N tasks (default %(default)s; at most {_MAX_LIMIT})",
     )
@@ -78,7 +72,7 @@ def cmd_list(client: Client, args: argparse.Namespace, out: IO[str]) -> int:
     found = TaskCalls(connection(client)).search(args.group, args.limit)
     if args.json:
         for task in found:
-            _write_json(task_to_json(task), out)
+            write_json(task_to_json(task), out)
     elif found:
         out.write(format_tasks(found))
     else:
@@ -88,34 +82,6 @@ def cmd_list(client: Client, args: argparse.Namespace, out: IO[str]) -> int:
     return 0
 
 
-def _when(task: tasks_pb2.Task, field: str) -> str | None:
-    return _iso(datetime_from_proto(getattr(task, field))) if task.HasField(field) else None
-
-
-def task_to_json(task: tasks_pb2.Task) -> dict[str, Any]:
-    """A task as a JSON-ready dict, field names as in the proto."""
-    return {
-        "id": task.id,
-        "root_promise_id": task.root_promise_id,
-        "group": task.group,
-        "kind": _KINDS.get(task.kind, "UNSPECIFIED"),
-        "state": _STATES.get(task.state, "UNSPECIFIED"),
-        "counter": task.counter,
-        "worker_id": task.worker_id or None,
-        "lease_expire_time": _when(task, "lease_expire_time"),
-        "workflow": task.workflow or None,
-        "workflow_version": task.workflow_version or None,
-        "create_time": _when(task, "create_time"),
-        "waiting_for": task.waiting_for or None,
-        "worker_principal": task.worker_principal or None,
-        "failed_attempts": task.failed_attempts,
-        "last_error": task.last_error or None,
-        "last_traceback": task.last_traceback or None,
-        "next_attempt_time": _when(task, "next_attempt_time"),
-        "version_absent_since": _when(task, "version_absent_since"),
-    }
-
-
 def format_tasks(found: list[tasks_pb2.Task]) -> str:
     """Tasks as an aligned table with a header, ending in a newline; with the failure
     columns when one of them failed."""
@@ -123,11 +89,11 @@ def format_tasks(found: list[tasks_pb2.Task]) -> str:
     rows = [_COLUMNS + (_FAILURE_COLUMNS if failures else ())] + [
         (
             task.root_promise_id,
-            _KINDS.get(task.kind, "?"),
-            _STATES.get(task.state, "?"),
+            TASK_KINDS.get(task.kind, "?"),
+            TASK_STATES.get(task.state, "?"),
             task.workflow or "-",
             task.workflow_version or "-",
-            (_when(task, "create_time") or "-").replace("T", " "),
+            (task_time(task, "create_time") or "-").replace("T", " "),
             _doing(task),
         )
         + (
@@ -137,14 +103,14 @@ def format_tasks(found: list[tasks_pb2.Task]) -> str:
         )
         for task in found
     ]
-    return _align(rows)
+    return align(rows)
 
 
 def _doing(task: tasks_pb2.Task) -> str:
     """Who runs it, or what it waits for (a retry backoff first: nobody gets it before)."""
     if task.state == tasks_pb2.TASK_STATE_CLAIMED:
         return task.worker_id
-    retry = _when(task, "next_attempt_time")
+    retry = task_time(task, "next_attempt_time")
     if retry is not None:
         return f"retry at {retry.replace('T', ' ')}"
     return task.waiting_for or "-"

@@ -16,7 +16,8 @@ import sys
 from datetime import UTC, datetime
 from typing import IO, TYPE_CHECKING, Any
 
-from troth._cli import _align, _iso, _write_json, add_leaf
+from troth._cli.args import add_leaf
+from troth._cli.output import align, iso, write_json
 from troth._durations import format_duration
 
 if TYPE_CHECKING:
@@ -45,7 +46,7 @@ def cmd_list(client: Client, args: argparse.Namespace, out: IO[str]) -> int:
     found = client.list_workers(args.group)
     if args.json:
         for worker in found:
-            _write_json(worker_to_json(worker), out)
+            write_json(worker_to_json(worker), out)
     elif found:
         out.write(format_workers(found, datetime.now(UTC)))
     else:
@@ -63,8 +64,8 @@ def worker_to_json(worker: WorkerInfo) -> dict[str, Any]:
         "workflows": [{"name": n, "version": v} for n, v in worker.workflows],
         "capacity": worker.capacity,
         "task_ids": list(worker.task_ids),
-        "connect_time": _iso(worker.connect_time),
-        "last_heartbeat_time": _iso(worker.last_heartbeat_time),
+        "connect_time": iso(worker.connect_time),
+        "last_heartbeat_time": iso(worker.last_heartbeat_time),
         "streams": worker.streams,
         "stalled": worker.stalled,
     }
@@ -96,7 +97,7 @@ def format_workers(found: list[WorkerInfo], now: datetime) -> str:
         )
         for worker in found
     ]
-    return _align(rows)
+    return align(rows)
 
 
 __all__ = ["add_commands", "cmd_list", "format_workers", "worker_to_json"]

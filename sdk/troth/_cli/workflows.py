@@ -32,18 +32,20 @@ import argparse
 import sys
 from typing import IO, TYPE_CHECKING
 
-from troth._cli import (
-    _align,
-    _when,
-    _write_json,
-    add_leaf,
+from troth._cli.args import add_leaf
+from troth._cli.output import (
+    TASK_KINDS,
+    TASK_STATES,
+    align,
     format_block,
     payload_preview,
     promise_to_json,
+    task_to_json,
+    when,
+    write_json,
 )
-from troth._cli_tasks import _KINDS, _STATES, task_to_json
-from troth._commands import TAG_INVOKE, TAG_KIND
 from troth._convert import promise_from_proto
+from troth._tags import TAG_INVOKE, TAG_KIND
 from troth._tasks import TaskCalls
 from troth.client import connection
 from troth.v1 import tasks_pb2
@@ -109,7 +111,7 @@ def cmd_show(client: Client, args: argparse.Namespace, out: IO[str]) -> int:
     found = TaskCalls(connection(client)).search(group, 1, root.id)
     task = found[0] if found else None
     if args.json:
-        _write_json(
+        write_json(
             {
                 "workflow": promise_to_json(root),
                 "steps": [promise_to_json(step) for step in steps],
@@ -129,7 +131,7 @@ def cmd_show(client: Client, args: argparse.Namespace, out: IO[str]) -> int:
 def cmd_fail(client: Client, args: argparse.Namespace, out: IO[str]) -> int:
     root = TaskCalls(connection(client)).fail_workflow(args.id, args.reason)
     if args.json:
-        _write_json(promise_to_json(root), out)
+        write_json(promise_to_json(root), out)
     else:
         out.write(f"workflow {root.id} failed: its root is now {root.state}\n\n")
         out.write(format_block(root))
@@ -141,7 +143,7 @@ def cmd_move(client: Client, args: argparse.Namespace, out: IO[str]) -> int:
     root = promise_from_proto(moved.root)
     task = moved.task if moved.HasField("task") else None
     if args.json:
-        _write_json(
+        write_json(
             {
                 "workflow": promise_to_json(root),
                 "task": task_to_json(task) if task is not None else None,
@@ -167,14 +169,14 @@ def format_steps(steps: list[Promise]) -> str:
             step.id,
             step.tags.get(TAG_KIND, "-"),
             step.state.value,
-            _when(step.create_time),
-            _when(step.settle_time),
+            when(step.create_time),
+            when(step.settle_time),
             step.settled_by or "-",
             payload_preview(step.value),
         )
         for step in ordered
     ]
-    return _align(rows)
+    return align(rows)
 
 
 def format_task(task: tasks_pb2.Task | None, root: Promise) -> str:
@@ -183,8 +185,8 @@ def format_task(task: tasks_pb2.Task | None, root: Promise) -> str:
         if root.is_settled:
             return "task: none (the workflow is over)\n"
         return "task: none now (the workflow waits on its steps)\n"
-    state = _STATES.get(task.state, "?")
-    lines = [f"task:      {_KINDS.get(task.kind, '?')} {state} ({task.id})"]
+    state = TASK_STATES.get(task.state, "?")
+    lines = [f"task:      {TASK_KINDS.get(task.kind, '?')} {state} ({task.id})"]
     if task.state == tasks_pb2.TASK_STATE_CLAIMED:
         lines.append(f"worker:    {task.worker_id}")
     elif task.waiting_for:
@@ -199,7 +201,7 @@ def format_task(task: tasks_pb2.Task | None, root: Promise) -> str:
     if task.failed_attempts:
         lines.append(f"attempts:  {task.failed_attempts} failed")
         if task.HasField("next_attempt_time"):
-            retry = _when(task.next_attempt_time.ToDatetime().replace(tzinfo=None))
+            retry = when(task.next_attempt_time.ToDatetime().replace(tzinfo=None))
             lines.append(f"retry at:  {retry}")
         lines.append(f"error:     {task.last_error}")
         lines.append(

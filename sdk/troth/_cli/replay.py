@@ -44,13 +44,8 @@ from types import ModuleType
 from typing import IO, TYPE_CHECKING, Any
 from urllib.parse import quote
 
-from troth._cli import (
-    _write_json,
-    add_leaf,
-    add_state_option,
-    add_tag_option,
-    payload_to_json,
-)
+from troth._cli.args import add_leaf, add_state_option, add_tag_option
+from troth._cli.output import payload_to_json, write_json
 from troth._commands import TAG_FUNC, TAG_INVOKE
 from troth._engine import CreateStep, Done, Failed, Outcome, Suspend, Workflow, describe_tags
 from troth._modules import UsageError, add_import_paths, import_module, split_spec
@@ -387,7 +382,7 @@ def _cmd_replay(client: Client, args: argparse.Namespace, out: IO[str]) -> int:
     diverged = sum(1 for result in results if result.divergence is not None)
     for result in results:
         if args.json:
-            _write_json(_result_json(result), out)
+            write_json(_result_json(result), out)
         else:
             out.write(render_result(result) + "\n")
     if not args.json:
