@@ -31,6 +31,7 @@ __all__ = [
     "global_options",
     "parse_duration",
     "parse_json",
+    "parse_json_or_word",
     "parse_state",
     "parse_tag",
     "positive_int",
@@ -91,6 +92,25 @@ def parse_json(text: str) -> Any:
             f"invalid JSON {text!r} ({exc.msg} at character {exc.pos}); quote it for the "
             """shell and write strings in JSON quotes, e.g. '{"ok": true}' or '"text"'"""
         ) from None
+
+
+def parse_json_or_word(text: str) -> Any:
+    """Parse an argument given on the command line: a JSON value (`7`, `true`, `null`,
+    `'{"draft": true}'`, `'"quoted"'`), or else the text itself as a string (`hello`);
+    but text that opens like JSON and is not (`{bad`) is refused, not taken as a string."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        if not text.lstrip().startswith(_JSON_OPENERS):
+            return text
+        raise argparse.ArgumentTypeError(
+            f"invalid JSON {text!r} ({exc.msg} at character {exc.pos}): a bare word that is "
+            "not JSON is a string, but this opens like JSON; fix it, quoted for the shell, "
+            """e.g. '{"draft": true}', '[1, 2]' or '"text"'"""
+        ) from None
+
+
+_JSON_OPENERS = ("{", "[", '"')
 
 
 def parse_tag(text: str) -> tuple[str, str]:

@@ -46,9 +46,9 @@ from urllib.parse import quote
 
 from troth._cli.args import add_leaf, add_state_option, add_tag_option
 from troth._cli.output import payload_to_json, write_json
-from troth._commands import TAG_FUNC, TAG_INVOKE
 from troth._engine import CreateStep, Done, Failed, Outcome, Suspend, Workflow, describe_tags
 from troth._modules import UsageError, add_import_paths, import_module, split_spec
+from troth._tags import TAG_FUNC, TAG_INVOKE, is_workflow_root
 from troth.errors import NonDeterminismError, TrothError
 from troth.testing import HISTORY_FORMAT, History, load_histories, replay_history_counted
 from troth.worker import Worker
@@ -225,15 +225,11 @@ def _promise_json(promise: Promise) -> dict[str, Any]:
     return item
 
 
-def _is_workflow(promise: Promise) -> bool:
-    return bool(promise.tags.get(TAG_FUNC)) and TAG_INVOKE in promise.tags
-
-
 def _roots(client: Client, args: argparse.Namespace) -> list[Promise]:
     if args.ids:
         roots = [client.get(root_id) for root_id in dict.fromkeys(args.ids)]
         for root in roots:
-            if not _is_workflow(root):
+            if not is_workflow_root(root.tags):
                 raise UsageError(
                     f"{root.id} is not a workflow: it has no {TAG_FUNC} and {TAG_INVOKE} tags "
                     "(give the id a workflow was started with, not one of its steps)"
@@ -242,7 +238,7 @@ def _roots(client: Client, args: argparse.Namespace) -> list[Promise]:
     found = client.search_all(
         args.search, states=args.states, tags=dict(args.tags), page_size=_PAGE_SIZE
     )
-    return [promise for promise in found if _is_workflow(promise)]
+    return [promise for promise in found if is_workflow_root(promise.tags)]
 
 
 def _fetch(client: Client, root: Promise) -> dict[str, Any]:

@@ -1,6 +1,11 @@
-"""`troth workflows show ID` and `troth workflows fail ID --reason TEXT`.
+"""`troth workflows`: start, show, cancel, fail and move workflows.
 
 ```
+troth workflows start NAME [ARGS...] --id ID --group GROUP [--ttl DURATION]
+                                   start workflow NAME as `Client.start` does; each ARG
+                                   a JSON value, or a bare word taken as a string
+troth workflows cancel ID [--reason TEXT]
+                                   cancel the workflow: its root, and the steps that wait
 troth workflows show ID            the root, its steps, and its task (attempts, last error,
                                    the traceback of a failing one)
 troth workflows fail ID --reason TEXT
@@ -32,11 +37,12 @@ import argparse
 import sys
 from typing import IO, TYPE_CHECKING
 
-from troth._cli.args import add_leaf
+from troth._cli.args import add_leaf, parse_duration, parse_json_or_word
 from troth._cli.output import (
     TASK_KINDS,
     TASK_STATES,
     align,
+    emit_promise,
     format_block,
     payload_preview,
     promise_to_json,
@@ -54,17 +60,68 @@ if TYPE_CHECKING:
     from troth._promise import Promise
     from troth.client import Client
 
-__all__ = ["add_commands", "cmd_fail", "cmd_move", "cmd_show", "format_task"]
+__all__ = [
+    "add_commands",
+    "cmd_cancel",
+    "cmd_fail",
+    "cmd_move",
+    "cmd_show",
+    "cmd_start",
+    "format_task",
+]
 
 _STEP_COLUMNS = ("STEP", "KIND", "STATE", "CREATED", "SETTLED", "SETTLED BY", "VALUE")
 
 
 def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add `workflows show` and `workflows fail` to the `troth` command line."""
+    """Add `workflows` to the `troth` command line."""
     workflows = commands.add_parser(
-        "workflows", help="show a workflow (its steps, its task, why it is stuck) or fail it"
+        "workflows",
+        help="start, show, cancel or fail a workflow (its steps, its task, why it is stuck)",
     )
     actions = workflows.add_subparsers(dest="action", metavar="ACTION", required=True)
+    start = add_leaf(
+        actions,
+        "start",
+        "start a workflow by id, once (a repeat of the same start changes nothing)",
+        cmd_start,
+    )
+    start.add_argument("name", metavar="NAME", help="the workflow's registered name")
+    start.add_argument(
+        "args",
+        metavar="ARGS",
+        nargs="*",
+        type=parse_json_or_word,
+        help="""its arguments after ctx: each a JSON value (7, true, '{"draft": true}', """
+        """'"text"') or a bare word, taken as a string""",
+    )
+    start.add_argument(
+        "--id", required=True, metavar="ID", help="the workflow's id, e.g. publish-post-7"
+    )
+    start.add_argument(
+        "--group", required=True, metavar="GROUP", help="the group whose workers run it"
+    )
+    start.add_argument(
+        "--ttl",
+        type=parse_duration,
+        metavar="DURATION",
+        help="how long it may take in all: 30m, 2h, 3d... (default: the server's)",
+    )
+    start.add_argument(
+        "--idempotency-key",
+        metavar="KEY",
+        help="a repeat carrying it gets the existing run, whatever its arguments",
+    )
+    cancel = add_leaf(
+        actions,
+        "cancel",
+        "cancel a workflow: its root and the steps that wait (needs the operator role)",
+        cmd_cancel,
+    )
+    cancel.add_argument("id", metavar="ID", help="the workflow's id (its root promise)")
+    cancel.add_argument(
+        "--reason", metavar="TEXT", help='why: the root is cancelled with {"reason": TEXT}'
+    )
     show = add_leaf(
         actions,
         "show",
@@ -97,16 +154,58 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
     to.add_argument("--to-version", metavar="V", help="the version to run it with")
 
 
+def cmd_start(client: Client, args: argparse.Namespace, out: IO[str]) -> int:
+    handle = client.start(
+        args.name,
+        *args.args,
+        id=args.id,
+        group=args.group,
+        ttl=args.ttl,
+        idempotency_key=args.idempotency_key,
+    )
+    root = client.get(handle.id)
+    if args.json:
+        write_json({"created": handle.created, "workflow": promise_to_json(root)}, out)
+        return 0
+    if handle.created:
+        out.write(
+            f"started {root.id}: workflow {args.name} on group {args.group}; "
+            f"`troth workflows show {root.id}` follows it\n\n"
+        )
+    else:
+        out.write(f"{root.id} already existed; this start was a repeat and changed nothing\n\n")
+    out.write(format_block(root))
+    return 0
+
+
+def cmd_cancel(client: Client, args: argparse.Namespace, out: IO[str]) -> int:
+    root = client.get(args.id)
+    if TAG_INVOKE not in root.tags:
+        return _not_a_workflow(root, f"`troth promises cancel {root.id}` cancels a promise")
+    value = {"reason": args.reason} if args.reason is not None else None
+    cancelled = client.cancel(root.id, value).promise
+    if args.json:
+        emit_promise(cancelled, True, out)
+    else:
+        out.write(f"workflow {root.id} cancelled: its root is now {cancelled.state}\n\n")
+        out.write(format_block(cancelled))
+    return 0
+
+
+def _not_a_workflow(root: Promise, instead: str) -> int:
+    print(
+        f"troth: error: promise {root.id!r} is not a workflow (it has no troth:invoke "
+        f"tag); {instead}",
+        file=sys.stderr,
+    )
+    return 1
+
+
 def cmd_show(client: Client, args: argparse.Namespace, out: IO[str]) -> int:
     root = client.get(args.id)
     group = root.tags.get(TAG_INVOKE)
     if group is None:
-        print(
-            f"troth: error: promise {root.id!r} is not a workflow (it has no troth:invoke "
-            f"tag); `troth promises get {root.id}` shows it",
-            file=sys.stderr,
-        )
-        return 1
+        return _not_a_workflow(root, f"`troth promises get {root.id}` shows it")
     steps = list(client.search_all(f"{root.id}.*"))
     found = TaskCalls(connection(client)).search(group, 1, root.id)
     task = found[0] if found else None
