@@ -13,7 +13,7 @@ import typing
 if typing.TYPE_CHECKING:
     from troth._approvers import Approvers
     from troth._commands import RetryPolicy
-    from troth._operators import TaskInfo, TaskKind, TaskState, WorkerInfo
+    from troth._operators import TaskInfo, TaskKind, TaskState, WorkerInfo, WorkflowInfo
     from troth._promise import (
         CreateResult,
         Decision,
@@ -109,6 +109,7 @@ __all__ = [
     "WorkerInfo",
     "WorkflowError",
     "WorkflowFailed",
+    "WorkflowInfo",
     "WorkflowRegistration",
 ]
 
@@ -163,6 +164,7 @@ _HOMES: dict[str, str] = {
     "WorkerInfo": "troth._operators",
     "WorkflowError": "troth.errors",
     "WorkflowFailed": "troth.errors",
+    "WorkflowInfo": "troth._operators",
     "WorkflowRegistration": "troth._versions",
 }
 """Where each public name is defined."""
