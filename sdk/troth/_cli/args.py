@@ -11,7 +11,7 @@ import argparse
 import json
 import os
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import IO, Any
 
@@ -32,6 +32,7 @@ __all__ = [
     "parse_duration",
     "parse_json",
     "parse_json_or_word",
+    "parse_moment",
     "parse_state",
     "parse_tag",
     "positive_int",
@@ -111,6 +112,21 @@ def parse_json_or_word(text: str) -> Any:
 
 
 _JSON_OPENERS = ("{", "[", '"')
+
+
+def parse_moment(text: str) -> datetime:
+    """Parse a moment: an ISO 8601 time (`2026-12-06T08:00Z`, `2026-12-06`; UTC when it
+    names no zone) or a duration ago (`30m`, `2h`, `3d`: that long before now)."""
+    if duration_ms(text) is not None and not unit_hint(text):
+        return datetime.now(UTC) - parse_duration(text)
+    try:
+        moment = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"invalid time {text!r}: give an ISO 8601 time, e.g. 2026-12-06T08:00Z "
+            f"(UTC when it names no zone), or a duration ago ({EXAMPLES})"
+        ) from None
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
 def parse_tag(text: str) -> tuple[str, str]:

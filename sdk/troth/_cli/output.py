@@ -19,6 +19,7 @@ from troth._promise import CreateResult, Promise
 from troth.v1 import tasks_pb2
 
 if TYPE_CHECKING:
+    from troth._operators import TaskInfo
     from troth._promise import SettleResult
     from troth.codec import Payload
 
@@ -35,6 +36,7 @@ __all__ = [
     "payload_preview",
     "payload_to_json",
     "promise_to_json",
+    "task_info_to_json",
     "task_time",
     "task_to_json",
     "when",
@@ -259,4 +261,29 @@ def task_to_json(task: tasks_pb2.Task) -> dict[str, Any]:
         "last_traceback": task.last_traceback or None,
         "next_attempt_time": task_time(task, "next_attempt_time"),
         "version_absent_since": task_time(task, "version_absent_since"),
+    }
+
+
+def task_info_to_json(task: TaskInfo) -> dict[str, Any]:
+    """A task as the SDK reads it (`Client.search_workflows`, `retry_workflow_now`), as
+    `task_to_json` writes it: field names as in the proto."""
+    return {
+        "id": task.id,
+        "root_promise_id": task.root_id,
+        "group": task.group,
+        "kind": task.kind.value,
+        "state": task.state.value,
+        "counter": task.counter,
+        "worker_id": task.worker_id,
+        "lease_expire_time": iso(task.lease_expire_time),
+        "workflow": task.workflow,
+        "workflow_version": task.workflow_version,
+        "create_time": iso(task.create_time),
+        "waiting_for": task.waiting_for,
+        "worker_principal": task.worker_principal,
+        "failed_attempts": task.failed_attempts,
+        "last_error": task.last_error,
+        "last_traceback": task.last_traceback,
+        "next_attempt_time": iso(task.next_attempt_time),
+        "version_absent_since": iso(task.version_absent_since),
     }

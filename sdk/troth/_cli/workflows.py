@@ -1,6 +1,12 @@
-"""`troth workflows`: start, show, cancel, fail and move workflows.
+"""`troth workflows`: list, start, show, cancel, retry, fail and move workflows.
 
 ```
+troth workflows list [ID_GLOB] [--state S ...] [--group G] [--workflow NAME] [--version V]
+                     [--paused] [--waiting-for-human] [--started-after T] [--started-before T]
+                     [--limit N | --all] [--oldest-first]
+                                   the workflows matching every filter, newest first: state
+                                   (PAUSED for a run a bug pauses), group, workflow@version,
+                                   started, what it waits on; T an ISO time or a duration ago
 troth workflows start NAME [ARGS...] --id ID --group GROUP [--ttl DURATION]
                                    start workflow NAME as `Client.start` does; each ARG
                                    a JSON value, or a bare word taken as a string
@@ -8,6 +14,8 @@ troth workflows cancel ID [--reason TEXT]
                                    cancel the workflow: its root, and the steps that wait
 troth workflows show ID            the root, its steps, and its task (attempts, last error,
                                    the traceback of a failing one)
+troth workflows retry-now ID       a paused run's task, delivered now instead of after its
+                                   backoff (to the code you fixed and deployed; operators)
 troth workflows fail ID --reason TEXT
                                    reject the workflow's root with the reason (operators)
 troth workflows move ID --to-current | --to-version V
@@ -28,7 +36,15 @@ deployed now: it replays its history there, and pauses with a
 `NonDeterminismError` (shown by `show`) if that code does not fit it. With
 `--json`, `show` writes one object `{"workflow": promise, "steps": [promise,
 ...], "task": task or null}`, `fail` the rejected root and `move` `{"workflow":
-promise, "task": task or null}`.
+promise, "task": task or null}`; `list` one object per workflow `{"id", "state",
+"paused", "group", "workflow", "version", "root": promise, "task": task or null,
+"waiting_on": [promise, ...]}`, `start` `{"created": bool, "workflow": promise}`,
+`cancel` the cancelled root and `retry-now` the task.
+
+`show` reads the steps by their link to the workflow (`Client.workflow_steps`),
+so a step with an id of its own, such as a human decision made with
+`ctx.promise(id=...)`, is listed with who settled it, when and with what value,
+after the run ended too.
 """
 
 from __future__ import annotations
@@ -37,7 +53,14 @@ import argparse
 import sys
 from typing import IO, TYPE_CHECKING
 
-from troth._cli.args import add_leaf, parse_duration, parse_json_or_word
+from troth._cli.args import (
+    DEFAULT_LIMIT,
+    add_leaf,
+    add_state_option,
+    parse_duration,
+    parse_json_or_word,
+    parse_moment,
+)
 from troth._cli.output import (
     TASK_KINDS,
     TASK_STATES,
@@ -46,17 +69,22 @@ from troth._cli.output import (
     format_block,
     payload_preview,
     promise_to_json,
+    task_info_to_json,
     task_to_json,
     when,
     write_json,
 )
 from troth._convert import promise_from_proto
+from troth._operators import TaskState
 from troth._tags import TAG_INVOKE, TAG_KIND
 from troth._tasks import TaskCalls
 from troth.client import connection
 from troth.v1 import tasks_pb2
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from troth._operators import TaskInfo, WorkflowInfo
     from troth._promise import Promise
     from troth.client import Client
 
@@ -64,13 +92,18 @@ __all__ = [
     "add_commands",
     "cmd_cancel",
     "cmd_fail",
+    "cmd_list",
     "cmd_move",
+    "cmd_retry_now",
     "cmd_show",
     "cmd_start",
     "format_task",
+    "format_workflows",
 ]
 
 _STEP_COLUMNS = ("STEP", "KIND", "STATE", "CREATED", "SETTLED", "SETTLED BY", "VALUE")
+_LIST_COLUMNS = ("ID", "STATE", "GROUP", "WORKFLOW", "STARTED", "WAITING ON")
+_WAITING_WIDTH = 80
 
 
 def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -80,6 +113,7 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="start, show, cancel or fail a workflow (its steps, its task, why it is stuck)",
     )
     actions = workflows.add_subparsers(dest="action", metavar="ACTION", required=True)
+    _add_list(actions)
     start = add_leaf(
         actions,
         "start",
@@ -122,6 +156,14 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
     cancel.add_argument(
         "--reason", metavar="TEXT", help='why: the root is cancelled with {"reason": TEXT}'
     )
+    retry = add_leaf(
+        actions,
+        "retry-now",
+        "retry a paused workflow now, not after its backoff: once you deployed fixed code "
+        "(needs the operator role)",
+        cmd_retry_now,
+    )
+    retry.add_argument("id", metavar="ID", help="the workflow's id (its root promise)")
     show = add_leaf(
         actions,
         "show",
@@ -152,6 +194,172 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="the newest version connected takes it (and records its own)",
     )
     to.add_argument("--to-version", metavar="V", help="the version to run it with")
+
+
+def _add_list(actions: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    listing = add_leaf(
+        actions,
+        "list",
+        "list workflows, newest first: those matching every filter given",
+        cmd_list,
+    )
+    listing.add_argument(
+        "id", metavar="ID_GLOB", nargs="?", help="only ids matching; `*` matches any run"
+    )
+    add_state_option(
+        listing,
+        "only this state of the root (repeat for several): PENDING while it runs or waits",
+    )
+    listing.add_argument("--group", metavar="GROUP", help="only this worker group's")
+    listing.add_argument("--workflow", metavar="NAME", help="only workflows of this name")
+    listing.add_argument(
+        "--version", metavar="V", help="only those recorded at this version of their code"
+    )
+    listing.add_argument(
+        "--paused", action="store_true", help="only those a bug pauses (their code failed)"
+    )
+    listing.add_argument(
+        "--waiting-for-human",
+        action="store_true",
+        help="only those waiting on a decision no worker makes",
+    )
+    for edge, word in (("after", "at or after"), ("before", "before")):
+        listing.add_argument(
+            f"--started-{edge}",
+            type=parse_moment,
+            metavar="TIME",
+            help=f"only those started {word} TIME: an ISO time (2026-12-06T08:00Z) "
+            "or a duration ago (2h, 3d)",
+        )
+    how_many = listing.add_mutually_exclusive_group()
+    how_many.add_argument(
+        "--limit",
+        type=_at_least_one,
+        default=DEFAULT_LIMIT,
+        metavar="N",
+        help="show at most N (default %(default)s)",
+    )
+    how_many.add_argument("--all", action="store_true", help="every one, page after page")
+    listing.add_argument("--oldest-first", action="store_true", help="the oldest first")
+
+
+def _at_least_one(text: str) -> int:
+    try:
+        number = int(text)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"invalid limit {text!r}: use 1 or more, or --all")
+    return number
+
+
+def cmd_list(client: Client, args: argparse.Namespace, out: IO[str]) -> int:
+    filters = {
+        "id": args.id,
+        "states": args.states,
+        "group": args.group,
+        "workflow": args.workflow,
+        "version": args.version,
+        "paused": args.paused,
+        "waiting_for_human": args.waiting_for_human,
+        "created_after": args.started_after,
+        "created_before": args.started_before,
+        "newest_first": not args.oldest_first,
+    }
+    found: Iterable[WorkflowInfo]
+    if args.all:
+        found = client.iter_workflows(**filters)
+    else:
+        found = client.search_workflows(**filters, limit=args.limit + 1)  # one more: are there?
+    shown: list[WorkflowInfo] = []
+    for workflow in found:
+        if not args.all and len(shown) == args.limit:
+            print(f"showing the first {args.limit}; pass --limit N or --all", file=sys.stderr)
+            break
+        if args.json:
+            write_json(workflow_to_json(workflow), out)
+        shown.append(workflow)
+    if not args.json:
+        if shown:
+            out.write(format_workflows(shown))
+        else:
+            print("no workflows match", file=sys.stderr)
+    return 0
+
+
+def workflow_to_json(workflow: WorkflowInfo) -> dict[str, object]:
+    """A workflow as `list --json` writes it."""
+    return {
+        "id": workflow.id,
+        "state": workflow.state.value,
+        "paused": workflow.paused,
+        "group": workflow.group,
+        "workflow": workflow.workflow,
+        "version": workflow.version,
+        "root": promise_to_json(workflow.root),
+        "task": task_info_to_json(workflow.task) if workflow.task is not None else None,
+        "waiting_on": [promise_to_json(step) for step in workflow.waiting_on],
+    }
+
+
+def format_workflows(found: list[WorkflowInfo]) -> str:
+    """Workflows as an aligned table with a header, ending in a newline."""
+    rows = [_LIST_COLUMNS] + [
+        (
+            workflow.id,
+            _state(workflow),
+            workflow.group,
+            workflow.workflow + (f"@{workflow.version}" if workflow.version else ""),
+            when(workflow.root.create_time),
+            _waiting_on(workflow),
+        )
+        for workflow in found
+    ]
+    return align(rows)
+
+
+def _state(workflow: WorkflowInfo) -> str:
+    if workflow.paused and workflow.task is not None:
+        attempts = workflow.task.failed_attempts
+        return f"PAUSED ({attempts} failed {'attempt' if attempts == 1 else 'attempts'})"
+    return workflow.state.value
+
+
+def _waiting_on(workflow: WorkflowInfo) -> str:
+    """A human decision's id; else what its task does or waits for; `-` once over."""
+    if workflow.waiting_on:
+        return ", ".join(step.id for step in workflow.waiting_on)
+    task = workflow.task
+    if task is None:
+        return "-" if workflow.root.is_settled else "its steps"
+    if task.state is TaskState.CLAIMED:
+        return f"running on {task.worker_id}"
+    if workflow.paused and task.last_error:
+        retry = when(task.next_attempt_time)
+        return _cut(f"retry at {retry}: {task.last_error}", _WAITING_WIDTH)
+    return _cut(task.waiting_for or "a worker", _WAITING_WIDTH)
+
+
+def _cut(text: str, width: int) -> str:
+    line = text.splitlines()[0] if text else ""
+    return line if len(line) <= width else line[: width - 1] + "…"
+
+
+def cmd_retry_now(client: Client, args: argparse.Namespace, out: IO[str]) -> int:
+    task = client.retry_workflow_now(args.id)
+    if args.json:
+        write_json(task_info_to_json(task), out)
+        return 0
+    out.write(
+        f"workflow {args.id} is retried now: its task goes to a worker of group {task.group} "
+        f"at once ({_failures(task)}); `troth workflows show {args.id}` follows it\n"
+    )
+    return 0
+
+
+def _failures(task: TaskInfo) -> str:
+    times = "once" if task.failed_attempts == 1 else f"{task.failed_attempts} times"
+    return f"its code failed {times}, last: {task.last_error or '-'}"
 
 
 def cmd_start(client: Client, args: argparse.Namespace, out: IO[str]) -> int:
@@ -206,7 +414,7 @@ def cmd_show(client: Client, args: argparse.Namespace, out: IO[str]) -> int:
     group = root.tags.get(TAG_INVOKE)
     if group is None:
         return _not_a_workflow(root, f"`troth promises get {root.id}` shows it")
-    steps = list(client.search_all(f"{root.id}.*"))
+    steps = client.workflow_steps(root.id)
     found = TaskCalls(connection(client)).search(group, 1, root.id)
     task = found[0] if found else None
     if args.json:
