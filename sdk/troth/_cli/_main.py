@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from troth._cli.args import GLOBAL_VALUE_FLAGS, Handler, client_from_args, global_options
 from troth._cli.streams import INTERRUPTED, Interrupts
-from troth.errors import TrothError
+from troth.errors import Reason, TrothError, UnauthenticatedError
 
 __all__ = ["build_parser", "main", "version_text"]
 
@@ -190,8 +190,13 @@ def main(argv: list[str] | None = None) -> int:
                 return handler(client, args, out)
             finally:
                 interrupts.uninstall()
+    except UnauthenticatedError as exc:
+        print(f"troth: error: {not_authenticated(exc, args)}", file=sys.stderr)
+        return 1
     except TrothError as exc:
         print(f"troth: error: {exc}", file=sys.stderr)
+        for hint in getattr(exc, "__notes__", ()):  # what a command adds: what to do
+            print(hint, file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return INTERRUPTED
@@ -201,6 +206,27 @@ def main(argv: list[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, out.fileno())
         return 1
+
+
+def not_authenticated(exc: UnauthenticatedError, args: argparse.Namespace) -> str:
+    """The server refused the credentials: said with the command's ways to give a
+    token (the server's own message speaks of any client's request metadata)."""
+    if exc.reason == Reason.CREDENTIALS_MISSING:
+        return (
+            "not authenticated: this server wants a bearer token and none was sent: pass "
+            "--token-file FILE, or set TROTH_TOKEN_FILE to the file or TROTH_TOKEN to the "
+            f"token (an admin mints one with `troth tokens new`) [{exc.reason}]"
+        )
+    if args.token_file:
+        source = f"the one in {args.token_file} (--token-file or TROTH_TOKEN_FILE)"
+    elif os.environ.get("TROTH_TOKEN"):
+        source = "the one in TROTH_TOKEN"
+    else:
+        return str(exc)
+    return (
+        f"{exc}; the token sent was {source}: check it, or ask an admin for a new one "
+        "(`troth tokens new`)"
+    )
 
 
 def _forward(command: str, argv: list[str]) -> int:
