@@ -13,9 +13,15 @@ import os
 import sys
 import threading
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
-from troth._cli.args import GLOBAL_VALUE_FLAGS, Handler, client_from_args, global_options
+from troth._cli.args import (
+    GLOBAL_VALUE_FLAGS,
+    Handler,
+    Parser,
+    client_from_args,
+    global_options,
+)
 from troth._cli.streams import INTERRUPTED, Interrupts
 from troth.errors import Reason, TrothError, UnauthenticatedError
 
@@ -150,7 +156,7 @@ def command_word(argv: Sequence[str]) -> str | None:
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     """The command line of `troth`: with `argv`, only the group of the command it names
     (when it names one), else every group."""
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="troth",
         description="Operate a troth durable-promise server.",
         epilog="Run `troth promises -h` for the promise commands.",
@@ -158,7 +164,10 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action=_VersionAction)
     global_options(parser, suppress=False)
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    # Every parser below is a Parser too (argparse makes subparsers of the parent's class).
+    commands = cast(
+        "Commands", parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    )
     word = command_word(argv) if argv is not None else None
     named = [add for words, add in _GROUPS if word in words]
     for add in named or [add for _, add in _GROUPS]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import IO, Any
@@ -24,6 +24,7 @@ __all__ = [
     "DEFAULT_LIMIT",
     "GLOBAL_VALUE_FLAGS",
     "Handler",
+    "Parser",
     "add_leaf",
     "add_state_option",
     "add_tag_option",
@@ -223,6 +224,23 @@ def global_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
     )
 
 
+class Parser(argparse.ArgumentParser):
+    """The `troth` command's parsers: a leaf command adds the global flags (hidden from
+    its help) only when it parses, so building the command line for one command does
+    not build them for every other one."""
+
+    leaf = False
+    """Set on a leaf command (`add_leaf`): it takes the global flags too."""
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        if self.leaf:
+            self.leaf = False
+            global_options(self, suppress=True)
+        return super().parse_known_args(args, namespace)
+
+
 def add_leaf(
     commands: argparse._SubParsersAction[argparse.ArgumentParser],
     name: str,
@@ -231,7 +249,10 @@ def add_leaf(
 ) -> argparse.ArgumentParser:
     """A command that runs `handler`, with the global flags (which may follow it too)."""
     sub = commands.add_parser(name, help=help, description=help)
-    global_options(sub, suppress=True)
+    if isinstance(sub, Parser):
+        sub.leaf = True  # the global flags, added when it parses
+    else:
+        global_options(sub, suppress=True)
     sub.set_defaults(handler=handler)
     return sub
 

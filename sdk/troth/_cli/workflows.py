@@ -110,7 +110,7 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
     """Add `workflows` to the `troth` command line."""
     workflows = commands.add_parser(
         "workflows",
-        help="start, show, cancel or fail a workflow (its steps, its task, why it is stuck)",
+        help="list, start, show, cancel, retry, fail or move workflows",
     )
     actions = workflows.add_subparsers(dest="action", metavar="ACTION", required=True)
     _add_list(actions)
