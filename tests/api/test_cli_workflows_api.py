@@ -146,6 +146,11 @@ def test_cancel_cancels_the_root_of_a_workflow(
     root = client.get(run)
     assert root.state is PromiseState.REJECTED_CANCELED
     assert client.decode(root.value) == {"reason": "not needed"}
+    # Over: listed as cancelled, waiting on nothing (its task ends when a worker hears).
+    code, out, _ = troth(server, capsys, "workflows", "list", run)
+    assert code == 0
+    assert out.splitlines()[1].split()[1] == "REJECTED_CANCELED"
+    assert out.splitlines()[1].endswith("  -")
 
     # Once over, a second cancel says so (the server's words) and exits 1.
     code, out, err = troth(server, capsys, "workflows", "cancel", run)

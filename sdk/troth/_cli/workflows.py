@@ -326,12 +326,14 @@ def _state(workflow: WorkflowInfo) -> str:
 
 
 def _waiting_on(workflow: WorkflowInfo) -> str:
-    """A human decision's id; else what its task does or waits for; `-` once over."""
+    """`-` once over; else a human decision's id, or what its task does or waits for."""
+    if workflow.root.is_settled:
+        return "-"  # a task left behind ends when its worker hears of it
     if workflow.waiting_on:
         return ", ".join(step.id for step in workflow.waiting_on)
     task = workflow.task
     if task is None:
-        return "-" if workflow.root.is_settled else "its steps"
+        return "its steps"
     if task.state is TaskState.CLAIMED:
         return f"running on {task.worker_id}"
     if workflow.paused and task.last_error:
