@@ -7,7 +7,7 @@ troth [--server ADDR] [--json] [--principal P] [--timeout DURATION] promises get
 troth promises get|search|create|resolve|reject|cancel|watch|prune ...   (promises)
 troth export|replay ...  (recorded workflow histories; replay)
 troth tasks list --group G [--limit N]   (tasks)
-troth workflows show|fail|move ...   (workflows)
+troth workflows list|start|show|cancel|retry-now|fail|move ...   (workflows)
 troth workers list [--group G]   (connected workers; workers)
 troth worker MODULE[:ATTR] [--group G] [--path DIR] [--log-level L]   (run one; worker)
 troth --version

@@ -117,7 +117,8 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
     start = add_leaf(
         actions,
         "start",
-        "start a workflow by id, once (a repeat of the same start changes nothing)",
+        "start a workflow by id, once (a repeat of the same start changes nothing; needs "
+        "the gateway role)",
         cmd_start,
     )
     start.add_argument("name", metavar="NAME", help="the workflow's registered name")
