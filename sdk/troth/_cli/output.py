@@ -30,6 +30,7 @@ __all__ = [
     "emit_listing",
     "emit_promise",
     "emit_result",
+    "first_line",
     "format_block",
     "format_table",
     "iso",
@@ -233,6 +234,12 @@ def align(rows: Sequence[Sequence[str]]) -> str:
         for row in rows
     ]
     return "\n".join(lines) + "\n"
+
+
+def first_line(text: str, width: int) -> str:
+    """The first line of `text` (an error, a traceback), cut to `width` with `…`."""
+    line = text.splitlines()[0] if text else ""
+    return line if len(line) <= width else line[: width - 1] + "…"
 
 
 def task_time(task: tasks_pb2.Task, field: str) -> str | None:

@@ -21,7 +21,15 @@ import sys
 from typing import IO, TYPE_CHECKING
 
 from troth._cli.args import DEFAULT_LIMIT, add_leaf
-from troth._cli.output import TASK_KINDS, TASK_STATES, align, task_time, task_to_json, write_json
+from troth._cli.output import (
+    TASK_KINDS,
+    TASK_STATES,
+    align,
+    first_line,
+    task_time,
+    task_to_json,
+    write_json,
+)
 from troth._tasks import TaskCalls
 from troth.client import connection
 from troth.v1 import tasks_pb2
@@ -97,7 +105,7 @@ def format_tasks(found: list[tasks_pb2.Task]) -> str:
             _doing(task),
         )
         + (
-            (str(task.failed_attempts or "-"), _cut(task.last_error, _ERROR_WIDTH) or "-")
+            (str(task.failed_attempts or "-"), first_line(task.last_error, _ERROR_WIDTH) or "-")
             if failures
             else ()
         )
@@ -114,11 +122,6 @@ def _doing(task: tasks_pb2.Task) -> str:
     if retry is not None:
         return f"retry at {retry.replace('T', ' ')}"
     return task.waiting_for or "-"
-
-
-def _cut(text: str, width: int) -> str:
-    line = text.splitlines()[0] if text else ""
-    return line if len(line) <= width else line[: width - 1] + "…"
 
 
 __all__ = ["add_commands", "cmd_list", "format_tasks", "task_to_json"]

@@ -66,6 +66,7 @@ from troth._cli.output import (
     TASK_STATES,
     align,
     emit_promise,
+    first_line,
     format_block,
     payload_preview,
     promise_to_json,
@@ -339,13 +340,8 @@ def _waiting_on(workflow: WorkflowInfo) -> str:
         return f"running on {task.worker_id}"
     if workflow.paused and task.last_error:
         retry = when(task.next_attempt_time)
-        return _cut(f"retry at {retry}: {task.last_error}", _WAITING_WIDTH)
-    return _cut(task.waiting_for or "a worker", _WAITING_WIDTH)
-
-
-def _cut(text: str, width: int) -> str:
-    line = text.splitlines()[0] if text else ""
-    return line if len(line) <= width else line[: width - 1] + "…"
+        return first_line(f"retry at {retry}: {task.last_error}", _WAITING_WIDTH)
+    return first_line(task.waiting_for or "a worker", _WAITING_WIDTH)
 
 
 def cmd_retry_now(client: Client, args: argparse.Namespace, out: IO[str]) -> int:
