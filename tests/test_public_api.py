@@ -63,3 +63,25 @@ def test_sdk_imports_no_opentelemetry_until_a_span_is_made() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 0, result.stderr
+
+
+def test_import_troth_loads_each_name_when_first_used() -> None:
+    # PEP 562: `import troth` is cheap; `troth.Worker` imports the worker, once.
+    code = (
+        "import sys, troth\n"
+        "assert 'troth.worker' not in sys.modules and 'troth.client' not in sys.modules\n"
+        "assert troth.Worker.__module__ == 'troth.worker' and 'troth.worker' in sys.modules\n"
+        "assert 'Worker' in vars(troth)  # found once, kept\n"
+        "from troth import Client, Reason\n"
+        "assert Client.__module__ == 'troth.client' and Reason.__module__ == 'troth.errors'\n"
+        "try:\n"
+        "    troth.NoSuchName\n"
+        "except AttributeError as exc:\n"
+        "    assert \"module 'troth' has no attribute 'NoSuchName'\" in str(exc)\n"
+        "else:\n"
+        "    raise AssertionError('no AttributeError')\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
