@@ -22,6 +22,9 @@ from troth._cli.args import (
     client_from_args,
     global_options,
 )
+from troth._cli.server import FORWARDED
+from troth._cli.server import add_commands as add_server_commands
+from troth._cli.server import run as run_server_command
 from troth._cli.streams import INTERRUPTED, Interrupts
 from troth.errors import Reason, TrothError, UnauthenticatedError
 
@@ -75,15 +78,6 @@ def _worker(commands: Commands) -> None:
     add_commands(commands)
 
 
-def _server(commands: Commands) -> None:
-    from troth._cli.server import add_commands
-
-    add_commands(commands)
-
-
-_FORWARDED = ("serve", "db", "tokens", "console")
-"""Run by troth_server.cli (`troth._cli.server`), with the rest of the command line."""
-
 _GROUPS: tuple[tuple[tuple[str, ...], Callable[[Commands], None]], ...] = (
     (("promises",), _promises),
     (("export", "replay"), _replay),
@@ -92,7 +86,7 @@ _GROUPS: tuple[tuple[tuple[str, ...], Callable[[Commands], None]], ...] = (
     (("workflows",), _workflows),
     (("workers",), _workers),
     (("worker",), _worker),
-    (_FORWARDED, _server),
+    (FORWARDED, add_server_commands),  # a small module: imported always
 )
 """Each command group, in the order `troth --help` lists them: its command words, and
 the function that adds them to the parser (importing its module)."""
@@ -178,15 +172,15 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run the `troth` command; return its exit status."""
     args_list = sys.argv[1:] if argv is None else list(argv)
-    if args_list[:1] and args_list[0] in _FORWARDED:
-        return _forward(args_list[0], args_list[1:])
+    if args_list[:1] and args_list[0] in FORWARDED:
+        return run_server_command(args_list[0], args_list[1:])
     parser = build_parser(args_list)
     try:
         args = parser.parse_args(args_list)
     except SystemExit as exc:  # --help (0) or a usage error (2), already printed
         return exc.code if isinstance(exc.code, int) else 2
-    if args.command in _FORWARDED:
-        return _forward(args.command, list(getattr(args, f"{args.command}_args")))
+    if args.command in FORWARDED:
+        return run_server_command(args.command, list(getattr(args, f"{args.command}_args")))
     handler: Handler = args.handler
     out = sys.stdout
     try:
@@ -236,9 +230,3 @@ def not_authenticated(exc: UnauthenticatedError, args: argparse.Namespace) -> st
         f"{exc}; the token sent was {source}: check it, or ask an admin for a new one "
         "(`troth tokens new`)"
     )
-
-
-def _forward(command: str, argv: list[str]) -> int:
-    from troth._cli.server import run
-
-    return run(command, argv)
