@@ -10,11 +10,12 @@ the wire matters (tokens, refusals)."""
 
 from __future__ import annotations
 
+import io
 import time
 import uuid
-from collections.abc import Iterator
-from contextlib import ExitStack
-from datetime import UTC, datetime
+from collections.abc import Generator, Iterator
+from contextlib import ExitStack, redirect_stderr, redirect_stdout
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import grpc
@@ -24,7 +25,8 @@ from _pg import fresh_schema
 from _support import PollStream, ServerProcess, error_info, start_server
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from troth import Client, PromiseState, TaskState, WorkflowInfo
+from troth import Client, Context, PromiseState, TaskState, Worker, WorkflowInfo
+from troth._cli import main as troth_cli
 from troth.errors import FailedPreconditionError, NotFoundError, PermissionDeniedError
 from troth.v1 import promises_pb2 as pb
 from troth.v1 import promises_pb2_grpc, tasks_pb2, tasks_pb2_grpc
@@ -405,6 +407,64 @@ def test_a_cancelled_root_ends_its_steps_and_then_its_task(
     [shown] = client.search_workflows(group=group, id=buggy)
     assert (shown.state, shown.task) == (PromiseState.REJECTED_CANCELED, None)
     assert client.search_workflows(group=group, paused=True) == []
+
+
+# -- a timeline keeps every decision -------------------------------------------------------
+
+
+def named_review(ctx: Context, post: int) -> Generator[Any, Any, Any]:
+    draft = yield ctx.run(write_draft, post)
+    approval = yield ctx.promise(id=f"approval-{ctx.id}", title=f"Publish {draft}?")
+    decision = yield approval
+    yield ctx.sleep(timedelta(milliseconds=10))
+    return decision
+
+
+def write_draft(post: int) -> str:
+    return f"post {post}"
+
+
+def test_workflows_show_keeps_a_named_decision_after_the_run_ends(
+    server: ServerProcess, client: Client, group: str
+) -> None:
+    """`troth workflows show` reads the steps by their parent link (`workflow_steps`):
+    the human decision with an id of its own is listed, with who made it and the value,
+    after the run finished as before."""
+    worker = Worker(client, group=group, lease=timedelta(seconds=5))
+    worker.workflow(named_review)
+    worker.start()
+    try:
+        wid = f"{group}-review"
+        handle = client.start("named_review", 21, id=wid, group=group)
+        approval = f"approval-{wid}"
+        wait_for(lambda: any(w.id == wid for w in client.search_workflows(
+            group=group, waiting_for_human=True)))  # fmt: skip
+        [waiting] = client.search_workflows(group=group, waiting_for_human=True)
+        assert [s.id for s in waiting.waiting_on] == [approval]
+        with Client(server.address, principal="alice") as alice:
+            alice.resolve(approval, {"approved": True})
+        assert handle.result(timeout=20) == {"approved": True}
+    finally:
+        worker.stop()
+
+    steps = client.workflow_steps(wid)
+    assert [s.id for s in steps] == [f"{wid}.0", approval, f"{wid}.2"]
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        status = troth_cli(["--server", server.address, "workflows", "show", wid])
+    assert status == 0, err.getvalue()
+    shown = out.getvalue()
+    row = next(line for line in shown.splitlines() if line.startswith(approval))
+    assert "promise" in row and "RESOLVED" in row and "alice" in row, shown
+    assert '{"approved":true}' in row.replace(" ", ""), shown
+    assert f"{wid}.0" in shown and f"{wid}.2" in shown
+
+
+def wait_for(check: Any, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
 
 
 # -- who sees what ----------------------------------------------------------------------
