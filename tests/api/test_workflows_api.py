@@ -245,6 +245,9 @@ def test_pages_follow_each_other_in_both_orders(stubs: Stubs, client: Client, gr
     )
     refused = refusal(lambda: tasks.SearchWorkflows(other, timeout=10))
     assert refused == (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_PAGE_TOKEN")
+    with pytest.raises(grpc.RpcError) as caught:
+        tasks.SearchWorkflows(other, timeout=10)
+    assert "repeat the id, states, group, workflow, workflow_version" in str(caught.value.details())
     # A SearchPromises token is not one of these.
     promise_page = promises.SearchPromises(pb.SearchPromisesRequest(page_size=1), timeout=10)
     assert promise_page.next_page_token
