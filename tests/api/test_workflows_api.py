@@ -412,6 +412,22 @@ def test_a_cancelled_root_ends_its_steps_and_then_its_task(
     assert client.search_workflows(group=group, paused=True) == []
 
 
+def test_a_workflow_cancelled_before_any_worker_took_it_ends_its_task_at_once(
+    stubs: Stubs, client: Client, group: str
+) -> None:
+    """No code of it ran, so there is nothing for it to hear or compensate: its task
+    ends with the cancel (as FailWorkflow ends a waiting one), not whenever a worker of
+    its group next connects, which may be never."""
+    _, tasks = stubs
+    root = start(stubs[0], group, f"{group}-unstarted", "publish")
+    [before] = client.search_workflows(group=group)
+    assert before.task is not None and before.task.state is TaskState.PENDING
+    client.cancel(root)
+    [after] = client.search_workflows(group=group)
+    assert (after.state, after.task) == (PromiseState.REJECTED_CANCELED, None)
+    assert list(tasks.SearchTasks(tasks_pb2.SearchTasksRequest(group=group)).tasks) == []
+
+
 # -- a timeline keeps every decision -------------------------------------------------------
 
 
