@@ -413,6 +413,7 @@ def cmd_show(client: Client, args: argparse.Namespace, out: IO[str]) -> int:
     group = root.tags.get(TAG_INVOKE)
     if group is None:
         return _not_a_workflow(root, f"`troth promises get {root.id}` shows it")
+    # By their parent link, as the console reads them: named steps too, after the end.
     steps = client.workflow_steps(root.id)
     found = TaskCalls(connection(client)).search(group, 1, root.id)
     task = found[0] if found else None

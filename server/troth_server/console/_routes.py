@@ -246,15 +246,9 @@ def _workflow(client: Client, id: str) -> tuple[Promise, list[Promise]]:
     root = client.get(id)
     # The root first, then its steps: a workflow that ends meanwhile then shows a
     # pending root with all its steps, never an ended root missing its last ones.
-    steps = list(islice(client.search_all(f"{id}.*", page_size=STEPS_LIMIT), STEPS_LIMIT))
-    # A step with an id of its own (`ctx.promise(id=...)`) is not under `<root>.*`:
-    # a pending one (the point the workflow waits at) is found among the approvals.
-    # (A settled one is not shown: SearchPromises has no filter by root yet.)
-    if root.state is not PromiseState.PENDING:
-        return root, steps
-    known = {step.id for step in steps}
-    named = [p for p in _inbox(client, mine=False) if p.root_id == id and p.id not in known]
-    return root, steps + named
+    # Its steps by their parent link (`Client.workflow_steps`), as `troth workflows
+    # show` reads them: a step with an id of its own (`ctx.promise(id=...)`) too.
+    return root, client.workflow_steps(id)[:STEPS_LIMIT]
 
 
 @_page
@@ -266,8 +260,10 @@ async def workflow(request: Request) -> Response:
     if not request.path_params["id"]:
         return RedirectResponse(f"/workflows/{quote(id)}", status_code=303)
     root, steps = await run_in_threadpool(_workflow, client, id)
-    if root.root_id and root.root_id != root.id:
-        return RedirectResponse(f"/workflows/{quote(root.root_id)}", status_code=303)
+    if _views.TAG_INVOKE not in root.tags and root.parent_id:
+        # A step's id: the page of the workflow it belongs to. (A child workflow has a
+        # page of its own: its steps are its own, by their parent link.)
+        return RedirectResponse(f"/workflows/{quote(root.parent_id)}", status_code=303)
     lines = _views.timeline(root, steps, client.decode)
     waiting = [line for line in lines if line.waiting]
     task = await run_in_threadpool(_task_of, client, root)
