@@ -7,22 +7,44 @@ PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 LISTEN ?= 127.0.0.1:7070
 DB ?= sqlite:///troth.db
+METRICS_LISTEN ?= 127.0.0.1:9464
+# More `troth serve` flags for `make run`. LEAD: once `troth serve --console-listen`
+# is in (issue 28 part 3), make this `--console-listen 127.0.0.1:7080` so that
+# `make run` serves the console too (and drop the `console` target's separate process).
+RUN_FLAGS ?=
 
 help: ## Show targets
 	@grep -E '^[a-z][a-z-]*:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
 
+# What serving needs, and no more: the SDK and CLI, the server, the console
+# (`make run`). The development install below holds all of it, so a .venv made by
+# `make install` serves without installing anything again.
+$(VENV)/.serve-installed: sdk/pyproject.toml server/pyproject.toml
+	@if [ $(VENV)/.installed -nt sdk/pyproject.toml ] && [ $(VENV)/.installed -nt server/pyproject.toml ]; then \
+	  echo "$(VENV) has the development install, which serves too"; \
+	else \
+	  test -x $(PY) || python3 -m venv $(VENV); \
+	  echo "installing troth and troth-server[console] into $(VENV)"; \
+	  $(PY) -m pip install --quiet -e ./sdk -e './server[console]'; \
+	fi
+	touch $@
+
+# Everything: the serving install, PostgreSQL support and the pinned dev tools
+# (test, lint, typecheck, proto, bench, ci).
 $(VENV)/.installed: sdk/pyproject.toml server/pyproject.toml requirements-dev.txt
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -r requirements-dev.txt -e ./sdk -e './server[postgres]'
-	touch $@
+	$(PY) -m pip install --quiet -r requirements-dev.txt -e ./sdk -e './server[postgres,console]'
+	touch $@ $(VENV)/.serve-installed
 
-install: $(VENV)/.installed ## Create .venv and install troth, troth-server[postgres] and the dev tools
+install-serve: $(VENV)/.serve-installed ## Create .venv with what serving needs: troth, troth-server[console] (no dev tools)
 
-run: install ## Start a local server, authentication off, on the embedded SQLite default (LISTEN=, DB= to override)
-	$(VENV)/bin/troth serve --no-auth --listen $(LISTEN) --db $(DB)
+install: $(VENV)/.installed ## Create .venv with troth, troth-server[postgres,console] and the dev tools
 
-console: install ## Serve the web console on 127.0.0.1:7080 for the server at LISTEN (start one with `make run`)
+run: install-serve ## Serve locally: auth off, SQLite ./troth.db, metrics on METRICS_LISTEN (LISTEN=, DB=, METRICS_LISTEN=, RUN_FLAGS= to change)
+	$(VENV)/bin/troth serve --no-auth --listen $(LISTEN) --db $(DB) --metrics-listen $(METRICS_LISTEN) $(RUN_FLAGS)
+
+console: install-serve ## Serve the web console on 127.0.0.1:7080 for the server at LISTEN (start one with `make run`)
 	$(VENV)/bin/troth console --server $(LISTEN)
 
 proto: install ## Regenerate sdk/troth/v1 from proto/ (grpcio-tools pinned in requirements-dev.txt)
@@ -84,4 +106,4 @@ bench-peers: install ## troth beside Restate and DBOS, same workloads (installs 
 
 ci: install proto-check lint typecheck test ## What CI runs
 
-.PHONY: help install run console proto proto-check fmt lint breaking typecheck test-unit test test-loaded bench bench-peers ci
+.PHONY: help install-serve install run console proto proto-check fmt lint breaking typecheck test-unit test test-loaded bench bench-peers ci

@@ -224,7 +224,7 @@ def test_the_extractor_sees_every_block() -> None:
         ]
         # Issue 12 item 6: every grpcurl line is run, none is exempt.
         assert not [b.where for b in found if b.skip and "grpcurl " in b.code]
-    assert sum("grpcurl " in b.code for b in snippets(ROOT / "docs" / "clients-and-errors.md")) >= 3
+    assert sum("grpcurl " in b.code for d in DOCUMENTS for b in snippets(d)) >= 3
 
 
 def test_every_docs_page_is_run() -> None:
