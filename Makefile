@@ -90,7 +90,7 @@ typecheck: install ## mypy --strict on both packages
 test-unit: install ## Pure tests only (seconds)
 	$(VENV)/bin/pytest tests/unit $(PYTEST_ARGS)
 
-test: install ## Everything the README promises: unit, store, api, integration, e2e (PostgreSQL: see README "Developing")
+test: install ## Everything the README promises: unit, store, api, integration, e2e (PostgreSQL: see docs/developing.md)
 	$(VENV)/bin/pytest tests -n 2 $(PYTEST_ARGS)
 
 test-loaded: install ## `make test` with 2 CPU hogs beside it (HOGS=N for more): the suite must pass on a busy machine

@@ -247,8 +247,8 @@ _OPTIONS: dict[str, tuple[str, type | None, str]] = {
     "metrics-listen": (
         "metrics_listen",
         str,
-        "serve Prometheus metrics over HTTP on HOST:PORT (/metrics; the README lists them); "
-        "unset: no metrics",
+        "serve Prometheus metrics over HTTP on HOST:PORT (/metrics; docs/operations.md "
+        "lists them); unset: no metrics",
     ),
     "keepalive-min-ping-interval": (
         "keepalive_min_ping_interval_ms",
