@@ -85,6 +85,7 @@ def test_the_readme_lists_every_docs_page() -> None:
         "README.md",
         "ARCHITECTURE.md",
         *sorted(f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md")),
+        *sorted(str(p.relative_to(ROOT)) for p in ROOT.glob("examples/*/README.md")),
     ],
 )
 def test_every_relative_link_and_anchor_resolves(name: str) -> None:
