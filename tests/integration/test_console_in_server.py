@@ -1,0 +1,175 @@
+"""`troth serve --console-listen HOST:PORT`: one process serves gRPC and the web console
+(which calls the server's own gRPC port on loopback, each person signing in with their
+own token), and its first lines say where each is: the gRPC address, the console's URL
+and the metrics' URL, or how to turn each on. Without the console's dependencies, one
+line names the install command."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import uuid
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+import httpx
+import pytest
+from _auth import Grant, write_token_file
+from _support import eventually, start_server
+
+from troth import Client, PromiseState
+from troth_server.config import settings_from
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+    from pathlib import Path
+
+    from _support import ServerProcess
+
+
+def started_line(server: ServerProcess) -> dict[str, Any]:
+    """The server's `server.started` log line, parsed."""
+    eventually(lambda: '"server.started"' in server.log(), 30, "the server.started line")
+    for line in server.log().splitlines():
+        entry = json.loads(line)
+        if entry["event"] == "server.started":
+            return dict(entry)
+    raise AssertionError(server.log())
+
+
+@pytest.fixture(scope="module")
+def hosted(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[ServerProcess, dict[str, str]]]:
+    workdir = tmp_path_factory.mktemp("hosted-console")
+    tokens = write_token_file(
+        workdir / "tokens.toml",
+        [Grant("alice", ("gateway",)), Grant("starter", ("gateway",))],
+    )
+    server = start_server(
+        workdir,
+        "--auth-tokens", str(workdir / "tokens.toml"),
+        "--console-listen", "127.0.0.1:0",
+        "--metrics-listen", "127.0.0.1:0",
+    )  # fmt: skip
+    try:
+        yield server, tokens
+    finally:
+        assert server.stop() == 0, server.log()[-3000:]
+
+
+def test_the_first_lines_name_the_grpc_address_the_console_url_and_the_metrics_url(
+    hosted: tuple[ServerProcess, dict[str, str]],
+) -> None:
+    server, _ = hosted
+    line = started_line(server)
+    first = json.loads(server.log().splitlines()[0])
+    assert first["event"] == "server.started", "the first line says where it serves"
+    assert line["grpc"] == f"127.0.0.1:{server.port}"
+    assert re.fullmatch(r"http://127\.0\.0\.1:\d+/", line["console"]), line
+    assert re.fullmatch(r"http://127\.0\.0\.1:\d+/metrics", line["metrics"]), line
+    assert httpx.get(line["metrics"], timeout=10).status_code == 200
+
+
+def test_the_console_in_the_server_process_serves_its_pages_to_a_signed_in_person(
+    hosted: tuple[ServerProcess, dict[str, str]],
+) -> None:
+    server, tokens = hosted
+    url = started_line(server)["console"].rstrip("/")
+    wid = f"hosted-{uuid.uuid4().hex[:8]}"
+    with Client(server.address, timeout=10, token=tokens["starter"]) as starter:
+        starter.create(wid, ttl=timedelta(hours=1), title="Ship it?",
+                       tags={"troth:kind": "promise"})  # fmt: skip
+    with httpx.Client(base_url=url, follow_redirects=False, timeout=30) as http:
+        assert http.get("/healthz").text.startswith("ok")
+        # Not signed in: the server (authentication on) refuses, in words.
+        assert "Sign in" in http.get("/").text
+        page = http.get("/signin").text
+        csrf = re.search(r'name="csrf" value="([^"]+)"', page)
+        assert csrf, page
+        signed = http.post("/signin", data={"token": tokens["alice"], "csrf": csrf.group(1)})
+        assert signed.status_code == 303, signed.text
+        inbox = http.get("/?all=1").text
+        assert "Ship it?" in inbox, inbox[-2000:]
+        assert wid in http.get(f"/promises/{wid}").text
+    with Client(server.address, timeout=10, token=tokens["starter"]) as starter:
+        assert starter.get(wid).state is PromiseState.PENDING
+
+
+def test_off_by_default_the_first_lines_say_how_to_turn_console_and_metrics_on(
+    tmp_path: Path,
+) -> None:
+    server = start_server(tmp_path)
+    try:
+        line = started_line(server)
+    finally:
+        assert server.stop() == 0
+    assert line["grpc"] == f"127.0.0.1:{server.port}"
+    assert "--console-listen 127.0.0.1:7080" in line["console"], line
+    assert "--metrics-listen 127.0.0.1:9464" in line["metrics"], line
+
+
+def test_without_the_consoles_dependencies_one_line_names_the_install_command(
+    tmp_path: Path,
+) -> None:
+    # Starlette missing, as in an installation without the `console` extra.
+    script = (
+        "import sys; sys.modules['starlette'] = None\n"
+        "from troth_server.__main__ import main\n"
+        "raise SystemExit(main(sys.argv[1:]))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, "serve", "--no-auth", "--listen", "127.0.0.1:0",
+         "--db", f"sqlite:///{tmp_path}/x.db", "--console-listen", "127.0.0.1:0"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2, done
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert "needs starlette, which is not installed" in lines[0]
+    assert "pip install './server[console]'" in lines[0]
+    assert "troth-server[console]" not in lines[0]
+    assert not (tmp_path / "x.db").exists(), "nothing is opened before the refusal"
+
+
+def test_troth_console_names_the_same_install_command(tmp_path: Path) -> None:
+    script = (
+        "import sys; sys.modules['starlette'] = None\n"
+        "from troth_server.__main__ import main\n"
+        "raise SystemExit(main(sys.argv[1:]))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script, "console"],
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 1, done
+    assert "pip install './server[console]'" in done.stderr
+    assert "troth-server[console]" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["--console-listen", "nowhere"], "--console-listen: 'nowhere' is not HOST:PORT"),
+        (
+            ["--console-listen", "127.0.0.1:0", "--tls-cert", "c.pem", "--tls-key", "k.pem"],
+            "troth console --server",
+        ),
+    ],
+)
+def test_a_console_address_that_cannot_work_is_refused_in_words(
+    args: list[str], words: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        settings_from(["--no-auth", *args], environ={})
+    assert words in capsys.readouterr().err
+
+
+def test_without_auth_a_console_on_a_public_address_is_refused(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "troth_server", "serve", "--no-auth", "--listen", "127.0.0.1:0",
+         "--db", f"sqlite:///{tmp_path}/x.db", "--console-listen", "0.0.0.0:0"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2, done
+    assert "--console-listen 0.0.0.0:0" in done.stderr and "not a loopback" in done.stderr
