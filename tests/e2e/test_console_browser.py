@@ -179,8 +179,9 @@ def test_approve_in_the_browser_and_watch_the_timeline_update(
     assert "due in" in card.text and "waiting" in card.text
     screenshot(browser, "console-inbox", tmp_path)
 
-    # Fill in the form generated from the schema and approve.
-    card.find_element(By.NAME, "approved").click()
+    # Fill in the form generated from the schema and approve: the decision's own
+    # yes/no starts ticked (Approve means yes), the rest is filled in.
+    assert card.find_element(By.NAME, "approved").is_selected()
     Select(card.find_element(By.NAME, "channel")).select_by_visible_text("newsletter")
     card.find_element(By.NAME, "note").send_keys("Lovely, ship it.")
     card.find_element(By.CSS_SELECTOR, "button.approve").click()
@@ -188,6 +189,8 @@ def test_approve_in_the_browser_and_watch_the_timeline_update(
     wait(browser, lambda d: "Legal sign-off" in text_of(d, "#waiting"),
          "the workflow waiting for legal")  # fmt: skip
     assert "was recorded" in browser.page_source
+    decided = client.decode(client.get(step).value)
+    assert decided == {"approved": True, "channel": "newsletter", "note": "Lovely, ship it."}
     assert "by <b>ada</b>" in browser.page_source  # who settled what
     assert "started by newsroom" in browser.page_source
     live(browser, "the timeline")

@@ -171,7 +171,8 @@ def test_the_inbox_shows_the_approval_with_a_form_from_its_schema(
     assert re.search(r"<dt>waiting</dt><dd>\d+s</dd>", text), "the age in words"
     assert f'href="/workflows/{wid}"' in text
     # The schema's fields: a checkbox, a required select of the enum, a text input.
-    assert 'type="checkbox" name="approved"' in text
+    # The decision's own yes/no starts ticked: Approve on an untouched form means yes.
+    assert re.search(r'type="checkbox" name="approved"\s+checked>', text)
     assert re.search(r'<select name="channel" required>', text)
     assert '<option value="&#34;blog&#34;" >blog</option>' in text
     assert 'name="note"' in text
