@@ -70,6 +70,11 @@ def named(ctx: Context, post: int) -> Generator[Any, Any, Any]:
     return (yield approval)
 
 
+def buggy(ctx: Context, post: int) -> Generator[Any, Any, Any]:
+    yield ctx.run(draft, post)
+    return publsh(post)  # type: ignore[name-defined]  # noqa: F821  # the bug: a pause
+
+
 class Site:
     def __init__(
         self,
@@ -134,6 +139,7 @@ def worker(site: Site) -> Iterator[Worker]:
         w = Worker(client, group=GROUP, lease=timedelta(seconds=5))
         w.workflow(review)
         w.workflow(named)
+        w.workflow(buggy)
         w.start()
         yield w
         w.stop()
@@ -460,3 +466,88 @@ def _logged(site: Site, event: str, worker_id: str) -> bool:
         if entry.get("event") == event and entry.get("worker_id") == worker_id:
             return True
     return False
+
+
+def paused_run(site: Site, starter: Client) -> str:
+    """A `buggy` run, paused by its NameError (its task failed at least once)."""
+    wid = f"buggy-{uuid.uuid4().hex[:8]}"
+    starter.start("buggy", 3, id=wid, group=GROUP)
+    with Client(site.server.address, timeout=10, token=site.tokens["ops"]) as ops:
+        eventually(lambda: _failed(ops, wid), 30, "the run paused by its bug")
+    return wid
+
+
+def _failed(ops: Client, wid: str) -> bool:
+    return any(t.root_id == wid and t.failed_attempts for t in ops.search_tasks(GROUP))
+
+
+def test_a_paused_run_shows_paused_with_its_error_attempts_traceback_and_actions(
+    site: Site, worker: Worker, starter: Client
+) -> None:
+    wid = paused_run(site, starter)
+    with site.http() as http:
+        site.sign_in(http, "ops")
+        page = http.get(f"/workflows/{wid}").text
+    assert "Running: a worker is on its next step" not in page
+    assert re.search(r"<b>PAUSED</b> after \d+ failed attempts?", page), page[-3000:]
+    assert "NameError: name &#39;publsh&#39; is not defined" in page
+    assert re.search(r"Next retry \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC|trying it again now", page)
+    assert '<details id="traceback"><summary>Traceback</summary>' in page and "publsh" in page
+    for action in ("retry", "fail", "cancel"):
+        assert f'action="/{action}/{wid}"' in page
+
+
+def test_a_person_whose_roles_may_not_operate_sees_no_buttons_and_is_refused_in_words(
+    site: Site, worker: Worker, starter: Client
+) -> None:
+    wid = paused_run(site, starter)
+    with site.http() as http:
+        site.sign_in(http, "alice")  # a gateway: may not fail, cancel or read tasks
+        page = http.get(f"/workflows/{wid}").text
+        assert 'action="/fail/' not in page and 'action="/cancel/' not in page
+        form = {"csrf": csrf(http, f"/workflows/{wid}"), "reason": "not mine to fail"}
+        for action in ("fail", "cancel", "retry"):
+            refused = http.post(f"/{action}/{wid}", data=form)
+            assert refused.status_code == 403, (action, refused.text[-2000:])
+            assert "Your roles do not allow this" in refused.text, refused.text[-2000:]
+            assert "(ROLE_NOT_ALLOWED)" in refused.text
+    assert starter.get(wid).state is PromiseState.PENDING
+
+
+def test_an_operator_fails_a_paused_run_with_a_reason(
+    site: Site, worker: Worker, starter: Client
+) -> None:
+    wid = paused_run(site, starter)
+    with site.http() as http:
+        site.sign_in(http, "ops")
+        token = csrf(http, f"/workflows/{wid}")
+        empty = http.post(f"/fail/{wid}", data={"csrf": token, "reason": " "})
+        assert empty.status_code == 400 and "Give a reason" in empty.text
+        done = http.post(f"/fail/{wid}", data={"csrf": token, "reason": "a bug, fixed tomorrow"})
+        assert done.status_code == 303, done.text[-2000:]
+        assert done.headers["location"] == f"/workflows/{wid}?done=failed"
+        page = http.get(done.headers["location"]).text
+    assert "The workflow was failed" in page and "Ended rejected" in page
+    root = starter.get(wid)
+    assert root.state is PromiseState.REJECTED
+    assert starter.decode(root.value)["message"] == "a bug, fixed tomorrow"
+
+
+def test_an_operator_cancels_a_run_and_a_second_cancel_is_refused_in_words(
+    site: Site, worker: Worker, starter: Client
+) -> None:
+    wid, step = started(starter, "alice")  # waiting for a decision: no task
+    with site.http() as http:
+        site.sign_in(http, "ops")
+        page = http.get(f"/workflows/{wid}").text
+        assert f'action="/cancel/{wid}"' in page and f'action="/retry/{wid}"' not in page
+        form = {"csrf": csrf(http, f"/workflows/{wid}"), "reason": "the post was withdrawn"}
+        done = http.post(f"/cancel/{wid}", data=form)
+        assert done.status_code == 303, done.text[-2000:]
+        assert "was cancelled" in http.get(done.headers["location"]).text
+        again = http.post(f"/cancel/{wid}", data=form)
+    assert again.status_code == 409, again.text[-2000:]
+    assert "Someone settled this promise already" in again.text
+    assert starter.get(wid).state is PromiseState.REJECTED_CANCELED
+    assert starter.get(step).state is PromiseState.REJECTED_CANCELED
+    assert starter.decode(starter.get(wid).value) == {"reason": "the post was withdrawn"}

@@ -10,7 +10,16 @@ import pytest
 from troth import TaskInfo, TaskKind, TaskState, WorkerInfo
 from troth_server.console._clients import ANONYMOUS, ClientCache, Identity
 from troth_server.console._config import ConsoleSettings, settings_from
-from troth_server.console._views import VersionWait, task_rows, version_wait, worker_rows
+from troth_server.console._views import (
+    Pause,
+    VersionWait,
+    Who,
+    pause,
+    settler,
+    task_rows,
+    version_wait,
+    worker_rows,
+)
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 
@@ -42,6 +51,30 @@ def test_a_run_waiting_for_its_version_is_said_from_its_task_else_from_the_settl
     busy = _task(TaskState.PENDING, None, "waiting for a free worker of group 'g' (...)")
     assert version_wait(busy, "") is None
     assert version_wait(None, "") is None
+
+
+def test_a_failed_task_is_a_pause_with_its_error_attempts_traceback_and_next_retry() -> None:
+    pending = replace(
+        _task(TaskState.PENDING, None, "retrying after a failure"),
+        failed_attempts=6, last_error="NameError: name 'x' is not defined",
+        last_traceback="Traceback...", next_attempt_time=NOW + timedelta(minutes=4),
+    )  # fmt: skip
+    assert pause(pending, NOW) == Pause(
+        6, "NameError: name 'x' is not defined", "Traceback...",
+        "2026-03-01 12:04:00 UTC, in 4m", retrying=False,
+    )  # fmt: skip
+    due = pause(pending, NOW + timedelta(minutes=5))
+    assert due is not None and due.next_retry.endswith(", now")
+    retrying = pause(replace(pending, state=TaskState.CLAIMED), NOW)
+    assert retrying is not None and retrying.retrying and retrying.next_retry == ""
+    assert pause(_task(TaskState.PENDING, None, None), NOW) is None  # never failed
+    assert pause(None, NOW) is None
+
+
+def test_who_settled_is_split_from_what_it_came_through() -> None:
+    assert settler("bob via settle-token k1:abc") == Who("bob", "settle-token k1:abc")
+    assert settler("alice") == Who("alice", "")
+    assert settler("") == Who("", "")
 
 
 def test_worker_rows_show_versions_held_tasks_and_heartbeats_in_words() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import wraps
 from itertools import islice
@@ -26,6 +27,7 @@ from troth.errors import (
     TrothError,
     UnauthenticatedError,
 )
+from troth.v1 import tasks_pb2
 from troth_server.console import _session, _views
 from troth_server.console._clients import Identity
 from troth_server.console._forms import FormError, form_for, value_from
@@ -229,17 +231,29 @@ async def settle(request: Request) -> Response:
 # --- a workflow's timeline -------------------------------------------------------
 
 
-def _task_of(client: Client, root: Promise) -> TaskInfo | None:
-    """The workflow's open task, for a person whose roles may read tasks (operators);
-    None for others, and for a workflow that is over or waits on its steps."""
+@dataclass(frozen=True, slots=True)
+class _Operations:
+    """What the workflow page knows of a run's task, and whether the person may act."""
+
+    task: TaskInfo | None
+    """The open task (read by a person whose roles may read tasks), else None."""
+    may_operate: bool
+    """The server let them read tasks: their roles are an operator's (or the server
+    runs without authentication), so they are offered Retry now, Fail and Cancel.
+    The server still decides each (`_act`): a refusal is shown in its words."""
+
+
+def _task_of(client: Client, root: Promise) -> _Operations:
+    """The workflow's open task and whether the person may operate on it; no task for a
+    workflow that is over, or that waits on its steps."""
     group = root.tags.get(_views.TAG_INVOKE)
     if group is None or root.state is not PromiseState.PENDING:
-        return None
+        return _Operations(None, may_operate=False)
     try:
         found = TaskCalls(connection(client)).search(group, 1, root.id)
     except (PermissionDeniedError, UnauthenticatedError):
-        return None
-    return TaskInfo.from_proto(found[0]) if found else None
+        return _Operations(None, may_operate=False)
+    return _Operations(TaskInfo.from_proto(found[0]) if found else None, may_operate=True)
 
 
 def _workflow(client: Client, id: str) -> tuple[Promise, list[Promise]]:
@@ -259,28 +273,44 @@ def _workflow(client: Client, id: str) -> tuple[Promise, list[Promise]]:
 
 @_page
 async def workflow(request: Request) -> Response:
-    client = _client(request)
     id = request.path_params["id"] or request.query_params.get("id", "").strip()
     if not id:
         return RedirectResponse("/", status_code=303)
     if not request.path_params["id"]:
         return RedirectResponse(f"/workflows/{quote(id)}", status_code=303)
+    return await _workflow_page(request, id)
+
+
+_DONE = {
+    "retried": "Retried now: the workflow goes to a worker of its group at once.",
+    "failed": "The workflow was failed: its root is rejected with your reason.",
+    "cancelled": "The workflow was cancelled, with its pending steps.",
+}
+
+
+async def _workflow_page(request: Request, id: str, status: int = 200, error: str = "") -> Response:
+    client = _client(request)
     root, steps = await run_in_threadpool(_workflow, client, id)
     if root.root_id and root.root_id != root.id:
         return RedirectResponse(f"/workflows/{quote(root.root_id)}", status_code=303)
     lines = _views.timeline(root, steps, client.decode)
     waiting = [line for line in lines if line.waiting]
-    task = await run_in_threadpool(_task_of, client, root)
+    ops = await run_in_threadpool(_task_of, client, root)
     settled = request.query_params.get("settled", "")
     note = _session.read_note(request) if settled else ""
     response = render(
         request,
         "workflow.html",
+        status,
         root=root,
         lines=lines,
         waiting=waiting,
         settled=settled,
-        version_wait=_views.version_wait(task, note),
+        version_wait=_views.version_wait(ops.task, note),
+        paused=_views.pause(ops.task, _now()),
+        operable=ops.may_operate and root.state is PromiseState.PENDING,
+        done=_DONE.get(request.query_params.get("done", ""), ""),
+        error=error,
         truncated=len(steps) >= STEPS_LIMIT,
     )
     if note:
@@ -298,6 +328,54 @@ async def move(request: Request) -> Response:
     client = _client(request)
     await run_in_threadpool(TaskCalls(connection(client)).move_workflow, id, None)
     return RedirectResponse(f"/workflows/{quote(id)}?moved=1", status_code=303)
+
+
+# --- an operator's actions on a workflow ------------------------------------------------
+
+
+def _retry(client: Client, id: str, reason: str) -> None:
+    # Until the SDK has Client.retry_workflow_now (branch wf-api): the RPC itself.
+    calls = connection(client)
+    request = tasks_pb2.RetryWorkflowNowRequest(id=id)
+    calls.call(getattr(calls.transport.tasks, "RetryWorkflowNow"), request)  # noqa: B009
+
+
+def _fail(client: Client, id: str, reason: str) -> None:
+    TaskCalls(connection(client)).fail_workflow(id, reason)
+
+
+def _cancel(client: Client, id: str, reason: str) -> None:
+    client.cancel(id, {"reason": reason})
+
+
+_ACTIONS: dict[str, tuple[Callable[[Client, str, str], None], bool, str]] = {
+    "retry": (_retry, False, "retried"),
+    "fail": (_fail, True, "failed"),
+    "cancel": (_cancel, True, "cancelled"),
+}
+"""action -> (the call, whether it needs a reason, the word for the page after)."""
+
+
+@_page
+async def act(request: Request) -> Response:
+    """Retry now, Fail or Cancel a workflow, as the signed-in person: the server decides
+    (roles, the run's state); a refusal is shown on the workflow's page in its words."""
+    id = request.path_params["id"]
+    form = await _form(request)
+    if isinstance(form, Response):
+        return form
+    call, needs_reason, done = _ACTIONS[request.url.path.split("/", 2)[1]]
+    reason = form.get("reason", "").strip()
+    if needs_reason and not reason:
+        return await _workflow_page(
+            request, id, 400, "Give a reason: it is recorded with the workflow."
+        )
+    try:
+        await run_in_threadpool(call, _client(request), id, reason)
+    except RpcError as exc:
+        words, status = _refusal(exc)
+        return await _workflow_page(request, id, status, words)
+    return RedirectResponse(f"/workflows/{quote(id)}?done={done}", status_code=303)
 
 
 # --- tasks and workers ---------------------------------------------------------------
@@ -405,6 +483,9 @@ ROUTES: list[tuple[str, Endpoint, list[str]]] = [
     ("/settle/{id:path}", settle, ["POST"]),
     ("/workflows/{id:path}", workflow, ["GET"]),
     ("/move/{id:path}", move, ["POST"]),
+    ("/retry/{id:path}", act, ["POST"]),
+    ("/fail/{id:path}", act, ["POST"]),
+    ("/cancel/{id:path}", act, ["POST"]),
     ("/tasks", tasks, ["GET"]),
     ("/workers", workers, ["GET"]),
     ("/events", events, ["GET"]),

@@ -30,13 +30,17 @@ __all__ = [
     "TAG_INVOKE",
     "TAG_KIND",
     "InboxRow",
+    "Pause",
     "Step",
     "TaskRow",
     "VersionWait",
+    "Who",
     "WorkerRow",
     "error_words",
     "inbox_rows",
+    "pause",
     "pretty",
+    "settler",
     "task_rows",
     "timeline",
     "version_wait",
@@ -102,6 +106,11 @@ class Step:
     created: str
     settled: str
     settled_by: str
+    """As recorded: `bob`, or `bob via settle-token k1:…`."""
+    who: str
+    """Who settled it (`bob`)."""
+    via: str
+    """Through what, if not directly (`settle-token k1:…`), else ""."""
     title: str
     waiting: str
     """For the point the workflow waits at: what it waits for; else ""."""
@@ -134,6 +143,7 @@ def timeline(root: Promise, steps: Iterable[Promise], decode: Decode) -> list[St
 def _step(promise: Promise, kind: str, name: str, decode: Decode) -> Step:
     pending = promise.state is PromiseState.PENDING
     waiting = _WAITING_KINDS.get(kind, "") if pending else ""
+    who = settler(promise.settled_by)
     return Step(
         id=promise.id,
         kind=kind,
@@ -142,6 +152,8 @@ def _step(promise: Promise, kind: str, name: str, decode: Decode) -> Step:
         created=_stamp(promise.create_time),
         settled=_stamp(promise.settle_time),
         settled_by=promise.settled_by,
+        who=who.name,
+        via=who.via,
         title=promise.title,
         waiting=waiting,
         value=_value_text(promise, decode),
@@ -275,3 +287,51 @@ def version_wait(task: TaskInfo | None, note: str) -> VersionWait | None:
     if note:
         return VersionWait(note, movable=False)
     return None
+
+
+@dataclass(frozen=True, slots=True)
+class Pause:
+    """A workflow paused by its code: it failed on a worker (a bug) and waits out its
+    retry backoff, or a worker is trying it again now."""
+
+    attempts: int
+    error: str
+    traceback: str
+    next_retry: str
+    """When it is delivered again ("2026-05-28 20:26:40 UTC, in 4m"), or "" (retrying now)."""
+    retrying: bool
+    """A worker holds it now: the next attempt is under way."""
+
+
+def pause(task: TaskInfo | None, now: datetime) -> Pause | None:
+    """The pause of a workflow whose task failed, or None (never failed, or no task)."""
+    if task is None or task.failed_attempts <= 0:
+        return None
+    retrying = task.state is TaskState.CLAIMED
+    when = task.next_attempt_time
+    next_retry = ""
+    if not retrying and when is not None:
+        soon = "now" if when <= now else f"in {format_duration(when - now)}"
+        next_retry = f"{_stamp(when)}, {soon}"
+    return Pause(
+        attempts=task.failed_attempts,
+        error=task.last_error or "(no error recorded)",
+        traceback=task.last_traceback or "",
+        next_retry=next_retry,
+        retrying=retrying,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Who:
+    """Who settled a promise, and through what (a settle token, a gateway...)."""
+
+    name: str
+    via: str
+
+
+def settler(settled_by: str) -> Who:
+    """`settled_by` split at its first " via ": `bob via settle-token k1:…` -> bob, and
+    `settle-token k1:…`; a plain name has no via."""
+    name, _, via = settled_by.partition(" via ")
+    return Who(name.strip(), via.strip())
