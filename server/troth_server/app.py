@@ -498,6 +498,7 @@ async def _serve_aio(settings: Settings) -> int:
     for name in ("", PROMISES_SERVICE, TASKS_SERVICE):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     _log_started(settings, port, authenticator, tls, metrics, console)
+    _logging.flush()  # where it serves, at once (the port file follows)
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -12,12 +12,13 @@ import subprocess
 import sys
 import uuid
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import httpx
 import pytest
 from _auth import Grant, write_token_file
-from _support import eventually, start_server
+from _console import started_line
+from _support import start_server
 
 from troth import Client, PromiseState
 from troth_server.config import settings_from
@@ -27,16 +28,6 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from _support import ServerProcess
-
-
-def started_line(server: ServerProcess) -> dict[str, Any]:
-    """The server's `server.started` log line, parsed."""
-    eventually(lambda: '"server.started"' in server.log(), 30, "the server.started line")
-    for line in server.log().splitlines():
-        entry = json.loads(line)
-        if entry["event"] == "server.started":
-            return dict(entry)
-    raise AssertionError(server.log())
 
 
 @pytest.fixture(scope="module")
