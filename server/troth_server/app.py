@@ -60,6 +60,7 @@ from troth_server.store import StoreError, StoreEvent, open_store
 from troth_server.sweeper import Sweeper
 from troth_server.task_service import TaskService
 from troth_server.watch import WatchHub
+from troth_server.workflows import WorkflowService
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -162,6 +163,7 @@ class Core:
             self.store, self.committer, WatchHub(), clock, self.checks, guard
         )
         self.tasks = TaskService(self.store, self.committer, clock, self.checks)
+        self.workflows = WorkflowService(self.store, self.committer, clock, self.service.decided)
         self.dispatcher = Dispatcher(self.tasks, self.store)
         # A task created while a worker of its group has room is leased in the
         # transaction that creates it, and delivered with no claim of its own.
@@ -536,7 +538,7 @@ def servicers(
     methods (each call through `door`, as its unary RPC would be, and in the metrics
     as the RPC it is)."""
     promises = PromiseServiceServicer(core.service, limits)
-    tasks = TaskServiceServicer(core.tasks, core.dispatcher, limits)
+    tasks = TaskServiceServicer(core.tasks, core.dispatcher, limits, core.workflows)
     promises.workflow_waiting = tasks.workflow_waiting
     tasks.mux = CallMux(
         ((PROMISES, promises), (TASKS, tasks)),

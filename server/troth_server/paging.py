@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
 
     from troth_server.domain.promise import PromiseState
+    from troth_server.store import WorkflowQuery
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +64,18 @@ def fingerprint(
         parts.append({"parent_id": parent_id})
     canonical = json.dumps(parts)
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def workflow_fingerprint(query: WorkflowQuery) -> str:
+    """The digest a `SearchWorkflows` token is bound to: every filter of its search (a
+    `SearchPromises` token is never one of these, nor the other way round)."""
+    parts: list[Any] = [
+        "workflows", query.id_glob, sorted(s.value for s in query.states),
+        list(query.groups or ()), query.workflow, query.version, query.paused,
+        query.waiting_for_human, query.created_after, query.created_before,
+        query.newest_first, list(query.id_prefixes),
+    ]  # fmt: skip
+    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
 
 
 def encode(cursor: Cursor, order: PromiseOrder, query: str) -> str:
