@@ -504,6 +504,7 @@ def test_a_person_whose_roles_may_not_operate_sees_no_buttons_and_is_refused_in_
     with site.http() as http:
         site.sign_in(http, "alice")  # a gateway: may not fail, cancel or read tasks
         page = http.get(f"/workflows/{wid}").text
+        assert "<b>PAUSED</b> after" in page, "anyone who may read the run sees it paused"
         assert 'action="/fail/' not in page and 'action="/cancel/' not in page
         form = {"csrf": csrf(http, f"/workflows/{wid}"), "reason": "not mine to fail"}
         for action in ("fail", "cancel", "retry"):
@@ -551,3 +552,37 @@ def test_an_operator_cancels_a_run_and_a_second_cancel_is_refused_in_words(
     assert starter.get(wid).state is PromiseState.REJECTED_CANCELED
     assert starter.get(step).state is PromiseState.REJECTED_CANCELED
     assert starter.decode(starter.get(wid).value) == {"reason": "the post was withdrawn"}
+
+
+def test_an_operator_retries_a_paused_run_now_and_one_not_paused_is_refused_in_words(
+    site: Site, worker: Worker, starter: Client
+) -> None:
+    wid = paused_run(site, starter)
+    waiting, _ = started(starter, "alice")
+    with site.http() as http:
+        site.sign_in(http, "ops")
+        token = csrf(http, f"/workflows/{wid}")
+        done = http.post(f"/retry/{wid}", data={"csrf": token})
+        assert done.status_code == 303, done.text[-2000:]
+        assert "Retried now" in http.get(done.headers["location"]).text
+        refused = http.post(f"/retry/{waiting}", data={"csrf": token})
+    assert refused.status_code == 409, refused.text[-2000:]
+    assert "(WORKFLOW_NOT_PAUSED)" in refused.text
+
+
+def test_a_finished_runs_timeline_keeps_its_named_decision_with_who_and_the_value(
+    site: Site, worker: Worker, starter: Client
+) -> None:
+    wid = f"named-{uuid.uuid4().hex[:8]}"
+    starter.start("named", 4, id=wid, group=GROUP)
+    eventually(lambda: _pending(starter, f"approval-{wid}"), 20, "the named approval")
+    with Client(site.server.address, timeout=10, token=site.tokens["alice"]) as alice:
+        alice.resolve(f"approval-{wid}", {"approved": True})
+    eventually(lambda: starter.get(wid).state is PromiseState.RESOLVED, 20, "the run ended")
+    with site.http() as http:
+        site.sign_in(http, "bob")
+        page = http.get(f"/workflows/{wid}").text
+    assert "Ended resolved" in page
+    step = page[page.index(f'data-step="approval-{wid}"') :]
+    assert "Named approval 4" in step[:1500] and "by <b>alice</b>" in step[:1500]
+    assert "{&#34;approved&#34;: true}" in step[:1500]

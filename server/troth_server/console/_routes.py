@@ -27,7 +27,6 @@ from troth.errors import (
     TrothError,
     UnauthenticatedError,
 )
-from troth.v1 import tasks_pb2
 from troth_server.console import _session, _views
 from troth_server.console._clients import Identity
 from troth_server.console._forms import FormError, form_for, value_from
@@ -236,39 +235,35 @@ class _Operations:
     """What the workflow page knows of a run's task, and whether the person may act."""
 
     task: TaskInfo | None
-    """The open task (read by a person whose roles may read tasks), else None."""
+    """Its task when one is not completed (paused, waiting for a worker, held by one),
+    as SearchWorkflows gives it to anyone who may read the workflow."""
     may_operate: bool
-    """The server let them read tasks: their roles are an operator's (or the server
-    runs without authentication), so they are offered Retry now, Fail and Cancel.
-    The server still decides each (`_act`): a refusal is shown in its words."""
+    """The server let them read the run's tasks: their roles are an operator's (or the
+    server runs without authentication), so they are offered Retry now, Fail, Cancel
+    and Move. The server still decides each (`act`): a refusal is shown in its words."""
 
 
-def _task_of(client: Client, root: Promise) -> _Operations:
-    """The workflow's open task and whether the person may operate on it; no task for a
-    workflow that is over, or that waits on its steps."""
+def _operations(client: Client, root: Promise) -> _Operations:
+    """A pending workflow's task, and whether the person may operate on it."""
     group = root.tags.get(_views.TAG_INVOKE)
     if group is None or root.state is not PromiseState.PENDING:
         return _Operations(None, may_operate=False)
+    found = client.search_workflows(id=root.id, limit=10)
+    task = next((w.task for w in found if w.id == root.id), None)
     try:
-        found = TaskCalls(connection(client)).search(group, 1, root.id)
+        TaskCalls(connection(client)).search(group, 1, root.id)
     except (PermissionDeniedError, UnauthenticatedError):
-        return _Operations(None, may_operate=False)
-    return _Operations(TaskInfo.from_proto(found[0]) if found else None, may_operate=True)
+        return _Operations(task, may_operate=False)
+    return _Operations(task, may_operate=True)
 
 
 def _workflow(client: Client, id: str) -> tuple[Promise, list[Promise]]:
     root = client.get(id)
     # The root first, then its steps: a workflow that ends meanwhile then shows a
     # pending root with all its steps, never an ended root missing its last ones.
-    steps = list(islice(client.search_all(f"{id}.*", page_size=STEPS_LIMIT), STEPS_LIMIT))
-    # A step with an id of its own (`ctx.promise(id=...)`) is not under `<root>.*`:
-    # a pending one (the point the workflow waits at) is found among the approvals.
-    # (A settled one is not shown: SearchPromises has no filter by root yet.)
-    if root.state is not PromiseState.PENDING:
-        return root, steps
-    known = {step.id for step in steps}
-    named = [p for p in _inbox(client, mine=False) if p.root_id == id and p.id not in known]
-    return root, steps + named
+    # Steps by their parent link: a step with an id of its own (`ctx.promise(id=...)`)
+    # is there too, and stays after the run ends.
+    return root, client.workflow_steps(id)
 
 
 @_page
@@ -293,9 +288,9 @@ async def _workflow_page(request: Request, id: str, status: int = 200, error: st
     root, steps = await run_in_threadpool(_workflow, client, id)
     if root.root_id and root.root_id != root.id:
         return RedirectResponse(f"/workflows/{quote(root.root_id)}", status_code=303)
-    lines = _views.timeline(root, steps, client.decode)
+    lines = _views.timeline(root, steps[:STEPS_LIMIT], client.decode)
     waiting = [line for line in lines if line.waiting]
-    ops = await run_in_threadpool(_task_of, client, root)
+    ops = await run_in_threadpool(_operations, client, root)
     settled = request.query_params.get("settled", "")
     note = _session.read_note(request) if settled else ""
     response = render(
@@ -306,12 +301,12 @@ async def _workflow_page(request: Request, id: str, status: int = 200, error: st
         lines=lines,
         waiting=waiting,
         settled=settled,
-        version_wait=_views.version_wait(ops.task, note),
+        version_wait=_views.version_wait(ops.task if ops.may_operate else None, note),
         paused=_views.pause(ops.task, _now()),
         operable=ops.may_operate and root.state is PromiseState.PENDING,
         done=_DONE.get(request.query_params.get("done", ""), ""),
         error=error,
-        truncated=len(steps) >= STEPS_LIMIT,
+        truncated=len(steps) > STEPS_LIMIT,
     )
     if note:
         _session.clear_note(response)
@@ -334,10 +329,7 @@ async def move(request: Request) -> Response:
 
 
 def _retry(client: Client, id: str, reason: str) -> None:
-    # Until the SDK has Client.retry_workflow_now (branch wf-api): the RPC itself.
-    calls = connection(client)
-    request = tasks_pb2.RetryWorkflowNowRequest(id=id)
-    calls.call(getattr(calls.transport.tasks, "RetryWorkflowNow"), request)  # noqa: B009
+    client.retry_workflow_now(id)
 
 
 def _fail(client: Client, id: str, reason: str) -> None:
