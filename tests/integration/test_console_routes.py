@@ -586,3 +586,55 @@ def test_a_finished_runs_timeline_keeps_its_named_decision_with_who_and_the_valu
     step = page[page.index(f'data-step="approval-{wid}"') :]
     assert "Named approval 4" in step[:1500] and "by <b>alice</b>" in step[:1500]
     assert "{&#34;approved&#34;: true}" in step[:1500]
+
+
+IDLE = "console-idle"
+"""A group no worker polls: its workflows wait, in the order they were started."""
+
+
+def test_the_workflows_page_lists_runs_with_their_state_and_what_they_wait_on_by_filter(
+    site: Site, worker: Worker, starter: Client
+) -> None:
+    wid_paused = paused_run(site, starter)
+    wid_human, step = started(starter, "alice")
+    with site.http() as http:
+        site.sign_in(http, "bob")  # a gateway reads the list too
+        everything = http.get("/workflows")
+        paused = http.get(f"/workflows?paused=1&group={GROUP}").text
+        human = http.get("/workflows?human=1&workflow=review").text
+        named = http.get("/workflows?workflow=named&state=resolved").text
+        future = http.get("/workflows?after=2999-01-01T00:00").text
+        bad = http.get("/workflows?state=sleepy")
+        odd = http.get("/workflows?before=yesterday")
+    assert everything.status_code == 200
+    assert 'href="/workflows" aria-current="page">Workflows</a>' in everything.text
+    assert wid_paused in everything.text and wid_human in everything.text
+    row = paused[paused.index(f'data-workflow="{wid_paused}"') :][:1500]
+    assert '<span class="state paused"' in row and re.search(r"\d+ failed attempts?", row)
+    assert "<code>buggy@" in row and GROUP in row
+    assert wid_human not in paused
+    row = human[human.index(f'data-workflow="{wid_human}"') :][:1500]
+    assert f'href="/promises/{step}" class="decision-link">Publish post 7?</a>' in row
+    assert wid_paused not in human
+    assert wid_human not in named and wid_paused not in named
+    assert "No workflow matches these filters." in future
+    assert bad.status_code == 200 and "state &#39;SLEEPY&#39; is not one of" in bad.text
+    assert "is not a date and time" in odd.text
+
+
+def test_the_workflows_page_pages_newest_first(site: Site, starter: Client) -> None:
+    run = uuid.uuid4().hex[:6]
+    ids = [f"idle-{run}-{n:02}" for n in range(52)]
+    for wid in ids:
+        starter.start("anything", id=wid, group=IDLE)
+    with site.http() as http:
+        site.sign_in(http, "bob")
+        first = http.get(f"/workflows?group={IDLE}&id=idle-{run}-*").text
+        older = re.search(r'href="/workflows\?([^"]+)" rel="next"', first)
+        assert older, first[-2000:]
+        second = http.get(f"/workflows?{older.group(1).replace('&amp;', '&')}").text
+    shown = re.findall(r'data-workflow="(idle-[^"]+)"', first)
+    assert shown == ids[::-1][:50]
+    assert re.findall(r'data-workflow="(idle-[^"]+)"', second) == ids[::-1][50:]
+    assert 'rel="prev"' in second and 'rel="next"' not in second
+    assert "waiting for a worker of group" in first or "a worker of its group" in first

@@ -10,6 +10,7 @@ import pytest
 from troth import TaskInfo, TaskKind, TaskState, WorkerInfo
 from troth_server.console._clients import ANONYMOUS, ClientCache, Identity
 from troth_server.console._config import ConsoleSettings, settings_from
+from troth_server.console._filters import filters_from
 from troth_server.console._views import (
     Pause,
     VersionWait,
@@ -116,3 +117,29 @@ def test_the_flags() -> None:
     assert settings_from([]).listen == "127.0.0.1:7080"
     with pytest.raises(SystemExit):
         settings_from(["--listen", "7080"])
+
+
+def test_the_workflow_filters_are_read_from_the_query_and_written_back() -> None:
+    filters = filters_from({"state": "pending", "group": " g ", "paused": "1",
+                            "after": "2026-05-28T09:30", "page": "2"})  # fmt: skip
+    assert not filters.errors
+    arguments = filters.arguments()
+    assert arguments["states"] == ["PENDING"] and arguments["group"] == "g"
+    assert arguments["paused"] is True and arguments["waiting_for_human"] is False
+    assert arguments["created_after"] == datetime(2026, 5, 28, 9, 30, tzinfo=UTC)
+    assert arguments["created_before"] is None and arguments["id"] is None
+    assert filters.query(3) == "state=PENDING&group=g&paused=1&after=2026-05-28T09%3A30&page=3"
+    assert filters.query(0).endswith("09%3A30") and filters.any
+    assert not filters_from({}).any
+
+
+@pytest.mark.parametrize(
+    ("query", "words"),
+    [
+        ({"state": "done"}, "state 'DONE' is not one of PENDING, RESOLVED"),
+        ({"before": "last week"}, "started before 'last week' is not a date and time"),
+    ],
+)
+def test_a_filter_that_cannot_be_read_is_named(query: dict[str, str], words: str) -> None:
+    errors = filters_from(query).errors
+    assert len(errors) == 1 and errors[0].startswith(words), errors

@@ -22,6 +22,7 @@ from troth._tasks import TaskCalls
 from troth.client import connection
 from troth.errors import (
     ConfigurationError,
+    InvalidArgumentError,
     PermissionDeniedError,
     RpcError,
     TrothError,
@@ -29,6 +30,7 @@ from troth.errors import (
 )
 from troth_server.console import _session, _views
 from troth_server.console._clients import Identity
+from troth_server.console._filters import PAGE_SIZE, STATES, WorkflowFilters, filters_from
 from troth_server.console._forms import FormError, form_for, value_from
 from troth_server.console._live import event_lines
 from troth_server.console._pages import render
@@ -36,7 +38,7 @@ from troth_server.console._pages import render
 if TYPE_CHECKING:
     from starlette.requests import Request
 
-    from troth import Client, Promise
+    from troth import Client, Promise, WorkflowInfo
     from troth_server.console._app import Console
 
 __all__ = ["ROUTES"]
@@ -266,6 +268,43 @@ def _workflow(client: Client, id: str) -> tuple[Promise, list[Promise]]:
     return root, client.workflow_steps(id)
 
 
+def _workflow_list(client: Client, filters: WorkflowFilters) -> list[WorkflowInfo]:
+    """Page `filters.page` of the list, and the first of the next (to know there is one)."""
+    start = filters.page * PAGE_SIZE
+    size = min(start + PAGE_SIZE + 1, 1000)
+    found = client.iter_workflows(**filters.arguments(), page_size=size)
+    return list(islice(found, start, start + PAGE_SIZE + 1))
+
+
+@_page
+async def workflows(request: Request) -> Response:
+    """The Workflows page: filters (state, group, name, version, paused, waiting for a
+    human, started after/before), newest first, a page at a time."""
+    filters = filters_from(request.query_params)
+    found: list[WorkflowInfo] = []
+    status, error = 200, "; ".join(filters.errors)
+    if not filters.errors:
+        try:
+            found = await run_in_threadpool(_workflow_list, _client(request), filters)
+        except InvalidArgumentError as exc:
+            status, error = 400, _views.error_words(exc)
+        except ValueError as exc:  # the SDK's own check of the filters
+            status, error = 400, str(exc)
+    rows = _views.workflow_rows(found[:PAGE_SIZE], _now())
+    return render(
+        request,
+        "workflows.html",
+        status,
+        filters=filters,
+        rows=rows,
+        error=error,
+        states=STATES,
+        newer=filters.query(filters.page - 1) if filters.page else None,
+        older=filters.query(filters.page + 1) if len(found) > PAGE_SIZE else None,
+        first=filters.page * PAGE_SIZE + 1,
+    )
+
+
 @_page
 async def workflow(request: Request) -> Response:
     id = request.path_params["id"] or request.query_params.get("id", "").strip()
@@ -473,6 +512,7 @@ ROUTES: list[tuple[str, Endpoint, list[str]]] = [
     ("/", inbox, ["GET"]),
     ("/promises/{id:path}", promise, ["GET"]),
     ("/settle/{id:path}", settle, ["POST"]),
+    ("/workflows", workflows, ["GET"]),
     ("/workflows/{id:path}", workflow, ["GET"]),
     ("/move/{id:path}", move, ["POST"]),
     ("/retry/{id:path}", act, ["POST"]),

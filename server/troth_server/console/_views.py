@@ -19,7 +19,7 @@ from troth.errors import Reason
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
 
-    from troth import Payload, Promise, TaskInfo, WorkerInfo
+    from troth import Payload, Promise, TaskInfo, WorkerInfo, WorkflowInfo
     from troth.errors import RpcError
 
     Decode = Callable[[Payload], Any]
@@ -36,6 +36,7 @@ __all__ = [
     "VersionWait",
     "Who",
     "WorkerRow",
+    "WorkflowRow",
     "error_words",
     "inbox_rows",
     "pause",
@@ -45,6 +46,7 @@ __all__ = [
     "timeline",
     "version_wait",
     "worker_rows",
+    "workflow_rows",
 ]
 
 APPROVAL = "promise"
@@ -335,3 +337,74 @@ def settler(settled_by: str) -> Who:
     `settle-token k1:…`; a plain name has no via."""
     name, _, via = settled_by.partition(" via ")
     return Who(name.strip(), via.strip())
+
+
+@dataclass(frozen=True, slots=True)
+class Waits:
+    """A human decision a workflow waits on: its id and what the person reads."""
+
+    id: str
+    title: str
+
+
+@dataclass(frozen=True, slots=True)
+class WorkflowRow:
+    """One line of the Workflows page."""
+
+    id: str
+    state: str
+    """The root's state in lower case ("pending", "resolved"...)."""
+    paused: bool
+    attempts: int
+    """For a paused run: how many attempts its code failed."""
+    error: str
+    group: str
+    name: str
+    """`workflow@version`, or the name alone before a worker first took it."""
+    started: str
+    age: str
+    decisions: tuple[Waits, ...]
+    """The human decisions it waits on."""
+    waits: str
+    """Else what it waits on, in words ("" when it is over)."""
+
+
+def _waits_in_words(info: WorkflowInfo, now: datetime) -> str:
+    task = info.task
+    if info.state is not PromiseState.PENDING:
+        return ""
+    if info.paused and task is not None:
+        if task.state is TaskState.CLAIMED:
+            return "a worker retrying it now"
+        if task.next_attempt_time is not None and task.next_attempt_time > now:
+            return f"its retry in {format_duration(task.next_attempt_time - now)}"
+        return "its retry, due now"
+    if task is not None and task.state is TaskState.CLAIMED:
+        return f"worker {task.worker_id}" if task.worker_id else "a worker"
+    if task is not None:
+        return task.waiting_for or "a worker of its group"
+    return "its steps (a timer, a child workflow or a step of its own)"
+
+
+def workflow_rows(infos: Iterable[WorkflowInfo], now: datetime) -> list[WorkflowRow]:
+    """The Workflows page's rows, in the server's order (newest first)."""
+    rows = []
+    for info in infos:
+        task = info.task
+        version = f"@{info.version}" if info.version else ""
+        rows.append(
+            WorkflowRow(
+                id=info.id,
+                state=info.state.value.lower(),
+                paused=info.paused and info.state is PromiseState.PENDING,
+                attempts=task.failed_attempts if task is not None else 0,
+                error=(task.last_error or "") if task is not None else "",
+                group=info.group,
+                name=f"{info.workflow or '?'}{version}",
+                started=_stamp(info.root.create_time),
+                age=format_duration(max(now - info.root.create_time, timedelta(0))),
+                decisions=tuple(Waits(p.id, p.title or p.id) for p in info.waiting_on),
+                waits=_waits_in_words(info, now),
+            )
+        )
+    return rows
