@@ -124,6 +124,7 @@ def test_a_paused_run_shows_its_error_and_the_actions_retry_fail_and_cancel_it(
         eventually(lambda wid=wid: paused(client, wid), 30, f"{wid} paused by its bug")
 
     # Paused, not "Running": the error, the attempts, the next retry, the traceback.
+    eventually(lambda: paused(client, ids[0], attempts=3), 30, "three failed attempts")
     browser.get(f"{url}/workflows/{ids[0]}")
     live(browser, "the paused run")
     status = text_of(browser, "#waiting")
@@ -201,3 +202,56 @@ def test_a_finished_runs_timeline_still_shows_its_named_decision_and_who_settled
     kinds = [e.text for e in browser.find_elements(By.CSS_SELECTOR, ".timeline .kind")]
     assert kinds == ["WORKFLOW", "RUN", "PROMISE", "SLEEP"], kinds
     screenshot(browser, "console-finished-timeline", tmp_path)
+
+
+def test_the_workflows_list_and_its_filters(
+    stack: tuple[str, Client], browser: WebDriver, tmp_path: Path
+) -> None:
+    url, client = stack
+    run = uuid.uuid4().hex[:6]
+    waiting = [f"post-{n}-{run}" for n in (31, 32)]
+    for n, wid in zip((31, 32), waiting, strict=True):
+        client.start("publish_post", n, id=wid, group=GROUP)
+    billing = f"invoice-9-{run}"
+    client.start("nightly_invoice", 9, id=billing, group=OTHER_GROUP)
+    for wid in waiting:
+        eventually(lambda wid=wid: bool(client.search(f"approval-{wid}").promises), 20, wid)
+    eventually(lambda: paused(client, billing, OTHER_GROUP), 30, "the billing run paused")
+
+    browser.get(f"{url}/workflows")
+    wait(browser, lambda d: text_of(d, "#workflows"), "the workflows list")
+    shown = rows(browser)
+    assert set(waiting) | {billing} <= set(shown), shown
+    row = browser.find_element(By.CSS_SELECTOR, f"tr[data-workflow='{billing}']")
+    assert "PAUSED" in row.text and "failed attempt" in row.text
+    assert "console-billing" in row.text and "nightly_invoice@" in row.text
+    row = browser.find_element(By.CSS_SELECTOR, f"tr[data-workflow='{waiting[0]}']")
+    assert "Publish post 31?" in row.text and "PENDING" in row.text
+    screenshot(browser, "console-workflows", tmp_path)
+
+    # Paused only.
+    browser.find_element(By.CSS_SELECTOR, "#filters input[name='paused']").click()
+    browser.find_element(By.CSS_SELECTOR, "#filters button").click()
+    wait(browser, lambda d: "paused=1" in d.current_url, "the paused filter applied")
+    assert billing in rows(browser) and not set(waiting) & set(rows(browser))
+
+    # Waiting for a human, in one group.
+    browser.get(f"{url}/workflows")
+    browser.find_element(By.CSS_SELECTOR, "#filters input[name='group']").send_keys(GROUP)
+    browser.find_element(By.CSS_SELECTOR, "#filters input[name='human']").click()
+    browser.find_element(By.CSS_SELECTOR, "#filters button").click()
+    wait(browser, lambda d: "human=1" in d.current_url, "the human filter applied")
+    assert set(waiting) <= set(rows(browser)) and billing not in rows(browser)
+    assert all(r.startswith(("post-", "review-post-")) for r in rows(browser)), rows(browser)
+
+    # A row leads to its workflow's page.
+    browser.find_element(By.CSS_SELECTOR, f"tr[data-workflow='{waiting[1]}'] a").click()
+    wait(browser, lambda d: f"/workflows/{waiting[1]}" in d.current_url, "the workflow's page")
+    assert "Publish post 32?" in text_of(browser, "#waiting")
+
+
+def rows(driver: WebDriver) -> list[str]:
+    found = driver.execute_script(
+        "return [...document.querySelectorAll('tr[data-workflow]')].map(r => r.dataset.workflow)"
+    )
+    return [str(one) for one in found]

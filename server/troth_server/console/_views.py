@@ -313,7 +313,7 @@ def pause(task: TaskInfo | None, now: datetime) -> Pause | None:
     when = task.next_attempt_time
     next_retry = ""
     if not retrying and when is not None:
-        soon = "now" if when <= now else f"in {format_duration(when - now)}"
+        soon = "now" if when - now < timedelta(seconds=1) else f"in {format_duration(when - now)}"
         next_retry = f"{_stamp(when)}, {soon}"
     return Pause(
         attempts=task.failed_attempts,
@@ -376,8 +376,9 @@ def _waits_in_words(info: WorkflowInfo, now: datetime) -> str:
     if info.paused and task is not None:
         if task.state is TaskState.CLAIMED:
             return "a worker retrying it now"
-        if task.next_attempt_time is not None and task.next_attempt_time > now:
-            return f"its retry in {format_duration(task.next_attempt_time - now)}"
+        when = task.next_attempt_time
+        if when is not None and when - now >= timedelta(seconds=1):
+            return f"its retry in {format_duration(when - now)}"
         return "its retry, due now"
     if task is not None and task.state is TaskState.CLAIMED:
         return f"worker {task.worker_id}" if task.worker_id else "a worker"
