@@ -19,6 +19,7 @@ from _console import hosted_console_url
 from _support import eventually, start_server
 
 from troth import Client, Context, PromiseState, Worker
+from troth_server.settle_keys import new_keys_file
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -61,7 +62,12 @@ def nightly_invoice(ctx: Context, account: int) -> Generator[Any, Any, Any]:
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Client]]:
     """One `troth serve` process serving gRPC and the console; workers of two groups."""
     workdir = tmp_path_factory.mktemp("console-workflows")
-    server = start_server(workdir, "--console-listen", "127.0.0.1:0")
+    (workdir / "settle-keys.json").write_text(new_keys_file(["k1"]))
+    server = start_server(
+        workdir,
+        "--console-listen", "127.0.0.1:0",
+        "--settle-token-keys", str(workdir / "settle-keys.json"),
+    )  # fmt: skip
     url = hosted_console_url(server)
     client = Client(server.address, timeout=10, principal="newsroom")
     workers = []
@@ -187,8 +193,11 @@ def test_a_finished_runs_timeline_still_shows_its_named_decision_and_who_settled
     client.start("publish_post", 21, id=wid, group=GROUP)
     approval = f"approval-{wid}"
     eventually(lambda: bool(client.search(approval).promises), 20, "the named decision")
+    # Alice decides through a link (a settle token she minted), as from a mail.
     with Client(client.address, timeout=10, principal="alice") as alice:
-        alice.resolve(approval, {"approved": True, "note": "ship it"})
+        token = alice.mint_settle_token(approval)
+    with Client(client.address, timeout=10) as link:
+        link.resolve(approval, {"approved": True, "note": "ship it"}, settle_token=token)
     eventually(lambda: client.get(wid).state is PromiseState.RESOLVED, 30, "the run finished")
 
     browser.get(f"{url}/workflows/{wid}")
@@ -197,7 +206,7 @@ def test_a_finished_runs_timeline_still_shows_its_named_decision_and_who_settled
     step = f"li[data-step='{approval}']"
     line = text_of(browser, step)
     assert "Publish post 21?" in line and "resolved" in line.lower()
-    assert "by alice" in " ".join(line.split())
+    assert "by alice via settle-token k1:" in " ".join(line.split()), line
     assert '"approved": true' in line and '"note": "ship it"' in line
     kinds = [e.text for e in browser.find_elements(By.CSS_SELECTOR, ".timeline .kind")]
     assert kinds == ["WORKFLOW", "RUN", "PROMISE", "SLEEP"], kinds
