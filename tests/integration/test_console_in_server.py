@@ -10,6 +10,8 @@ import json
 import re
 import subprocess
 import sys
+import threading
+import time
 import uuid
 from datetime import timedelta
 from typing import TYPE_CHECKING
@@ -18,9 +20,10 @@ import httpx
 import pytest
 from _auth import Grant, write_token_file
 from _console import started_line
-from _support import start_server
+from _support import eventually, start_server
 
 from troth import Client, PromiseState
+from troth_server.app import own_address
 from troth_server.config import settings_from
 
 if TYPE_CHECKING:
@@ -164,3 +167,51 @@ def test_without_auth_a_console_on_a_public_address_is_refused(tmp_path: Path) -
     )  # fmt: skip
     assert done.returncode == 2, done
     assert "--console-listen 0.0.0.0:0" in done.stderr and "not a loopback" in done.stderr
+
+
+def test_a_stop_with_a_live_console_page_open_is_clean_and_prompt(tmp_path: Path) -> None:
+    """SIGTERM while a live page holds its event stream (a watch of the server): the
+    console cuts it, then the server stops, exit 0."""
+    server = start_server(tmp_path, "--console-listen", "127.0.0.1:0")
+    url = started_line(server)["console"].rstrip("/")
+    opened = threading.Event()
+
+    def listen() -> None:
+        with (
+            httpx.Client(timeout=60) as http,
+            http.stream("GET", f"{url}/events?id=*") as events,
+        ):
+            opened.set()
+            try:
+                for _ in events.iter_lines():
+                    pass
+            except httpx.RemoteProtocolError:
+                pass  # cut by the stop: what a live page sees
+
+    reader = threading.Thread(target=listen, daemon=True)
+    reader.start()
+    assert opened.wait(20), "the event stream opened"
+    eventually(lambda: "live pages: 1" in httpx.get(f"{url}/healthz").text, 20, "one live page")
+    began = time.monotonic()
+    assert server.stop(timeout=30) == 0, server.log()[-3000:]
+    took = time.monotonic() - began
+    assert took < 15, took
+    print(f"stopped in {took:.1f} s with a live page open")
+    reader.join(10)
+    assert not reader.is_alive(), "the stream ended with the server"
+
+
+@pytest.mark.parametrize(
+    ("listen", "port", "address"),
+    [
+        ("127.0.0.1:0", 7071, "127.0.0.1:7071"),
+        ("0.0.0.0:7070", 7070, "127.0.0.1:7070"),
+        ("[::]:7070", 7070, "[::1]:7070"),
+        ("10.1.2.3:7070", 7070, "10.1.2.3:7070"),
+        ("unix:/run/troth.sock", 0, "unix:/run/troth.sock"),
+    ],
+)
+def test_the_console_reaches_its_own_server_on_loopback_when_it_can(
+    listen: str, port: int, address: str
+) -> None:
+    assert own_address(listen, port) == address
