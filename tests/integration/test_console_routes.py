@@ -638,3 +638,16 @@ def test_the_workflows_page_pages_newest_first(site: Site, starter: Client) -> N
     assert re.findall(r'data-workflow="(idle-[^"]+)"', second) == ids[::-1][50:]
     assert 'rel="prev"' in second and 'rel="next"' not in second
     assert "waiting for a worker of group" in first or "a worker of its group" in first
+
+
+def test_a_run_no_worker_has_taken_says_it_waits_for_one_not_that_it_runs(
+    site: Site, starter: Client
+) -> None:
+    wid = f"idle-{uuid.uuid4().hex[:8]}"
+    starter.start("anything", id=wid, group=IDLE)
+    with site.http() as http:
+        site.sign_in(http, "bob")
+        page = http.get(f"/workflows/{wid}").text
+        assert http.get("/workflows/").headers["location"] == "/workflows"
+    assert "Running: a worker is on its next step" not in page
+    assert re.search(r'id="waiting">Waiting for a worker: [^<]*console-idle', page), page[-3000:]

@@ -309,7 +309,7 @@ async def workflows(request: Request) -> Response:
 async def workflow(request: Request) -> Response:
     id = request.path_params["id"] or request.query_params.get("id", "").strip()
     if not id:
-        return RedirectResponse("/", status_code=303)
+        return RedirectResponse("/workflows", status_code=303)
     if not request.path_params["id"]:
         return RedirectResponse(f"/workflows/{quote(id)}", status_code=303)
     return await _workflow_page(request, id)
@@ -342,6 +342,7 @@ async def _workflow_page(request: Request, id: str, status: int = 200, error: st
         settled=settled,
         version_wait=_views.version_wait(ops.task if ops.may_operate else None, note),
         paused=_views.pause(ops.task, _now()),
+        task=ops.task,
         operable=ops.may_operate and root.state is PromiseState.PENDING,
         done=_DONE.get(request.query_params.get("done", ""), ""),
         error=error,
