@@ -215,3 +215,19 @@ def test_the_console_reaches_its_own_server_on_loopback_when_it_can(
     listen: str, port: int, address: str
 ) -> None:
     assert own_address(listen, port) == address
+
+
+def test_read_on_a_terminal_the_started_line_leads_with_the_addresses(tmp_path: Path) -> None:
+    server = start_server(
+        tmp_path, "--log-format", "console", "--console-listen", "127.0.0.1:0",
+        "--metrics-listen", "127.0.0.1:0",
+    )  # fmt: skip
+    try:
+        eventually(lambda: "server.started" in server.log(), 30, "the started line")
+    finally:
+        assert server.stop() == 0
+    line = next(line for line in server.log().splitlines() if "server.started" in line)
+    fields = line.split("server.started", 1)[1].split()
+    assert fields[0] == f"grpc=127.0.0.1:{server.port}", line
+    assert re.fullmatch(r"console=http://127\.0\.0\.1:\d+/", fields[1]), line
+    assert re.fullmatch(r"metrics=http://127\.0\.0\.1:\d+/metrics", fields[2]), line
