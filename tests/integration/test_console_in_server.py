@@ -7,6 +7,7 @@ line names the install command."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -231,3 +232,16 @@ def test_read_on_a_terminal_the_started_line_leads_with_the_addresses(tmp_path: 
     assert fields[0] == f"grpc=127.0.0.1:{server.port}", line
     assert re.fullmatch(r"console=http://127\.0\.0\.1:\d+/", fields[1]), line
     assert re.fullmatch(r"metrics=http://127\.0\.0\.1:\d+/metrics", fields[2]), line
+
+
+def test_with_a_token_in_the_environment_the_console_is_refused_in_words(tmp_path: Path) -> None:
+    """TROTH_TOKEN (or TROTH_TOKEN_FILE) would be sent for everyone not signed in."""
+    done = subprocess.run(
+        [sys.executable, "-m", "troth_server", "serve", "--no-auth", "--listen", "127.0.0.1:0",
+         "--db", f"sqlite:///{tmp_path}/x.db", "--console-listen", "127.0.0.1:0"],
+        capture_output=True, text=True, timeout=60,
+        env={**os.environ, "TROTH_TOKEN": "an-operators-own-token"},
+    )  # fmt: skip
+    assert done.returncode == 1, done
+    assert "cannot serve the console: TROTH_TOKEN is set" in done.stderr
+    assert "an-operators-own-token" not in done.stderr + done.stdout

@@ -329,11 +329,16 @@ def test_the_workers_page_lists_the_connected_workers(site: Site, worker: Worker
     assert " ago</td>" in row
 
 
+@pytest.mark.parametrize("variable", ["TROTH_TOKEN", "TROTH_TOKEN_FILE"])
 def test_the_console_never_sends_a_token_of_its_own(
-    site: Site, monkeypatch: pytest.MonkeyPatch
+    site: Site, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, variable: str
 ) -> None:
-    monkeypatch.setenv("TROTH_TOKEN", site.tokens["ops"])
-    with pytest.raises(ConfigurationError, match="TROTH_TOKEN is set"):
+    """Either variable would have the SDK's Client send its token for everyone not
+    signed in: the console refuses to start with one set."""
+    (tmp_path / "token").write_text(site.tokens["ops"])
+    value = site.tokens["ops"] if variable == "TROTH_TOKEN" else str(tmp_path / "token")
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ConfigurationError, match=f"{variable} is set"):
         build_app(ConsoleSettings(server=site.server.address))
 
 
