@@ -103,7 +103,15 @@ _KEYS: dict[PromiseOrder, frozenset[str]] = {
 _ORDERS = {order.value: order for order in PromiseOrder}
 
 
-def decode(token: str, order: PromiseOrder, query: str) -> Cursor:
+_PROMISE_FILTERS = "id, states, tags, order and created_before"
+WORKFLOW_FILTERS = (
+    "id, states, group, workflow, workflow_version, paused, waiting_for_human, "
+    "created_after, created_before and order"
+)
+"""What a `SearchWorkflows` request must repeat for its page token (`decode`'s `filters`)."""
+
+
+def decode(token: str, order: PromiseOrder, query: str, filters: str = _PROMISE_FILTERS) -> Cursor:
     """The cursor in `token`, which must come from a search with this order and query.
 
     Tokens are not signed: they are validated completely instead. A token
@@ -132,8 +140,8 @@ def decode(token: str, order: PromiseOrder, query: str) -> Cursor:
         raise _not_issued("its query fingerprint is malformed")
     if issued_for != query:
         raise InvalidPageToken(
-            "belongs to a different search; repeat the id, states, tags, order and "
-            "created_before of the request that returned it, or start over without a page_token"
+            f"belongs to a different search; repeat the {filters} of the request that "
+            "returned it, or start over without a page_token"
         )
     if not _in_range(after, 1):
         raise _not_issued("its position is not a row of the store")

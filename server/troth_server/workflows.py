@@ -100,7 +100,11 @@ class WorkflowService:
         has just timed out (the writer decides)."""
         order = PromiseOrder.CREATED_DESC if query.newest_first else PromiseOrder.CREATED_ASC
         fingerprint = paging.workflow_fingerprint(query)
-        after = paging.decode(page_token, order, fingerprint) if page_token else paging.START
+        after = (
+            paging.decode(page_token, order, fingerprint, paging.WORKFLOW_FILTERS)
+            if page_token
+            else paging.START
+        )
         now = self._clock()
         rows = self._store.search_workflows(
             replace(query, after_seq=after.seq, limit=query.limit + 1), now

@@ -10,11 +10,12 @@ the wire matters (tokens, refusals)."""
 
 from __future__ import annotations
 
+import io
 import time
 import uuid
-from collections.abc import Iterator
-from contextlib import ExitStack
-from datetime import UTC, datetime
+from collections.abc import Generator, Iterator
+from contextlib import ExitStack, redirect_stderr, redirect_stdout
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import grpc
@@ -24,7 +25,8 @@ from _pg import fresh_schema
 from _support import PollStream, ServerProcess, error_info, start_server
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from troth import Client, PromiseState, TaskState, WorkflowInfo
+from troth import Client, Context, PromiseState, TaskState, Worker, WorkflowInfo
+from troth._cli import main as troth_cli
 from troth.errors import FailedPreconditionError, NotFoundError, PermissionDeniedError
 from troth.v1 import promises_pb2 as pb
 from troth.v1 import promises_pb2_grpc, tasks_pb2, tasks_pb2_grpc
@@ -243,6 +245,9 @@ def test_pages_follow_each_other_in_both_orders(stubs: Stubs, client: Client, gr
     )
     refused = refusal(lambda: tasks.SearchWorkflows(other, timeout=10))
     assert refused == (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_PAGE_TOKEN")
+    with pytest.raises(grpc.RpcError) as caught:
+        tasks.SearchWorkflows(other, timeout=10)
+    assert "repeat the id, states, group, workflow, workflow_version" in str(caught.value.details())
     # A SearchPromises token is not one of these.
     promise_page = promises.SearchPromises(pb.SearchPromisesRequest(page_size=1), timeout=10)
     assert promise_page.next_page_token
@@ -405,6 +410,80 @@ def test_a_cancelled_root_ends_its_steps_and_then_its_task(
     [shown] = client.search_workflows(group=group, id=buggy)
     assert (shown.state, shown.task) == (PromiseState.REJECTED_CANCELED, None)
     assert client.search_workflows(group=group, paused=True) == []
+
+
+def test_a_workflow_cancelled_before_any_worker_took_it_ends_its_task_at_once(
+    stubs: Stubs, client: Client, group: str
+) -> None:
+    """No code of it ran, so there is nothing for it to hear or compensate: its task
+    ends with the cancel (as FailWorkflow ends a waiting one), not whenever a worker of
+    its group next connects, which may be never."""
+    _, tasks = stubs
+    root = start(stubs[0], group, f"{group}-unstarted", "publish")
+    [before] = client.search_workflows(group=group)
+    assert before.task is not None and before.task.state is TaskState.PENDING
+    client.cancel(root)
+    [after] = client.search_workflows(group=group)
+    assert (after.state, after.task) == (PromiseState.REJECTED_CANCELED, None)
+    assert list(tasks.SearchTasks(tasks_pb2.SearchTasksRequest(group=group)).tasks) == []
+
+
+# -- a timeline keeps every decision -------------------------------------------------------
+
+
+def named_review(ctx: Context, post: int) -> Generator[Any, Any, Any]:
+    draft = yield ctx.run(write_draft, post)
+    approval = yield ctx.promise(id=f"approval-{ctx.id}", title=f"Publish {draft}?")
+    decision = yield approval
+    yield ctx.sleep(timedelta(milliseconds=10))
+    return decision
+
+
+def write_draft(post: int) -> str:
+    return f"post {post}"
+
+
+def test_workflows_show_keeps_a_named_decision_after_the_run_ends(
+    server: ServerProcess, client: Client, group: str
+) -> None:
+    """`troth workflows show` reads the steps by their parent link (`workflow_steps`):
+    the human decision with an id of its own is listed, with who made it and the value,
+    after the run finished as before."""
+    worker = Worker(client, group=group, lease=timedelta(seconds=5))
+    worker.workflow(named_review)
+    worker.start()
+    try:
+        wid = f"{group}-review"
+        handle = client.start("named_review", 21, id=wid, group=group)
+        approval = f"approval-{wid}"
+        wait_for(lambda: any(w.id == wid for w in client.search_workflows(
+            group=group, waiting_for_human=True)))  # fmt: skip
+        [waiting] = client.search_workflows(group=group, waiting_for_human=True)
+        assert [s.id for s in waiting.waiting_on] == [approval]
+        with Client(server.address, principal="alice") as alice:
+            alice.resolve(approval, {"approved": True})
+        assert handle.result(timeout=20) == {"approved": True}
+    finally:
+        worker.stop()
+
+    steps = client.workflow_steps(wid)
+    assert [s.id for s in steps] == [f"{wid}.0", approval, f"{wid}.2"]
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        status = troth_cli(["--server", server.address, "workflows", "show", wid])
+    assert status == 0, err.getvalue()
+    shown = out.getvalue()
+    row = next(line for line in shown.splitlines() if line.startswith(approval))
+    assert "promise" in row and "RESOLVED" in row and "alice" in row, shown
+    assert '{"approved":true}' in row.replace(" ", ""), shown
+    assert f"{wid}.0" in shown and f"{wid}.2" in shown
+
+
+def wait_for(check: Any, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
 
 
 # -- who sees what ----------------------------------------------------------------------

@@ -325,8 +325,10 @@ _DONE = {
 async def _workflow_page(request: Request, id: str, status: int = 200, error: str = "") -> Response:
     client = _client(request)
     root, steps = await run_in_threadpool(_workflow, client, id)
-    if root.root_id and root.root_id != root.id:
-        return RedirectResponse(f"/workflows/{quote(root.root_id)}", status_code=303)
+    if _views.TAG_INVOKE not in root.tags and root.parent_id:
+        # A step's id: the page of the workflow it belongs to. (A child workflow has a
+        # page of its own: its steps are its own, by their parent link.)
+        return RedirectResponse(f"/workflows/{quote(root.parent_id)}", status_code=303)
     lines = _views.timeline(root, steps[:STEPS_LIMIT], client.decode)
     waiting = [line for line in lines if line.waiting]
     ops = await run_in_threadpool(_operations, client, root)

@@ -471,6 +471,16 @@ def fail(
     )
 
 
+def cancelled(task: Task, now: int) -> Task:
+    """Its workflow's root was cancelled. A task whose workflow never ran (its INVOKE,
+    PENDING, never claimed) ends now: no code of it ran, so there is nothing to hear
+    or compensate, and no worker need come for it. Any other hears of it at once
+    (`hurry`): the workflow sees `Cancelled` at its next yield (DESIGN §4.10)."""
+    if task.kind is TaskKind.INVOKE and task.state is TaskState.PENDING and task.counter == 0:
+        return finish(task, now)
+    return hurry(task)
+
+
 def hurry(task: Task) -> Task:
     """A PENDING task waiting out a retry backoff, claimable at once: its root was
     cancelled, and the workflow must hear of it (`Cancelled`, and compensate) now,
