@@ -1,7 +1,9 @@
 """`troth console`'s routes over HTTP: a real `troth console` process, a real troth
-server with authentication on and a real Worker: the inbox and its schema forms,
-settling as the signed-in person (the approver policy applies, refusals in words),
-the CSRF check, the workflow timeline, the tasks and workers pages."""
+server with authentication on (on SQLite and on PostgreSQL) and a real Worker: the
+inbox and its schema forms, settling as the signed-in person (the approver policy
+applies, refusals in words), the CSRF check, the workflow timeline, a paused run and
+the Retry now / Fail / Cancel actions (the server's roles decide), the Workflows page
+and its filters and pages, the tasks and workers pages."""
 
 from __future__ import annotations
 
@@ -9,12 +11,14 @@ import json
 import re
 import uuid
 from collections.abc import Generator, Iterator
+from contextlib import ExitStack
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import pytest
 from _auth import Grant, write_token_file
 from _console import ConsoleProcess, start_console
+from _pg import fresh_schema
 from _support import eventually, start_server
 
 from troth import Approvers, Client, Context, PromiseRejectedError, PromiseState, Worker
@@ -110,8 +114,11 @@ def key_of(page: str, promise_id: str) -> str:
     return found.group(1)
 
 
-@pytest.fixture(scope="module")
-def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
+@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+def site(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[Site]:
+    """A server with authentication on, on each store, and `troth console` in front."""
     workdir = tmp_path_factory.mktemp("console")
     tokens = write_token_file(
         workdir / "tokens.toml",
@@ -124,13 +131,15 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
             Grant("dave", ("gateway",)),  # revoked by a test: nobody else signs in as dave
         ],
     )
-    server = start_server(workdir, "--auth-tokens", str(workdir / "tokens.toml"))
-    console = start_console(workdir, server.address)
-    try:
-        yield Site(server, console, tokens, workdir)
-    finally:
-        assert console.stop() == 0, console.log()[-3000:]
-        assert server.stop() == 0, server.log()[-3000:]
+    with ExitStack() as stack:
+        db_url = stack.enter_context(fresh_schema()) if request.param == "postgres" else None
+        server = start_server(workdir, "--auth-tokens", str(workdir / "tokens.toml"), db_url=db_url)
+        console = start_console(workdir, server.address)
+        try:
+            yield Site(server, console, tokens, workdir)
+        finally:
+            assert console.stop() == 0, console.log()[-3000:]
+            assert server.stop() == 0, server.log()[-3000:]
 
 
 @pytest.fixture(scope="module")
