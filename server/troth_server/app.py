@@ -341,6 +341,13 @@ def _start_console(settings: Settings, port: int) -> HostedConsole | None:
     """
     if settings.console_listen is None:
         return None
+    if not is_loopback(settings.console_listen):
+        log.warning(
+            "console.plain_http",
+            message=f"the console serves plain HTTP on {settings.console_listen}, off "
+            "loopback: the tokens people sign in with cross the network in the clear; "
+            "put it behind an HTTPS proxy, or serve it on 127.0.0.1",
+        )
     try:
         return start_hosted(settings.console_listen, own_address(settings.listen, port))
     except OSError as exc:

@@ -245,3 +245,19 @@ def test_with_a_token_in_the_environment_the_console_is_refused_in_words(tmp_pat
     assert done.returncode == 1, done
     assert "cannot serve the console: TROTH_TOKEN is set" in done.stderr
     assert "an-operators-own-token" not in done.stderr + done.stdout
+
+
+def test_a_console_off_loopback_warns_that_it_serves_plain_http(tmp_path: Path) -> None:
+    write_token_file(tmp_path / "tokens.toml", [Grant("alice", ("gateway",))])
+    server = start_server(
+        tmp_path, "--auth-tokens", str(tmp_path / "tokens.toml"),
+        "--console-listen", "0.0.0.0:0",
+    )  # fmt: skip
+    try:
+        line = started_line(server)
+    finally:
+        assert server.stop() == 0
+    assert re.fullmatch(r"http://0\.0\.0\.0:\d+/", line["console"]), line
+    warning = next(json.loads(x) for x in server.log().splitlines() if "console.plain_http" in x)
+    assert "plain HTTP on 0.0.0.0:0" in warning["message"]
+    assert "HTTPS proxy" in warning["message"]
