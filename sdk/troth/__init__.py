@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from troth._approvers import Approvers
 from troth._commands import RetryPolicy
-from troth._operators import TaskInfo, TaskKind, TaskState, WorkerInfo
+from troth._operators import TaskInfo, TaskKind, TaskState, WorkerInfo, WorkflowInfo
 from troth._promise import (
     CreateResult,
     Decision,
@@ -100,5 +100,6 @@ __all__ = [
     "WorkerInfo",
     "WorkflowError",
     "WorkflowFailed",
+    "WorkflowInfo",
     "WorkflowRegistration",
 ]

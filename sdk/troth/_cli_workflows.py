@@ -105,7 +105,8 @@ def cmd_show(client: Client, args: argparse.Namespace, out: IO[str]) -> int:
             file=sys.stderr,
         )
         return 1
-    steps = list(client.search_all(f"{root.id}.*"))
+    # By their parent link, as the console reads them: named steps too, after the end.
+    steps = client.workflow_steps(root.id)
     found = TaskCalls(connection(client)).search(group, 1, root.id)
     task = found[0] if found else None
     if args.json:

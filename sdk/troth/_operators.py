@@ -1,8 +1,11 @@
-"""What operators read about the workers' side: a group's tasks (`Client.search_tasks`) and
-the connected workers (`Client.list_workers`), as typed results.
+"""What operators read and do about the workers' side: a group's tasks
+(`Client.search_tasks`), the connected workers (`Client.list_workers`), the workflows
+(`Client.search_workflows`) and a paused one retried now (`Client.retry_workflow_now`),
+as typed results.
 
 `OperatorCalls` is a base of `Client` (its methods are `Client`'s); the CLI
-(`troth tasks list`, `troth workers list`) and the console call them.
+(`troth tasks list`, `troth workers list`, `troth workflows ...`) and the console
+call them.
 """
 
 from __future__ import annotations
@@ -11,15 +14,24 @@ import enum
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from troth._convert import datetime_from_proto
-from troth.v1 import tasks_pb2
+from troth import _arguments as check
+from troth._convert import (
+    datetime_from_proto,
+    datetime_to_proto,
+    parse_state,
+    promise_from_proto,
+    state_to_proto,
+)
+from troth.v1 import promises_pb2, tasks_pb2
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable, Iterator
     from datetime import datetime
 
     from troth._calls import Connection
+    from troth._promise import Promise, PromiseState
 
-__all__ = ["OperatorCalls", "TaskInfo", "TaskKind", "TaskState", "WorkerInfo"]
+__all__ = ["OperatorCalls", "TaskInfo", "TaskKind", "TaskState", "WorkerInfo", "WorkflowInfo"]
 
 MAX_PAGE = 1000
 """The largest page the server gives (its default `--max-page-size`)."""
@@ -133,6 +145,53 @@ class WorkerInfo:
     heartbeats again."""
 
 
+@dataclass(frozen=True, slots=True)
+class WorkflowInfo:
+    """A workflow as `Client.search_workflows` lists it: its root promise (whose id is
+    the workflow's), its task if one is not completed, and the human decisions it
+    waits on."""
+
+    root: Promise
+    group: str
+    """The worker group that runs it (its `troth:invoke` tag)."""
+    workflow: str
+    """The workflow's name (its `troth:func` tag)."""
+    version: str | None
+    """The version of its code recorded when a worker first took it (None before)."""
+    task: TaskInfo | None
+    """Its task, when one is not completed: waiting for a worker (PENDING, `waiting_for`
+    says why), held by one (CLAIMED), or paused (`failed_attempts`, `last_error`,
+    `last_traceback`, `next_attempt_time`)."""
+    waiting_on: list[Promise]
+    """Its PENDING steps that no worker settles (human decisions), in creation order."""
+
+    @property
+    def id(self) -> str:
+        return self.root.id
+
+    @property
+    def state(self) -> PromiseState:
+        """Its root's state: PENDING while it runs or waits."""
+        return self.root.state
+
+    @property
+    def paused(self) -> bool:
+        """Whether a bug pauses it: its code failed on its task, which waits out a retry
+        backoff (or is being retried). `Client.retry_workflow_now` retries it at once."""
+        return self.task is not None and self.task.failed_attempts > 0
+
+    @classmethod
+    def from_proto(cls, summary: tasks_pb2.WorkflowSummary) -> WorkflowInfo:
+        return cls(
+            root=promise_from_proto(summary.root),
+            group=summary.group,
+            workflow=summary.workflow,
+            version=summary.workflow_version or None,
+            task=TaskInfo.from_proto(summary.task) if summary.HasField("task") else None,
+            waiting_on=[promise_from_proto(p) for p in summary.waiting_on],
+        )
+
+
 class OperatorCalls:
     """`Client`'s calls for operators (a base class of `Client`)."""
 
@@ -184,6 +243,160 @@ class OperatorCalls:
             token = response.next_page_token
             if not token:
                 return found
+
+    def search_workflows(
+        self,
+        *,
+        id: str | None = None,
+        states: Iterable[PromiseState | str] | None = None,
+        group: str | None = None,
+        workflow: str | None = None,
+        version: str | None = None,
+        paused: bool = False,
+        waiting_for_human: bool = False,
+        created_after: datetime | None = None,
+        created_before: datetime | None = None,
+        limit: int | None = 100,
+        newest_first: bool = True,
+    ) -> list[WorkflowInfo]:
+        """The workflows matching every filter given, newest first by default: each
+        with its task (paused or waiting, and why) and the human decisions it waits on.
+        Only those the caller may see (its id prefixes; a worker's groups).
+
+        Args:
+            id: Glob over workflow ids; `*` matches any run of characters.
+            states: Any of these states of the root (an expired one counts as timed out).
+            group: Only this worker group's workflows.
+            workflow: Only workflows of this name.
+            version: Only those recorded at this version of their code.
+            paused: Only those a bug pauses (their code failed; `WorkflowInfo.paused`).
+            waiting_for_human: Only PENDING ones waiting on a decision no worker makes.
+            created_after: Only those started at or after this aware datetime.
+            created_before: Only those started before this aware datetime.
+            limit: At most this many (pages are followed); None: all of them
+                (`iter_workflows` reads them a page at a time).
+            newest_first: False lists the oldest first.
+
+        Raises:
+            InvalidArgumentError: A bad glob, group or name, or created_after not
+                before created_before.
+            PermissionDeniedError: A worker naming a group its grant does not.
+            ValueError: An unknown state, a naive datetime, a limit below 1.
+        """
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)):
+            raise TypeError(f"Client.search_workflows: limit must be an int or None, not {limit!r}")
+        if limit is not None and limit < 1:
+            raise ValueError(f"Client.search_workflows: limit must be 1 or more, not {limit!r}")
+        found: list[WorkflowInfo] = []
+        pages = self._workflow_pages(
+            id=id, states=states, group=group, workflow=workflow, version=version,
+            paused=paused, waiting_for_human=waiting_for_human, created_after=created_after,
+            created_before=created_before, newest_first=newest_first,
+            page_size=MAX_PAGE if limit is None else min(limit, MAX_PAGE),
+        )  # fmt: skip
+        for page in pages:
+            found += page
+            if limit is not None and len(found) >= limit:
+                return found[:limit]
+        return found
+
+    def iter_workflows(
+        self,
+        *,
+        id: str | None = None,
+        states: Iterable[PromiseState | str] | None = None,
+        group: str | None = None,
+        workflow: str | None = None,
+        version: str | None = None,
+        paused: bool = False,
+        waiting_for_human: bool = False,
+        created_after: datetime | None = None,
+        created_before: datetime | None = None,
+        newest_first: bool = True,
+        page_size: int = MAX_PAGE,
+    ) -> Iterator[WorkflowInfo]:
+        """Every workflow `search_workflows` would list with these filters, read a page
+        (of `page_size`, 1 to 1000) at a time as the iteration goes."""
+        pages = self._workflow_pages(
+            id=id, states=states, group=group, workflow=workflow, version=version,
+            paused=paused, waiting_for_human=waiting_for_human, created_after=created_after,
+            created_before=created_before, newest_first=newest_first, page_size=page_size,
+        )  # fmt: skip
+        for page in pages:
+            yield from page
+
+    def _workflow_pages(
+        self,
+        *,
+        id: str | None,
+        states: Iterable[PromiseState | str] | None,
+        group: str | None,
+        workflow: str | None,
+        version: str | None,
+        paused: bool,
+        waiting_for_human: bool,
+        created_after: datetime | None,
+        created_before: datetime | None,
+        newest_first: bool,
+        page_size: int,
+    ) -> Iterator[list[WorkflowInfo]]:
+        call = "Client.search_workflows"
+        check.texts(call, optional=True, id=id, group=group, workflow=workflow, version=version)
+        check.flags(call, paused=paused, waiting_for_human=waiting_for_human,
+                    newest_first=newest_first)  # fmt: skip
+        after = check.moment(call, created_after, "created_after")
+        before = check.moment(call, created_before, "created_before")
+        if not 1 <= page_size <= MAX_PAGE:
+            raise ValueError(
+                f"{call}: page_size must be between 1 and {MAX_PAGE}, not {page_size!r}"
+            )
+        request = tasks_pb2.SearchWorkflowsRequest(
+            id=id or "",
+            states=[state_to_proto(parse_state(s)) for s in states or ()],
+            group=group or "",
+            workflow=workflow or "",
+            workflow_version=version or "",
+            paused=paused,
+            waiting_for_human=waiting_for_human,
+            page_size=page_size,
+            order=promises_pb2.PROMISE_ORDER_CREATED_DESC
+            if newest_first
+            else promises_pb2.PROMISE_ORDER_CREATED_ASC,
+        )
+        if after is not None:
+            request.created_after.CopyFrom(datetime_to_proto(after))
+        if before is not None:
+            request.created_before.CopyFrom(datetime_to_proto(before))
+        stub = self._connection.transport.tasks
+        while True:
+            response = self._connection.call(stub.SearchWorkflows, request)
+            yield [WorkflowInfo.from_proto(w) for w in response.workflows]
+            if not response.next_page_token:
+                return
+            request.page_token = response.next_page_token
+
+    def retry_workflow_now(self, workflow_id: str) -> TaskInfo:
+        """Retry a paused workflow now (an operator's `troth workflows retry-now`): its
+        task, waiting out its retry backoff after its code failed, is delivered at once,
+        to code you fixed and deployed. Its failure count and last error stay until an
+        attempt succeeds.
+
+        Returns:
+            Its task, PENDING, its next attempt now.
+
+        Raises:
+            NotFoundError: No promise has this id.
+            FailedPreconditionError: It is not paused (reason `WORKFLOW_NOT_PAUSED`: it
+                waits on its steps, runs now, or is over), or the promise is no
+                workflow (`NOT_A_WORKFLOW`).
+            PermissionDeniedError: With authentication on, the caller is not an
+                operator or admin, or the id is outside its prefixes.
+        """
+        request = tasks_pb2.RetryWorkflowNowRequest(
+            id=check.promise_id("Client.retry_workflow_now", workflow_id, "workflow_id")
+        )
+        stub = self._connection.transport.tasks
+        return TaskInfo.from_proto(self._connection.call(stub.RetryWorkflowNow, request).task)
 
 
 def _worker_from_proto(worker: tasks_pb2.Worker) -> WorkerInfo:

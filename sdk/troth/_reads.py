@@ -172,6 +172,21 @@ class PromiseReads:
                 return
             token = page.next_page_token
 
+    def workflow_steps(self, workflow_id: str) -> list[Promise]:
+        """A workflow's steps in creation order, every page read: the promises its task
+        created (their `parent_id` is the workflow), found by that link, so a step with
+        an id of its own (`ctx.promise(id=...)`) is there, after the run ends too. A
+        child workflow is one step (its root); its own steps are its own
+        (`workflow_steps(child_id)`). The root itself is `get(workflow_id)`.
+
+        Raises:
+            InvalidArgumentError: The id is not a valid promise id.
+        """
+        check.promise_id("Client.workflow_steps", workflow_id, "workflow_id")
+        return list(
+            self.search_all(parent_id=workflow_id, page_size=1000, order=PromiseOrder.CREATED_ASC)
+        )
+
     def watch(self, id: str, *, timeout: float | None = None) -> Iterator[Promise]:
         """Yield the promise as it is now, then once more when it settles.
 

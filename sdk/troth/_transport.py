@@ -195,6 +195,12 @@ class TaskServiceStub(Protocol):
     SearchWorkers: grpc.UnaryUnaryMultiCallable[
         tasks_pb2.SearchWorkersRequest, tasks_pb2.SearchWorkersResponse
     ]
+    SearchWorkflows: grpc.UnaryUnaryMultiCallable[
+        tasks_pb2.SearchWorkflowsRequest, tasks_pb2.SearchWorkflowsResponse
+    ]
+    RetryWorkflowNow: grpc.UnaryUnaryMultiCallable[
+        tasks_pb2.RetryWorkflowNowRequest, tasks_pb2.RetryWorkflowNowResponse
+    ]
 
 
 class Transport:

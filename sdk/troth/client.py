@@ -78,7 +78,8 @@ _SPANS: dict[type[SettleRequest], str] = {
 
 class Client(PromiseReads, OperatorCalls):
     """A connection to a troth server's `PromiseService` (and, for operators, the
-    reads of its `TaskService`: `search_tasks`, `list_workers`).
+    reads of its `TaskService`: `search_tasks`, `list_workers`, `search_workflows`,
+    and `retry_workflow_now`).
 
     Thread-safe; create one per process and share it. Use it as a context
     manager, or call `close()`, to release the channel.

@@ -73,6 +73,10 @@ class Reason(enum.StrEnum):
     """A new pending step under a root that is settled (cancelled, finished)."""
     NOT_A_WORKFLOW = "NOT_A_WORKFLOW"
     """A workflow operation (`troth workflows fail`) on a promise that is no workflow's root."""
+    WORKFLOW_NOT_PAUSED = "WORKFLOW_NOT_PAUSED"
+    """A retry-now (`troth workflows retry-now`) of a workflow whose task is not waiting out
+    a retry backoff after its code failed (FAILED_PRECONDITION): metadata `state` says
+    what it is doing instead."""
     RESERVED_FOR_WORKFLOW = "RESERVED_FOR_WORKFLOW"
     """A step write under a workflow without the fence of the task holding it."""
     INVALID_PAGE_TOKEN = "INVALID_PAGE_TOKEN"

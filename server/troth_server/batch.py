@@ -178,16 +178,17 @@ class Batch:
         if INVOKE_TAG in new.tags and new.is_settled and not old.is_settled:
             self._end_steps(new)
             if new.state is domain.PromiseState.REJECTED_CANCELED:
-                self._hurry(new.id)
+                self._cancel_task(new.id)
 
-    def _hurry(self, root_id: str) -> None:
-        """A cancelled workflow whose task waits out a retry backoff (loaded by
-        `Keys.roots`) hears of it now: the task is claimable at once."""
+    def _cancel_task(self, root_id: str) -> None:
+        """A cancelled workflow's task (loaded by `Keys.roots`): ended if the workflow
+        never ran, else claimable at once even if it waited out a retry backoff, so
+        that the workflow hears of it now (`tasks.cancelled`)."""
         active = self.active_task(root_id)
         if active is not None:
-            hurried = tasks.hurry(active)
-            if hurried is not active:
-                self.put_task(hurried)
+            changed = tasks.cancelled(active, self.now)
+            if changed is not active:
+                self.put_task(changed)
 
     def _end_steps(self, root: Promise) -> None:
         """A workflow root settled: its steps still PENDING (loaded by `Keys.steps_of`)

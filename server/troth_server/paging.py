@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
 
     from troth_server.domain.promise import PromiseState
+    from troth_server.store import WorkflowQuery
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +66,18 @@ def fingerprint(
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 
+def workflow_fingerprint(query: WorkflowQuery) -> str:
+    """The digest a `SearchWorkflows` token is bound to: every filter of its search (a
+    `SearchPromises` token is never one of these, nor the other way round)."""
+    parts: list[Any] = [
+        "workflows", query.id_glob, sorted(s.value for s in query.states),
+        list(query.groups or ()), query.workflow, query.version, query.paused,
+        query.waiting_for_human, query.created_after, query.created_before,
+        query.newest_first, list(query.id_prefixes),
+    ]  # fmt: skip
+    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
+
+
 def encode(cursor: Cursor, order: PromiseOrder, query: str) -> str:
     """The page token for the page after `cursor` of the query fingerprinted `query`."""
     fields: dict[str, Any] = {"after": cursor.seq, "query": query}
@@ -90,7 +103,15 @@ _KEYS: dict[PromiseOrder, frozenset[str]] = {
 _ORDERS = {order.value: order for order in PromiseOrder}
 
 
-def decode(token: str, order: PromiseOrder, query: str) -> Cursor:
+_PROMISE_FILTERS = "id, states, tags, order and created_before"
+WORKFLOW_FILTERS = (
+    "id, states, group, workflow, workflow_version, paused, waiting_for_human, "
+    "created_after, created_before and order"
+)
+"""What a `SearchWorkflows` request must repeat for its page token (`decode`'s `filters`)."""
+
+
+def decode(token: str, order: PromiseOrder, query: str, filters: str = _PROMISE_FILTERS) -> Cursor:
     """The cursor in `token`, which must come from a search with this order and query.
 
     Tokens are not signed: they are validated completely instead. A token
@@ -119,8 +140,8 @@ def decode(token: str, order: PromiseOrder, query: str) -> Cursor:
         raise _not_issued("its query fingerprint is malformed")
     if issued_for != query:
         raise InvalidPageToken(
-            "belongs to a different search; repeat the id, states, tags, order and "
-            "created_before of the request that returned it, or start over without a page_token"
+            f"belongs to a different search; repeat the {filters} of the request that "
+            "returned it, or start over without a page_token"
         )
     if not _in_range(after, 1):
         raise _not_issued("its position is not a row of the store")

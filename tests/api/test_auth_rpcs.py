@@ -151,6 +151,12 @@ def _calls(channel: grpc.Channel, tag: str) -> dict[str, Callable[[Any], object]
         "SearchWorkers": lambda md: t.SearchWorkers(
             tasks_pb2.SearchWorkersRequest(), metadata=md, timeout=10
         ),
+        "SearchWorkflows": lambda md: t.SearchWorkflows(
+            tasks_pb2.SearchWorkflowsRequest(id="walk-none-*"), metadata=md, timeout=10
+        ),
+        "RetryWorkflowNow": lambda md: t.RetryWorkflowNow(
+            tasks_pb2.RetryWorkflowNowRequest(id=missing), metadata=md, timeout=10
+        ),
         "Calls": lambda md: first_message(
             t.Calls(iter([_heartbeat_on_the_stream(tag)]), metadata=md, timeout=STREAM_WAIT)
         ),

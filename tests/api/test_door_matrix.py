@@ -225,6 +225,8 @@ _REQUESTS: dict[str, Callable[[str], Any]] = {
     "FailWorkflow": lambda tag: tasks_pb2.FailWorkflowRequest(id=_MISSING, reason="matrix"),
     "MoveWorkflow": lambda tag: tasks_pb2.MoveWorkflowRequest(id=_MISSING, to_current=True),
     "SearchWorkers": lambda tag: tasks_pb2.SearchWorkersRequest(),
+    "SearchWorkflows": lambda tag: tasks_pb2.SearchWorkflowsRequest(id="mx-none-*"),
+    "RetryWorkflowNow": lambda tag: tasks_pb2.RetryWorkflowNowRequest(id=_MISSING),
 }
 
 

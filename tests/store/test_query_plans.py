@@ -39,7 +39,7 @@ import urllib.request
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -123,7 +123,35 @@ def _live_index(plan: str) -> bool:
     )
 
 
+def _workflows_walk(sql: str) -> bool:
+    return bool(
+        re.search(r"\bFROM promises\b", sql)
+        and "promises.workflow_group IS NOT NULL" in sql
+        and "ORDER BY promises.seq" in sql
+        and re.search(r"\bLIMIT\b", sql)
+    )
+
+
+def _roots_index(plan: str) -> bool:
+    # The partial index of workflow roots, in seq order (or the paused tasks' and the
+    # PENDING steps' indexes driving it); never the table, never a sort of it.
+    if "Seq Scan on promises" in plan or re.search(r"^(?:.*\s)?SCAN promises$", plan, re.M):
+        return False
+    return bool(re.search(r"ix_promises_workflows\w*|ix_tasks_paused|ix_promises_pending_", plan))
+
+
 ALLOWED_SCANS = [
+    Allowed(
+        "SearchWorkflows: a walk of the workflow roots",
+        _workflows_walk,
+        _roots_index,
+        "A page of workflows whose filters no index narrows further (every workflow, a "
+        "state, a name, a version, an age) walks the partial index of workflow roots "
+        "(ix_promises_workflows, or ix_promises_workflows_group for one group) in seq "
+        "order from the page's cursor and stops at the page size: roots only, never the "
+        "steps and standalone promises of the history. The paused and waiting-for-a-human "
+        "filters are driven by ix_tasks_paused and ix_promises_pending_parent instead.",
+    ),
     Allowed(
         "The metrics' counts of live rows (a scrape, at most every 5 s)",
         _live_count,
@@ -352,6 +380,32 @@ def _searches(client: Client) -> None:
                     **kwargs,  # type: ignore[arg-type]
                 )
     client.search(older_than=timedelta(seconds=1))
+    _workflow_searches(client)
+
+
+def _workflow_searches(client: Client) -> None:
+    """SearchWorkflows of every shape: each filter alone and some together, a page
+    and the next, both orders (the roots' own indexes, never the history)."""
+    for newest_first in (True, False):
+        for kwargs in (
+            {},
+            {"group": "plans"},
+            {"states": ["PENDING"]},
+            {"states": ["RESOLVED", "REJECTED_TIMEDOUT"]},
+            {"group": "plans", "states": ["PENDING"]},
+            {"workflow": "approve"},
+            {"group": "plans", "workflow": "approve", "version": "v1"},
+            {"paused": True},
+            {"group": "plans-raw", "paused": True},
+            {"waiting_for_human": True},
+            {"group": "plans", "waiting_for_human": True},
+            {"id": "hitl-*"},
+            {"created_after": datetime.now(UTC) - timedelta(hours=1)},
+            {"created_before": datetime.now(UTC)},
+        ):
+            walked = client.iter_workflows(newest_first=newest_first, page_size=1, **kwargs)  # type: ignore[arg-type]
+            for _ in zip(range(2), walked, strict=False):
+                pass
 
 
 def _raw_tasks(address: str, group: str) -> None:
@@ -415,6 +469,13 @@ def _raw_tasks(address: str, group: str) -> None:
         )
         # ...or moves it to another version first (it waits out its backoff: PENDING).
         tasks.MoveWorkflow(tasks_pb2.MoveWorkflowRequest(id=back.root_promise_id, to_version="v9"))
+        # ...or lists the paused ones and retries one now (its reads and write run either
+        # way: "hands" may hold it again already, and then it is refused).
+        tasks.SearchWorkflows(tasks_pb2.SearchWorkflowsRequest(group=other, paused=True))
+        try:
+            tasks.RetryWorkflowNow(tasks_pb2.RetryWorkflowNowRequest(id=back.root_promise_id))
+        except grpc.RpcError as refused:
+            assert refused.code() == grpc.StatusCode.FAILED_PRECONDITION, refused
         tasks.FailWorkflow(tasks_pb2.FailWorkflowRequest(id=back.root_promise_id, reason="no"))
         tasks.CompleteTask(
             tasks_pb2.CompleteTaskRequest(
@@ -476,6 +537,8 @@ _SQLITE_INDEX_STATS = {
     "ix_promises_expire_seq": "1000000 2 1",
     "ix_promises_root": "800000 5",
     "ix_promises_settled_top": "200000 2 1",
+    "ix_promises_workflows": "300000 1",
+    "ix_promises_workflows_group": "300000 100000 1",
     "sqlite_autoindex_tasks_1": "1000000 1",
     "ix_tasks_pending_group": "1000 200 1",
     "ix_tasks_claimed_lease": "1000 1",
@@ -483,6 +546,7 @@ _SQLITE_INDEX_STATS = {
     "ux_tasks_active_root": "2000 1",
     "ix_tasks_root": "1000000 3",
     "ix_tasks_completed": "1000000 1",
+    "ix_tasks_paused": "100 1",
     "sqlite_autoindex_callbacks_1": "100000 1 1",
     "ix_callbacks_root": "100000 1",
 }
@@ -519,23 +583,29 @@ def _sqlite_plans(path: str, statements: dict[str, Executed]) -> dict[str, str]:
 _PG_FILL = [
     # 100k parked workflows: a pending root and its pending latent step.
     """INSERT INTO promises (id, state, param_headers, param_data, value_headers, value_data,
-         tags, timer, create_time, expire_time, root_id, parent_id)
+         tags, timer, create_time, expire_time, root_id, parent_id, workflow_group,
+         workflow_name)
        SELECT 'park-' || g || s.suffix, 'PENDING', '{}', '', '{}', '',
          CASE WHEN s.suffix = '' THEN '{"troth:invoke": "parked", "troth:func": "approve"}'::jsonb
               ELSE '{"troth:kind": "promise"}'::jsonb END,
          false, 1000 + g, 4000000000000 + g,
          CASE WHEN s.suffix = '' THEN NULL ELSE 'park-' || g END,
-         CASE WHEN s.suffix = '' THEN NULL ELSE 'park-' || g END
+         CASE WHEN s.suffix = '' THEN NULL ELSE 'park-' || g END,
+         CASE WHEN s.suffix = '' THEN 'parked' END,
+         CASE WHEN s.suffix = '' THEN 'approve' END
        FROM generate_series(1, 100000) g, (VALUES (''), ('.0')) s(suffix)""",
     # 200k finished workflows of 4 settled steps each: 1M rows of history.
     """INSERT INTO promises (id, state, param_headers, param_data, value_headers, value_data,
-         tags, timer, create_time, settle_time, expire_time, settled_by, root_id, parent_id)
+         tags, timer, create_time, settle_time, expire_time, settled_by, root_id, parent_id,
+         workflow_group, workflow_name)
        SELECT 'done-' || g || s.suffix, 'RESOLVED', '{}', '', '{}', '',
          CASE WHEN s.suffix = '' THEN '{"troth:invoke": "done", "troth:func": "approve"}'::jsonb
               ELSE '{"troth:kind": "run"}'::jsonb END,
          false, 2000 + g, 3000 + g, 4000000000000 + g, 'w',
          CASE WHEN s.suffix = '' THEN NULL ELSE 'done-' || g END,
-         CASE WHEN s.suffix = '' THEN NULL ELSE 'done-' || g END
+         CASE WHEN s.suffix = '' THEN NULL ELSE 'done-' || g END,
+         CASE WHEN s.suffix = '' THEN 'done' END,
+         CASE WHEN s.suffix = '' THEN 'approve' END
        FROM generate_series(1, 200000) g,
          (VALUES (''), ('.0'), ('.1'), ('.2'), ('.3')) s(suffix)""",
     # Their tasks, completed (as they accumulated before completed tasks were deleted).
@@ -544,6 +614,12 @@ _PG_FILL = [
        SELECT 'done-task-' || g || '-' || k, 'done-' || g, 'done', 'RESUME', 'COMPLETED', 1,
          false, 2000 + g, 'approve'
        FROM generate_series(1, 200000) g, generate_series(1, 5) k""",
+    # A few paused workflows among the parked ones: their task's code failed.
+    """INSERT INTO tasks (id, root_promise_id, "group", kind, state, counter, resume_pending,
+         create_time, workflow, failed_attempts, last_error, next_attempt_time)
+       SELECT 'park-task-' || g, 'park-' || g, 'parked', 'RESUME', 'PENDING', 1, false,
+         1000 + g, 'approve', 3, 'NameError: x', 4000000000000 + g
+       FROM generate_series(1, 100) g""",
     # The parked workflows' callbacks.
     """INSERT INTO callbacks (promise_id, root_promise_id, "group", worker_id, create_time)
        SELECT 'park-' || g || '.0', 'park-' || g, 'parked', 'w', 1000 + g

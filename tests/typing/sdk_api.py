@@ -76,3 +76,20 @@ def secure_clients() -> list[Client]:
         Client("10.0.0.1:7070", tls=troth.TlsConfig(server_name="troth.internal")),
         Client("10.0.0.1:7070", token="t0k", allow_plaintext_token=True),
     ]
+
+
+def operator(client: Client) -> None:
+    """The workflows an operator lists, a paused one retried, a timeline read."""
+    paused: list[troth.WorkflowInfo] = client.search_workflows(
+        group="editors", states=[PromiseState.PENDING, "RESOLVED"], paused=True, limit=50
+    )
+    for workflow in paused:
+        if workflow.paused and workflow.task is not None:
+            print(workflow.id, workflow.state, workflow.task.last_error)
+            task: troth.TaskInfo = client.retry_workflow_now(workflow.id)
+            print(task.next_attempt_time)
+    for waiting in client.iter_workflows(waiting_for_human=True, newest_first=False):
+        decisions: list[Promise] = waiting.waiting_on
+        print(waiting.root.id, waiting.group, waiting.workflow, waiting.version, decisions)
+    steps: list[Promise] = client.workflow_steps("publish-7")
+    print([step.settled_by for step in steps])

@@ -204,7 +204,10 @@ class TaskServiceServicer:
         workflows included), newest first unless `order` says otherwise, each with
         its task if one is not completed and the human decisions it waits on.
         Filters combine; the caller sees only the workflows its prefixes and
-        groups allow (`troth workflows list`, the console's Workflows page).
+        groups allow (`troth workflows list`, the console's Workflows page): a
+        worker and nothing more lists only its groups' workflows, and naming
+        another group is refused (PERMISSION_DENIED, GROUP_NOT_ALLOWED). Listed
+        by an index of workflow roots, never the whole history.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -214,8 +217,11 @@ class TaskServiceServicer:
         """An operator retries a paused workflow now (`troth workflows retry-now`):
         its task, waiting out its retry backoff after its code failed (FailTask),
         is delivered at once (next_attempt_time = now); its failure count and last
-        error stay until an attempt succeeds. A workflow with no such task is
-        refused (FAILED_PRECONDITION, WORKFLOW_NOT_PAUSED).
+        error stay until an attempt succeeds. A workflow with no such task (it
+        waits on its steps, a worker holds its task, or it is over) is refused
+        (FAILED_PRECONDITION, WORKFLOW_NOT_PAUSED; metadata `state`); a promise
+        that is no workflow's root is FAILED_PRECONDITION NOT_A_WORKFLOW, an
+        unknown id NOT_FOUND.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -104,6 +104,14 @@ ANSWERS: dict[str, dict[BadInput, Answer]] = {
     "troth.v1.TaskService/FailTask": {**_EVERY_REQUEST},
     "troth.v1.TaskService/FailWorkflow": {**_EVERY_REQUEST},
     "troth.v1.TaskService/MoveWorkflow": {**_EVERY_REQUEST},
+    "troth.v1.TaskService/SearchWorkflows": {
+        **_EVERY_REQUEST,
+        BadInput.LIST_TOO_LONG: INVALID,
+        BadInput.BAD_TIMESTAMP: INVALID,
+        BadInput.FORGED_PAGE_TOKEN: INVALID_TOKEN,
+        BadInput.DEEP_PAGE_TOKEN: INVALID_TOKEN,
+    },
+    "troth.v1.TaskService/RetryWorkflowNow": {**_EVERY_REQUEST},
     "troth.v1.TaskService/SearchWorkers": {
         **_EVERY_REQUEST,
         BadInput.FORGED_PAGE_TOKEN: INVALID_TOKEN,
@@ -157,6 +165,7 @@ LIST_LIMITS: dict[tuple[str, str], ListLimit] = {
     ("troth.v1.SearchPromisesRequest", "tags"): _TAGS,
     ("troth.v1.SearchPromisesRequest", "states"): ListLimit(5, "one entry per promise state"),
     ("troth.v1.WatchPromisesRequest", "tags"): _TAGS,
+    ("troth.v1.SearchWorkflowsRequest", "states"): ListLimit(5, "one entry per promise state"),
     ("troth.v1.PollRequest", "workflows"): ListLimit(MAX_WORKFLOWS, "workflow versions"),
     ("troth.v1.CallsRequest", "more"): ListLimit(MAX_CALLS_BATCH, "calls in one Calls message"),
     ("troth.v1.CompleteTaskRequest", "suspend_on"): _CALLBACKS,

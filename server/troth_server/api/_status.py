@@ -46,6 +46,7 @@ from troth_server.domain.task import (
     TaskNotClaimable,
     TaskNotFound,
     TaskRunning,
+    WorkflowNotPaused,
     WorkflowOver,
 )
 from troth_server.group_commit import ShuttingDown
@@ -84,6 +85,7 @@ STATUS_CODES: dict[type[Exception], grpc.StatusCode] = {
     TaskNotFound: grpc.StatusCode.NOT_FOUND,
     TaskRunning: grpc.StatusCode.FAILED_PRECONDITION,
     WorkflowOver: grpc.StatusCode.FAILED_PRECONDITION,
+    WorkflowNotPaused: grpc.StatusCode.FAILED_PRECONDITION,
     NotTheTasksWorker: grpc.StatusCode.PERMISSION_DENIED,
     GroupNotAllowed: grpc.StatusCode.PERMISSION_DENIED,
     WatchFellBehind: grpc.StatusCode.RESOURCE_EXHAUSTED,

@@ -13,6 +13,7 @@ from troth.v1 import tasks_pb2, tasks_pb2_grpc
 from troth_server import paging
 from troth_server.api import _audit as audit
 from troth_server.api import _convert as convert
+from troth_server.api import _workflows as workflows_api
 from troth_server.api._auth import caller, caller_name, require_group, require_inside
 from troth_server.api._batches import batched
 from troth_server.api._rpc import aio_server_stream, aio_unary
@@ -42,6 +43,7 @@ if TYPE_CHECKING:
     from troth_server.domain.access import Principal
     from troth_server.domain.task import Task
     from troth_server.task_service import Heartbeat, TaskService
+    from troth_server.workflows import WorkflowService
 
     AioContext: TypeAlias = grpc.aio.ServicerContext[Any, Any]
 
@@ -54,10 +56,23 @@ def bound_principal() -> Principal | None:
 
 
 class _Handlers:
-    def __init__(self, tasks: TaskService, dispatcher: Dispatcher, limits: Limits) -> None:
+    def __init__(
+        self,
+        tasks: TaskService,
+        dispatcher: Dispatcher,
+        limits: Limits,
+        workflows: WorkflowService | None = None,
+    ) -> None:
         self._tasks = tasks
         self._dispatcher = dispatcher
         self._limits = limits
+        self._workflows = workflows
+
+    @property
+    def _workflow_service(self) -> WorkflowService:
+        if self._workflows is None:
+            raise RuntimeError("TaskServiceServicer was built without its WorkflowService")
+        return self._workflows
 
     def _stream(
         self, request: tasks_pb2.PollRequest, loop: asyncio.AbstractEventLoop, context: AioContext
@@ -97,6 +112,20 @@ class _Handlers:
         # (a page may come back shorter than asked).
         found = [t for t in found if caller().may_touch(t.root_promise_id)]
         return tasks_pb2.SearchTasksResponse(tasks=self._described(found))
+
+    def _search_workflows(
+        self, request: tasks_pb2.SearchWorkflowsRequest, context: AioContext
+    ) -> tasks_pb2.SearchWorkflowsResponse:
+        reader = caller()
+        query = workflows_api.workflow_query(request, self._limits, reader, context)
+        if query is None:
+            # Nothing the reader may see can match (its prefixes, its groups).
+            return tasks_pb2.SearchWorkflowsResponse()
+        page = self._workflow_service.search(query, request.page_token)
+        return tasks_pb2.SearchWorkflowsResponse(
+            workflows=workflows_api.summaries(page.workflows, reader, self._described),
+            next_page_token=page.next_page_token,
+        )
 
     def _described(self, found: list[Task]) -> list[tasks_pb2.Task]:
         """Tasks on the wire, each PENDING one with why it waits (and, waiting for a
@@ -408,6 +437,27 @@ class TaskServiceServicer(_Handlers, tasks_pb2_grpc.TaskServiceServicer):
             (described,) = await asyncio.to_thread(self._described, [task])
             response.task.CopyFrom(described)
         return response
+
+    @aio_unary("SearchWorkflows")
+    async def SearchWorkflows(
+        self, request: tasks_pb2.SearchWorkflowsRequest, context: AioContext
+    ) -> tasks_pb2.SearchWorkflowsResponse:
+        # Range reads: off the event loop, as SearchPromises is.
+        return await asyncio.to_thread(self._search_workflows, request, context)
+
+    @aio_unary("RetryWorkflowNow")
+    async def RetryWorkflowNow(
+        self, request: tasks_pb2.RetryWorkflowNowRequest, context: AioContext
+    ) -> tasks_pb2.RetryWorkflowNowResponse:
+        root_id = convert.promise_id(request.id, self._limits, "id")
+        require_inside(root_id, context, "RetryWorkflowNow")
+        task = await self._workflow_service.retry_now_async(root_id)
+        log.info(
+            "workflow.retried_now", root_promise_id=root_id, task_id=task.id,
+            attempts=task.failed_attempts, by=caller_name(context, self._limits),
+        )  # fmt: skip
+        (described,) = await asyncio.to_thread(self._described, [task])
+        return tasks_pb2.RetryWorkflowNowResponse(task=described)
 
     @aio_unary("SearchWorkers")
     async def SearchWorkers(

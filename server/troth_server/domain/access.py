@@ -8,10 +8,12 @@ Roles:
 - `worker`: the task calls (`Poll`, `Heartbeat`, `CompleteTask`, `ReleaseTask`,
   `RegisterCallbacks`) and its workflows' step writes, for the task groups its
   grant names (`Principal.groups`); a worker and nothing more reads and settles
-  only its groups' workflows' promises (`domain.steps.check_worker_reach`);
-- `gateway`: starts workflows, reads, searches and watches promises, settles them;
-- `operator`: reads, searches and watches promises, cancels them, lists tasks,
-  fails and moves workflows;
+  only its groups' workflows' promises (`domain.steps.check_worker_reach`), and lists
+  only those workflows;
+- `gateway`: starts workflows, reads, searches and watches promises, settles them,
+  lists workflows;
+- `operator`: reads, searches and watches promises, cancels them, lists tasks and
+  workflows, fails, moves and retries workflows;
 - `admin`: everything, including `PrunePromises`.
 
 Every role may open `Calls`, the stream that carries a worker's or a client's
@@ -142,6 +144,10 @@ RPC_ROLES: Mapping[str, frozenset[Role]] = {
     # An operator moves a waiting workflow to another version of its code.
     "MoveWorkflow": frozenset({Role.OPERATOR, Role.ADMIN}),
     "SearchWorkers": frozenset({Role.OPERATOR, Role.ADMIN}),
+    # Whoever reads workflows lists them: a worker and nothing more only its groups'.
+    "SearchWorkflows": _READERS,
+    # An operator hurries a paused workflow's retry (like failing or moving one).
+    "RetryWorkflowNow": frozenset({Role.OPERATOR, Role.ADMIN}),
     # Unary calls on one stream (a worker's, a client's): each is authorized as its
     # own RPC, so every role may open it.
     "Calls": frozenset(Role),

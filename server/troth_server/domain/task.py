@@ -196,6 +196,33 @@ class WorkflowOver(DomainError):
         self.root_id = root_id
 
 
+class WorkflowNotPaused(DomainError):
+    """An operator's retry-now of a workflow whose task is not waiting out a retry
+    backoff after its code failed: there is nothing to hurry."""
+
+    reason = Reason.WORKFLOW_NOT_PAUSED
+
+    def __init__(self, root_id: str, task: Task | None, root_state: str) -> None:
+        if root_state != "PENDING":
+            why, state = f"is over ({root_state}): nothing is left to run", root_state
+        elif task is None:
+            why, state = "has no task now: it waits on its steps (no code of it failed)", "WAITING"
+        elif task.state is TaskState.CLAIMED:
+            why = f"is running: its task {task.id!r} is held by worker {task.worker_id!r}"
+            state = task.state.value
+        else:
+            why = f"is not paused: its task {task.id!r} failed no attempt and waits for a worker"
+            state = task.state.value
+        super().__init__(
+            f"workflow {root_id!r} {why}; retry-now hurries only a paused workflow (its code "
+            "failed and its task waits out a retry backoff): `troth workflows show` says what "
+            "it is doing",
+            promise_id=root_id,
+            state=state,
+        )
+        self.root_id = root_id
+
+
 class StaleCounter(DomainError):
     """A call from a worker whose lease on the task has ended."""
 
@@ -444,6 +471,16 @@ def fail(
     )
 
 
+def cancelled(task: Task, now: int) -> Task:
+    """Its workflow's root was cancelled. A task whose workflow never ran (its INVOKE,
+    PENDING, never claimed) ends now: no code of it ran, so there is nothing to hear
+    or compensate, and no worker need come for it. Any other hears of it at once
+    (`hurry`): the workflow sees `Cancelled` at its next yield (DESIGN §4.10)."""
+    if task.kind is TaskKind.INVOKE and task.state is TaskState.PENDING and task.counter == 0:
+        return finish(task, now)
+    return hurry(task)
+
+
 def hurry(task: Task) -> Task:
     """A PENDING task waiting out a retry backoff, claimable at once: its root was
     cancelled, and the workflow must hear of it (`Cancelled`, and compensate) now,
@@ -451,6 +488,21 @@ def hurry(task: Task) -> Task:
     if task.state is TaskState.PENDING and task.next_attempt_time is not None:
         return replace(task, next_attempt_time=None)
     return task
+
+
+def is_paused(task: Task) -> bool:
+    """Whether the task's workflow is paused by a bug: its code failed on it, and it is
+    not completed (waiting out its retry backoff, or being retried)."""
+    return task.failed_attempts > 0 and task.state is not TaskState.COMPLETED
+
+
+def retry_now(task: Task, now: int) -> Task:
+    """A paused workflow's task (PENDING after its code failed) offered at once: its
+    next attempt is `now`, not at the end of its backoff; its failures stay recorded
+    until an attempt succeeds. Refuses any other task (`WorkflowNotPaused`)."""
+    if task.state is not TaskState.PENDING or task.failed_attempts == 0:
+        raise WorkflowNotPaused(task.root_promise_id, task, "PENDING")
+    return replace(task, next_attempt_time=now)
 
 
 def finish(task: Task, now: int) -> Task:

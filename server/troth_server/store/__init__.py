@@ -78,6 +78,34 @@ class PromiseQuery:
 
 
 @dataclass(frozen=True, slots=True)
+class WorkflowQuery:
+    """A search of workflows (the roots tagged `troth:invoke`, by `workflow_group`):
+    every filter given narrows it; a page starts after the row `after_seq` (0: from the
+    start) in creation order, newest first unless `newest_first` is False."""
+
+    limit: int
+    after_seq: int = 0
+    newest_first: bool = True
+    id_glob: str = "*"
+    states: frozenset[PromiseState] = frozenset()
+    """The root's state as a reader sees it (an expired PENDING row is settled)."""
+    groups: tuple[str, ...] | None = None
+    """Only these groups' workflows, when given (a filter, or a worker's reach)."""
+    workflow: str | None = None
+    version: str | None = None
+    paused: bool = False
+    """Only those whose task failed (`failed_attempts` > 0) and is not completed."""
+    waiting_for_human: bool = False
+    """Only PENDING ones with a PENDING step no worker settles (`HUMAN_STEP_KINDS`)."""
+    created_after: int | None = None
+    """Only those created at or after this time (ms)."""
+    created_before: int | None = None
+    """Only those created before this time (ms)."""
+    id_prefixes: tuple[str, ...] = ()
+    """Only ids starting with one of these, when given (a scoped principal's search)."""
+
+
+@dataclass(frozen=True, slots=True)
 class SearchRow:
     seq: int
     promise: Promise
@@ -241,6 +269,16 @@ class Store(Protocol):
 
     def claimed_task_ids(self, worker_ids: Collection[str]) -> set[tuple[str, str]]:
         """(worker id, task id) of every task CLAIMED by one of these workers."""
+
+    def search_workflows(self, query: WorkflowQuery, now: int) -> list[SearchRow]:
+        """Up to `query.limit` workflow roots matching `query`, in its order, read by the
+        partial indexes of workflow roots (never the whole history)."""
+
+    def active_tasks(self, root_ids: Collection[str]) -> dict[str, Task]:
+        """The PENDING or CLAIMED task of each of these roots that has one, by root id."""
+
+    def pending_steps(self, parent_ids: Collection[str]) -> list[Promise]:
+        """The PENDING promises whose parent_id is one of these, in creation order."""
 
     def search_tasks(self, group: str, limit: int, root_id: str | None = None) -> list[Task]:
         """Up to `limit` of the group's PENDING and CLAIMED tasks, oldest first; with

@@ -49,7 +49,16 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-__all__ = ["READ_ATTEMPTS", "PromiseReads", "select_by_id", "select_expired", "select_tree"]
+__all__ = [
+    "READ_ATTEMPTS",
+    "PromiseReads",
+    "glob_to_like",
+    "prefix_to_like",
+    "select_by_id",
+    "select_expired",
+    "select_tree",
+    "state_condition",
+]
 
 READ_ATTEMPTS = 2
 """A read runs again once after a connection the database dropped (a restart)."""
@@ -171,18 +180,15 @@ class PromiseReads:
     ) -> list[SearchRow]:
         conditions: list[Any] = list(cursor)
         if query.id_glob not in ("", "*"):
-            conditions.append(promises.c.id.like(_glob_to_like(query.id_glob), escape="\\"))
+            conditions.append(promises.c.id.like(glob_to_like(query.id_glob), escape="\\"))
         if query.id_prefixes:
             conditions.append(
                 or_(
-                    *(
-                        promises.c.id.like(_prefix_to_like(p), escape="\\")
-                        for p in query.id_prefixes
-                    )
+                    *(promises.c.id.like(prefix_to_like(p), escape="\\") for p in query.id_prefixes)
                 )
             )
         if query.states:
-            conditions.append(or_(*(_state_condition(s, now) for s in query.states)))
+            conditions.append(or_(*(state_condition(s, now) for s in query.states)))
         if query.tags:
             conditions.append(self._has_tags(query.tags))
         if query.created_before is not None:
@@ -250,7 +256,7 @@ def _after_cursor(query: PromiseQuery) -> Any:
     return c.seq < query.after_seq
 
 
-def _state_condition(state: PromiseState, now: int) -> Any:
+def state_condition(state: PromiseState, now: int) -> Any:
     """SQL for "a reader at `now` sees this state" (an expired PENDING row is settled)."""
     c = promises.c
     expired = and_(
@@ -270,11 +276,11 @@ def _state_condition(state: PromiseState, now: int) -> Any:
     return state_in(c.state, state.value)
 
 
-def _prefix_to_like(prefix: str) -> str:
+def prefix_to_like(prefix: str) -> str:
     """A prefix as a LIKE pattern: every character literal, then any run."""
     return prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
 
 
-def _glob_to_like(glob: str) -> str:
+def glob_to_like(glob: str) -> str:
     escaped = glob.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
     return escaped.replace("*", "%")

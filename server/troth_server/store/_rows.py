@@ -12,6 +12,8 @@ import orjson
 
 from troth_server.domain.approvers import Approvers
 from troth_server.domain.promise import Payload, Promise, PromiseState
+from troth_server.domain.routing import workflow_name
+from troth_server.domain.starts import INVOKE_TAG
 from troth_server.domain.task import Task, TaskKind, TaskState
 
 if TYPE_CHECKING:
@@ -72,6 +74,9 @@ def to_row(p: Promise) -> dict[str, Any]:
         "started_by": p.started_by,
         "settle_token_id": p.settle_token_id,
         "instance": p.instance,
+        # Copies of a workflow root's tags, for the index that lists workflows.
+        "workflow_group": p.tags.get(INVOKE_TAG),
+        "workflow_name": workflow_name(p.tags) if INVOKE_TAG in p.tags else None,
     }
 
 

@@ -49,6 +49,7 @@ from troth_server.store._sqlstate import (
 )
 from troth_server.store._tables import callbacks, promises, state_in, tasks
 from troth_server.store._task_sql import CompiledTaskStatements, TaskStatements, TaskTx
+from troth_server.store._workflow_reads import WorkflowReads
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Collection, Iterator, Sequence
@@ -247,7 +248,7 @@ class _WriteTx(TaskTx, PruneTx):
             self._write(stmt.sql, [stmt.params(row) for row in rows])
 
 
-class SqlStore(PromiseReads):
+class SqlStore(PromiseReads, WorkflowReads):
     def __init__(self, engines: Engines, announcer: Announcer | None = None) -> None:
         self._engines = engines
         self._announcer = announcer

@@ -77,6 +77,11 @@ promises = Table(
     # Random, drawn at create: a promise pruned and created again under the same id is
     # another instance, and its settle tokens are void (revision 0011; 0 before it).
     Column("instance", BigInteger(), nullable=False, server_default=text("0")),
+    # A workflow's root: its `troth:invoke` and `troth:func` tags, copied out so that
+    # workflows are listed by a partial index of their roots (revision 0012). NULL
+    # for every other promise (and the name for one longer than a name may be).
+    Column("workflow_group", String(256), nullable=True),
+    Column("workflow_name", String(256), nullable=True),
 )
 
 # The sweeper's loop: pending promises by expiry. Partial, so settled rows cost nothing.
@@ -121,6 +126,21 @@ Index(
     promises.c.seq,
     sqlite_where=text("root_id IS NULL AND state <> 'PENDING'"),
     postgresql_where=text("root_id IS NULL AND state <> 'PENDING'"),
+)
+# Workflows newest first (SearchWorkflows), every group's or one group's: the roots
+# only, however long the history of steps and standalone promises (revision 0012).
+Index(
+    "ix_promises_workflows",
+    promises.c.seq,
+    sqlite_where=text("workflow_group IS NOT NULL"),
+    postgresql_where=text("workflow_group IS NOT NULL"),
+)
+Index(
+    "ix_promises_workflows_group",
+    promises.c.workflow_group,
+    promises.c.seq,
+    sqlite_where=text("workflow_group IS NOT NULL"),
+    postgresql_where=text("workflow_group IS NOT NULL"),
 )
 # Tag filters (JSONB containment) on PostgreSQL; SQLite has no index for JSON.
 Index(
@@ -198,6 +218,14 @@ Index(
     unique=True,
     sqlite_where=text("state IN ('PENDING', 'CLAIMED')"),
     postgresql_where=text("state IN ('PENDING', 'CLAIMED')"),
+)
+
+# Paused workflows (SearchWorkflows `paused`): tasks whose code failed, not completed.
+Index(
+    "ix_tasks_paused",
+    tasks.c.root_promise_id,
+    sqlite_where=text("failed_attempts > 0 AND state IN ('PENDING', 'CLAIMED')"),
+    postgresql_where=text("failed_attempts > 0 AND state IN ('PENDING', 'CLAIMED')"),
 )
 
 callbacks = Table(

@@ -1,0 +1,141 @@
+"""Use cases of workflows as a whole: list them (`SearchWorkflows`) and retry a paused
+one now (`RetryWorkflowNow`).
+
+A workflow is the promise that starts one (tagged `troth:invoke`, its group; its
+name `troth:func`), with its steps (`parent_id` is it) and at most one task that
+is not completed. The listing reads the store's workflow indexes, then, for the
+page only, each root's task and the PENDING steps it waits on; the retry is one
+write op through the group committer, whose commit wakes the dispatcher (a task
+left PENDING), so the task is delivered at once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+from troth_server import paging
+from troth_server.batch import Keys
+from troth_server.domain import steps
+from troth_server.domain import task as tasks
+from troth_server.domain.errors import NotAWorkflow, PromiseNotFound
+from troth_server.domain.promise import PromiseState
+from troth_server.domain.steps import INVOKE_TAG
+from troth_server.store import PromiseOrder
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from troth_server.batch import Batch
+    from troth_server.domain.promise import Promise
+    from troth_server.domain.task import Task
+    from troth_server.group_commit import GroupCommitter
+    from troth_server.store import Store, WorkflowQuery, WriteTx
+
+
+@dataclass(frozen=True, slots=True)
+class Workflow:
+    """One workflow as a listing shows it."""
+
+    root: Promise
+    task: Task | None
+    """Its task that is not completed, if it has one."""
+    waiting_on: list[Promise]
+    """Its PENDING steps that no worker settles (human decisions), in creation order."""
+
+    @property
+    def group(self) -> str:
+        return self.root.tags.get(INVOKE_TAG, "")
+
+
+@dataclass(frozen=True, slots=True)
+class WorkflowPage:
+    workflows: list[Workflow]
+    next_page_token: str
+
+
+@dataclass(frozen=True, slots=True)
+class _RetryNowOp:
+    """An operator retries a paused workflow now: its task, PENDING after its code
+    failed, is claimable at the transaction's time instead of after its backoff."""
+
+    root_id: str
+
+    def keys(self, tx: WriteTx, now: int) -> Keys:
+        return Keys(promises=(self.root_id,), roots=(self.root_id,))
+
+    def apply(self, batch: Batch) -> Task:
+        root = batch.get(self.root_id)
+        if root is None:
+            raise PromiseNotFound(self.root_id)
+        if INVOKE_TAG not in root.tags:
+            raise NotAWorkflow(root.id)
+        active = batch.active_task(root.id)
+        if root.is_settled or active is None:
+            raise tasks.WorkflowNotPaused(root.id, active, root.state.value)
+        hurried = tasks.retry_now(active, batch.now)
+        batch.put_task(hurried)
+        return hurried
+
+
+class WorkflowService:
+    def __init__(
+        self,
+        store: Store,
+        committer: GroupCommitter,
+        clock: Callable[[], int],
+        decided: Callable[[list[Promise], int], list[Promise]],
+    ) -> None:
+        self._store = store
+        self._committer = committer
+        self._clock = clock
+        self._decided = decided
+        """A reader's view of promises past their expire_time, as the writer decides
+        them (`PromiseService.decided`)."""
+
+    def search(self, query: WorkflowQuery, page_token: str) -> WorkflowPage:
+        """A page of the workflows `query` matches (its `limit` is the page size), each
+        with its task and the human decisions it waits on. A page may come back
+        shorter than asked, keeping its token, when a root the filter took for PENDING
+        has just timed out (the writer decides)."""
+        order = PromiseOrder.CREATED_DESC if query.newest_first else PromiseOrder.CREATED_ASC
+        fingerprint = paging.workflow_fingerprint(query)
+        after = (
+            paging.decode(page_token, order, fingerprint, paging.WORKFLOW_FILTERS)
+            if page_token
+            else paging.START
+        )
+        now = self._clock()
+        rows = self._store.search_workflows(
+            replace(query, after_seq=after.seq, limit=query.limit + 1), now
+        )
+        more = len(rows) > query.limit
+        rows = rows[: query.limit]
+        token = paging.encode(paging.Cursor(rows[-1].seq), order, fingerprint) if more else ""
+        roots = self._decided([r.promise for r in rows], now)
+        if query.states:
+            roots = [p for p in roots if p.state in query.states]
+        if query.waiting_for_human:
+            roots = [p for p in roots if p.state is PromiseState.PENDING]
+        return WorkflowPage(self._described(roots, now), token)
+
+    def _described(self, roots: list[Promise], now: int) -> list[Workflow]:
+        """Each root with its task (one read for the page) and the PENDING human steps
+        it waits on (one read of the page's PENDING steps)."""
+        ids = [r.id for r in roots]
+        active = self._store.active_tasks(ids)
+        waiting: dict[str, list[Promise]] = {}
+        pending = [r.id for r in roots if r.state is PromiseState.PENDING]
+        for step in self._store.pending_steps(pending):
+            overdue = step.expire_time is not None and step.expire_time <= now
+            if step.parent_id is not None and not overdue and not steps.is_checkpoint(step.tags):
+                waiting.setdefault(step.parent_id, []).append(step)
+        return [Workflow(r, active.get(r.id), waiting.get(r.id, [])) for r in roots]
+
+    async def retry_now_async(self, root_id: str) -> Task:
+        """Offer workflow `root_id`'s paused task at once (its next attempt now);
+        returns it. Refused (`WorkflowNotPaused`) if its task is not paused."""
+        return await self._committer.submit_async(_RetryNowOp(root_id))
+
+
+__all__ = ["Workflow", "WorkflowPage", "WorkflowService"]
