@@ -8,9 +8,8 @@ PYTEST_ARGS ?=
 LISTEN ?= 127.0.0.1:7070
 DB ?= sqlite:///troth.db
 METRICS_LISTEN ?= 127.0.0.1:9464
-# More `troth serve` flags for `make run`. LEAD: once `troth serve --console-listen`
-# is in (issue 28 part 3), make this `--console-listen 127.0.0.1:7080` so that
-# `make run` serves the console too (and drop the `console` target's separate process).
+CONSOLE_LISTEN ?= 127.0.0.1:7080
+# More `troth serve` flags for `make run` (e.g. RUN_FLAGS='--log-format json').
 RUN_FLAGS ?=
 
 help: ## Show targets
@@ -41,11 +40,8 @@ install-serve: $(VENV)/.serve-installed ## Create .venv with what serving needs:
 
 install: $(VENV)/.installed ## Create .venv with troth, troth-server[postgres,console] and the dev tools
 
-run: install-serve ## Serve locally: auth off, SQLite ./troth.db, metrics on METRICS_LISTEN (LISTEN=, DB=, METRICS_LISTEN=, RUN_FLAGS= to change)
-	$(VENV)/bin/troth serve --no-auth --listen $(LISTEN) --db $(DB) --metrics-listen $(METRICS_LISTEN) $(RUN_FLAGS)
-
-console: install-serve ## Serve the web console on 127.0.0.1:7080 for the server at LISTEN (start one with `make run`)
-	$(VENV)/bin/troth console --server $(LISTEN)
+run: install-serve ## Serve locally: auth off, SQLite ./troth.db, the console on CONSOLE_LISTEN, metrics on METRICS_LISTEN (LISTEN=, DB=, CONSOLE_LISTEN=, METRICS_LISTEN=, RUN_FLAGS= to change)
+	$(VENV)/bin/troth serve --no-auth --listen $(LISTEN) --db $(DB) --console-listen $(CONSOLE_LISTEN) --metrics-listen $(METRICS_LISTEN) $(RUN_FLAGS)
 
 proto: install ## Regenerate sdk/troth/v1 from proto/ (grpcio-tools pinned in requirements-dev.txt)
 	rm -f sdk/troth/v1/*_pb2*.py sdk/troth/v1/*_pb2*.pyi
@@ -106,4 +102,4 @@ bench-peers: install ## troth beside Restate and DBOS, same workloads (installs 
 
 ci: install proto-check lint typecheck test ## What CI runs
 
-.PHONY: help install-serve install run console proto proto-check fmt lint breaking typecheck test-unit test test-loaded bench bench-peers ci
+.PHONY: help install-serve install run proto proto-check fmt lint breaking typecheck test-unit test test-loaded bench bench-peers ci
