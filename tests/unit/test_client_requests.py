@@ -233,3 +233,31 @@ def test_bad_timeout_is_a_configuration_error(timeout: float) -> None:
 def test_codec_must_fit_the_protocol() -> None:
     with pytest.raises(ConfigurationError, match="codec"):
         Client(codec=object())  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error"),
+    [
+        ({"limit": 0}, ValueError),
+        ({"limit": True}, TypeError),
+        ({"states": ["SLEEPING"]}, ValueError),
+        ({"created_after": datetime(2030, 1, 1)}, ValueError),  # naive: ambiguous
+        ({"group": 7}, TypeError),
+        ({"paused": "yes"}, TypeError),
+    ],
+)
+def test_search_workflows_refuses_bad_arguments_before_any_call(
+    kwargs: dict[str, Any], error: type[Exception]
+) -> None:
+    with Client("127.0.0.1:1") as client, pytest.raises(error):
+        client.search_workflows(**kwargs)
+
+
+def test_iter_workflows_and_retry_now_check_their_arguments_before_any_call() -> None:
+    with Client("127.0.0.1:1") as client:
+        with pytest.raises(ValueError, match="page_size"):
+            next(client.iter_workflows(page_size=1001))
+        with pytest.raises(TypeError):
+            client.retry_workflow_now(None)  # type: ignore[arg-type]
+        with pytest.raises(TypeError):
+            client.workflow_steps(3)  # type: ignore[arg-type]

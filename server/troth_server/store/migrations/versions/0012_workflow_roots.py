@@ -36,9 +36,9 @@ _PAUSED = sa.text("failed_attempts > 0 AND state IN ('PENDING', 'CLAIMED')")
 
 
 def upgrade() -> None:
-    with op.batch_alter_table("promises") as batch:
-        batch.add_column(sa.Column("workflow_group", sa.String(256), nullable=True))
-        batch.add_column(sa.Column("workflow_name", sa.String(256), nullable=True))
+    # Plain ADD COLUMNs (nullable, no default): on SQLite too, no copy of the table.
+    op.add_column("promises", sa.Column("workflow_group", sa.String(256), nullable=True))
+    op.add_column("promises", sa.Column("workflow_name", sa.String(256), nullable=True))
     if op.get_bind().dialect.name == "postgresql":
         op.execute(
             "UPDATE promises SET workflow_group = tags ->> 'troth:invoke', "
