@@ -7,23 +7,41 @@ PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 LISTEN ?= 127.0.0.1:7070
 DB ?= sqlite:///troth.db
+METRICS_LISTEN ?= 127.0.0.1:9464
+CONSOLE_LISTEN ?= 127.0.0.1:7080
+# More `troth serve` flags for `make run` (e.g. RUN_FLAGS='--log-format json').
+RUN_FLAGS ?=
 
 help: ## Show targets
 	@grep -E '^[a-z][a-z-]*:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
 
+# What serving needs, and no more: the SDK and CLI, the server, the console
+# (`make run`). The development install below holds all of it, so a .venv made by
+# `make install` serves without installing anything again.
+$(VENV)/.serve-installed: sdk/pyproject.toml server/pyproject.toml
+	@if [ $(VENV)/.installed -nt sdk/pyproject.toml ] && [ $(VENV)/.installed -nt server/pyproject.toml ]; then \
+	  echo "$(VENV) has the development install, which serves too"; \
+	else \
+	  test -x $(PY) || python3 -m venv $(VENV); \
+	  echo "installing troth and troth-server[console] into $(VENV)"; \
+	  $(PY) -m pip install --quiet -e ./sdk -e './server[console]'; \
+	fi
+	touch $@
+
+# Everything: the serving install, PostgreSQL support and the pinned dev tools
+# (test, lint, typecheck, proto, bench, ci).
 $(VENV)/.installed: sdk/pyproject.toml server/pyproject.toml requirements-dev.txt
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -r requirements-dev.txt -e ./sdk -e './server[postgres]'
-	touch $@
+	$(PY) -m pip install --quiet -r requirements-dev.txt -e ./sdk -e './server[postgres,console]'
+	touch $@ $(VENV)/.serve-installed
 
-install: $(VENV)/.installed ## Create .venv and install troth, troth-server[postgres] and the dev tools
+install-serve: $(VENV)/.serve-installed ## Create .venv with what serving needs: troth, troth-server[console] (no dev tools)
 
-run: install ## Start a local server, authentication off, on the embedded SQLite default (LISTEN=, DB= to override)
-	$(VENV)/bin/troth serve --no-auth --listen $(LISTEN) --db $(DB)
+install: $(VENV)/.installed ## Create .venv with troth, troth-server[postgres,console] and the dev tools
 
-console: install ## Serve the web console on 127.0.0.1:7080 for the server at LISTEN (start one with `make run`)
-	$(VENV)/bin/troth console --server $(LISTEN)
+run: install-serve ## Serve locally: auth off, SQLite ./troth.db, the console on CONSOLE_LISTEN, metrics on METRICS_LISTEN (LISTEN=, DB=, CONSOLE_LISTEN=, METRICS_LISTEN=, RUN_FLAGS= to change)
+	$(VENV)/bin/troth serve --no-auth --listen $(LISTEN) --db $(DB) --console-listen $(CONSOLE_LISTEN) --metrics-listen $(METRICS_LISTEN) $(RUN_FLAGS)
 
 proto: install ## Regenerate sdk/troth/v1 from proto/ (grpcio-tools pinned in requirements-dev.txt)
 	rm -f sdk/troth/v1/*_pb2*.py sdk/troth/v1/*_pb2*.pyi
@@ -68,7 +86,7 @@ typecheck: install ## mypy --strict on both packages
 test-unit: install ## Pure tests only (seconds)
 	$(VENV)/bin/pytest tests/unit $(PYTEST_ARGS)
 
-test: install ## Everything the README promises: unit, store, api, integration, e2e (PostgreSQL: see README "Developing")
+test: install ## Everything the README promises: unit, store, api, integration, e2e (PostgreSQL: see docs/developing.md)
 	$(VENV)/bin/pytest tests -n 2 $(PYTEST_ARGS)
 
 test-loaded: install ## `make test` with 2 CPU hogs beside it (HOGS=N for more): the suite must pass on a busy machine
@@ -84,4 +102,4 @@ bench-peers: install ## troth beside Restate and DBOS, same workloads (installs 
 
 ci: install proto-check lint typecheck test ## What CI runs
 
-.PHONY: help install run console proto proto-check fmt lint breaking typecheck test-unit test test-loaded bench bench-peers ci
+.PHONY: help install-serve install run proto proto-check fmt lint breaking typecheck test-unit test test-loaded bench bench-peers ci

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -14,6 +15,9 @@ from _support import START_SECONDS, reap, spawn, stop
 
 if TYPE_CHECKING:
     from pathlib import Path
+    from typing import Any
+
+    from _support import ServerProcess
 
 
 @dataclass
@@ -70,3 +74,17 @@ def start_console(workdir: Path, server: str, *args: str) -> ConsoleProcess:
             console.stop()
             raise RuntimeError(f"console did not answer:\n{console.log()}")
         time.sleep(0.05)
+
+
+def started_line(server: ServerProcess) -> dict[str, Any]:
+    """The server's `server.started` log line, parsed (written before its port file)."""
+    for line in server.log().splitlines():
+        entry = json.loads(line)
+        if entry["event"] == "server.started":
+            return dict(entry)
+    raise AssertionError(f"no server.started line:\n{server.log()}")
+
+
+def hosted_console_url(server: ServerProcess) -> str:
+    """The URL of the console a `troth serve --console-listen` process serves, no slash."""
+    return str(started_line(server)["console"]).rstrip("/")

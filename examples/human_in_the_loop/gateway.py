@@ -23,6 +23,12 @@ the server checks the approval's approver policy against the human who
 clicked and records them as `settled_by`. Without one, the gateway's own token
 is used, which the policy refuses for approve and reject (403).
 
+Against a server run `--no-auth` there are no tokens: a request names its person
+with an `X-Troth-Principal: alice` header instead, which the gateway passes on as
+the SDK's `principal=` (gRPC metadata `troth-principal`, which such a server records
+and checks the policy against). A gateway that has a token of its own (the server
+checks credentials, and ignores that metadata) refuses the header (401).
+
 Run it (see README.md):
 
     TROTH_SERVER=127.0.0.1:7070 uvicorn gateway:app --port 8000
@@ -157,21 +163,33 @@ def create_app(address: str | None = None, group: str | None = None) -> FastAPI:
     client = Client(address, principal=os.environ.get("TROTH_PRINCIPAL", "gateway"))
     group = group or os.environ.get("TROTH_GROUP", "workers")
     editors = [e.strip() for e in os.environ.get("EDITORS", "alice,bob").split(",") if e.strip()]
-    callers: dict[str, Client] = {}
+    has_token = bool(os.environ.get("TROTH_TOKEN") or os.environ.get("TROTH_TOKEN_FILE"))
+    callers: dict[tuple[str, str], Client] = {}
 
-    def client_for(authorization: str | None) -> Client:
-        """The caller's own client when it sent a bearer token, else the gateway's."""
-        if not authorization:
-            return client
-        scheme, _, token = authorization.partition(" ")
-        if scheme.lower() != "bearer" or not token.strip():
-            raise ConfigurationError("the Authorization header must be 'Bearer <troth token>'")
-        token = token.strip()
-        if token not in callers:
+    def caller(kind: str, who: str) -> Client:
+        if (kind, who) not in callers:
             if len(callers) >= MAX_CALLER_CLIENTS:
                 callers.pop(next(iter(callers))).close()
-            callers[token] = Client(address, token=token)
-        return callers[token]
+            made = Client(address, token=who) if kind == "token" else Client(address, principal=who)
+            callers[kind, who] = made
+        return callers[kind, who]
+
+    def client_for(authorization: str | None, principal: str | None = None) -> Client:
+        """The caller's own client when it sent a bearer token (or, against a `--no-auth`
+        server, named itself with `X-Troth-Principal`), else the gateway's."""
+        if authorization:
+            scheme, _, token = authorization.partition(" ")
+            if scheme.lower() != "bearer" or not token.strip():
+                raise ConfigurationError("the Authorization header must be 'Bearer <troth token>'")
+            return caller("token", token.strip())
+        if principal and principal.strip():
+            if has_token:
+                raise ConfigurationError(
+                    "X-Troth-Principal names the person only against a server run --no-auth; "
+                    "this gateway has a token, so send 'Authorization: Bearer <troth token>'"
+                )
+            return caller("principal", principal.strip())
+        return client
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -262,6 +280,7 @@ def create_app(address: str | None = None, group: str | None = None) -> FastAPI:
         post_id: str,
         body: StartRequest | None = None,
         authorization: Annotated[str | None, Header()] = None,
+        x_troth_principal: Annotated[str | None, Header()] = None,
         wait: Annotated[float, Query(ge=0, le=60)] = 0,
     ) -> WorkflowView:
         """Start the approval workflow of a post; a repeat returns the same execution (a
@@ -270,7 +289,7 @@ def create_app(address: str | None = None, group: str | None = None) -> FastAPI:
         keep them from approving their own post. With `wait`, first wait up to that
         many seconds until the editor was notified (the approval is then pending)."""
         timeout = (body or StartRequest()).approval_timeout_seconds
-        handle = client_for(authorization).start(
+        handle = client_for(authorization, x_troth_principal).start(
             WORKFLOW,
             post_id,
             timeout,
@@ -297,13 +316,15 @@ def create_app(address: str | None = None, group: str | None = None) -> FastAPI:
     @app.get("/approvals")
     def list_approvals(
         authorization: Annotated[str | None, Header()] = None,
+        x_troth_principal: Annotated[str | None, Header()] = None,
     ) -> list[ApprovalView]:
         """The approvals waiting for a decision, oldest first; with a bearer token,
         only those its holder may decide (the server checks each approver policy)."""
-        pending = client_for(authorization).search_all(
+        decider = client_for(authorization, x_troth_principal)
+        pending = decider.search_all(
             tags={"approval": APPROVAL_TAG},
             states=[PromiseState.PENDING],
-            mine=authorization is not None,
+            mine=decider is not client,
         )
         return [approval_view(promise) for promise in pending]
 
@@ -313,6 +334,7 @@ def create_app(address: str | None = None, group: str | None = None) -> FastAPI:
         body: DecisionRequest | None,
         key: str | None,
         authorization: str | None,
+        principal: str | None,
     ) -> SettledView | JSONResponse:
         # Only approval promises may be settled here: never a workflow's root or
         # another of its steps, whatever id the caller sends.
@@ -322,7 +344,7 @@ def create_app(address: str | None = None, group: str | None = None) -> FastAPI:
                 status_code=404,
             )
         decision = {"approved": approve, **(body or DecisionRequest()).model_dump()}
-        decider = client_for(authorization)  # the policy is checked against this caller
+        decider = client_for(authorization, principal)  # the policy is checked against it
         settle_call = decider.resolve if approve else decider.reject
         try:
             result = settle_call(promise_id, decision, idempotency_key=key)
@@ -354,9 +376,10 @@ def create_app(address: str | None = None, group: str | None = None) -> FastAPI:
         body: DecisionRequest | None = None,
         idempotency_key: Annotated[str | None, Header()] = None,
         authorization: Annotated[str | None, Header()] = None,
+        x_troth_principal: Annotated[str | None, Header()] = None,
     ) -> SettledView | JSONResponse:
         """Approve: the workflow continues with the decision."""
-        return settle(promise_id, True, body, idempotency_key, authorization)
+        return settle(promise_id, True, body, idempotency_key, authorization, x_troth_principal)
 
     @app.post("/approvals/{promise_id}/reject", responses=conflict_doc, response_model=SettledView)
     def reject(
@@ -364,9 +387,10 @@ def create_app(address: str | None = None, group: str | None = None) -> FastAPI:
         body: DecisionRequest | None = None,
         idempotency_key: Annotated[str | None, Header()] = None,
         authorization: Annotated[str | None, Header()] = None,
+        x_troth_principal: Annotated[str | None, Header()] = None,
     ) -> SettledView | JSONResponse:
         """Reject: the workflow sees the rejection and reports it."""
-        return settle(promise_id, False, body, idempotency_key, authorization)
+        return settle(promise_id, False, body, idempotency_key, authorization, x_troth_principal)
 
     return app
 

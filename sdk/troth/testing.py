@@ -16,7 +16,7 @@ time, `load_histories` and `replay_history`) checks them::
     def test_recorded_histories_still_replay(path):
         replay_file(path, worker)     # raises NonDeterminismError naming the step
 
-`troth replay` does the same from the command line (see the README).
+`troth replay` does the same from the command line (see docs/workflows.md).
 
 History files. `troth export` writes, and `load_histories` reads, JSON in
 this shape; a file holds one such object, or a list of them::

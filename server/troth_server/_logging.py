@@ -103,7 +103,8 @@ def configure(level: str = "info", fmt: str = "auto") -> None:
             return writer
 
     else:
-        renderer = structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
+        # Fields in the order logged: the first line reads grpc=, console=, metrics= first.
+        renderer = structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty(), sort_keys=False)
         factory = structlog.PrintLoggerFactory(sys.stderr)
     structlog.configure(
         processors=[

@@ -25,6 +25,7 @@ from troth._grpc_args import (
     ARG_MAX_SEND_MESSAGE_LENGTH,
     server_keepalive,
 )
+from troth.errors import ConfigurationError
 from troth.v1 import promises_pb2, tasks_pb2
 from troth_server import _logging
 from troth_server._tls import TlsError, TlsMode, TlsServerFiles, load_server_tls
@@ -46,6 +47,8 @@ from troth_server.clock import (
     monotonic_ms,
 )
 from troth_server.config import Limits, Settings, auth_refusal, is_loopback, settings_from
+from troth_server.console import ConsoleUnavailable, start_hosted
+from troth_server.console import require as require_console
 from troth_server.dispatch import Dispatcher
 from troth_server.domain.settle_tokens import KeysInvalid
 from troth_server.group_commit import GroupCommitter
@@ -63,6 +66,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from troth_server.batch import StateChange
+    from troth_server.console import HostedConsole
     from troth_server.store import Store
 
 log = structlog.get_logger("troth.server")
@@ -279,11 +283,17 @@ def _log_started(
     authenticator: Authenticator | None,
     tls: TlsServerFiles | None,
     metrics: Metrics | None = None,
+    console: HostedConsole | None = None,
 ) -> None:
+    """The first line (after a no-auth warning): where gRPC, the console and the metrics
+    are served, or the flag that turns each on."""
     from sqlalchemy.engine import make_url
 
     log.info(
         "server.started",
+        grpc=_bound(settings.listen, port),
+        console=console.url if console is not None else CONSOLE_OFF,
+        metrics=_metrics_url(settings, metrics),
         listen=settings.listen,
         port=port,
         metrics_port=None if metrics is None else metrics.port,
@@ -291,6 +301,62 @@ def _log_started(
         auth=_auth_mode(authenticator),
         tls=(tls.mode if tls is not None else TlsMode.OFF).value,
     )
+
+
+CONSOLE_OFF = "off (--console-listen 127.0.0.1:7080 serves the web console)"
+METRICS_OFF = "off (--metrics-listen 127.0.0.1:9464 serves /metrics)"
+
+
+def _bound(listen: str, port: int) -> str:
+    """`listen` with the port bound (port 0 picks one)."""
+    if listen.startswith(("unix:", "unix-abstract:")):
+        return listen
+    return f"{listen.rsplit(':', 1)[0]}:{port}"
+
+
+def _metrics_url(settings: Settings, metrics: Metrics | None) -> str:
+    if metrics is None or settings.metrics_listen is None or metrics.port is None:
+        return METRICS_OFF
+    host = settings.metrics_listen.rsplit(":", 1)[0]
+    return f"http://{host}:{metrics.port}/metrics"
+
+
+_WILDCARDS = {"0.0.0.0": "127.0.0.1", "[::]": "[::1]", "::": "[::1]", "": "127.0.0.1"}
+
+
+def own_address(listen: str, port: int) -> str:
+    """Where a client in this process reaches the gRPC server bound on `listen`: its
+    loopback address when it listens on every interface, else the address itself."""
+    if listen.startswith(("unix:", "unix-abstract:")):
+        return listen
+    host = listen.rsplit(":", 1)[0]
+    return f"{_WILDCARDS.get(host, host)}:{port}"
+
+
+def _start_console(settings: Settings, port: int) -> HostedConsole | None:
+    """`--console-listen`: the console on a thread of its own, a client of `port`.
+
+    Raises:
+        StoreError: Its address cannot be bound, or TROTH_TOKEN is set.
+    """
+    if settings.console_listen is None:
+        return None
+    if not is_loopback(settings.console_listen):
+        log.warning(
+            "console.plain_http",
+            message=f"the console serves plain HTTP on {settings.console_listen}, off "
+            "loopback: the tokens people sign in with cross the network in the clear; "
+            "put it behind an HTTPS proxy, or serve it on 127.0.0.1",
+        )
+    try:
+        return start_hosted(settings.console_listen, own_address(settings.listen, port))
+    except OSError as exc:
+        raise StoreError(
+            f"cannot serve the console on {settings.console_listen}: {exc.strerror or exc}; "
+            "pick another address with --console-listen HOST:PORT"
+        ) from exc
+    except ConfigurationError as exc:
+        raise StoreError(f"cannot serve the console: {exc}") from exc
 
 
 def _auth_mode(authenticator: Authenticator | None) -> str:
@@ -350,6 +416,12 @@ def serve(argv: list[str]) -> int:
         print(f"troth serve: error: {refusal}", file=sys.stderr)
         return 2
     _logging.configure(settings.log_level, settings.log_format)
+    if settings.console_listen is not None:
+        try:
+            require_console()  # before anything is opened
+        except ConsoleUnavailable as exc:
+            print(f"troth serve: error: {exc}", file=sys.stderr)
+            return 2
     if settings.no_auth:
         _warn_no_auth(settings)
     try:
@@ -415,8 +487,15 @@ async def _serve_aio(settings: Settings) -> int:
         core.store.close()
         raise
     try:
+        console = _start_console(settings, port)
+    except StoreError:
+        core.store.close()
+        raise
+    try:
         core.start()
     except OSError as exc:
+        if console is not None:
+            await asyncio.to_thread(console.stop)
         core.store.close()
         raise StoreError(
             f"cannot serve metrics on {settings.metrics_listen}: {exc.strerror or exc}; "
@@ -427,7 +506,8 @@ async def _serve_aio(settings: Settings) -> int:
     await server.start()
     for name in ("", PROMISES_SERVICE, TASKS_SERVICE):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    _log_started(settings, port, authenticator, tls, metrics)
+    _log_started(settings, port, authenticator, tls, metrics, console)
+    _logging.flush()  # where it serves, at once (the port file follows)
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -440,6 +520,9 @@ async def _serve_aio(settings: Settings) -> int:
     await stop.wait()
 
     log.info("server.stopping")
+    if console is not None:
+        # First, while the server still answers the calls its pages are making.
+        await asyncio.to_thread(console.stop)
     await health_servicer.enter_graceful_shutdown()
     core.service.stop_watches()
     core.dispatcher.end_streams()

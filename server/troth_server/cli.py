@@ -9,13 +9,12 @@ import sys
 from typing import TYPE_CHECKING
 
 from troth_server.app import serve
+from troth_server.console import missing_dependency
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
 __all__ = ["console", "db", "serve", "tokens"]
-
-_CONSOLE_DEPENDENCIES = ("starlette", "jinja2", "uvicorn", "markupsafe", "anyio")
 
 
 def db(argv: Sequence[str]) -> int:
@@ -128,12 +127,9 @@ def console(argv: Sequence[str]) -> int:
     try:
         from troth_server.console._app import main
     except ModuleNotFoundError as exc:
-        if (exc.name or "").split(".")[0] not in _CONSOLE_DEPENDENCIES:
+        words = missing_dependency(exc)
+        if words is None:
             raise
-        print(
-            f"troth console: error: {exc.name} is not installed; "
-            "install the console's dependencies: pip install 'troth-server[console]'",
-            file=sys.stderr,
-        )
+        print(f"troth console: error: {words}", file=sys.stderr)
         return 1
     return main(list(argv))

@@ -16,6 +16,7 @@ from troth._grpc_args import (
     PING_INTERVAL_MS,
 )
 from troth_server.auth import SUPPORTED_ALGORITHMS, AuthSources, parse_algorithms
+from troth_server.console import INSTALL_COMMAND as CONSOLE_INSTALL
 from troth_server.domain.schema import SchemaBounds
 from troth_server.units import duration_text, size_text
 
@@ -125,6 +126,9 @@ class Settings:
     """The settle-token keys file (`troth_server.settle_keys`); None: no settle tokens."""
     metrics_listen: str | None = None
     """HOST:PORT to serve Prometheus metrics on (`troth_server.metrics`); None: off."""
+    console_listen: str | None = None
+    """HOST:PORT to serve the web console on from this process (`troth_server.console`,
+    a client of this server's gRPC port on loopback); None: off."""
     keepalive_min_ping_interval_ms: int = PERMITTED_PING_INTERVAL_MS
     """The shortest interval between a client's pings that earns no strike (gRPC's
     ping-strike window; the third strike ends the connection, `too_many_pings`).
@@ -247,8 +251,15 @@ _OPTIONS: dict[str, tuple[str, type | None, str]] = {
     "metrics-listen": (
         "metrics_listen",
         str,
-        "serve Prometheus metrics over HTTP on HOST:PORT (/metrics; the README lists them); "
-        "unset: no metrics",
+        "serve Prometheus metrics over HTTP on HOST:PORT (/metrics; docs/operations.md "
+        "lists them); unset: no metrics",
+    ),
+    "console-listen": (
+        "console_listen",
+        str,
+        "serve the web console over HTTP on HOST:PORT from this process (it calls this "
+        "server's gRPC port on loopback; each person signs in with their own token); needs "
+        f"{CONSOLE_INSTALL}; unset: no console",
     ),
     "keepalive-min-ping-interval": (
         "keepalive_min_ping_interval_ms",
@@ -412,11 +423,21 @@ def _check(settings: Settings, parser: argparse.ArgumentParser) -> None:
     if settings.limits.default_lease_ms > settings.limits.max_lease_ms:
         parser.error("default-lease cannot exceed max-lease")
     _check_keepalive(settings, parser)
-    if settings.metrics_listen is not None:
-        try:
-            split_listen(settings.metrics_listen)
-        except ValueError as exc:
-            parser.error(f"--metrics-listen: {exc}")
+    for flag, listen in (
+        ("--metrics-listen", settings.metrics_listen),
+        ("--console-listen", settings.console_listen),
+    ):
+        if listen is not None:
+            try:
+                split_listen(listen)
+            except ValueError as exc:
+                parser.error(f"{flag}: {exc}")
+    if settings.console_listen is not None and settings.tls_cert:
+        parser.error(
+            "--console-listen calls this server over plaintext gRPC on loopback, and this "
+            "server serves TLS (--tls-cert): run the console as a process of its own, "
+            "troth console --server HOST:PORT --tls-ca FILE"
+        )
     _check_auth(settings, parser)
 
 
@@ -495,6 +516,14 @@ def auth_refusal(settings: Settings) -> str | None:
             "authentication (--auth-tokens FILE, --jwt-key-file FILE or --jwt-jwks-file "
             "FILE), listen on 127.0.0.1, or, if you really mean it, add "
             "--allow-public-without-auth"
+        )
+    console = settings.console_listen
+    if console is not None and not is_loopback(console) and not settings.allow_public_without_auth:
+        return (
+            f"--no-auth with --console-listen {console}, which is not a loopback address: "
+            "anyone who can reach the console could settle and cancel every workflow "
+            "through it. Configure authentication, serve the console on 127.0.0.1, or, if "
+            "you really mean it, add --allow-public-without-auth"
         )
     return None
 

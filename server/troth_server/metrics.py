@@ -16,7 +16,7 @@ Two kinds, chosen by what each costs:
   scraped (several Prometheus servers, a dashboard's refresh).
 
 Every metric is in this server's own `CollectorRegistry` (a process may run
-several servers, as tests do), named `troth_*`. The README's "Metrics" table
+several servers, as tests do), named `troth_*`. The "Metrics" table of docs/operations.md
 lists each name and label; `tests/api/test_metrics_api.py` scrapes them.
 """
 

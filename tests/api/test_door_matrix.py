@@ -1,7 +1,7 @@
 """The door's matrix: every RPC x every kind of principal x every road, before and after
 a revocation, an expiry and a narrowed grant (DESIGN §4 rule 15; issue 26).
 
-The expected answer of each cell comes from the README's role table, parsed here,
+The expected answer of each cell comes from the role table of docs/authentication.md, parsed here,
 so that the documentation and the server cannot drift apart. Principals, each of
 one role: from the token file or a JWT, in four sets — one revoked (its entry
 removed, then SIGHUP), one narrowed (its entry given another role and task group,
@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 
     from _support import ServerProcess
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+ROLE_TABLE_PAGE = Path(__file__).resolve().parents[2] / "docs" / "authentication.md"
 ROLES = ("worker", "gateway", "operator", "admin")
 GROUP, OTHER_GROUP = "mx", "mx-elsewhere"
 NARROWED_TO = {"worker": "operator", "gateway": "worker", "operator": "gateway", "admin": "worker"}
@@ -62,8 +62,9 @@ STREAMS = ("Poll", "WatchPromise", "WatchPromises", "Calls")
 
 
 def readme_roles() -> dict[str, frozenset[str]]:
-    """The README's role table: RPC -> the roles it marks `yes`."""
-    text = README.read_text(encoding="utf-8")
+    """The documentation's role table (docs/authentication.md): RPC -> the roles it marks
+    `yes`."""
+    text = ROLE_TABLE_PAGE.read_text(encoding="utf-8")
     table = text.split("<!-- roles-table: start", 1)[1].split("<!-- roles-table: end -->", 1)[0]
     rows = [line for line in table.splitlines() if line.startswith("| `")]
     header = next(line for line in table.splitlines() if line.startswith("| RPC"))

@@ -1,7 +1,7 @@
 """Prometheus metrics (issue 12 item 7): a real server started with `--metrics-listen`
 on a free port serves `/metrics`; after RPCs, a workflow run by a worker, an expiry, a
 lost lease and an overload refusal, the scrape (parsed with prometheus_client's own
-text parser) names every metric the README lists, with the labels and values the
+text parser) names every metric docs/operations.md lists, with the labels and values the
 work done implies. Without the flag nothing listens."""
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
     from prometheus_client.metrics_core import Metric
 
-README = Path(__file__).parents[2] / "README.md"
+METRICS_PAGE = Path(__file__).parents[2] / "docs" / "operations.md"
 
 
 def free_port() -> int:
@@ -190,11 +190,11 @@ def test_a_scrape_shows_the_work_done(metered: tuple[ServerProcess, int]) -> Non
     assert value(families, "troth_server_info") == 1
 
 
-def test_every_metric_is_in_the_readme(metered: tuple[ServerProcess, int]) -> None:
+def test_every_metric_is_in_the_docs(metered: tuple[ServerProcess, int]) -> None:
     _, port = metered
     families = scrape(port)
-    readme = README.read_text()
-    table = readme[readme.index("| Metric | Type | Labels |") :]
+    page = METRICS_PAGE.read_text()
+    table = page[page.index("| Metric | Type | Labels |") :]
     table = table[: table.index("\n\n")]
     documented = dict(re.findall(r"^\| `(troth_\w+)` \| \w+ \|([^|]*)\|", table, re.MULTILINE))
     for family in families.values():
@@ -204,10 +204,10 @@ def test_every_metric_is_in_the_readme(metered: tuple[ServerProcess, int]) -> No
         stem = re.sub(r"_created$", "", family.name)
         if stem != family.name and (stem in documented or stem + "_total" in documented):
             continue  # the creation time of a counter or histogram the table lists
-        assert name in documented, f"{name} is served but not in the README's table"
+        assert name in documented, f"{name} is served but not in docs/operations.md's table"
         labels = {label for sample in family.samples for label in sample.labels} - {"le"}
         shown = set(re.findall(r"`(\w+)`", documented[name]))
-        assert labels <= shown, f"{name}: labels {sorted(labels - shown)} not in the README"
+        assert labels <= shown, f"{name}: labels {sorted(labels - shown)} not in docs/operations.md"
 
 
 def test_the_metrics_address_is_checked() -> None:

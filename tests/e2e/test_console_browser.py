@@ -9,40 +9,28 @@ installed and CI is not set: under CI=true it is required.
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 import uuid
 from collections.abc import Generator, Iterator
 from datetime import timedelta
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from _browser import chromium, live, screenshot, skip_without_chromium, text_of, wait
 from _console import start_console
-from _png import colours
 from _support import eventually, start_server
 
 from troth import Client, Context, PromiseState, Worker
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from selenium.webdriver.remote.webdriver import WebDriver
 
 pytestmark = pytest.mark.e2e
+skip_without_chromium()
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-DRIVER = shutil.which("chromedriver")
-if not (CHROMIUM and DRIVER) and os.environ.get("CI") != "true":
-    pytest.skip(
-        "Chromium is not installed: apt-get install -y chromium chromium-driver "
-        "(required under CI=true)",
-        allow_module_level=True,
-    )
-
-from selenium import webdriver  # noqa: E402 (after the skip: selenium needs a browser)
-from selenium.webdriver.chrome.service import Service  # noqa: E402
-from selenium.webdriver.common.by import By  # noqa: E402
-from selenium.webdriver.support.ui import Select, WebDriverWait  # noqa: E402
+from selenium.webdriver.common.by import By  # noqa: E402 (after the skip: selenium needs a browser)
+from selenium.webdriver.support.ui import Select  # noqa: E402
 
 GROUP = "console-browser"
 DECISION = {
@@ -104,55 +92,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Clien
 
 @pytest.fixture
 def browser() -> Iterator[WebDriver]:
-    assert CHROMIUM and DRIVER, "CI=true: install chromium and chromium-driver"
-    profile = tempfile.mkdtemp(prefix="troth-chromium-")
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-                 "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync",
-                 "--disable-dev-shm-usage", "--window-size=1280,900",
-                 "--force-device-scale-factor=1", f"--user-data-dir={profile}"):  # fmt: skip
-        options.add_argument(flag)
-    driver = webdriver.Chrome(options=options, service=Service(executable_path=DRIVER))
-    driver.set_page_load_timeout(60)
-    try:
-        yield driver
-    finally:
-        driver.quit()
-        shutil.rmtree(profile, ignore_errors=True)
-
-
-def wait(driver: WebDriver, check: Any, what: str, timeout: float = 30) -> Any:
-    return WebDriverWait(driver, timeout, poll_frequency=0.05).until(check, message=what)
-
-
-def text_of(driver: WebDriver, selector: str) -> str:
-    """The text of the element `selector` finds now ("" if none): read in one script,
-    so a live update swapping the page's content in between cannot make it stale."""
-    found = driver.execute_script(
-        "const e = document.querySelector(arguments[0]); return e ? e.textContent : ''",
-        selector,
-    )
-    return str(found).strip()
-
-
-def live(driver: WebDriver, page: str) -> None:
-    """Wait until the page's event stream is in place and the page has re-read itself
-    once (what the stream's `ready` does), so that its elements stay put after."""
-    wait(driver, lambda d: d.execute_script("return document.body.dataset.updated"),
-         f"{page}'s live stream")  # fmt: skip
-
-
-def screenshot(driver: WebDriver, name: str, tmp: Path) -> None:
-    """A screenshot that must show a page (many colours), kept where asked."""
-    png = driver.get_screenshot_as_png()
-    assert colours(png) > 50, f"the {name} screenshot is blank"
-    (tmp / f"{name}.png").write_bytes(png)
-    wanted = os.environ.get("TROTH_CONSOLE_SCREENSHOTS")
-    if wanted:
-        Path(wanted).mkdir(parents=True, exist_ok=True)
-        (Path(wanted) / f"{name}.png").write_bytes(png)
+    yield from chromium()
 
 
 def test_approve_in_the_browser_and_watch_the_timeline_update(
@@ -179,8 +119,9 @@ def test_approve_in_the_browser_and_watch_the_timeline_update(
     assert "due in" in card.text and "waiting" in card.text
     screenshot(browser, "console-inbox", tmp_path)
 
-    # Fill in the form generated from the schema and approve.
-    card.find_element(By.NAME, "approved").click()
+    # Fill in the form generated from the schema and approve: the decision's own
+    # yes/no starts ticked (Approve means yes), the rest is filled in.
+    assert card.find_element(By.NAME, "approved").is_selected()
     Select(card.find_element(By.NAME, "channel")).select_by_visible_text("newsletter")
     card.find_element(By.NAME, "note").send_keys("Lovely, ship it.")
     card.find_element(By.CSS_SELECTOR, "button.approve").click()
@@ -188,6 +129,8 @@ def test_approve_in_the_browser_and_watch_the_timeline_update(
     wait(browser, lambda d: "Legal sign-off" in text_of(d, "#waiting"),
          "the workflow waiting for legal")  # fmt: skip
     assert "was recorded" in browser.page_source
+    decided = client.decode(client.get(step).value)
+    assert decided == {"approved": True, "channel": "newsletter", "note": "Lovely, ship it."}
     assert "by <b>ada</b>" in browser.page_source  # who settled what
     assert "started by newsroom" in browser.page_source
     live(browser, "the timeline")

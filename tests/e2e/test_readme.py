@@ -1,4 +1,5 @@
-"""The README's commands, run as a user runs them: `make run`, then the CLI against it."""
+"""The README's `make run`, run as a user runs it, then the CLI session of
+docs/clients-and-errors.md against it, and the metrics it serves."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import signal
 import socket
 import subprocess
 import sys
+import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -36,18 +39,33 @@ def troth(address: str, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@dataclass(frozen=True)
+class MakeRun:
+    address: str
+    metrics: str
+
+
 @pytest.fixture(scope="module")
 def make_run(tmp_path_factory: pytest.TempPathFactory) -> object:
-    """`make run` exactly as the README says, on a free port and a scratch database."""
+    """`make run` exactly as the README says, on free ports and a scratch database."""
     if shutil.which("make") is None:
         pytest.fail("make is required by the README")
     port = free_port()
     workdir = tmp_path_factory.mktemp("make-run")
     db = workdir / "troth.db"
     address = f"127.0.0.1:{port}"
+    metrics = f"127.0.0.1:{free_port()}"
     with (workdir / "make-run.log").open("wb") as log:
         proc = subprocess.Popen(
-            ["make", "-C", str(ROOT), "run", f"LISTEN={address}", f"DB=sqlite:///{db}"],
+            [
+                "make",
+                "-C",
+                str(ROOT),
+                "run",
+                f"LISTEN={address}",
+                f"DB=sqlite:///{db}",
+                f"METRICS_LISTEN={metrics}",
+            ],
             stdout=log,
             stderr=log,
             start_new_session=True,
@@ -58,7 +76,7 @@ def make_run(tmp_path_factory: pytest.TempPathFactory) -> object:
     with reaped(proc):
         try:
             wait_serving(address, 120)
-            yield address
+            yield MakeRun(address, metrics)
         finally:
             os.killpg(proc.pid, signal.SIGTERM)
             proc.wait(30)
@@ -66,8 +84,15 @@ def make_run(tmp_path_factory: pytest.TempPathFactory) -> object:
     assert db.exists(), "the server did not create its SQLite file"
 
 
-def test_the_readme_cli_session(make_run: str) -> None:
-    address = make_run
+def test_make_run_serves_metrics(make_run: MakeRun) -> None:
+    """The README: `make run` serves Prometheus metrics (issue 28: on by default)."""
+    with urllib.request.urlopen(f"http://{make_run.metrics}/metrics", timeout=30) as answer:
+        body = answer.read().decode()
+    assert "troth_server_info" in body
+
+
+def test_the_readme_cli_session(make_run: MakeRun) -> None:
+    address = make_run.address
     steps = [
         ("promises", "create", "approve-7", "--param", '{"post": 7}', "--ttl", "3d",
          "--tag", "team=editors"),

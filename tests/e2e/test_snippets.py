@@ -1,5 +1,6 @@
-"""Every code block of README.md and of each examples/*/README.md, run in order as a
-reader following the document runs them, against real servers and workers.
+"""Every code block of README.md, of each page of docs/ and of each examples/*/README.md,
+run in order as a reader following the document runs them, against real servers and
+workers.
 
 How a block runs is decided by its language and its markers (tests/_snippets.py),
 never by this file, so a new block is run without changing it. Per document:
@@ -45,7 +46,12 @@ from troth import Client
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
-DOCUMENTS = [ROOT / "README.md", *sorted(ROOT.glob("examples/*/README.md"))]
+DOCUMENTS = [
+    ROOT / "README.md",
+    *sorted(ROOT.glob("docs/*.md")),
+    *sorted(ROOT.glob("examples/*/README.md")),
+]
+"""Each is a reader's session of its own: a page of docs/ never relies on another's blocks."""
 DEFAULT_PORT = 7070
 
 pytestmark = pytest.mark.e2e
@@ -198,7 +204,7 @@ def run_document(document: Path, tmp: Path) -> list[str]:
 @pytest.mark.parametrize("document", DOCUMENTS, ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_snippet_runs_as_written(document: Path, tmp_path: Path) -> None:
     if shutil.which("openssl") is None:
-        pytest.fail("openssl is required by the README's TLS section")
+        pytest.fail("openssl is required by docs/tls.md")
     try:
         skipped = run_document(document, tmp_path)
     except SnippetFailed as failed:
@@ -218,7 +224,14 @@ def test_the_extractor_sees_every_block() -> None:
         ]
         # Issue 12 item 6: every grpcurl line is run, none is exempt.
         assert not [b.where for b in found if b.skip and "grpcurl " in b.code]
-    assert sum("grpcurl " in b.code for b in snippets(ROOT / "README.md")) >= 3
+    assert sum("grpcurl " in b.code for d in DOCUMENTS for b in snippets(d)) >= 3
+
+
+def test_every_docs_page_is_run() -> None:
+    """A page added to docs/ is run without changing this file (issue 28)."""
+    pages = {p.name for p in DOCUMENTS if p.parent == ROOT / "docs"}
+    assert pages == {p.name for p in (ROOT / "docs").glob("*.md")}
+    assert {"workflows.md", "approvals.md", "authentication.md", "tls.md"} <= pages
 
 
 def test_the_readmes_links_stay_inside_the_repository() -> None:

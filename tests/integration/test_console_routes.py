@@ -1,7 +1,9 @@
 """`troth console`'s routes over HTTP: a real `troth console` process, a real troth
-server with authentication on and a real Worker: the inbox and its schema forms,
-settling as the signed-in person (the approver policy applies, refusals in words),
-the CSRF check, the workflow timeline, the tasks and workers pages."""
+server with authentication on (on SQLite and on PostgreSQL) and a real Worker: the
+inbox and its schema forms, settling as the signed-in person (the approver policy
+applies, refusals in words), the CSRF check, the workflow timeline, a paused run and
+the Retry now / Fail / Cancel actions (the server's roles decide), the Workflows page
+and its filters and pages, the tasks and workers pages."""
 
 from __future__ import annotations
 
@@ -9,12 +11,14 @@ import json
 import re
 import uuid
 from collections.abc import Generator, Iterator
+from contextlib import ExitStack
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import pytest
 from _auth import Grant, write_token_file
 from _console import ConsoleProcess, start_console
+from _pg import fresh_schema
 from _support import eventually, start_server
 
 from troth import Approvers, Client, Context, PromiseRejectedError, PromiseState, Worker
@@ -70,6 +74,11 @@ def named(ctx: Context, post: int) -> Generator[Any, Any, Any]:
     return (yield approval)
 
 
+def buggy(ctx: Context, post: int) -> Generator[Any, Any, Any]:
+    yield ctx.run(draft, post)
+    return publsh(post)  # type: ignore[name-defined]  # noqa: F821  # the bug: a pause
+
+
 class Site:
     def __init__(
         self,
@@ -105,8 +114,11 @@ def key_of(page: str, promise_id: str) -> str:
     return found.group(1)
 
 
-@pytest.fixture(scope="module")
-def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
+@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+def site(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[Site]:
+    """A server with authentication on, on each store, and `troth console` in front."""
     workdir = tmp_path_factory.mktemp("console")
     tokens = write_token_file(
         workdir / "tokens.toml",
@@ -119,13 +131,15 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
             Grant("dave", ("gateway",)),  # revoked by a test: nobody else signs in as dave
         ],
     )
-    server = start_server(workdir, "--auth-tokens", str(workdir / "tokens.toml"))
-    console = start_console(workdir, server.address)
-    try:
-        yield Site(server, console, tokens, workdir)
-    finally:
-        assert console.stop() == 0, console.log()[-3000:]
-        assert server.stop() == 0, server.log()[-3000:]
+    with ExitStack() as stack:
+        db_url = stack.enter_context(fresh_schema()) if request.param == "postgres" else None
+        server = start_server(workdir, "--auth-tokens", str(workdir / "tokens.toml"), db_url=db_url)
+        console = start_console(workdir, server.address)
+        try:
+            yield Site(server, console, tokens, workdir)
+        finally:
+            assert console.stop() == 0, console.log()[-3000:]
+            assert server.stop() == 0, server.log()[-3000:]
 
 
 @pytest.fixture(scope="module")
@@ -134,6 +148,7 @@ def worker(site: Site) -> Iterator[Worker]:
         w = Worker(client, group=GROUP, lease=timedelta(seconds=5))
         w.workflow(review)
         w.workflow(named)
+        w.workflow(buggy)
         w.start()
         yield w
         w.stop()
@@ -171,7 +186,8 @@ def test_the_inbox_shows_the_approval_with_a_form_from_its_schema(
     assert re.search(r"<dt>waiting</dt><dd>\d+s</dd>", text), "the age in words"
     assert f'href="/workflows/{wid}"' in text
     # The schema's fields: a checkbox, a required select of the enum, a text input.
-    assert 'type="checkbox" name="approved"' in text
+    # The decision's own yes/no starts ticked: Approve on an untouched form means yes.
+    assert re.search(r'type="checkbox" name="approved"\s+checked>', text)
     assert re.search(r'<select name="channel" required>', text)
     assert '<option value="&#34;blog&#34;" >blog</option>' in text
     assert 'name="note"' in text
@@ -322,11 +338,16 @@ def test_the_workers_page_lists_the_connected_workers(site: Site, worker: Worker
     assert " ago</td>" in row
 
 
+@pytest.mark.parametrize("variable", ["TROTH_TOKEN", "TROTH_TOKEN_FILE"])
 def test_the_console_never_sends_a_token_of_its_own(
-    site: Site, monkeypatch: pytest.MonkeyPatch
+    site: Site, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, variable: str
 ) -> None:
-    monkeypatch.setenv("TROTH_TOKEN", site.tokens["ops"])
-    with pytest.raises(ConfigurationError, match="TROTH_TOKEN is set"):
+    """Either variable would have the SDK's Client send its token for everyone not
+    signed in: the console refuses to start with one set."""
+    (tmp_path / "token").write_text(site.tokens["ops"])
+    value = site.tokens["ops"] if variable == "TROTH_TOKEN" else str(tmp_path / "token")
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ConfigurationError, match=f"{variable} is set"):
         build_app(ConsoleSettings(server=site.server.address))
 
 
@@ -482,3 +503,170 @@ def _logged(site: Site, event: str, worker_id: str) -> bool:
         if entry.get("event") == event and entry.get("worker_id") == worker_id:
             return True
     return False
+
+
+def paused_run(site: Site, starter: Client) -> str:
+    """A `buggy` run, paused by its NameError (its task failed at least once)."""
+    wid = f"buggy-{uuid.uuid4().hex[:8]}"
+    starter.start("buggy", 3, id=wid, group=GROUP)
+    with Client(site.server.address, timeout=10, token=site.tokens["ops"]) as ops:
+        eventually(lambda: _failed(ops, wid), 30, "the run paused by its bug")
+    return wid
+
+
+def _failed(ops: Client, wid: str) -> bool:
+    return any(t.root_id == wid and t.failed_attempts for t in ops.search_tasks(GROUP))
+
+
+def test_a_paused_run_shows_paused_with_its_error_attempts_traceback_and_actions(
+    site: Site, worker: Worker, starter: Client
+) -> None:
+    wid = paused_run(site, starter)
+    with site.http() as http:
+        site.sign_in(http, "ops")
+        page = http.get(f"/workflows/{wid}").text
+    assert "Running: a worker is on its next step" not in page
+    assert re.search(r"<b>PAUSED</b> after \d+ failed attempts?", page), page[-3000:]
+    assert "NameError: name &#39;publsh&#39; is not defined" in page
+    assert re.search(r"Next retry \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC|trying it again now", page)
+    assert '<details id="traceback"><summary>Traceback</summary>' in page and "publsh" in page
+    for action in ("retry", "fail", "cancel"):
+        assert f'action="/{action}/{wid}"' in page
+
+
+def test_a_person_whose_roles_may_not_operate_sees_no_buttons_and_is_refused_in_words(
+    site: Site, worker: Worker, starter: Client
+) -> None:
+    wid = paused_run(site, starter)
+    with site.http() as http:
+        site.sign_in(http, "alice")  # a gateway: may not fail, cancel or read tasks
+        page = http.get(f"/workflows/{wid}").text
+        assert "<b>PAUSED</b> after" in page, "anyone who may read the run sees it paused"
+        assert 'action="/fail/' not in page and 'action="/cancel/' not in page
+        form = {"csrf": csrf(http, f"/workflows/{wid}"), "reason": "not mine to fail"}
+        for action in ("fail", "cancel", "retry"):
+            refused = http.post(f"/{action}/{wid}", data=form)
+            assert refused.status_code == 403, (action, refused.text[-2000:])
+            assert "Your roles do not allow this" in refused.text, refused.text[-2000:]
+            assert "(ROLE_NOT_ALLOWED)" in refused.text
+    assert starter.get(wid).state is PromiseState.PENDING
+
+
+def test_an_operator_fails_a_paused_run_with_a_reason(
+    site: Site, worker: Worker, starter: Client
+) -> None:
+    wid = paused_run(site, starter)
+    with site.http() as http:
+        site.sign_in(http, "ops")
+        token = csrf(http, f"/workflows/{wid}")
+        empty = http.post(f"/fail/{wid}", data={"csrf": token, "reason": " "})
+        assert empty.status_code == 400 and "Give a reason" in empty.text
+        done = http.post(f"/fail/{wid}", data={"csrf": token, "reason": "a bug, fixed tomorrow"})
+        assert done.status_code == 303, done.text[-2000:]
+        assert done.headers["location"] == f"/workflows/{wid}?done=failed"
+        page = http.get(done.headers["location"]).text
+    assert "The workflow was failed" in page and "Ended rejected" in page
+    root = starter.get(wid)
+    assert root.state is PromiseState.REJECTED
+    assert starter.decode(root.value)["message"] == "a bug, fixed tomorrow"
+
+
+def test_an_operator_cancels_a_run_and_a_second_cancel_is_refused_in_words(
+    site: Site, worker: Worker, starter: Client
+) -> None:
+    wid, step = started(starter, "alice")  # waiting for a decision: no task
+    with site.http() as http:
+        site.sign_in(http, "ops")
+        page = http.get(f"/workflows/{wid}").text
+        assert f'action="/cancel/{wid}"' in page and f'action="/retry/{wid}"' not in page
+        form = {"csrf": csrf(http, f"/workflows/{wid}"), "reason": "the post was withdrawn"}
+        done = http.post(f"/cancel/{wid}", data=form)
+        assert done.status_code == 303, done.text[-2000:]
+        assert "was cancelled" in http.get(done.headers["location"]).text
+        again = http.post(f"/cancel/{wid}", data=form)
+    assert again.status_code == 409, again.text[-2000:]
+    assert "Someone settled this promise already" in again.text
+    assert starter.get(wid).state is PromiseState.REJECTED_CANCELED
+    assert starter.get(step).state is PromiseState.REJECTED_CANCELED
+    assert starter.decode(starter.get(wid).value) == {"reason": "the post was withdrawn"}
+
+
+def test_an_operator_retries_a_paused_run_now_and_one_not_paused_is_refused_in_words(
+    site: Site, worker: Worker, starter: Client
+) -> None:
+    wid = paused_run(site, starter)
+    waiting, _ = started(starter, "alice")
+    with site.http() as http:
+        site.sign_in(http, "ops")
+        token = csrf(http, f"/workflows/{wid}")
+        done = http.post(f"/retry/{wid}", data={"csrf": token})
+        assert done.status_code == 303, done.text[-2000:]
+        assert "Retried now" in http.get(done.headers["location"]).text
+        refused = http.post(f"/retry/{waiting}", data={"csrf": token})
+    assert refused.status_code == 409, refused.text[-2000:]
+    assert "(WORKFLOW_NOT_PAUSED)" in refused.text
+
+
+IDLE = "console-idle"
+"""A group no worker polls: its workflows wait, in the order they were started."""
+
+
+def test_the_workflows_page_lists_runs_with_their_state_and_what_they_wait_on_by_filter(
+    site: Site, worker: Worker, starter: Client
+) -> None:
+    wid_paused = paused_run(site, starter)
+    wid_human, step = started(starter, "alice")
+    with site.http() as http:
+        site.sign_in(http, "bob")  # a gateway reads the list too
+        everything = http.get("/workflows")
+        paused = http.get(f"/workflows?paused=1&group={GROUP}").text
+        human = http.get("/workflows?human=1&workflow=review").text
+        named = http.get("/workflows?workflow=named&state=resolved").text
+        future = http.get("/workflows?after=2999-01-01T00:00").text
+        bad = http.get("/workflows?state=sleepy")
+        odd = http.get("/workflows?before=yesterday")
+    assert everything.status_code == 200
+    assert 'href="/workflows" aria-current="page">Workflows</a>' in everything.text
+    assert wid_paused in everything.text and wid_human in everything.text
+    row = paused[paused.index(f'data-workflow="{wid_paused}"') :][:1500]
+    assert '<span class="state paused"' in row and re.search(r"\d+ failed attempts?", row)
+    assert "<code>buggy@" in row and GROUP in row
+    assert wid_human not in paused
+    row = human[human.index(f'data-workflow="{wid_human}"') :][:1500]
+    assert f'href="/promises/{step}" class="decision-link">Publish post 7?</a>' in row
+    assert wid_paused not in human
+    assert wid_human not in named and wid_paused not in named
+    assert "No workflow matches these filters." in future
+    assert bad.status_code == 200 and "state &#39;SLEEPY&#39; is not one of" in bad.text
+    assert "is not a date and time" in odd.text
+
+
+def test_the_workflows_page_pages_newest_first(site: Site, starter: Client) -> None:
+    run = uuid.uuid4().hex[:6]
+    ids = [f"idle-{run}-{n:02}" for n in range(52)]
+    for wid in ids:
+        starter.start("anything", id=wid, group=IDLE)
+    with site.http() as http:
+        site.sign_in(http, "bob")
+        first = http.get(f"/workflows?group={IDLE}&id=idle-{run}-*").text
+        older = re.search(r'href="/workflows\?([^"]+)" rel="next"', first)
+        assert older, first[-2000:]
+        second = http.get(f"/workflows?{older.group(1).replace('&amp;', '&')}").text
+    shown = re.findall(r'data-workflow="(idle-[^"]+)"', first)
+    assert shown == ids[::-1][:50]
+    assert re.findall(r'data-workflow="(idle-[^"]+)"', second) == ids[::-1][50:]
+    assert 'rel="prev"' in second and 'rel="next"' not in second
+    assert "waiting for a worker of group" in first or "a worker of its group" in first
+
+
+def test_a_run_no_worker_has_taken_says_it_waits_for_one_not_that_it_runs(
+    site: Site, starter: Client
+) -> None:
+    wid = f"idle-{uuid.uuid4().hex[:8]}"
+    starter.start("anything", id=wid, group=IDLE)
+    with site.http() as http:
+        site.sign_in(http, "bob")
+        page = http.get(f"/workflows/{wid}").text
+        assert http.get("/workflows/").headers["location"] == "/workflows"
+    assert "Running: a worker is on its next step" not in page
+    assert re.search(r'id="waiting">Waiting for a worker: [^<]*console-idle', page), page[-3000:]

@@ -245,7 +245,7 @@ def _python_block_after(text: str, heading: str) -> str:
 @pytest.mark.parametrize(
     ("readme", "heading"),
     [
-        ("README.md", "## Payload privacy and end-to-end encryption"),
+        ("docs/payload-privacy.md", "# Payload privacy and end-to-end encryption"),
         ("examples/encrypted_payloads/README.md", "# Encrypted payloads"),
     ],
 )

@@ -54,6 +54,31 @@ def test_a_filled_form_gives_the_value_it_stands_for() -> None:
     }  # fmt: skip
 
 
+def test_the_approval_boolean_starts_ticked_so_approve_sends_true() -> None:
+    """Approve on an untouched form means yes: an approval boolean (`approved`, `ok`...)
+    without a default starts ticked; an explicit default, and other booleans, decide
+    their own start; un-ticking it still sends false on purpose."""
+    schema = {
+        "type": "object",
+        "properties": {
+            "approved": {"type": "boolean"},
+            "ok": {"type": "boolean", "default": False},
+            "urgent": {"type": "boolean"},
+            "notify": {"type": "boolean", "default": True},
+            "who": {"type": "object", "properties": {"approved": {"type": "boolean"}}},
+        },
+    }
+    by_name = {f.name: f for f in form_for(schema).fields}
+    assert by_name["approved"].default == "on"
+    assert by_name["ok"].default == ""  # the schema's default wins
+    assert by_name["urgent"].default == ""
+    assert by_name["notify"].default == "on"
+    assert by_name["who.approved"].default == "", "only the decision's own boolean"
+    untouched = {f.name: "on" for f in by_name.values() if f.default == "on"}
+    assert value_from(form_for(schema), untouched)["approved"] is True
+    assert value_from(form_for(schema), {})["approved"] is False
+
+
 @pytest.mark.parametrize(
     ("data", "field"),
     [

@@ -10,7 +10,17 @@ import pytest
 from troth import TaskInfo, TaskKind, TaskState, WorkerInfo
 from troth_server.console._clients import ANONYMOUS, ClientCache, Identity
 from troth_server.console._config import ConsoleSettings, settings_from
-from troth_server.console._views import VersionWait, task_rows, version_wait, worker_rows
+from troth_server.console._filters import filters_from
+from troth_server.console._views import (
+    Pause,
+    VersionWait,
+    Who,
+    pause,
+    settler,
+    task_rows,
+    version_wait,
+    worker_rows,
+)
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 
@@ -42,6 +52,30 @@ def test_a_run_waiting_for_its_version_is_said_from_its_task_else_from_the_settl
     busy = _task(TaskState.PENDING, None, "waiting for a free worker of group 'g' (...)")
     assert version_wait(busy, "") is None
     assert version_wait(None, "") is None
+
+
+def test_a_failed_task_is_a_pause_with_its_error_attempts_traceback_and_next_retry() -> None:
+    pending = replace(
+        _task(TaskState.PENDING, None, "retrying after a failure"),
+        failed_attempts=6, last_error="NameError: name 'x' is not defined",
+        last_traceback="Traceback...", next_attempt_time=NOW + timedelta(minutes=4),
+    )  # fmt: skip
+    assert pause(pending, NOW) == Pause(
+        6, "NameError: name 'x' is not defined", "Traceback...",
+        "2026-03-01 12:04:00 UTC, in 4m", retrying=False,
+    )  # fmt: skip
+    due = pause(pending, NOW + timedelta(minutes=5))
+    assert due is not None and due.next_retry.endswith(", now")
+    retrying = pause(replace(pending, state=TaskState.CLAIMED), NOW)
+    assert retrying is not None and retrying.retrying and retrying.next_retry == ""
+    assert pause(_task(TaskState.PENDING, None, None), NOW) is None  # never failed
+    assert pause(None, NOW) is None
+
+
+def test_who_settled_is_split_from_what_it_came_through() -> None:
+    assert settler("bob via settle-token k1:abc") == Who("bob", "settle-token k1:abc")
+    assert settler("alice") == Who("alice", "")
+    assert settler("") == Who("", "")
 
 
 def test_worker_rows_show_versions_held_tasks_and_heartbeats_in_words() -> None:
@@ -83,3 +117,29 @@ def test_the_flags() -> None:
     assert settings_from([]).listen == "127.0.0.1:7080"
     with pytest.raises(SystemExit):
         settings_from(["--listen", "7080"])
+
+
+def test_the_workflow_filters_are_read_from_the_query_and_written_back() -> None:
+    filters = filters_from({"state": "pending", "group": " g ", "paused": "1",
+                            "after": "2026-05-28T09:30", "page": "2"})  # fmt: skip
+    assert not filters.errors
+    arguments = filters.arguments()
+    assert arguments["states"] == ["PENDING"] and arguments["group"] == "g"
+    assert arguments["paused"] is True and arguments["waiting_for_human"] is False
+    assert arguments["created_after"] == datetime(2026, 5, 28, 9, 30, tzinfo=UTC)
+    assert arguments["created_before"] is None and arguments["id"] is None
+    assert filters.query(3) == "state=PENDING&group=g&paused=1&after=2026-05-28T09%3A30&page=3"
+    assert filters.query(0).endswith("09%3A30") and filters.any
+    assert not filters_from({}).any
+
+
+@pytest.mark.parametrize(
+    ("query", "words"),
+    [
+        ({"state": "done"}, "state 'DONE' is not one of PENDING, RESOLVED"),
+        ({"before": "last week"}, "started before 'last week' is not a date and time"),
+    ],
+)
+def test_a_filter_that_cannot_be_read_is_named(query: dict[str, str], words: str) -> None:
+    errors = filters_from(query).errors
+    assert len(errors) == 1 and errors[0].startswith(words), errors

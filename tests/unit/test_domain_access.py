@@ -17,7 +17,7 @@ from troth_server.domain.access import (
     roles_table,
 )
 
-README = Path(__file__).parents[2] / "README.md"
+ROLE_TABLE_PAGE = Path(__file__).parents[2] / "docs" / "authentication.md"
 
 ALL_RPCS = [
     method.name
@@ -58,13 +58,13 @@ def test_worker_groups_and_id_prefixes() -> None:
     assert LOCAL_DEVELOPER.may_touch("anything") and LOCAL_DEVELOPER.may_work_for("any")
 
 
-def test_the_readme_shows_the_roles_table_as_the_code_has_it() -> None:
-    text = README.read_text(encoding="utf-8")
+def test_the_docs_show_the_roles_table_as_the_code_has_it() -> None:
+    text = ROLE_TABLE_PAGE.read_text(encoding="utf-8")
     found = re.search(
         r"<!-- roles-table: start.*?-->\n(.*?)<!-- roles-table: end -->", text, re.DOTALL
     )
-    assert found, "README.md lacks the roles-table markers"
+    assert found, "docs/authentication.md lacks the roles-table markers"
     assert found.group(1) == roles_table() + "\n", (
-        "README.md's RPC x role table is out of date; replace it with the output of "
+        "docs/authentication.md's RPC x role table is out of date; replace it with the output of "
         "`python -m troth_server.domain.access`"
     )

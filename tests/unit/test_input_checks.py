@@ -27,7 +27,7 @@ from troth_server.domain.errors import InvalidArgument, InvalidPageToken
 from troth_server.store import PromiseOrder
 
 LIMITS = Limits()
-README = Path(__file__).resolve().parents[2] / "README.md"
+INPUT_TABLE_PAGE = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 SERVICES = [
     pb.DESCRIPTOR.services_by_name["PromiseService"],
     tasks_pb2.DESCRIPTOR.services_by_name["TaskService"],
@@ -362,14 +362,14 @@ def test_the_table_lists_exactly_the_classes_each_request_can_have() -> None:
             assert set(ANSWERS[f"{service.full_name}/{method.name}"]) == expected, method.name
 
 
-def test_the_readme_shows_the_table_as_the_code_has_it() -> None:
-    text = README.read_text(encoding="utf-8")
+def test_the_docs_show_the_table_as_the_code_has_it() -> None:
+    text = INPUT_TABLE_PAGE.read_text(encoding="utf-8")
     found = re.search(
         r"<!-- input-table: start.*?-->\n(.*?)<!-- input-table: end -->", text, re.DOTALL
     )
-    assert found, "README.md lacks the input-table markers"
+    assert found, "docs/configuration.md lacks the input-table markers"
     assert found.group(1) == markdown(LIMITS), (
-        "README.md's input table is out of date; replace it with the output of "
+        "docs/configuration.md's input table is out of date; replace it with the output of "
         "`python -m troth_server.api._inputs`"
     )
 

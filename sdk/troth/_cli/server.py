@@ -37,7 +37,8 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
     commands.add_parser(
         "console",
         help="serve the web console: approvals inbox, workflow timelines, tasks, workers "
-        "(needs troth-server[console]; see `troth console --help`)",
+        "(needs the console's dependencies: pip install './server[console]'; "
+        "or serve it from the server: troth serve --console-listen 127.0.0.1:7080)",
     ).add_argument("console_args", nargs=argparse.REMAINDER)
 
 

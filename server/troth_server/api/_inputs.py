@@ -6,7 +6,7 @@ stores), as data: `ANSWERS` maps every RPC of both services to the classes of
 bad input that can reach it and the status and `ErrorInfo.reason` each gets;
 `LIST_LIMITS` gives every list (repeated or map) field of every request its
 maximum. Tests walk both against a live server on SQLite and PostgreSQL, and
-check that README.md shows exactly `markdown()` (`python -m
+check that docs/configuration.md shows exactly `markdown()` (`python -m
 troth_server.api._inputs` prints it).
 
 The checks themselves live in `_checks` (every field of a decoded request,
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 
 class BadInput(enum.StrEnum):
-    """A class of client mistake, with the words README.md uses for it."""
+    """A class of client mistake, with the words docs/configuration.md uses for it."""
 
     NUL = "a NUL character (U+0000) in any text field"
     NOT_UTF8 = "a text field whose bytes are not UTF-8 (e.g. a lone surrogate)"
@@ -174,7 +174,7 @@ LIST_LIMITS: dict[tuple[str, str], ListLimit] = {
 
 
 def markdown(limits: Limits) -> str:
-    """The README's tables: RPC x bad input, then every list field's maximum."""
+    """The tables of docs/configuration.md: RPC x bad input, then every list field's maximum."""
     classes = list(BadInput)
     letters = [chr(ord("A") + i) for i in range(len(classes))]
     lines = ["| RPC | " + " | ".join(letters) + " |", "|---" * (len(classes) + 1) + "|"]

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from starlette.requests import Request
     from starlette.responses import Response
 
-__all__ = ["Console", "build_app", "main"]
+__all__ = ["Console", "bind", "build_app", "main"]
 
 log = structlog.get_logger("troth_server.console")
 
@@ -92,7 +92,7 @@ def build_app(settings: ConsoleSettings) -> Starlette:
     return app
 
 
-def _bind(settings: ConsoleSettings) -> socket.socket:
+def bind(settings: ConsoleSettings) -> socket.socket:
     family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -108,7 +108,7 @@ def main(argv: list[str]) -> int:
     _logging.configure("info", "auto")
     try:
         app = build_app(settings)
-        sock = _bind(settings)
+        sock = bind(settings)
     except ConfigurationError as exc:
         print(f"troth console: error: {exc}", file=sys.stderr)
         return 2

@@ -43,17 +43,22 @@ class Identity:
 
 ANONYMOUS = Identity()
 
+_TOKEN_VARIABLES = ("TROTH_TOKEN", "TROTH_TOKEN_FILE")
+"""Where the SDK's `Client(token=None)` finds a token of its own (`troth._credentials`)."""
+
 
 class ClientCache:
     """Clients by identity, the `size` most recently used kept (the others closed)."""
 
     def __init__(self, settings: ConsoleSettings, size: int = 64) -> None:
-        if os.environ.get("TROTH_TOKEN"):
-            # Client(token=None) would send it on everyone's behalf.
-            raise ConfigurationError(
-                "TROTH_TOKEN is set: the console would send it for everyone not signed "
-                "in; unset it (each person signs in with their own token)"
-            )
+        for variable in _TOKEN_VARIABLES:
+            if os.environ.get(variable):
+                # Client(token=None) would send its token on everyone's behalf.
+                raise ConfigurationError(
+                    f"{variable} is set: the console would send its token for everyone "
+                    "not signed in; unset it for this process (each person signs in "
+                    "with their own token)"
+                )
         self._settings = settings
         self._size = size
         self._lock = threading.Lock()

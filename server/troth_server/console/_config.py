@@ -63,7 +63,7 @@ def _seconds(text: str) -> float:
 def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="troth console",
-        description="Serve a web console (approvals inbox, workflow timelines, tasks, "
+        description="Serve a web console (approvals inbox, workflows and their timelines, tasks, "
         "workers) that is a client of a troth server. Each person signs in with their own "
         "bearer token, and their decisions are made with it, so the server's approver "
         "policy applies; against a server run with --no-auth, signing in is optional.",

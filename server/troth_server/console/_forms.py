@@ -16,12 +16,20 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-__all__ = ["RAW_FIELD", "Field", "Form", "FormError", "form_for", "value_from"]
+__all__ = ["APPROVAL_BOOLEANS", "RAW_FIELD", "Field", "Form", "FormError", "form_for", "value_from"]
 
 Kind = Literal["string", "number", "integer", "boolean", "enum"]
 
 RAW_FIELD = "troth.raw"
 """The name of the raw-JSON textarea (a dot-free schema property never has it)."""
+
+APPROVAL_BOOLEANS = frozenset(
+    {"approved", "approve", "approval", "accepted", "accept", "ok", "confirmed", "allowed",
+     "granted", "signed_off"}
+)  # fmt: skip
+"""Names of the decision's own yes/no field: without a schema default its checkbox starts
+ticked, so that Approve on an untouched form sends `true` (the person pressed Approve);
+un-ticking it sends `false` on purpose. Top-level properties only."""
 
 _SCALARS = frozenset({"string", "number", "integer", "boolean"})
 _UNDERSTOOD = frozenset(
@@ -130,7 +138,8 @@ def _field(path: str, schema: Mapping[str, Any], required: bool) -> Field | None
     if kind not in _SCALARS:
         return None
     if kind == "boolean":
-        return Field(path, "boolean", label, False, description, (), "on" if default else "")
+        ticked = bool(default) if "default" in schema else path in APPROVAL_BOOLEANS
+        return Field(path, "boolean", label, False, description, (), "on" if ticked else "")
     initial = "" if default is None or isinstance(default, dict | list) else str(default)
     return Field(path, kind, label, required, description, (), initial)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import wraps
 from itertools import islice
@@ -21,6 +22,7 @@ from troth._tasks import TaskCalls
 from troth.client import connection
 from troth.errors import (
     ConfigurationError,
+    InvalidArgumentError,
     PermissionDeniedError,
     RpcError,
     TrothError,
@@ -28,6 +30,7 @@ from troth.errors import (
 )
 from troth_server.console import _session, _views
 from troth_server.console._clients import Identity
+from troth_server.console._filters import PAGE_SIZE, STATES, WorkflowFilters, filters_from
 from troth_server.console._forms import FormError, form_for, value_from
 from troth_server.console._live import event_lines
 from troth_server.console._pages import render
@@ -35,7 +38,7 @@ from troth_server.console._pages import render
 if TYPE_CHECKING:
     from starlette.requests import Request
 
-    from troth import Client, Promise
+    from troth import Client, Promise, WorkflowInfo
     from troth_server.console._app import Console
 
 __all__ = ["ROUTES"]
@@ -229,55 +232,123 @@ async def settle(request: Request) -> Response:
 # --- a workflow's timeline -------------------------------------------------------
 
 
-def _task_of(client: Client, root: Promise) -> TaskInfo | None:
-    """The workflow's open task, for a person whose roles may read tasks (operators);
-    None for others, and for a workflow that is over or waits on its steps."""
+@dataclass(frozen=True, slots=True)
+class _Operations:
+    """What the workflow page knows of a run's task, and whether the person may act."""
+
+    task: TaskInfo | None
+    """Its task when one is not completed (paused, waiting for a worker, held by one),
+    as SearchWorkflows gives it to anyone who may read the workflow."""
+    may_operate: bool
+    """The server let them read the run's tasks: their roles are an operator's (or the
+    server runs without authentication), so they are offered Retry now, Fail, Cancel
+    and Move. The server still decides each (`act`): a refusal is shown in its words."""
+
+
+def _operations(client: Client, root: Promise) -> _Operations:
+    """A pending workflow's task, and whether the person may operate on it."""
     group = root.tags.get(_views.TAG_INVOKE)
     if group is None or root.state is not PromiseState.PENDING:
-        return None
+        return _Operations(None, may_operate=False)
+    found = client.search_workflows(id=root.id, limit=10)
+    task = next((w.task for w in found if w.id == root.id), None)
     try:
-        found = TaskCalls(connection(client)).search(group, 1, root.id)
+        TaskCalls(connection(client)).search(group, 1, root.id)
     except (PermissionDeniedError, UnauthenticatedError):
-        return None
-    return TaskInfo.from_proto(found[0]) if found else None
+        return _Operations(task, may_operate=False)
+    return _Operations(task, may_operate=True)
 
 
 def _workflow(client: Client, id: str) -> tuple[Promise, list[Promise]]:
     root = client.get(id)
     # The root first, then its steps: a workflow that ends meanwhile then shows a
     # pending root with all its steps, never an ended root missing its last ones.
-    # Its steps by their parent link (`Client.workflow_steps`), as `troth workflows
-    # show` reads them: a step with an id of its own (`ctx.promise(id=...)`) too.
-    return root, client.workflow_steps(id)[:STEPS_LIMIT]
+    # Steps by their parent link: a step with an id of its own (`ctx.promise(id=...)`)
+    # is there too, and stays after the run ends.
+    return root, client.workflow_steps(id)
+
+
+def _workflow_list(client: Client, filters: WorkflowFilters) -> list[WorkflowInfo]:
+    """Page `filters.page` of the list, and the first of the next (to know there is one)."""
+    start = filters.page * PAGE_SIZE
+    size = min(start + PAGE_SIZE + 1, 1000)
+    found = client.iter_workflows(**filters.arguments(), page_size=size)
+    return list(islice(found, start, start + PAGE_SIZE + 1))
+
+
+@_page
+async def workflows(request: Request) -> Response:
+    """The Workflows page: filters (state, group, name, version, paused, waiting for a
+    human, started after/before), newest first, a page at a time."""
+    filters = filters_from(request.query_params)
+    found: list[WorkflowInfo] = []
+    status, error = 200, "; ".join(filters.errors)
+    if not filters.errors:
+        try:
+            found = await run_in_threadpool(_workflow_list, _client(request), filters)
+        except InvalidArgumentError as exc:
+            status, error = 400, _views.error_words(exc)
+        except ValueError as exc:  # the SDK's own check of the filters
+            status, error = 400, str(exc)
+    rows = _views.workflow_rows(found[:PAGE_SIZE], _now())
+    return render(
+        request,
+        "workflows.html",
+        status,
+        filters=filters,
+        rows=rows,
+        error=error,
+        states=STATES,
+        newer=filters.query(filters.page - 1) if filters.page else None,
+        older=filters.query(filters.page + 1) if len(found) > PAGE_SIZE else None,
+        first=filters.page * PAGE_SIZE + 1,
+    )
 
 
 @_page
 async def workflow(request: Request) -> Response:
-    client = _client(request)
     id = request.path_params["id"] or request.query_params.get("id", "").strip()
     if not id:
-        return RedirectResponse("/", status_code=303)
+        return RedirectResponse("/workflows", status_code=303)
     if not request.path_params["id"]:
         return RedirectResponse(f"/workflows/{quote(id)}", status_code=303)
+    return await _workflow_page(request, id)
+
+
+_DONE = {
+    "retried": "Retried now: the workflow goes to a worker of its group at once.",
+    "failed": "The workflow was failed: its root is rejected with your reason.",
+    "cancelled": "The workflow was cancelled, with its pending steps.",
+}
+
+
+async def _workflow_page(request: Request, id: str, status: int = 200, error: str = "") -> Response:
+    client = _client(request)
     root, steps = await run_in_threadpool(_workflow, client, id)
     if _views.TAG_INVOKE not in root.tags and root.parent_id:
         # A step's id: the page of the workflow it belongs to. (A child workflow has a
         # page of its own: its steps are its own, by their parent link.)
         return RedirectResponse(f"/workflows/{quote(root.parent_id)}", status_code=303)
-    lines = _views.timeline(root, steps, client.decode)
+    lines = _views.timeline(root, steps[:STEPS_LIMIT], client.decode)
     waiting = [line for line in lines if line.waiting]
-    task = await run_in_threadpool(_task_of, client, root)
+    ops = await run_in_threadpool(_operations, client, root)
     settled = request.query_params.get("settled", "")
     note = _session.read_note(request) if settled else ""
     response = render(
         request,
         "workflow.html",
+        status,
         root=root,
         lines=lines,
         waiting=waiting,
         settled=settled,
-        version_wait=_views.version_wait(task, note),
-        truncated=len(steps) >= STEPS_LIMIT,
+        version_wait=_views.version_wait(ops.task if ops.may_operate else None, note),
+        paused=_views.pause(ops.task, _now()),
+        task=ops.task,
+        operable=ops.may_operate and root.state is PromiseState.PENDING,
+        done=_DONE.get(request.query_params.get("done", ""), ""),
+        error=error,
+        truncated=len(steps) > STEPS_LIMIT,
     )
     if note:
         _session.clear_note(response)
@@ -294,6 +365,51 @@ async def move(request: Request) -> Response:
     client = _client(request)
     await run_in_threadpool(TaskCalls(connection(client)).move_workflow, id, None)
     return RedirectResponse(f"/workflows/{quote(id)}?moved=1", status_code=303)
+
+
+# --- an operator's actions on a workflow ------------------------------------------------
+
+
+def _retry(client: Client, id: str, reason: str) -> None:
+    client.retry_workflow_now(id)
+
+
+def _fail(client: Client, id: str, reason: str) -> None:
+    TaskCalls(connection(client)).fail_workflow(id, reason)
+
+
+def _cancel(client: Client, id: str, reason: str) -> None:
+    client.cancel(id, {"reason": reason})
+
+
+_ACTIONS: dict[str, tuple[Callable[[Client, str, str], None], bool, str]] = {
+    "retry": (_retry, False, "retried"),
+    "fail": (_fail, True, "failed"),
+    "cancel": (_cancel, True, "cancelled"),
+}
+"""action -> (the call, whether it needs a reason, the word for the page after)."""
+
+
+@_page
+async def act(request: Request) -> Response:
+    """Retry now, Fail or Cancel a workflow, as the signed-in person: the server decides
+    (roles, the run's state); a refusal is shown on the workflow's page in its words."""
+    id = request.path_params["id"]
+    form = await _form(request)
+    if isinstance(form, Response):
+        return form
+    call, needs_reason, done = _ACTIONS[request.url.path.split("/", 2)[1]]
+    reason = form.get("reason", "").strip()
+    if needs_reason and not reason:
+        return await _workflow_page(
+            request, id, 400, "Give a reason: it is recorded with the workflow."
+        )
+    try:
+        await run_in_threadpool(call, _client(request), id, reason)
+    except RpcError as exc:
+        words, status = _refusal(exc)
+        return await _workflow_page(request, id, status, words)
+    return RedirectResponse(f"/workflows/{quote(id)}?done={done}", status_code=303)
 
 
 # --- tasks and workers ---------------------------------------------------------------
@@ -399,8 +515,12 @@ ROUTES: list[tuple[str, Endpoint, list[str]]] = [
     ("/", inbox, ["GET"]),
     ("/promises/{id:path}", promise, ["GET"]),
     ("/settle/{id:path}", settle, ["POST"]),
+    ("/workflows", workflows, ["GET"]),
     ("/workflows/{id:path}", workflow, ["GET"]),
     ("/move/{id:path}", move, ["POST"]),
+    ("/retry/{id:path}", act, ["POST"]),
+    ("/fail/{id:path}", act, ["POST"]),
+    ("/cancel/{id:path}", act, ["POST"]),
     ("/tasks", tasks, ["GET"]),
     ("/workers", workers, ["GET"]),
     ("/events", events, ["GET"]),

@@ -19,7 +19,7 @@ from troth.errors import Reason
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
 
-    from troth import Payload, Promise, TaskInfo, WorkerInfo
+    from troth import Payload, Promise, TaskInfo, WorkerInfo, WorkflowInfo
     from troth.errors import RpcError
 
     Decode = Callable[[Payload], Any]
@@ -30,17 +30,23 @@ __all__ = [
     "TAG_INVOKE",
     "TAG_KIND",
     "InboxRow",
+    "Pause",
     "Step",
     "TaskRow",
     "VersionWait",
+    "Who",
     "WorkerRow",
+    "WorkflowRow",
     "error_words",
     "inbox_rows",
+    "pause",
     "pretty",
+    "settler",
     "task_rows",
     "timeline",
     "version_wait",
     "worker_rows",
+    "workflow_rows",
 ]
 
 APPROVAL = "promise"
@@ -102,6 +108,11 @@ class Step:
     created: str
     settled: str
     settled_by: str
+    """As recorded: `bob`, or `bob via settle-token k1:…`."""
+    who: str
+    """Who settled it (`bob`)."""
+    via: str
+    """Through what, if not directly (`settle-token k1:…`), else ""."""
     title: str
     waiting: str
     """For the point the workflow waits at: what it waits for; else ""."""
@@ -134,6 +145,7 @@ def timeline(root: Promise, steps: Iterable[Promise], decode: Decode) -> list[St
 def _step(promise: Promise, kind: str, name: str, decode: Decode) -> Step:
     pending = promise.state is PromiseState.PENDING
     waiting = _WAITING_KINDS.get(kind, "") if pending else ""
+    who = settler(promise.settled_by)
     return Step(
         id=promise.id,
         kind=kind,
@@ -142,6 +154,8 @@ def _step(promise: Promise, kind: str, name: str, decode: Decode) -> Step:
         created=_stamp(promise.create_time),
         settled=_stamp(promise.settle_time),
         settled_by=promise.settled_by,
+        who=who.name,
+        via=who.via,
         title=promise.title,
         waiting=waiting,
         value=_value_text(promise, decode),
@@ -275,3 +289,123 @@ def version_wait(task: TaskInfo | None, note: str) -> VersionWait | None:
     if note:
         return VersionWait(note, movable=False)
     return None
+
+
+@dataclass(frozen=True, slots=True)
+class Pause:
+    """A workflow paused by its code: it failed on a worker (a bug) and waits out its
+    retry backoff, or a worker is trying it again now."""
+
+    attempts: int
+    error: str
+    traceback: str
+    next_retry: str
+    """When it is delivered again ("2026-05-28 20:26:40 UTC, in 4m"), or "" (retrying now)."""
+    retrying: bool
+    """A worker holds it now: the next attempt is under way."""
+
+
+def pause(task: TaskInfo | None, now: datetime) -> Pause | None:
+    """The pause of a workflow whose task failed, or None (never failed, or no task)."""
+    if task is None or task.failed_attempts <= 0:
+        return None
+    retrying = task.state is TaskState.CLAIMED
+    when = task.next_attempt_time
+    next_retry = ""
+    if not retrying and when is not None:
+        soon = "now" if when - now < timedelta(seconds=1) else f"in {format_duration(when - now)}"
+        next_retry = f"{_stamp(when)}, {soon}"
+    return Pause(
+        attempts=task.failed_attempts,
+        error=task.last_error or "(no error recorded)",
+        traceback=task.last_traceback or "",
+        next_retry=next_retry,
+        retrying=retrying,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Who:
+    """Who settled a promise, and through what (a settle token, a gateway...)."""
+
+    name: str
+    via: str
+
+
+def settler(settled_by: str) -> Who:
+    """`settled_by` split at its first " via ": `bob via settle-token k1:…` -> bob, and
+    `settle-token k1:…`; a plain name has no via."""
+    name, _, via = settled_by.partition(" via ")
+    return Who(name.strip(), via.strip())
+
+
+@dataclass(frozen=True, slots=True)
+class Waits:
+    """A human decision a workflow waits on: its id and what the person reads."""
+
+    id: str
+    title: str
+
+
+@dataclass(frozen=True, slots=True)
+class WorkflowRow:
+    """One line of the Workflows page."""
+
+    id: str
+    state: str
+    """The root's state in lower case ("pending", "resolved"...)."""
+    paused: bool
+    attempts: int
+    """For a paused run: how many attempts its code failed."""
+    error: str
+    group: str
+    name: str
+    """`workflow@version`, or the name alone before a worker first took it."""
+    started: str
+    age: str
+    decisions: tuple[Waits, ...]
+    """The human decisions it waits on."""
+    waits: str
+    """Else what it waits on, in words ("" when it is over)."""
+
+
+def _waits_in_words(info: WorkflowInfo, now: datetime) -> str:
+    task = info.task
+    if info.state is not PromiseState.PENDING:
+        return ""
+    if info.paused and task is not None:
+        if task.state is TaskState.CLAIMED:
+            return "a worker retrying it now"
+        when = task.next_attempt_time
+        if when is not None and when - now >= timedelta(seconds=1):
+            return f"its retry in {format_duration(when - now)}"
+        return "its retry, due now"
+    if task is not None and task.state is TaskState.CLAIMED:
+        return f"worker {task.worker_id}" if task.worker_id else "a worker"
+    if task is not None:
+        return task.waiting_for or "a worker of its group"
+    return "its steps (a timer, a child workflow or a step of its own)"
+
+
+def workflow_rows(infos: Iterable[WorkflowInfo], now: datetime) -> list[WorkflowRow]:
+    """The Workflows page's rows, in the server's order (newest first)."""
+    rows = []
+    for info in infos:
+        task = info.task
+        version = f"@{info.version}" if info.version else ""
+        rows.append(
+            WorkflowRow(
+                id=info.id,
+                state=info.state.value.lower(),
+                paused=info.paused and info.state is PromiseState.PENDING,
+                attempts=task.failed_attempts if task is not None else 0,
+                error=(task.last_error or "") if task is not None else "",
+                group=info.group,
+                name=f"{info.workflow or '?'}{version}",
+                started=_stamp(info.root.create_time),
+                age=format_duration(max(now - info.root.create_time, timedelta(0))),
+                decisions=tuple(Waits(p.id, p.title or p.id) for p in info.waiting_on),
+                waits=_waits_in_words(info, now),
+            )
+        )
+    return rows

@@ -152,8 +152,8 @@ RPC_ROLES: Mapping[str, frozenset[Role]] = {
     # own RPC, so every role may open it.
     "Calls": frozenset(Role),
 }
-"""Which roles may call each RPC (the one table; the README's is generated from it
-by `python -m troth_server.domain.access`). A `ResolvePromise` or `RejectPromise`
+"""Which roles may call each RPC (the one table; docs/authentication.md shows the copy
+generated from it by `python -m troth_server.domain.access`). A `ResolvePromise` or `RejectPromise`
 that carries a settle token needs no role: the token is its permission."""
 
 
@@ -164,7 +164,7 @@ def may_call(principal: Principal, rpc: str) -> bool:
 
 
 def roles_table() -> str:
-    """`RPC_ROLES` as a Markdown table, for the README."""
+    """`RPC_ROLES` as a Markdown table, for docs/authentication.md."""
     columns = list(Role)
     lines = [
         "| RPC | " + " | ".join(f"`{role}`" for role in columns) + " |",

@@ -1,4 +1,4 @@
-"""The README's TLS section, run as written: its OpenSSL commands make a CA and the
+"""The TLS page (docs/tls.md), run as written: its OpenSSL commands make a CA and the
 certificates, a server serves mTLS with them, and the CLI, grpcurl and Python
 snippets get through (on a free port instead of 7070)."""
 
@@ -16,23 +16,23 @@ from _support import ServerTls, start_server
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
+TLS_PAGE = ROOT / "docs" / "tls.md"
 
 pytestmark = pytest.mark.e2e
 
 
 def block(name: str) -> str:
     """The fenced code block between `<!-- name: start -->` and `<!-- name: end -->`."""
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    readme = TLS_PAGE.read_text(encoding="utf-8")
     found = re.search(
         rf"<!-- {name}: start -->\n```sh\n(.*?)```\n<!-- {name}: end -->", readme, re.DOTALL
     )
-    assert found, f"README.md has no {name} block"
+    assert found, f"docs/tls.md has no {name} block"
     return found.group(1)
 
 
 def python_snippet() -> str:
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    section = readme[readme.index("## TLS") :]
+    section = TLS_PAGE.read_text(encoding="utf-8")
     found = re.search(r"```python\n(.*?)```", section, re.DOTALL)
     assert found
     return found.group(1)
@@ -40,7 +40,7 @@ def python_snippet() -> str:
 
 def test_the_readme_tls_section(tmp_path: Path) -> None:
     if shutil.which("openssl") is None:
-        pytest.fail("openssl is required by the README's TLS section")
+        pytest.fail("openssl is required by docs/tls.md")
     env = {**os.environ, "PATH": f"{BIN}:{os.environ.get('PATH', '')}"}
     env = {k: v for k, v in env.items() if not k.startswith("TROTH_")}
     made = subprocess.run(
