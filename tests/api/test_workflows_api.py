@@ -569,3 +569,39 @@ def test_a_caller_lists_only_the_workflows_it_may_see(
             )
         )
         assert (code, reason) == (grpc.StatusCode.PERMISSION_DENIED, "ROLE_NOT_ALLOWED")
+
+
+def buggy(ctx: Context) -> Generator[Any, Any, Any]:
+    yield ctx.sleep(timedelta(milliseconds=1))
+    raise NameError("name 'secret_rate' is not defined")
+
+
+def test_a_paused_runs_error_is_shown_only_to_those_who_may_read_tasks(
+    authed: tuple[ServerProcess, dict[str, str]],
+) -> None:
+    """A workflow's error and traceback are the operators' (SearchTasks'): a gateway or a
+    worker listing workflows sees that a run is paused, how often it failed and when it is
+    retried, not what its code said (a traceback quotes code and data)."""
+    group = "g-wf-paused"
+    with ExitStack() as stack:
+        runner = stack.enter_context(as_(authed, "any-worker"))
+        worker = Worker(runner, group=group)
+        worker.workflow(buggy)
+        worker.start()
+        stack.callback(worker.stop)
+        with as_(authed, "gateway") as gateway:
+            gateway.start("buggy", id="paused-run", group=group)
+        with as_(authed, "ops") as ops:
+            wait_for(lambda: bool(ops.search_workflows(group=group, paused=True)))
+            [seen] = ops.search_workflows(group=group, paused=True)
+            assert seen.task is not None
+            assert "secret_rate" in seen.task.last_error
+            assert "secret_rate" in (seen.task.last_traceback or "")
+        for who in ("gateway", "any-worker", "worker-gateway"):
+            with as_(authed, who) as reader:
+                [found] = reader.search_workflows(id="paused-run")
+                assert found.paused and found.task is not None, who
+                assert found.task.failed_attempts >= 1, who
+                assert found.task.next_attempt_time is not None, who
+                assert not found.task.last_error and not found.task.last_traceback, who
+                assert not found.task.worker_principal, who

@@ -120,3 +120,20 @@ def test_an_early_settle_counts_only_where_the_policy_names_its_settler(
     )
     assert (None if refusal is None else refusal.rule) == rule
     assert early_refusal(Approvers(), replace(EARLY, settled_by=None), "gw") is not None
+
+
+@pytest.mark.parametrize(
+    ("roles", "whole"),
+    [
+        ({Role.OPERATOR}, True),
+        ({Role.ADMIN}, True),
+        ({Role.GATEWAY}, False),
+        ({Role.WORKER}, False),
+        ({Role.WORKER, Role.GATEWAY}, False),
+    ],
+)
+def test_a_task_is_seen_whole_only_by_those_who_may_read_tasks(
+    roles: set[Role], whole: bool
+) -> None:
+    reader = Principal(name="r", roles=frozenset(roles), groups=frozenset({"g"}))
+    assert visibility.sees_task_details(reader) is whole

@@ -123,6 +123,11 @@ def _bounded(value: str, limit: int, field: str) -> str | None:
     return value or None
 
 
+_TASK_DETAILS = ("last_error", "last_traceback", "worker_id", "worker_principal", "counter")
+"""What a reader who may not read tasks does not see of a workflow's task
+(`visibility.sees_task_details`)."""
+
+
 def summaries(
     found: list[Workflow],
     reader: Principal,
@@ -130,6 +135,7 @@ def summaries(
 ) -> list[tasks_pb2.WorkflowSummary]:
     """The workflows on the wire as `reader` may see them; `described` puts their tasks
     on the wire (with why each PENDING one waits)."""
+    details = visibility.sees_task_details(reader)
     active = [w.task for w in found if w.task is not None]
     on_wire = dict(zip((t.id for t in active), described(active), strict=True))
     answer = []
@@ -147,5 +153,8 @@ def summaries(
         )
         if workflow.task is not None:
             summary.task.CopyFrom(on_wire[workflow.task.id])
+            if not details:
+                for withheld in _TASK_DETAILS:
+                    summary.task.ClearField(withheld)
         answer.append(summary)
     return answer

@@ -317,7 +317,8 @@ def pause(task: TaskInfo | None, now: datetime) -> Pause | None:
         next_retry = f"{_stamp(when)}, {soon}"
     return Pause(
         attempts=task.failed_attempts,
-        error=task.last_error or "(no error recorded)",
+        # The server withholds the error from those who may not read tasks.
+        error=task.last_error or "(the error is shown to operators: troth workflows show)",
         traceback=task.last_traceback or "",
         next_retry=next_retry,
         retrying=retrying,

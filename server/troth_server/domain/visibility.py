@@ -14,7 +14,13 @@ answers, Poll's history) passes its promises through it.
   worker of the workflow's group and to admins.
 
 Others get the keys empty and the token step's value replaced by an empty
-payload with the header `troth-redacted: settle_token`. A create or settle
+payload with the header `troth-redacted: settle_token`.
+
+A workflow's task, as a workflow listing shows it (`SearchWorkflows`), is whole only
+to a principal that may read tasks (`SearchTasks`: operators and admins): its last
+error and traceback quote the workflow's code and data, and its fence (worker,
+principal, counter) is the worker's. Others see its state, kind, attempts, next
+retry and why it waits (`sees_task_details`). A create or settle
 answer also shows the key the call itself sent: it is the caller's own.
 """
 
@@ -23,7 +29,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from troth_server.domain.access import Role
+from troth_server.domain.access import Role, may_call
 from troth_server.domain.promise import Payload
 from troth_server.domain.steps import KIND_TAG
 
@@ -93,3 +99,9 @@ def view(
         idempotency_key_for_settle=settle_key,
         value=value,
     )
+
+
+def sees_task_details(reader: Principal) -> bool:
+    """Whether `reader` sees a task whole (its error, traceback and fence) where a
+    workflow listing carries it: only if it may read tasks at all (`SearchTasks`)."""
+    return may_call(reader, "SearchTasks")
