@@ -9,10 +9,11 @@ dir=$(mktemp -d)/troth-$label
 git clone -q --branch "$branch" "$src" "$dir"
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 mport=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+cport=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 env_extra=()
 [ -n "$nocache" ] && env_extra=(PIP_NO_CACHE_DIR=1)
 start=$(date +%s.%N)
-( cd "$dir" && exec env "${env_extra[@]}" setsid make run LISTEN=127.0.0.1:$port METRICS_LISTEN=127.0.0.1:$mport > make-run.log 2>&1 ) &
+( cd "$dir" && exec env "${env_extra[@]}" setsid make run LISTEN=127.0.0.1:$port METRICS_LISTEN=127.0.0.1:$mport CONSOLE_LISTEN=127.0.0.1:$cport > make-run.log 2>&1 ) &
 makepid=$!
 healthy=""
 for i in $(seq 1 1200); do
@@ -27,8 +28,16 @@ PY
   sleep 0.5
 done
 end=${healthy:-$(date +%s.%N)}
+# The started line names the console's URL, and the console answers there.
+console_printed=no; console_up=no
+for i in $(seq 1 20); do
+  grep -q "console=http://127.0.0.1:$cport/" "$dir/make-run.log" && console_printed=yes
+  curl -fsS "http://127.0.0.1:$cport/healthz" >/dev/null 2>&1 && console_up=yes
+  [ $console_printed = yes ] && [ $console_up = yes ] && break
+  sleep 0.5
+done
 kill -TERM -- -$makepid 2>/dev/null
 wait $makepid 2>/dev/null
 pkgs=$("$dir/.venv/bin/python" -m pip list --format=freeze 2>/dev/null | wc -l)
 size=$(du -sm "$dir/.venv" | cut -f1)
-printf '%s: healthy=%s seconds=%.1f packages=%s venv_MB=%s\n' "$label" "${healthy:+yes}" "$(echo "$end - $start" | bc)" "$pkgs" "$size" | tee -a /tmp/make-run-times.txt
+printf '%s: healthy=%s seconds=%.1f packages=%s venv_MB=%s console_url_printed=%s console_up=%s\n' "$label" "${healthy:+yes}" "$(echo "$end - $start" | bc)" "$pkgs" "$size" "$console_printed" "$console_up" | tee -a /tmp/make-run-times.txt
