@@ -125,6 +125,9 @@ class Settings:
     """The settle-token keys file (`troth_server.settle_keys`); None: no settle tokens."""
     metrics_listen: str | None = None
     """HOST:PORT to serve Prometheus metrics on (`troth_server.metrics`); None: off."""
+    otlp_endpoint: str | None = None
+    """Where to export spans over OTLP/gRPC (`troth_server._tracing`); None: as
+    OpenTelemetry's own `OTEL_EXPORTER_OTLP_ENDPOINT` / `OTEL_TRACES_EXPORTER` say."""
     keepalive_min_ping_interval_ms: int = PERMITTED_PING_INTERVAL_MS
     """The shortest interval between a client's pings that earns no strike (gRPC's
     ping-strike window; the third strike ends the connection, `too_many_pings`).
@@ -249,6 +252,14 @@ _OPTIONS: dict[str, tuple[str, type | None, str]] = {
         str,
         "serve Prometheus metrics over HTTP on HOST:PORT (/metrics; the README lists them); "
         "unset: no metrics",
+    ),
+    "otlp-endpoint": (
+        "otlp_endpoint",
+        str,
+        "export spans of each RPC and commit over OTLP/gRPC to this URL, e.g. "
+        "http://127.0.0.1:4317 (needs troth-server[otel]); unset: OTEL_EXPORTER_OTLP_ENDPOINT "
+        "and OTEL_TRACES_EXPORTER (otlp, console, none) decide, and by default nothing is "
+        "exported",
     ),
     "keepalive-min-ping-interval": (
         "keepalive_min_ping_interval_ms",
