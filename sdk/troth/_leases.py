@@ -22,7 +22,9 @@ what the older one wrote meanwhile (`Held.written`) joins its history.
 
 Heartbeats. One thread extends every lease every `lease / 3` (and at once at
 start and when the stream reconnects, to learn the clock offset and which
-tasks are still ours; every `RETRY_BEAT_S` while heartbeats fail). A lease no
+tasks are still ours; every `RETRY_BEAT_S` while heartbeats fail), holding
+tasks or not: an idle worker's heartbeat is its liveness on the server (its
+"last heartbeat" in `troth workers list`), which only its own calls give. A lease no
 heartbeat got through for is dropped (`expire`); tasks dropped or abandoned
 that the server still counts as ours are released when a heartbeat names them.
 
@@ -158,7 +160,6 @@ class Leases:
         self._skew: float | None = None
         """Server wall clock minus our monotonic clock, as the last heartbeat measured it
         (None until one did, or if the server sends no `server_time`)."""
-        self._learned = False  # a heartbeat got through since start
         self._failing_since: float | None = None  # heartbeats fail since (None: they do not)
         self._away = False  # the last heartbeat failed for want of an answer from the server
         self._warned = -math.inf  # when a failing heartbeat was last logged
@@ -326,15 +327,13 @@ class Leases:
         while True:
             # While the server is away, try again soon: it keeps a lease for one lease
             # length after it is back (a refusal is tried at the usual pace).
-            forced = self._now.wait(min(interval, RETRY_BEAT_S) if self._away else interval)
+            self._now.wait(min(interval, RETRY_BEAT_S) if self._away else interval)
             self._now.clear()
             if self._stop.is_set():
                 return
-            with self._lock:
-                idle = not self._held and not self._dropped
-            if idle and not forced and self._learned:
-                self._away = False
-                continue
+            # Holding nothing too: the heartbeat is what the server shows as this
+            # worker's liveness ("last heartbeat"), and what lets a stream stalled
+            # while it held nothing take tasks again.
             self.beat(timeout=interval)
 
     def beat(self, timeout: float) -> bool:
@@ -376,7 +375,6 @@ class Leases:
                 self._skew = _seconds(response.server_time) - sent
             # (An older server sends none: its leases are timed from arrival, and
             # every task heartbeats once before its first step function.)
-            self._learned = True
             release = self._apply(before, response, sent)
         for held in release:
             self.release(held)

@@ -115,6 +115,26 @@ def test_a_heartbeat_moves_the_last_heartbeat(
     eventually(beat_seen, what="the heartbeat in the listing")
 
 
+def test_an_idle_worker_keeps_its_last_heartbeat_fresh(client: Client) -> None:
+    # Issue 28: an idle worker held nothing, so it made no heartbeat, and its "last
+    # heartbeat" grew to minutes as if it were stalled. Now it heartbeats on its
+    # schedule (a third of its lease) holding nothing: its own calls, as liveness is.
+    lease = timedelta(seconds=1.5)
+    idle = Worker(client, group="wl-idle", worker_id="idle-worker", lease=lease)
+    idle.workflow(wait_forever)
+    with idle:
+        eventually(lambda: "idle-worker" in by_id(client.list_workers("wl-idle")),
+                   what="the idle worker to connect")  # fmt: skip
+        connected = by_id(client.list_workers("wl-idle"))["idle-worker"].connect_time
+        assert connected is not None
+        time.sleep(4 * lease.total_seconds())  # holding nothing all along
+        seen = by_id(client.list_workers("wl-idle"))["idle-worker"]
+        assert seen.task_ids == ()
+        assert seen.last_heartbeat_time is not None
+        assert seen.last_heartbeat_time - connected >= 2 * lease, (connected, seen)
+        assert datetime.now(UTC) - seen.last_heartbeat_time < lease, seen
+
+
 def test_pages_follow_the_order_and_the_token_keeps_its_group(
     workers: dict[str, Any], tasks: tasks_pb2_grpc.TaskServiceStub
 ) -> None:
