@@ -315,6 +315,20 @@ class Transport:
         return True
 
     @property
+    def token_label(self) -> str | None:
+        """Where the token comes from (never the token): None when no token is sent."""
+        return None if self._token is None else self._token.label
+
+    @property
+    def token_renewable(self) -> bool:
+        """Whether the token source may give another token later (a callable, a file)."""
+        return self._token is not None and self._token.renewable
+
+    def error(self, exc: grpc.RpcError) -> RpcError:
+        """`exc` as the `troth.errors` exception a call would have raised."""
+        return _to_troth_error(exc, self.address, self.tls)
+
+    @property
     def channel(self) -> grpc.Channel:
         """The gRPC channel itself."""
         return self._channel
