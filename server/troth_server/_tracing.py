@@ -173,6 +173,12 @@ def commit_span(
     )
 
 
+def end_failed(span: trace.Span, error: BaseException) -> None:
+    """End `span` as failed by `error` (a commit the store refused)."""
+    span.set_status(trace.Status(trace.StatusCode.ERROR, f"{type(error).__name__}: {error}"))
+    span.end()
+
+
 def configure_exporter(endpoint: str | None) -> str | None:
     """Set a tracer provider that exports over OTLP, when asked: `endpoint` (the
     `--otlp-endpoint` flag) or OpenTelemetry's own `OTEL_EXPORTER_OTLP_ENDPOINT` /
@@ -230,6 +236,7 @@ __all__ = [
     "commit_span",
     "configure_exporter",
     "current_span_context",
+    "end_failed",
     "span_name",
     "stream_opened",
     "tracer",

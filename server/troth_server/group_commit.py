@@ -321,7 +321,7 @@ class GroupCommitter:
             outcomes, changes, pending_groups, leases = self._store.write(work)
         except StoreError as exc:
             if span is not None:
-                span.end()
+                tracing.end_failed(span, exc)
             self._unreserve(reserved)
             if isinstance(exc, StoreUnavailable) and self._on_store_error is not None:
                 self._on_store_error()
@@ -337,7 +337,7 @@ class GroupCommitter:
             return
         except BaseException as exc:  # a bug in the fold: answer, never hang a request
             if span is not None:
-                span.end()
+                tracing.end_failed(span, exc)
             self._unreserve(reserved)
             log.exception("group_commit.batch_crashed")
             for item in items:
