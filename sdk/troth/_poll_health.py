@@ -25,6 +25,9 @@ from typing import TYPE_CHECKING
 from troth.errors import Reason
 
 if TYPE_CHECKING:
+    import grpc
+
+    from troth._transport import Transport
     from troth.errors import RpcError
 
 __all__ = ["PollHealth", "refusal_line", "refused_for_good"]
@@ -66,8 +69,8 @@ def refusal_line(worker_id: str, error: RpcError, token_label: str | None) -> st
 class PollHealth:
     """One worker's task stream over its life: taken, lost, taken again."""
 
-    def __init__(self, worker_id: str) -> None:
-        self._worker_id = worker_id
+    def __init__(self, worker_id: str, group: str) -> None:
+        self._worker_id, self._group = worker_id, group
         self.connected = False
         """A stream of this worker was taken by a server once (its credential worked)."""
         self._lost_at: float | None = None
@@ -90,3 +93,16 @@ class PollHealth:
         """The stream ended (not by `stop()`): the next `taken` says it is back."""
         if self._lost_at is None:
             self._lost_at = time.monotonic()
+
+    def refused_for_good(self, exc: grpc.RpcError, transport: Transport) -> RpcError | None:
+        """The refusal `exc` ended the stream with, if it is for good (`refused_for_good`),
+        logged as the worker's one ERROR line; None otherwise."""
+        error = transport.error(exc)
+        renewable = transport.token_renewable
+        if not refused_for_good(error, renewable=renewable, connected=self.connected):
+            return None
+        _log.error(
+            refusal_line(self._worker_id, error, transport.token_label),
+            extra={"worker_id": self._worker_id, "group": self._group, "reason": error.reason},
+        )
+        return error

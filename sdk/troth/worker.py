@@ -113,7 +113,7 @@ from troth._calls import Connection
 from troth._convert import timedelta_to_proto
 from troth._foreground import Interrupts, exit_now, show_logs
 from troth._leases import Held, Leases
-from troth._poll_health import PollHealth, refusal_line, refused_for_good
+from troth._poll_health import PollHealth
 from troth._runner import Runner, describe_version
 from troth._tasks import PollCall, TaskCalls, poll_taken
 from troth._transport import as_call, overload_delay
@@ -229,7 +229,7 @@ class Worker:
             abandon=self._abandon,
         )
         self._poll_call: PollCall | None = None
-        self._health = PollHealth(self.worker_id)
+        self._health = PollHealth(self.worker_id, group)
         self.failure: RpcError | None = None
         """What stopped the worker's polling for good (a credential refused that will
         never work: see `troth._poll_health`), which `run()` raises; None while it polls."""
@@ -506,8 +506,10 @@ class Worker:
                 why = f"{rpc.code().name}: {rpc.details()}" if rpc is not None else f"{exc!r}"
                 asked = overload_delay(rpc) if rpc is not None else None
                 renewed = self._calls.transport.renewed(exc, sent, stream=True)
-                if not renewed and self._refused_for_good(exc):
-                    return
+                if not renewed:  # refused for good: one ERROR line, and `run()` raises it
+                    self.failure = self._health.refused_for_good(exc, self._calls.transport)
+                    if self.failure is not None:
+                        return
             except Exception:
                 _log.exception("worker %s: error reading the task stream", self.worker_id)
                 why = "an error in the worker"
@@ -554,21 +556,6 @@ class Worker:
                 extra={"worker_id": self.worker_id, "group": self.group},
             )
             self._stopping.wait(delay)
-
-    def _refused_for_good(self, exc: grpc.RpcError) -> bool:
-        """Stop polling, saying why in one ERROR line, if the server refused the stream's
-        credential for good (`troth._poll_health`); `run()` then raises it."""
-        transport = self._calls.transport
-        error = transport.error(exc)
-        renewable, connected = transport.token_renewable, self._health.connected
-        if not refused_for_good(error, renewable=renewable, connected=connected):
-            return False
-        _log.error(
-            refusal_line(self.worker_id, error, transport.token_label),
-            extra={"worker_id": self.worker_id, "group": self.group, "reason": error.reason},
-        )
-        self.failure = error
-        return True
 
     def _accept(self, response: tasks_pb2.PollResponse) -> None:
         held = self._leases.accept(response.task)
