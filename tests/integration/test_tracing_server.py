@@ -50,14 +50,18 @@ def exporter() -> Iterator[InMemorySpanExporter]:
         provider = TracerProvider()
         trace.set_tracer_provider(provider)
     provider.add_span_processor(SimpleSpanProcessor(exporter))
+    server_tracing.look_again()  # (the server looks for a provider once a second)
     yield exporter
     exporter.shutdown()
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgres"])
 def address(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    exporter: InMemorySpanExporter,
 ) -> Iterator[str]:
+    """A server in this process, started once the provider is set."""
     if request.param == "sqlite":
         url = f"sqlite:///{tmp_path_factory.mktemp('traced') / 'troth.db'}"
         with in_process_server(url) as (served, _metrics):
