@@ -34,6 +34,7 @@ from opentelemetry import trace
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from troth.v1 import promises_pb2, tasks_pb2
+from troth_server.domain.starts import INVOKE_TAG
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
@@ -148,7 +149,7 @@ def workflow_id(promise: Promise) -> str | None:
     """The workflow a promise belongs to: its root's id, or its own if it is one."""
     if promise.root_id is not None:
         return promise.root_id
-    return promise.id if TRACEPARENT_TAG in promise.tags or "troth:invoke" in promise.tags else None
+    return promise.id if INVOKE_TAG in promise.tags else None
 
 
 def annotate_settle(promise: Promise, root: Promise | None) -> None:
