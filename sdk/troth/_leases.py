@@ -23,10 +23,11 @@ what the older one wrote meanwhile (`Held.written`) joins its history.
 Heartbeats. One thread extends every lease every `lease / 3` (and at once at
 start and when the stream reconnects, to learn the clock offset and which
 tasks are still ours; every `RETRY_BEAT_S` while heartbeats fail), holding
-tasks or not: an idle worker's heartbeat is its liveness on the server (its
-"last heartbeat" in `troth workers list`), which only its own calls give. A lease no
-heartbeat got through for is dropped (`expire`); tasks dropped or abandoned
-that the server still counts as ours are released when a heartbeat names them.
+tasks or not (holding none, every `IDLE_BEAT_S`, or lease / 3 if longer): an idle worker's
+heartbeat is its liveness on the server (its "last heartbeat" in `troth workers
+list`), which only its own calls give. A lease no heartbeat got through for is
+dropped (`expire`); tasks dropped or abandoned that the server still counts as
+ours are released when a heartbeat names them.
 
 Busy tasks. A task whose runner is inside a step function, or holds a
 finished result (a step's, or the workflow's own) that is not recorded yet
@@ -68,7 +69,7 @@ if TYPE_CHECKING:
     from troth._tasks import TaskCalls
     from troth.v1 import tasks_pb2
 
-__all__ = ["FRESH", "RETRY_BEAT_S", "Held", "Leases", "Lost"]
+__all__ = ["FRESH", "IDLE_BEAT_S", "RETRY_BEAT_S", "Held", "Leases", "Lost"]
 
 _log = logging.getLogger("troth.worker")
 
@@ -78,6 +79,12 @@ FRESH = 0.5
 RETRY_BEAT_S = 0.25
 """While heartbeats fail, the next is tried this soon (not a third of the lease later):
 a server back from an outage keeps a lease only for one lease length."""
+
+IDLE_BEAT_S = 10.0
+"""A worker holding no task heartbeats this often (or every lease / 3, if that is
+longer): each heartbeat is a transaction on the server's writer, and an idle
+fleet's would be most of them; often enough that its "last heartbeat" never looks
+stalled."""
 
 UNANSWERED = (UnavailableError, DeadlineExceededError)
 """Heartbeat failures that say the server was away (not a refusal)."""
@@ -324,16 +331,23 @@ class Leases:
 
     def _loop(self) -> None:
         interval = self._seconds / 3
+        last = -math.inf
         while True:
             # While the server is away, try again soon: it keeps a lease for one lease
             # length after it is back (a refusal is tried at the usual pace).
-            self._now.wait(min(interval, RETRY_BEAT_S) if self._away else interval)
+            forced = self._now.wait(min(interval, RETRY_BEAT_S) if self._away else interval)
             self._now.clear()
             if self._stop.is_set():
                 return
-            # Holding nothing too: the heartbeat is what the server shows as this
-            # worker's liveness ("last heartbeat"), and what lets a stream stalled
-            # while it held nothing take tasks again.
+            with self._lock:
+                idle = not self._held and not self._dropped
+            # Holding nothing too, but less often (`IDLE_BEAT_S`): the heartbeat is
+            # what the server shows as this worker's liveness ("last heartbeat"), and
+            # what lets a stream stalled while it held nothing take tasks again.
+            if idle and not forced and self._clock() - last < max(interval, IDLE_BEAT_S):
+                self._away = False
+                continue
+            last = self._clock()
             self.beat(timeout=interval)
 
     def beat(self, timeout: float) -> bool:
