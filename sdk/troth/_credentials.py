@@ -380,6 +380,11 @@ class TokenSource:
         """A token that never changes (already checked)."""
         return cls(lambda *, force: token, "token", check_every=math.inf)
 
+    @property
+    def renewable(self) -> bool:
+        """Whether it may give another token later (a callable, a file), not a fixed one."""
+        return not math.isinf(self._every)
+
     def current(self) -> tuple[str, str]:
         """The metadata pair to send now (asking the source again if it is time)."""
         if self._clock() < self._next:

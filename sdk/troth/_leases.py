@@ -22,9 +22,12 @@ what the older one wrote meanwhile (`Held.written`) joins its history.
 
 Heartbeats. One thread extends every lease every `lease / 3` (and at once at
 start and when the stream reconnects, to learn the clock offset and which
-tasks are still ours; every `RETRY_BEAT_S` while heartbeats fail). A lease no
-heartbeat got through for is dropped (`expire`); tasks dropped or abandoned
-that the server still counts as ours are released when a heartbeat names them.
+tasks are still ours; every `RETRY_BEAT_S` while heartbeats fail), holding
+tasks or not (holding none, every `IDLE_BEAT_S`, or lease / 3 if longer): an idle worker's
+heartbeat is its liveness on the server (its "last heartbeat" in `troth workers
+list`), which only its own calls give. A lease no heartbeat got through for is
+dropped (`expire`); tasks dropped or abandoned that the server still counts as
+ours are released when a heartbeat names them.
 
 Busy tasks. A task whose runner is inside a step function, or holds a
 finished result (a step's, or the workflow's own) that is not recorded yet
@@ -66,7 +69,7 @@ if TYPE_CHECKING:
     from troth._tasks import TaskCalls
     from troth.v1 import tasks_pb2
 
-__all__ = ["FRESH", "RETRY_BEAT_S", "Held", "Leases", "Lost"]
+__all__ = ["FRESH", "IDLE_BEAT_S", "RETRY_BEAT_S", "Held", "Leases", "Lost"]
 
 _log = logging.getLogger("troth.worker")
 
@@ -76,6 +79,12 @@ FRESH = 0.5
 RETRY_BEAT_S = 0.25
 """While heartbeats fail, the next is tried this soon (not a third of the lease later):
 a server back from an outage keeps a lease only for one lease length."""
+
+IDLE_BEAT_S = 10.0
+"""A worker holding no task heartbeats this often (or every lease / 3, if that is
+longer): each heartbeat is a transaction on the server's writer, and an idle
+fleet's would be most of them; often enough that its "last heartbeat" never looks
+stalled."""
 
 UNANSWERED = (UnavailableError, DeadlineExceededError)
 """Heartbeat failures that say the server was away (not a refusal)."""
@@ -158,7 +167,6 @@ class Leases:
         self._skew: float | None = None
         """Server wall clock minus our monotonic clock, as the last heartbeat measured it
         (None until one did, or if the server sends no `server_time`)."""
-        self._learned = False  # a heartbeat got through since start
         self._failing_since: float | None = None  # heartbeats fail since (None: they do not)
         self._away = False  # the last heartbeat failed for want of an answer from the server
         self._warned = -math.inf  # when a failing heartbeat was last logged
@@ -323,6 +331,7 @@ class Leases:
 
     def _loop(self) -> None:
         interval = self._seconds / 3
+        last = -math.inf
         while True:
             # While the server is away, try again soon: it keeps a lease for one lease
             # length after it is back (a refusal is tried at the usual pace).
@@ -332,9 +341,13 @@ class Leases:
                 return
             with self._lock:
                 idle = not self._held and not self._dropped
-            if idle and not forced and self._learned:
+            # Holding nothing too, but less often (`IDLE_BEAT_S`): the heartbeat is
+            # what the server shows as this worker's liveness ("last heartbeat"), and
+            # what lets a stream stalled while it held nothing take tasks again.
+            if idle and not forced and self._clock() - last < max(interval, IDLE_BEAT_S):
                 self._away = False
                 continue
+            last = self._clock()
             self.beat(timeout=interval)
 
     def beat(self, timeout: float) -> bool:
@@ -376,7 +389,6 @@ class Leases:
                 self._skew = _seconds(response.server_time) - sent
             # (An older server sends none: its leases are timed from arrival, and
             # every task heartbeats once before its first step function.)
-            self._learned = True
             release = self._apply(before, response, sent)
         for held in release:
             self.release(held)

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 from google.protobuf import message_factory
 
+from troth._tracing import TRACEPARENT_METADATA
 from troth.v1 import promises_pb2, tasks_pb2
 
 if TYPE_CHECKING:
@@ -321,7 +322,7 @@ class CallStream:
             if self.unsupported or len(data) > UNARY_ABOVE_BYTES:
                 return unary(request, timeout=timeout, metadata=metadata)
             try:
-                return self.invoke(name, data, response_type, timeout)
+                return self.invoke(name, data, response_type, timeout, _traceparent(metadata))
             except CallError as exc:
                 if not exc.refused:
                     raise
@@ -337,12 +338,20 @@ class CallStream:
         return call
 
     def invoke(
-        self, name: str, request: bytes, response_type: type[Message], timeout: float | None
+        self,
+        name: str,
+        request: bytes,
+        response_type: type[Message],
+        timeout: float | None,
+        traceparent: str = "",
     ) -> Message:
         """Make call `name` with the serialized `request` on the stream; its answer, or
-        a `CallError` as the unary call would have raised it."""
+        a `CallError` as the unary call would have raised it. `traceparent`: the
+        caller's span (`troth._tracing`), which the server's span of the call continues."""
         call_id = next(self._ids)
-        message = tasks_pb2.CallsRequest(id=call_id, method=name, request=request)
+        message = tasks_pb2.CallsRequest(
+            id=call_id, method=name, request=request, traceparent=traceparent
+        )
         self._metadata()  # (asks the token source, if it is time, outside the lock)
         with self._lock:
             if self._closed:
@@ -382,6 +391,14 @@ class CallStream:
         for old in (*retired, stream):
             if old is not None:
                 old.close()
+
+
+def _traceparent(metadata: Metadata | None) -> str:
+    """The `traceparent` a call's metadata carries (`troth._tracing`), or ""."""
+    for key, value in metadata or ():
+        if key == TRACEPARENT_METADATA:
+            return value
+    return ""
 
 
 class MultiplexedStub:

@@ -23,10 +23,13 @@ if TYPE_CHECKING:
     from troth._transport import Metadata
     from troth.codec import Payload
 
-__all__ = ["POLL_BATCH_METADATA", "PollCall", "TaskCalls"]
+__all__ = ["POLL_BATCH_METADATA", "POLL_OPEN_METADATA", "PollCall", "TaskCalls", "poll_taken"]
 
 POLL_BATCH_METADATA = ("troth-poll-batch", "1")
 """The worker reads tasks delivered together in one message (`PollResponse.more`)."""
+POLL_OPEN_METADATA = ("troth-poll-open", "1")
+"""The server's initial metadata on a Poll stream it took: the worker is connected
+(before its first task; a server older than it sends it with the first task)."""
 
 
 class PollCall(Protocol):
@@ -35,6 +38,16 @@ class PollCall(Protocol):
     def __iter__(self) -> Iterator[tasks_pb2.PollResponse]: ...
 
     def cancel(self) -> bool: ...
+
+    def initial_metadata(self) -> Iterable[tuple[str, str | bytes]] | None:
+        """The server's initial metadata (waits for it, or for the stream to end)."""
+        ...
+
+
+def poll_taken(call: PollCall) -> bool:
+    """Wait until the server took the stream (True: `POLL_OPEN_METADATA`) or ended it
+    (False; iterating it then raises why)."""
+    return POLL_OPEN_METADATA in tuple(call.initial_metadata() or ())
 
 
 class TaskCalls:

@@ -10,6 +10,11 @@
   (`troth.resolve`, ...), children of the caller's current span: a settle made
   in the trace that started the workflow shows between the task that created
   the wait and the task that resumed after it.
+- Every call made inside a span carries that span's traceparent
+  (`current_traceparent`): a unary call as `traceparent` metadata, a call on
+  the `Calls` stream in its `CallsRequest.traceparent`. The server's span of the
+  call continues it, and the server's span of a settle links to the workflow's
+  trace (the root's `troth:traceparent`), whichever trace the settle came from.
 
 Imported lazily: without opentelemetry-api installed every helper here does
 nothing and stores nothing; installed but with no SDK configured (no
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import sys
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -31,9 +37,18 @@ if TYPE_CHECKING:
 
 TRACEPARENT_TAG = "troth:traceparent"
 """The tag of a workflow's root promise that holds the W3C traceparent of its start."""
+TRACEPARENT_METADATA = "traceparent"
+"""The gRPC metadata key (W3C Trace Context) a call carries its caller's span in."""
 TRACER_NAME = "troth"
 
-__all__ = ["TRACEPARENT_TAG", "client_span", "step_span", "task_span"]
+__all__ = [
+    "TRACEPARENT_METADATA",
+    "TRACEPARENT_TAG",
+    "client_span",
+    "current_traceparent",
+    "step_span",
+    "task_span",
+]
 
 
 @functools.cache
@@ -81,6 +96,16 @@ def _traceparent() -> str | None:
     carrier: dict[str, str] = {}
     TraceContextTextMapPropagator().inject(carrier)
     return carrier.get("traceparent")
+
+
+def current_traceparent() -> str | None:
+    """The W3C traceparent of the caller's current span, to send with a call; None
+    when no span records (then nothing is sent, and this cost one check). A process
+    that never imported OpenTelemetry has no span: then it is not imported here
+    either (a CLI call pays no import for it)."""
+    if "opentelemetry.trace" not in sys.modules or _recording() is None:
+        return None
+    return _traceparent()
 
 
 @contextlib.contextmanager

@@ -58,6 +58,7 @@ from troth._grpc_args import (
     client_keepalive,
 )
 from troth._mux import CallStream, MultiplexedStub
+from troth._tracing import TRACEPARENT_METADATA, current_traceparent
 from troth.errors import (
     ERROR_DOMAIN,
     AlreadyExistsError,
@@ -320,6 +321,20 @@ class Transport:
         return True
 
     @property
+    def token_label(self) -> str | None:
+        """Where the token comes from (never the token): None when no token is sent."""
+        return None if self._token is None else self._token.label
+
+    @property
+    def token_renewable(self) -> bool:
+        """Whether the token source may give another token later (a callable, a file)."""
+        return self._token is not None and self._token.renewable
+
+    def error(self, exc: grpc.RpcError) -> RpcError:
+        """`exc` as the `troth.errors` exception a call would have raised."""
+        return _to_troth_error(exc, self.address, self.tls)
+
+    @property
     def channel(self) -> grpc.Channel:
         """The gRPC channel itself."""
         return self._channel
@@ -355,8 +370,11 @@ class Transport:
         """`metadata` (or `base`, taken from it) plus the call's timeout
         (`troth-timeout-ms`), from which the server tells how long the call waited before
         it could start it, and sheds load before calls wait too long (RESOURCE_EXHAUSTED,
-        reason OVERLOADED)."""
+        reason OVERLOADED); and the caller's span (`traceparent`), when it traces."""
         metadata = self.metadata if base is None else base
+        traceparent = current_traceparent()
+        if traceparent is not None:  # the server's span of this call continues the caller's
+            metadata = (*metadata, (TRACEPARENT_METADATA, traceparent))
         if timeout is None:
             return metadata
         return (*metadata, (TIMEOUT_METADATA_KEY, str(max(1, round(timeout * 1000)))))

@@ -58,7 +58,12 @@ refusing the credential (`UNAUTHENTICATED`: revoked, expired; `PERMISSION_DENIED
 a narrowed grant) reopens at once if the client's token source now gives another
 token, and the leases go on, heartbeated with it; with the same token it is a
 refusal like any other: logged as an ERROR, and tried again slowly (a token
-renewed later is picked up by the next try).
+renewed later is picked up by the next try). A credential that will never work
+(none sent; a fixed token refused; a source's token unknown before the worker
+ever connected: `troth._poll_health`) stops the polling instead, with one ERROR
+line saying what to do; `run()` raises it (`failure`), and `troth worker` exits 1.
+After a stream is lost, the worker logs at INFO when one is taken again, and
+after how long.
 
 Stopping. `stop()` lets every running task reach its next step boundary (a
 step function already running finishes and its result is recorded), for at
@@ -108,8 +113,9 @@ from troth._calls import Connection
 from troth._convert import timedelta_to_proto
 from troth._foreground import Interrupts, exit_now, show_logs
 from troth._leases import Held, Leases
+from troth._poll_health import PollHealth
 from troth._runner import Runner, describe_version
-from troth._tasks import PollCall, TaskCalls
+from troth._tasks import PollCall, TaskCalls, poll_taken
 from troth._transport import as_call, overload_delay
 from troth._versions import Registry, WorkflowRegistration
 from troth.client import connection
@@ -118,6 +124,7 @@ from troth.v1 import tasks_pb2
 if TYPE_CHECKING:
     from troth._engine import Workflow
     from troth.client import Client
+    from troth.errors import RpcError
 
 __all__ = ["Worker"]
 
@@ -222,6 +229,10 @@ class Worker:
             abandon=self._abandon,
         )
         self._poll_call: PollCall | None = None
+        self._health = PollHealth(self.worker_id, group)
+        self.failure: RpcError | None = None
+        """What stopped the worker's polling for good (a credential refused that will
+        never work: see `troth._poll_health`), which `run()` raises; None while it polls."""
         self._hurry: Callable[[], bool] = lambda: False
         """True once `stop()` must not wait for running steps (`run`: a second signal)."""
         self._pool: ThreadPoolExecutor | None = None
@@ -420,7 +431,9 @@ class Worker:
             interrupts.watch()
             try:
                 self.start()
-                while not interrupts.count and not self._stopping.wait(0.1):
+                while (
+                    not interrupts.count and self.failure is None and not self._stopping.wait(0.1)
+                ):
                     pass
                 if interrupts.count:
                     interrupts.say_stopping([h.root_id for h in self._leases.held()], self._grace)
@@ -430,6 +443,8 @@ class Worker:
             busy = self._running
         if interrupts.now and busy:
             exit_now()  # a step function is still running on a pool thread: do not wait for it
+        if self.failure is not None:
+            raise self.failure
 
     def __enter__(self) -> Self:
         self.start()
@@ -476,9 +491,12 @@ class Worker:
             asked: float | None = None  # the server's RetryInfo delay, when it refused
             renewed = False  # refused with an old token; the client has a new one
             try:
+                if poll_taken(call):
+                    self._health.taken()
                 for response in call:
                     if not received:
                         received, failures = True, 0
+                        self._health.taken()
                     self._accept(response)
                     for more in response.more:  # delivered in the same message
                         self._accept(more)
@@ -488,6 +506,10 @@ class Worker:
                 why = f"{rpc.code().name}: {rpc.details()}" if rpc is not None else f"{exc!r}"
                 asked = overload_delay(rpc) if rpc is not None else None
                 renewed = self._calls.transport.renewed(exc, sent, stream=True)
+                if not renewed:  # refused for good: one ERROR line, and `run()` raises it
+                    self.failure = self._health.refused_for_good(exc, self._calls.transport)
+                    if self.failure is not None:
+                        return
             except Exception:
                 _log.exception("worker %s: error reading the task stream", self.worker_id)
                 why = "an error in the worker"
@@ -498,6 +520,7 @@ class Worker:
                         self._poll_call = None
             if self._stopping.is_set():
                 return
+            self._health.lost()
             # Leases outlive the stream: a server that died could not end them
             # (and its replicas still honour them); one that stayed up gave the
             # tasks back to the group. A heartbeat now, through whichever

@@ -28,6 +28,7 @@ from troth._grpc_args import (
 from troth.errors import ConfigurationError
 from troth.v1 import promises_pb2, tasks_pb2
 from troth_server import _logging
+from troth_server import _tracing as tracing
 from troth_server._tls import TlsError, TlsMode, TlsServerFiles, load_server_tls
 from troth_server.api import _audit as audit
 from troth_server.api._admission import Admission, OverloadReport, backlog_options
@@ -424,6 +425,13 @@ def serve(argv: list[str]) -> int:
             return 2
     if settings.no_auth:
         _warn_no_auth(settings)
+    try:
+        exporting = tracing.configure_exporter(settings.otlp_endpoint)
+    except tracing.TracingUnavailable as exc:
+        print(f"troth serve: error: {exc}", file=sys.stderr)
+        return 2
+    if exporting is not None:
+        log.info("server.tracing", exporter=exporting)
     try:
         code = asyncio.run(_serve_aio(settings))
         # Stopped cleanly: a repeated SIGTERM or Ctrl-C must not turn the exit into

@@ -129,6 +129,9 @@ class Settings:
     console_listen: str | None = None
     """HOST:PORT to serve the web console on from this process (`troth_server.console`,
     a client of this server's gRPC port on loopback); None: off."""
+    otlp_endpoint: str | None = None
+    """Where to export spans over OTLP/gRPC (`troth_server._tracing`); None: as
+    OpenTelemetry's own `OTEL_EXPORTER_OTLP_ENDPOINT` / `OTEL_TRACES_EXPORTER` say."""
     keepalive_min_ping_interval_ms: int = PERMITTED_PING_INTERVAL_MS
     """The shortest interval between a client's pings that earns no strike (gRPC's
     ping-strike window; the third strike ends the connection, `too_many_pings`).
@@ -260,6 +263,15 @@ _OPTIONS: dict[str, tuple[str, type | None, str]] = {
         "serve the web console over HTTP on HOST:PORT from this process (it calls this "
         "server's gRPC port on loopback; each person signs in with their own token); needs "
         f"{CONSOLE_INSTALL}; unset: no console",
+    ),
+    "otlp-endpoint": (
+        "otlp_endpoint",
+        str,
+        "export spans of each RPC and commit over OTLP/gRPC to this URL, e.g. "
+        "http://127.0.0.1:4317 (needs pip install './server[otel]'); unset: "
+        "OTEL_EXPORTER_OTLP_ENDPOINT "
+        "and OTEL_TRACES_EXPORTER (otlp, console, none) decide, and by default nothing is "
+        "exported",
     ),
     "keepalive-min-ping-interval": (
         "keepalive_min_ping_interval_ms",

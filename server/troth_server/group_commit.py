@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, cast
 import structlog
 
 from troth.errors import Reason
+from troth_server import _tracing as tracing
 from troth_server.batch import (
     Batch,
     Keys,
@@ -50,6 +51,8 @@ from troth_server.store import Store, StoreError, StoreUnavailable, WriteTx
 
 if TYPE_CHECKING:
     from collections.abc import Callable
+
+    from opentelemetry.trace import Span, SpanContext
 
     from troth_server.domain.promise import Promise
 
@@ -78,12 +81,14 @@ class WriteOp(Protocol[R_co]):
 class _Item(Generic[R]):
     """One queued request, answered from the writer thread by `answer`."""
 
-    __slots__ = ("ok", "op", "value")
+    __slots__ = ("ok", "op", "span", "value")
 
     def __init__(self, op: WriteOp[R]) -> None:
         self.op = op
         self.ok = False
         self.value: Any = None
+        self.span: SpanContext | None = None
+        """The span of the RPC that queued it, when tracing: its commit's span links to it."""
 
     def answer(self, ok: bool, value: Any) -> None:
         self.ok, self.value = ok, value
@@ -235,6 +240,8 @@ class GroupCommitter:
                     drain_estimate_ms(waiting, self._max_batch, self._commit_ms),
                 )
         item = _AsyncItem(op, loop)
+        if tracing.tracer() is not None:
+            item.span = tracing.current_span_context()
         if group is None:
             group = self._loop_groups[loop] = []
             # Runs after every callback already ready in this loop iteration.
@@ -309,9 +316,12 @@ class GroupCommitter:
             return _fold(tx, items, self._transaction_time(tx), self._lessor, reserved)
 
         started = time.perf_counter()
+        span = self._commit_span(items)
         try:
             outcomes, changes, pending_groups, leases = self._store.write(work)
         except StoreError as exc:
+            if span is not None:
+                tracing.end_failed(span, exc)
             self._unreserve(reserved)
             if isinstance(exc, StoreUnavailable) and self._on_store_error is not None:
                 self._on_store_error()
@@ -326,6 +336,8 @@ class GroupCommitter:
             _wake_loops(items)
             return
         except BaseException as exc:  # a bug in the fold: answer, never hang a request
+            if span is not None:
+                tracing.end_failed(span, exc)
             self._unreserve(reserved)
             log.exception("group_commit.batch_crashed")
             for item in items:
@@ -335,6 +347,8 @@ class GroupCommitter:
         if len(reserved) > len(leases):  # the store retried: earlier folds' slots
             kept = {lease.task.id for lease in leases}
             self._unreserve([r for r in reserved if r[1] not in kept])
+        if span is not None:
+            span.end()
         self.stats.commits += 1
         self.stats.requests += len(items)
         self.stats.largest_batch = max(self.stats.largest_batch, len(items))
@@ -349,6 +363,14 @@ class GroupCommitter:
             self._on_commit(changes)
         if pending_groups and self._on_pending_tasks is not None:
             self._on_pending_tasks(pending_groups)
+
+    @staticmethod
+    def _commit_span(items: list[_Item[Any]]) -> Span | None:
+        """The span of this commit, when it carries the write of at least one traced
+        RPC (linked to each): the server's own writes (sweeps, expiries) make none."""
+        carried = [item.span for item in items if item.span is not None]
+        tracer = tracing.tracer() if carried else None
+        return None if tracer is None else tracing.commit_span(tracer, len(items), carried)
 
     def _unreserve(self, reserved: list[tuple[Lessee, str]]) -> None:
         if reserved and self._lessor is not None:

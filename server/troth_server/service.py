@@ -29,7 +29,7 @@ from troth_server.domain import approvers as policies
 from troth_server.domain import promise as domain
 from troth_server.domain import settle_tokens, steps
 from troth_server.domain.access import LOCAL_DEVELOPER
-from troth_server.domain.errors import PromiseNotFound
+from troth_server.domain.errors import PromiseNotFound, SettleTargetNotFound
 from troth_server.domain.promise import PromiseState, SettleRequest
 from troth_server.guard import SettleGuard
 from troth_server.store import (
@@ -582,7 +582,7 @@ class PromiseService:
         if found is None:
             if request.create_if_missing:
                 steps.check_worker_early(caller, request.id)
-            raise PromiseNotFound(request.id)
+            raise SettleTargetNotFound(request.id)
         self.check_reach(found, caller, "settle")
 
     def watch(self, promise_id: str) -> PromiseWatch:

@@ -66,6 +66,20 @@ def test_troth_principal_is_ignored_with_auth_on(setup: dict[str, Any]) -> None:
     assert got.promise.settled_by == "gateway-1"
 
 
+def test_a_call_without_a_token_is_told_how_to_send_one(setup: dict[str, Any]) -> None:
+    # Issue 28: the refusal spoke of gRPC metadata only; it names what to do from the
+    # CLI, a worker and Python first, and the metadata for grpcurl users.
+    stub = promises_pb2_grpc.PromiseServiceStub(setup["channel"])
+    with pytest.raises(grpc.RpcError) as refused:
+        stub.GetPromise(promises_pb2.GetPromiseRequest(id="who-1"), timeout=10)
+    assert refused.value.code() is grpc.StatusCode.UNAUTHENTICATED  # type: ignore[attr-defined]
+    message = refused.value.details()  # type: ignore[attr-defined]
+    SEEN_MESSAGES.append(message)
+    for what_to_do in ("--token-file PATH", "TROTH_TOKEN_FILE", "Client(token=",
+                       "authorization: Bearer <token>"):  # fmt: skip
+        assert what_to_do in message, message
+
+
 def test_a_repeated_token_is_answered_from_the_cache(setup: dict[str, Any]) -> None:
     stub = promises_pb2_grpc.PromiseServiceStub(setup["channel"])
     metadata = bearer(setup["tokens"]["operator-1"])

@@ -262,12 +262,12 @@ def test_strict_repeat_must_ask_for_the_same_state(
 
 
 def test_settle_missing_and_invalid(stub: promises_pb2_grpc.PromiseServiceStub) -> None:
-    fails(
-        stub.ResolvePromise,
-        pb.ResolvePromiseRequest(id=uid()),
-        grpc.StatusCode.NOT_FOUND,
-        "NOT_FOUND",
-    )
+    for settle, request in ((stub.ResolvePromise, pb.ResolvePromiseRequest(id=uid())),
+                            (stub.RejectPromise, pb.RejectPromiseRequest(id=uid()))):  # fmt: skip
+        unknown = fails(settle, request, grpc.StatusCode.NOT_FOUND, "NOT_FOUND")
+        # It says how to settle before the wait exists (issue 28).
+        assert "create_if_missing" in unknown.details(), unknown.details()
+        assert "--create-if-missing" in unknown.details(), unknown.details()
     pid = uid()
     stub.CreatePromise(pb.CreatePromiseRequest(id=pid))
     error = fails(

@@ -17,7 +17,7 @@ import grpc
 import pytest
 from _support import PollStream, ServerProcess, error_info, eventually
 
-from troth import Client, Context, TaskKind, TaskState, Worker, WorkerInfo
+from troth import Client, Context, TaskKind, TaskState, Worker, WorkerInfo, _leases
 from troth._cli import main
 from troth.errors import Reason
 from troth.v1 import promises_pb2 as pb
@@ -113,6 +113,28 @@ def test_a_heartbeat_moves_the_last_heartbeat(
         return after is not None and after > before
 
     eventually(beat_seen, what="the heartbeat in the listing")
+
+
+def test_an_idle_worker_keeps_its_last_heartbeat_fresh(
+    client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Issue 28: an idle worker held nothing, so it made no heartbeat, and its "last
+    # heartbeat" grew to minutes as if it were stalled. Now it heartbeats holding
+    # nothing too, every `IDLE_BEAT_S` (10 s; 1 s here): its own calls, as liveness is.
+    monkeypatch.setattr(_leases, "IDLE_BEAT_S", 1.0)
+    idle = Worker(client, group="wl-idle", worker_id="idle-worker", lease=timedelta(seconds=1.5))
+    idle.workflow(wait_forever)
+    with idle:
+        eventually(lambda: "idle-worker" in by_id(client.list_workers("wl-idle")),
+                   what="the idle worker to connect")  # fmt: skip
+        connected = by_id(client.list_workers("wl-idle"))["idle-worker"].connect_time
+        assert connected is not None
+        time.sleep(5.0)  # holding nothing all along
+        seen = by_id(client.list_workers("wl-idle"))["idle-worker"]
+        assert seen.task_ids == ()
+        assert seen.last_heartbeat_time is not None
+        assert seen.last_heartbeat_time - connected >= timedelta(seconds=3), (connected, seen)
+        assert datetime.now(UTC) - seen.last_heartbeat_time < timedelta(seconds=3), seen
 
 
 def test_pages_follow_the_order_and_the_token_keeps_its_group(

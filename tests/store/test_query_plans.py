@@ -29,11 +29,9 @@ PostgreSQL `Seq Scan on ...`) fails the test, unless the statement is in
 
 from __future__ import annotations
 
-import asyncio
 import os
 import re
 import sqlite3
-import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -47,19 +45,13 @@ import grpc
 import grpc.aio
 import psycopg
 import pytest
+from _in_process import in_process_server
 from _pg import fresh_schema
 from _support import PollStream
-from grpc_health.v1 import health, health_pb2_grpc
 from sqlalchemy import Engine, event
 
 from troth import Client, Context, PromiseRejectedError, PromiseState, Worker
 from troth.v1 import promises_pb2, promises_pb2_grpc, tasks_pb2, tasks_pb2_grpc, types_pb2
-from troth_server.api._admission import Admission
-from troth_server.api._door import Door, DoorInterceptor
-from troth_server.api._metrics import MetricsInterceptor
-from troth_server.app import Core, grpc_options, servicers
-from troth_server.config import settings_from
-from troth_server.metrics import Metrics
 from troth_server.store._reads import PromiseReads
 
 if TYPE_CHECKING:
@@ -182,69 +174,6 @@ ALLOWED_SCANS = [
         "an id prefix, the deadline order) are planned like every other statement.",
     ),
 ]
-
-
-# -- an in-process server -------------------------------------------------------------
-
-
-@contextmanager
-def in_process_server(db_url: str, *flags: str) -> Iterator[tuple[str, int]]:
-    """The server's `Core` and servicers on an event loop of their own, with metrics;
-    yields its address and its metrics port."""
-    settings = settings_from(
-        [
-            "--db",
-            db_url,
-            "--listen",
-            "127.0.0.1:0",
-            "--migrate",
-            "--no-auth",
-            "--sweep-interval",
-            "100ms",
-            "--metrics-listen",
-            "127.0.0.1:0",
-            *flags,
-        ]
-    )
-    started: dict[str, Any] = {}
-    ready = threading.Event()
-    loop = asyncio.new_event_loop()
-
-    async def serve() -> None:
-        metrics = Metrics()
-        core = Core(settings, metrics=metrics)
-        # Authentication off, as `--no-auth` has it: every caller is the local developer.
-        admission = Admission.with_limits(settings.max_concurrent_rpcs, settings.max_streams)
-        door = Door(None, admission)
-        server = grpc.aio.server(
-            options=grpc_options(settings),
-            interceptors=[MetricsInterceptor(metrics), DoorInterceptor(door)],
-        )
-        promises, tasks = servicers(core, settings.limits, door)
-        promises_pb2_grpc.add_PromiseServiceServicer_to_server(promises, server)
-        tasks_pb2_grpc.add_TaskServiceServicer_to_server(tasks, server)
-        health_pb2_grpc.add_HealthServicer_to_server(health.aio.HealthServicer(), server)
-        port = server.add_insecure_port("127.0.0.1:0")
-        core.start()
-        await server.start()
-        stop = asyncio.Event()
-        started.update(port=port, stop=stop, metrics_port=metrics.port)
-        ready.set()
-        await stop.wait()
-        core.service.stop_watches()
-        core.dispatcher.end_streams()
-        await server.stop(1)
-        await asyncio.to_thread(core.stop)
-
-    thread = threading.Thread(target=lambda: loop.run_until_complete(serve()), daemon=True)
-    thread.start()
-    assert ready.wait(30), "the in-process server did not start"
-    try:
-        yield f"127.0.0.1:{started['port']}", started["metrics_port"]
-    finally:
-        loop.call_soon_threadsafe(started["stop"].set)
-        thread.join(30)
-        loop.close()
 
 
 @dataclass(frozen=True)

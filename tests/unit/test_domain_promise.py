@@ -408,4 +408,10 @@ def test_already_exists_messages_say_why() -> None:
 def test_not_found_message() -> None:
     with pytest.raises(PromiseNotFound) as caught:
         domain.settle(None, SettleRequest("nope", PromiseState.RESOLVED, Payload()), T0)
+    # A settle of an unknown id may have come before the wait: the message says how.
+    assert caught.value.message.startswith("promise 'nope' does not exist; check the id")
+    assert "create_if_missing" in caught.value.message
+    cancel = SettleRequest("nope", PromiseState.REJECTED_CANCELED, Payload())
+    with pytest.raises(PromiseNotFound) as caught:
+        domain.settle(None, cancel, T0)
     assert caught.value.message == "promise 'nope' does not exist; create it first or check the id"

@@ -30,6 +30,7 @@ from typing import IO, TYPE_CHECKING, Any
 from troth._cli.args import add_leaf
 from troth._foreground import LOG_FORMAT
 from troth._modules import UsageError, add_import_paths, import_module, split_spec
+from troth.errors import TrothError
 from troth.worker import Worker
 
 if TYPE_CHECKING:
@@ -91,7 +92,12 @@ def _cmd_worker(client: Client, args: argparse.Namespace, out: IO[str]) -> int:
     logging.basicConfig(
         level=getattr(logging, args.log_level.upper()), stream=sys.stderr, format=LOG_FORMAT
     )
-    worker.run()
+    try:
+        worker.run()
+    except TrothError as exc:
+        if exc is not worker.failure:
+            raise
+        return 1  # refused for good: the worker's ERROR line said why and what to do
     return 0
 
 

@@ -34,16 +34,18 @@ TASK_STATE_CLAIMED: TaskState
 TASK_STATE_COMPLETED: TaskState
 
 class CallsRequest(_message.Message):
-    __slots__ = ("id", "method", "request", "more")
+    __slots__ = ("id", "method", "request", "more", "traceparent")
     ID_FIELD_NUMBER: _ClassVar[int]
     METHOD_FIELD_NUMBER: _ClassVar[int]
     REQUEST_FIELD_NUMBER: _ClassVar[int]
     MORE_FIELD_NUMBER: _ClassVar[int]
+    TRACEPARENT_FIELD_NUMBER: _ClassVar[int]
     id: int
     method: str
     request: bytes
     more: _containers.RepeatedCompositeFieldContainer[CallsRequest]
-    def __init__(self, id: _Optional[int] = ..., method: _Optional[str] = ..., request: _Optional[bytes] = ..., more: _Optional[_Iterable[_Union[CallsRequest, _Mapping]]] = ...) -> None: ...
+    traceparent: str
+    def __init__(self, id: _Optional[int] = ..., method: _Optional[str] = ..., request: _Optional[bytes] = ..., more: _Optional[_Iterable[_Union[CallsRequest, _Mapping]]] = ..., traceparent: _Optional[str] = ...) -> None: ...
 
 class CallsResponse(_message.Message):
     __slots__ = ("id", "code", "response", "message", "status_details", "more")

@@ -25,6 +25,7 @@ answers batched to a worker that says so in its stream's metadata
 from __future__ import annotations
 
 import asyncio
+import copy
 import functools
 import time
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ import structlog
 from google.protobuf import message_factory
 
 from troth.v1 import tasks_pb2
+from troth_server._tracing import TRACEPARENT_METADATA
 from troth_server.api._admission import LONG_POLLS
 from troth_server.api._auth import set_caller
 from troth_server.api._batches import batched
@@ -108,6 +110,13 @@ class _CallContext:
 
     def invocation_metadata(self) -> Any:
         return self._metadata
+
+    def traced(self, traceparent: str) -> _CallContext:
+        """This context for one call that carries its caller's span (`CallsRequest.
+        traceparent`): its metadata has it, as a unary call's would."""
+        twin = copy.copy(self)
+        twin._metadata = (*self._metadata, (TRACEPARENT_METADATA, traceparent))
+        return twin
 
     def peer(self) -> str:
         return self._stream.peer()
@@ -280,6 +289,8 @@ class CallMux:
         except AuthError as refused:
             return _refusal(message.id, refused)
         set_caller(principal)
+        if message.traceparent:  # the caller traces: the call's span continues its span
+            context = context.traced(message.traceparent)
         try:
             response = await method.handler(request, context)
             if held is not None and message.method in LONG_POLLS:

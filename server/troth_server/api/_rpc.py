@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 import structlog
 
 from troth.errors import Reason
+from troth_server import _tracing as tracing
 from troth_server.api._decode import Refused
 from troth_server.api._status import status_for
 from troth_server.domain.errors import DomainError, Overloaded
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
 
     import grpc
     import grpc.aio
+    from opentelemetry.trace import Tracer
 
     AioContext: TypeAlias = grpc.aio.ServicerContext[Any, Any]
 
@@ -79,6 +81,9 @@ def aio_unary(
         @functools.wraps(fn)
         async def handler(self: S, request: Req, context: AioContext) -> Resp:
             started = time.perf_counter()
+            tracer = tracing.tracer()
+            if tracer is not None:
+                return await _traced(tracer, method, fn, self, request, context)
             try:
                 _refuse(request)
                 response = await fn(self, request, context)
@@ -97,6 +102,37 @@ def aio_unary(
     return decorate
 
 
+async def _traced(
+    tracer: Tracer,
+    method: str,
+    fn: Callable[[S, Req, AioContext], Awaitable[Resp]],
+    servicer: S,
+    request: Req,
+    context: AioContext,
+) -> Resp:
+    """`aio_unary`'s handler inside the RPC's span (`troth_server._tracing`)."""
+    started = time.perf_counter()
+    span = tracing.RpcSpan(tracer, method, request, context)
+    code = "CANCELLED"  # unless it ends otherwise
+    try:
+        _refuse(request)
+        response = await fn(servicer, request, context)
+        code = "OK"
+    except Overloaded:
+        code = "RESOURCE_EXHAUSTED"
+        raise
+    except Exception as exc:
+        status = _finish(method, request, started, exc)
+        assert status is not None
+        code = status.code.name
+        await context.abort(status.code, status.details, status.trailing_metadata)
+        raise
+    finally:
+        span.end(code)
+    _finish(method, request, started, None)
+    return response
+
+
 def aio_server_stream(
     method: str,
 ) -> Callable[
@@ -110,6 +146,9 @@ def aio_server_stream(
         async def handler(self: S, request: Req, context: AioContext) -> AsyncIterator[Resp]:
             started = time.perf_counter()
             sent = 0
+            tracer = tracing.tracer()
+            if tracer is not None:
+                tracing.stream_opened(tracer, method, request, context)
             try:
                 _refuse(request)
                 async for response in fn(self, request, context):

@@ -20,6 +20,7 @@ from troth_server.domain.errors import (
     PromiseAlreadySettled,
     PromiseNotFound,
     PromiseTimedOut,
+    SettleTargetNotFound,
     ValueNotChecked,
 )
 from troth_server.domain.settle_tokens import (
@@ -64,6 +65,7 @@ STATUS_CODES: dict[type[Exception], grpc.StatusCode] = {
     InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
     InvalidPageToken: grpc.StatusCode.INVALID_ARGUMENT,
     PromiseNotFound: grpc.StatusCode.NOT_FOUND,
+    SettleTargetNotFound: grpc.StatusCode.NOT_FOUND,
     NotAWorkflow: grpc.StatusCode.FAILED_PRECONDITION,
     PromiseAlreadyExists: grpc.StatusCode.ALREADY_EXISTS,
     WorkflowAlreadyExists: grpc.StatusCode.ALREADY_EXISTS,

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 from troth.client import WATCH_READY_METADATA
 from troth.v1 import promises_pb2, promises_pb2_grpc, types_pb2
+from troth_server import _tracing as tracing
 from troth_server.api import _audit as audit
 from troth_server.api import _convert as convert
 from troth_server.api._auth import caller, caller_name, require_inside
@@ -118,6 +119,8 @@ class _Handlers:
             raise
         if applied:
             audit.settled(rpc, promise, caller, settle.token, context)
+        if tracing.tracer() is not None:
+            await self._link_workflow(promise)
         answer = response(
             promise=self._one(promise, caller, settle.idempotency_key), applied=applied
         )
@@ -133,6 +136,17 @@ class _Handlers:
             waiting = await asyncio.to_thread(self.workflow_waiting, promise.parent_id)
             answer.workflow_waiting = waiting
         return answer
+
+    async def _link_workflow(self, promise: Promise) -> None:
+        """The settle's span joins the workflow's trace (a link to the context its
+        start recorded on the root): one point read of the root, only when tracing."""
+        root = None
+        if promise.root_id is not None:
+            try:
+                root = await self._service.get_async(promise.root_id)
+            except DomainError:  # pruned meanwhile: nothing to link to
+                root = None
+        tracing.annotate_settle(promise, root)
 
     def _mint(
         self, request: promises_pb2.MintSettleTokenRequest, caller: Principal

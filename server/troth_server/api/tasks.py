@@ -27,6 +27,8 @@ from troth_server.domain.task import MAX_ERROR_CHARS, MAX_TRACEBACK_CHARS, TaskS
 log = structlog.get_logger("troth.tasks")
 
 POLL_BATCH_METADATA = ("troth-poll-batch", "1")
+POLL_OPEN_METADATA = ("troth-poll-open", "1")
+"""The initial metadata of a Poll stream the server took (the SDK's `troth._tasks`)."""
 """Sent by a worker that reads tasks batched in `PollResponse.more`."""
 
 POLL_BATCH_BYTES = 1 << 20
@@ -315,6 +317,9 @@ class TaskServiceServicer(_Handlers, tasks_pb2_grpc.TaskServiceServicer):
         batching = POLL_BATCH_METADATA in tuple(context.invocation_metadata() or ())
         self._dispatcher.connect(stream)
         try:
+            # The worker learns at once that its stream is taken (counted, its
+            # credential accepted), not at its first task: what it logs as connected.
+            await context.send_initial_metadata((POLL_OPEN_METADATA,))
             while True:
                 delivery = await stream.next_async()
                 if delivery is None:

@@ -58,8 +58,11 @@ def bearer_token(header: str | None) -> str:
     if header is None:
         raise Unauthenticated(
             Reason.CREDENTIALS_MISSING,
-            "this server requires authentication: send `authorization: Bearer <token>` "
-            "metadata (a token from the server's token file, or a JWT)",
+            "this server requires authentication and the call carried no token: give the "
+            "client one (the CLI and `troth worker`: --token-file PATH or TROTH_TOKEN_FILE; "
+            "Python: Client(token=...) or Client(token_file=...)); grpcurl and other gRPC "
+            "clients send the metadata `authorization: Bearer <token>`. A token comes from "
+            "`troth tokens new` (the server's token file), or is a JWT",
         )
     if not header[: len(BEARER)].lower() == BEARER or len(header) > _MAX_TOKEN:
         raise Unauthenticated(

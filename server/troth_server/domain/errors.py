@@ -63,12 +63,26 @@ class InvalidPageToken(InvalidArgument):
 class PromiseNotFound(DomainError):
     reason = Reason.NOT_FOUND
 
-    def __init__(self, promise_id: str) -> None:
+    def __init__(self, promise_id: str, message: str | None = None) -> None:
         super().__init__(
-            f"promise {promise_id!r} does not exist; create it first or check the id",
+            message or f"promise {promise_id!r} does not exist; create it first or check the id",
             promise_id=promise_id,
         )
         self.promise_id = promise_id
+
+
+class SettleTargetNotFound(PromiseNotFound):
+    """A resolve or reject of an id no promise has: it may be a settle that came before
+    the wait was created, which `create_if_missing` is for."""
+
+    def __init__(self, promise_id: str) -> None:
+        super().__init__(
+            promise_id,
+            f"promise {promise_id!r} does not exist; check the id, or, to settle it before "
+            "it is created, send create_if_missing (Client.resolve/reject(..., "
+            "create_if_missing=True), `troth promises resolve/reject ID --create-if-missing`): "
+            "the first create of that id then finds it settled",
+        )
 
 
 class NotAWorkflow(DomainError):

@@ -31,6 +31,7 @@ from troth_server.domain.errors import (
     PromiseAlreadySettled,
     PromiseNotFound,
     PromiseTimedOut,
+    SettleTargetNotFound,
     ValueNotChecked,
 )
 
@@ -314,7 +315,9 @@ def settle(existing: Promise | None, request: SettleRequest, now: int) -> tuple[
     """
     if existing is None:
         if not request.create_if_missing:
-            raise PromiseNotFound(request.id)
+            if request.state is PromiseState.REJECTED_CANCELED:
+                raise PromiseNotFound(request.id)  # (create_if_missing is not for a cancel)
+            raise SettleTargetNotFound(request.id)
         if request.state is PromiseState.REJECTED_CANCELED:
             raise InvalidArgument(
                 "create_if_missing", "applies to resolve and reject only, not to cancel"
