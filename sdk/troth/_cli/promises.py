@@ -41,7 +41,6 @@ from troth._cli.output import (
     write_json,
 )
 from troth._promise import PromiseState
-from troth.errors import NotFoundError
 
 if TYPE_CHECKING:
     from datetime import timedelta
@@ -211,21 +210,15 @@ def _settle_command(action: str) -> Handler:
             )
         else:
             settle = client.resolve if action == "resolve" else client.reject
-            try:
-                result = settle(
-                    args.id,
-                    args.value,
-                    idempotency_key=args.idempotency_key,
-                    strict=args.strict,
-                    create_if_missing=args.create_if_missing,
-                )
-            except NotFoundError as exc:
-                exc.add_note(
-                    f"troth: to {action} {args.id} before anything creates it (a decision "
-                    "that arrives before the workflow waits for it), pass --create-if-missing "
-                    "(create_if_missing=True in the SDK)"
-                )
-                raise
+            # An unknown id's NOT_FOUND names --create-if-missing itself (the server's
+            # words, the same for every client).
+            result = settle(
+                args.id,
+                args.value,
+                idempotency_key=args.idempotency_key,
+                strict=args.strict,
+                create_if_missing=args.create_if_missing,
+            )
         emit_result(result, args.json, out)
         return 0
 
