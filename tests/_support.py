@@ -30,6 +30,8 @@ from troth.v1 import promises_pb2, promises_pb2_grpc, tasks_pb2, tasks_pb2_grpc,
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator, Sequence
 
+    import pytest
+
 
 @dataclass(frozen=True)
 class ServerTls:
@@ -278,3 +280,16 @@ class PollStream:
 
     def cancel(self) -> None:
         self._call.cancel()
+
+
+def run_cli(
+    server: ServerProcess, capsys: pytest.CaptureFixture[str], *argv: str
+) -> tuple[int, str, str]:
+    """Run the `troth` command in this process against `server`: its exit status,
+    stdout and stderr (one home for the CLI tests that read both)."""
+    from troth._cli import main  # the CLI is a wing of its own: imported when used
+
+    capsys.readouterr()
+    code = main(["--server", server.address, *argv])
+    out, err = capsys.readouterr()
+    return code, out, err

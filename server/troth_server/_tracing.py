@@ -24,7 +24,6 @@ every caller takes its untraced path (one check per RPC, none per commit).
 from __future__ import annotations
 
 import functools
-import importlib
 import os
 import time
 from typing import TYPE_CHECKING, Any
@@ -218,15 +217,17 @@ def configure_exporter(endpoint: str | None) -> str | None:
     if exporter_name == "console":
         exporter, where = ConsoleSpanExporter(), "stdout"
     elif exporter_name == "otlp":
-        try:  # an optional package (`./server[otel]`), imported by name
-            otlp = importlib.import_module("opentelemetry.exporter.otlp.proto.grpc.trace_exporter")
+        try:  # an optional package (`./server[otel]`)
+            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (  # type: ignore[import-not-found,unused-ignore]
+                OTLPSpanExporter,
+            )
         except ImportError as exc:
             raise TracingUnavailable(
                 "exporting spans over OTLP needs its exporter: "
                 "pip install './server[otel]' "
                 "(opentelemetry-exporter-otlp-proto-grpc; in a troth checkout)"
             ) from exc
-        exporter = otlp.OTLPSpanExporter(endpoint=endpoint) if endpoint else otlp.OTLPSpanExporter()
+        exporter = OTLPSpanExporter(endpoint=endpoint) if endpoint else OTLPSpanExporter()
         where = endpoint or "the OTLP default (localhost:4317)"
     else:
         raise TracingUnavailable(

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 from _support import ServerProcess, reaped, start_server
+from _support import run_cli as troth
 
 from troth import Client, PromiseState
-from troth._cli import main
 
 KIND = {"troth:kind": "promise"}
 TROTH = str(Path(sys.executable).parent / "troth")
@@ -35,16 +35,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
 def client(server: ServerProcess) -> Iterator[Client]:
     with Client(server.address) as c:
         yield c
-
-
-def troth(
-    server: ServerProcess, capsys: pytest.CaptureFixture[str], *argv: str
-) -> tuple[int, str, str]:
-    """Run the CLI in-process; its exit status, stdout and stderr."""
-    capsys.readouterr()
-    code = main(["--server", server.address, *argv])
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def group() -> str:

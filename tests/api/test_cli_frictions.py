@@ -8,9 +8,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 from _auth import Grant, write_token_file
+from _support import run_cli as troth
 from _support import start_server
-
-from troth._cli import main
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -35,15 +34,6 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerPr
 def no_token_in_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("TROTH_TOKEN", "TROTH_TOKEN_FILE"):
         monkeypatch.delenv(name, raising=False)
-
-
-def troth(
-    server: ServerProcess, capsys: pytest.CaptureFixture[str], *argv: str
-) -> tuple[int, str, str]:
-    capsys.readouterr()
-    code = main(["--server", server.address, *argv])
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_without_a_token_the_cli_says_how_to_give_one(

@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING
 
 import pytest
 from _support import PollStream, ServerProcess
+from _support import run_cli as troth
 
 from troth import Client, PromiseState
-from troth._cli import main
 from troth.v1 import promises_pb2, promises_pb2_grpc, tasks_pb2, tasks_pb2_grpc, types_pb2
 
 if TYPE_CHECKING:
@@ -43,16 +43,6 @@ def tasks(channel: grpc.Channel) -> tasks_pb2_grpc.TaskServiceStub:
 
 def wid() -> str:
     return f"wf-{uuid.uuid4().hex[:8]}"
-
-
-def troth(
-    server: ServerProcess, capsys: pytest.CaptureFixture[str], *argv: str
-) -> tuple[int, str, str]:
-    """Run the CLI in-process; its exit status, stdout and stderr."""
-    capsys.readouterr()
-    code = main(["--server", server.address, *argv])
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 # --- start --------------------------------------------------------------------

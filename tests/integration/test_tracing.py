@@ -73,6 +73,14 @@ def test_one_trace_shows_start_step_settle_resume(
             with tracer.start_as_current_span("approval request") as outer:
                 handle = client.start(approval, "post", id=workflow_id, group="traced")
                 eventually(lambda: exists(client, f"{workflow_id}.0"), what="the wait")
+                # Settled before the INVOKE task suspends, the worker would go on in
+                # that task (no RESUME): settle once its span has ended.
+                trace_id = outer.get_span_context().trace_id
+                eventually(
+                    lambda: any(s.name == "troth.task" and s.context.trace_id == trace_id
+                                for s in exporter.get_finished_spans()),
+                    what="the INVOKE task's suspension",
+                )  # fmt: skip
                 client.resolve(f"{workflow_id}.0", "yes")
             assert handle.result(timeout=20) == {"decision": "yes", "done": "POST"}
             root = client.get(workflow_id)
