@@ -31,7 +31,7 @@ end=${healthy:-$(date +%s.%N)}
 # The started line names the console's URL, and the console answers there.
 console_printed=no; console_up=no
 for i in $(seq 1 20); do
-  grep -q "console=http://127.0.0.1:$cport/" "$dir/make-run.log" && console_printed=yes
+  grep -qE "console(=|\":\")http://127.0.0.1:$cport/" "$dir/make-run.log" && console_printed=yes
   curl -fsS "http://127.0.0.1:$cport/healthz" >/dev/null 2>&1 && console_up=yes
   [ $console_printed = yes ] && [ $console_up = yes ] && break
   sleep 0.5
