@@ -97,9 +97,12 @@ bench: install ## Run the benchmarks in bench/ and print their figures
 	$(PY) bench/workflows.py
 	$(PY) bench/approvals.py
 
+bench-scale: install ## W1 and claim latency on SQLite and PostgreSQL seeded with a 100k task backlog, 1M finished and 100k parked workflows (BENCH_ARGS=--quick for a smoke run)
+	$(PY) bench/scale.py $(BENCH_ARGS)
+
 bench-peers: install ## troth beside Restate and DBOS, same workloads (installs them under bench/.cache/peers)
 	$(PY) bench/peers/run.py $(BENCH_ARGS)
 
 ci: install proto-check lint typecheck test ## What CI runs
 
-.PHONY: help install-serve install run proto proto-check fmt lint breaking typecheck test-unit test test-loaded bench bench-peers ci
+.PHONY: help install-serve install run proto proto-check fmt lint breaking typecheck test-unit test test-loaded bench bench-scale bench-peers ci

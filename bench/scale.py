@@ -35,10 +35,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import io
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -88,6 +89,7 @@ from sqlalchemy import func as sql
 
 from troth import Client
 from troth.v1 import tasks_pb2, tasks_pb2_grpc
+from troth_server.cli import db as troth_db
 
 TaskServiceStub: Any = tasks_pb2_grpc.TaskServiceStub
 
@@ -164,8 +166,8 @@ def parse_args(argv: list[str] | None = None) -> Settings:
         targets=targets,
         cases=sorted(set(cases)),
         quick=quick,
-        duration_s=pick(args.duration, 10.0, 1.0),
-        warmup_s=pick(args.warmup, 2.0, 0.3),
+        duration_s=pick(args.duration, 10.0, 0.5),
+        warmup_s=pick(args.warmup, 2.0, 0.2),
         in_flight=args.in_flight,
         claims=pick(args.claims, 300, 20),
         backlog=pick(args.backlog, 100_000, 2_000),
@@ -364,15 +366,13 @@ class Seeder:
 
 
 def migrate(database: Database) -> None:
-    """`troth db upgrade` on a fresh database (what an operator runs before serving)."""
-    run = subprocess.run(
-        [sys.executable, "-m", "troth_server", "db", "upgrade", "--db", database.url],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    if run.returncode != 0:
-        raise ServerError(f"troth db upgrade failed: {run.stderr[-2000:]}")
+    """`troth db upgrade` on a fresh database (what an operator runs before serving),
+    in this process: its report goes to stderr with the progress."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        status = troth_db(["upgrade", "--db", database.url])
+    if status != 0:
+        raise ServerError(f"troth db upgrade failed: {out.getvalue()[-2000:]}")
 
 
 def seed(database: Database, case: str, settings: Settings) -> tuple[int, float]:
