@@ -46,13 +46,14 @@ TIMEDOUT_EVERY = 450
 class _Dialect:
     json: str  # a JSON text expression as the tags column's type
     false: str
+    blob: str  # an empty payload
 
     def j(self, expr: str) -> str:
         return self.json % expr
 
 
-_SQLITE = _Dialect(json="%s", false="0")
-_PG = _Dialect(json="CAST(%s AS jsonb)", false="false")
+_SQLITE = _Dialect(json="%s", false="0", blob="X''")
+_PG = _Dialect(json="CAST(%s AS jsonb)", false="false", blob="''")
 
 
 def _counter(n: int) -> str:
@@ -81,28 +82,30 @@ def _statements(d: _Dialect) -> list[str]:
     return [
         # Finished workflows: the roots...
         f"""INSERT INTO promises ({_PROMISE_COLUMNS}) {_counter(ROOTS)}
-            SELECT 'wf-' || n, 'RESOLVED', {empty}, '', {empty}, '', {workflow_tags},
+            SELECT 'wf-' || n, 'RESOLVED', {empty}, {d.blob}, {empty}, {d.blob}, {workflow_tags},
               {d.false}, {NOW} - 90000000 + n * 100, {NOW} - 90000000 + n * 100 + 50,
               {NOW} + 86400000, 'w', NULL, NULL, 'done', 'approve' FROM g""",
         # ...and one step each.
         f"""INSERT INTO promises ({_PROMISE_COLUMNS}) {_counter(ROOTS)}
-            SELECT 'wf-' || n || '.0', 'RESOLVED', {empty}, '', {empty}, '', {step_tags},
+            SELECT 'wf-' || n || '.0', 'RESOLVED', {empty}, {d.blob}, {empty}, {d.blob},
+              {step_tags},
               {d.false}, {NOW} - 90000000 + n * 100 + 10, {NOW} - 90000000 + n * 100 + 20,
               {NOW} + 86400000, 'w', 'wf-' || n, 'wf-' || n, NULL, NULL FROM g""",
         # Standalone settled promises, a tenth of them under a tenant's prefix.
         f"""INSERT INTO promises ({_PROMISE_COLUMNS}) {_counter(STANDALONE)}
             SELECT CASE WHEN n % 9 = 0 THEN 'acme/p-' ELSE 'p-' END || n, {settled_state},
-              {empty}, '', {empty}, '', {plain_tags}, {d.false}, {NOW} - 80000000 + n * 100,
+              {empty}, {d.blob}, {empty}, {d.blob}, {plain_tags}, {d.false},
+              {NOW} - 80000000 + n * 100,
               {NOW} - 80000000 + n * 100 + 70, {NOW} - 80000000 + n * 100 + 60000, 'u',
               NULL, NULL, NULL, NULL FROM g""",
         # The inbox: PENDING promises with far deadlines.
         f"""INSERT INTO promises ({_PROMISE_COLUMNS}) {_counter(INBOX)}
-            SELECT 'inbox-' || n, 'PENDING', {empty}, '', {empty}, '', {plain_tags},
+            SELECT 'inbox-' || n, 'PENDING', {empty}, {d.blob}, {empty}, {d.blob}, {plain_tags},
               {d.false}, {NOW} - 1000000 + n, NULL, {NOW} + 3600000 + n * 1000, NULL,
               NULL, NULL, NULL, NULL FROM g""",
         # PENDING promises past their deadline: the sweeper's next batches.
         f"""INSERT INTO promises ({_PROMISE_COLUMNS}) {_counter(OVERDUE)}
-            SELECT 'overdue-' || n, 'PENDING', {empty}, '', {empty}, '', {plain_tags},
+            SELECT 'overdue-' || n, 'PENDING', {empty}, {d.blob}, {empty}, {d.blob}, {plain_tags},
               {d.false}, {NOW} - 900000 + n, NULL, {NOW} - 600000 + n, NULL,
               NULL, NULL, NULL, NULL FROM g""",
         # The backlog of one group, oldest first by create_time.

@@ -33,8 +33,9 @@ from _pg import fresh_schema
 from _scale import BACKLOG_GROUP, ME, NOW, seed
 from sqlalchemy import Engine, event
 
+from troth_server.domain.promise import PromiseState
 from troth_server.domain.routing import ANY
-from troth_server.store import PromiseQuery, Store, open_store
+from troth_server.store import PromiseOrder, PromiseQuery, Store, open_store
 from troth_server.store._sql import _WriteTx
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -309,3 +310,21 @@ def _search(**kwargs: Any) -> Callable[[Store], object]:
         **kwargs,
     )
     return lambda store: store.search_promises(query, NOW)
+
+
+SEARCH_BOUND = 2 * 50 + 10
+"""A page of 50: its rows, and as many again for the page's filters to skip."""
+
+
+@pytest.mark.parametrize(
+    "search",
+    [
+        pytest.param(
+            _search(states=[PromiseState.PENDING], order=PromiseOrder.EXPIRE_TIME_ASC), id="inbox"
+        ),
+    ],
+)
+def test_a_search_reads_its_page_not_the_history(
+    world: Store, search: Callable[[Store], object]
+) -> None:
+    assert_bounded(world, search, bound=SEARCH_BOUND)
