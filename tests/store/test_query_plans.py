@@ -476,6 +476,10 @@ _SQLITE_INDEX_STATS = {
     "ix_tasks_root": "1000000 3",
     "ix_tasks_completed": "1000000 1",
     "ix_tasks_paused": "100 1",
+    "ix_tasks_ready_preferred": "1000 200 10 1",
+    "ix_tasks_ready_anyone": "1000 200 1",
+    "ix_tasks_ready_promised": "100 20 1",
+    "ix_tasks_backoff": "100 20 1",
     "sqlite_autoindex_callbacks_1": "100000 1 1",
     "ix_callbacks_root": "100000 1",
 }

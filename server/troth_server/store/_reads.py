@@ -167,6 +167,11 @@ class PromiseReads:
                 cursor = [c.expire_time >= e, or_(c.expire_time > e, c.seq > query.after_seq)]
             else:
                 cursor = [c.expire_time.is_not(None)]
+            if query.states == {PromiseState.PENDING}:
+                # The inbox: what is PENDING to a reader expires after `now`, so the
+                # range starts there, past the overdue ones the sweeper has yet to
+                # settle (however many the deadline index holds before `now`).
+                cursor.append(c.expire_time > now)
             found = self._search(query, now, cursor, query.limit)
         if len(found) < query.limit:
             cursor = [c.expire_time.is_(None)]

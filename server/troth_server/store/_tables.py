@@ -191,6 +191,33 @@ Index(
     sqlite_where=text("state = 'PENDING'"),
     postgresql_where=text("state = 'PENDING'"),
 )
+# The claim's probes (revision 0013), each `ORDER BY create_time LIMIT n` on the rows it
+# wants: ready tasks (PENDING, no retry backoff) preferred for one worker (its resumes),
+# for nobody, for some worker; and tasks in a backoff by the time they may run again.
+_READY = "state = 'PENDING' AND next_attempt_time IS NULL"
+for _name, _columns, _where in (
+    (
+        "ix_tasks_ready_preferred",
+        (tasks.c.group, tasks.c.preferred_worker_id, tasks.c.create_time),
+        f"{_READY} AND preferred_worker_id IS NOT NULL",
+    ),
+    (
+        "ix_tasks_ready_anyone",
+        (tasks.c.group, tasks.c.create_time),
+        f"{_READY} AND preferred_worker_id IS NULL",
+    ),
+    (
+        "ix_tasks_ready_promised",
+        (tasks.c.group, tasks.c.create_time),
+        f"{_READY} AND preferred_worker_id IS NOT NULL",
+    ),
+    (
+        "ix_tasks_backoff",
+        (tasks.c.group, tasks.c.next_attempt_time),
+        "state = 'PENDING' AND next_attempt_time IS NOT NULL",
+    ),
+):
+    Index(_name, *_columns, sqlite_where=text(_where), postgresql_where=text(_where))
 # The lease sweeper's loop, and a worker's heartbeat / broken stream.
 Index(
     "ix_tasks_claimed_lease",

@@ -11,6 +11,7 @@ Core statements executed as they are: claims, lease sweeps, and the reads of
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection, and_, bindparam, case, func, or_, select
@@ -40,29 +41,36 @@ class TaskStatements:
 
     # Candidates for a claim or a sweep are taken with SKIP LOCKED: replicas share
     # the work instead of queueing for the same rows.
-    pending = (
-        select(tasks)
-        .where(
-            tasks.c.group == bindparam("group"),
-            state_in(tasks.c.state, TaskState.PENDING.value),
-            # A task whose workflow code failed waits out its backoff (domain: Task.claimable).
-            or_(
-                tasks.c.next_attempt_time.is_(None),
-                tasks.c.next_attempt_time <= bindparam("now"),
-            ),
-        )
-        .order_by(
-            # This worker's resumes first, then tasks nobody is preferred for, and
-            # last those waiting for another worker that may still hold the generator.
-            case(
-                (tasks.c.preferred_worker_id == bindparam("worker"), 0),
-                (tasks.c.preferred_worker_id.is_(None), 1),
-                else_=2,
-            ),
-            tasks.c.create_time,
-        )
-        .limit(bindparam("limit"))
-        .with_for_update(skip_locked=True)
+    claimable = select(tasks).where(
+        tasks.c.group == bindparam("group"), state_in(tasks.c.state, TaskState.PENDING.value)
+    )
+    # The claim's probes, each in the order of a partial index of its rows (revision
+    # 0013), so that a claim reads its batch however long the group's backlog is:
+    # ready tasks (no retry backoff) preferred for this worker (its resumes), for
+    # nobody, and for another worker, oldest first; and tasks whose backoff is over.
+    # `TaskTx.pending_tasks` merges them.
+    ready = claimable.where(tasks.c.next_attempt_time.is_(None))
+    ready_mine = ready.where(
+        tasks.c.preferred_worker_id.is_not(None),
+        tasks.c.preferred_worker_id == bindparam("worker"),
+    ).order_by(tasks.c.create_time)
+    ready_anyone = ready.where(tasks.c.preferred_worker_id.is_(None)).order_by(tasks.c.create_time)
+    ready_promised = ready.where(
+        tasks.c.preferred_worker_id.is_not(None),
+        tasks.c.preferred_worker_id != bindparam("worker"),
+    ).order_by(tasks.c.create_time)
+    # Those whose backoff is over, in the claim's order: a range of ix_tasks_backoff
+    # (its due rows, never those still waiting) and a sort of that range only, which
+    # holds the failed tasks no worker has taken back yet.
+    due = claimable.where(
+        tasks.c.next_attempt_time.is_not(None), tasks.c.next_attempt_time <= bindparam("now")
+    ).order_by(
+        case(
+            (tasks.c.preferred_worker_id == bindparam("worker"), 0),
+            (tasks.c.preferred_worker_id.is_(None), 1),
+            else_=2,
+        ),
+        tasks.c.create_time,
     )
     claimed_peek = select(tasks).where(
         tasks.c.worker_id == bindparam("worker"), state_in(tasks.c.state, TaskState.CLAIMED.value)
@@ -290,11 +298,24 @@ class TaskTx:
     def pending_tasks(
         self, group: str, prefer_worker: str, limit: int, route: Route = ANY, now: int | None = None
     ) -> list[Task]:
-        """Up to `limit` claimable tasks of `group` at `now` (past any retry backoff)."""
+        """Up to `limit` claimable tasks of `group` at `now` (past any retry backoff):
+        those preferred for `prefer_worker`, then for nobody, then for another worker,
+        oldest first within each (`Store.pending_tasks`)."""
         # Without `now` (a store test), no backoff holds a task back.
         at = _FOREVER if now is None else now
         params = {"group": group, "worker": prefer_worker, "limit": limit, "now": at}
-        return [to_task(r) for r in self._conn.execute(_pending_for(route), params).mappings()]
+        probes = _probes_for(route)
+
+        def run(probe: Any) -> list[Task]:
+            return [to_task(r) for r in self._conn.execute(probe, params).mappings()]
+
+        found = run(probes.mine) + run(probes.anyone) + run(probes.due)
+        if sum(_preference(t, prefer_worker) < _ELSEWHERE for t in found) < limit:
+            # Tasks another worker is preferred for, only when this worker's own and
+            # everyone's leave room: none of them could come before.
+            found += run(probes.promised)
+        found.sort(key=lambda t: (_preference(t, prefer_worker), t.create_time or 0))
+        return found[:limit]
 
     def root_workflows(self, root_ids: Collection[str]) -> dict[str, tuple[str | None, str | None]]:
         if not root_ids:
@@ -390,12 +411,40 @@ def _complete_time(task: Task, now: int) -> int | None:
     return task.complete_time if task.complete_time is not None else now
 
 
+_MINE, _ANYONE, _ELSEWHERE = 0, 1, 2
+
+
+def _preference(task: Task, worker: str) -> int:
+    """Where a claim by `worker` takes `task`: its own resumes, then anyone's, then
+    those another worker is preferred for."""
+    if task.preferred_worker_id is None:
+        return _ANYONE
+    return _MINE if task.preferred_worker_id == worker else _ELSEWHERE
+
+
+@dataclass(frozen=True)
+class _Probes:
+    mine: Any
+    anyone: Any
+    promised: Any
+    due: Any
+
+
 @functools.lru_cache(maxsize=256)
-def _pending_for(route: Route) -> Any:
-    """The claim's select for `route`, built once per route (a stream's route changes
-    only when its group's streams do); SQLAlchemy caches its compiled form."""
+def _probes_for(route: Route) -> _Probes:
+    """The claim's probes for `route`, built once per route (a stream's route changes
+    only when its group's streams do); SQLAlchemy caches their compiled form."""
     condition = route_condition(route)
-    return TaskStatements.pending if condition is None else TaskStatements.pending.where(condition)
+
+    def probe(stmt: Any) -> Any:
+        if condition is not None:
+            stmt = stmt.where(condition)
+        return stmt.limit(bindparam("limit")).with_for_update(skip_locked=True)
+
+    s = TaskStatements
+    return _Probes(
+        probe(s.ready_mine), probe(s.ready_anyone), probe(s.ready_promised), probe(s.due)
+    )
 
 
 def route_condition(route: Route) -> Any:

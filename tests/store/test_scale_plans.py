@@ -1,0 +1,330 @@
+"""Each statement the server runs in a loop costs its batch, not the size of the world.
+
+A store seeded once per run with a year's worth of rows (`_scale`: ~320k
+promises, 100k PENDING tasks in one group, 50k completed ones, 30k callbacks) and
+ANALYZEd. Each test calls the store's own method, records the statements it sends
+(as tests/store/test_query_plans.py does) and plans them with the parameters
+they ran with:
+
+- PostgreSQL: `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON)` under the default planner
+  settings, inside a transaction rolled back after: no Seq Scan of promises,
+  tasks or callbacks, no Sort whose input is more than the statement's bound, and
+  the rows its scans read (returned plus removed by a filter or a recheck, times
+  their loops) within that bound.
+- SQLite: `EXPLAIN QUERY PLAN` (SQLite reports no row counts): no `SCAN` of a large
+  table without an index that serves the search, and no `USE TEMP B-TREE FOR ORDER
+  BY` (a sort of what the filter found).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+import pytest
+from _pg import fresh_schema
+from _scale import BACKLOG_GROUP, ME, NOW, seed
+from sqlalchemy import Engine, event
+
+from troth_server.domain.promise import PromiseState
+from troth_server.domain.routing import ANY
+from troth_server.store import PromiseOrder, PromiseQuery, Store, open_store
+from troth_server.store._sql import _WriteTx
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+LARGE_TABLES = ("promises", "tasks", "callbacks")
+
+
+@dataclass(frozen=True)
+class Executed:
+    sql: str
+    params: Any
+    settings: tuple[tuple[str, str], ...] = ()
+    """The planner settings its transaction had set (`SET LOCAL`) when it ran."""
+
+
+@contextmanager
+def recording() -> Iterator[list[Executed]]:
+    """The statements any engine of this process sends, and those a write transaction
+    runs straight on the driver (`_WriteTx._select`), with their parameters."""
+    seen: list[Executed] = []
+    settings: dict[str, str] = {}
+
+    def record(
+        conn: Any, cursor: Any, statement: str, parameters: Any, context: Any, executemany: bool
+    ) -> None:
+        local = re.match(r"\s*SET LOCAL (\w+) = (\w+)", statement, re.I)
+        if local:
+            settings[local[1]] = local[2]
+        elif re.match(r"\s*(COMMIT|ROLLBACK)\b", statement, re.I):
+            settings.clear()
+        elif re.match(r"\s*(SELECT|WITH|UPDATE|DELETE)\b", statement, re.I):
+            seen.append(Executed(statement, parameters, tuple(settings.items())))
+
+    def end(conn: Any) -> None:
+        settings.clear()
+
+    select = _WriteTx._select
+
+    def record_select(tx: _WriteTx, sql: str, params: Any) -> Sequence[Sequence[Any]]:
+        if tx.row_locks:  # PostgreSQL: past SQLAlchemy's events (SQLite goes through them)
+            seen.append(Executed(sql, params, tuple(settings.items())))
+        return select(tx, sql, params)
+
+    event.listen(Engine, "before_cursor_execute", record)
+    event.listen(Engine, "commit", end)
+    event.listen(Engine, "rollback", end)
+    _WriteTx._select = record_select  # type: ignore[method-assign]
+    try:
+        yield seen
+    finally:
+        _WriteTx._select = select  # type: ignore[method-assign]
+        event.remove(Engine, "rollback", end)
+        event.remove(Engine, "commit", end)
+        event.remove(Engine, "before_cursor_execute", record)
+
+
+@pytest.fixture(scope="session")
+def sqlite_world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    url = f"sqlite:///{tmp_path_factory.mktemp('scale')}/world.db"
+    open_store(url).close()
+    seed(url)
+    yield url
+
+
+@pytest.fixture(scope="session")
+def postgres_world() -> Iterator[str]:
+    with fresh_schema() as url:
+        seed(url)
+        yield url
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def world(request: pytest.FixtureRequest) -> Iterator[Store]:
+    url = request.getfixturevalue(f"{request.param}_world")
+    store = open_store(url)
+    _URLS[id(store)] = url
+    try:
+        yield store
+    finally:
+        store.close()
+
+
+_URLS: dict[int, str] = {}
+"""Each open store's URL, by its id."""
+
+
+def _url(store: Store) -> str:
+    return _URLS[id(store)]
+
+
+# -- plans ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Plan:
+    text: str
+    """SQLite's query plan, or PostgreSQL's JSON plan."""
+    rows_read: int
+    """PostgreSQL: rows its scans read (returned, filtered out, rechecked away);
+    SQLite: its virtual machine's steps over `STEPS_PER_ROW`."""
+    sorted_rows: int
+    """PostgreSQL: the most rows any Sort node took in."""
+    scans: list[str]
+    ms: float
+    """PostgreSQL: its execution time."""
+
+
+def _pg_nodes(node: Mapping[str, Any]) -> Iterator[Mapping[str, Any]]:
+    yield node
+    for child in node.get("Plans", ()):
+        yield from _pg_nodes(child)
+
+
+def _pg_plan(url: str, executed: Executed, settings: Mapping[str, str]) -> Plan:
+    conninfo = url.replace("postgresql+psycopg://", "postgresql://", 1)
+    with psycopg.connect(conninfo) as conn:
+        try:
+            for name, value in [*settings.items(), *executed.settings]:
+                conn.execute("SELECT set_config(%s, %s, true)", (name, value))
+            (row,) = conn.execute(
+                "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + executed.sql, executed.params or None
+            ).fetchall()
+        finally:
+            conn.rollback()
+    doc = row[0] if isinstance(row[0], list) else json.loads(row[0])
+    top = doc[0]
+    nodes = list(_pg_nodes(top["Plan"]))
+    read = 0
+    sorted_rows = 0
+    scans = []
+    for node in nodes:
+        loops = node.get("Actual Loops", 1)
+        if "Relation Name" in node or node["Node Type"].startswith("Index"):
+            read += loops * (
+                node.get("Actual Rows", 0)
+                + node.get("Rows Removed by Filter", 0)
+                + node.get("Rows Removed by Index Recheck", 0)
+            )
+        if node["Node Type"] == "Bitmap Index Scan":
+            read += loops * node.get("Actual Rows", 0)
+        if node["Node Type"] in ("Sort", "Incremental Sort"):
+            sorted_rows = max(sorted_rows, *(c.get("Actual Rows", 0) for c in node["Plans"]))
+        if node["Node Type"] == "Seq Scan" and node.get("Relation Name") in LARGE_TABLES:
+            scans.append(node["Relation Name"])
+    return Plan(json.dumps(top, indent=1), read, sorted_rows, scans, top["Execution Time"])
+
+
+_STEPS_PER_CALL = 10
+STEPS_PER_ROW = 25
+"""SQLite reports no rows read: its virtual machine's steps stand for them. A row read
+and returned (a seek, twenty columns, the next) is some 30-50 steps; a row a filter
+skips or an aggregate takes in, a few: a walk of 300k rows is tens of thousands of
+these "rows", a batch's reads a few dozen."""
+
+
+def _sqlite_plan(url: str, executed: Executed, settings: Mapping[str, str]) -> Plan:
+    conn = sqlite3.connect(url.removeprefix("sqlite:///"))
+    try:
+        conn.execute("PRAGMA case_sensitive_like=ON")  # as the server's connections
+        rows = conn.execute("EXPLAIN QUERY PLAN " + executed.sql, executed.params or ())
+        text = "\n".join(str(row[-1]) for row in rows)
+        steps = [0]
+
+        def count() -> int:
+            steps[0] += _STEPS_PER_CALL
+            return 0
+
+        conn.set_progress_handler(count, _STEPS_PER_CALL)
+        start = time.perf_counter()
+        conn.execute(executed.sql, executed.params or ()).fetchall()
+        ms = (time.perf_counter() - start) * 1000
+        conn.set_progress_handler(None, 0)
+    finally:
+        conn.rollback()
+        conn.close()
+    scans = [
+        t
+        for t in LARGE_TABLES
+        if re.search(rf"^(?:.*\s)?SCAN {t}\b(?! USING (COVERING )?INDEX)", text, re.M)
+    ]
+    # A sort takes no more rows than the statement read.
+    read = steps[0] // STEPS_PER_ROW
+    sorted_rows = read if "USE TEMP B-TREE FOR ORDER BY" in text else 0
+    return Plan(text, read, sorted_rows, scans, ms)
+
+
+def plans_of(
+    store: Store, run: Callable[[Store], object], settings: Mapping[str, str] | None = None
+) -> list[tuple[Executed, Plan]]:
+    """The plan of each statement `run` sent to a large table (on PostgreSQL under
+    `settings`, the planner's own otherwise)."""
+    with recording() as seen:
+        run(store)
+    assert seen, "the call ran no statement"
+    url = _url(store)
+    plan = _sqlite_plan if url.startswith("sqlite") else _pg_plan
+    return [
+        (executed, plan(url, executed, settings or {}))
+        for executed in seen
+        if _touches_large(executed)
+    ]
+
+
+def _touches_large(executed: Executed) -> bool:
+    return any(re.search(rf"\b{t}\b", executed.sql) for t in LARGE_TABLES)
+
+
+def assert_bounded(
+    store: Store,
+    run: Callable[[Store], object],
+    bound: int,
+    settings: Mapping[str, str] | None = None,
+) -> None:
+    """Every statement `run` sends scans no large table, and sorts and reads at most
+    `bound` rows."""
+    planned = plans_of(store, run, settings)
+    assert planned, "the call ran no statement on promises, tasks or callbacks"
+    for executed, plan in planned:
+        where = f"{' '.join(executed.sql.split())}\n{plan.text}"
+        assert not plan.scans, f"scans {plan.scans}:\n{where}"
+        assert plan.sorted_rows <= bound, f"sorts {plan.sorted_rows} rows:\n{where}"
+        assert plan.rows_read <= bound, f"reads {plan.rows_read} rows (bound {bound}):\n{where}"
+
+
+# -- the statements ---------------------------------------------------------------------
+
+CLAIM = 10
+
+
+def claim(store: Store) -> object:
+    return store.write(lambda tx: tx.pending_tasks(BACKLOG_GROUP, ME, CLAIM, ANY, NOW))
+
+
+def claim_elsewhere(store: Store) -> object:
+    # A worker nothing is preferred for, in a group with a backlog of others'.
+    return store.write(lambda tx: tx.pending_tasks(BACKLOG_GROUP, "w-new", CLAIM, ANY, NOW))
+
+
+def sweep(store: Store) -> object:
+    return store.write(lambda tx: tx.expired_promise_ids(NOW, 1000))
+
+
+def callbacks_by_promise(store: Store) -> object:
+    return store.write(lambda tx: tx.get_callbacks(["inbox-17", "inbox-18"]))
+
+
+def test_the_claim_reads_its_batch_not_the_backlog(world: Store) -> None:
+    assert_bounded(world, claim, bound=4 * CLAIM + 10)
+    assert_bounded(world, claim_elsewhere, bound=4 * CLAIM + 10)
+
+
+@pytest.mark.parametrize("random_page_cost", ["1.1", "4", "40"])
+def test_the_sweeper_reads_its_batch_not_every_pending_promise(
+    world: Store, random_page_cost: str
+) -> None:
+    # Whatever the planner's costs (SSD-like, its default, a slow disk): by the expiry index.
+    settings = {"random_page_cost": random_page_cost}
+    assert_bounded(world, sweep, bound=1000 + 10, settings=settings)
+
+
+def test_callbacks_are_read_by_promise_id(world: Store) -> None:
+    assert_bounded(world, callbacks_by_promise, bound=10)
+
+
+def _search(**kwargs: Any) -> Callable[[Store], object]:
+    query = PromiseQuery(
+        id_glob=kwargs.pop("id_glob", ""),
+        states=frozenset(kwargs.pop("states", ())),
+        tags=kwargs.pop("tags", {}),
+        after_seq=0,
+        limit=50,
+        **kwargs,
+    )
+    return lambda store: store.search_promises(query, NOW)
+
+
+SEARCH_BOUND = 2 * 50 + 10
+"""A page of 50: its rows, and as many again for the page's filters to skip."""
+
+
+@pytest.mark.parametrize(
+    "search",
+    [
+        pytest.param(
+            _search(states=[PromiseState.PENDING], order=PromiseOrder.EXPIRE_TIME_ASC), id="inbox"
+        ),
+    ],
+)
+def test_a_search_reads_its_page_not_the_history(
+    world: Store, search: Callable[[Store], object]
+) -> None:
+    assert_bounded(world, search, bound=SEARCH_BOUND)
