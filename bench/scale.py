@@ -108,6 +108,7 @@ ROOT_TAGS = json.dumps({"troth:invoke": GROUP, "troth:func": "hitl"})
 APPROVAL_TAGS = json.dumps({"troth:group": GROUP, "troth:kind": "promise"})
 STEP_TAGS = json.dumps({"troth:kind": "run", "troth:func": "send_notification"})
 
+BACKLOG_KINDS = ("version", "backoff")
 CASES = {"a": "empty", "b": "backlog", "c": "history", "d": "parked"}
 TARGETS = ("sqlite", "pg")
 TARGET_RATIO = 0.9
@@ -127,10 +128,12 @@ class Settings:
     in_flight: int
     claims: int
     backlog: int
+    backlog_kind: str
     history: int
     parked: int
     json: bool
     keep: bool
+    analyze: bool = True
 
 
 def parse_args(argv: list[str] | None = None) -> Settings:
@@ -146,8 +149,21 @@ def parse_args(argv: list[str] | None = None) -> Settings:
     parser.add_argument("--in-flight", type=int, default=16, help="W1 cycles at once (16)")
     parser.add_argument("--claims", type=int, help="claim probes per case")
     parser.add_argument("--backlog", type=int, help="PENDING tasks per group in (b)")
+    parser.add_argument(
+        "--backlog-kind",
+        choices=BACKLOG_KINDS,
+        default="version",
+        help="why (b)'s tasks in the run's group wait: 'version', of a workflow version no "
+        "worker runs (the default); 'backoff', waiting out a retry backoff of a day",
+    )
     parser.add_argument("--history", type=int, help="finished workflows in (c)")
     parser.add_argument("--parked", type=int, help="parked workflows in (d)")
+    parser.add_argument(
+        "--no-analyze",
+        action="store_true",
+        help="seed without ANALYZE (SQLite then plans without sqlite_stat1, as a server "
+        "that was never analyzed does; PostgreSQL still VACUUMs)",
+    )
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
     args = parser.parse_args(argv)
@@ -171,10 +187,12 @@ def parse_args(argv: list[str] | None = None) -> Settings:
         in_flight=args.in_flight,
         claims=pick(args.claims, 300, 20),
         backlog=pick(args.backlog, 100_000, 2_000),
+        backlog_kind=args.backlog_kind,
         history=pick(args.history, 1_000_000, 5_000),
         parked=pick(args.parked, 100_000, 2_000),
         json=args.json,
         keep=args.keep,
+        analyze=not args.no_analyze,
     )
     if settings.duration_s <= 0 or settings.warmup_s < 0 or settings.in_flight < 1:
         parser.error("--duration must be > 0, --warmup >= 0, --in-flight >= 1")
@@ -291,7 +309,13 @@ class Seeder:
         }
 
     def _task(self, prefix: str, i: Any, created: Any, group: str,
-              workflow: tuple[str, str]) -> dict[str, Any]:  # fmt: skip
+              workflow: tuple[str, str], backoff: bool) -> dict[str, Any]:  # fmt: skip
+        waiting = {
+            # Its code failed once; it may run again in a day (none does during a run).
+            "failed_attempts": literal(1),
+            "last_error": literal("RuntimeError: seeded"),
+            "next_attempt_time": created + DAY_MS + HOUR_MS,
+        }
         return {
             "id": literal(prefix) + cast(i, String),
             "root_promise_id": self._id(prefix, i),
@@ -304,26 +328,28 @@ class Seeder:
             "workflow": literal(workflow[0]),
             "workflow_version": literal(workflow[1]),
             "failed_attempts": literal(0),
+            **(waiting if backoff else {}),
         }
 
     def _created(self, i: Any, count: int, spacing_ms: int = 1) -> Any:
         """Creation times before the run, oldest first, the newest an hour ago."""
         return literal(self.now - HOUR_MS - count * spacing_ms) + i * spacing_ms
 
-    def backlog(self, count: int) -> None:
+    def backlog(self, count: int, kind: str) -> None:
         """PENDING INVOKE tasks (and their PENDING roots) in the run's group, of a
-        version nobody runs, and as many in another group."""
-        self._pending_roots("seed-b-", count, GROUP, BACKLOG_WORKFLOW)
-        self._pending_roots("seed-o-", count, OTHER_GROUP, ("hitl", SEED_VERSION))
+        version nobody runs (and with `kind` "backoff", waiting out a retry backoff),
+        and as many in another group."""
+        self._pending_roots("seed-b-", count, GROUP, BACKLOG_WORKFLOW, kind == "backoff")
+        self._pending_roots("seed-o-", count, OTHER_GROUP, ("hitl", SEED_VERSION), False)
 
     def _pending_roots(self, prefix: str, count: int, group: str,
-                       workflow: tuple[str, str]) -> None:  # fmt: skip
+                       workflow: tuple[str, str], backoff: bool) -> None:  # fmt: skip
         """PENDING roots, each with its PENDING INVOKE task."""
         at = self._created
         self._insert(self.promises, count, lambda i: self._root(
             prefix, i, at(i, count), settled=False, group=group, workflow=workflow))  # fmt: skip
         self._insert(self.tasks, count, lambda i: self._task(
-            prefix, i, at(i, count), group, workflow))  # fmt: skip
+            prefix, i, at(i, count), group, workflow, backoff))  # fmt: skip
 
     def history(self, count: int) -> None:
         """Finished `hitl` workflows: root, approval and notification step, settled."""
@@ -353,14 +379,15 @@ class Seeder:
             "create_time": at(i, count) + 25,
         })  # fmt: skip
 
-    def analyze(self) -> None:
+    def analyze(self, statistics: bool = True) -> None:
         """Statistics for the planner (and, on PostgreSQL, the visibility map a bulk
         load leaves unset, so autovacuum does not start on it during the run)."""
         if self.engine.dialect.name == "postgresql":
+            vacuum = "VACUUM (ANALYZE)" if statistics else "VACUUM"
             with self.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
                 for name in ("promises", "tasks", "callbacks"):
-                    conn.exec_driver_sql(f"VACUUM (ANALYZE) {name}")
-        else:
+                    conn.exec_driver_sql(f"{vacuum} {name}")
+        elif statistics:
             with self.engine.begin() as conn:
                 conn.exec_driver_sql("ANALYZE")
 
@@ -382,12 +409,12 @@ def seed(database: Database, case: str, settings: Settings) -> tuple[int, float]
     seeder = Seeder(database, int(time.time() * 1000))
     try:
         if case == "b":
-            seeder.backlog(settings.backlog)
+            seeder.backlog(settings.backlog, settings.backlog_kind)
         elif case == "c":
             seeder.history(settings.history)
         elif case == "d":
             seeder.parked(settings.parked)
-        seeder.analyze()
+        seeder.analyze(settings.analyze)
     finally:
         seeder.close()
     return seeder.rows, time.perf_counter() - t0
@@ -536,21 +563,24 @@ class CaseRow:
     load_avg: float | None = None
     ratio: float | None = None
     first_error: str | None = None
+    backlog_kind: str = "version"
 
     @property
     def label(self) -> str:
-        return f"({self.case}) {CASES[self.case]}"
+        kind = " (backoff)" if self.case == "b" and self.backlog_kind == "backoff" else ""
+        return f"({self.case}) {CASES[self.case]}{kind}"
 
 
 def run_case(target: str, case: str, settings: Settings, root: Path, notes: Notifications,
              run_id: str) -> CaseRow:  # fmt: skip
-    row = CaseRow(target, case, load_avg=os.getloadavg()[0])
+    row = CaseRow(target, case, load_avg=os.getloadavg()[0], backlog_kind=settings.backlog_kind)
     log(f"[{target}] {row.label}: seeding")
     harness = SeededHarness(root, notes, target, case, settings)
     try:
         row.seeded_rows = harness.server.seeded_rows
         row.seed_s = harness.server.seed_s
-        log(f"  {row.seeded_rows:,} rows in {row.seed_s:.1f} s (with VACUUM/ANALYZE)")
+        after = "VACUUM/ANALYZE" if settings.analyze else "VACUUM only, no ANALYZE"
+        log(f"  {row.seeded_rows:,} rows in {row.seed_s:.1f} s (with {after})")
         workers = harness.start_workers(GROUP, 1)
         cycle = hitl_cycle(harness.clients, notes, GROUP)
         prefix = f"w1-{run_id}-{target}-{case}"
