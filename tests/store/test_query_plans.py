@@ -90,6 +90,28 @@ def _ordered_walk(plan: str) -> bool:
     return "USE TEMP B-TREE FOR ORDER BY" not in plan or "SCAN promises" not in plan
 
 
+def _merged_search(sql: str) -> bool:
+    return bool(
+        re.match(r"SELECT anon_1\.seq, anon_1\.id\b.* FROM \(SELECT anon_\d+\.seq", sql)
+        and "UNION ALL" in sql
+        and re.search(r"ORDER BY anon_1\.(seq|expire_time)\b[^()]* LIMIT \S+( OFFSET \S+)?$", sql)
+        and not re.search(r"\b(UPDATE|DELETE)\b", sql)
+    )
+
+
+def _walks_that_stop(plan: str) -> bool:
+    # PostgreSQL: never a Seq Scan. SQLite: each part (a co-routine) that walks the
+    # table in rowid order sorts nothing, so it stops at the page; a part that sorts
+    # does so over an index's range (a state's own rows, the overdue PENDING ones).
+    if "Seq Scan on promises" in plan:
+        return False
+    parts = re.findall(r"CO-ROUTINE (anon_\d+)\n(.*?)\nSCAN \1\b", plan, re.S)
+    return all(
+        not re.search(r"^SCAN promises$", body, re.M) or "USE TEMP B-TREE" not in body
+        for _, body in parts
+    )
+
+
 def _search_tasks_claimed(sql: str) -> bool:
     return bool(
         re.search(r"FROM tasks WHERE tasks\.state = 'CLAIMED' AND tasks\.\"group\" = ", sql)
@@ -161,6 +183,17 @@ ALLOWED_SCANS = [
         "workers hold right now (bounded by their Poll capacities), never the "
         "completed history; a per-group index of them would cost every claim and "
         "completion an index write to speed up an operator's listing.",
+    ),
+    Allowed(
+        "SearchPromises by states: one walk per state, merged",
+        _merged_search,
+        _walks_that_stop,
+        "A search by states runs one part per way a row can be in them (each state "
+        "stored, and PENDING but past its deadline), each in the page's order and cut "
+        "at the page, then merges the parts' pages. A rejected state walks its own "
+        "partial index (ix_promises_rejected_seq and its siblings); RESOLVED, most of "
+        "a history, walks seq order and finds its page densely; the overdue part reads "
+        "the PENDING promises' indexes. No part walks the history to find a rare state.",
     ),
     Allowed(
         "SearchPromises without a selective indexed filter",
@@ -467,6 +500,9 @@ _SQLITE_INDEX_STATS = {
     "ix_promises_root": "800000 5",
     "ix_promises_settled_top": "200000 2 1",
     "ix_promises_workflows": "300000 1",
+    "ix_promises_rejected_seq": "50000 1",
+    "ix_promises_canceled_seq": "10000 1",
+    "ix_promises_timedout_seq": "10000 1",
     "ix_promises_workflows_group": "300000 100000 1",
     "sqlite_autoindex_tasks_1": "1000000 1",
     "ix_tasks_pending_group": "1000 200 1",

@@ -30,7 +30,7 @@ from typing import Any
 import psycopg
 import pytest
 from _pg import fresh_schema
-from _scale import BACKLOG_GROUP, ME, NOW, seed
+from _scale import BACKLOG_GROUP, INBOX, ME, NOW, OVERDUE, seed
 from sqlalchemy import Engine, event
 
 from troth_server.domain.promise import PromiseState
@@ -140,7 +140,12 @@ class Plan:
     """PostgreSQL: the most rows any Sort node took in."""
     scans: list[str]
     ms: float
-    """PostgreSQL: its execution time."""
+    """PostgreSQL: its execution time; SQLite: the statement's run, timed here."""
+    walk_may_stop: bool = False
+    """SQLite: a walk of a table in rowid (seq) order is how it serves a page of a
+    dense filter (every promise, RESOLVED ones) and stops at the page's end, so the
+    rows it read decide, not the plan's words. (PostgreSQL walks the primary key
+    then; a Seq Scan there is always a failure.)"""
 
 
 def _pg_nodes(node: Mapping[str, Any]) -> Iterator[Mapping[str, Any]]:
@@ -219,7 +224,7 @@ def _sqlite_plan(url: str, executed: Executed, settings: Mapping[str, str]) -> P
     # A sort takes no more rows than the statement read.
     read = steps[0] // STEPS_PER_ROW
     sorted_rows = read if "USE TEMP B-TREE FOR ORDER BY" in text else 0
-    return Plan(text, read, sorted_rows, scans, ms)
+    return Plan(text, read, sorted_rows, scans, ms, walk_may_stop=True)
 
 
 def plans_of(
@@ -255,7 +260,8 @@ def assert_bounded(
     assert planned, "the call ran no statement on promises, tasks or callbacks"
     for executed, plan in planned:
         where = f"{' '.join(executed.sql.split())}\n{plan.text}"
-        assert not plan.scans, f"scans {plan.scans}:\n{where}"
+        stopped = plan.walk_may_stop and plan.rows_read <= bound
+        assert not plan.scans or stopped, f"scans {plan.scans}:\n{where}"
         assert plan.sorted_rows <= bound, f"sorts {plan.sorted_rows} rows:\n{where}"
         assert plan.rows_read <= bound, f"reads {plan.rows_read} rows (bound {bound}):\n{where}"
 
@@ -312,19 +318,38 @@ def _search(**kwargs: Any) -> Callable[[Store], object]:
     return lambda store: store.search_promises(query, NOW)
 
 
-SEARCH_BOUND = 2 * 50 + 10
+PAGE = 50
+SEARCH_BOUND = 2 * PAGE + 10
 """A page of 50: its rows, and as many again for the page's filters to skip."""
+LIVE_BOUND = SEARCH_BOUND + INBOX + OVERDUE
+"""A settled state's page, and the PENDING promises: one past its deadline is seen
+settled (RESOLVED or REJECTED_TIMEDOUT) until the sweeper writes it so, and the
+planner may look for those among the live PENDING ones (never the history)."""
 
 
 @pytest.mark.parametrize(
-    "search",
+    ("search", "bound"),
     [
+        pytest.param(_search(states=[PromiseState.REJECTED_TIMEDOUT]), LIVE_BOUND, id="rare-state"),
         pytest.param(
-            _search(states=[PromiseState.PENDING], order=PromiseOrder.EXPIRE_TIME_ASC), id="inbox"
+            _search(states=[PromiseState.REJECTED_TIMEDOUT], order=PromiseOrder.CREATED_DESC),
+            LIVE_BOUND,
+            id="rare-state-newest",
+        ),
+        pytest.param(_search(states=[PromiseState.REJECTED]), SEARCH_BOUND, id="rejected"),
+        pytest.param(
+            _search(states=[PromiseState.RESOLVED, PromiseState.REJECTED_CANCELED]),
+            LIVE_BOUND,
+            id="two-states",
+        ),
+        pytest.param(
+            _search(states=[PromiseState.PENDING], order=PromiseOrder.EXPIRE_TIME_ASC),
+            SEARCH_BOUND,
+            id="inbox",
         ),
     ],
 )
 def test_a_search_reads_its_page_not_the_history(
-    world: Store, search: Callable[[Store], object]
+    world: Store, search: Callable[[Store], object], bound: int
 ) -> None:
-    assert_bounded(world, search, bound=SEARCH_BOUND)
+    assert_bounded(world, search, bound=bound)

@@ -58,6 +58,7 @@ __all__ = [
     "select_expired",
     "select_tree",
     "state_condition",
+    "state_parts",
 ]
 
 READ_ATTEMPTS = 2
@@ -192,16 +193,23 @@ class PromiseReads:
                     *(promises.c.id.like(prefix_to_like(p), escape="\\") for p in query.id_prefixes)
                 )
             )
-        if query.states:
-            conditions.append(or_(*(state_condition(s, now) for s in query.states)))
         if query.tags:
             conditions.append(self._has_tags(query.tags))
         if query.created_before is not None:
             conditions.append(promises.c.create_time < query.created_before)
         if query.parent_id is not None:
             conditions.append(promises.c.parent_id == query.parent_id)  # ix_promises_parent_seq
-        stmt = select(promises).where(*conditions).order_by(*_ORDER[query.order])
-        stmt = stmt.limit(limit)
+        # One part per way a row can be in the states asked for (a settled state, or
+        # PENDING but overdue), each in the order of an index of its own rows and cut
+        # at the page, then merged: a rare state reads its page, not the history.
+        parts = [
+            select(promises).where(*conditions, *part).order_by(*_ORDER[query.order]).limit(limit)
+            for part in _state_parts(query.states, now)
+        ]
+        stmt: Any = parts[0]
+        if len(parts) > 1:
+            merged = union_all(*(select(part.subquery()) for part in parts)).subquery()
+            stmt = select(merged).order_by(*_order_of(merged.c, query.order)).limit(limit)
         rows = self._read(lambda conn: conn.execute(stmt).all())
         return [SearchRow(seq=row[0], promise=to_promise(row)) for row in rows]
 
@@ -242,6 +250,23 @@ class PromiseReads:
         return and_(*conditions)
 
 
+def _state_parts(states: Collection[PromiseState], now: int) -> list[list[Any]]:
+    """The conditions of each part of a search for `states` (one part, of every row,
+    without states)."""
+    if not states:
+        return [[]]
+    return [[part] for state in sorted(states) for part in state_parts(state, now)]
+
+
+def _order_of(columns: Any, order: PromiseOrder) -> tuple[Any, ...]:
+    """`_ORDER[order]` over the columns of a merged search."""
+    if order is PromiseOrder.CREATED_ASC:
+        return (columns.seq,)
+    if order is PromiseOrder.CREATED_DESC:
+        return (columns.seq.desc(),)
+    return (columns.expire_time.asc().nulls_last(), columns.seq)
+
+
 # Keyset orders: each ends in `seq`, so that a cursor names one position.
 # NULLS LAST (never-expiring rows) is PostgreSQL's default for ASC, so its
 # partial index on pending expire_time serves the EXPIRE_TIME_ASC inbox.
@@ -263,6 +288,12 @@ def _after_cursor(query: PromiseQuery) -> Any:
 
 def state_condition(state: PromiseState, now: int) -> Any:
     """SQL for "a reader at `now` sees this state" (an expired PENDING row is settled)."""
+    return or_(*state_parts(state, now))
+
+
+def state_parts(state: PromiseState, now: int) -> list[Any]:
+    """The ways a row is in `state` to a reader at `now`, exclusive of each other: its
+    stored state, and for RESOLVED (a timer) and REJECTED_TIMEDOUT, PENDING but due."""
     c = promises.c
     expired = and_(
         state_in(c.state, PromiseState.PENDING.value),
@@ -270,15 +301,17 @@ def state_condition(state: PromiseState, now: int) -> Any:
         c.expire_time <= now,
     )
     if state is PromiseState.PENDING:
-        return and_(
-            state_in(c.state, PromiseState.PENDING.value),
-            or_(c.expire_time.is_(None), c.expire_time > now),
-        )
+        return [
+            and_(
+                state_in(c.state, PromiseState.PENDING.value),
+                or_(c.expire_time.is_(None), c.expire_time > now),
+            )
+        ]
     if state is PromiseState.RESOLVED:
-        return or_(state_in(c.state, state.value), and_(expired, c.timer == true()))
+        return [state_in(c.state, state.value), and_(expired, c.timer == true())]
     if state is PromiseState.REJECTED_TIMEDOUT:
-        return or_(state_in(c.state, state.value), and_(expired, c.timer == false()))
-    return state_in(c.state, state.value)
+        return [state_in(c.state, state.value), and_(expired, c.timer == false())]
+    return [state_in(c.state, state.value)]
 
 
 def prefix_to_like(prefix: str) -> str:

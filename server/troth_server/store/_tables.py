@@ -142,6 +142,15 @@ Index(
     sqlite_where=text("workflow_group IS NOT NULL"),
     postgresql_where=text("workflow_group IS NOT NULL"),
 )
+# Searches of a rejected state in seq order (revision 0013): each state's own rows,
+# few next to the RESOLVED history, which a walk of seq finds densely anyway.
+for _state, _index in (
+    ("REJECTED", "ix_promises_rejected_seq"),
+    ("REJECTED_CANCELED", "ix_promises_canceled_seq"),
+    ("REJECTED_TIMEDOUT", "ix_promises_timedout_seq"),
+):
+    _only = text(f"state = '{_state}'")
+    Index(_index, promises.c.seq, sqlite_where=_only, postgresql_where=_only)
 # Tag filters (JSONB containment) on PostgreSQL; SQLite has no index for JSON.
 Index(
     "ix_promises_tags",

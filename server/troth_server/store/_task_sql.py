@@ -306,14 +306,21 @@ class TaskTx:
         params = {"group": group, "worker": prefer_worker, "limit": limit, "now": at}
         probes = _probes_for(route)
 
-        def run(probe: Any) -> list[Task]:
-            return [to_task(r) for r in self._conn.execute(probe, params).mappings()]
+        def run(probe: Any, wanted: int) -> list[Task]:
+            # Each probe locks only what can still make the batch: rows it locks but
+            # the claim leaves are held from other replicas until this one commits.
+            if wanted <= 0:
+                return []
+            rows = self._conn.execute(probe, {**params, "limit": wanted}).mappings()
+            return [to_task(r) for r in rows]
 
-        found = run(probes.mine) + run(probes.anyone) + run(probes.due)
-        if sum(_preference(t, prefer_worker) < _ELSEWHERE for t in found) < limit:
-            # Tasks another worker is preferred for, only when this worker's own and
-            # everyone's leave room: none of them could come before.
-            found += run(probes.promised)
+        mine = run(probes.mine, limit)
+        # The due ones come in the claim's order too: at most `limit` of them can count.
+        found = mine + run(probes.anyone, limit - len(mine)) + run(probes.due, limit)
+        ahead = sum(_preference(t, prefer_worker) < _ELSEWHERE for t in found)
+        # Tasks another worker is preferred for, only as many as the others leave room
+        # for: none of them can come before.
+        found += run(probes.promised, limit - ahead)
         found.sort(key=lambda t: (_preference(t, prefer_worker), t.create_time or 0))
         return found[:limit]
 

@@ -1,4 +1,4 @@
-"""claims in index order: a partial index per probe of the claim
+"""claims in index order, and searches of a rejected state by its own index
 
 Revision ID: 0013
 Revises: 0012
@@ -19,6 +19,11 @@ partial index that holds exactly those rows, in that order:
   they may run again.
 
 A ready task is PENDING with no `next_attempt_time` (a claim clears it).
+
+And a search for a rejected state walks that state's rows in seq order, not the
+whole history: `ix_promises_rejected_seq`, `ix_promises_canceled_seq`,
+`ix_promises_timedout_seq` (each partial on its state; RESOLVED rows are most of
+a history, and a walk in seq order finds them densely).
 """
 
 from __future__ import annotations
@@ -52,13 +57,25 @@ _INDEXES = {
 }
 
 
+_STATE_INDEXES = {
+    "ix_promises_rejected_seq": "REJECTED",
+    "ix_promises_canceled_seq": "REJECTED_CANCELED",
+    "ix_promises_timedout_seq": "REJECTED_TIMEDOUT",
+}
+
+
 def upgrade() -> None:
     for name, (columns, where) in _INDEXES.items():
         op.create_index(
             name, "tasks", columns, sqlite_where=sa.text(where), postgresql_where=sa.text(where)
         )
+    for name, state in _STATE_INDEXES.items():
+        only = sa.text(f"state = '{state}'")
+        op.create_index(name, "promises", ["seq"], sqlite_where=only, postgresql_where=only)
 
 
 def downgrade() -> None:
+    for name in reversed(_STATE_INDEXES):
+        op.drop_index(name, "promises")
     for name in reversed(_INDEXES):
         op.drop_index(name, "tasks")
