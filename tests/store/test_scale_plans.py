@@ -30,7 +30,7 @@ from typing import Any
 import psycopg
 import pytest
 from _pg import fresh_schema
-from _scale import BACKLOG_GROUP, INBOX, ME, NOW, OVERDUE, seed
+from _scale import BACKLOG_GROUP, INBOX, ME, NOW, OVERDUE, RESUMES_GROUP, seed
 from sqlalchemy import Engine, event
 
 from troth_server.domain.promise import PromiseState
@@ -280,6 +280,11 @@ def claim_elsewhere(store: Store) -> object:
     return store.write(lambda tx: tx.pending_tasks(BACKLOG_GROUP, "w-new", CLAIM, ANY, NOW))
 
 
+def claim_others_resumes(store: Store) -> object:
+    # A group of resumes preferred for other workers: this worker takes the oldest.
+    return store.write(lambda tx: tx.pending_tasks(RESUMES_GROUP, "w-new", CLAIM, ANY, NOW))
+
+
 def sweep(store: Store) -> object:
     return store.write(lambda tx: tx.expired_promise_ids(NOW, 1000))
 
@@ -291,6 +296,7 @@ def callbacks_by_promise(store: Store) -> object:
 def test_the_claim_reads_its_batch_not_the_backlog(world: Store) -> None:
     assert_bounded(world, claim, bound=4 * CLAIM + 10)
     assert_bounded(world, claim_elsewhere, bound=4 * CLAIM + 10)
+    assert_bounded(world, claim_others_resumes, bound=4 * CLAIM + 10)
 
 
 @pytest.mark.parametrize("random_page_cost", ["1.1", "4", "40"])
