@@ -21,6 +21,7 @@ import signal
 import socket
 import subprocess
 import tempfile
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -187,14 +188,25 @@ class Cluster:
     def kill(self) -> None:
         """SIGKILL the postmaster and every process of it at once, as when its machine
         dies: no backend finishes what it was doing, nothing is flushed or sent."""
-        pid_file = self.data / "postmaster.pid"
-        postmaster = int(pid_file.read_text().split()[0])
+        # postmaster.pid: the pid on its first line, "<shm key> <shm id>" on its seventh.
+        lines = (self.data / "postmaster.pid").read_text().splitlines()
+        postmaster = int(lines[0])
         doomed = [postmaster, *_children_of(postmaster)]
         for pid in doomed:
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+        # A killed postmaster leaves its small System V segment behind (it removes it
+        # when it exits): removed here, once every process that held it is gone.
+        deadline = time.monotonic() + 10
+        while any(_running(pid) for pid in doomed):
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.02)
+        shm = lines[6].split() if len(lines) > 6 else []
+        if len(shm) == 2 and shutil.which("ipcrm"):
+            subprocess.run(["ipcrm", "-m", shm[1]], capture_output=True)
 
     def execute(self, statement: str) -> list[tuple[object, ...]]:
         """One statement in autocommit on the `postgres` database; its rows."""
@@ -227,6 +239,15 @@ class Cluster:
         name = f"t_{uuid.uuid4().hex[:8]}"
         self.create_database(name)
         return self.url(name)
+
+
+def _running(pid: int) -> bool:
+    """Whether `pid` is a process that has not exited (a zombie has)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
 
 
 def _children_of(parent: int) -> list[int]:

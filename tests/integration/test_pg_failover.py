@@ -217,8 +217,8 @@ def fail_over_under_load(pair: Pair, client: Client, load: Load, at: Timings) ->
     load.start()
     wait_for(lambda: load.acknowledged() >= 300, 20, "the load to get going")
 
-    pair.primary.kill()
     at.killed = time.monotonic()
+    pair.primary.kill()
     wait_for(
         lambda: any(when > at.killed for when, _, _ in load.failures),
         10,
