@@ -29,11 +29,14 @@ from troth_server.store import open_store
 CITUS_ENV = "TROTH_TEST_CITUS"
 GROUP = "citus"
 
-pytestmark = pytest.mark.skipif(
-    not os.environ.get(CITUS_ENV),
-    reason=f"set {CITUS_ENV}=postgresql://USER@HOST:PORT/DATABASE (a Citus coordinator) "
-    "to run troth on Citus schema-based sharding",
-)
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        not os.environ.get(CITUS_ENV),
+        reason=f"set {CITUS_ENV}=postgresql://USER@HOST:PORT/DATABASE (a Citus coordinator) "
+        "to run troth on Citus schema-based sharding",
+    ),
+]
 
 
 @pytest.fixture
