@@ -137,6 +137,11 @@ class Cluster:
         directory: a base backup with its recovery settings written (`-R`:
         `standby.signal`, and `primary_conninfo` naming the primary's port). Not
         started."""
+        if not (primary.bindir / "pg_basebackup").is_file():
+            raise ClusterUnavailable(
+                f"a standby needs pg_basebackup, which {primary.bindir} lacks: install the "
+                f"PostgreSQL client binaries there, or point {PG_BIN_ENV} at a full bin directory"
+            )
         as_user, owner = owner_prefix()
         root = Path(tempfile.mkdtemp(prefix="troth-pg-"))
         if owner is not None:

@@ -63,7 +63,10 @@ def pair() -> Iterator[Pair]:
     standby: Cluster | None = None
     try:
         primary.start_on_a_free_port()
-        standby = Cluster.standby_of(primary)
+        try:
+            standby = Cluster.standby_of(primary)
+        except ClusterUnavailable as exc:
+            skip_without_binaries(str(exc))
         watchdogs.append(Cleanup(standby.stop_command(), remove=standby.root))
         standby.start_on_a_free_port()
         deadline = time.monotonic() + 30
