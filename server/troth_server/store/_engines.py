@@ -163,7 +163,14 @@ def open_announcer(conn: Connection, parsed: URL) -> Announcer:
     # database in different schemas must not wake each other.
     schema = conn.exec_driver_sql("SELECT current_schema()").scalar_one()
     channel = "troth" if schema == "public" else f"troth_{schema}"[:63]
-    conninfo = parsed.set(drivername="postgresql").render_as_string(hide_password=False)
+    # The pools' own reading of the URL (psycopg's dialect), so that the listener reaches
+    # the server they reach: a multi-host URL (`?host=h1:p1&host=h2:p2&target_session_
+    # attrs=read-write`, for a failover without a proxy) becomes libpq's `host=h1,h2
+    # port=p1,p2`, which the URL rendered back as text is not.
+    from psycopg.conninfo import make_conninfo  # here: a SQLite-only install has no psycopg
+
+    _, params = conn.dialect.create_connect_args(parsed.set(drivername="postgresql+psycopg"))
+    conninfo = make_conninfo("", **{k: v for k, v in params.items() if isinstance(v, str | int)})
     # Imported here: it imports psycopg, which a SQLite-only install does not have.
     from troth_server.store._listen import Announcer
 
