@@ -12,8 +12,10 @@ they missed, are ended so that their clients re-list).
 
 from __future__ import annotations
 
+import base64
 import threading
 import uuid
+import zlib
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -28,8 +30,8 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("troth.store.listen")
 
-# PostgreSQL's limit is 8000 bytes per payload; stay clear of it.
-_MAX_PAYLOAD = 7000
+# PostgreSQL's limit: a payload shorter than 8000 bytes.
+_MAX_PAYLOAD = 7900
 _RECONNECT_DELAYS = (0.1, 0.25, 0.5, 1.0, 2.0)
 
 
@@ -55,33 +57,36 @@ class Announcer:
         created: Collection[str] = (),
     ) -> list[dict[str, str]]:
         """The parameters of `NOTIFY` (one statement each) that announce these changes
-        to the other replicas when the write transaction that made them commits."""
-        return [
-            {"channel": self.channel, "payload": payload}
-            for payload in self._payloads(sorted(groups), list(settled), list(created))
-        ]
+        to the other replicas when the write transaction that made them commits: one,
+        unless even compressed they outgrow a payload (then as few as carry them)."""
+        entries = (
+            [("g", g) for g in sorted(groups)]
+            + [("c", i) for i in created]
+            + [("s", i) for i in settled]
+        )
+        return [{"channel": self.channel, "payload": p} for p in self._payloads(entries)]
 
-    def _payloads(self, groups: list[str], settled: list[str], created: list[str]) -> list[str]:
-        """Messages under PostgreSQL's payload limit; the groups ride in the first."""
-        payloads = []
-        chunk: dict[str, list[str]] = {"s": [], "c": []}
-        size = 0
-        for key, promise_id in [("c", i) for i in created] + [("s", i) for i in settled]:
-            if size and size + len(promise_id) + 4 > _MAX_PAYLOAD // 2:
-                payloads.append(self._encode(groups, chunk))
-                groups, chunk, size = [], {"s": [], "c": []}, 0
-            chunk[key].append(promise_id)
-            size += len(promise_id.encode()) + 4
-        if size or groups:
-            payloads.append(self._encode(groups, chunk))
-        return payloads
+    def _payloads(self, entries: list[tuple[str, str]]) -> list[str]:
+        """`entries` in one payload under PostgreSQL's limit, or halved until each
+        half fits (in order: a promise's CREATED is never after its SETTLED)."""
+        payload = self._encode(entries)
+        if len(payload.encode()) <= _MAX_PAYLOAD or len(entries) <= 1:
+            return [payload]
+        half = len(entries) // 2
+        return self._payloads(entries[:half]) + self._payloads(entries[half:])
 
-    def _encode(self, groups: list[str], ids: dict[str, list[str]]) -> str:
-        message: dict[str, object] = {"o": self._origin, "g": groups, "s": ids["s"]}
-        if ids["c"]:
-            # Only when there are some: a replica from before created ids ignores the key.
-            message["c"] = ids["c"]
-        return orjson.dumps(message).decode()
+    def _encode(self, entries: list[tuple[str, str]]) -> str:
+        body: dict[str, list[str]] = {"g": [], "s": []}
+        for key, value in entries:
+            body.setdefault(key, []).append(value)
+        # "c" only when there are some: a replica from before created ids ignores the key.
+        plain = orjson.dumps({"o": self._origin, **body}).decode()
+        if len(plain) <= _MAX_PAYLOAD:
+            return plain
+        # Ids repeat their prefixes (roots, steps, groups): compressed, a batch's
+        # hundreds fit one payload. The origin stays plain, to skip one's own unread.
+        packed = base64.b85encode(zlib.compress(orjson.dumps(body), 6)).decode()
+        return orjson.dumps({"o": self._origin, "z": packed}).decode()
 
     def listen(self, on_event: Callable[[StoreEvent], None]) -> None:
         self._thread = threading.Thread(
@@ -140,6 +145,12 @@ class Announcer:
             return None
         if message.get("o") == self._origin:
             return None
+        if "z" in message:
+            try:
+                message = orjson.loads(zlib.decompress(base64.b85decode(message["z"])))
+            except (ValueError, zlib.error, orjson.JSONDecodeError):
+                log.warning("listen.bad_payload", payload=payload[:200])
+                return None
         return StoreEvent(
             frozenset(message.get("g", ())),
             tuple(message.get("s", ())),
