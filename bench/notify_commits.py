@@ -85,7 +85,7 @@ def client(
             began = time.perf_counter()
             with conn.transaction():
                 cur = conn.cursor()
-                cur.executemany("INSERT INTO bench_notify (id) VALUES (%s)", [(i,) for i in ids])
+                cur.execute("INSERT INTO bench_notify (id) SELECT unnest(%s::text[])", (ids,))
                 for payload in payloads:
                     cur.execute("SELECT pg_notify(%s, %s)", (CHANNEL, payload))
             latencies.append(time.perf_counter() - began)

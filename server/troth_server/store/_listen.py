@@ -41,9 +41,12 @@ class Announcer:
     notify_sql = "SELECT pg_notify(%(channel)s, %(payload)s)"
     """The statement each of `notifications` is the parameters of."""
 
-    def __init__(self, conninfo: str, channel: str) -> None:
+    def __init__(self, conninfo: str, channel: str, database: str | None = None) -> None:
         self.channel = channel
         self._conninfo = conninfo
+        self._database = database
+        """The database the writes go to (None: unchecked): the listener's must be it."""
+        self._warned = False
         self._origin = uuid.uuid4().hex[:12]
         """Marks this replica's own announcements, which it ignores."""
         self._stop = threading.Event()
@@ -113,6 +116,9 @@ class Announcer:
                 with psycopg.connect(self._conninfo, autocommit=True, connect_timeout=5) as conn:
                     self._conn = conn
                     conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
+                    if not self._warned:
+                        self._warned = True
+                        self._check_session(conn)
                     if not first:
                         log.info("listen.reconnected", channel=self.channel)
                         _deliver(on_event, StoreEvent(resync=True))
@@ -136,6 +142,37 @@ class Announcer:
                 self._stop.wait(1.0)
             finally:
                 self._conn = None
+
+    def _check_session(self, conn: psycopg.Connection[Any]) -> None:
+        """Warn when this connection cannot hear the writes' announcements: it is
+        to another database, or it goes through a pooler (which, pooling per
+        transaction, gives the LISTEN's session to other clients)."""
+        row = conn.execute("SELECT current_database(), pg_backend_pid()").fetchone()
+        assert row is not None
+        database, server_pid = row
+        where = conn.info.host, conn.info.port, conn.info.dbname
+        if self._database is not None and database != self._database:
+            log.error(
+                "listen.other_database",
+                listening_to=database,
+                writing_to=self._database,
+                fix="give --db-listen-url the database --db writes to; replicas "
+                "hear each other's commits only there",
+            )
+        if conn.info.backend_pid != server_pid:
+            # PostgreSQL tells a client its backend's pid at connect; a pooler
+            # (PgBouncer) tells it one of its own instead.
+            log.warning(
+                "listen.through_pooler",
+                host=where[0],
+                port=where[1],
+                database=where[2],
+                why="the listener's connection goes through a connection pooler: "
+                "in transaction mode (PgBouncer pool_mode=transaction) its LISTEN "
+                "is lost and replicas stop hearing each other's commits",
+                fix="point --db-listen-url (TROTH_DB_LISTEN_URL) at PostgreSQL "
+                "directly or at a session-mode pool",
+            )
 
     def _decode(self, payload: str) -> StoreEvent | None:
         try:
