@@ -115,10 +115,11 @@ class Announcer:
             try:
                 with psycopg.connect(self._conninfo, autocommit=True, connect_timeout=5) as conn:
                     self._conn = conn
-                    conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
                     if not self._warned:
                         self._warned = True
                         self._check_session(conn)
+                    # The session's last statement (pg_stat_activity shows it).
+                    conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
                     if not first:
                         log.info("listen.reconnected", channel=self.channel)
                         _deliver(on_event, StoreEvent(resync=True))
