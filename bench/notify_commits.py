@@ -9,6 +9,9 @@ random like a client's, inserted into a scratch table) and then, by mode:
   `pg_notify` each (troth before issue 29: 3 for a batch of 200 random ids);
 - ``one``: troth's announcement as it is now (`Announcer.notifications`: one
   payload, compressed when it must be);
+- ``after``: no NOTIFY in the write transaction; one after it, from a thread and
+  connection of the writer's own, coalescing all that committed meanwhile, in a
+  transaction that does not wait for its WAL flush (a design, not troth's);
 - ``per-row``: one `pg_notify` per row (the pgbench finding of issue 29, whose
   transactions were one row each: run it with `--batch 1`).
 
@@ -64,7 +67,7 @@ def payloads_of(mode: str, ids: list[str], announcer: Announcer) -> list[str]:
         return [
             orjson.dumps({"o": "bench", "g": ["orders"], "s": [], "c": [i]}).decode() for i in ids
         ]
-    raise SystemExit(f"unknown mode {mode!r}: give none, chunked, one or per-row")
+    raise SystemExit(f"unknown mode {mode!r}: give none, chunked, one, after or per-row")
 
 
 def client(
@@ -76,19 +79,64 @@ def client(
     start: threading.Barrier,
 ) -> None:
     announcer = Announcer(conninfo, CHANNEL)
+    after = AfterCommit(conninfo) if mode == "after" else None
     with psycopg.connect(conninfo) as conn:
         start.wait()  # every client connected: the window starts now
         until = time.monotonic() + seconds
         while time.monotonic() < until:
             ids = [str(uuid.uuid4()) for _ in range(batch)]
-            payloads = payloads_of(mode, ids, announcer)
+            payloads = payloads_of("one" if after else mode, ids, announcer)
             began = time.perf_counter()
             with conn.transaction():
                 cur = conn.cursor()
                 cur.execute("INSERT INTO bench_notify (id) SELECT unnest(%s::text[])", (ids,))
-                for payload in payloads:
+                for payload in [] if after else payloads:
                     cur.execute("SELECT pg_notify(%s, %s)", (CHANNEL, payload))
             latencies.append(time.perf_counter() - began)
+            if after:
+                after.send(payloads)
+    if after:
+        after.close()
+
+
+class AfterCommit:
+    """``after``: each writer's announcements sent once its commit is done, by a thread
+    of its own on a connection of its own, all that waits in one NOTIFY transaction
+    (coalesced) without waiting for its WAL flush (`synchronous_commit = off`)."""
+
+    def __init__(self, conninfo: str) -> None:
+        self._conn = psycopg.connect(conninfo)
+        self._waiting: list[str] = []
+        self._ready = threading.Condition()
+        self._closed = False
+        self._thread = threading.Thread(target=self._run)
+        self._thread.start()
+
+    def send(self, payloads: list[str]) -> None:
+        with self._ready:
+            self._waiting.extend(payloads)
+            self._ready.notify()
+
+    def close(self) -> None:
+        with self._ready:
+            self._closed = True
+            self._ready.notify()
+        self._thread.join()
+        self._conn.close()
+
+    def _run(self) -> None:
+        while True:
+            with self._ready:
+                while not self._waiting and not self._closed:
+                    self._ready.wait()
+                if not self._waiting:
+                    return
+                # Coalesced as troth would (one payload, compressed): here, the last's.
+                taken, self._waiting = self._waiting[-1:], []
+            with self._conn.transaction():
+                self._conn.execute("SET LOCAL synchronous_commit = off")
+                for payload in taken:
+                    self._conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, payload))
 
 
 def listener(conninfo: str, stop: threading.Event, heard: list[int]) -> None:
