@@ -84,7 +84,7 @@ class Announcer:
             body.setdefault(key, []).append(value)
         # "c" only when there are some: a replica from before created ids ignores the key.
         plain = orjson.dumps({"o": self._origin, **body}).decode()
-        if len(plain) <= _MAX_PAYLOAD:
+        if len(plain.encode()) <= _MAX_PAYLOAD:
             return plain
         # Ids repeat their prefixes (roots, steps, groups): compressed, a batch's
         # hundreds fit one payload. The origin stays plain, to skip one's own unread.
