@@ -31,10 +31,12 @@ import pytest
 from _pg import admin_url, fresh_schema
 from _procs import reap
 from _support import PollStream, ServerProcess, eventually, start_server, start_workflow
+from structlog.testing import capture_logs
 
 from troth.v1 import promises_pb2 as pb
 from troth.v1 import promises_pb2_grpc, tasks_pb2, tasks_pb2_grpc
 from troth.v1 import types_pb2 as types
+from troth_server.store import open_store
 
 PGBOUNCER = shutil.which("pgbouncer") or next(
     (p for p in ("/usr/sbin/pgbouncer", "/usr/bin/pgbouncer") if os.access(p, os.X_OK)), None
@@ -185,13 +187,44 @@ def test_wake_ups_cross_replicas_whose_pool_pools_per_transaction(pair: Pair) ->
         assert "listen.through_pooler" not in server.log()
 
 
-def test_a_listener_through_the_pooler_is_warned_about(bouncer: Bouncer, tmp_path: Path) -> None:
-    server = start_server(tmp_path / "listening-through", db_url=bouncer.url())
-    try:
-        eventually(lambda: "listen.through_pooler" in server.log(), timeout=15, what="a warning")
-        assert "--db-listen-url" in server.log()
-    finally:
-        server.stop()
+def test_a_listener_through_the_pooler_is_warned_about(bouncer: Bouncer, schema_url: str) -> None:
+    """Straight to PostgreSQL, then through the pooler: only the second is warned about."""
+    with capture_logs() as logs:
+        store = open_store(bouncer.url(), listen_url=schema_url, transaction_pooling=True)
+        try:
+            store.listen(lambda _event: None)
+            # Its session is checked before its LISTEN: once that is seen, any warning
+            # has been logged.
+            eventually(lambda: _listening(schema_url) == 1, timeout=10, what="its LISTEN")
+        finally:
+            store.close()
+    assert not [e for e in logs if e["event"].startswith("listen.")], logs
+
+    with capture_logs() as logs:
+
+        def warned() -> list[dict[str, str]]:
+            return [e for e in logs if e["event"] == "listen.through_pooler"]
+
+        store = open_store(bouncer.url(), listen_url=bouncer.url(), transaction_pooling=True)
+        try:
+            store.listen(lambda _event: None)
+            eventually(warned, timeout=10, what="listen.through_pooler in the log")
+        finally:
+            store.close()
+    warning = warned()[0]
+    assert "--db-listen-url" in warning["fix"]
+    assert "transaction" in warning["why"]
+
+
+def _listening(schema_url: str) -> int:
+    """Sessions of the suite's PostgreSQL whose last statement was the schema's LISTEN."""
+    schema = parse_qs(urlsplit(schema_url).query)["options"][0].split("=", 1)[1]
+    with psycopg.connect(admin_url(), autocommit=True) as admin:
+        row = admin.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE query = %s", (f'LISTEN "troth_{schema}"',)
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
 
 
 def test_transaction_pooling_without_a_listener_url_is_refused() -> None:
