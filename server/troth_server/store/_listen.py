@@ -8,6 +8,13 @@ announcements from the others into dispatcher and watcher wake-ups and
 disconnected resyncs (the periodic scans find any task or settle a lost
 notification would have announced; event streams, which cannot replay what
 they missed, are ended so that their clients re-list).
+
+A commit announces in one NOTIFY (compressed when its ids outgrow a plain payload):
+PostgreSQL serialises notifying commits, cluster-wide, on one lock held through each
+one's commit, so what counts is that a group commit is one notifying transaction
+(bench/notify_commits.py measures it). The listener's connection is its own
+(`--db-listen-url`): LISTEN needs a session, which a transaction-mode pooler does
+not keep; one that goes through a pooler is warned about at start.
 """
 
 from __future__ import annotations
