@@ -11,9 +11,15 @@ they ran with:
   tasks or callbacks, no Sort whose input is more than the statement's bound, and
   the rows its scans read (returned plus removed by a filter or a recheck, times
   their loops) within that bound.
-- SQLite: `EXPLAIN QUERY PLAN` (SQLite reports no row counts): no `SCAN` of a large
-  table without an index that serves the search, and no `USE TEMP B-TREE FOR ORDER
-  BY` (a sort of what the filter found).
+- SQLite: `EXPLAIN QUERY PLAN` and a run of the statement: no `SCAN` of a large
+  table without an index (but a walk in rowid order that stopped at its page), and
+  the rows it read, which SQLite does not report, counted by its virtual machine's
+  steps (`STEPS_PER_ROW`) within the bound; a sort (`USE TEMP B-TREE FOR ORDER BY`)
+  takes no more than what was read.
+
+Not here: startup's `newest_time`, which scans (it runs on SQLite only, once per
+start: PostgreSQL's clock is the database's), and searches by tag or by a scoped
+principal's id prefix, which walk in seq order until their page is full.
 """
 
 from __future__ import annotations
