@@ -1,8 +1,11 @@
 """A private PostgreSQL cluster for tests: `initdb` into a temporary directory, its
 own port and socket directory, trust auth, user `postgres`.
 
-Used by `_pg` (the suite's throwaway server when the machine has none) and by the
-tests that stop and start a database under a running server (test_pg_restart).
+Used by `_pg` (the suite's throwaway server when the machine has none), by the
+tests that stop and start a database under a running server (test_pg_restart),
+and by the failover test, which adds a streaming-replication standby
+(`Cluster.standby_of`), kills the primary (`kill`) and promotes the standby
+(`promote`).
 As root, initdb and pg_ctl run as the `postgres` OS user (initdb refuses root),
 in a directory under /tmp that user owns (root's pytest directories are private,
 and the socket path must stay short).
@@ -14,9 +17,11 @@ import os
 import pwd
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -126,6 +131,32 @@ class Cluster:
         if done.returncode != 0:
             raise RuntimeError(f"{tool} {' '.join(args)} failed:\n{done.stdout}{done.stderr}")
 
+    @classmethod
+    def standby_of(cls, primary: Cluster) -> Cluster:
+        """A streaming-replication standby of the running `primary`, in a fresh
+        directory: a base backup with its recovery settings written (`-R`:
+        `standby.signal`, and `primary_conninfo` naming the primary's port). Not
+        started."""
+        if not (primary.bindir / "pg_basebackup").is_file():
+            raise ClusterUnavailable(
+                f"a standby needs pg_basebackup, which {primary.bindir} lacks: install the "
+                f"PostgreSQL client binaries there, or point {PG_BIN_ENV} at a full bin directory"
+            )
+        as_user, owner = owner_prefix()
+        root = Path(tempfile.mkdtemp(prefix="troth-pg-"))
+        if owner is not None:
+            os.chown(root, owner, -1)
+        made = cls(primary.bindir, root, free_port(), as_user)
+        try:
+            made._run(
+                "pg_basebackup", "-h", "127.0.0.1", "-p", str(primary.port), "-U", "postgres",
+                "-D", str(made.data), "-R", "-X", "stream", "-c", "fast",
+            )  # fmt: skip
+        except BaseException:
+            shutil.rmtree(root, ignore_errors=True)
+            raise
+        return made
+
     def init(self) -> None:
         self._run("initdb", "-D", str(self.data), "-A", "trust", "-U", "postgres", "-N")
 
@@ -155,6 +186,39 @@ class Cluster:
         """`immediate`: every backend killed at once, as in a crash (recovery at start)."""
         self._run("pg_ctl", "stop", "-D", str(self.data), "-m", mode, "-w", "-t", "60")
 
+    def promote(self) -> None:
+        """`pg_ctl promote` a standby: returns once it accepts writes."""
+        self._run("pg_ctl", "promote", "-D", str(self.data), "-w", "-t", "60")
+
+    def kill(self) -> None:
+        """SIGKILL the postmaster and every process of it at once, as when its machine
+        dies: no backend finishes what it was doing, nothing is flushed or sent."""
+        # postmaster.pid: the pid on its first line, "<shm key> <shm id>" on its seventh.
+        lines = (self.data / "postmaster.pid").read_text().splitlines()
+        postmaster = int(lines[0])
+        doomed = [postmaster, *_children_of(postmaster)]
+        for pid in doomed:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        # A killed postmaster leaves its small System V segment behind (it removes it
+        # when it exits): removed here, once every process that held it is gone.
+        deadline = time.monotonic() + 10
+        while any(_running(pid) for pid in doomed):
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.02)
+        shm = lines[6].split() if len(lines) > 6 else []
+        if len(shm) == 2 and shutil.which("ipcrm"):
+            subprocess.run(["ipcrm", "-m", shm[1]], capture_output=True)
+
+    def execute(self, statement: str) -> list[tuple[object, ...]]:
+        """One statement in autocommit on the `postgres` database; its rows."""
+        with psycopg.connect(self.url("postgres", "postgresql"), autocommit=True) as conn:
+            cursor = conn.execute(statement)
+            return cursor.fetchall() if cursor.description else []
+
     def destroy(self) -> None:
         """Stop it (if running) and remove its directory."""
         try:
@@ -180,3 +244,25 @@ class Cluster:
         name = f"t_{uuid.uuid4().hex[:8]}"
         self.create_database(name)
         return self.url(name)
+
+
+def _running(pid: int) -> bool:
+    """Whether `pid` is a process that has not exited (a zombie has)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def _children_of(parent: int) -> list[int]:
+    """The pids whose parent is `parent` (from /proc: a postmaster's backends)."""
+    children = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # ended meanwhile
+        if int(fields[1]) == parent:
+            children.append(int(stat.parent.name))
+    return children

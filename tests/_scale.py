@@ -38,6 +38,8 @@ PREFERRED_ELSEWHERE = 1_000
 PREFERRED_ME = 200
 PAUSED = 100
 COMPLETED = 50_000
+RESUMES_GROUP = "resumes"
+RESUMES = 5_000
 TIMEDOUT_EVERY = 450
 """One standalone promise in this many is REJECTED_TIMEDOUT (200 of them): a rare state."""
 
@@ -119,6 +121,13 @@ def _statements(d: _Dialect) -> list[str]:
               CASE WHEN n % 1000 = 3 THEN 3 ELSE 0 END,
               CASE WHEN n % 1000 = 3 AND n <= 20000 THEN {NOW} - 1000 - n
                    WHEN n % 1000 = 3 THEN {NOW} + 600000 + n END FROM g""",
+        # A group of resumes only, each preferred for a worker that may still hold
+        # its generator: another worker takes them only when nothing else is left.
+        f"""INSERT INTO tasks (id, root_promise_id, "group", kind, state, counter,
+              preferred_worker_id, resume_pending, create_time, workflow)
+              {_counter(RESUMES)}
+            SELECT 'resume-' || n, 'resume-root-' || n, '{RESUMES_GROUP}', 'RESUME', 'PENDING',
+              1, 'w-' || (n % 7), {d.false}, {NOW} - 5000000 + n * 10, 'approve' FROM g""",
         # Completed tasks of another group (before they are deleted).
         f"""INSERT INTO tasks (id, root_promise_id, "group", kind, state, counter,
               resume_pending, create_time, complete_time, workflow) {_counter(COMPLETED)}

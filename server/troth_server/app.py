@@ -141,6 +141,8 @@ class Core:
             sqlite_synchronous=settings.sqlite_synchronous,
             migrate=settings.migrate,
             application_name=f"troth-server {settings.listen} pid {os.getpid()}",
+            listen_url=settings.db_listen_url,
+            transaction_pooling=settings.db_transaction_pooling,
         )
         if clock is None:
             clock = store_clock(self.store, WallClock.from_env())

@@ -86,6 +86,11 @@ class Limits:
 class Settings:
     listen: str = "127.0.0.1:7070"
     db: str = "sqlite:///troth.db"
+    db_listen_url: str | None = None
+    """PostgreSQL: the URL of the connection replicas hear each other's commits on
+    (LISTEN), which keeps its session; None: --db's."""
+    db_transaction_pooling: bool = False
+    """PostgreSQL: --db goes through a transaction-mode pooler (PgBouncer)."""
     migrate: bool = False
     sqlite_synchronous: str = "FULL"
     sweep_interval_ms: int = 1000
@@ -156,6 +161,20 @@ class Settings:
 _OPTIONS: dict[str, tuple[str, type | None, str]] = {
     "listen": ("listen", str, "address to serve gRPC on, HOST:PORT (port 0 picks a free one)"),
     "db": ("db", str, "database URL; the embedded default is a SQLite file"),
+    "db-listen-url": (
+        "db_listen_url",
+        str,
+        "PostgreSQL: the database URL replicas hear each other's commits on (LISTEN, one "
+        "connection kept open); it needs a session of its own: PostgreSQL directly or a "
+        "session-mode pool, never a transaction-mode pooler (default: --db)",
+    ),
+    "db-transaction-pooling": (
+        "db_transaction_pooling",
+        bool,
+        "PostgreSQL: --db goes through a transaction-mode pooler (PgBouncer "
+        "pool_mode=transaction): prepare no statements and keep no setting per session; "
+        "needs --db-listen-url",
+    ),
     "migrate": (
         "migrate",
         bool,
@@ -435,6 +454,13 @@ def _check(settings: Settings, parser: argparse.ArgumentParser) -> None:
     if settings.limits.default_lease_ms > settings.limits.max_lease_ms:
         parser.error("default-lease cannot exceed max-lease")
     _check_keepalive(settings, parser)
+    if settings.db_transaction_pooling and not settings.db_listen_url:
+        parser.error(
+            "--db-transaction-pooling: replicas hear each other's commits with LISTEN, "
+            "which a transaction-mode pooler loses (it hands the session to other "
+            "clients); give --db-listen-url (TROTH_DB_LISTEN_URL) a URL to PostgreSQL "
+            "directly or to a session-mode pool"
+        )
     for flag, listen in (
         ("--metrics-listen", settings.metrics_listen),
         ("--console-listen", settings.console_listen),

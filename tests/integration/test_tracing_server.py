@@ -116,6 +116,13 @@ def test_a_settle_by_id_joins_the_workflows_trace(
                 handle = client.start(approval, "post", id=workflow_id, group=group)
             workflow_trace = request.get_span_context().trace_id
             eventually(lambda: exists(client, step), what="the human step")
+            # Settled before the INVOKE task suspends, the worker would go on in that
+            # task (no RESUME): settle once its span has ended.
+            eventually(
+                lambda: any(s.name == "troth.task" and s.context.trace_id == workflow_trace
+                            for s in exporter.get_finished_spans()),
+                what="the INVOKE task's suspension",
+            )  # fmt: skip
             settler_trace = settle(address, step)
             assert handle.result(timeout=20) == {"decision": "yes", "what": "post"}
 

@@ -101,3 +101,23 @@ def test_statements_deallocated_behind_the_cache_are_prepared_again(
     retried = Pipeline(conn, prepared)
     retried.execute(BY_ID, [{"id": "a"}])
     assert retried.run() == [[]]
+
+
+def test_unnamed_statements_prepare_nothing_and_answer_the_same(
+    conn: psycopg.Connection[Any],
+) -> None:
+    """A transaction-mode pooler: nothing prepared on the session, settings per transaction."""
+    unnamed = Prepared(named=False, after_begin=(b"SET LOCAL enable_seqscan = off",))
+    pipeline = Pipeline(conn, unnamed)
+    pipeline.begin()
+    pipeline.execute(INSERT, [{"id": "u", "n": 7, "data": b"\x02", "doc": '{"a": 1}'}])
+    pipeline.execute(BY_ID, [{"id": "u"}])
+    pipeline.query(b"SHOW enable_seqscan")
+    pipeline.query(b"COMMIT")
+    assert pipeline.run() == [[("u", 7, b"\x02", {"a": 1})], [("off",)]]
+    alone = Pipeline(conn, unnamed)
+    alone.execute(BY_ID, [{"id": "u"}])
+    assert alone.run() == [[("u", 7, b"\x02", {"a": 1})]]
+    assert conn.execute("SELECT count(*) FROM pg_prepared_statements").fetchone() == (0,)
+    assert conn.execute("SHOW enable_seqscan").fetchone() == ("on",)
+    assert unnamed.names == {}

@@ -72,3 +72,39 @@ def test_server_durations_are_the_clis_one_syntax() -> None:
     for bad in ("soon", "1h 30m", "90", "-5s", "1x"):
         with pytest.raises(SystemExit):
             settings_from(["--default-ttl", bad], environ={})
+
+
+@pytest.mark.parametrize(
+    ("argv", "environ"),
+    [
+        (["--db-transaction-pooling", "--db-listen-url", "postgresql://pg/troth"], {}),
+        (
+            [],
+            {
+                "TROTH_DB_TRANSACTION_POOLING": "true",
+                "TROTH_DB_LISTEN_URL": "postgresql://pg/troth",
+            },
+        ),
+    ],
+)
+def test_a_transaction_pooled_db_with_a_listener_url_of_its_own_is_taken(
+    argv: list[str], environ: dict[str, str]
+) -> None:
+    settings = settings_from(argv, environ)
+    assert settings.db_transaction_pooling
+    assert settings.db_listen_url == "postgresql://pg/troth"
+
+
+@pytest.mark.parametrize(
+    ("argv", "environ"),
+    [(["--db-transaction-pooling"], {}), ([], {"TROTH_DB_TRANSACTION_POOLING": "1"})],
+)
+def test_a_transaction_pooled_db_without_a_listener_url_is_refused_saying_why(
+    argv: list[str], environ: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as caught:
+        settings_from(argv, environ)
+    assert caught.value.code == 2
+    err = capsys.readouterr().err
+    assert "LISTEN" in err
+    assert "give --db-listen-url (TROTH_DB_LISTEN_URL)" in err

@@ -318,10 +318,17 @@ def open_store(
     read_pool_size: int = 8,
     migrate: bool = False,
     application_name: str = "troth-server",
+    listen_url: str | None = None,
+    transaction_pooling: bool = False,
 ) -> Store:
     """Open the store at `url`: `sqlite:///PATH` (embedded; always migrated to this
     server's schema) or `postgresql+psycopg://...` (migrated only with `migrate`;
-    otherwise a schema that is behind raises `SchemaBehind`)."""
+    otherwise a schema that is behind raises `SchemaBehind`).
+
+    PostgreSQL: replicas hear each other's commits on a connection of their own,
+    to `listen_url` (default `url`), which must keep its session (LISTEN): PostgreSQL
+    directly or a session-mode pool. `transaction_pooling`: `url` goes through a
+    transaction-mode pooler; nothing is prepared and no setting kept per session."""
     from troth_server.store import _sql
 
     return _sql.open_sql_store(
@@ -330,4 +337,6 @@ def open_store(
         read_pool_size=read_pool_size,
         migrate=migrate,
         application_name=application_name,
+        listen_url=listen_url,
+        transaction_pooling=transaction_pooling,
     )

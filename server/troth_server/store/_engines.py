@@ -97,7 +97,13 @@ def require_postgres_driver() -> None:
         raise StoreError(POSTGRES_MISSING) from exc
 
 
-def postgresql_engines(parsed: URL, pool_size: int, application_name: str) -> Engines:
+def postgresql_engines(
+    parsed: URL, pool_size: int, application_name: str, *, transaction_pooling: bool = False
+) -> Engines:
+    """`transaction_pooling`: `parsed` goes through a transaction-mode pooler (PgBouncer
+    `pool_mode = transaction`), which gives each transaction whichever server
+    connection is free: no statement is prepared (psycopg's `prepare_threshold=None`,
+    the pipeline's statements unnamed) and no setting is left on a session."""
     require_postgres_driver()
     if parsed.drivername not in ("postgresql", "postgresql+psycopg"):
         raise StoreError(
@@ -120,6 +126,8 @@ def postgresql_engines(parsed: URL, pool_size: int, application_name: str) -> En
     write_engine = create_engine(
         plain, pool_size=1, max_overflow=0, connect_args=unprepared, **json
     )
+    if transaction_pooling:
+        connect_args = unprepared
     # Reads in REPEATABLE READ: a read of several statements (a workflow's tree,
     # SearchTasks' PENDING then CLAIMED) sees one snapshot, as on SQLite. Under READ
     # COMMITTED, a task whose lease expired between two of them was in neither.
@@ -146,28 +154,55 @@ def postgresql_engines(parsed: URL, pool_size: int, application_name: str) -> En
         **json,
     )
 
-    @event.listens_for(write_engine, "connect")
-    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
-        # Every write statement is an index lookup by design. Without this, a young
-        # table that grew faster than autovacuum analyzes it is planned as if it
-        # were tiny, and each batch's id lookup became a sequential scan (measured:
-        # 30 ms instead of 0.3 ms at 60k rows, which halved throughput).
-        dbapi_conn.execute("SET enable_seqscan = off")
-        dbapi_conn.commit()
+    # Every write statement is an index lookup by design. Without this, a young
+    # table that grew faster than autovacuum analyzes it is planned as if it
+    # were tiny, and each batch's id lookup became a sequential scan (measured:
+    # 30 ms instead of 0.3 ms at 60k rows, which halved throughput).
+    no_seqscan = "SET enable_seqscan = off"
+    if transaction_pooling:
+        from troth_server.store._pg_pipeline import Prepared  # psycopg's: installed here
+
+        # Per transaction, with its BEGIN (one round trip still): a session's
+        # setting would stay on a server connection other clients get next.
+        local = (no_seqscan.replace("SET", "SET LOCAL", 1).encode(),)
+
+        @event.listens_for(write_engine, "connect")
+        def _unnamed_writes(_dbapi_conn: Any, record: Any) -> None:
+            record.info["troth_prepared"] = Prepared(named=False, after_begin=local)
+
+        @event.listens_for(point_engine, "connect")
+        def _unnamed_reads(_dbapi_conn: Any, record: Any) -> None:
+            record.info["troth_prepared"] = Prepared(named=False)
+
+    else:
+
+        @event.listens_for(write_engine, "connect")
+        def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+            dbapi_conn.execute(no_seqscan)
+            dbapi_conn.commit()
 
     return Engines(write_engine, read_engine, point_engine)
 
 
-def open_announcer(conn: Connection, parsed: URL) -> Announcer:
+def open_announcer(conn: Connection, listen_url: URL) -> Announcer:
+    """The announcer of the schema `conn` is in, listening on a connection of its own
+    to `listen_url` (a session: PostgreSQL directly or a session-mode pool)."""
     # Channels are per database, not per schema: two deployments sharing a
     # database in different schemas must not wake each other.
-    schema = conn.exec_driver_sql("SELECT current_schema()").scalar_one()
+    schema, database = conn.exec_driver_sql("SELECT current_schema(), current_database()").one()
     channel = "troth" if schema == "public" else f"troth_{schema}"[:63]
-    conninfo = parsed.set(drivername="postgresql").render_as_string(hide_password=False)
+    # The pools' own reading of the URL (psycopg's dialect), so that the listener reaches
+    # the server the URL names: a multi-host URL (`?host=h1:p1&host=h2:p2&target_session_
+    # attrs=read-write`, for a failover without a proxy) becomes libpq's `host=h1,h2
+    # port=p1,p2`, which the URL rendered back as text is not.
+    from psycopg.conninfo import make_conninfo  # here: a SQLite-only install has no psycopg
+
+    _, params = conn.dialect.create_connect_args(listen_url.set(drivername="postgresql+psycopg"))
+    conninfo = make_conninfo("", **{k: v for k, v in params.items() if isinstance(v, str | int)})
     # Imported here: it imports psycopg, which a SQLite-only install does not have.
     from troth_server.store._listen import Announcer
 
-    return Announcer(conninfo, channel)
+    return Announcer(conninfo, channel, database)
 
 
 def _configure_sqlite(engine: Engine, synchronous: str, *, begin: str) -> None:

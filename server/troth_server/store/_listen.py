@@ -8,12 +8,21 @@ announcements from the others into dispatcher and watcher wake-ups and
 disconnected resyncs (the periodic scans find any task or settle a lost
 notification would have announced; event streams, which cannot replay what
 they missed, are ended so that their clients re-list).
+
+A commit announces in one NOTIFY (compressed when its ids outgrow a plain payload):
+PostgreSQL serialises notifying commits, cluster-wide, on one lock held through each
+one's commit, so what counts is that a group commit is one notifying transaction
+(bench/notify_commits.py measures it). The listener's connection is its own
+(`--db-listen-url`): LISTEN needs a session, which a transaction-mode pooler does
+not keep; one that goes through a pooler is warned about at start.
 """
 
 from __future__ import annotations
 
+import base64
 import threading
 import uuid
+import zlib
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -28,8 +37,8 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("troth.store.listen")
 
-# PostgreSQL's limit is 8000 bytes per payload; stay clear of it.
-_MAX_PAYLOAD = 7000
+# PostgreSQL's limit: a payload shorter than 8000 bytes.
+_MAX_PAYLOAD = 7900
 _RECONNECT_DELAYS = (0.1, 0.25, 0.5, 1.0, 2.0)
 
 
@@ -39,9 +48,12 @@ class Announcer:
     notify_sql = "SELECT pg_notify(%(channel)s, %(payload)s)"
     """The statement each of `notifications` is the parameters of."""
 
-    def __init__(self, conninfo: str, channel: str) -> None:
+    def __init__(self, conninfo: str, channel: str, database: str | None = None) -> None:
         self.channel = channel
         self._conninfo = conninfo
+        self._database = database
+        """The database the writes go to (None: unchecked): the listener's must be it."""
+        self._warned = False
         self._origin = uuid.uuid4().hex[:12]
         """Marks this replica's own announcements, which it ignores."""
         self._stop = threading.Event()
@@ -55,33 +67,36 @@ class Announcer:
         created: Collection[str] = (),
     ) -> list[dict[str, str]]:
         """The parameters of `NOTIFY` (one statement each) that announce these changes
-        to the other replicas when the write transaction that made them commits."""
-        return [
-            {"channel": self.channel, "payload": payload}
-            for payload in self._payloads(sorted(groups), list(settled), list(created))
-        ]
+        to the other replicas when the write transaction that made them commits: one,
+        unless even compressed they outgrow a payload (then as few as carry them)."""
+        entries = (
+            [("g", g) for g in sorted(groups)]
+            + [("c", i) for i in created]
+            + [("s", i) for i in settled]
+        )
+        return [{"channel": self.channel, "payload": p} for p in self._payloads(entries)]
 
-    def _payloads(self, groups: list[str], settled: list[str], created: list[str]) -> list[str]:
-        """Messages under PostgreSQL's payload limit; the groups ride in the first."""
-        payloads = []
-        chunk: dict[str, list[str]] = {"s": [], "c": []}
-        size = 0
-        for key, promise_id in [("c", i) for i in created] + [("s", i) for i in settled]:
-            if size and size + len(promise_id) + 4 > _MAX_PAYLOAD // 2:
-                payloads.append(self._encode(groups, chunk))
-                groups, chunk, size = [], {"s": [], "c": []}, 0
-            chunk[key].append(promise_id)
-            size += len(promise_id.encode()) + 4
-        if size or groups:
-            payloads.append(self._encode(groups, chunk))
-        return payloads
+    def _payloads(self, entries: list[tuple[str, str]]) -> list[str]:
+        """`entries` in one payload under PostgreSQL's limit, or halved until each
+        half fits (in order: a promise's CREATED is never after its SETTLED)."""
+        payload = self._encode(entries)
+        if len(payload.encode()) <= _MAX_PAYLOAD or len(entries) <= 1:
+            return [payload]
+        half = len(entries) // 2
+        return self._payloads(entries[:half]) + self._payloads(entries[half:])
 
-    def _encode(self, groups: list[str], ids: dict[str, list[str]]) -> str:
-        message: dict[str, object] = {"o": self._origin, "g": groups, "s": ids["s"]}
-        if ids["c"]:
-            # Only when there are some: a replica from before created ids ignores the key.
-            message["c"] = ids["c"]
-        return orjson.dumps(message).decode()
+    def _encode(self, entries: list[tuple[str, str]]) -> str:
+        body: dict[str, list[str]] = {"g": [], "s": []}
+        for key, value in entries:
+            body.setdefault(key, []).append(value)
+        # "c" only when there are some: a replica from before created ids ignores the key.
+        plain = orjson.dumps({"o": self._origin, **body}).decode()
+        if len(plain.encode()) <= _MAX_PAYLOAD:
+            return plain
+        # Ids repeat their prefixes (roots, steps, groups): compressed, a batch's
+        # hundreds fit one payload. The origin stays plain, to skip one's own unread.
+        packed = base64.b85encode(zlib.compress(orjson.dumps(body), 6)).decode()
+        return orjson.dumps({"o": self._origin, "z": packed}).decode()
 
     def listen(self, on_event: Callable[[StoreEvent], None]) -> None:
         self._thread = threading.Thread(
@@ -107,6 +122,10 @@ class Announcer:
             try:
                 with psycopg.connect(self._conninfo, autocommit=True, connect_timeout=5) as conn:
                     self._conn = conn
+                    if not self._warned:
+                        self._warned = True
+                        self._check_session(conn)
+                    # The session's last statement (pg_stat_activity shows it).
                     conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
                     if not first:
                         log.info("listen.reconnected", channel=self.channel)
@@ -132,6 +151,37 @@ class Announcer:
             finally:
                 self._conn = None
 
+    def _check_session(self, conn: psycopg.Connection[Any]) -> None:
+        """Warn when this connection cannot hear the writes' announcements: it is
+        to another database, or it goes through a pooler (which, pooling per
+        transaction, gives the LISTEN's session to other clients)."""
+        row = conn.execute("SELECT current_database(), pg_backend_pid()").fetchone()
+        assert row is not None
+        database, server_pid = row
+        where = conn.info.host, conn.info.port, conn.info.dbname
+        if self._database is not None and database != self._database:
+            log.error(
+                "listen.other_database",
+                listening_to=database,
+                writing_to=self._database,
+                fix="give --db-listen-url the database --db writes to; replicas "
+                "hear each other's commits only there",
+            )
+        if conn.info.backend_pid != server_pid:
+            # PostgreSQL tells a client its backend's pid at connect; a pooler
+            # (PgBouncer) tells it one of its own instead.
+            log.warning(
+                "listen.through_pooler",
+                host=where[0],
+                port=where[1],
+                database=where[2],
+                why="the listener's connection goes through a connection pooler: "
+                "in transaction mode (PgBouncer pool_mode=transaction) its LISTEN "
+                "is lost and replicas stop hearing each other's commits",
+                fix="point --db-listen-url (TROTH_DB_LISTEN_URL) at PostgreSQL "
+                "directly or at a session-mode pool",
+            )
+
     def _decode(self, payload: str) -> StoreEvent | None:
         try:
             message = orjson.loads(payload)
@@ -140,6 +190,12 @@ class Announcer:
             return None
         if message.get("o") == self._origin:
             return None
+        if "z" in message:
+            try:
+                message = orjson.loads(zlib.decompress(base64.b85decode(message["z"])))
+            except (ValueError, zlib.error, orjson.JSONDecodeError):
+                log.warning("listen.bad_payload", payload=payload[:200])
+                return None
         return StoreEvent(
             frozenset(message.get("g", ())),
             tuple(message.get("s", ())),

@@ -72,6 +72,13 @@ class Prepared:
     """The statements prepared on one connection, by SQL and parameter types."""
 
     names: dict[tuple[bytes, tuple[int, ...]], bytes] = field(default_factory=dict)
+    named: bool = True
+    """False: prepare nothing, send each statement unnamed (parsed every time), as a
+    transaction-mode pooler needs: a statement prepared on one of its server
+    connections is missing on the next, or is another client's of the same name."""
+    after_begin: tuple[bytes, ...] = ()
+    """Statements each transaction runs after its BEGIN, in the same round trip
+    (transaction-mode pooling: a session's settings would not stay with it)."""
     _numbers: Iterator[int] = field(default_factory=itertools.count)
 
     def new_name(self) -> bytes:
@@ -109,6 +116,8 @@ class Pipeline:
         """BEGIN, unless the connection is in a transaction already."""
         if self._pg.transaction_status == pq.TransactionStatus.IDLE:
             self.query(b"BEGIN")
+            for statement in self._prepared.after_begin:
+                self.query(statement)
 
     def query(self, sql: bytes) -> None:
         """A statement without parameters (BEGIN, COMMIT, a clock read)."""
@@ -155,6 +164,8 @@ class Pipeline:
         sql, params, types, formats = command
         if params is None:
             pg.send_query_params(sql, None)
+        elif not self._prepared.named:
+            pg.send_query_params(sql, params, param_types=types, param_formats=formats)
         else:
             key = (sql, types)
             name = self._prepared.names.get(key)

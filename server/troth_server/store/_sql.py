@@ -423,6 +423,8 @@ def open_sql_store(
     read_pool_size: int,
     migrate: bool,
     application_name: str,
+    listen_url: str | None = None,
+    transaction_pooling: bool = False,
 ) -> SqlStore:
     parsed = make_url(url)
     backend = parsed.get_backend_name()
@@ -431,7 +433,9 @@ def open_sql_store(
         # The embedded default migrates itself: there is no one else to run it.
         migrate = True
     elif backend == "postgresql":
-        engines = postgresql_engines(parsed, read_pool_size, application_name)
+        engines = postgresql_engines(
+            parsed, read_pool_size, application_name, transaction_pooling=transaction_pooling
+        )
     else:
         raise StoreError(
             f"unsupported database URL {parsed.render_as_string(hide_password=True)!r}: "
@@ -445,7 +449,7 @@ def open_sql_store(
             else:
                 check_at_head(conn, url)
             if backend == "postgresql":
-                announcer = open_announcer(conn, parsed)
+                announcer = open_announcer(conn, make_url(listen_url) if listen_url else parsed)
     except BaseException as exc:
         engines.dispose()
         if isinstance(exc, DBAPIError):

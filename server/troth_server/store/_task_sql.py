@@ -14,7 +14,7 @@ import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Connection, and_, bindparam, case, func, or_, select
+from sqlalchemy import Connection, and_, bindparam, case, false, func, literal, or_, select
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
@@ -306,13 +306,13 @@ class TaskTx:
         params = {"group": group, "worker": prefer_worker, "limit": limit, "now": at}
         probes = _probes_for(route)
 
-        def run(probe: Any, wanted: int) -> list[Task]:
+        def run(probe: _Probe, wanted: int) -> list[Task]:
             # Each probe locks only what can still make the batch: rows it locks but
             # the claim leaves are held from other replicas until this one commits.
             if wanted <= 0:
                 return []
-            rows = self._conn.execute(probe, {**params, "limit": wanted}).mappings()
-            return [to_task(r) for r in rows]
+            sql, bound = probe.bound(self._conn.dialect, {**params, "limit": wanted})
+            return [_task_of(row) for row in self._conn.exec_driver_sql(sql, bound)]
 
         mine = run(probes.mine, limit)
         # The due ones come in the claim's order too: at most `limit` of them can count.
@@ -429,12 +429,44 @@ def _preference(task: Task, worker: str) -> int:
     return _MINE if task.preferred_worker_id == worker else _ELSEWHERE
 
 
+@dataclass(frozen=True, eq=False)
+class _Probe:
+    """One probe of the claim, and the index that serves it."""
+
+    stmt: Any
+    index: str
+
+    @functools.cached_property
+    def _compiled(self) -> dict[str, Any]:
+        return {}
+
+    def bound(self, dialect: Dialect, values: dict[str, Any]) -> tuple[str, Any]:
+        """Its SQL for `dialect` and the parameters for `values`, compiled once per
+        dialect. SQLite weighs a partial index by its rows per group, not by its
+        predicate: the group's index of every PENDING task looked as good to it as the
+        one of the rows a probe wants, and it walked the group's backlog to filter
+        them; there the probe names its index (`INDEXED BY`; PostgreSQL's planner
+        knows its partial indexes)."""
+        compiled = self._compiled.get(dialect.name)
+        if compiled is None:
+            compiled = self.stmt.compile(dialect=dialect)
+            sql = str(compiled)
+            if dialect.name == "sqlite":
+                sql = sql.replace("FROM tasks", f"FROM tasks INDEXED BY {self.index}", 1)
+            self._compiled[dialect.name] = compiled = (compiled, sql)
+        statement, sql = compiled
+        params = statement.construct_params(values)
+        if statement.positional:
+            return sql, tuple(params[name] for name in statement.positiontup)
+        return sql, params
+
+
 @dataclass(frozen=True)
 class _Probes:
-    mine: Any
-    anyone: Any
-    promised: Any
-    due: Any
+    mine: _Probe
+    anyone: _Probe
+    promised: _Probe
+    due: _Probe
 
 
 @functools.lru_cache(maxsize=256)
@@ -450,7 +482,10 @@ def _probes_for(route: Route) -> _Probes:
 
     s = TaskStatements
     return _Probes(
-        probe(s.ready_mine), probe(s.ready_anyone), probe(s.ready_promised), probe(s.due)
+        _Probe(probe(s.ready_mine), "ix_tasks_ready_preferred"),
+        _Probe(probe(s.ready_anyone), "ix_tasks_ready_anyone"),
+        _Probe(probe(s.ready_promised), "ix_tasks_ready_promised"),
+        _Probe(probe(s.due), "ix_tasks_backoff"),
     )
 
 
@@ -463,15 +498,23 @@ def route_condition(route: Route) -> Any:
     for name, version in sorted(route.accepted):
         by_name.setdefault(name, []).append(version)
     versioned = [
-        and_(c.workflow == name, c.workflow_version.in_(versions))
+        and_(c.workflow == name, _among(c.workflow_version, versions))
         for name, versions in by_name.items()
     ]
     unversioned = and_(
         c.workflow_version.is_(None),
         or_(
             c.workflow.is_(None),
-            c.workflow.in_(sorted(route.unversioned)),
-            c.workflow.not_in(sorted(route.known)),
+            _among(c.workflow, sorted(route.unversioned)),
+            ~_among(c.workflow, sorted(route.known)),
         ),
     )
     return or_(*versioned, unversioned)
+
+
+def _among(column: Any, values: Sequence[str]) -> Any:
+    """`column IN (...)` with one plain parameter per value (not SQLAlchemy's expanding
+    list, which a statement compiled once cannot carry); an empty list is false."""
+    if not values:
+        return false()
+    return column.in_([literal(v, column.type) for v in values])
