@@ -6,40 +6,15 @@ merges them: the merge must be the one order over every claimable task."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
-from pathlib import Path
-
-import pytest
-from _pg import fresh_schema
+from typing import TYPE_CHECKING
 
 from troth_server.domain.task import Task, TaskKind, TaskState
-from troth_server.store import Store, open_store
+
+if TYPE_CHECKING:
+    from troth_server.store import Store
 
 NOW = 1_800_000_000_000
 ME = "me"
-
-
-@contextmanager
-def _sqlite_file(tmp_path: Path) -> Iterator[str]:
-    yield f"sqlite:///{tmp_path}/t.db"
-
-
-@contextmanager
-def _postgres_schema(tmp_path: Path) -> Iterator[str]:
-    with fresh_schema() as url:
-        yield url
-
-
-@pytest.fixture(
-    params=[pytest.param(_sqlite_file, id="sqlite"), pytest.param(_postgres_schema, id="postgres")]
-)
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
-    make_url: Callable[[Path], AbstractContextManager[str]] = request.param
-    with make_url(tmp_path) as url:
-        opened = open_store(url)
-        yield opened
-        opened.close()
 
 
 # Each kind of task, as (preferred worker, next attempt time relative to NOW).

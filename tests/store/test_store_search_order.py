@@ -2,30 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
-from _pg import fresh_schema
 
 from troth_server.domain.promise import Payload, Promise, PromiseState
-from troth_server.store import PromiseOrder, PromiseQuery, Store, open_store
+from troth_server.store import PromiseOrder, PromiseQuery, Store
 
 T0 = 1_767_225_600_000
 NONE = frozenset[PromiseState]()
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
-    if request.param == "sqlite":
-        opened = open_store(f"sqlite:///{tmp_path}/t.db")
-        yield opened
-        opened.close()
-        return
-    with fresh_schema() as url:
-        opened = open_store(url)
-        yield opened
-        opened.close()
 
 
 def make(promise_id: str, create_time: int, expire_time: int | None) -> Promise:

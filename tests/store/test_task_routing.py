@@ -6,14 +6,11 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
-from _pg import fresh_schema
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import Engine, event
@@ -26,36 +23,16 @@ from troth_server.domain.steps import Fence
 from troth_server.domain.task import Task, TaskKind, TaskState
 from troth_server.group_commit import GroupCommitter
 from troth_server.service import PromiseService
-from troth_server.store import Store, open_store
 from troth_server.task_service import TaskService
 from troth_server.watch import WatchHub
+
+if TYPE_CHECKING:
+    from troth_server.store import Store
 
 HOUR = 3_600_000
 LEASE = 10_000
 NAMES = ["publish", "billing"]
 VERSIONS = ["v1", "v2"]
-
-
-@contextmanager
-def _sqlite_file(tmp_path: Path) -> Iterator[str]:
-    yield f"sqlite:///{tmp_path}/t.db"
-
-
-@contextmanager
-def _postgres_schema(tmp_path: Path) -> Iterator[str]:
-    with fresh_schema() as url:
-        yield url
-
-
-@pytest.fixture(
-    params=[pytest.param(_sqlite_file, id="sqlite"), pytest.param(_postgres_schema, id="postgres")]
-)
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
-    make_url: Callable[[Path], AbstractContextManager[str]] = request.param
-    with make_url(tmp_path) as url:
-        opened = open_store(url)
-        yield opened
-        opened.close()
 
 
 class Clock:
