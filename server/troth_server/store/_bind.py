@@ -85,10 +85,20 @@ class ByIds:
     `build` makes the statement from the list's bind parameters (`id0`, `id1`, ...).
     """
 
-    def __init__(self, dialect: Dialect, build: Callable[[list[Any]], Any]) -> None:
+    def __init__(
+        self,
+        dialect: Dialect,
+        build: Callable[[list[Any]], Any],
+        *,
+        sqlite_index: tuple[str, str] | None = None,
+    ) -> None:
+        """`sqlite_index`: (table, index) the statement names on SQLite (`INDEXED BY`):
+        without statistics, SQLite picks between two indexes that both fit by the order
+        the schema lists them, which a migration that rebuilt the table may have changed."""
         self._dialect = dialect
         self._build = build
         self._sized: dict[int, Statement] = {}
+        self._sqlite_index = sqlite_index if dialect.name == "sqlite" else None
 
     def bound(self, ids: Sequence[Any]) -> tuple[str, Any]:
         """The SQL and parameters for `ids` (at most `MAX_BOUND_IDS`, at least one)."""
@@ -96,6 +106,11 @@ class ByIds:
         statement = self._sized.get(size)
         if statement is None:
             names: list[Any] = [bindparam(f"id{i}") for i in range(size)]
-            statement = self._sized[size] = compile_for(self._build(names), self._dialect)
+            statement = compile_for(self._build(names), self._dialect)
+            if self._sqlite_index is not None:
+                table, index = self._sqlite_index
+                sql = statement.sql.replace(f"FROM {table}", f"FROM {table} INDEXED BY {index}", 1)
+                statement = Statement(sql, statement.order)
+            self._sized[size] = statement
         last = len(ids) - 1
         return statement.sql, statement.params({f"id{i}": ids[min(i, last)] for i in range(size)})

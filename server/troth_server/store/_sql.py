@@ -120,7 +120,9 @@ class _Compiled:
                 .with_for_update()
             ),
         )
-        self.pending_steps = ByIds(dialect, _pending_steps)
+        self.pending_steps = ByIds(
+            dialect, _pending_steps, sqlite_index=("promises", "ix_promises_pending_parent")
+        )
         self.tasks = CompiledTaskStatements(dialect)
 
     def _compile(self, stmt: Any) -> Statement:
