@@ -68,6 +68,13 @@ class Statement:
         return values if self.order is None else tuple(values[name] for name in self.order)
 
 
+def sqlite_indexed(sql: str, table: str, index: str) -> str:
+    """`sql` (compiled for SQLite) reading `table` by `index` by name (`INDEXED BY`):
+    where SQLite, without statistics or weighing a partial index by its rows per key,
+    would pick another index that also fits (PostgreSQL's planner needs no such hint)."""
+    return sql.replace(f"FROM {table}", f"FROM {table} INDEXED BY {index}", 1)
+
+
 def compile_for(stmt: Any, dialect: Dialect) -> Statement:
     """`stmt` (a Core statement with named bindparams) as `dialect` renders it."""
     compiled = stmt.compile(dialect=dialect)
@@ -108,8 +115,7 @@ class ByIds:
             names: list[Any] = [bindparam(f"id{i}") for i in range(size)]
             statement = compile_for(self._build(names), self._dialect)
             if self._sqlite_index is not None:
-                table, index = self._sqlite_index
-                sql = statement.sql.replace(f"FROM {table}", f"FROM {table} INDEXED BY {index}", 1)
+                sql = sqlite_indexed(statement.sql, *self._sqlite_index)
                 statement = Statement(sql, statement.order)
             self._sized[size] = statement
         last = len(ids) - 1

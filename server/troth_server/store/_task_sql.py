@@ -20,7 +20,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from troth_server.domain.routing import ANY, Route, workflow_name
 from troth_server.domain.task import UNKNOWN_LEASE_MS, Callback, Task, TaskState
-from troth_server.store._bind import ByIds, chunks, compile_for
+from troth_server.store._bind import ByIds, chunks, compile_for, sqlite_indexed
 from troth_server.store._rows import load_json, to_task
 from troth_server.store._tables import callbacks, promises, state_in, tasks
 
@@ -452,7 +452,7 @@ class _Probe:
             compiled = self.stmt.compile(dialect=dialect)
             sql = str(compiled)
             if dialect.name == "sqlite":
-                sql = sql.replace("FROM tasks", f"FROM tasks INDEXED BY {self.index}", 1)
+                sql = sqlite_indexed(sql, "tasks", self.index)
             self._compiled[dialect.name] = compiled = (compiled, sql)
         statement, sql = compiled
         params = statement.construct_params(values)
