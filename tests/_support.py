@@ -293,3 +293,28 @@ def run_cli(
     code = main(["--server", server.address, *argv])
     out, err = capsys.readouterr()
     return code, out, err
+
+
+class LoadClients:
+    """Client threads that run a load until `finish` (one home for the outage tests'
+    loads): a subclass, a dataclass, has `clients`, `stop` and `threads` and writes
+    `_run(client)`, which loops until `stop` is set."""
+
+    clients: int
+    stop: threading.Event
+    threads: list[threading.Thread]
+
+    def _run(self, client: int) -> None:
+        raise NotImplementedError
+
+    def start(self) -> None:
+        for client in range(self.clients):
+            thread = threading.Thread(target=self._run, args=(client,), daemon=True)
+            thread.start()
+            self.threads.append(thread)
+
+    def finish(self) -> None:
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(30)
+        assert not any(t.is_alive() for t in self.threads), "a load client hangs"

@@ -28,7 +28,7 @@ import pytest
 from _pg import skip_without_binaries
 from _pg_cluster import Cluster, ClusterUnavailable
 from _procs import Cleanup
-from _support import error_info, start_server
+from _support import LoadClients, error_info, start_server
 
 from troth import Client, Context, Worker
 from troth.v1 import promises_pb2 as pb
@@ -109,7 +109,7 @@ def two_steps(ctx: Context, n: int) -> Generator[Any, Any, int]:
 
 
 @dataclass
-class Load:
+class Load(LoadClients):
     """Clients creating and resolving promises (unique ids, no retries), and starting
     workflows; `acknowledged` holds what the server answered OK for."""
 
@@ -124,18 +124,6 @@ class Load:
     lock: threading.Lock = field(default_factory=threading.Lock)
     stop: threading.Event = field(default_factory=threading.Event)
     threads: list[threading.Thread] = field(default_factory=list)
-
-    def start(self) -> None:
-        for client in range(self.clients):
-            thread = threading.Thread(target=self._run, args=(client,), daemon=True)
-            thread.start()
-            self.threads.append(thread)
-
-    def finish(self) -> None:
-        self.stop.set()
-        for thread in self.threads:
-            thread.join(30)
-        assert not any(t.is_alive() for t in self.threads), "a load client hangs"
 
     def acknowledged(self) -> int:
         with self.lock:

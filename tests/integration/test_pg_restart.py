@@ -24,7 +24,7 @@ import pytest
 from _pg import skip_without_binaries
 from _pg_cluster import Cluster, ClusterUnavailable
 from _procs import Cleanup
-from _support import ServerProcess, error_info, start_server
+from _support import LoadClients, ServerProcess, error_info, start_server
 
 from troth.v1 import promises_pb2 as pb
 from troth.v1 import promises_pb2_grpc, tasks_pb2, tasks_pb2_grpc
@@ -108,7 +108,7 @@ class Outcome:
 
 
 @dataclass
-class Load:
+class Load(LoadClients):
     """Clients creating and resolving promises with unique ids, no retries."""
 
     address: str
@@ -118,18 +118,6 @@ class Load:
     lock: threading.Lock = field(default_factory=threading.Lock)
     stop: threading.Event = field(default_factory=threading.Event)
     threads: list[threading.Thread] = field(default_factory=list)
-
-    def start(self) -> None:
-        for client in range(self.clients):
-            thread = threading.Thread(target=self._run, args=(client,), daemon=True)
-            thread.start()
-            self.threads.append(thread)
-
-    def finish(self) -> None:
-        self.stop.set()
-        for thread in self.threads:
-            thread.join(30)
-        assert not any(t.is_alive() for t in self.threads), "a load client hangs"
 
     def successes_after(self, moment: float) -> list[Outcome]:
         """Successful calls started after `moment`, in the order they ended."""
