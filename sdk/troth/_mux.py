@@ -36,6 +36,8 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 from google.protobuf import message_factory
+from google.protobuf.message import DecodeError
+from google.rpc import status_pb2
 
 from troth._tracing import TRACEPARENT_METADATA
 from troth.v1 import promises_pb2, tasks_pb2
@@ -91,6 +93,19 @@ CLOSE_WAIT_S = 5.0
 """How long closing a stream waits for its reader to see the end."""
 END = object()
 """Queued last on a stream's outgoing calls: the stream ends."""
+
+
+def _restated(status_details: str | bytes | None, details: str) -> bytes:
+    """A stream's `google.rpc.Status` told with the message its calls end with (the
+    message must match the call's, or the status is not believed)."""
+    if not isinstance(status_details, bytes) or not status_details:
+        return b""
+    try:
+        status = status_pb2.Status.FromString(status_details)
+    except DecodeError:
+        return b""  # not a status: the calls end with the code and message alone
+    status.message = details
+    return bytes(status.SerializeToString())
 
 
 def take_batch(first: tasks_pb2.CallsRequest, outgoing: queue.SimpleQueue[object]) -> object:
@@ -250,9 +265,13 @@ class _Open:
             return ended
         # A stream that never opened failed as its calls would have: say no more.
         details = call.details() if not self.opened else f"the Calls stream broke: {call.details()}"
+        # The stream's own status details (its ErrorInfo reason: TOKEN_UNKNOWN for a
+        # revoked token) are every waiting call's, as its unary RPC would have had them.
+        status_details = _restated(dict(call.trailing_metadata() or ()).get(_DETAILS_KEY), details)
         return CallError(
             call.code(),
             details,
+            status_details,
             stream_failed=True,
             refused=not self.opened and call.code() in _REFUSALS,
         )

@@ -30,6 +30,7 @@ from _support import eventually, start_server
 
 from troth import Client
 from troth._credentials import TOKEN_CHECK_S
+from troth.errors import Reason, RpcError
 from troth.v1 import promises_pb2, promises_pb2_grpc
 from troth_server.auth import mint
 
@@ -259,3 +260,35 @@ def _raw_get(server: ServerProcess, token: str) -> object:
         return promises_pb2_grpc.PromiseServiceStub(channel).GetPromise(
             promises_pb2.GetPromiseRequest(id="no-such-promise"), metadata=bearer(token), timeout=10
         )
+
+
+@pytest.mark.parametrize("multiplex", [True, False], ids=["calls-stream", "unary"])
+def test_a_call_cut_off_by_its_revoked_token_says_why(setup: Setup, multiplex: bool) -> None:
+    """A wait in flight when its token is revoked ends with the server's reason
+    (TOKEN_UNKNOWN), whether it was sent on the `Calls` stream (which the server ends
+    for that reason) or alone: the stream's end carries the reason to every call on it."""
+    name, _ = _names("cut")
+    token = setup.tokens.grant(name, "gateway")
+    waited = f"cut-{uuid.uuid4().hex[:6]}"
+    with Client(setup.server.address, token=token, multiplex_calls=multiplex) as client:
+        client.create(waited)
+        failures: list[BaseException] = []
+
+        def wait() -> None:
+            try:
+                client.wait(waited, timeout=60)
+            except BaseException as exc:  # (the test reads it)
+                failures.append(exc)
+
+        waiter = threading.Thread(target=wait, daemon=True)
+        waiter.start()
+        time.sleep(0.5)  # the wait is on its way (on the stream, when multiplexed)
+        setup.tokens.revoke(name, token)
+        waiter.join(30)
+        assert not waiter.is_alive()
+    [failure] = failures
+    assert isinstance(failure, RpcError), repr(failure)
+    assert (failure.code, failure.reason) == (
+        grpc.StatusCode.UNAUTHENTICATED,
+        Reason.TOKEN_UNKNOWN,
+    ), repr(failure)

@@ -1,8 +1,10 @@
 """Overload on a starved machine is still an answer (issue 10, DESIGN §4 rule 14).
 
-A server that gets a fraction of a core (here: pinned to one CPU beside seven busy
-loops, an eighth of it: with three, a fast machine's server kept up with the burst and
-nothing waited) picks calls up from gRPC core one per event-loop turn, so a burst waits there,
+A server that gets a fraction of a core (here: a tenth of the wall clock, stopped and
+continued by the test in a fixed cycle, so the share is the same on a fast machine and a
+slow one; pinned beside busy loops, a server with more threads got more of the CPU than
+the loops left it and a fast machine's kept up with the burst, so nothing waited) picks
+calls up from gRPC core one per event-loop turn, so a burst waits there,
 where the concurrency gates cannot see it; core used to cancel, silently, whatever had
 waited 30 s (`CANCELLED`, nothing logged), which a 10-minute soak on a loaded machine
 showed 697-1,208 times. Now the server measures how long calls waited before it could
@@ -19,16 +21,17 @@ import collections
 import json
 import os
 import random
-import sys
+import signal
+import threading
 import time
-from contextlib import ExitStack
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import grpc
 import grpc.aio
 import pytest
-from _support import ServerProcess, reaped, spawn, start_server
+from _support import ServerProcess, start_server
 from google.rpc import error_details_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_status import rpc_status
@@ -40,37 +43,47 @@ from troth.v1 import promises_pb2_grpc
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs sched_setaffinity"),
-]
+pytestmark = pytest.mark.slow
 
-CPU = 0
-HOGS = 7
 CALLERS = 1500
 TIMEOUT_S = 60.0
 TIMED = (("troth-timeout-ms", str(round(TIMEOUT_S * 1000))),)
+RUN_S, STOPPED_S = 0.02, 0.18
+"""The starved server's cycle: it runs 20 ms of every 200 (a tenth of one core at most)."""
 
 
-def _pin(pid: int, cpu: int) -> None:
-    """Pin every thread of process `pid` to `cpu` (threads made later inherit it)."""
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        os.sched_setaffinity(int(task.name), {cpu})
+@contextmanager
+def starving(pid: int) -> Iterator[None]:
+    """Let process `pid` run only `RUN_S` of every `RUN_S + STOPPED_S` while the block
+    runs (SIGSTOP, SIGCONT), and leave it running after."""
+    done = threading.Event()
+
+    def cycle() -> None:
+        while not done.is_set():
+            os.kill(pid, signal.SIGSTOP)
+            try:
+                done.wait(STOPPED_S)
+            finally:
+                os.kill(pid, signal.SIGCONT)
+            done.wait(RUN_S)
+
+    thread = threading.Thread(target=cycle, name="starving", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
 
 
 @pytest.fixture
 def starved(tmp_path: Path) -> Iterator[ServerProcess]:
     server = start_server(tmp_path, "--max-queue-delay", "200ms")
-    with ExitStack() as hogs:
-        for _ in range(HOGS):
-            hog = f"import os\nos.sched_setaffinity(0, {{{CPU}}})\nwhile 1: pass"
-            hogs.enter_context(reaped(spawn([sys.executable, "-c", hog]), grace=0))
-        try:
-            _pin(server.proc.pid, CPU)
+    try:
+        with starving(server.proc.pid):
             yield server
-        finally:
-            hogs.close()
-            assert server.stop() == 0, f"unclean shutdown:\n{server.log()[-3000:]}"
+    finally:
+        assert server.stop() == 0, f"unclean shutdown:\n{server.log()[-3000:]}"
 
 
 def _retry_after(error: grpc.aio.AioRpcError) -> tuple[str, float] | None:

@@ -94,3 +94,20 @@ def test_a_call_on_the_stream_is_refused_while_calls_wait_too_long_to_start() ->
     assert b"OVERLOADED" in answer.status_details
     assert admission.refused_total == {"CreatePromise": 1}
     assert admission.unary.in_use == 0
+
+
+def test_a_broken_streams_status_is_restated_with_its_calls_message() -> None:
+    """Every call waiting on a stream the server ended fails with the stream's status
+    details (its ErrorInfo reason), told with the call's message so the status is
+    believed; details that are not a status are dropped, not raised."""
+    from google.rpc import error_details_pb2, status_pb2
+
+    from troth._mux import _restated
+
+    status = status_pb2.Status(code=16, message="no token with key id 'k'")
+    status.details.add().Pack(error_details_pb2.ErrorInfo(reason="TOKEN_UNKNOWN"))
+    told = status_pb2.Status.FromString(_restated(status.SerializeToString(), "broke: no token"))
+    assert (told.code, told.message) == (16, "broke: no token")
+    assert told.details == status.details
+    assert _restated(b"\xff\xff not a status", "x") == b""
+    assert _restated(None, "x") == b""

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from troth import JsonCodec, Payload, Promise, PromiseState
 from troth._commands import TAG_FUNC, TAG_GROUP, TAG_INVOKE, TAG_KIND
-from troth.errors import PermissionDeniedError, Reason, UnavailableError
+from troth.errors import PermissionDeniedError, Reason, UnauthenticatedError, UnavailableError
 from troth_server.console import _views
 from troth_server.console._forms import RAW_FIELD, FormError, form_for, value_from
 
@@ -175,3 +175,12 @@ def test_a_refusal_is_said_in_words() -> None:
 def test_an_unreachable_server_is_said_so() -> None:
     error = UnavailableError(grpc.StatusCode.UNAVAILABLE, "", "connection refused")
     assert _views.error_words(error).startswith("The troth server cannot be reached now")
+
+
+def test_a_refusal_without_a_reason_is_said_by_its_code() -> None:
+    """A refusal that reached the console without its ErrorInfo (a proxy dropped it)
+    is still said in words for what its code means."""
+    error = UnauthenticatedError(grpc.StatusCode.UNAUTHENTICATED, "", "token refused")
+    assert _views.error_words(error).startswith("The server did not accept your token")
+    denied = PermissionDeniedError(grpc.StatusCode.PERMISSION_DENIED, "", "no")
+    assert _views.error_words(denied).startswith("You may not do this")

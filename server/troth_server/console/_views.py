@@ -182,6 +182,8 @@ _WORDS: dict[str, str] = {
 
 
 _CODE_WORDS: dict[str, str] = {
+    "UNAUTHENTICATED": _WORDS[Reason.UNAUTHENTICATED],
+    "PERMISSION_DENIED": _WORDS[Reason.PERMISSION_DENIED],
     "UNAVAILABLE": "The troth server cannot be reached now; try again in a moment",
     "DEADLINE_EXCEEDED": "The troth server did not answer in time; try again",
 }
