@@ -74,11 +74,16 @@ class HandCalls:
         except grpc.RpcError as exc:
             self._answers.put(exc)
 
-    def send(self, method: str, request: Any) -> tuple[grpc.StatusCode, str]:
+    def send(self, method: str, request: Any, traceparent: str = "") -> tuple[grpc.StatusCode, str]:
         """One call and its answer's (code, reason); `StreamEnded` if the stream ended."""
         self._ids += 1
         self._out.put(
-            tasks_pb2.CallsRequest(id=self._ids, method=method, request=request.SerializeToString())
+            tasks_pb2.CallsRequest(
+                id=self._ids,
+                method=method,
+                request=request.SerializeToString(),
+                traceparent=traceparent,
+            )
         )
         answer = self._answers.get(timeout=20)
         if isinstance(answer, grpc.RpcError):

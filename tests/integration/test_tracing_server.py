@@ -23,6 +23,7 @@ import grpc
 import pytest
 from _in_process import in_process_server
 from _pg import fresh_schema
+from _streams import HandCalls
 from _support import eventually, exists, start_server
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -30,7 +31,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from troth import Client, Context, Worker
-from troth.v1 import promises_pb2, promises_pb2_grpc, types_pb2
+from troth.v1 import promises_pb2, promises_pb2_grpc, tasks_pb2_grpc, types_pb2
 from troth_server import _tracing as server_tracing
 
 if TYPE_CHECKING:
@@ -210,3 +211,48 @@ def test_an_exporter_package_missing_is_named_with_what_to_install(
     monkeypatch.setitem(sys.modules, "opentelemetry.exporter.otlp.proto.grpc.trace_exporter", None)
     with pytest.raises(server_tracing.TracingUnavailable, match=r"pip install '\./server\[otel\]'"):
         server_tracing.configure_exporter("http://127.0.0.1:4317")
+
+
+@pytest.mark.parametrize(
+    "traceparent",
+    [
+        "not a traceparent",
+        "00-" + "z" * 32 + "-" + "1" * 16 + "-01",
+        "00-" + "a" * 5000,
+        "\u00e9t\u00e9",
+    ],
+    ids=["words", "bad-hex", "oversized", "non-ascii"],
+)
+def test_a_traceparent_the_server_cannot_read_starts_a_trace_of_its_own_on_every_road(
+    address: str, exporter: InMemorySpanExporter, traceparent: str
+) -> None:
+    """A malformed or oversized W3C traceparent, sent as a unary call's metadata or on
+    the `Calls` stream (`CallsRequest.traceparent`), is not an error: the call is
+    answered as without it, and its span starts a trace of its own."""
+    promise_id = f"tp-{uuid.uuid4().hex[:8]}"
+    request = promises_pb2.GetPromiseRequest(id=promise_id)
+    with grpc.insecure_channel(address) as channel:
+        promises_pb2_grpc.PromiseServiceStub(channel).CreatePromise(
+            promises_pb2.CreatePromiseRequest(id=promise_id), timeout=10
+        )
+        calls = HandCalls(tasks_pb2_grpc.TaskServiceStub(channel), ())
+        try:
+            assert calls.send("GetPromise", request, traceparent=traceparent) == (
+                grpc.StatusCode.OK,
+                "",
+            )
+        finally:
+            calls.close()
+        if traceparent.isascii():  # (gRPC refuses non-ASCII metadata on the client)
+            promises_pb2_grpc.PromiseServiceStub(channel).GetPromise(
+                request, metadata=(("traceparent", traceparent),), timeout=10
+            )
+    gets = [
+        s for s in exporter.get_finished_spans()
+        if s.name == "troth.v1.PromiseService/GetPromise"
+        and (s.attributes or {}).get("troth.promise.id") == promise_id
+    ]  # fmt: skip
+    assert len(gets) == (2 if traceparent.isascii() else 1), gets
+    for span in gets:
+        assert span.parent is None
+        assert (span.attributes or {})["rpc.grpc.status_code"] == "OK"
