@@ -11,19 +11,21 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pytest
 from _png import colours
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Callable, Iterator
 
     from selenium.webdriver.remote.webdriver import WebDriver
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 DRIVER = shutil.which("chromedriver")
+T = TypeVar("T")
 
 
 def skip_without_chromium() -> None:
@@ -74,6 +76,21 @@ def text_of(driver: WebDriver, selector: str) -> str:
         selector,
     )
     return str(found).strip()
+
+
+def steady(action: Callable[[], T]) -> T:
+    """Run `action` (find elements of a live page and act on them) again if a live
+    update swapped the page's content between the finding and the acting. Once a form
+    is being filled in, the page holds still (console.js), so a send_keys is a safe
+    first act."""
+    from selenium.common.exceptions import StaleElementReferenceException
+
+    for _ in range(9):
+        try:
+            return action()
+        except StaleElementReferenceException:
+            time.sleep(0.05)
+    return action()
 
 
 def live(driver: WebDriver, page: str) -> None:

@@ -14,7 +14,7 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from _browser import chromium, live, screenshot, skip_without_chromium, text_of, wait
+from _browser import chromium, live, screenshot, skip_without_chromium, steady, text_of, wait
 from _console import hosted_console_url
 from _support import eventually, start_server
 
@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from selenium.webdriver.remote.webdriver import WebDriver
+    from selenium.webdriver.remote.webelement import WebElement
 
 pytestmark = pytest.mark.e2e
 skip_without_chromium()
@@ -118,6 +119,13 @@ def next_retry_in(client: Client, wid: str, group: str = GROUP) -> float:
     return 0.0
 
 
+def fill(browser: WebDriver, form: str, reason: str) -> WebElement:
+    """The form `form` with its reason typed in (the page holds still from then on)."""
+    found = browser.find_element(By.CSS_SELECTOR, form)
+    found.find_element(By.NAME, "reason").send_keys(reason)
+    return found
+
+
 def test_a_paused_run_shows_its_error_and_the_actions_retry_fail_and_cancel_it(
     stack: tuple[str, Client], browser: WebDriver, tmp_path: Path
 ) -> None:
@@ -145,8 +153,10 @@ def test_a_paused_run_shows_its_error_and_the_actions_retry_fail_and_cancel_it(
 
     # Fail, with a reason: the root is rejected with it.
     browser.get(f"{url}/workflows/{ids[1]}")
-    form = browser.find_element(By.CSS_SELECTOR, f"form[action='/fail/{ids[1]}']")
-    form.find_element(By.NAME, "reason").send_keys("the invoice run is retired")
+    live(browser, "the run to fail")
+    form = steady(
+        lambda: fill(browser, f"form[action='/fail/{ids[1]}']", "the invoice run is retired")
+    )
     form.find_element(By.CSS_SELECTOR, "button").click()
     wait(browser, lambda d: "done=failed" in d.current_url, "the page after Fail")
     assert "was failed" in text_of(browser, "#done")
@@ -157,8 +167,8 @@ def test_a_paused_run_shows_its_error_and_the_actions_retry_fail_and_cancel_it(
 
     # Cancel, with a reason: the root is cancelled.
     browser.get(f"{url}/workflows/{ids[2]}")
-    form = browser.find_element(By.CSS_SELECTOR, f"form[action='/cancel/{ids[2]}']")
-    form.find_element(By.NAME, "reason").send_keys("duplicate run")
+    live(browser, "the run to cancel")
+    form = steady(lambda: fill(browser, f"form[action='/cancel/{ids[2]}']", "duplicate run"))
     form.find_element(By.CSS_SELECTOR, "button").click()
     wait(browser, lambda d: "done=cancelled" in d.current_url, "the page after Cancel")
     assert text_of(browser, "#root-state").lower() == "rejected_canceled"
@@ -168,8 +178,9 @@ def test_a_paused_run_shows_its_error_and_the_actions_retry_fail_and_cancel_it(
     # (the bug is still there).
     eventually(lambda: next_retry_in(client, ids[0]) > 3, 60, "a backoff of a few seconds")
     browser.get(f"{url}/workflows/{ids[0]}")
+    live(browser, "the run to retry")
     before, backoff = attempts_of(client, ids[0]), next_retry_in(client, ids[0])
-    browser.find_element(By.CSS_SELECTOR, "button.retry").click()
+    steady(lambda: browser.find_element(By.CSS_SELECTOR, "button.retry").click())
     wait(browser, lambda d: "done=retried" in d.current_url, "the page after Retry now")
     assert "Retried now" in text_of(browser, "#done")
     eventually(lambda: attempts_of(client, ids[0]) > before, backoff - 1, "an attempt at once")
@@ -177,8 +188,7 @@ def test_a_paused_run_shows_its_error_and_the_actions_retry_fail_and_cancel_it(
     # A Cancel of a run someone ended meanwhile is refused, in the server's words.
     browser.get(f"{url}/workflows/{ids[0]}")
     live(browser, "the paused run")
-    form = browser.find_element(By.CSS_SELECTOR, f"form[action='/cancel/{ids[0]}']")
-    form.find_element(By.NAME, "reason").send_keys("again")  # the page holds still now
+    form = steady(lambda: fill(browser, f"form[action='/cancel/{ids[0]}']", "again"))
     client.cancel(ids[0], {"reason": "cleaned up elsewhere"})
     form.find_element(By.CSS_SELECTOR, "button").click()
     wait(browser, lambda d: text_of(d, "#refused"), "the refusal")
