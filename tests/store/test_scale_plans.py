@@ -36,13 +36,24 @@ from typing import Any
 import psycopg
 import pytest
 from _pg import fresh_schema
-from _scale import BACKLOG_GROUP, INBOX, ME, NOW, OVERDUE, RESUMES_GROUP, seed
+from _scale import (
+    BACKLOG_GROUP,
+    INBOX,
+    ME,
+    NOW,
+    OVERDUE,
+    RESUMES_GROUP,
+    ROUTE_TAKES,
+    ROUTES_GROUP,
+    seed,
+)
 from sqlalchemy import Engine, event
 
 from troth_server.domain.promise import PromiseState
-from troth_server.domain.routing import ANY
+from troth_server.domain.routing import ANY, Route
 from troth_server.store import PromiseOrder, PromiseQuery, Store, open_store
 from troth_server.store._sql import _WriteTx
+from troth_server.store._task_sql import route_keys
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -291,6 +302,29 @@ def claim_others_resumes(store: Store) -> object:
     return store.write(lambda tx: tx.pending_tasks(RESUMES_GROUP, "w-new", CLAIM, ANY, NOW))
 
 
+ROUTE = Route(
+    any_task=False,
+    accepted=frozenset({("approve", "v2"), ("report", "r1")}),
+    unversioned=frozenset({"report"}),
+    known=frozenset({"approve", "report"}),
+    current=(("approve", "v2"), ("report", "r1")),
+)
+"""A stream running `approve` v2 and `report` r1, beside one that runs `approve` v3
+(the newest: unversioned starts of `approve` are its)."""
+ROUTE_BOUND = 2 * len(route_keys(ROUTE)) * CLAIM + 30
+"""Each key of the route (a branch of each probe) its batch; the probe of tasks
+preferred for other workers passes over the worker's own of that key, which it runs
+only once those are taken (at most a batch); the unversioned tasks of an unlisted
+workflow (`typo`, 20 of them) all read, the route takes them all, to sort them by
+age. Against 105,000 tasks the route refuses, older than any of these."""
+
+
+def claim_by_route(worker: str, limit: int = CLAIM) -> Callable[[Store], object]:
+    return lambda store: store.write(
+        lambda tx: tx.pending_tasks(ROUTES_GROUP, worker, limit, ROUTE, NOW)
+    )
+
+
 def sweep(store: Store) -> object:
     return store.write(lambda tx: tx.expired_promise_ids(NOW, 1000))
 
@@ -303,6 +337,24 @@ def test_the_claim_reads_its_batch_not_the_backlog(world: Store) -> None:
     assert_bounded(world, claim, bound=4 * CLAIM + 10)
     assert_bounded(world, claim_elsewhere, bound=4 * CLAIM + 10)
     assert_bounded(world, claim_others_resumes, bound=4 * CLAIM + 10)
+
+
+@pytest.mark.parametrize("worker", [ME, "w-new", "w-other"])
+def test_a_claim_never_reads_a_task_its_route_refuses(world: Store, worker: str) -> None:
+    # 105k tasks of versions and workflows the stream does not run, older than every
+    # task it may take: a claim reads the keys it runs, not the backlog of others.
+    assert_bounded(world, claim_by_route(worker), bound=ROUTE_BOUND)
+
+
+def test_a_claim_by_route_takes_what_the_route_accepts_in_the_claims_order(
+    world: Store,
+) -> None:
+    # A claim's read (its rows locked, nothing written): the world stays as seeded.
+    found = world.write(lambda tx: tx.pending_tasks(ROUTES_GROUP, ME, ROUTE_TAKES + 10, ROUTE, NOW))
+    assert len(found) == ROUTE_TAKES
+    assert all(ROUTE.accepts(t.workflow, t.workflow_version) for t in found)
+    rank = {ME: 0, None: 1}
+    assert found == sorted(found, key=lambda t: (rank.get(t.preferred_worker_id, 2), t.create_time))
 
 
 @pytest.mark.parametrize("random_page_cost", ["1.1", "4", "40"])
