@@ -47,11 +47,13 @@ from _scale import (
     ROUTES_GROUP,
     seed,
 )
+from psycopg import sql
 from sqlalchemy import Engine, event
 
 from troth_server.domain.promise import PromiseState
 from troth_server.domain.routing import ANY, Route
 from troth_server.store import PromiseOrder, PromiseQuery, Store, open_store
+from troth_server.store._pg_pipeline import positional
 from troth_server.store._sql import _WriteTx
 from troth_server.store._task_sql import route_keys
 
@@ -171,15 +173,28 @@ def _pg_nodes(node: Mapping[str, Any]) -> Iterator[Mapping[str, Any]]:
         yield from _pg_nodes(child)
 
 
+def _executed_prepared(conn: psycopg.Connection[Any], executed: Executed) -> str:
+    """`EXECUTE` of the statement prepared (its values written out), as the writer
+    runs its own (`_pg_pipeline`): under `force_generic_plan`, the plan a prepared
+    statement keeps after its first few runs."""
+    prepared = positional(executed.sql)
+    conn.execute(b"PREPARE troth_probe AS " + prepared.sql)
+    values = [executed.params[name] for name in prepared.names]
+    return "EXECUTE troth_probe(" + ", ".join(sql.Literal(v).as_string(conn) for v in values) + ")"
+
+
 def _pg_plan(url: str, executed: Executed, settings: Mapping[str, str]) -> Plan:
     conninfo = url.replace("postgresql+psycopg://", "postgresql://", 1)
     with psycopg.connect(conninfo) as conn:
         try:
             for name, value in [*settings.items(), *executed.settings]:
                 conn.execute("SELECT set_config(%s, %s, true)", (name, value))
-            (row,) = conn.execute(
-                "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + executed.sql, executed.params or None
-            ).fetchall()
+            explain = "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "
+            if settings.get("plan_cache_mode") == "force_generic_plan":
+                # As the writer runs it: prepared once, then executed with its values.
+                (row,) = conn.execute(explain + _executed_prepared(conn, executed)).fetchall()
+            else:
+                (row,) = conn.execute(explain + executed.sql, executed.params or None).fetchall()
         finally:
             conn.rollback()
     doc = row[0] if isinstance(row[0], list) else json.loads(row[0])
@@ -344,6 +359,28 @@ def test_a_claim_never_reads_a_task_its_route_refuses(world: Store, worker: str)
     # 105k tasks of versions and workflows the stream does not run, older than every
     # task it may take: a claim reads the keys it runs, not the backlog of others.
     assert_bounded(world, claim_by_route(worker), bound=ROUTE_BOUND)
+
+
+@pytest.fixture
+def postgres_store(postgres_world: str) -> Iterator[Store]:
+    store = open_store(postgres_world)
+    _URLS[id(store)] = postgres_world
+    try:
+        yield store
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("worker", [ME, "w-new"])
+def test_a_claims_prepared_probes_keep_their_plans(postgres_store: Store, worker: str) -> None:
+    # The writer prepares its statements on PostgreSQL: after a few runs it may plan
+    # one for any values (a generic plan), which must not walk either. (SQLite plans
+    # each statement as it runs.)
+    world = postgres_store
+    generic = {"plan_cache_mode": "force_generic_plan"}
+    assert_bounded(world, claim_by_route(worker), bound=ROUTE_BOUND, settings=generic)
+    assert_bounded(world, claim, bound=4 * CLAIM + 10, settings=generic)
+    assert_bounded(world, claim_others_resumes, bound=4 * CLAIM + 10, settings=generic)
 
 
 def test_a_claim_by_route_takes_what_the_route_accepts_in_the_claims_order(
