@@ -312,7 +312,7 @@ for _name, _keyed, _rest, _where in _ROUTE_INDEXES:
         ("postgresql", _coalesced_keys),
         ("sqlite", [tasks.c[k] for k in _keyed]),
     ):
-        _index = Index(
+        _route_index = Index(
             _name,
             tasks.c.group,
             *_keys,
@@ -320,7 +320,7 @@ for _name, _keyed, _rest, _where in _ROUTE_INDEXES:
             sqlite_where=text(_where),
             postgresql_where=text(_where),
         ).ddl_if(dialect=_dialect)
-        _ONLY_ON[id(_index)] = _dialect
+        _ONLY_ON[id(_route_index)] = _dialect
 # The lease sweeper's loop, and a worker's heartbeat / broken stream.
 Index(
     "ix_tasks_claimed_lease",
