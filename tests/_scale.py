@@ -12,7 +12,12 @@ ANALYZE so that the planners see the real statistics:
 - tasks (~152k): 100k PENDING tasks of group `backlog` that prefer no worker,
   1k that prefer another worker, 200 that prefer `w-me`, 100 paused ones (80
   waiting out a backoff, 20 past it), and 50k COMPLETED tasks of group `done`;
-- callbacks: 30k, on the pending inbox promises.
+- callbacks: 30k, on the pending inbox promises;
+- tasks of group `routes`, for a stream that lists its workflows (`ROUTE`): 100k
+  it cannot take, oldest first (50k of `approve` at `v1`, a version no stream
+  runs; 30k of `retired` at `v0`, a workflow no stream lists; 20k unversioned
+  starts of `approve`, whose newest version another stream runs; 5k of `approve`
+  at `v1` past a retry backoff), then the few it can (`ROUTE_TAKES`).
 
 Times are epoch ms around `NOW`; ids are `<kind>-<n>`.
 """
@@ -40,6 +45,12 @@ PAUSED = 100
 COMPLETED = 50_000
 RESUMES_GROUP = "resumes"
 RESUMES = 5_000
+ROUTES_GROUP = "routes"
+ROUTE_REFUSED = 105_000
+ROUTE_TAKES = 300
+"""Tasks of `routes` the stream of `ROUTE` may take: `approve` at `v2` (for nobody,
+for it, for another worker, past a backoff), unversioned `report`, unversioned ones
+of a workflow no stream lists (`typo`) and without a workflow name."""
 TIMEDOUT_EVERY = 450
 """One standalone promise in this many is REJECTED_TIMEDOUT (200 of them): a rare state."""
 
@@ -128,6 +139,31 @@ def _statements(d: _Dialect) -> list[str]:
               {_counter(RESUMES)}
             SELECT 'resume-' || n, 'resume-root-' || n, '{RESUMES_GROUP}', 'RESUME', 'PENDING',
               1, 'w-' || (n % 7), {d.false}, {NOW} - 5000000 + n * 10, 'approve' FROM g""",
+        # A backlog a stream that lists its workflows cannot take, then what it can.
+        f"""INSERT INTO tasks (id, root_promise_id, "group", kind, state, counter,
+              preferred_worker_id, resume_pending, create_time, workflow, workflow_version,
+              failed_attempts, next_attempt_time) {_counter(ROUTE_REFUSED + ROUTE_TAKES)}
+            SELECT 'route-' || n, 'route-root-' || n, '{ROUTES_GROUP}', 'INVOKE', 'PENDING', 0,
+              CASE WHEN n > {ROUTE_REFUSED + 100} AND n <= {ROUTE_REFUSED + 150} THEN '{ME}'
+                   WHEN n > {ROUTE_REFUSED + 150} AND n <= {ROUTE_REFUSED + 200}
+                   THEN 'w-other' END,
+              {d.false}, {NOW} - 5000000 + n * 10,
+              CASE WHEN n <= 50000 THEN 'approve' WHEN n <= 80000 THEN 'retired'
+                   WHEN n <= {ROUTE_REFUSED} THEN 'approve'
+                   WHEN n <= {ROUTE_REFUSED + 200} THEN 'approve'
+                   WHEN n <= {ROUTE_REFUSED + 240} THEN 'report'
+                   WHEN n <= {ROUTE_REFUSED + 260} THEN 'typo'
+                   WHEN n <= {ROUTE_REFUSED + 280} THEN NULL
+                   ELSE 'approve' END,
+              CASE WHEN n <= 50000 THEN 'v1' WHEN n <= 80000 THEN 'v0'
+                   WHEN n <= 100000 THEN NULL WHEN n <= {ROUTE_REFUSED} THEN 'v1'
+                   WHEN n <= {ROUTE_REFUSED + 200} THEN 'v2'
+                   WHEN n <= {ROUTE_REFUSED + 280} THEN NULL
+                   ELSE 'v2' END,
+              CASE WHEN n > 100000 AND n <= {ROUTE_REFUSED} THEN 1
+                   WHEN n > {ROUTE_REFUSED + 280} THEN 1 ELSE 0 END,
+              CASE WHEN n > 100000 AND n <= {ROUTE_REFUSED} THEN {NOW} - 1000 - n
+                   WHEN n > {ROUTE_REFUSED + 280} THEN {NOW} - 1000 - n END FROM g""",
         # Completed tasks of another group (before they are deleted).
         f"""INSERT INTO tasks (id, root_promise_id, "group", kind, state, counter,
               resume_pending, create_time, complete_time, workflow) {_counter(COMPLETED)}

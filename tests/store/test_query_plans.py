@@ -516,6 +516,9 @@ _SQLITE_INDEX_STATS = {
     "ix_tasks_ready_anyone": "1000 200 1",
     "ix_tasks_ready_promised": "100 20 1",
     "ix_tasks_backoff": "100 20 1",
+    "ix_tasks_route_ready": "1000 200 100 50 10 1",
+    "ix_tasks_route_promised": "100 20 10 5 1",
+    "ix_tasks_route_backoff": "100 20 10 5 1",
     "sqlite_autoindex_callbacks_1": "100000 1 1",
     "ix_callbacks_root": "100000 1",
 }

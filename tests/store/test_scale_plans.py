@@ -36,13 +36,26 @@ from typing import Any
 import psycopg
 import pytest
 from _pg import fresh_schema
-from _scale import BACKLOG_GROUP, INBOX, ME, NOW, OVERDUE, RESUMES_GROUP, seed
+from _scale import (
+    BACKLOG_GROUP,
+    INBOX,
+    ME,
+    NOW,
+    OVERDUE,
+    RESUMES_GROUP,
+    ROUTE_TAKES,
+    ROUTES_GROUP,
+    seed,
+)
+from psycopg import sql
 from sqlalchemy import Engine, event
 
 from troth_server.domain.promise import PromiseState
-from troth_server.domain.routing import ANY
+from troth_server.domain.routing import ANY, Route
 from troth_server.store import PromiseOrder, PromiseQuery, Store, open_store
+from troth_server.store._pg_pipeline import positional
 from troth_server.store._sql import _WriteTx
+from troth_server.store._task_sql import route_keys
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -160,15 +173,28 @@ def _pg_nodes(node: Mapping[str, Any]) -> Iterator[Mapping[str, Any]]:
         yield from _pg_nodes(child)
 
 
+def _executed_prepared(conn: psycopg.Connection[Any], executed: Executed) -> str:
+    """`EXECUTE` of the statement prepared (its values written out), as the writer
+    runs its own (`_pg_pipeline`): under `force_generic_plan`, the plan a prepared
+    statement keeps after its first few runs."""
+    prepared = positional(executed.sql)
+    conn.execute(b"PREPARE troth_probe AS " + prepared.sql)
+    values = [executed.params[name] for name in prepared.names]
+    return "EXECUTE troth_probe(" + ", ".join(sql.Literal(v).as_string(conn) for v in values) + ")"
+
+
 def _pg_plan(url: str, executed: Executed, settings: Mapping[str, str]) -> Plan:
     conninfo = url.replace("postgresql+psycopg://", "postgresql://", 1)
     with psycopg.connect(conninfo) as conn:
         try:
             for name, value in [*settings.items(), *executed.settings]:
                 conn.execute("SELECT set_config(%s, %s, true)", (name, value))
-            (row,) = conn.execute(
-                "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + executed.sql, executed.params or None
-            ).fetchall()
+            explain = "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "
+            if settings.get("plan_cache_mode") == "force_generic_plan":
+                # As the writer runs it: prepared once, then executed with its values.
+                (row,) = conn.execute(explain + _executed_prepared(conn, executed)).fetchall()
+            else:
+                (row,) = conn.execute(explain + executed.sql, executed.params or None).fetchall()
         finally:
             conn.rollback()
     doc = row[0] if isinstance(row[0], list) else json.loads(row[0])
@@ -291,6 +317,29 @@ def claim_others_resumes(store: Store) -> object:
     return store.write(lambda tx: tx.pending_tasks(RESUMES_GROUP, "w-new", CLAIM, ANY, NOW))
 
 
+ROUTE = Route(
+    any_task=False,
+    accepted=frozenset({("approve", "v2"), ("report", "r1")}),
+    unversioned=frozenset({"report"}),
+    known=frozenset({"approve", "report"}),
+    current=(("approve", "v2"), ("report", "r1")),
+)
+"""A stream running `approve` v2 and `report` r1, beside one that runs `approve` v3
+(the newest: unversioned starts of `approve` are its)."""
+ROUTE_BOUND = 2 * len(route_keys(ROUTE)) * CLAIM + 30
+"""Each key of the route (a branch of each probe) its batch; the probe of tasks
+preferred for other workers passes over the worker's own of that key, which it runs
+only once those are taken (at most a batch); the unversioned tasks of an unlisted
+workflow (`typo`, 20 of them) all read, the route takes them all, to sort them by
+age. Against 105,000 tasks the route refuses, older than any of these."""
+
+
+def claim_by_route(worker: str, limit: int = CLAIM) -> Callable[[Store], object]:
+    return lambda store: store.write(
+        lambda tx: tx.pending_tasks(ROUTES_GROUP, worker, limit, ROUTE, NOW)
+    )
+
+
 def sweep(store: Store) -> object:
     return store.write(lambda tx: tx.expired_promise_ids(NOW, 1000))
 
@@ -303,6 +352,46 @@ def test_the_claim_reads_its_batch_not_the_backlog(world: Store) -> None:
     assert_bounded(world, claim, bound=4 * CLAIM + 10)
     assert_bounded(world, claim_elsewhere, bound=4 * CLAIM + 10)
     assert_bounded(world, claim_others_resumes, bound=4 * CLAIM + 10)
+
+
+@pytest.mark.parametrize("worker", [ME, "w-new", "w-other"])
+def test_a_claim_never_reads_a_task_its_route_refuses(world: Store, worker: str) -> None:
+    # 105k tasks of versions and workflows the stream does not run, older than every
+    # task it may take: a claim reads the keys it runs, not the backlog of others.
+    assert_bounded(world, claim_by_route(worker), bound=ROUTE_BOUND)
+
+
+@pytest.fixture
+def postgres_store(postgres_world: str) -> Iterator[Store]:
+    store = open_store(postgres_world)
+    _URLS[id(store)] = postgres_world
+    try:
+        yield store
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("worker", [ME, "w-new"])
+def test_a_claims_prepared_probes_keep_their_plans(postgres_store: Store, worker: str) -> None:
+    # The writer prepares its statements on PostgreSQL: after a few runs it may plan
+    # one for any values (a generic plan), which must not walk either. (SQLite plans
+    # each statement as it runs.)
+    world = postgres_store
+    generic = {"plan_cache_mode": "force_generic_plan"}
+    assert_bounded(world, claim_by_route(worker), bound=ROUTE_BOUND, settings=generic)
+    assert_bounded(world, claim, bound=4 * CLAIM + 10, settings=generic)
+    assert_bounded(world, claim_others_resumes, bound=4 * CLAIM + 10, settings=generic)
+
+
+def test_a_claim_by_route_takes_what_the_route_accepts_in_the_claims_order(
+    world: Store,
+) -> None:
+    # A claim's read (its rows locked, nothing written): the world stays as seeded.
+    found = world.write(lambda tx: tx.pending_tasks(ROUTES_GROUP, ME, ROUTE_TAKES + 10, ROUTE, NOW))
+    assert len(found) == ROUTE_TAKES
+    assert all(ROUTE.accepts(t.workflow, t.workflow_version) for t in found)
+    rank = {ME: 0, None: 1}
+    assert found == sorted(found, key=lambda t: (rank.get(t.preferred_worker_id, 2), t.create_time))
 
 
 @pytest.mark.parametrize("random_page_cost", ["1.1", "4", "40"])

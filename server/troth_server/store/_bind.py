@@ -11,6 +11,7 @@ each list in order, so that row locks are still taken in id order.
 
 from __future__ import annotations
 
+import re
 import sqlite3
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -68,11 +69,14 @@ class Statement:
         return values if self.order is None else tuple(values[name] for name in self.order)
 
 
-def sqlite_indexed(sql: str, table: str, index: str) -> str:
+def sqlite_indexed(sql: str, table: str, index: str, *, every: bool = False) -> str:
     """`sql` (compiled for SQLite) reading `table` by `index` by name (`INDEXED BY`):
     where SQLite, without statistics or weighing a partial index by its rows per key,
-    would pick another index that also fits (PostgreSQL's planner needs no such hint)."""
-    return sql.replace(f"FROM {table}", f"FROM {table} INDEXED BY {index}", 1)
+    would pick another index that also fits (PostgreSQL's planner needs no such hint).
+    Its first read of `table`, or with `every` each (the branches of a UNION ALL)."""
+    return re.sub(
+        rf"\bFROM {table}\b", f"FROM {table} INDEXED BY {index}", sql, count=0 if every else 1
+    )
 
 
 def compile_for(stmt: Any, dialect: Dialect) -> Statement:

@@ -15,10 +15,13 @@ from sqlalchemy import (
     String,
     Table,
     Text,
+    func,
     literal_column,
     text,
 )
 from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.functions import FunctionElement
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -227,6 +230,97 @@ for _name, _columns, _where in (
     ),
 ):
     Index(_name, *_columns, sqlite_where=text(_where), postgresql_where=text(_where))
+# The claim's probes for a stream that lists its workflows (revision 0014): the route
+# in the index, so that a claim never reads a task its route refuses. Version first:
+# a stream's versioned keys and the unversioned tasks of a workflow are each one
+# prefix, and the unversioned tasks of workflows no stream lists are ranges of one
+# prefix. A key may be "none" (no version, no workflow, preferred for nobody): SQLite
+# takes `IS NULL` as an equality that keeps the index's order; PostgreSQL does not
+# (it sorted the whole key), so there each nullable column is keyed as
+# `coalesce(column, '')` (`route_key`, `route_none`).
+
+
+class route_key(FunctionElement[str]):
+    """A nullable column as the route indexes key it: `coalesce(column, '')` on
+    PostgreSQL, the column itself on SQLite. (Routing reads an empty version or
+    workflow name as none too.)"""
+
+    type = String()
+    name = "route_key"
+    inherit_cache = True
+
+
+class route_none(FunctionElement[bool]):
+    """The route key of a column is none: `coalesce(column, '') = ''` on PostgreSQL,
+    `column IS NULL` on SQLite."""
+
+    type = Boolean()
+    name = "route_none"
+    inherit_cache = True
+    _is_implicitly_boolean = True  # a condition as it is (no `= 1` on SQLite)
+
+
+def _only_column(element: Any, compiler: Any, **kw: Any) -> str:
+    return str(compiler.process(next(iter(element.clauses)), **kw))
+
+
+@compiles(route_key)
+def _coalesced(element: Any, compiler: Any, **kw: Any) -> str:
+    return f"coalesce({_only_column(element, compiler, **kw)}, '')"
+
+
+@compiles(route_key, "sqlite")
+def _plain(element: Any, compiler: Any, **kw: Any) -> str:
+    return _only_column(element, compiler, **kw)
+
+
+@compiles(route_none)
+def _coalesced_none(element: Any, compiler: Any, **kw: Any) -> str:
+    return f"coalesce({_only_column(element, compiler, **kw)}, '') = ''"
+
+
+@compiles(route_none, "sqlite")
+def _is_null(element: Any, compiler: Any, **kw: Any) -> str:
+    return f"{_only_column(element, compiler, **kw)} IS NULL"
+
+
+_ROUTE_INDEXES = (
+    (
+        "ix_tasks_route_ready",
+        ("workflow_version", "workflow", "preferred_worker_id"),
+        ("create_time",),
+        _READY,
+    ),
+    (
+        "ix_tasks_route_promised",
+        ("workflow_version", "workflow"),
+        ("create_time",),
+        f"{_READY} AND preferred_worker_id IS NOT NULL",
+    ),
+    (
+        "ix_tasks_route_backoff",
+        ("workflow_version", "workflow"),
+        ("next_attempt_time",),
+        "state = 'PENDING' AND next_attempt_time IS NOT NULL",
+    ),
+)
+_ONLY_ON: dict[int, str] = {}
+"""The dialect each route index object is for, by its id (`include_object_for`)."""
+for _name, _keyed, _rest, _where in _ROUTE_INDEXES:
+    _coalesced_keys = [func.coalesce(tasks.c[k], literal_column("''")) for k in _keyed]
+    for _dialect, _keys in (
+        ("postgresql", _coalesced_keys),
+        ("sqlite", [tasks.c[k] for k in _keyed]),
+    ):
+        _route_index = Index(
+            _name,
+            tasks.c.group,
+            *_keys,
+            *(tasks.c[r] for r in _rest),
+            sqlite_where=text(_where),
+            postgresql_where=text(_where),
+        ).ddl_if(dialect=_dialect)
+        _ONLY_ON[id(_route_index)] = _dialect
 # The lease sweeper's loop, and a worker's heartbeat / broken stream.
 Index(
     "ix_tasks_claimed_lease",
@@ -298,8 +392,10 @@ def include_object_for(dialect: str) -> Callable[[Any, str | None, str, bool, An
     but the PostgreSQL-only indexes nowhere else."""
 
     def include(obj: Any, name: str | None, type_: str, reflected: bool, compare_to: Any) -> bool:
-        return not (
-            type_ == "index" and name in POSTGRESQL_ONLY_INDEXES and dialect != "postgresql"
-        )
+        if type_ != "index":
+            return True
+        if not reflected and _ONLY_ON.get(id(obj), dialect) != dialect:
+            return False  # a route index's twin for the other dialect (same name)
+        return not (name in POSTGRESQL_ONLY_INDEXES and dialect != "postgresql")
 
     return include

@@ -11,10 +11,22 @@ Core statements executed as they are: claims, lease sweeps, and the reads of
 from __future__ import annotations
 
 import functools
+import itertools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Connection, and_, bindparam, case, false, func, literal, or_, select
+from sqlalchemy import (
+    Connection,
+    and_,
+    bindparam,
+    case,
+    false,
+    func,
+    literal,
+    or_,
+    select,
+    union_all,
+)
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
@@ -22,18 +34,43 @@ from troth_server.domain.routing import ANY, Route, workflow_name
 from troth_server.domain.task import UNKNOWN_LEASE_MS, Callback, Task, TaskState
 from troth_server.store._bind import ByIds, chunks, compile_for, sqlite_indexed
 from troth_server.store._rows import load_json, to_task
-from troth_server.store._tables import callbacks, promises, state_in, tasks
+from troth_server.store._tables import (
+    callbacks,
+    promises,
+    route_key,
+    route_none,
+    state_in,
+    tasks,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Collection, Sequence
 
     from sqlalchemy.engine import Dialect
 
-__all__ = ["CompiledTaskStatements", "TaskStatements", "TaskTx", "route_condition"]
+__all__ = [
+    "MAX_ROUTE_KEYS",
+    "CompiledTaskStatements",
+    "TaskStatements",
+    "TaskTx",
+    "route_condition",
+    "route_keys",
+]
 
 
 _FOREVER = 2**62
 """A `now` past every retry backoff."""
+
+
+def _due_order(c: Any) -> tuple[Any, ...]:
+    """The claim's order of tasks past a backoff, on the columns `c`: preferred for
+    this worker, for nobody, for another; oldest first."""
+    preference = case(
+        (c.preferred_worker_id == bindparam("worker"), 0),
+        (c.preferred_worker_id.is_(None), 1),
+        else_=2,
+    )
+    return (preference, c.create_time)
 
 
 class TaskStatements:
@@ -64,14 +101,7 @@ class TaskStatements:
     # holds the failed tasks no worker has taken back yet.
     due = claimable.where(
         tasks.c.next_attempt_time.is_not(None), tasks.c.next_attempt_time <= bindparam("now")
-    ).order_by(
-        case(
-            (tasks.c.preferred_worker_id == bindparam("worker"), 0),
-            (tasks.c.preferred_worker_id.is_(None), 1),
-            else_=2,
-        ),
-        tasks.c.create_time,
-    )
+    ).order_by(*_due_order(tasks.c))
     claimed_peek = select(tasks).where(
         tasks.c.worker_id == bindparam("worker"), state_in(tasks.c.state, TaskState.CLAIMED.value)
     )
@@ -312,7 +342,10 @@ class TaskTx:
             if wanted <= 0:
                 return []
             sql, bound = probe.bound(self._conn.dialect, {**params, "limit": wanted})
-            return [_task_of(row) for row in self._conn.exec_driver_sql(sql, bound)]
+            # On the write transaction's own path (on PostgreSQL prepared once per
+            # connection, on libpq straight): a probe parsed and planned at every claim
+            # (a UNION ALL of its route's keys) cost PostgreSQL more than it ran.
+            return [_task_of(row) for row in self._select(sql, bound)]
 
         mine = run(probes.mine, limit)
         # The due ones come in the claim's order too: at most `limit` of them can count.
@@ -321,8 +354,12 @@ class TaskTx:
         # Tasks another worker is preferred for, only as many as the others leave room
         # for: none of them can come before.
         found += run(probes.promised, limit - ahead)
-        found.sort(key=lambda t: (_preference(t, prefer_worker), t.create_time or 0))
-        return found[:limit]
+        # One task may come from two probes only if a worker's id were '' (the route
+        # indexes key "preferred for nobody" as ''): taken once.
+        unique = {t.id: t for t in found}.values()
+        return sorted(unique, key=lambda t: (_preference(t, prefer_worker), t.create_time or 0))[
+            :limit
+        ]
 
     def root_workflows(self, root_ids: Collection[str]) -> dict[str, tuple[str | None, str | None]]:
         if not root_ids:
@@ -431,10 +468,12 @@ def _preference(task: Task, worker: str) -> int:
 
 @dataclass(frozen=True, eq=False)
 class _Probe:
-    """One probe of the claim, and the index that serves it."""
+    """One probe of the claim, and the index that serves it (each of its branches)."""
 
     stmt: Any
     index: str
+    sqlite_stmt: Any = None
+    """On SQLite, when not `stmt`."""
 
     @functools.cached_property
     def _compiled(self) -> dict[str, Any]:
@@ -449,10 +488,13 @@ class _Probe:
         knows its partial indexes)."""
         compiled = self._compiled.get(dialect.name)
         if compiled is None:
-            compiled = self.stmt.compile(dialect=dialect)
+            stmt = self.stmt
+            if dialect.name == "sqlite" and self.sqlite_stmt is not None:
+                stmt = self.sqlite_stmt
+            compiled = stmt.compile(dialect=dialect)
             sql = str(compiled)
             if dialect.name == "sqlite":
-                sql = sqlite_indexed(sql, "tasks", self.index)
+                sql = sqlite_indexed(sql, "tasks", self.index, every=True)
             self._compiled[dialect.name] = compiled = (compiled, sql)
         statement, sql = compiled
         params = statement.construct_params(values)
@@ -469,24 +511,108 @@ class _Probes:
     due: _Probe
 
 
+MAX_ROUTE_KEYS = 24
+"""The most keys (`route_keys`) a claim reads by index, each a branch of every probe:
+a route with more (a stream that lists a dozen workflows in two versions each, in a
+group whose streams list a dozen more) is filtered on 0013's indexes instead, as one
+condition. A branch costs an index descent when it finds nothing (measured in
+bench/README.md, issue 29 "the route in the index")."""
+
+
 @functools.lru_cache(maxsize=256)
 def _probes_for(route: Route) -> _Probes:
     """The claim's probes for `route`, built once per route (a stream's route changes
-    only when its group's streams do); SQLAlchemy caches their compiled form."""
-    condition = route_condition(route)
+    only when its group's streams do); SQLAlchemy caches their compiled form.
 
-    def probe(stmt: Any) -> Any:
-        if condition is not None:
-            stmt = stmt.where(condition)
-        return stmt.limit(bindparam("limit")).with_for_update(skip_locked=True)
-
+    A stream that takes any task reads 0013's indexes in age order. One that lists its
+    workflows reads each of its keys (`route_keys`) on 0014's indexes, a branch of one
+    UNION ALL per probe, each branch in the probe's order up to the limit: it never
+    reads a task it cannot take. Past `MAX_ROUTE_KEYS` keys, the route is a filter on
+    0013's probes."""
     s = TaskStatements
+    keys = None if route.any_task else route_keys(route)
+    if keys is None or len(keys) > MAX_ROUTE_KEYS:
+        condition = route_condition(route)
+
+        def probe(stmt: Any) -> Any:
+            if condition is not None:
+                stmt = stmt.where(condition)
+            return stmt.limit(bindparam("limit")).with_for_update(skip_locked=True)
+
+        return _Probes(
+            _Probe(probe(s.ready_mine), "ix_tasks_ready_preferred"),
+            _Probe(probe(s.ready_anyone), "ix_tasks_ready_anyone"),
+            _Probe(probe(s.ready_promised), "ix_tasks_ready_promised"),
+            _Probe(probe(s.due), "ix_tasks_backoff"),
+        )
+
+    def by_keys(stmt: Any, index: str, due: bool = False) -> _Probe:
+        # Each key in the probe's order up to the limit, and of those the first up to
+        # the limit in the same order: PostgreSQL merges them (and may stop locking
+        # early), Python gets a batch. SQLite, which locks no rows, sends every key's
+        # and Python merges: to merge them itself it sorted each key's rows in a
+        # temporary b-tree of its own, which cost more than the claim (measured).
+        branches = [
+            select(
+                stmt.where(key)
+                .limit(bindparam("limit"))
+                .with_for_update(skip_locked=True)
+                .subquery(f"k{n}")
+            )
+            for n, key in enumerate(keys)
+        ]
+        every = union_all(*branches)
+        if due:
+            # SQLite: each key's due tasks as they are (those of the keys it runs, which
+            # a claim takes), without a sort per key.
+            every = union_all(*(stmt.where(key).order_by(None) for key in keys))
+        merged = every.subquery("route")
+        order = _due_order(merged.c) if due else (merged.c.create_time,)
+        return _Probe(
+            select(merged).order_by(*order).limit(bindparam("limit")), index, sqlite_stmt=every
+        )
+
+    c = tasks.c
+    mine = route_key(c.preferred_worker_id) == bindparam("worker")
+    anyone = route_none(c.preferred_worker_id)
     return _Probes(
-        _Probe(probe(s.ready_mine), "ix_tasks_ready_preferred"),
-        _Probe(probe(s.ready_anyone), "ix_tasks_ready_anyone"),
-        _Probe(probe(s.ready_promised), "ix_tasks_ready_promised"),
-        _Probe(probe(s.due), "ix_tasks_backoff"),
+        by_keys(s.ready.where(mine).order_by(c.create_time), "ix_tasks_route_ready"),
+        by_keys(s.ready_anyone.where(anyone), "ix_tasks_route_ready"),
+        by_keys(s.ready_promised, "ix_tasks_route_promised"),
+        by_keys(s.due, "ix_tasks_route_backoff", due=True),
     )
+
+
+def route_keys(route: Route) -> list[Any]:
+    """SQL for `route.accepts(tasks.workflow, tasks.workflow_version)` (a route that
+    lists its workflows) as disjoint keys of the route indexes (`route_key`), each a
+    prefix of (version, workflow) or a range of workflows without a version: each
+    (workflow, version) it runs, the unversioned tasks of each workflow whose newest
+    version it runs and of none, and those of a workflow no stream lists (rule 4),
+    the ranges between the names some stream does. (An empty version or workflow
+    name is none, to routing as to these keys.)"""
+    c = tasks.c
+    version, workflow = route_key(c.workflow_version), route_key(c.workflow)
+    keys = [
+        and_(version == _text(v), workflow == _text(name))
+        for name, v in sorted(route.accepted)
+        if v
+    ]
+    unversioned = route_none(c.workflow_version)
+    keys += [and_(unversioned, workflow == _text(name)) for name in sorted(route.unversioned)]
+    keys.append(and_(unversioned, route_none(c.workflow)))
+    bounds: list[str | None] = ["", *sorted(route.known - {""}), None]
+    for low, high in itertools.pairwise(bounds):
+        between = [unversioned, workflow > _text(low or "")]
+        if high is not None:
+            between.append(workflow < _text(high))
+        keys.append(and_(*between))
+    return keys
+
+
+def _text(value: str) -> Any:
+    """A name or version as a plain parameter of the statement compiled once."""
+    return literal(value, tasks.c.workflow.type)
 
 
 def route_condition(route: Route) -> Any:
