@@ -52,7 +52,6 @@ from troth_server.console import ConsoleUnavailable, start_hosted
 from troth_server.console import require as require_console
 from troth_server.dispatch import Dispatcher
 from troth_server.domain.settle_tokens import KeysInvalid
-from troth_server.group_commit import GroupCommitter
 from troth_server.guard import SettleGuard
 from troth_server.metrics import Metrics
 from troth_server.service import PromiseService
@@ -62,13 +61,14 @@ from troth_server.sweeper import Sweeper
 from troth_server.task_service import TaskService
 from troth_server.watch import WatchHub
 from troth_server.workflows import WorkflowService
+from troth_server.writes.group_commit import GroupCommitter
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from troth_server.batch import StateChange
     from troth_server.console import HostedConsole
     from troth_server.store import Store
+    from troth_server.writes.batch import StateChange
 
 log = structlog.get_logger("troth.server")
 
@@ -158,6 +158,7 @@ class Core:
             on_store_error=self.outages.store_failed,
             max_queued=settings.max_queued_writes,
             on_batch=None if metrics is None else metrics.commit,
+            tracing=tracing,
         )
         # Schema checks run on their own small pool: off the writer, off the loop.
         self.checks = SchemaChecks(settings.limits.schema_bounds())

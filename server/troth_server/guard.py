@@ -29,25 +29,25 @@ import secrets
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from troth_server.batch import Keys
 from troth_server.domain import approvers as policies
 from troth_server.domain import settle_tokens, steps
 from troth_server.domain.access import Principal, Role, may_call
 from troth_server.domain.errors import InvalidArgument, PromiseAlreadySettled, PromiseNotFound
 from troth_server.domain.promise import PromiseState
+from troth_server.writes.batch import Keys
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Collection
 
-    from troth_server.batch import Batch
     from troth_server.domain.approvers import NotAnApprover
     from troth_server.domain.promise import Promise, SettleRequest
     from troth_server.domain.settle_tokens import SettleToken
     from troth_server.domain.steps import Fence
     from troth_server.domain.task import Task
-    from troth_server.group_commit import GroupCommitter
     from troth_server.settle_keys import SettleKeys
     from troth_server.store import Store, WriteTx
+    from troth_server.writes.batch import Batch
+    from troth_server.writes.group_commit import GroupCommitter
 
 NEVER_EXPIRES_TOKEN_MS = 7 * 86_400_000
 """A token for a promise that never expires lasts this long unless asked otherwise."""

@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING
 import structlog
 
 from troth_server import paging
-from troth_server.batch import Keys
 from troth_server.checks import SchemaChecks
 from troth_server.domain import approvers as policies
 from troth_server.domain import promise as domain
@@ -46,16 +45,17 @@ from troth_server.watch import (
     AsyncSubscription,
     EventWatch,
 )
+from troth_server.writes.batch import Keys
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 
-    from troth_server.batch import Batch, StateChange
     from troth_server.domain.access import Principal
     from troth_server.domain.promise import CreateRequest, Promise
     from troth_server.domain.steps import Fence
-    from troth_server.group_commit import GroupCommitter
     from troth_server.watch import EventFilter, Subscription, WatchHub
+    from troth_server.writes.batch import Batch, StateChange
+    from troth_server.writes.group_commit import GroupCommitter
 
 log = structlog.get_logger("troth.promises")
 

@@ -12,7 +12,6 @@ import random
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-from troth_server.batch import Batch, Keys, claim_in
 from troth_server.checks import SchemaChecks
 from troth_server.domain import promise as domain
 from troth_server.domain import steps
@@ -22,14 +21,15 @@ from troth_server.domain.promise import PromiseState
 from troth_server.domain.routing import ANY, Route
 from troth_server.domain.steps import INVOKE_TAG
 from troth_server.domain.task import Callback, Task, TaskKind, TaskNotFound, TaskState
+from troth_server.writes.batch import Batch, Keys, claim_in
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
     from troth_server.domain.access import Principal
     from troth_server.domain.promise import Payload, Promise, SettleRequest
-    from troth_server.group_commit import GroupCommitter
     from troth_server.store import Store, WriteTx
+    from troth_server.writes.group_commit import GroupCommitter
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,22 +15,22 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from troth_server import paging
-from troth_server.batch import Keys
 from troth_server.domain import steps
 from troth_server.domain import task as tasks
 from troth_server.domain.errors import NotAWorkflow, PromiseNotFound
 from troth_server.domain.promise import PromiseState
 from troth_server.domain.steps import INVOKE_TAG
 from troth_server.store import PromiseOrder
+from troth_server.writes.batch import Keys
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from troth_server.batch import Batch
     from troth_server.domain.promise import Promise
     from troth_server.domain.task import Task
-    from troth_server.group_commit import GroupCommitter
     from troth_server.store import Store, WorkflowQuery, WriteTx
+    from troth_server.writes.batch import Batch
+    from troth_server.writes.group_commit import GroupCommitter
 
 
 @dataclass(frozen=True, slots=True)

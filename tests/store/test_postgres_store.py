@@ -132,9 +132,9 @@ def test_a_heartbeat_and_a_completion_of_one_worker_share_a_batch() -> None:
     the promises; a completion of one of them in the same batch still finds its root."""
     from troth_server.domain.promise import EMPTY, CreateRequest, Payload, PromiseState
     from troth_server.domain.promise import SettleRequest as Settle
-    from troth_server.group_commit import _fold, _Item
     from troth_server.service import _CreateOp
     from troth_server.task_service import _ClaimOp, _CompleteOp, _HeartbeatOp
+    from troth_server.writes.group_commit import _fold, _Item
 
     with fresh_schema() as url:
         store = open_store(url)

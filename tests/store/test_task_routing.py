@@ -21,10 +21,10 @@ from troth_server.domain.promise import EMPTY, CreateRequest, Payload, PromiseSt
 from troth_server.domain.routing import Deployments, Route
 from troth_server.domain.steps import Fence
 from troth_server.domain.task import Task, TaskKind, TaskState
-from troth_server.group_commit import GroupCommitter
 from troth_server.service import PromiseService
 from troth_server.task_service import TaskService
 from troth_server.watch import WatchHub
+from troth_server.writes.group_commit import GroupCommitter
 
 if TYPE_CHECKING:
     from troth_server.store import Store

@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 from test_task_service import HOUR, LEASE, Clock
 
-from troth_server.batch import Batch, Keys, Leased, Lessee, Lessor
 from troth_server.dispatch import Delivery, Dispatcher, PollStream
 from troth_server.domain import promise as domain
 from troth_server.domain.promise import (
@@ -29,11 +28,12 @@ from troth_server.domain.promise import (
 )
 from troth_server.domain.steps import Fence
 from troth_server.domain.task import Task, TaskKind, TaskState
-from troth_server.group_commit import GroupCommitter
 from troth_server.service import PromiseService
 from troth_server.store import Store, StoreError, WriteTx, open_store
 from troth_server.task_service import TaskService
 from troth_server.watch import WatchHub
+from troth_server.writes.batch import Batch, Keys, Leased, Lessee, Lessor
+from troth_server.writes.group_commit import GroupCommitter
 
 
 @dataclass

@@ -20,7 +20,6 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from troth_server.batch import Batch, Keys
 from troth_server.domain.access import Principal, Role
 from troth_server.domain.approvers import Approvers, NotAnApprover
 from troth_server.domain.errors import (
@@ -40,11 +39,12 @@ from troth_server.domain.promise import (
     PromiseState,
     SettleRequest,
 )
-from troth_server.group_commit import GroupCommitter, ShuttingDown
 from troth_server.service import PromiseService
 from troth_server.store import Store, StoreError, StoreUnavailable, WriteTx, open_store
 from troth_server.sweeper import SweepCounts, Sweeper
 from troth_server.watch import WatchHub
+from troth_server.writes.batch import Batch, Keys
+from troth_server.writes.group_commit import GroupCommitter, ShuttingDown
 
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z in ms
 HOUR = 3_600_000

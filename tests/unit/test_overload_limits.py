@@ -29,10 +29,10 @@ from troth_server.api._admission import Admission, OverloadReport, backlog_optio
 from troth_server.api._status import status_for
 from troth_server.domain.errors import Overloaded
 from troth_server.domain.promise import EMPTY, CreateRequest
-from troth_server.group_commit import GroupCommitter, drain_estimate_ms
 from troth_server.service import PromiseService
 from troth_server.store import Store, open_store
 from troth_server.watch import WatchHub
+from troth_server.writes.group_commit import GroupCommitter, drain_estimate_ms
 
 # -- the gates -------------------------------------------------------------------------------
 

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from troth_server.batch import Batch
 from troth_server.domain import task as domain_task
 from troth_server.domain.errors import PromiseNotFound
 from troth_server.domain.promise import (
@@ -22,11 +21,12 @@ from troth_server.domain.promise import (
 )
 from troth_server.domain.steps import Fence
 from troth_server.domain.task import StaleCounter, Task, TaskKind, TaskNotFound, TaskState
-from troth_server.group_commit import GroupCommitter
 from troth_server.service import PromiseService
 from troth_server.store import open_store
 from troth_server.task_service import TaskService
 from troth_server.watch import WatchHub
+from troth_server.writes.batch import Batch
+from troth_server.writes.group_commit import GroupCommitter
 
 HOUR = 3_600_000
 LEASE = 10_000
