@@ -14,10 +14,9 @@ Nothing here knows protobuf or gRPC.
 from __future__ import annotations
 
 import asyncio
-import secrets
 import threading
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import structlog
@@ -37,7 +36,6 @@ from troth_server.store import (
     PruneBatch,
     Store,
     StoreEvent,
-    WriteTx,
 )
 from troth_server.watch import (
     AsyncEventSubscription,
@@ -45,7 +43,9 @@ from troth_server.watch import (
     AsyncSubscription,
     EventWatch,
 )
-from troth_server.writes.batch import Keys
+from troth_server.writes.ops.create import CreateOp
+from troth_server.writes.ops.expire import ExpireOp, ReadDueOp
+from troth_server.writes.ops.settle import SettleOp
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Iterable, Iterator
@@ -54,216 +54,10 @@ if TYPE_CHECKING:
     from troth_server.domain.promise import CreateRequest, Promise
     from troth_server.domain.steps import Fence
     from troth_server.watch import EventFilter, Subscription, WatchHub
-    from troth_server.writes.batch import Batch, StateChange
+    from troth_server.writes.batch import StateChange
     from troth_server.writes.group_commit import GroupCommitter
 
 log = structlog.get_logger("troth.promises")
-
-
-@dataclass(frozen=True, slots=True)
-class _CreateOp:
-    request: CreateRequest
-    principal: str | None
-    settled_with: SettleRequest | None = None
-    fence: Fence | None = None
-    """The task of the workflow whose step this is (DESIGN §4.13)."""
-    instance: int = field(default_factory=lambda: 1 + secrets.randbelow(settle_tokens.MAX_INSTANCE))
-    """The created promise's `instance`, drawn once (an op may be applied again)."""
-
-    def keys(self, tx: WriteTx, now: int) -> Keys:
-        promise_ids = (self.request.id,)
-        if self.fence is not None:
-            # The task's root (the workflow) is loaded and locked with the task.
-            return Keys(promises=promise_ids, task_ids=(self.fence.task_id,))
-        return Keys(promises=(*promise_ids, *steps.namespace_roots(self.request.id)))
-
-    def apply(self, batch: Batch) -> tuple[Promise, bool]:
-        request = self.request
-        existing = batch.get(request.id)
-        cap: int | None = None
-        links: tuple[str, str] | None = None
-        started_by = self.principal
-        early_refused = False
-        if self.fence is None:
-            roots = {r: batch.get(r) for r in steps.namespace_roots(request.id)}
-            steps.check_unfenced_create(request.id, request.tags, roots)
-        else:
-            workflow = self._workflow(batch, existing)
-            # A step never outlives its workflow (nor, so, its top-level root).
-            cap, links = workflow.expire_time, steps.links_under(workflow)
-            # Four-eyes compares with who started the top-level workflow (§7).
-            started_by = workflow.started_by
-        if (
-            existing is not None
-            and domain.is_early(existing)
-            and not steps.is_workflow_start(request.tags)
-        ):
-            refusal = policies.early_refusal(request.approvers, existing, started_by)
-            if refusal is not None:
-                # Settled before its policy existed, by someone it does not allow:
-                # that settle never counts; the promise is created pending (DESIGN §7).
-                log.warning(
-                    "promise.early_settle_refused",
-                    promise_id=request.id,
-                    settled_by=existing.settled_by,
-                    rule=refusal.rule.value,
-                    message=refusal.message,
-                )
-                existing = None
-                early_refused = True
-        promise, created = domain.create(
-            existing,
-            request,
-            batch.now,
-            cap=cap,
-            links=links,
-            started_by=started_by,
-            instance=self.instance,
-        )
-        if not created and existing is not None and domain.is_early(existing):
-            batch.rewrite(promise)  # a settled-early promise, adopted by its creator
-        if created:
-            if early_refused:
-                batch.rewrite(promise)  # the row of the early settle, pending again
-            else:
-                batch.add(promise, self.principal)
-            if self.settled_with is not None:
-                settled, _ = domain.settle(promise, self.settled_with, batch.now)
-                batch.settle(promise, settled)
-                promise = settled
-        return promise, created
-
-    def _workflow(self, batch: Batch, existing: Promise | None) -> Promise:
-        """The workflow whose task the fence names, if it may write this step."""
-        assert self.fence is not None
-        pending = self.settled_with is None
-        task = steps.check_fence(batch.task(self.fence.task_id), self.fence, pending=pending)
-        workflow = batch.get(task.root_promise_id)
-        if workflow is None:
-            raise PromiseNotFound(task.root_promise_id)
-        steps.check_step_owner(self.request.id, workflow.id)
-        if existing is not None:
-            latent = pending and not steps.is_checkpoint(self.request.tags)
-            steps.check_owner(existing, workflow, latent=latent, early=domain.is_early(existing))
-        elif pending and workflow.is_settled:
-            raise steps.WorkflowSettled(self.request.id, workflow)
-        return workflow
-
-
-@dataclass(frozen=True, slots=True)
-class _SettleOp:
-    request: SettleRequest
-    fence: Fence | None = None
-    """A worker recording a step's result on a step created pending."""
-
-    def keys(self, tx: WriteTx, now: int) -> Keys:
-        # A workflow's root settling ends its pending steps (§4.10, §4.11).
-        promise_ids: tuple[str, ...] = (self.request.id,)
-        if self.fence is not None:
-            return Keys(promises=promise_ids, task_ids=(self.fence.task_id,), steps_of=promise_ids)
-        if self.request.create_if_missing:
-            promise_ids += tuple(steps.namespace_roots(self.request.id))
-        # A distinct quorum's other approvals: who settled them is compared here.
-        promise_ids += self.request.quorum
-        # A cancelled workflow's task waiting out a retry backoff is hurried (Batch.settle).
-        cancel = self.request.state is PromiseState.REJECTED_CANCELED
-        return Keys(
-            promises=promise_ids, steps_of=promise_ids[:1], roots=promise_ids[:1] if cancel else ()
-        )
-
-    def apply(self, batch: Batch) -> tuple[Promise, bool]:
-        existing = batch.get(self.request.id)
-        if self.fence is not None:
-            task = steps.check_fence(batch.task(self.fence.task_id), self.fence, pending=False)
-            if existing is not None and existing.parent_id != task.root_promise_id:
-                raise steps.ReservedForWorkflow(
-                    self.request.id, f"is not a step of workflow {task.root_promise_id!r}"
-                )
-            if existing is None and self.request.create_if_missing:
-                steps.check_step_owner(self.request.id, task.root_promise_id)
-        elif self.request.state is not PromiseState.REJECTED_CANCELED and (
-            existing is not None or self.request.create_if_missing
-        ):
-            # Cancel stays an operator's tool for any promise; resolve and reject
-            # of a checkpoint are the workflow's own. A plain settle of an id that
-            # does not exist yet is NOT_FOUND, in a workflow's namespace or not: the
-            # workflow may not have reached that wait yet, and the caller retries.
-            roots = {r: batch.get(r) for r in steps.namespace_roots(self.request.id)}
-            steps.check_unfenced_settle(self.request.id, existing, roots)
-            if existing is not None and not self._guarded(batch, existing):
-                return existing, False
-        promise, applied = domain.settle(existing, self.request, batch.now)
-        if applied and existing is None:
-            # Settled before the wait exists: watchers hear a create, then a settle.
-            existing = replace(
-                promise,
-                state=PromiseState.PENDING,
-                value=domain.EMPTY,
-                settle_time=None,
-                idempotency_key_for_settle=None,
-                settled_by=None,
-            )
-            batch.add(existing, self.request.principal)
-        if applied:
-            assert existing is not None
-            # A workflow root's pending steps end with it, in this transaction.
-            batch.settle(existing, promise)
-        return promise, applied
-
-    def _guarded(self, batch: Batch, existing: Promise) -> bool:
-        """The writer's part of the settle guard (`troth_server.guard`): comparisons
-        only. False for a repeat of a token's own settle, answered as it was."""
-        request = self.request
-        token = request.token
-        if token is not None and not settle_tokens.check_use(
-            existing, token, request.idempotency_key
-        ):
-            return False
-        if existing.is_settled:
-            return True  # the state machine answers: a repeat, or ALREADY_SETTLED
-        if existing.approvers != request.checked_policy:
-            raise policies.PolicyNotChecked(existing.id)
-        if request.quorum:
-            # Who settled each, by principal: a token's settle counts as its principal's.
-            settlers = [p.settled_by for p in map(batch.get, request.quorum) if p is not None]
-            refusal = policies.check_distinct(existing.id, request.principal, settlers)
-            if refusal is not None:
-                raise refusal
-        return True
-
-
-@dataclass(frozen=True, slots=True)
-class _ExpireOp:
-    now: int | None
-    """None: the transaction's time (the store's clock), as in production."""
-    limit: int
-    ids: list[str] = field(default_factory=list)
-    """Chosen (and locked) inside the transaction, each time it runs."""
-
-    def keys(self, tx: WriteTx, now: int) -> Keys:
-        # Another replica's sweep holds the rows it is expiring: skipped, not waited for.
-        at = now if self.now is None else self.now
-        self.ids[:] = tx.expired_promise_ids(at, self.limit)
-        return Keys(promises=self.ids, steps_of=self.ids)
-
-    def apply(self, batch: Batch) -> int:
-        # Re-checked on the batch's view: a settle of the same batch may have won.
-        at = batch.now if self.now is None else self.now
-        return sum(batch.expire_if_due(promise_id, at) for promise_id in self.ids)
-
-
-@dataclass(frozen=True, slots=True)
-class _ReadDueOp:
-    """Promises a reader found past their expire_time: as the writer decides them."""
-
-    ids: tuple[str, ...]
-
-    def keys(self, tx: WriteTx, now: int) -> Keys:
-        return Keys(promises=self.ids)
-
-    def apply(self, batch: Batch) -> list[Promise]:
-        # `get` settles a promise due at the batch's time; one settled first stays so.
-        return [p for p in map(batch.get, self.ids) if p is not None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -327,7 +121,7 @@ class PromiseService:
             self.checks.schema(request.schema)
             if settled_with is not None:
                 settled_with = self.checks.precheck(settled_with, _as_created(request))
-        return self._committer.submit(_CreateOp(request, principal, settled_with, fence))
+        return self._committer.submit(CreateOp(request, principal, settled_with, fence))
 
     async def create_async(
         self,
@@ -340,7 +134,7 @@ class PromiseService:
             await self.checks.schema_async(request.schema)
             if settled_with is not None:
                 settled_with = await self.checks.precheck_async(settled_with, _as_created(request))
-        op = _CreateOp(request, principal, settled_with, fence)
+        op = CreateOp(request, principal, settled_with, fence)
         return await self._committer.submit_async(op)
 
     def with_settle_token(self, request: SettleRequest, token: str) -> SettleRequest:
@@ -368,7 +162,7 @@ class PromiseService:
                 request = self.checks.precheck(request, found)
             try:
                 return self.checks.settle_checked(
-                    request, lambda checked: self._committer.submit(_SettleOp(checked, fence))
+                    request, lambda checked: self._committer.submit(SettleOp(checked, fence))
                 )
             except policies.PolicyNotChecked:
                 if attempt == _POLICY_ATTEMPTS - 1:
@@ -386,7 +180,7 @@ class PromiseService:
             self.check_settle_reach(request, caller)  # point reads, as GetPromise's
 
         async def write(checked: SettleRequest) -> tuple[Promise, bool]:
-            return await self._committer.submit_async(_SettleOp(checked, fence))
+            return await self._committer.submit_async(SettleOp(checked, fence))
 
         for attempt in range(_POLICY_ATTEMPTS):
             # A point read by primary key (as GetPromise), for the policy (`_reads`).
@@ -435,7 +229,7 @@ class PromiseService:
         # A read first: a quiet sweep costs no write transaction.
         if not self._store.expired_promise_ids(self._clock() if now is None else now, 1):
             return 0
-        return self._committer.submit(_ExpireOp(now, limit))
+        return self._committer.submit(ExpireOp(now, limit))
 
     def now(self) -> int:
         """The store's clock now (never behind it: see `troth_server.clock`)."""
@@ -500,13 +294,13 @@ class PromiseService:
         due = _due(found, now)
         if not due:
             return found
-        return _merge(found, self._committer.submit(_ReadDueOp(due)))
+        return _merge(found, self._committer.submit(ReadDueOp(due)))
 
     async def decided_async(self, found: list[Promise], now: int) -> list[Promise]:
         due = _due(found, now)
         if not due:
             return found
-        return _merge(found, await self._committer.submit_async(_ReadDueOp(due)))
+        return _merge(found, await self._committer.submit_async(ReadDueOp(due)))
 
     def search(
         self,
