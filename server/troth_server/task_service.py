@@ -258,20 +258,6 @@ class TaskService:
             ReclaimOp(worker_id, None, 0, principal=principal, group=group)
         )
 
-    def expire_leases(
-        self,
-        limit: int,
-        now: int | None = None,
-        *,
-        came_back: Callable[[int], int] | None = None,
-        on_expired: Callable[[list[Task]], None] | None = None,
-    ) -> list[Task]:
-        """Give back up to `limit` tasks whose lease ran out at `now` (default: the
-        store's clock, read inside the transaction), but none within one lease length
-        of `came_back(now)`: when this server last came back from being away.
-        `on_expired` hears of them on the writer, before the commit wakes anyone."""
-        return self._committer.submit(ReclaimOp(None, now, limit, came_back, on_expired=on_expired))
-
     def forget_completed(self, limit: int, kept_ms: int = tasks.COMPLETED_KEPT_MS) -> int:
         """Delete up to `limit` tasks completed more than `kept_ms` ago (by the store's
         clock), in one transaction; returns how many. Nothing reads a completed task

@@ -3,7 +3,7 @@ resume, complete with the root's result, leases and fencing (groundwork for issu
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +23,7 @@ from troth_server.domain.steps import Fence
 from troth_server.domain.task import StaleCounter, Task, TaskKind, TaskNotFound, TaskState
 from troth_server.service import PromiseService
 from troth_server.store import open_store
+from troth_server.sweeper import LeaseExpiry, Sweeper
 from troth_server.task_service import TaskService
 from troth_server.watch import WatchHub
 from troth_server.writes.batch import Batch
@@ -45,6 +46,7 @@ class Env:
     clock: Clock
     promises: PromiseService
     tasks: TaskService
+    committer: GroupCommitter
 
     def start(self, root: str, group: str = "workers") -> tuple[Promise, bool]:
         tags = {"troth:invoke": group, "troth:func": "publish"}
@@ -62,6 +64,14 @@ class Env:
     def claim(self, worker: str, limit: int = 10) -> list[Task]:
         return [c.task for c in self.tasks.claim("workers", worker, limit, LEASE)]
 
+    def expire_leases(self, came_back: Callable[[int], int] | None = None) -> list[Task]:
+        """One sweeper pass: the tasks whose lease it gave back."""
+        lost: list[Task] = []
+        leases = LeaseExpiry(self.committer, came_back=came_back, on_lost=lost.extend)
+        sweeper = Sweeper(self.promises, interval=60, batch_size=100, leases=leases)
+        assert sweeper.run_once().leases_expired == len(lost)
+        return lost
+
 
 @pytest.fixture
 def env(tmp_path: Path) -> Iterator[Env]:
@@ -72,7 +82,7 @@ def env(tmp_path: Path) -> Iterator[Env]:
     promises = PromiseService(store, committer, WatchHub(), clock)
     holder.append(promises)
     committer.start()
-    yield Env(clock, promises, TaskService(store, committer, clock))
+    yield Env(clock, promises, TaskService(store, committer, clock), committer)
     committer.stop()
     store.close()
 
@@ -172,9 +182,9 @@ def test_lease_expiry_and_fencing(env: Env) -> None:
     env.clock.now += LEASE // 2
     assert [t.id for t in env.tasks.heartbeat("w1", LEASE).tasks] == [task.id]
     env.clock.now += LEASE - 1
-    assert env.tasks.expire_leases(100) == []  # the heartbeat moved the lease on
+    assert env.expire_leases() == []  # the heartbeat moved the lease on
     env.clock.now += 1
-    assert [t.state for t in env.tasks.expire_leases(100)] == [TaskState.PENDING]
+    assert [t.state for t in env.expire_leases()] == [TaskState.PENDING]
     (moved,) = env.claim("w2")
     assert moved.id == task.id and moved.counter == 2
     with pytest.raises(StaleCounter):
@@ -292,7 +302,7 @@ def test_after_an_outage_a_lease_is_kept_one_lease_length(env: Env) -> None:
         return back[0]
 
     def expired() -> list[TaskState]:
-        return [t.state for t in env.tasks.expire_leases(100, came_back=came_back)]
+        return [t.state for t in env.expire_leases(came_back)]
 
     assert expired() == []
     env.clock.now += LEASE - 1
@@ -343,3 +353,32 @@ def test_a_batch_gives_a_group_s_operation_only_the_worker_s_tasks_of_that_group
     assert [t.id for t in batch.claimed_by("w1", "a")] == ["t-a"]
     assert sorted(t.id for t in batch.claimed_by("w1")) == ["t-a", "t-b"]
     assert batch.claimed_by("w2", "a") == []
+
+
+def test_the_sweeper_gives_back_one_batch_of_expired_leases_per_pass(env: Env) -> None:
+    """Lease expiry is the last part of the sweeper's pass: up to its batch size each
+    time, the streams told (`on_expired`) inside the transaction, before the commit."""
+    for n in range(3):
+        env.start(f"wf-sweep-{n}")
+    held = env.claim("w1")
+    assert len(held) == 3
+    env.clock.now += LEASE
+    told: list[list[str]] = []
+    lost: list[Task] = []
+
+    def on_expired(tasks: list[Task]) -> None:
+        # On the writer, before the commit: the tasks are still CLAIMED in the store.
+        stored = {t.id: t.state for t in env.tasks.search("workers", 10)}
+        assert {stored[t.id] for t in tasks} == {TaskState.CLAIMED}
+        told.append([t.id for t in tasks])
+
+    leases = LeaseExpiry(env.committer, on_expired=on_expired, on_lost=lost.extend)
+    sweeper = Sweeper(env.promises, interval=60, batch_size=2, leases=leases)
+    assert sweeper.run_once().leases_expired == 2
+    assert sweeper.run_once().leases_expired == 1
+    assert sweeper.run_once().leases_expired == 0
+    assert sorted(t.id for t in lost) == sorted(t.id for t in held)
+    assert [len(ids) for ids in told] == [2, 1]
+    assert all(t.state is TaskState.PENDING for t in lost)
+    # Without lease expiry, a sweeper leaves leases alone.
+    assert Sweeper(env.promises, interval=60, batch_size=2).run_once().leases_expired == 0
