@@ -41,19 +41,18 @@ from troth_server.watch import (
     AsyncEventSubscription,
     AsyncEventWatch,
     AsyncSubscription,
-    EventWatch,
 )
 from troth_server.writes.ops.create import CreateOp
 from troth_server.writes.ops.expire import ExpireOp, ReadDueOp
 from troth_server.writes.ops.settle import SettleOp
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+    from collections.abc import AsyncIterator, Callable, Iterable
 
     from troth_server.domain.access import Principal
     from troth_server.domain.promise import CreateRequest, Promise
     from troth_server.domain.steps import Fence
-    from troth_server.watch import EventFilter, Subscription, WatchHub
+    from troth_server.watch import EventFilter, WatchHub
     from troth_server.writes.batch import StateChange
     from troth_server.writes.group_commit import GroupCommitter
 
@@ -108,7 +107,7 @@ class PromiseService:
         """Approver policies and settle tokens: checked before the write."""
         self.stopping = threading.Event()
 
-    def create(
+    async def create_async(
         self,
         request: CreateRequest,
         principal: str | None = None,
@@ -117,19 +116,6 @@ class PromiseService:
     ) -> tuple[Promise, bool]:
         """Create a promise (already settled, with `settled_with`), or find its repeat;
         with `fence`, as a step of the workflow whose task the fence names."""
-        if request.schema is not None:
-            self.checks.schema(request.schema)
-            if settled_with is not None:
-                settled_with = self.checks.precheck(settled_with, _as_created(request))
-        return self._committer.submit(CreateOp(request, principal, settled_with, fence))
-
-    async def create_async(
-        self,
-        request: CreateRequest,
-        principal: str | None = None,
-        settled_with: SettleRequest | None = None,
-        fence: Fence | None = None,
-    ) -> tuple[Promise, bool]:
         if request.schema is not None:
             await self.checks.schema_async(request.schema)
             if settled_with is not None:
@@ -142,40 +128,16 @@ class PromiseService:
         principal the token acts for (`SettleGuard.with_token`); cheap (an HMAC)."""
         return self.guard.with_token(request, token)
 
-    def settle(
-        self,
-        request: SettleRequest,
-        fence: Fence | None = None,
-        caller: Principal = LOCAL_DEVELOPER,
-    ) -> tuple[Promise, bool]:
-        """Settle a promise; a resolve value is checked against the promise's schema
-        first, on this thread (never the writer's), and an unfenced resolve or reject
-        against its approver policy as `caller`'s, or, with a settle token
-        (`with_settle_token`), as the settle of the principal the token acts for."""
-        if fence is None and request.token is None:
-            self.check_settle_reach(request, caller)
-        for attempt in range(_POLICY_ATTEMPTS):
-            found = self._store.get_promise(request.id) if _reads(request, fence, attempt) else None
-            if fence is None:
-                request = self.guard.precheck(request, found, caller)
-            if request.state is PromiseState.RESOLVED:
-                request = self.checks.precheck(request, found)
-            try:
-                return self.checks.settle_checked(
-                    request, lambda checked: self._committer.submit(SettleOp(checked, fence))
-                )
-            except policies.PolicyNotChecked:
-                if attempt == _POLICY_ATTEMPTS - 1:
-                    raise
-        raise AssertionError("unreachable")
-
     async def settle_async(
         self,
         request: SettleRequest,
         fence: Fence | None = None,
         caller: Principal = LOCAL_DEVELOPER,
     ) -> tuple[Promise, bool]:
-        """`settle` for an event loop: the schema check runs on the check pool."""
+        """Settle a promise; a resolve value is checked against the promise's schema
+        first, on the check pool (never on the loop or the writer), and an unfenced
+        resolve or reject against its approver policy as `caller`'s, or, with a settle
+        token (`with_settle_token`), as the settle of the principal the token acts for."""
         if fence is None and request.token is None:
             self.check_settle_reach(request, caller)  # point reads, as GetPromise's
 
@@ -275,14 +237,9 @@ class PromiseService:
             if self._committer.busy():
                 time.sleep(time.monotonic() - started)
 
-    def get(self, promise_id: str) -> Promise:
-        found = self._store.get_promise(promise_id)
-        if found is None:
-            raise PromiseNotFound(promise_id)
-        return self.decided([found], self._clock())[0]
-
     async def get_async(self, promise_id: str) -> Promise:
-        """`get` for an event loop: a timeout is decided without blocking the loop."""
+        """The promise as a reader sees it now: a timeout is decided by the writer
+        (`decided`), without blocking the loop."""
         found = self._store.get_promise(promise_id)
         if found is None:
             raise PromiseNotFound(promise_id)
@@ -379,16 +336,13 @@ class PromiseService:
             raise SettleTargetNotFound(request.id)
         self.check_reach(found, caller, "settle")
 
-    def watch(self, promise_id: str) -> PromiseWatch:
-        """The promise now, then once more when it settles (see `PromiseWatch`)."""
-        return PromiseWatch(self, self._hub.subscribe(promise_id))
-
-    def watch_async(self, promise_id: str, until: float | None = None) -> AsyncPromiseWatch:
-        """`watch` for an event loop: iterate it with `async for` (see `PromiseWatch`)."""
+    def watch_async(self, promise_id: str, until: float | None = None) -> PromiseWatch:
+        """The promise now, then once more when it settles: iterate it with `async for`
+        on this event loop (see `PromiseWatch`)."""
         loop = asyncio.get_running_loop()
         subscription = self._hub.subscribe(promise_id, loop)
         assert isinstance(subscription, AsyncSubscription)
-        return AsyncPromiseWatch(self, subscription, until)
+        return PromiseWatch(self, subscription, until)
 
     async def wait_async(self, promise_id: str, seconds: float) -> Promise:
         """The promise once it is settled, or as it is after `seconds` if that comes
@@ -396,12 +350,9 @@ class PromiseService:
         seen = [p async for p in self.watch_async(promise_id, time.monotonic() + seconds)]
         return seen[-1]  # a watch yields the promise first (or raises), then once settled
 
-    def watch_events(self, wanted: EventFilter, backlog: int) -> EventWatch:
-        """Events of the promises `wanted` matches, from now on (see `EventWatch`)."""
-        return EventWatch(self._hub.subscribe_events(wanted, backlog), self.stopping)
-
     def watch_events_async(self, wanted: EventFilter, backlog: int) -> AsyncEventWatch:
-        """`watch_events` for an event loop: iterate it with `async for`."""
+        """Events of the promises `wanted` matches, from now on: iterate it with
+        `async for` (see `AsyncEventWatch`)."""
         subscription = self._hub.subscribe_events(wanted, backlog, asyncio.get_running_loop())
         assert isinstance(subscription, AsyncEventSubscription)
         return AsyncEventWatch(subscription, self.stopping)
@@ -492,7 +443,8 @@ def _merge(found: list[Promise], decided: list[Promise]) -> list[Promise]:
 
 
 class PromiseWatch:
-    """Iterate to get the promise now, then settled; `cancel()` ends it from any thread.
+    """Iterate with `async for` to get the promise now, then settled; `cancel()` ends it
+    from any thread.
 
     Subscribes before the first read, so a settle between the read and the
     wait cannot be missed. Wakes at the promise's expire_time on its own, so a
@@ -501,7 +453,7 @@ class PromiseWatch:
     """
 
     def __init__(
-        self, service: PromiseService, subscription: Subscription, until: float | None = None
+        self, service: PromiseService, subscription: AsyncSubscription, until: float | None = None
     ) -> None:
         self._service = service
         self._subscription = subscription
@@ -511,9 +463,6 @@ class PromiseWatch:
     def cancel(self) -> None:
         self._cancelled = True
         self._subscription.wake()
-
-    def _first(self) -> Promise:
-        return self._service.get(self._subscription.promise_id)
 
     def _wait_for(self, current: Promise) -> float | None:
         """How long to wait for a settle (None: forever); -1 when the watch is over."""
@@ -527,36 +476,10 @@ class PromiseWatch:
         expiry = max(0.0, (current.expire_time - self._service.now()) / 1000)
         return expiry if left is None else min(expiry, left)
 
-    def _woken(self, current: Promise) -> Promise:
-        if self._subscription.settled is not None:
-            return self._subscription.settled
-        return self._service.decided([current], self._service.now())[0]
-
-    async def _woken_async(self, current: Promise) -> Promise:
+    async def _woken(self, current: Promise) -> Promise:
         if self._subscription.settled is not None:
             return self._subscription.settled
         return (await self._service.decided_async([current], self._service.now()))[0]
-
-    def __iter__(self) -> Iterator[Promise]:
-        try:
-            current = self._first()
-            yield current
-            while not current.is_settled:
-                timeout = self._wait_for(current)
-                if timeout is not None and timeout < 0:
-                    return
-                self._subscription.wait(timeout)
-                current = self._woken(current)
-                if current.is_settled:
-                    yield current
-        finally:
-            self._subscription.close()
-
-
-class AsyncPromiseWatch(PromiseWatch):
-    """`PromiseWatch` for an event loop: `async for`, and `cancel()` from the loop."""
-
-    _subscription: AsyncSubscription
 
     async def __aiter__(self) -> AsyncIterator[Promise]:
         try:
@@ -567,7 +490,7 @@ class AsyncPromiseWatch(PromiseWatch):
                 if timeout is not None and timeout < 0:
                     return
                 await self._subscription.wait_async(timeout)
-                current = await self._woken_async(current)
+                current = await self._woken(current)
                 if current.is_settled:
                     yield current
         finally:

@@ -80,40 +80,7 @@ class TaskService:
         `root_id`, only that root's active task."""
         return self._store.search_tasks(group, limit, root_id)
 
-    def heartbeat(
-        self,
-        worker_id: str,
-        lease_ms: int,
-        principal: Principal | None = None,
-        group: str | None = None,
-    ) -> Heartbeat:
-        """Extend every lease the worker holds (in `group`, if given; leased to
-        `principal`); returns the tasks it still holds."""
-        return self._committer.submit(HeartbeatOp(worker_id, lease_ms, principal, group))
-
-    def complete(
-        self,
-        task_id: str,
-        counter: int,
-        worker_id: str,
-        root_outcome: SettleRequest | None,
-        principal: Principal | None = None,
-    ) -> tuple[Task, Promise | None]:
-        """Complete the task, settling its root in the same transaction when given
-        (the outcome's id is ignored: it is always the task's root). `principal`: the
-        caller, who must be the one the task is leased to (None: auth off)."""
-        if root_outcome is None:
-            return self._committer.submit(CompleteOp(task_id, counter, worker_id, None, principal))
-        # Roots rarely have a schema: the writer says when this one does, and the
-        # value is checked here and sent again (never checked on the writer).
-        return self._checks.settle_checked(
-            root_outcome,
-            lambda checked: self._committer.submit(
-                CompleteOp(task_id, counter, worker_id, checked, principal)
-            ),
-        )
-
-    def suspend(
+    async def suspend_async(
         self,
         task_id: str,
         counter: int,
@@ -123,36 +90,12 @@ class TaskService:
     ) -> tuple[Task, list[Promise]]:
         """Register callbacks and complete, or answer the promises already settled."""
         op = SuspendOp(task_id, counter, worker_id, tuple(promise_ids), principal)
-        return self._committer.submit(op)
-
-    async def suspend_async(
-        self,
-        task_id: str,
-        counter: int,
-        worker_id: str,
-        promise_ids: Sequence[str],
-        principal: Principal | None = None,
-    ) -> tuple[Task, list[Promise]]:
-        op = SuspendOp(task_id, counter, worker_id, tuple(promise_ids), principal)
         return await self._committer.submit_async(op)
 
     def release(
         self, task_id: str, counter: int, worker_id: str, principal: Principal | None = None
     ) -> Task:
         return self._committer.submit(ReleaseOp(task_id, counter, worker_id, principal))
-
-    def fail(
-        self,
-        task_id: str,
-        counter: int,
-        worker_id: str,
-        error: str,
-        traceback: str,
-        principal: Principal | None = None,
-    ) -> tuple[Task, Promise | None]:
-        """As `fail_async`, blocking."""
-        op = FailOp(task_id, counter, worker_id, error, traceback, random.random(), principal)
-        return self._committer.submit(op)
 
     async def fail_async(
         self,
@@ -192,18 +135,6 @@ class TaskService:
         found = self._store.search_tasks(group, 1, root_id)
         return found[0] if found else None
 
-    def register_callbacks(
-        self,
-        task_id: str,
-        counter: int,
-        worker_id: str,
-        promise_ids: Sequence[str],
-        principal: Principal | None = None,
-    ) -> list[Promise]:
-        """Callbacks for the promises the root waits on, or those already settled."""
-        op = RegisterCallbacksOp(task_id, counter, worker_id, tuple(promise_ids), principal)
-        return self._committer.submit(op)
-
     async def complete_async(
         self,
         task_id: str,
@@ -212,6 +143,9 @@ class TaskService:
         root_outcome: SettleRequest | None,
         principal: Principal | None = None,
     ) -> tuple[Task, Promise | None]:
+        """Complete the task, settling its root in the same transaction when given
+        (the outcome's id is ignored: it is always the task's root). `principal`: the
+        caller, who must be the one the task is leased to (None: auth off)."""
         if root_outcome is None:
             return await self._committer.submit_async(
                 CompleteOp(task_id, counter, worker_id, None, principal)
@@ -222,6 +156,8 @@ class TaskService:
                 CompleteOp(task_id, counter, worker_id, checked, principal)
             )
 
+        # Roots rarely have a schema: the writer says when this one does, and the
+        # value is checked here and sent again (never checked on the writer).
         return await self._checks.settle_checked_async(root_outcome, write)
 
     async def heartbeat_async(
@@ -231,6 +167,8 @@ class TaskService:
         principal: Principal | None = None,
         group: str | None = None,
     ) -> Heartbeat:
+        """Extend every lease the worker holds (in `group`, if given; leased to
+        `principal`); returns the tasks it still holds."""
         op = HeartbeatOp(worker_id, lease_ms, principal, group)
         return await self._committer.submit_async(op)
 
@@ -248,6 +186,7 @@ class TaskService:
         promise_ids: Sequence[str],
         principal: Principal | None = None,
     ) -> list[Promise]:
+        """Callbacks for the promises the root waits on, or those already settled."""
         op = RegisterCallbacksOp(task_id, counter, worker_id, tuple(promise_ids), principal)
         return await self._committer.submit_async(op)
 
