@@ -52,23 +52,24 @@ from troth_server.console import ConsoleUnavailable, start_hosted
 from troth_server.console import require as require_console
 from troth_server.dispatch import Dispatcher
 from troth_server.domain.settle_tokens import KeysInvalid
-from troth_server.group_commit import GroupCommitter
 from troth_server.guard import SettleGuard
 from troth_server.metrics import Metrics
 from troth_server.service import PromiseService
 from troth_server.settle_keys import SettleKeys
 from troth_server.store import StoreError, StoreEvent, open_store
-from troth_server.sweeper import Sweeper
+from troth_server.sweeper import LeaseExpiry, Sweeper
 from troth_server.task_service import TaskService
 from troth_server.watch import WatchHub
 from troth_server.workflows import WorkflowService
+from troth_server.writes.group_commit import GroupCommitter
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from troth_server.batch import StateChange
     from troth_server.console import HostedConsole
+    from troth_server.domain.task import Task
     from troth_server.store import Store
+    from troth_server.writes.batch import StateChange
 
 log = structlog.get_logger("troth.server")
 
@@ -158,6 +159,7 @@ class Core:
             on_store_error=self.outages.store_failed,
             max_queued=settings.max_queued_writes,
             on_batch=None if metrics is None else metrics.commit,
+            tracing=tracing,
         )
         # Schema checks run on their own small pool: off the writer, off the loop.
         self.checks = SchemaChecks(settings.limits.schema_bounds())
@@ -181,6 +183,15 @@ class Core:
             retention_ms=settings.retention_ms,
             forget_completed=self.tasks.forget_completed,
             on_pass=None if metrics is None else metrics.sweep,
+            leases=LeaseExpiry(
+                self.committer,
+                # Back from being away (frozen, or cut off from the store)? Then workers
+                # could not heartbeat: no lease is taken for one lease length from then.
+                # Asked inside the sweep's transaction, at its time.
+                came_back=self._came_back,
+                on_expired=self.dispatcher.stall,
+                on_lost=self._lost,
+            ),
         )
         if metrics is not None:
             live = metrics.live
@@ -194,18 +205,13 @@ class Core:
         if self.metrics is not None:
             self.metrics.changes(changes)
 
-    def _tick(self) -> None:
-        # Back from being away (frozen, or cut off from the store)? Then workers
-        # could not heartbeat: no lease is taken for one lease length from then.
-        # Asked inside the sweep's transaction, at its time.
-        lost = self.tasks.expire_leases(
-            self.settings.sweep_batch,
-            came_back=self._came_back,
-            on_expired=self.dispatcher.stall,
-        )
+    def _lost(self, lost: list[Task]) -> None:
+        """Tasks the sweeper gave back (their lease ran out), after the commit."""
         if self.metrics is not None:
             self.metrics.lost(lost)
         self.dispatcher.lost(lost)
+
+    def _tick(self) -> None:
         # The fallbacks: a missed wake-up (or announcement from another replica)
         # only delays a task or a watcher by one tick, never loses it.
         self.dispatcher.wake_all()

@@ -15,7 +15,7 @@ priority below the server's.
 
 The writer only compares the schema it sees with the one a value was checked
 against (`SettleRequest.checked_schema`); when they differ (the promise was
-created meanwhile), it refuses with `ValueNotChecked`, and `settle_checked`
+created meanwhile), it refuses with `ValueNotChecked`, and `settle_checked_async`
 checks the value against that schema here and sends the settle again.
 """
 
@@ -222,35 +222,19 @@ class SchemaChecks:
 
     # -- a settle, checked before it is written ------------------------------------------
 
-    def precheck(self, request: SettleRequest, found: Promise | None) -> SettleRequest:
-        """`request`, its value checked against `found`'s schema if it needs one."""
-        schema = _schema_to_check(request, found)
-        if schema is None:
-            return request
-        self.value(schema, request.value)
-        return replace(request, checked_schema=schema)
-
     async def precheck_async(self, request: SettleRequest, found: Promise | None) -> SettleRequest:
+        """`request`, its value checked against `found`'s schema if it needs one."""
         schema = _schema_to_check(request, found)
         if schema is None:
             return request
         await self.value_async(schema, request.value)
         return replace(request, checked_schema=schema)
 
-    def settle_checked(self, request: SettleRequest, write: Callable[[SettleRequest], R]) -> R:
-        """`write(request)`, checking the value again against the schema the writer saw
-        whenever it was not the one checked."""
-        for _ in range(_ATTEMPTS - 1):
-            try:
-                return write(request)
-            except ValueNotChecked as missed:
-                self.value(missed.schema, request.value)
-                request = replace(request, checked_schema=missed.schema)
-        return write(request)
-
     async def settle_checked_async(
         self, request: SettleRequest, write: Callable[[SettleRequest], Awaitable[R]]
     ) -> R:
+        """`await write(request)`, checking the value again against the schema the writer
+        saw whenever it was not the one checked."""
         for _ in range(_ATTEMPTS - 1):
             try:
                 return await write(request)

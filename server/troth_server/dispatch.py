@@ -24,13 +24,13 @@ from typing import TYPE_CHECKING, cast
 
 import structlog
 
-from troth_server.batch import Leased, Lessee
 from troth_server.domain import routing
 from troth_server.domain.errors import DomainError
 from troth_server.domain.routing import Candidate, Deployments, Registration, Route
 from troth_server.domain.task import TaskState, first_run
 from troth_server.domain.workers import StreamView
 from troth_server.store import StoreError
+from troth_server.writes.batch import Leased, Lessee
 
 if TYPE_CHECKING:
     from collections.abc import Collection, Iterable

@@ -26,44 +26,29 @@ principals (with four-eyes and distinct quorums) admits one.
 from __future__ import annotations
 
 import secrets
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from troth_server.batch import Keys
 from troth_server.domain import approvers as policies
 from troth_server.domain import settle_tokens, steps
 from troth_server.domain.access import Principal, Role, may_call
 from troth_server.domain.errors import InvalidArgument, PromiseAlreadySettled, PromiseNotFound
 from troth_server.domain.promise import PromiseState
+from troth_server.writes.ops.leases import HeldTaskOp
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Collection
 
-    from troth_server.batch import Batch
     from troth_server.domain.approvers import NotAnApprover
     from troth_server.domain.promise import Promise, SettleRequest
     from troth_server.domain.settle_tokens import SettleToken
     from troth_server.domain.steps import Fence
-    from troth_server.domain.task import Task
-    from troth_server.group_commit import GroupCommitter
     from troth_server.settle_keys import SettleKeys
-    from troth_server.store import Store, WriteTx
+    from troth_server.store import Store
+    from troth_server.writes.group_commit import GroupCommitter
 
 NEVER_EXPIRES_TOKEN_MS = 7 * 86_400_000
 """A token for a promise that never expires lasts this long unless asked otherwise."""
-
-
-@dataclass(frozen=True, slots=True)
-class _HeldTask:
-    """Reads the task a worker's fence names, on the writer (a lookup, no write)."""
-
-    fence: Fence
-
-    def keys(self, tx: WriteTx, now: int) -> Keys:
-        return Keys(task_ids=(self.fence.task_id,))
-
-    def apply(self, batch: Batch) -> Task:
-        return steps.check_fence(batch.task(self.fence.task_id), self.fence, pending=True)
 
 
 class SettleGuard:
@@ -237,7 +222,7 @@ class SettleGuard:
                 found.id,
                 "needs the fence of its workflow's task for a worker to mint a settle token for it",
             )
-        task = self._committer.submit(_HeldTask(fence))
+        task = self._committer.submit(HeldTaskOp(fence))
         if found.parent_id != task.root_promise_id:
             raise steps.ReservedForWorkflow(
                 found.id, f"is not a step of workflow {task.root_promise_id!r}"

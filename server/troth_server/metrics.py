@@ -44,13 +44,13 @@ if TYPE_CHECKING:
 
     from prometheus_client.metrics_core import Metric
 
-    from troth_server.batch import StateChange
     from troth_server.domain.promise import Promise
     from troth_server.domain.routing import Absence
     from troth_server.domain.task import Task
     from troth_server.domain.workers import StreamView
     from troth_server.store import LiveCounts
     from troth_server.sweeper import SweepCounts
+    from troth_server.writes.batch import StateChange
 
 log = structlog.get_logger("troth.metrics")
 

@@ -14,16 +14,14 @@ Nothing here knows protobuf or gRPC.
 from __future__ import annotations
 
 import asyncio
-import secrets
 import threading
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import structlog
 
 from troth_server import paging
-from troth_server.batch import Keys
 from troth_server.checks import SchemaChecks
 from troth_server.domain import approvers as policies
 from troth_server.domain import promise as domain
@@ -38,232 +36,27 @@ from troth_server.store import (
     PruneBatch,
     Store,
     StoreEvent,
-    WriteTx,
 )
 from troth_server.watch import (
     AsyncEventSubscription,
     AsyncEventWatch,
     AsyncSubscription,
-    EventWatch,
 )
+from troth_server.writes.ops.create import CreateOp
+from troth_server.writes.ops.expire import ExpireOp, ReadDueOp
+from troth_server.writes.ops.settle import SettleOp
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+    from collections.abc import AsyncIterator, Callable, Iterable
 
-    from troth_server.batch import Batch, StateChange
     from troth_server.domain.access import Principal
     from troth_server.domain.promise import CreateRequest, Promise
     from troth_server.domain.steps import Fence
-    from troth_server.group_commit import GroupCommitter
-    from troth_server.watch import EventFilter, Subscription, WatchHub
+    from troth_server.watch import EventFilter, WatchHub
+    from troth_server.writes.batch import StateChange
+    from troth_server.writes.group_commit import GroupCommitter
 
 log = structlog.get_logger("troth.promises")
-
-
-@dataclass(frozen=True, slots=True)
-class _CreateOp:
-    request: CreateRequest
-    principal: str | None
-    settled_with: SettleRequest | None = None
-    fence: Fence | None = None
-    """The task of the workflow whose step this is (DESIGN §4.13)."""
-    instance: int = field(default_factory=lambda: 1 + secrets.randbelow(settle_tokens.MAX_INSTANCE))
-    """The created promise's `instance`, drawn once (an op may be applied again)."""
-
-    def keys(self, tx: WriteTx, now: int) -> Keys:
-        promise_ids = (self.request.id,)
-        if self.fence is not None:
-            # The task's root (the workflow) is loaded and locked with the task.
-            return Keys(promises=promise_ids, task_ids=(self.fence.task_id,))
-        return Keys(promises=(*promise_ids, *steps.namespace_roots(self.request.id)))
-
-    def apply(self, batch: Batch) -> tuple[Promise, bool]:
-        request = self.request
-        existing = batch.get(request.id)
-        cap: int | None = None
-        links: tuple[str, str] | None = None
-        started_by = self.principal
-        early_refused = False
-        if self.fence is None:
-            roots = {r: batch.get(r) for r in steps.namespace_roots(request.id)}
-            steps.check_unfenced_create(request.id, request.tags, roots)
-        else:
-            workflow = self._workflow(batch, existing)
-            # A step never outlives its workflow (nor, so, its top-level root).
-            cap, links = workflow.expire_time, steps.links_under(workflow)
-            # Four-eyes compares with who started the top-level workflow (§7).
-            started_by = workflow.started_by
-        if (
-            existing is not None
-            and domain.is_early(existing)
-            and not steps.is_workflow_start(request.tags)
-        ):
-            refusal = policies.early_refusal(request.approvers, existing, started_by)
-            if refusal is not None:
-                # Settled before its policy existed, by someone it does not allow:
-                # that settle never counts; the promise is created pending (DESIGN §7).
-                log.warning(
-                    "promise.early_settle_refused",
-                    promise_id=request.id,
-                    settled_by=existing.settled_by,
-                    rule=refusal.rule.value,
-                    message=refusal.message,
-                )
-                existing = None
-                early_refused = True
-        promise, created = domain.create(
-            existing,
-            request,
-            batch.now,
-            cap=cap,
-            links=links,
-            started_by=started_by,
-            instance=self.instance,
-        )
-        if not created and existing is not None and domain.is_early(existing):
-            batch.rewrite(promise)  # a settled-early promise, adopted by its creator
-        if created:
-            if early_refused:
-                batch.rewrite(promise)  # the row of the early settle, pending again
-            else:
-                batch.add(promise, self.principal)
-            if self.settled_with is not None:
-                settled, _ = domain.settle(promise, self.settled_with, batch.now)
-                batch.settle(promise, settled)
-                promise = settled
-        return promise, created
-
-    def _workflow(self, batch: Batch, existing: Promise | None) -> Promise:
-        """The workflow whose task the fence names, if it may write this step."""
-        assert self.fence is not None
-        pending = self.settled_with is None
-        task = steps.check_fence(batch.task(self.fence.task_id), self.fence, pending=pending)
-        workflow = batch.get(task.root_promise_id)
-        if workflow is None:
-            raise PromiseNotFound(task.root_promise_id)
-        steps.check_step_owner(self.request.id, workflow.id)
-        if existing is not None:
-            latent = pending and not steps.is_checkpoint(self.request.tags)
-            steps.check_owner(existing, workflow, latent=latent, early=domain.is_early(existing))
-        elif pending and workflow.is_settled:
-            raise steps.WorkflowSettled(self.request.id, workflow)
-        return workflow
-
-
-@dataclass(frozen=True, slots=True)
-class _SettleOp:
-    request: SettleRequest
-    fence: Fence | None = None
-    """A worker recording a step's result on a step created pending."""
-
-    def keys(self, tx: WriteTx, now: int) -> Keys:
-        # A workflow's root settling ends its pending steps (§4.10, §4.11).
-        promise_ids: tuple[str, ...] = (self.request.id,)
-        if self.fence is not None:
-            return Keys(promises=promise_ids, task_ids=(self.fence.task_id,), steps_of=promise_ids)
-        if self.request.create_if_missing:
-            promise_ids += tuple(steps.namespace_roots(self.request.id))
-        # A distinct quorum's other approvals: who settled them is compared here.
-        promise_ids += self.request.quorum
-        # A cancelled workflow's task waiting out a retry backoff is hurried (Batch.settle).
-        cancel = self.request.state is PromiseState.REJECTED_CANCELED
-        return Keys(
-            promises=promise_ids, steps_of=promise_ids[:1], roots=promise_ids[:1] if cancel else ()
-        )
-
-    def apply(self, batch: Batch) -> tuple[Promise, bool]:
-        existing = batch.get(self.request.id)
-        if self.fence is not None:
-            task = steps.check_fence(batch.task(self.fence.task_id), self.fence, pending=False)
-            if existing is not None and existing.parent_id != task.root_promise_id:
-                raise steps.ReservedForWorkflow(
-                    self.request.id, f"is not a step of workflow {task.root_promise_id!r}"
-                )
-            if existing is None and self.request.create_if_missing:
-                steps.check_step_owner(self.request.id, task.root_promise_id)
-        elif self.request.state is not PromiseState.REJECTED_CANCELED and (
-            existing is not None or self.request.create_if_missing
-        ):
-            # Cancel stays an operator's tool for any promise; resolve and reject
-            # of a checkpoint are the workflow's own. A plain settle of an id that
-            # does not exist yet is NOT_FOUND, in a workflow's namespace or not: the
-            # workflow may not have reached that wait yet, and the caller retries.
-            roots = {r: batch.get(r) for r in steps.namespace_roots(self.request.id)}
-            steps.check_unfenced_settle(self.request.id, existing, roots)
-            if existing is not None and not self._guarded(batch, existing):
-                return existing, False
-        promise, applied = domain.settle(existing, self.request, batch.now)
-        if applied and existing is None:
-            # Settled before the wait exists: watchers hear a create, then a settle.
-            existing = replace(
-                promise,
-                state=PromiseState.PENDING,
-                value=domain.EMPTY,
-                settle_time=None,
-                idempotency_key_for_settle=None,
-                settled_by=None,
-            )
-            batch.add(existing, self.request.principal)
-        if applied:
-            assert existing is not None
-            # A workflow root's pending steps end with it, in this transaction.
-            batch.settle(existing, promise)
-        return promise, applied
-
-    def _guarded(self, batch: Batch, existing: Promise) -> bool:
-        """The writer's part of the settle guard (`troth_server.guard`): comparisons
-        only. False for a repeat of a token's own settle, answered as it was."""
-        request = self.request
-        token = request.token
-        if token is not None and not settle_tokens.check_use(
-            existing, token, request.idempotency_key
-        ):
-            return False
-        if existing.is_settled:
-            return True  # the state machine answers: a repeat, or ALREADY_SETTLED
-        if existing.approvers != request.checked_policy:
-            raise policies.PolicyNotChecked(existing.id)
-        if request.quorum:
-            # Who settled each, by principal: a token's settle counts as its principal's.
-            settlers = [p.settled_by for p in map(batch.get, request.quorum) if p is not None]
-            refusal = policies.check_distinct(existing.id, request.principal, settlers)
-            if refusal is not None:
-                raise refusal
-        return True
-
-
-@dataclass(frozen=True, slots=True)
-class _ExpireOp:
-    now: int | None
-    """None: the transaction's time (the store's clock), as in production."""
-    limit: int
-    ids: list[str] = field(default_factory=list)
-    """Chosen (and locked) inside the transaction, each time it runs."""
-
-    def keys(self, tx: WriteTx, now: int) -> Keys:
-        # Another replica's sweep holds the rows it is expiring: skipped, not waited for.
-        at = now if self.now is None else self.now
-        self.ids[:] = tx.expired_promise_ids(at, self.limit)
-        return Keys(promises=self.ids, steps_of=self.ids)
-
-    def apply(self, batch: Batch) -> int:
-        # Re-checked on the batch's view: a settle of the same batch may have won.
-        at = batch.now if self.now is None else self.now
-        return sum(batch.expire_if_due(promise_id, at) for promise_id in self.ids)
-
-
-@dataclass(frozen=True, slots=True)
-class _ReadDueOp:
-    """Promises a reader found past their expire_time: as the writer decides them."""
-
-    ids: tuple[str, ...]
-
-    def keys(self, tx: WriteTx, now: int) -> Keys:
-        return Keys(promises=self.ids)
-
-    def apply(self, batch: Batch) -> list[Promise]:
-        # `get` settles a promise due at the batch's time; one settled first stays so.
-        return [p for p in map(batch.get, self.ids) if p is not None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -314,7 +107,7 @@ class PromiseService:
         """Approver policies and settle tokens: checked before the write."""
         self.stopping = threading.Event()
 
-    def create(
+    async def create_async(
         self,
         request: CreateRequest,
         principal: str | None = None,
@@ -324,23 +117,10 @@ class PromiseService:
         """Create a promise (already settled, with `settled_with`), or find its repeat;
         with `fence`, as a step of the workflow whose task the fence names."""
         if request.schema is not None:
-            self.checks.schema(request.schema)
-            if settled_with is not None:
-                settled_with = self.checks.precheck(settled_with, _as_created(request))
-        return self._committer.submit(_CreateOp(request, principal, settled_with, fence))
-
-    async def create_async(
-        self,
-        request: CreateRequest,
-        principal: str | None = None,
-        settled_with: SettleRequest | None = None,
-        fence: Fence | None = None,
-    ) -> tuple[Promise, bool]:
-        if request.schema is not None:
             await self.checks.schema_async(request.schema)
             if settled_with is not None:
                 settled_with = await self.checks.precheck_async(settled_with, _as_created(request))
-        op = _CreateOp(request, principal, settled_with, fence)
+        op = CreateOp(request, principal, settled_with, fence)
         return await self._committer.submit_async(op)
 
     def with_settle_token(self, request: SettleRequest, token: str) -> SettleRequest:
@@ -348,45 +128,21 @@ class PromiseService:
         principal the token acts for (`SettleGuard.with_token`); cheap (an HMAC)."""
         return self.guard.with_token(request, token)
 
-    def settle(
-        self,
-        request: SettleRequest,
-        fence: Fence | None = None,
-        caller: Principal = LOCAL_DEVELOPER,
-    ) -> tuple[Promise, bool]:
-        """Settle a promise; a resolve value is checked against the promise's schema
-        first, on this thread (never the writer's), and an unfenced resolve or reject
-        against its approver policy as `caller`'s, or, with a settle token
-        (`with_settle_token`), as the settle of the principal the token acts for."""
-        if fence is None and request.token is None:
-            self.check_settle_reach(request, caller)
-        for attempt in range(_POLICY_ATTEMPTS):
-            found = self._store.get_promise(request.id) if _reads(request, fence, attempt) else None
-            if fence is None:
-                request = self.guard.precheck(request, found, caller)
-            if request.state is PromiseState.RESOLVED:
-                request = self.checks.precheck(request, found)
-            try:
-                return self.checks.settle_checked(
-                    request, lambda checked: self._committer.submit(_SettleOp(checked, fence))
-                )
-            except policies.PolicyNotChecked:
-                if attempt == _POLICY_ATTEMPTS - 1:
-                    raise
-        raise AssertionError("unreachable")
-
     async def settle_async(
         self,
         request: SettleRequest,
         fence: Fence | None = None,
         caller: Principal = LOCAL_DEVELOPER,
     ) -> tuple[Promise, bool]:
-        """`settle` for an event loop: the schema check runs on the check pool."""
+        """Settle a promise; a resolve value is checked against the promise's schema
+        first, on the check pool (never on the loop or the writer), and an unfenced
+        resolve or reject against its approver policy as `caller`'s, or, with a settle
+        token (`with_settle_token`), as the settle of the principal the token acts for."""
         if fence is None and request.token is None:
             self.check_settle_reach(request, caller)  # point reads, as GetPromise's
 
         async def write(checked: SettleRequest) -> tuple[Promise, bool]:
-            return await self._committer.submit_async(_SettleOp(checked, fence))
+            return await self._committer.submit_async(SettleOp(checked, fence))
 
         for attempt in range(_POLICY_ATTEMPTS):
             # A point read by primary key (as GetPromise), for the policy (`_reads`).
@@ -435,7 +191,7 @@ class PromiseService:
         # A read first: a quiet sweep costs no write transaction.
         if not self._store.expired_promise_ids(self._clock() if now is None else now, 1):
             return 0
-        return self._committer.submit(_ExpireOp(now, limit))
+        return self._committer.submit(ExpireOp(now, limit))
 
     def now(self) -> int:
         """The store's clock now (never behind it: see `troth_server.clock`)."""
@@ -481,14 +237,9 @@ class PromiseService:
             if self._committer.busy():
                 time.sleep(time.monotonic() - started)
 
-    def get(self, promise_id: str) -> Promise:
-        found = self._store.get_promise(promise_id)
-        if found is None:
-            raise PromiseNotFound(promise_id)
-        return self.decided([found], self._clock())[0]
-
     async def get_async(self, promise_id: str) -> Promise:
-        """`get` for an event loop: a timeout is decided without blocking the loop."""
+        """The promise as a reader sees it now: a timeout is decided by the writer
+        (`decided`), without blocking the loop."""
         found = self._store.get_promise(promise_id)
         if found is None:
             raise PromiseNotFound(promise_id)
@@ -500,13 +251,13 @@ class PromiseService:
         due = _due(found, now)
         if not due:
             return found
-        return _merge(found, self._committer.submit(_ReadDueOp(due)))
+        return _merge(found, self._committer.submit(ReadDueOp(due)))
 
     async def decided_async(self, found: list[Promise], now: int) -> list[Promise]:
         due = _due(found, now)
         if not due:
             return found
-        return _merge(found, await self._committer.submit_async(_ReadDueOp(due)))
+        return _merge(found, await self._committer.submit_async(ReadDueOp(due)))
 
     def search(
         self,
@@ -585,16 +336,13 @@ class PromiseService:
             raise SettleTargetNotFound(request.id)
         self.check_reach(found, caller, "settle")
 
-    def watch(self, promise_id: str) -> PromiseWatch:
-        """The promise now, then once more when it settles (see `PromiseWatch`)."""
-        return PromiseWatch(self, self._hub.subscribe(promise_id))
-
-    def watch_async(self, promise_id: str, until: float | None = None) -> AsyncPromiseWatch:
-        """`watch` for an event loop: iterate it with `async for` (see `PromiseWatch`)."""
+    def watch_async(self, promise_id: str, until: float | None = None) -> PromiseWatch:
+        """The promise now, then once more when it settles: iterate it with `async for`
+        on this event loop (see `PromiseWatch`)."""
         loop = asyncio.get_running_loop()
         subscription = self._hub.subscribe(promise_id, loop)
         assert isinstance(subscription, AsyncSubscription)
-        return AsyncPromiseWatch(self, subscription, until)
+        return PromiseWatch(self, subscription, until)
 
     async def wait_async(self, promise_id: str, seconds: float) -> Promise:
         """The promise once it is settled, or as it is after `seconds` if that comes
@@ -602,12 +350,9 @@ class PromiseService:
         seen = [p async for p in self.watch_async(promise_id, time.monotonic() + seconds)]
         return seen[-1]  # a watch yields the promise first (or raises), then once settled
 
-    def watch_events(self, wanted: EventFilter, backlog: int) -> EventWatch:
-        """Events of the promises `wanted` matches, from now on (see `EventWatch`)."""
-        return EventWatch(self._hub.subscribe_events(wanted, backlog), self.stopping)
-
     def watch_events_async(self, wanted: EventFilter, backlog: int) -> AsyncEventWatch:
-        """`watch_events` for an event loop: iterate it with `async for`."""
+        """Events of the promises `wanted` matches, from now on: iterate it with
+        `async for` (see `AsyncEventWatch`)."""
         subscription = self._hub.subscribe_events(wanted, backlog, asyncio.get_running_loop())
         assert isinstance(subscription, AsyncEventSubscription)
         return AsyncEventWatch(subscription, self.stopping)
@@ -698,7 +443,8 @@ def _merge(found: list[Promise], decided: list[Promise]) -> list[Promise]:
 
 
 class PromiseWatch:
-    """Iterate to get the promise now, then settled; `cancel()` ends it from any thread.
+    """Iterate with `async for` to get the promise now, then settled; `cancel()` ends it
+    from any thread.
 
     Subscribes before the first read, so a settle between the read and the
     wait cannot be missed. Wakes at the promise's expire_time on its own, so a
@@ -707,7 +453,7 @@ class PromiseWatch:
     """
 
     def __init__(
-        self, service: PromiseService, subscription: Subscription, until: float | None = None
+        self, service: PromiseService, subscription: AsyncSubscription, until: float | None = None
     ) -> None:
         self._service = service
         self._subscription = subscription
@@ -717,9 +463,6 @@ class PromiseWatch:
     def cancel(self) -> None:
         self._cancelled = True
         self._subscription.wake()
-
-    def _first(self) -> Promise:
-        return self._service.get(self._subscription.promise_id)
 
     def _wait_for(self, current: Promise) -> float | None:
         """How long to wait for a settle (None: forever); -1 when the watch is over."""
@@ -733,36 +476,10 @@ class PromiseWatch:
         expiry = max(0.0, (current.expire_time - self._service.now()) / 1000)
         return expiry if left is None else min(expiry, left)
 
-    def _woken(self, current: Promise) -> Promise:
-        if self._subscription.settled is not None:
-            return self._subscription.settled
-        return self._service.decided([current], self._service.now())[0]
-
-    async def _woken_async(self, current: Promise) -> Promise:
+    async def _woken(self, current: Promise) -> Promise:
         if self._subscription.settled is not None:
             return self._subscription.settled
         return (await self._service.decided_async([current], self._service.now()))[0]
-
-    def __iter__(self) -> Iterator[Promise]:
-        try:
-            current = self._first()
-            yield current
-            while not current.is_settled:
-                timeout = self._wait_for(current)
-                if timeout is not None and timeout < 0:
-                    return
-                self._subscription.wait(timeout)
-                current = self._woken(current)
-                if current.is_settled:
-                    yield current
-        finally:
-            self._subscription.close()
-
-
-class AsyncPromiseWatch(PromiseWatch):
-    """`PromiseWatch` for an event loop: `async for`, and `cancel()` from the loop."""
-
-    _subscription: AsyncSubscription
 
     async def __aiter__(self) -> AsyncIterator[Promise]:
         try:
@@ -773,7 +490,7 @@ class AsyncPromiseWatch(PromiseWatch):
                 if timeout is not None and timeout < 0:
                     return
                 await self._subscription.wait_async(timeout)
-                current = await self._woken_async(current)
+                current = await self._woken(current)
                 if current.is_settled:
                     yield current
         finally:

@@ -31,7 +31,7 @@ from troth_server.domain.promise import TIMEOUT_PRINCIPAL, Promise, PromiseState
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Collection, Iterable, Iterator, Mapping
 
-    from troth_server.batch import StateChange
+    from troth_server.writes.batch import StateChange
 
 log = structlog.get_logger("troth.watch")
 

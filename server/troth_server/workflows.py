@@ -15,22 +15,19 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from troth_server import paging
-from troth_server.batch import Keys
 from troth_server.domain import steps
-from troth_server.domain import task as tasks
-from troth_server.domain.errors import NotAWorkflow, PromiseNotFound
 from troth_server.domain.promise import PromiseState
 from troth_server.domain.steps import INVOKE_TAG
 from troth_server.store import PromiseOrder
+from troth_server.writes.ops.workflows import RetryNowOp
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from troth_server.batch import Batch
     from troth_server.domain.promise import Promise
     from troth_server.domain.task import Task
-    from troth_server.group_commit import GroupCommitter
-    from troth_server.store import Store, WorkflowQuery, WriteTx
+    from troth_server.store import Store, WorkflowQuery
+    from troth_server.writes.group_commit import GroupCommitter
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,30 +49,6 @@ class Workflow:
 class WorkflowPage:
     workflows: list[Workflow]
     next_page_token: str
-
-
-@dataclass(frozen=True, slots=True)
-class _RetryNowOp:
-    """An operator retries a paused workflow now: its task, PENDING after its code
-    failed, is claimable at the transaction's time instead of after its backoff."""
-
-    root_id: str
-
-    def keys(self, tx: WriteTx, now: int) -> Keys:
-        return Keys(promises=(self.root_id,), roots=(self.root_id,))
-
-    def apply(self, batch: Batch) -> Task:
-        root = batch.get(self.root_id)
-        if root is None:
-            raise PromiseNotFound(self.root_id)
-        if INVOKE_TAG not in root.tags:
-            raise NotAWorkflow(root.id)
-        active = batch.active_task(root.id)
-        if root.is_settled or active is None:
-            raise tasks.WorkflowNotPaused(root.id, active, root.state.value)
-        hurried = tasks.retry_now(active, batch.now)
-        batch.put_task(hurried)
-        return hurried
 
 
 class WorkflowService:
@@ -135,7 +108,7 @@ class WorkflowService:
     async def retry_now_async(self, root_id: str) -> Task:
         """Offer workflow `root_id`'s paused task at once (its next attempt now);
         returns it. Refused (`WorkflowNotPaused`) if its task is not paused."""
-        return await self._committer.submit_async(_RetryNowOp(root_id))
+        return await self._committer.submit_async(RetryNowOp(root_id))
 
 
 __all__ = ["Workflow", "WorkflowPage", "WorkflowService"]

@@ -132,9 +132,10 @@ def test_a_heartbeat_and_a_completion_of_one_worker_share_a_batch() -> None:
     the promises; a completion of one of them in the same batch still finds its root."""
     from troth_server.domain.promise import EMPTY, CreateRequest, Payload, PromiseState
     from troth_server.domain.promise import SettleRequest as Settle
-    from troth_server.group_commit import _fold, _Item
-    from troth_server.service import _CreateOp
-    from troth_server.task_service import _ClaimOp, _CompleteOp, _HeartbeatOp
+    from troth_server.writes.group_commit import _fold, _Item
+    from troth_server.writes.ops.complete import CompleteOp
+    from troth_server.writes.ops.create import CreateOp
+    from troth_server.writes.ops.leases import ClaimOp, HeartbeatOp
 
     with fresh_schema() as url:
         store = open_store(url)
@@ -146,13 +147,13 @@ def test_a_heartbeat_and_a_completion_of_one_worker_share_a_batch() -> None:
                 return store.write(lambda tx: _fold(tx, items, now))[0]
 
             tags = {"troth:invoke": "g", "troth:func": "f"}
-            run(_CreateOp(CreateRequest("wf", Payload({}, b"[]"), tags), None))
-            [(claim_ok, claimed)] = run(_ClaimOp("g", "w1", 1, 10_000))
+            run(CreateOp(CreateRequest("wf", Payload({}, b"[]"), tags), None))
+            [(claim_ok, claimed)] = run(ClaimOp("g", "w1", 1, 10_000))
             assert claim_ok, claimed
             task = claimed[0].task
             done = Settle("wf", PromiseState.RESOLVED, EMPTY)
             (beat_ok, beat), (done_ok, completed) = run(
-                _HeartbeatOp("w1", 10_000), _CompleteOp(task.id, task.counter, "w1", done)
+                HeartbeatOp("w1", 10_000), CompleteOp(task.id, task.counter, "w1", done)
             )
             assert beat_ok and [t.id for t in beat.tasks] == [task.id]
             assert done_ok, completed

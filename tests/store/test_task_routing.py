@@ -4,6 +4,7 @@ and the task, resumes carry it, and `search_tasks` lists a group's open tasks.""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import itertools
 from collections.abc import Iterator
@@ -21,10 +22,10 @@ from troth_server.domain.promise import EMPTY, CreateRequest, Payload, PromiseSt
 from troth_server.domain.routing import Deployments, Route
 from troth_server.domain.steps import Fence
 from troth_server.domain.task import Task, TaskKind, TaskState
-from troth_server.group_commit import GroupCommitter
 from troth_server.service import PromiseService
 from troth_server.task_service import TaskService
 from troth_server.watch import WatchHub
+from troth_server.writes.group_commit import GroupCommitter
 
 if TYPE_CHECKING:
     from troth_server.store import Store
@@ -52,19 +53,27 @@ class Env:
 
     def start(self, root: str, workflow: str = "publish", group: str = "g") -> None:
         tags = {"troth:invoke": group, "troth:func": workflow}
-        self.promises.create(CreateRequest(root, Payload({}, b"[]"), tags, ttl=HOUR))
+        asyncio.run(
+            self.promises.create_async(CreateRequest(root, Payload({}, b"[]"), tags, ttl=HOUR))
+        )
 
     def claim(self, worker: str, route: Route, limit: int = 10) -> list[Task]:
         return [c.task for c in self.tasks.claim("g", worker, limit, LEASE, route)]
 
     def suspend(self, task: Task, worker: str) -> str:
         step = f"{task.root_promise_id}.0"
-        self.promises.create(CreateRequest(step, EMPTY, {}, ttl=HOUR), fence=fence(task, worker))
-        assert self.tasks.suspend(task.id, task.counter, worker, [step])[1] == []
+        asyncio.run(
+            self.promises.create_async(
+                CreateRequest(step, EMPTY, {}, ttl=HOUR), fence=fence(task, worker)
+            )
+        )
+        assert asyncio.run(self.tasks.suspend_async(task.id, task.counter, worker, [step]))[1] == []
         return step
 
     def resolve(self, promise_id: str) -> None:
-        self.promises.settle(SettleRequest(promise_id, PromiseState.RESOLVED, EMPTY))
+        asyncio.run(
+            self.promises.settle_async(SettleRequest(promise_id, PromiseState.RESOLVED, EMPTY))
+        )
 
 
 def fence(task: Task, worker: str) -> Fence:
@@ -180,10 +189,14 @@ def test_a_resume_after_a_completion_that_asked_for_it_keeps_the_version(env: En
     env.start("wf")
     (invoke,) = env.claim("w1", v1)
     step = f"{invoke.root_promise_id}.0"
-    env.promises.create(CreateRequest(step, EMPTY, {}, ttl=HOUR), fence=fence(invoke, "w1"))
-    env.tasks.register_callbacks(invoke.id, invoke.counter, "w1", [step])
+    asyncio.run(
+        env.promises.create_async(
+            CreateRequest(step, EMPTY, {}, ttl=HOUR), fence=fence(invoke, "w1")
+        )
+    )
+    asyncio.run(env.tasks.register_callbacks_async(invoke.id, invoke.counter, "w1", [step]))
     env.resolve(step)  # while the task is still held: it asks for the next resume
-    env.tasks.complete(invoke.id, invoke.counter, "w1", None)
+    asyncio.run(env.tasks.complete_async(invoke.id, invoke.counter, "w1", None))
     (resume,) = env.store.search_tasks("g", 10)
     assert (resume.kind, resume.workflow_version) == (TaskKind.RESUME, "v1")
 
@@ -202,7 +215,7 @@ def test_search_tasks_lists_open_tasks_oldest_first(env: Env) -> None:
         env.start(f"wf-{n}")
     env.start("elsewhere", group="other")
     first, _second = env.claim("w1", v1, limit=2)
-    env.tasks.complete(first.id, first.counter, "w1", None)
+    asyncio.run(env.tasks.complete_async(first.id, first.counter, "w1", None))
     found = env.store.search_tasks("g", 10)
     assert [t.root_promise_id for t in found] == ["wf-1", "wf-2", "wf-3"]
     assert [t.state for t in found] == [TaskState.CLAIMED, TaskState.PENDING, TaskState.PENDING]

@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 from test_task_service import HOUR, LEASE, Clock
 
-from troth_server.batch import Batch, Keys, Leased, Lessee, Lessor
 from troth_server.dispatch import Delivery, Dispatcher, PollStream
 from troth_server.domain import promise as domain
 from troth_server.domain.promise import (
@@ -29,11 +28,13 @@ from troth_server.domain.promise import (
 )
 from troth_server.domain.steps import Fence
 from troth_server.domain.task import Task, TaskKind, TaskState
-from troth_server.group_commit import GroupCommitter
 from troth_server.service import PromiseService
 from troth_server.store import Store, StoreError, WriteTx, open_store
 from troth_server.task_service import TaskService
 from troth_server.watch import WatchHub
+from troth_server.writes.batch import Batch, Keys, Leased, Lessee, Lessor
+from troth_server.writes.group_commit import GroupCommitter
+from troth_server.writes.ops.create import CreateOp
 
 
 @dataclass
@@ -53,8 +54,11 @@ class Env:
         return stream
 
     def start(self, root: str) -> None:
+        """A workflow's start, as the op its RPC submits (from this thread)."""
         tags = {"troth:invoke": "workers", "troth:func": "publish"}
-        self.promises.create(CreateRequest(root, Payload({}, b"[]"), tags, ttl=HOUR))
+        self.committer.submit(
+            CreateOp(CreateRequest(root, Payload({}, b"[]"), tags, ttl=HOUR), None)
+        )
 
     def next(self, stream: PollStream, timeout: float = 5.0) -> Delivery:
         delivery = asyncio.run_coroutine_threadsafe(stream.next_async(), self.loop).result(timeout)
@@ -133,11 +137,15 @@ def test_a_resume_is_leased_to_the_worker_that_suspended_with_what_settled(env: 
     invoke = env.next(second).task
     assert invoke.worker_id == "w2"
     fence = Fence(invoke.id, invoke.counter, "w2")
-    env.promises.create(CreateRequest("wf-2.0", EMPTY, {}, ttl=HOUR), fence=fence)
-    env.tasks.suspend(invoke.id, invoke.counter, "w2", ["wf-2.0"])
+    asyncio.run(
+        env.promises.create_async(CreateRequest("wf-2.0", EMPTY, {}, ttl=HOUR), fence=fence)
+    )
+    asyncio.run(env.tasks.suspend_async(invoke.id, invoke.counter, "w2", ["wf-2.0"]))
     env.dispatcher.done("w2", invoke.id)
 
-    env.promises.settle(SettleRequest("wf-2.0", PromiseState.RESOLVED, Payload({}, b"1")))
+    asyncio.run(
+        env.promises.settle_async(SettleRequest("wf-2.0", PromiseState.RESOLVED, Payload({}, b"1")))
+    )
     resume = env.next(second)
     assert (resume.task.kind, resume.task.state) == (TaskKind.RESUME, TaskState.CLAIMED)
     assert [(p.id, p.state) for p in resume.history] == [("wf-2.0", PromiseState.RESOLVED)]
@@ -150,7 +158,7 @@ def test_tasks_that_wait_are_delivered_before_new_ones(env: Env) -> None:
     a = env.next(stream).task
     env.start("wf-b")  # no room: it waits
     assert env.task_of("wf-b").state is TaskState.PENDING
-    env.tasks.complete(a.id, a.counter, "w1", None)
+    asyncio.run(env.tasks.complete_async(a.id, a.counter, "w1", None))
     env.dispatcher.done("w1", a.id)
     env.start("wf-c")  # must not take the slot that wf-b waits for
     assert env.next(stream).task.root_promise_id == "wf-b"
@@ -230,7 +238,9 @@ def test_a_first_run_is_delivered_without_reading_its_history(
     assert trees == []
     # The worker ran a step, then gave the task back: the next lease reads the step.
     fence = Fence(first.task.id, first.task.counter, "w1")
-    env.promises.create(CreateRequest("wf-first.0", EMPTY, {}, ttl=HOUR), fence=fence)
+    asyncio.run(
+        env.promises.create_async(CreateRequest("wf-first.0", EMPTY, {}, ttl=HOUR), fence=fence)
+    )
     env.tasks.release(first.task.id, first.task.counter, "w1")
     env.dispatcher.done("w1", first.task.id)
     again = env.next(stream)
@@ -280,7 +290,7 @@ class _DuplicateInsert:
 
 def test_a_slot_held_for_a_transaction_that_failed_is_given_back(env: Env) -> None:
     stream = env.stream("w1", capacity=1)
-    env.promises.create(CreateRequest("taken", EMPTY, {}, ttl=HOUR))
+    asyncio.run(env.promises.create_async(CreateRequest("taken", EMPTY, {}, ttl=HOUR)))
     recording = _Recording(env.dispatcher)
     env.committer.lease_on_commit(recording)
     tags = {"troth:invoke": "workers", "troth:func": "publish"}

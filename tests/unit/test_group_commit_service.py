@@ -20,7 +20,6 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from troth_server.batch import Batch, Keys
 from troth_server.domain.access import Principal, Role
 from troth_server.domain.approvers import Approvers, NotAnApprover
 from troth_server.domain.errors import (
@@ -40,11 +39,12 @@ from troth_server.domain.promise import (
     PromiseState,
     SettleRequest,
 )
-from troth_server.group_commit import GroupCommitter, ShuttingDown
-from troth_server.service import PromiseService
+from troth_server.service import PromiseService, PromiseWatch
 from troth_server.store import Store, StoreError, StoreUnavailable, WriteTx, open_store
 from troth_server.sweeper import SweepCounts, Sweeper
 from troth_server.watch import WatchHub
+from troth_server.writes.batch import Batch, Keys
+from troth_server.writes.group_commit import GroupCommitter, ShuttingDown
 
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z in ms
 HOUR = 3_600_000
@@ -100,8 +100,10 @@ def create(
     key: str | None = None,
     param: Payload = EMPTY,
 ) -> tuple[Promise, bool]:
-    return service.create(
-        CreateRequest(promise_id, param, tags or {}, ttl=ttl, idempotency_key=key)
+    return asyncio.run(
+        service.create_async(
+            CreateRequest(promise_id, param, tags or {}, ttl=ttl, idempotency_key=key)
+        )
     )
 
 
@@ -114,7 +116,9 @@ def resolve(
     state: PromiseState = PromiseState.RESOLVED,
     principal: str | None = None,
 ) -> tuple[Promise, bool]:
-    return service.settle(SettleRequest(promise_id, state, value, key, principal=principal))
+    return asyncio.run(
+        service.settle_async(SettleRequest(promise_id, state, value, key, principal=principal))
+    )
 
 
 def outcome(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -181,7 +185,7 @@ def test_create_settle_get(wired: Wired) -> None:
     assert create(service, "p", key="ck", ttl=1) == (created, False)
     with pytest.raises(PromiseAlreadyExists):
         create(service, "p", key="other")
-    assert service.get("p") == created
+    assert asyncio.run(service.get_async("p")) == created
 
     clock.advance(10)
     value = Payload({"h": "v"}, b"ok")
@@ -192,9 +196,9 @@ def test_create_settle_get(wired: Wired) -> None:
     assert resolve(service, "p", key="sk") == (settled, False)
     with pytest.raises(PromiseAlreadySettled, match="already resolved by 'alice'"):
         resolve(service, "p", key="other", state=PromiseState.REJECTED)
-    assert service.get("p") == settled == wired.store.get_promise("p")
+    assert asyncio.run(service.get_async("p")) == settled == wired.store.get_promise("p")
     with pytest.raises(PromiseNotFound):
-        service.get("missing")
+        asyncio.run(service.get_async("missing"))
     with pytest.raises(PromiseNotFound):
         resolve(service, "missing")
 
@@ -204,8 +208,8 @@ def test_reads_after_expiry_never_show_pending(wired: Wired) -> None:
     create(service, "plain", ttl=1_000)
     create(service, "timer", ttl=1_000, tags=TIMER)
     clock.advance(1_000)
-    assert service.get("plain").state is PromiseState.REJECTED_TIMEDOUT
-    timer = service.get("timer")
+    assert asyncio.run(service.get_async("plain")).state is PromiseState.REJECTED_TIMEDOUT
+    timer = asyncio.run(service.get_async("timer"))
     assert (timer.state, timer.settled_by, timer.settle_time) == (
         PromiseState.RESOLVED,
         TIMEOUT_PRINCIPAL,
@@ -275,7 +279,7 @@ def test_racing_settles_exactly_one_applies(wired: Wired) -> None:
     losers = [r for r in results if not isinstance(r, tuple)]
     assert all(isinstance(r, PromiseAlreadySettled) for r in losers), losers
     assert all(r.promise == winner for r in losers)
-    assert service.get("p") == winner
+    assert asyncio.run(service.get_async("p")) == winner
     assert winner.idempotency_key_for_settle is not None
     assert resolve(service, "p", key=winner.idempotency_key_for_settle) == (winner, False)
 
@@ -304,7 +308,9 @@ def test_a_refused_request_does_not_fail_its_batch(wired: Wired) -> None:
         [
             lambda: create(service, "x"),
             lambda: resolve(service, "missing"),
-            lambda: service.create(CreateRequest("y", Payload(), {}, expire_time=T0 - 1)),
+            lambda: asyncio.run(
+                service.create_async(CreateRequest("y", Payload(), {}, expire_time=T0 - 1))
+            ),
             lambda: resolve(service, "x", key="k1", principal="alice"),
             lambda: create(service, "x", tags={"different": "tags"}),
             lambda: resolve(service, "x", key="k2"),
@@ -323,7 +329,7 @@ def test_a_refused_request_does_not_fail_its_batch(wired: Wired) -> None:
     assert repeat == (settled, False)
     assert z.expire_time is None
     assert wired.committer.stats.largest_batch == len(results)
-    assert service.get("x") == settled
+    assert asyncio.run(service.get_async("x")) == settled
     assert wired.store.get_promise("y") is None
     assert wired.store.get_promise("z") == z
 
@@ -371,11 +377,16 @@ def test_stats_count_commits_and_requests(wired: Wired) -> None:
 
 
 def test_state_changes_are_logged_after_commit(wired: Wired) -> None:
+    def changes() -> list[Any]:
+        return [e for e in logs if e["event"] == "promise.state_changed"]
+
     with capture_logs() as logs:
         create(wired.service, "p")
         resolve(wired.service, "p", principal="bob")
-    changes = [e for e in logs if e["event"] == "promise.state_changed"]
-    assert [(e["promise_id"], e["old_state"], e["new_state"], e["principal"]) for e in changes] == [
+        # The writer answers a batch's requests, then logs its changes.
+        wait_until(lambda: len(changes()) == 2, "both changes are logged")
+    logged = changes()
+    assert [(e["promise_id"], e["old_state"], e["new_state"], e["principal"]) for e in logged] == [
         ("p", None, "PENDING", None),
         ("p", "PENDING", "RESOLVED", "bob"),
     ]
@@ -520,20 +531,34 @@ def test_sweeper_config_is_validated(wired: Wired) -> None:
 
 
 def watch_in_thread(service: PromiseService, promise_id: str) -> tuple[Any, queue.Queue[Any]]:
-    """Start iterating service.watch(id) in a thread; items (then a None) arrive on the queue."""
-    watch = service.watch(promise_id)
+    """Iterate service.watch_async(id) on an event loop of its own thread; items (then a
+    None) arrive on the queue. Returns once the watch has subscribed."""
     items: queue.Queue[Any] = queue.Queue()
+    subscribed: queue.Queue[PromiseWatch] = queue.Queue()
 
-    def run() -> None:
+    async def run() -> None:
+        watch = service.watch_async(promise_id)
+        subscribed.put(watch)
         try:
-            for promise in watch:
+            async for promise in watch:
                 items.put(promise)
         except Exception as exc:
             items.put(exc)
         items.put(None)
 
-    threading.Thread(target=run, name=f"watch-{promise_id}", daemon=True).start()
-    return watch, items
+    threading.Thread(
+        target=asyncio.run, args=(run(),), name=f"watch-{promise_id}", daemon=True
+    ).start()
+    return subscribed.get(timeout=WAIT), items
+
+
+def watched(service: PromiseService, promise_id: str) -> list[Promise]:
+    """Everything service.watch_async(id) yields, on an event loop of this thread."""
+
+    async def run() -> list[Promise]:
+        return [promise async for promise in service.watch_async(promise_id)]
+
+    return asyncio.run(run())
 
 
 def test_watch_yields_current_then_settled(wired: Wired) -> None:
@@ -550,12 +575,12 @@ def test_watch_yields_current_then_settled(wired: Wired) -> None:
 def test_watch_of_a_settled_promise_yields_once(wired: Wired) -> None:
     create(wired.service, "p")
     settled, _ = resolve(wired.service, "p")
-    assert list(wired.service.watch("p")) == [settled]
+    assert watched(wired.service, "p") == [settled]
 
 
 def test_watch_of_a_missing_promise_raises_not_found(wired: Wired) -> None:
     with pytest.raises(PromiseNotFound):
-        list(wired.service.watch("missing"))
+        watched(wired.service, "missing")
     assert wired.hub._subscriptions == {}
 
 
@@ -684,11 +709,15 @@ def test_a_settle_reads_its_promise_only_after_the_writer_finds_a_policy_uncheck
     assert reads == []
 
     policy = Approvers(principals=frozenset({"ana"}))
-    service.create(CreateRequest("guarded", EMPTY, {}, ttl=HOUR, approvers=policy))
+    asyncio.run(
+        service.create_async(CreateRequest("guarded", EMPTY, {}, ttl=HOUR, approvers=policy))
+    )
 
     def by(name: str) -> tuple[Promise, bool]:
         request = SettleRequest("guarded", PromiseState.RESOLVED, EMPTY, principal=name)
-        return service.settle(request, caller=Principal(name, frozenset({Role.GATEWAY})))
+        return asyncio.run(
+            service.settle_async(request, caller=Principal(name, frozenset({Role.GATEWAY})))
+        )
 
     with pytest.raises(NotAnApprover):
         by("bob")

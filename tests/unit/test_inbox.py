@@ -18,7 +18,6 @@ from troth._cli import main
 from troth._cli.approvals import format_event, format_inbox, inbox_tags
 from troth._durations import format_duration
 from troth_server import paging
-from troth_server.batch import StateChange
 from troth_server.domain.errors import InvalidPageToken
 from troth_server.domain.promise import TIMEOUT_PRINCIPAL, Promise, PromiseState
 from troth_server.store import PromiseOrder
@@ -34,6 +33,7 @@ from troth_server.watch import (
     settle_event_type,
 )
 from troth_server.watch import PromiseEvent as ServerEvent
+from troth_server.writes.batch import StateChange
 
 T0 = 1_767_225_600_000
 

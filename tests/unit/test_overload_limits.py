@@ -29,10 +29,11 @@ from troth_server.api._admission import Admission, OverloadReport, backlog_optio
 from troth_server.api._status import status_for
 from troth_server.domain.errors import Overloaded
 from troth_server.domain.promise import EMPTY, CreateRequest
-from troth_server.group_commit import GroupCommitter, drain_estimate_ms
 from troth_server.service import PromiseService
 from troth_server.store import Store, open_store
 from troth_server.watch import WatchHub
+from troth_server.writes.group_commit import GroupCommitter, drain_estimate_ms
+from troth_server.writes.ops.create import CreateOp
 
 # -- the gates -------------------------------------------------------------------------------
 
@@ -198,13 +199,13 @@ def test_the_servers_own_writes_are_never_refused(
     limited: tuple[GroupCommitter, PromiseService, Store],
 ) -> None:
     # Sweeps, claims and lease expiry come through `submit`: past the limit, still queued.
-    committer, service, _store = limited
+    committer, _service, _store = limited
     gate, holder = _hold_writer(committer)
     results: list[Any] = []
     threads = [
         threading.Thread(
             target=lambda n=n: results.append(
-                service.create(CreateRequest(f"own-{n}", EMPTY, {}, ttl=60_000))
+                committer.submit(CreateOp(CreateRequest(f"own-{n}", EMPTY, {}, ttl=60_000), None))
             )
         )
         for n in range(8)

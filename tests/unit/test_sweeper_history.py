@@ -3,6 +3,8 @@ settled promises after the retention (a real SQLite store, a frozen clock)."""
 
 from __future__ import annotations
 
+import asyncio
+
 from test_group_commit_service import HOUR, T0, Wired, create, resolve, wired  # noqa: F401
 
 from troth_server.domain.promise import EMPTY, PromiseState, SettleRequest
@@ -22,7 +24,7 @@ def test_the_sweeper_forgets_completed_tasks_and_prunes_after_the_retention(
     resolve(wired.service, "alone")
     (claimed,) = tasks.claim("g", "w", 1, 10_000)
     outcome = SettleRequest("wf", PromiseState.RESOLVED, EMPTY)
-    tasks.complete(claimed.task.id, claimed.task.counter, "w", outcome)
+    asyncio.run(tasks.complete_async(claimed.task.id, claimed.task.counter, "w", outcome))
     sweeper = Sweeper(
         wired.service,
         interval=60,

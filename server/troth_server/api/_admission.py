@@ -7,7 +7,7 @@ streams: they wait as long as a watch does. A call that finds its gate full is a
 once `RESOURCE_EXHAUSTED`, reason `OVERLOADED`, with a `google.rpc.RetryInfo`
 delay, before any of its work is done; so is a write that finds the group
 committer's queue full (`--max-queued-writes`, raised as `Overloaded` by
-`troth_server.group_commit` and let through by `_rpc` to be answered here).
+`troth_server.writes.group_commit` and let through by `_rpc` to be answered here).
 Health checks and reflection pass no gate: an operator can always ask.
 
 A third check sees what the gates cannot: calls waiting in gRPC core before the

@@ -50,7 +50,6 @@ from troth_server.domain.task import (
     WorkflowNotPaused,
     WorkflowOver,
 )
-from troth_server.group_commit import ShuttingDown
 from troth_server.store import (
     CommitOutcomeUnknown,
     SchemaBehind,
@@ -59,6 +58,7 @@ from troth_server.store import (
     StoreUnavailable,
 )
 from troth_server.watch import EventsMissed, WatchFellBehind
+from troth_server.writes.group_commit import ShuttingDown
 
 # Exhaustive: tests walk every DomainError subclass and require an entry.
 STATUS_CODES: dict[type[Exception], grpc.StatusCode] = {

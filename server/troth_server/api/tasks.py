@@ -44,8 +44,9 @@ if TYPE_CHECKING:
     from troth_server.dispatch import Dispatcher
     from troth_server.domain.access import Principal
     from troth_server.domain.task import Task
-    from troth_server.task_service import Heartbeat, TaskService
+    from troth_server.task_service import TaskService
     from troth_server.workflows import WorkflowService
+    from troth_server.writes.ops.leases import Heartbeat
 
     AioContext: TypeAlias = grpc.aio.ServicerContext[Any, Any]
 

@@ -32,8 +32,13 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, cast
 import structlog
 
 from troth.errors import Reason
-from troth_server import _tracing as tracing
-from troth_server.batch import (
+from troth_server.clock import transaction_clock
+from troth_server.domain import promise as domain
+from troth_server.domain.errors import DomainError, Overloaded
+from troth_server.domain.steps import INVOKE_TAG as INVOKE_TAG
+from troth_server.domain.task import Task, TaskState
+from troth_server.store import Store, StoreError, StoreUnavailable, WriteTx
+from troth_server.writes.batch import (
     Batch,
     Keys,
     Leased,
@@ -42,17 +47,11 @@ from troth_server.batch import (
     StateChange,
     lease_new,
 )
-from troth_server.clock import transaction_clock
-from troth_server.domain import promise as domain
-from troth_server.domain.errors import DomainError, Overloaded
-from troth_server.domain.steps import INVOKE_TAG as INVOKE_TAG
-from troth_server.domain.task import Task, TaskState
-from troth_server.store import Store, StoreError, StoreUnavailable, WriteTx
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Sequence
 
-    from opentelemetry.trace import Span, SpanContext
+    from opentelemetry.trace import Span, SpanContext, Tracer
 
     from troth_server.domain.promise import Promise
 
@@ -67,6 +66,35 @@ class ShuttingDown(DomainError):
 
     def __init__(self) -> None:
         super().__init__("the server is shutting down; retry against another server or later")
+
+
+class CommitTracing(Protocol):
+    """The spans of the commits (the server's `_tracing` module, handed in by the app):
+    a commit carrying a traced RPC's write is a span linked to that RPC's."""
+
+    def tracer(self) -> Tracer | None: ...
+
+    def current_span_context(self) -> SpanContext | None: ...
+
+    def commit_span(self, tracer: Tracer, size: int, carried: Sequence[SpanContext]) -> Span: ...
+
+    def end_failed(self, span: Span, error: BaseException) -> None: ...
+
+
+class _Untraced:
+    """No spans (no tracing handed in)."""
+
+    def tracer(self) -> Tracer | None:
+        return None
+
+    def current_span_context(self) -> SpanContext | None:
+        return None
+
+    def commit_span(self, tracer: Tracer, size: int, carried: Sequence[SpanContext]) -> Span:
+        raise AssertionError("no tracer, no commit span")
+
+    def end_failed(self, span: Span, error: BaseException) -> None:
+        span.end()
 
 
 class WriteOp(Protocol[R_co]):
@@ -173,8 +201,10 @@ class GroupCommitter:
         on_store_error: Callable[[], None] | None = None,
         max_queued: int | None = None,
         on_batch: Callable[[int, float], None] | None = None,
+        tracing: CommitTracing | None = None,
     ) -> None:
         self._store = store
+        self._tracing: CommitTracing = _Untraced() if tracing is None else tracing
         self._on_batch = on_batch
         """Each committed batch: its size and how long it took, in seconds (the metrics)."""
         self._transaction_time = transaction_clock(clock)
@@ -240,8 +270,8 @@ class GroupCommitter:
                     drain_estimate_ms(waiting, self._max_batch, self._commit_ms),
                 )
         item = _AsyncItem(op, loop)
-        if tracing.tracer() is not None:
-            item.span = tracing.current_span_context()
+        if self._tracing.tracer() is not None:
+            item.span = self._tracing.current_span_context()
         if group is None:
             group = self._loop_groups[loop] = []
             # Runs after every callback already ready in this loop iteration.
@@ -321,7 +351,7 @@ class GroupCommitter:
             outcomes, changes, pending_groups, leases = self._store.write(work)
         except StoreError as exc:
             if span is not None:
-                tracing.end_failed(span, exc)
+                self._tracing.end_failed(span, exc)
             self._unreserve(reserved)
             if isinstance(exc, StoreUnavailable) and self._on_store_error is not None:
                 self._on_store_error()
@@ -337,7 +367,7 @@ class GroupCommitter:
             return
         except BaseException as exc:  # a bug in the fold: answer, never hang a request
             if span is not None:
-                tracing.end_failed(span, exc)
+                self._tracing.end_failed(span, exc)
             self._unreserve(reserved)
             log.exception("group_commit.batch_crashed")
             for item in items:
@@ -364,13 +394,12 @@ class GroupCommitter:
         if pending_groups and self._on_pending_tasks is not None:
             self._on_pending_tasks(pending_groups)
 
-    @staticmethod
-    def _commit_span(items: list[_Item[Any]]) -> Span | None:
+    def _commit_span(self, items: list[_Item[Any]]) -> Span | None:
         """The span of this commit, when it carries the write of at least one traced
         RPC (linked to each): the server's own writes (sweeps, expiries) make none."""
         carried = [item.span for item in items if item.span is not None]
-        tracer = tracing.tracer() if carried else None
-        return None if tracer is None else tracing.commit_span(tracer, len(items), carried)
+        tracer = self._tracing.tracer() if carried else None
+        return None if tracer is None else self._tracing.commit_span(tracer, len(items), carried)
 
     def _unreserve(self, reserved: list[tuple[Lessee, str]]) -> None:
         if reserved and self._lessor is not None:
@@ -494,4 +523,4 @@ def _load_steps(tx: WriteTx, promises: dict[str, Promise], settling: set[str], n
         frontier = [p.id for p in found.values() if INVOKE_TAG in p.tags]
 
 
-__all__ = ["GroupCommitter", "ShuttingDown", "WriteOp", "drain_estimate_ms"]
+__all__ = ["CommitTracing", "GroupCommitter", "ShuttingDown", "WriteOp", "drain_estimate_ms"]
