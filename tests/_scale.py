@@ -46,6 +46,8 @@ PAUSED = 100
 COMPLETED = 50_000
 RESUMES_GROUP = "resumes"
 RESUMES = 5_000
+ACME = STANDALONE // 9
+"""Standalone promises under the tenant prefix `acme/` (one in nine)."""
 TIMEDOUT_EVERY = 450
 """One standalone promise in this many is REJECTED_TIMEDOUT (200 of them): a rare state."""
 
