@@ -12,7 +12,8 @@ ANALYZE so that the planners see the real statistics:
 - tasks (~152k): 100k PENDING tasks of group `backlog` that prefer no worker,
   1k that prefer another worker, 200 that prefer `w-me`, 100 paused ones (80
   waiting out a backoff, 20 past it), and 50k COMPLETED tasks of group `done`;
-- callbacks: 30k, on the pending inbox promises.
+- callbacks: 30k, on the pending inbox promises;
+- the tag index's rows of every promise (`promise_tags`), as the store writes them.
 
 `seed_backlog(url)` fills another store with a backlog of workflows not yet started
 (as `bench/scale.py`'s case (b)): 200k PENDING roots without a step, and 20
@@ -193,12 +194,20 @@ def seed_backlog(url: str) -> None:
     _seed(url, _backlog_statements)
 
 
+def _tag_rows(each: str) -> str:
+    """The tag index's rows of every promise (what the store writes with each)."""
+    return (
+        "INSERT INTO promise_tags (seq, key, value)"
+        f" SELECT p.seq, j.key, j.value FROM promises p, {each}(p.tags) j"
+    )
+
+
 def _seed(url: str, statements: Callable[[_Dialect], list[str]]) -> None:
     if url.startswith("sqlite"):
         conn = sqlite3.connect(url.removeprefix("sqlite:///"))
         try:
             conn.execute("PRAGMA synchronous = OFF")
-            for statement in statements(_SQLITE):
+            for statement in [*statements(_SQLITE), _tag_rows("json_each")]:
                 conn.execute(statement)
             conn.commit()
             conn.execute("ANALYZE")
@@ -209,7 +218,7 @@ def _seed(url: str, statements: Callable[[_Dialect], list[str]]) -> None:
     conninfo = url.replace("postgresql+psycopg://", "postgresql://", 1)
     with psycopg.connect(conninfo, autocommit=True) as pg:
         pg.execute("SET synchronous_commit = off")
-        for statement in statements(_PG):
+        for statement in [*statements(_PG), _tag_rows("jsonb_each_text")]:
             pg.execute(statement.encode())
-        for table in ("promises", "tasks", "callbacks"):
+        for table in ("promises", "promise_tags", "tasks", "callbacks"):
             pg.execute(f"VACUUM ANALYZE {table}".encode())

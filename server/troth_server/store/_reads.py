@@ -191,16 +191,32 @@ class PromiseReads:
     def _search(
         self, query: PromiseQuery, now: int, cursor: list[Any], limit: int
     ) -> list[SearchRow]:
-        conditions, order = self._filters(query)
+        conditions, order, walk = self._filters(query)
         if query.id_prefixes and order != _ORDER[query.order] and not self._few(query):
             order = _ORDER[query.order]  # a tenant this big is walked in seq order
         # One part per way a row can be in the states asked for (a settled state, or
         # PENDING but overdue), each in the order of an index of its own rows and cut
         # at the page, then merged: a rare state reads its page, not the history.
-        parts = [
-            select(promises).where(*cursor, *conditions, *part).order_by(*order).limit(limit)
-            for part in _state_parts(query.states, now)
-        ]
+        parts = []
+        for part, dense in _state_parts(query.states, now):
+            by, tagged_by = order, []
+            if walk is not None and dense and query.order in _WALK_ORDER:
+                # Every row, or the RESOLVED ones (most of a history): the tag's rows
+                # walked in seq order (ix_promise_tags_walk) drive the part.
+                tagged_by = [tag_walk(*walk)]
+                if query.after_seq:
+                    tagged_by.append(_after_cursor(query, promise_tags.c.seq))
+                by = _WALK_ORDER[query.order]
+            elif walk is not None:
+                # A rare state's rows (its own index), or the deadline order: the tag's
+                # promises a semi-join, driven from whichever side the planner finds few.
+                tagged_by = [promises.c.seq.in_(tagged(*walk))]
+            parts.append(
+                select(promises)
+                .where(*cursor, *conditions, *part, *tagged_by)
+                .order_by(*by)
+                .limit(limit)
+            )
         stmt: Any = parts[0]
         if len(parts) > 1:
             merged = union_all(*(select(part.subquery()) for part in parts)).subquery()
@@ -208,18 +224,19 @@ class PromiseReads:
         rows = self._read(lambda conn: conn.execute(stmt).all())
         return [SearchRow(seq=row[0], promise=to_promise(row)) for row in rows]
 
-    def _filters(self, query: PromiseQuery) -> tuple[list[Any], tuple[Any, ...]]:
-        """A search's conditions but its states and cursor, and the order its parts take:
-        what drives the search is the narrowest index its filters allow.
+    def _filters(
+        self, query: PromiseQuery
+    ) -> tuple[list[Any], tuple[Any, ...], tuple[str, str] | None]:
+        """A search's conditions but its states, cursor and the tag it walks; the order
+        its parts take; the tag whose rows drive it (`_search`), if any.
 
         - A scoped principal's search (`id_prefixes`) whose tenant has at most
           `SORT_TENANT_ROWS` promises reads its ids' ranges of the id index and sorts
           them (by `seq + 0`, which no index serves: a walk in seq order would read every
           other tenant's rows before its page): its tenant's rows, never the rest of
           the store. A bigger tenant is walked in seq order (`_search`), as before.
-        - A search by tag in creation order walks the tag's rows in seq order
-          (`ix_promise_tags_walk`); the other tags filter each promise it finds. In the
-          deadline order, the tag's promises are a semi-join the planner may drive.
+        - A search by tag reads the tag's rows (`promise_tags`, its first tag the index
+          keeps); the other tags filter each promise it finds.
         - Otherwise the order's own index (seq, or a state's partial index of seq).
         """
         c = promises.c
@@ -232,16 +249,6 @@ class PromiseReads:
             conditions.append(or_(*(_prefix_range(p) for p in query.id_prefixes)))
             if query.order in _SORTED_ORDER:
                 order = _SORTED_ORDER[query.order]
-        if walk is not None and query.order in _WALK_ORDER:
-            key, value = walk
-            conditions.append(tag_walk(key, value))
-            if query.after_seq:
-                conditions.append(_after_cursor(query, promise_tags.c.seq))
-            order = _WALK_ORDER[query.order]
-        elif walk is not None:
-            # The deadline order: the tag's promises (a rare tag's few, by its rows) or a
-            # walk of the deadline index that filters them, as the planner finds cheaper.
-            conditions.append(c.seq.in_(tagged(*walk)))
         rest = {k: v for k, v in query.tags.items() if walk is None or k != walk[0]}
         if rest:
             conditions.append(self._has_tags(rest))
@@ -249,7 +256,7 @@ class PromiseReads:
             conditions.append(c.create_time < query.created_before)
         if query.parent_id is not None:
             conditions.append(c.parent_id == query.parent_id)  # ix_promises_parent_seq
-        return conditions, order
+        return conditions, order, walk
 
     def _few(self, query: PromiseQuery) -> bool:
         """Whether the scope's id ranges hold at most `SORT_TENANT_ROWS` promises (a count
@@ -296,12 +303,17 @@ class PromiseReads:
         return and_(*conditions)
 
 
-def _state_parts(states: Collection[PromiseState], now: int) -> list[list[Any]]:
+def _state_parts(states: Collection[PromiseState], now: int) -> list[tuple[list[Any], bool]]:
     """The conditions of each part of a search for `states` (one part, of every row,
-    without states)."""
+    without states), and whether the part's rows are dense in the history (every row;
+    RESOLVED ones as stored), so that a walk of a tag's rows is its best driver."""
     if not states:
-        return [[]]
-    return [[part] for state in sorted(states) for part in state_parts(state, now)]
+        return [([], True)]
+    return [
+        ([part], state is PromiseState.RESOLVED and n == 0)
+        for state in sorted(states)
+        for n, part in enumerate(state_parts(state, now))
+    ]
 
 
 def _order_of(columns: Any, order: PromiseOrder) -> tuple[Any, ...]:
