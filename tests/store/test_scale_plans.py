@@ -61,7 +61,7 @@ if TYPE_CHECKING:
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
-LARGE_TABLES = ("promises", "tasks", "callbacks")
+LARGE_TABLES = ("promises", "promise_tags", "tasks", "callbacks")
 
 
 @dataclass(frozen=True)
