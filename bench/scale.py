@@ -82,6 +82,7 @@ from sqlalchemy import (
     cast,
     create_engine,
     false,
+    inspect,
     literal,
     select,
 )
@@ -381,7 +382,10 @@ class Seeder:
 
     def tag_rows(self) -> None:
         """The tag index's rows of every promise seeded (`promise_tags`: what the store
-        writes with each promise it inserts)."""
+        writes with each promise it inserts); nothing on a schema from before revision 0015,
+        which has none (a run of an older server, for a comparison)."""
+        if not inspect(self.engine).has_table("promise_tags"):
+            return
         each = "jsonb_each_text" if self.engine.dialect.name == "postgresql" else "json_each"
         with self.engine.begin() as conn:
             conn.exec_driver_sql(
