@@ -82,6 +82,7 @@ from sqlalchemy import (
     cast,
     create_engine,
     false,
+    inspect,
     literal,
     select,
 )
@@ -379,13 +380,26 @@ class Seeder:
             "create_time": at(i, count) + 25,
         })  # fmt: skip
 
+    def tag_rows(self) -> None:
+        """The tag index's rows of every promise seeded (`promise_tags`: what the store
+        writes with each promise it inserts); nothing on a schema from before revision 0015,
+        which has none (a run of an older server, for a comparison)."""
+        if not inspect(self.engine).has_table("promise_tags"):
+            return
+        each = "jsonb_each_text" if self.engine.dialect.name == "postgresql" else "json_each"
+        with self.engine.begin() as conn:
+            conn.exec_driver_sql(
+                "INSERT INTO promise_tags (seq, key, value)"
+                f" SELECT p.seq, j.key, j.value FROM promises p, {each}(p.tags) j"
+            )
+
     def analyze(self, statistics: bool = True) -> None:
         """Statistics for the planner (and, on PostgreSQL, the visibility map a bulk
         load leaves unset, so autovacuum does not start on it during the run)."""
         if self.engine.dialect.name == "postgresql":
             vacuum = "VACUUM (ANALYZE)" if statistics else "VACUUM"
             with self.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-                for name in ("promises", "tasks", "callbacks"):
+                for name in ("promises", "promise_tags", "tasks", "callbacks"):
                     conn.exec_driver_sql(f"{vacuum} {name}")
         elif statistics:
             with self.engine.begin() as conn:
@@ -414,6 +428,7 @@ def seed(database: Database, case: str, settings: Settings) -> tuple[int, float]
             seeder.history(settings.history)
         elif case == "d":
             seeder.parked(settings.parked)
+        seeder.tag_rows()
         seeder.analyze(settings.analyze)
     finally:
         seeder.close()

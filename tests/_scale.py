@@ -18,6 +18,12 @@ ANALYZE so that the planners see the real statistics:
   runs; 30k of `retired` at `v0`, a workflow no stream lists; 20k unversioned
   starts of `approve`, whose newest version another stream runs; 5k of `approve`
   at `v1` past a retry backoff), then the few it can (`ROUTE_TAKES`).
+- the tag index's rows of every promise (`promise_tags`), as the store writes them.
+
+`seed_backlog(url)` fills another store with a backlog of workflows not yet started
+(as `bench/scale.py`'s case (b)): 200k PENDING roots without a step, and 20
+workflows waiting for a human (a PENDING approval and a settled `run` step each),
+so that nearly every promise has no parent.
 
 Times are epoch ms around `NOW`; ids are `<kind>-<n>`.
 """
@@ -25,6 +31,7 @@ Times are epoch ms around `NOW`; ids are `<kind>-<n>`.
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import psycopg
@@ -51,6 +58,8 @@ ROUTE_TAKES = 300
 """Tasks of `routes` the stream of `ROUTE` may take: `approve` at `v2` (for nobody,
 for it, for another worker, past a backoff), unversioned `report`, unversioned ones
 of a workflow no stream lists (`typo`) and without a workflow name."""
+ACME = STANDALONE // 9
+"""Standalone promises under the tenant prefix `acme/` (one in nine)."""
 TIMEDOUT_EVERY = 450
 """One standalone promise in this many is REJECTED_TIMEDOUT (200 of them): a rare state."""
 
@@ -178,14 +187,63 @@ def _statements(d: _Dialect) -> list[str]:
     ]
 
 
+PENDING_ROOTS = 200_000
+"""The backlog world's PENDING workflow roots with no step yet (as `bench/scale.py`'s
+case (b)): each a promise without a parent."""
+PARKED = 20
+"""The backlog world's workflows waiting for a human: a PENDING root, its PENDING
+approval and its settled `run` step."""
+
+
+def _backlog_statements(d: _Dialect) -> list[str]:
+    root_tags = d.j('\'{"troth:invoke": "scale", "troth:func": "hitl"}\'')
+    approval_tags = d.j('\'{"troth:group": "scale", "troth:kind": "promise"}\'')
+    step_tags = d.j('\'{"troth:kind": "run"}\'')
+    empty = d.j("'{}'")
+    return [
+        f"""INSERT INTO promises ({_PROMISE_COLUMNS}) {_counter(PENDING_ROOTS)}
+            SELECT 'root-' || n, 'PENDING', {empty}, {d.blob}, {empty}, {d.blob}, {root_tags},
+              {d.false}, {NOW} - 5000000 + n * 10, NULL, {NOW} + 86400000, NULL, NULL, NULL,
+              'scale', 'hitl' FROM g""",
+        f"""INSERT INTO promises ({_PROMISE_COLUMNS}) {_counter(PARKED)}
+            SELECT 'root-' || n || '.0', 'PENDING', {empty}, {d.blob}, {empty}, {d.blob},
+              {approval_tags}, {d.false}, {NOW} - 5000000 + n * 10 + 1, NULL,
+              {NOW} + 86400000, NULL, 'root-' || n, 'root-' || n, NULL, NULL FROM g""",
+        f"""INSERT INTO promises ({_PROMISE_COLUMNS}) {_counter(PARKED)}
+            SELECT 'root-' || n || '.1', 'RESOLVED', {empty}, {d.blob}, {empty}, {d.blob},
+              {step_tags}, {d.false}, {NOW} - 5000000 + n * 10 + 2,
+              {NOW} - 5000000 + n * 10 + 3, {NOW} + 86400000, 'w', 'root-' || n, 'root-' || n,
+              NULL, NULL FROM g""",
+    ]
+
+
 def seed(url: str) -> None:
     """Fill the migrated, empty store at `url` (a `sqlite:///` or a `postgresql+psycopg://`
-    URL) and ANALYZE it."""
+    URL) with the year's world and ANALYZE it."""
+    _seed(url, _statements)
+
+
+def seed_backlog(url: str) -> None:
+    """Fill the migrated, empty store at `url` with a backlog of workflows that have not
+    started (`PENDING_ROOTS` PENDING roots, no step) and `PARKED` waiting for a human,
+    and ANALYZE it: most promises have no parent."""
+    _seed(url, _backlog_statements)
+
+
+def _tag_rows(each: str) -> str:
+    """The tag index's rows of every promise (what the store writes with each)."""
+    return (
+        "INSERT INTO promise_tags (seq, key, value)"
+        f" SELECT p.seq, j.key, j.value FROM promises p, {each}(p.tags) j"
+    )
+
+
+def _seed(url: str, statements: Callable[[_Dialect], list[str]]) -> None:
     if url.startswith("sqlite"):
         conn = sqlite3.connect(url.removeprefix("sqlite:///"))
         try:
             conn.execute("PRAGMA synchronous = OFF")
-            for statement in _statements(_SQLITE):
+            for statement in [*statements(_SQLITE), _tag_rows("json_each")]:
                 conn.execute(statement)
             conn.commit()
             conn.execute("ANALYZE")
@@ -196,7 +254,7 @@ def seed(url: str) -> None:
     conninfo = url.replace("postgresql+psycopg://", "postgresql://", 1)
     with psycopg.connect(conninfo, autocommit=True) as pg:
         pg.execute("SET synchronous_commit = off")
-        for statement in _statements(_PG):
+        for statement in [*statements(_PG), _tag_rows("jsonb_each_text")]:
             pg.execute(statement.encode())
-        for table in ("promises", "tasks", "callbacks"):
+        for table in ("promises", "promise_tags", "tasks", "callbacks"):
             pg.execute(f"VACUUM ANALYZE {table}".encode())

@@ -72,6 +72,7 @@ def test_upgrade_from_empty_to_head(engine: sa.Engine) -> None:
         assert set(sa.inspect(conn).get_table_names()) == {
             "alembic_version",
             "promises",
+            "promise_tags",
             "tasks",
             "callbacks",
         }

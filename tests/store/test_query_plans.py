@@ -487,6 +487,7 @@ def _table_statements(seen: list[Executed]) -> dict[str, Executed]:
 # pending step each, the rest a settled history), 1M tasks, 100k callbacks.
 _SQLITE_STATS = {
     "promises": 1_000_000,
+    "promise_tags": 2_000_000,
     "tasks": 1_000_000,
     "callbacks": 100_000,
 }
@@ -521,6 +522,14 @@ _SQLITE_INDEX_STATS = {
     "ix_tasks_route_backoff": "100 20 10 5 1",
     "sqlite_autoindex_callbacks_1": "100000 1 1",
     "ix_callbacks_root": "100000 1",
+    # Two tags a promise, a few thousand promises a tag.
+    "sqlite_autoindex_promise_tags_1": "2000000 2 1",
+    "ix_promise_tags_walk": "2000000 20000 5000 1",
+    # The newest time stored, read at a start.
+    "ix_promises_create_time": "1000000 1",
+    "ix_promises_settle_time": "1000000 1",
+    "ix_tasks_create_time": "1000000 1",
+    "ix_callbacks_create_time": "100000 1",
 }
 
 

@@ -8,9 +8,9 @@ child workflows and theirs), and only when the workflow is over: no PENDING or
 CLAIMED task, and every promise of the tree settled at or before the cutoff
 (a cancelled workflow may still record compensation steps after its root
 settled). A step is never deleted without its root. The callbacks of what is
-deleted go with it (a finished workflow has none left; this is a safety net).
-Completed tasks are not looked at: the sweeper deletes them on their own
-schedule.
+deleted go with it (a finished workflow has none left; this is a safety net), and
+so do its rows of the tag index (`_tags`). Completed tasks are not looked at: the
+sweeper deletes them on their own schedule.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from troth_server.domain.task import TaskState
 from troth_server.store import PruneBatch
 from troth_server.store._rows import load_json
 from troth_server.store._tables import callbacks, promises, state_in, tasks
+from troth_server.store._tags import delete_tags
 
 if TYPE_CHECKING:
     from sqlalchemy import Connection
@@ -117,9 +118,12 @@ class PruneTx:
     def _delete(self, standalone: list[str], roots: list[str]) -> None:
         ids = standalone + roots
         if roots:
-            # Steps first, then the roots (one statement each, by index).
+            # Steps first, then the roots (one statement each, by index); each
+            # promise's tag rows before it.
+            self._conn.execute(delete_tags(select(_p.seq).where(_p.root_id.in_(roots))))
             self._conn.execute(promises.delete().where(_p.root_id.in_(roots)))
         if ids:
+            self._conn.execute(delete_tags(select(_p.seq).where(_p.id.in_(ids))))
             self._conn.execute(promises.delete().where(_p.id.in_(ids)))
             gone: Any = callbacks.c.promise_id.in_(ids)
             if roots:

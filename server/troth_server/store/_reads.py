@@ -38,7 +38,8 @@ from troth_server.domain.promise import Promise, PromiseState
 from troth_server.store import PromiseOrder, PromiseQuery, SearchRow, StoreUnavailable
 from troth_server.store._bind import Statement, chunks, compile_for
 from troth_server.store._rows import to_promise
-from troth_server.store._tables import promises, state_in
+from troth_server.store._tables import promise_tags, promises, state_in
+from troth_server.store._tags import indexed, tag_walk, tagged
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Collection, Mapping, Sequence
@@ -60,6 +61,12 @@ __all__ = [
     "state_condition",
     "state_parts",
 ]
+
+SORT_TENANT_ROWS = 20_000
+"""A scoped principal's search sorts its tenant's promises (by the id index) when they
+are at most this many (a sort of 20,000 rows: ~30 ms); a bigger tenant's page is
+found by a walk in seq order, which stops at the page the sooner the bigger the
+tenant is next to the rest of the store."""
 
 READ_ATTEMPTS = 2
 """A read runs again once after a connection the database dropped (a restart)."""
@@ -184,34 +191,80 @@ class PromiseReads:
     def _search(
         self, query: PromiseQuery, now: int, cursor: list[Any], limit: int
     ) -> list[SearchRow]:
-        conditions: list[Any] = list(cursor)
-        if query.id_glob not in ("", "*"):
-            conditions.append(promises.c.id.like(glob_to_like(query.id_glob), escape="\\"))
-        if query.id_prefixes:
-            conditions.append(
-                or_(
-                    *(promises.c.id.like(prefix_to_like(p), escape="\\") for p in query.id_prefixes)
-                )
-            )
-        if query.tags:
-            conditions.append(self._has_tags(query.tags))
-        if query.created_before is not None:
-            conditions.append(promises.c.create_time < query.created_before)
-        if query.parent_id is not None:
-            conditions.append(promises.c.parent_id == query.parent_id)  # ix_promises_parent_seq
+        conditions, order, walk = self._filters(query)
+        if query.id_prefixes and order != _ORDER[query.order] and not self._few(query):
+            order = _ORDER[query.order]  # a tenant this big is walked in seq order
         # One part per way a row can be in the states asked for (a settled state, or
         # PENDING but overdue), each in the order of an index of its own rows and cut
         # at the page, then merged: a rare state reads its page, not the history.
-        parts = [
-            select(promises).where(*conditions, *part).order_by(*_ORDER[query.order]).limit(limit)
-            for part in _state_parts(query.states, now)
-        ]
+        parts = []
+        for part, dense in _state_parts(query.states, now):
+            by, tagged_by = order, []
+            if walk is not None and dense and query.order in _WALK_ORDER:
+                # Every row, or the RESOLVED ones (most of a history): the tag's rows
+                # walked in seq order (ix_promise_tags_walk) drive the part.
+                tagged_by = [tag_walk(*walk)]
+                if query.after_seq:
+                    tagged_by.append(_after_cursor(query, promise_tags.c.seq))
+                by = _WALK_ORDER[query.order]
+            elif walk is not None:
+                # A rare state's rows (its own index), or the deadline order: the tag's
+                # promises a semi-join, driven from whichever side the planner finds few.
+                tagged_by = [promises.c.seq.in_(tagged(*walk))]
+            parts.append(
+                select(promises)
+                .where(*cursor, *conditions, *part, *tagged_by)
+                .order_by(*by)
+                .limit(limit)
+            )
         stmt: Any = parts[0]
         if len(parts) > 1:
             merged = union_all(*(select(part.subquery()) for part in parts)).subquery()
             stmt = select(merged).order_by(*_order_of(merged.c, query.order)).limit(limit)
         rows = self._read(lambda conn: conn.execute(stmt).all())
         return [SearchRow(seq=row[0], promise=to_promise(row)) for row in rows]
+
+    def _filters(
+        self, query: PromiseQuery
+    ) -> tuple[list[Any], tuple[Any, ...], tuple[str, str] | None]:
+        """A search's conditions but its states, cursor and the tag it walks; the order
+        its parts take; the tag whose rows drive it (`_search`), if any.
+
+        - A scoped principal's search (`id_prefixes`) whose tenant has at most
+          `SORT_TENANT_ROWS` promises reads its ids' ranges of the id index and sorts
+          them (by `seq + 0`, which no index serves: a walk in seq order would read every
+          other tenant's rows before its page): its tenant's rows, never the rest of
+          the store. A bigger tenant is walked in seq order (`_search`), as before.
+        - A search by tag reads the tag's rows (`promise_tags`, its first tag the index
+          keeps); the other tags filter each promise it finds.
+        - Otherwise the order's own index (seq, or a state's partial index of seq).
+        """
+        c = promises.c
+        conditions: list[Any] = []
+        order = _ORDER[query.order]
+        if query.id_glob not in ("", "*"):
+            conditions.append(c.id.like(glob_to_like(query.id_glob), escape="\\"))
+        walk = None if query.id_prefixes else _tag_to_walk(query)
+        if query.id_prefixes:
+            conditions.append(or_(*(_prefix_range(p) for p in query.id_prefixes)))
+            if query.order in _SORTED_ORDER:
+                order = _SORTED_ORDER[query.order]
+        rest = {k: v for k, v in query.tags.items() if walk is None or k != walk[0]}
+        if rest:
+            conditions.append(self._has_tags(rest))
+        if query.created_before is not None:
+            conditions.append(c.create_time < query.created_before)
+        if query.parent_id is not None:
+            conditions.append(c.parent_id == query.parent_id)  # ix_promises_parent_seq
+        return conditions, order, walk
+
+    def _few(self, query: PromiseQuery) -> bool:
+        """Whether the scope's id ranges hold at most `SORT_TENANT_ROWS` promises (a count
+        of the id index that stops past it)."""
+        ranges = or_(*(_prefix_range(p) for p in query.id_prefixes))
+        some = select(promises.c.id).where(ranges).limit(SORT_TENANT_ROWS + 1).subquery()
+        count = select(func.count()).select_from(some)
+        return int(self._read(lambda conn: conn.execute(count).scalar_one())) <= SORT_TENANT_ROWS
 
     def expired_promise_ids(self, now: int, limit: int) -> list[str]:
         params = {"now": now, "limit": limit}
@@ -250,12 +303,17 @@ class PromiseReads:
         return and_(*conditions)
 
 
-def _state_parts(states: Collection[PromiseState], now: int) -> list[list[Any]]:
+def _state_parts(states: Collection[PromiseState], now: int) -> list[tuple[list[Any], bool]]:
     """The conditions of each part of a search for `states` (one part, of every row,
-    without states)."""
+    without states), and whether the part's rows are dense in the history (every row;
+    RESOLVED ones as stored), so that a walk of a tag's rows is its best driver."""
     if not states:
-        return [[]]
-    return [[part] for state in sorted(states) for part in state_parts(state, now)]
+        return [([], True)]
+    return [
+        ([part], state is PromiseState.RESOLVED and n == 0)
+        for state in sorted(states)
+        for n, part in enumerate(state_parts(state, now))
+    ]
 
 
 def _order_of(columns: Any, order: PromiseOrder) -> tuple[Any, ...]:
@@ -277,13 +335,57 @@ _ORDER: dict[PromiseOrder, tuple[Any, ...]] = {
 }
 
 
-def _after_cursor(query: PromiseQuery) -> Any:
-    """SQL for "comes after the cursor row in the query's order"."""
+# A search by tag in creation order walks the tag's rows (`promise_tags`) in seq order:
+# ordered by their seq, so that SQLite sees the walk's index serve the order.
+_WALK_ORDER: dict[PromiseOrder, tuple[Any, ...]] = {
+    PromiseOrder.CREATED_ASC: (promise_tags.c.seq,),
+    PromiseOrder.CREATED_DESC: (promise_tags.c.seq.desc(),),
+}
+
+
+# A scoped principal's search in creation order: its ids' rows sorted, by an
+# expression no index serves, so that no planner walks the whole store in seq order.
+_SORTED_ORDER: dict[PromiseOrder, tuple[Any, ...]] = {
+    PromiseOrder.CREATED_ASC: ((promises.c.seq + 0).asc(),),
+    PromiseOrder.CREATED_DESC: ((promises.c.seq + 0).desc(),),
+}
+
+
+def _prefix_range(prefix: str) -> Any:
+    """SQL for "the id starts with `prefix`": a range of the id index (ids compare by
+    code point on both stores: bytewise UTF-8, collation "C" on PostgreSQL)."""
     c = promises.c
+    upper = _after_prefix(prefix)
+    return c.id >= prefix if upper is None else and_(c.id >= prefix, c.id < upper)
+
+
+def _after_prefix(prefix: str) -> str | None:
+    """The least string greater than every string that starts with `prefix` (None: no
+    such string, every string from `prefix` on starts with it)."""
+    chars = list(prefix)
+    while chars:
+        code = ord(chars[-1]) + 1
+        if code == 0xD800:  # past the surrogates, which no text holds
+            code = 0xE000
+        if code <= 0x10FFFF:
+            chars[-1] = chr(code)
+            return "".join(chars)
+        chars.pop()
+    return None
+
+
+def _tag_to_walk(query: PromiseQuery) -> tuple[str, str] | None:
+    """The tag whose rows a search reads: its first one the tag index keeps (None: none
+    is kept)."""
+    return next(((k, v) for k, v in sorted(query.tags.items()) if indexed(k, v)), None)
+
+
+def _after_cursor(query: PromiseQuery, seq: Any = promises.c.seq) -> Any:
+    """SQL for "comes after the cursor row in the query's order" (on `seq`)."""
     if query.order is PromiseOrder.CREATED_ASC:
-        return c.seq > query.after_seq
+        return seq > query.after_seq
     assert query.order is PromiseOrder.CREATED_DESC, "EXPIRE_TIME_ASC pages by two scans"
-    return c.seq < query.after_seq
+    return seq < query.after_seq
 
 
 def state_condition(state: PromiseState, now: int) -> Any:

@@ -48,6 +48,7 @@ from troth_server.store._sqlstate import (
     STATEMENTS_LOST,
 )
 from troth_server.store._tables import callbacks, promises, state_in, tasks
+from troth_server.store._tags import TagStatements
 from troth_server.store._task_sql import CompiledTaskStatements, TaskStatements, TaskTx
 from troth_server.store._workflow_reads import WorkflowReads
 
@@ -82,6 +83,8 @@ _count_pending_promises = (
     .select_from(promises)
     .where(state_in(promises.c.state, PromiseState.PENDING.value))
 )
+_NEWEST = (promises.c.create_time, promises.c.settle_time, tasks.c.create_time,
+           callbacks.c.create_time)  # fmt: skip
 _DATABASE_TIME = "SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
 _COLUMNS = [c.name for c in promises.c]
 _INSERTED = [name for name in _COLUMNS if name != "seq"]
@@ -124,6 +127,7 @@ class _Compiled:
             dialect, _pending_steps, sqlite_index=("promises", "ix_promises_pending_parent")
         )
         self.tasks = CompiledTaskStatements(dialect)
+        self.tags = TagStatements(dialect)
 
     def _compile(self, stmt: Any) -> Statement:
         return compile_for(stmt, self._dialect)
@@ -255,12 +259,26 @@ class _WriteTx(TaskTx, PruneTx):
         if items:
             stmt = self._compiled.insert
             self._write(stmt.sql, [stmt.params(to_row(p)) for p in items])
+            self._write_tags([p for p in items if p.tags], stale=False)
 
     def update_promises(self, items: Sequence[Promise]) -> None:
         if items:
             stmt = self._compiled.update
             rows = [{f"b_{name}": value for name, value in to_row(p).items()} for p in items]
             self._write(stmt.sql, [stmt.params(row) for row in rows])
+            self._write_tags(items, stale=True)
+
+    def _write_tags(self, items: Sequence[Promise], *, stale: bool) -> None:
+        """The tag index's rows of these promises, just written (`_tags`): one statement
+        per batch (two after updates: the rows their tags no longer hold go first)."""
+        ids = [p.id for p in items]
+        tags = self._compiled.tags
+        for part in chunks(ids):
+            if stale:
+                sql, params = tags.stale.bound(part)
+                self._write(sql, [params])
+            sql, params = tags.insert.bound(part)
+            self._write(sql, [params])
 
 
 class SqlStore(PromiseReads, WorkflowReads):
@@ -315,12 +333,10 @@ class SqlStore(PromiseReads, WorkflowReads):
         return int(self._read(lambda conn: conn.exec_driver_sql(_DATABASE_TIME).scalar_one()))
 
     def newest_time(self) -> int:
+        # Each max from the end of its index (SQLite's NEWEST_TIME_INDEXES).
         def read(conn: Connection) -> list[Any]:
             return [
-                conn.execute(select(func.max(promises.c.create_time))).scalar(),
-                conn.execute(select(func.max(promises.c.settle_time))).scalar(),
-                conn.execute(select(func.max(tasks.c.create_time))).scalar(),
-                conn.execute(select(func.max(callbacks.c.create_time))).scalar(),
+                *(conn.execute(select(func.max(column))).scalar() for column in _NEWEST),
                 conn.execute(
                     select(func.max(tasks.c.lease_expire_time - tasks.c.lease_ms)).where(
                         state_in(tasks.c.state, TaskState.CLAIMED.value)

@@ -28,12 +28,24 @@ if TYPE_CHECKING:
 
 metadata = MetaData()
 
+TAG_KEY_INDEXED = 256
+TAG_VALUE_INDEXED = 384
+"""The longest tag key and value (characters) kept in `promise_tags`: a B-tree entry
+of PostgreSQL holds at most ~2.7 kB (four bytes a character at worst). A longer tag
+(possible where an operator raised --max-tag-key-length or --max-tag-value-length)
+is not kept there, and a search by it filters the promises' tags instead."""
+
 # JSON text, written and read by the store itself (orjson); JSONB on PostgreSQL so
 # that tag filters can use containment and a GIN index.
 _json = Text().with_variant(JSONB(), "postgresql")
 # Promise ids compare bytewise on every dialect: the `<root>.` prefix ranges of
 # a workflow's steps rely on it, whatever the PostgreSQL database's collation.
 _promise_id = String(1024).with_variant(String(1024, collation="C"), "postgresql")
+
+
+def _tag_text(length: int) -> Any:
+    return String(length).with_variant(String(length, collation="C"), "postgresql")
+
 
 promises = Table(
     "promises",
@@ -96,13 +108,26 @@ Index(
 )
 
 # A workflow's history, in creation order (what a Poll delivery carries).
-Index("ix_promises_parent_seq", promises.c.parent_id, promises.c.seq)
+# Both parent indexes hold steps only (revision 0015): roots and standalone promises
+# (parent_id NULL) are most rows of a store with a backlog of PENDING roots, and in
+# an index they were one key of that many rows, which SQLite's statistics average in
+# (`sqlite_stat1`: 200,000 rows per parent with 200,000 PENDING roots), so that it
+# scanned the table rather than read a parent's steps. A comparison on parent_id
+# (`=`, `IN`) implies `IS NOT NULL`, to SQLite's and PostgreSQL's planners alike.
+_STEPS = "parent_id IS NOT NULL"
+Index(
+    "ix_promises_parent_seq",
+    promises.c.parent_id,
+    promises.c.seq,
+    sqlite_where=text(_STEPS),
+    postgresql_where=text(_STEPS),
+)
 # The steps a settling root ends: its PENDING ones (few, however long the history).
 Index(
     "ix_promises_pending_parent",
     promises.c.parent_id,
-    sqlite_where=text("state = 'PENDING'"),
-    postgresql_where=text("state = 'PENDING'"),
+    sqlite_where=text(f"state = 'PENDING' AND {_STEPS}"),
+    postgresql_where=text(f"state = 'PENDING' AND {_STEPS}"),
 )
 # Searches of PENDING promises in creation order (the inbox, `--state PENDING`):
 # a walk of the live promises, however long the settled history (revision 0007).
@@ -154,13 +179,21 @@ for _state, _index in (
 ):
     _only = text(f"state = '{_state}'")
     Index(_index, promises.c.seq, sqlite_where=_only, postgresql_where=_only)
-# Tag filters (JSONB containment) on PostgreSQL; SQLite has no index for JSON.
-Index(
-    "ix_promises_tags",
-    promises.c.tags,
-    postgresql_using="gin",
-    postgresql_ops={"tags": "jsonb_path_ops"},
-).ddl_if(dialect="postgresql")
+
+# Searches by tag in seq order (revision 0015): a row per tag of each promise, written
+# with the promise (and again when an early settle is adopted and its tags replaced),
+# deleted with it. `ix_promise_tags_walk` serves both the filter and the order: a
+# search by a tag walks that tag's promises in seq order and stops at its page, however
+# common the tag (the GIN index of `tags` it replaces served the filter but not the
+# order, so PostgreSQL read every promise with the tag, then sorted them).
+promise_tags = Table(
+    "promise_tags",
+    metadata,
+    Column("seq", BigInteger(), primary_key=True),
+    Column("key", _tag_text(TAG_KEY_INDEXED), primary_key=True),
+    Column("value", _tag_text(TAG_VALUE_INDEXED), nullable=False),
+)
+Index("ix_promise_tags_walk", promise_tags.c.key, promise_tags.c.value, promise_tags.c.seq)
 
 
 tasks = Table(
@@ -382,20 +415,33 @@ def state_in(column: Any, *states: str) -> Any:
     return column == literals[0] if len(literals) == 1 else column.in_(literals)
 
 
-POSTGRESQL_ONLY_INDEXES = frozenset({"ix_promises_tags"})
-"""Indexes created on PostgreSQL only (`ddl_if`), which Alembic's comparison must skip
-elsewhere."""
+# The newest time stored, which a SQLite server's clock never starts behind
+# (`SqlStore.newest_time`, once per start), read from the end of an index of each
+# time (revision 0015): SQLite only, PostgreSQL's clock being the database's own.
+NEWEST_TIME_INDEXES = {
+    "ix_promises_create_time": promises.c.create_time,
+    "ix_promises_settle_time": promises.c.settle_time,
+    "ix_tasks_create_time": tasks.c.create_time,
+    "ix_callbacks_create_time": callbacks.c.create_time,
+}
+for _name, _time in NEWEST_TIME_INDEXES.items():
+    Index(_name, _time).ddl_if(dialect="sqlite")
+
+DIALECT_ONLY_INDEXES: dict[str, str] = dict.fromkeys(NEWEST_TIME_INDEXES, "sqlite")
+"""Indexes created on one dialect only (`ddl_if`), by name: Alembic's comparison must
+skip them on the others."""
 
 
 def include_object_for(dialect: str) -> Callable[[Any, str | None, str, bool, Any], bool]:
     """Alembic's `include_object` for `dialect`: every table and index of `metadata`,
-    but the PostgreSQL-only indexes nowhere else."""
+    but an index of one dialect only nowhere else."""
 
     def include(obj: Any, name: str | None, type_: str, reflected: bool, compare_to: Any) -> bool:
         if type_ != "index":
             return True
         if not reflected and _ONLY_ON.get(id(obj), dialect) != dialect:
             return False  # a route index's twin for the other dialect (same name)
-        return not (name in POSTGRESQL_ONLY_INDEXES and dialect != "postgresql")
+        only = DIALECT_ONLY_INDEXES.get(name or "")
+        return only is None or only == dialect
 
     return include
