@@ -15,7 +15,7 @@ from _pg import fresh_schema
 from alembic import command
 
 from troth_server.domain.promise import EMPTY, Promise, PromiseState
-from troth_server.store import PromiseOrder, PromiseQuery, Store, open_store
+from troth_server.store import PromiseOrder, PromiseQuery, Store, WriteTx, open_store
 from troth_server.store._migrate import alembic_config
 from troth_server.store._tables import TAG_VALUE_INDEXED
 
@@ -110,6 +110,21 @@ def test_the_index_follows_an_early_settle_adopted_by_its_create(store: Store, d
     assert _ids(store, {"team": "t1"}) == []
     assert _ids(store, {"team": "t2"}) == ["early"]
     assert _tag_rows(db_url) == {("early", "team", "t2")}
+
+
+def test_the_index_follows_tags_changed_twice_in_one_transaction(store: Store, db_url: str) -> None:
+    early = _promise("early", {"troth:early": "true"}, state=PromiseState.RESOLVED, settle_time=T0)
+    store.write(lambda tx: tx.insert_promises([early]))
+
+    def twice(tx: WriteTx) -> None:
+        (read,) = tx.get_promises(["early"]).values()
+        tx.update_promises([replace(read, tags={"team": "t1"})])
+        tx.update_promises([read])  # back to the tags it read
+
+    store.write(twice)
+    assert _ids(store, {"troth:early": "true"}) == ["early"]
+    assert _ids(store, {"team": "t1"}) == []
+    assert _tag_rows(db_url) == {("early", "troth:early", "true")}
 
 
 def test_retention_deletes_a_promises_tag_rows_with_it(store: Store, db_url: str) -> None:

@@ -142,6 +142,9 @@ class _WriteTx(TaskTx, PruneTx):
         # SQLite has one writer at a time and renders no FOR UPDATE.
         self.row_locks = conn.dialect.name == "postgresql"
         self._pipeline: Pipeline | None = None
+        self._tags_read: dict[str, Any] = {}
+        """The tags the tag index holds for each promise this transaction read
+        (`get_promises`) or wrote: an update that keeps them leaves the index alone."""
         self.commit_sent = False
         """The COMMIT went (PostgreSQL: with the last statements): if the connection
         is lost now, whether the transaction committed is unknown."""
@@ -253,6 +256,7 @@ class _WriteTx(TaskTx, PruneTx):
         for wanted in chunks(sorted(ids) if len(ids) > MAX_BOUND_IDS else list(ids)):
             rows = self._select(*self._compiled.by_ids.bound(wanted))
             found.update((row[1], to_promise(row)) for row in rows)
+        self._tags_read.update((promise_id, p.tags) for promise_id, p in found.items())
         return found
 
     def insert_promises(self, items: Sequence[Promise]) -> None:
@@ -260,13 +264,19 @@ class _WriteTx(TaskTx, PruneTx):
             stmt = self._compiled.insert
             self._write(stmt.sql, [stmt.params(to_row(p)) for p in items])
             self._write_tags([p for p in items if p.tags], stale=False)
+            self._tags_read.update((p.id, p.tags) for p in items)
 
     def update_promises(self, items: Sequence[Promise]) -> None:
         if items:
             stmt = self._compiled.update
             rows = [{f"b_{name}": value for name, value in to_row(p).items()} for p in items]
             self._write(stmt.sql, [stmt.params(row) for row in rows])
-            self._write_tags(items, stale=True)
+            # Tags change only when an early settle is adopted: the promises whose tags
+            # differ from what this transaction read of them (or that it did not read).
+            unread = object()
+            retagged = [p for p in items if self._tags_read.get(p.id, unread) != p.tags]
+            self._write_tags(retagged, stale=True)
+            self._tags_read.update((p.id, p.tags) for p in items)
 
     def _write_tags(self, items: Sequence[Promise], *, stale: bool) -> None:
         """The tag index's rows of these promises, just written (`_tags`): one statement

@@ -7,9 +7,10 @@ that writes the promise (`json_each` on SQLite, `jsonb_each_text` on PostgreSQL)
 the writer sends one statement per batch and never the tags twice:
 
 - created promises: their tags inserted (`TagStatements.insert`);
-- updated promises: the rows that no longer match their tags deleted, the missing
-  ones inserted (only an early settle adopted by its create changes a promise's
-  tags, but the store does not know which update does);
+- updated promises whose tags differ from what the transaction read of them (only
+  an early settle adopted by its create changes a promise's tags): the rows that no
+  longer match their tags deleted, the missing ones inserted; an update that keeps
+  the tags it read (a settle) sends nothing;
 - deleted promises (retention): their rows deleted first (`delete_tags`).
 
 A tag longer than `TAG_KEY_INDEXED` / `TAG_VALUE_INDEXED` characters is not kept
