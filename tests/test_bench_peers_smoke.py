@@ -35,3 +35,47 @@ def test_peers_bench_quick_run_on_troth_prints_every_table() -> None:
     assert "Ceilings: bare grpc.aio echo" in out
     assert re.search(r"(PASS|MISS) W3 troth seconds", out), out
     assert "Failures" not in out, out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_peers_bench_quick_run_races_restate_flows_and_clients() -> None:
+    """Restate's awakeable flows (live and suspended) and its Workflow-API flow, each
+    by threads and by an asyncio loop, at 64 in flight: every driver completes
+    workflows, and troth is set against the fastest, which the report names."""
+    run = subprocess.run(
+        [sys.executable, str(BENCH / "peers" / "run.py"), "--quick", "--systems",
+         "troth,restate", "--in-flight", "64", "--recovery-count", "5"],
+        capture_output=True,
+        text=True,
+        timeout=290,
+        env=dict(os.environ),
+    )  # fmt: skip
+    out = run.stdout
+    assert run.returncode == 0, f"stdout:\n{out}\nstderr:\n{run.stderr[-3000:]}"
+    drivers = {
+        (workload, driver): int(per_s)
+        for workload, driver, per_s in re.findall(
+            r"^restate\s+(\S+)\s+64\s+(\S+)(?: \*)?\s+(\d+)\s", out, re.MULTILINE
+        )
+    }
+    expected = {
+        ("w1-suspend", f"{flow}/{client}")
+        for flow in ("workflow", "awakeable", "awakeable-suspended")
+        for client in ("threads", "async")
+        if (flow, client) != ("workflow", "async")
+    } | {
+        ("w1-eager", "workflow/threads"), ("w1-eager", "awakeable/threads"),
+        ("w1-eager", "awakeable/async"), ("w2", "workflow/threads"), ("w2", "workflow/async"),
+    }  # fmt: skip
+    assert set(drivers) == expected, out
+    assert all(per_s > 0 for per_s in drivers.values()), out
+    for workload in ("w1-suspend", "w1-eager", "w2"):
+        best = re.search(
+            rf"^{workload}\s+\d+\s+(\S+), \d+\s+[\d.]+ -> ([\d.]+)\s", out, re.MULTILINE
+        )
+        assert best, f"no troth-against-Restate row for {workload} in:\n{out}"
+        assert (workload, best.group(1)) in expected, out
+        assert float(best.group(2)) > 0, out
+        assert re.search(rf"(PASS|MISS) {workload} troth / Restate \({best.group(1)}\)", out), out
+    assert "Failures" not in out, out
