@@ -8,10 +8,12 @@ Workloads, each system running the same workflows (`bench/_workflow_worker.py`,
   result. troth's worker suspends the workflow (its task completes) before the
   client settles, and the settle resumes it on a new task.
 - **W1 eager**: the same, settled as soon as the notification step ran, while
-  the workflow is still live (Restate's awakeable flow: the notified party
-  answers at once). For Restate and DBOS the two variants are one flow: their
-  workflow stays live while it waits (Restate's invocation on its stream until
-  its inactivity timeout; DBOS's in `DBOS.recv`), so both settle on the step.
+  the workflow is still live. For DBOS the two variants are one flow: its
+  workflow stays live while it waits (in `DBOS.recv`), so both settle on the
+  step. Restate's invocation stays live on its stream until its inactivity
+  timeout, so its `workflow` and `awakeable` flows settle a live invocation in
+  both variants; its `awakeable-suspended` flow (W1 suspend) settles one that
+  suspended (`_restate.py` describes the flows).
 - **W2**: a workflow of ten checkpointed steps, start to result.
 - **W3** recovery: 200 workflows inside a step, the process running them
   SIGKILLed; the time until all 200 complete, on a second worker already
@@ -23,6 +25,13 @@ worker), `troth-pg` (one server on a fresh PostgreSQL schema), `restate`
 (restate-server and its Python SDK under hypercorn), `dbos` (DBOS Transact on
 SQLite) and `dbos-pg` (on PostgreSQL). The peers are installed by
 `_install.py` into bench/.cache/peers/, never into the project.
+
+A system may do a workload by several drivers (a flow and a load client,
+``"<flow>/<client>"``: Restate's Workflow-API and awakeable flows, each by
+threads on `http.client` and by an asyncio loop); each is measured, and the
+tables use each system's fastest, the Drivers table naming it. troth is set
+against Restate's fastest driver per workload (ratios of the rounds -> median,
+CPU per workflow, cores used).
 
 Rounds are interleaved: each round starts every system fresh, in a rotated
 order, and runs every phase on it, so a drift of the machine's load falls on
@@ -37,6 +46,8 @@ Usage::
 
     .venv/bin/python bench/peers/run.py [--quick] [--rounds 5] [--duration 2.5]
         [--systems troth,troth-pg,restate,dbos,dbos-pg] [--json FILE]
+        [--restate-flows workflow,awakeable,awakeable-suspended] [--clients threads,async]
+        [--in-flight 1,16,64]
 """
 
 from __future__ import annotations
@@ -358,10 +369,11 @@ def render(results: Results, systems: list[str]) -> str:
     if results.background_by_round:
         shares = ", ".join(f"{b:.1f} %" for b in results.background_by_round)
         out.append(f"Background CPU by round (% of all cores over the round's phases): {shares}")
-    for c in results.ceilings:
+    for ceiling in results.ceilings:
         out.append(
-            f"Ceilings: bare grpc.aio echo {c['echo_calls_per_s']:.0f} calls/s (16 threads), "
-            f"SQLite {c['sqlite_commits_per_s']:.0f} commits/s (WAL, synchronous=FULL)"
+            f"Ceilings: bare grpc.aio echo {ceiling['echo_calls_per_s']:.0f} calls/s "
+            f"(16 threads), SQLite {ceiling['sqlite_commits_per_s']:.0f} commits/s "
+            "(WAL, synchronous=FULL)"
         )
     out.append("")
     out += verdicts(by, results, systems)
@@ -472,12 +484,16 @@ def verdicts(by: Best, results: Results, systems: list[str]) -> list[str]:
         mine, theirs = by.get((a, workload, 64), []), by.get((b, workload, 64), [])
         return _median(per_round_ratios(mine, theirs))
 
-    def line(label: str, value: float | None, target: float, above: bool = True) -> None:
+    def line(
+        label: str, value: float | None, target: float, above: bool = True, strict: bool = False
+    ) -> None:
         if value is None:
             lines.append(f"  - {label}: not measured")
             return
-        ok = value >= target if above else value <= target
-        sign = "≥" if above else "≤"
+        if above:
+            ok, sign = value >= target, "≥"
+        else:
+            ok, sign = (value < target, "<") if strict else (value <= target, "≤")
         lines.append(
             f"  - {'PASS' if ok else 'MISS'} {label}: {value:.2f} (target {sign} {target})"
         )
@@ -500,7 +516,7 @@ def verdicts(by: Best, results: Results, systems: list[str]) -> list[str]:
         line("W1-suspend troth-pg / troth", ratio("troth-pg", "troth", "w1-suspend"), 0.8)
         line("W2 troth-pg / troth", ratio("troth-pg", "troth", "w2"), 0.8)
     w3 = [r.seconds for r in results.recoveries.get("troth", []) if r.seconds is not None]
-    line("W3 troth seconds", _median(w3), 1.0, above=False)
+    line("W3 troth seconds", _median(w3), 1.0, above=False, strict=True)
     return lines
 
 
