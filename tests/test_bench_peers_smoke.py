@@ -79,3 +79,47 @@ def test_peers_bench_quick_run_races_restate_flows_and_clients() -> None:
         assert float(best.group(2)) > 0, out
         assert re.search(rf"(PASS|MISS) {workload} troth / Restate \({best.group(1)}\)", out), out
     assert "Failures" not in out, out
+
+
+REPORT_PROBE = """
+import sys
+sys.path[:0] = [sys.argv[1], sys.argv[1] + "/peers"]
+import run
+from _systems import Phase
+
+def m(system, workload, round_, driver, per_s, cpu):
+    phase = Phase(per_s, 0, None, 1.0, 1.0, 2.0)
+    return run.Measured(system, workload, 64, round_, phase, cpu, 0.0, driver, cpu * per_s / 1000)
+
+results = run.Results()
+for r, (troth, slow, fast) in enumerate([(100, 150, 200), (120, 140, 160), (90, 200, 180)]):
+    for workload in ("w1-suspend", "w1-eager", "w2"):
+        results.phases += [
+            m("troth", workload, r, "sdk/threads", troth, 6.0),
+            m("restate", workload, r, "workflow/threads", slow, 8.0),
+            m("restate", workload, r, "awakeable/async", fast, 4.0),
+        ]
+print(run.render(results, ["troth", "restate"]))
+"""
+
+
+def test_peers_report_sets_troth_against_restates_fastest_driver_round_by_round() -> None:
+    """The fastest driver is the one with the highest median rate over the rounds
+    (here awakeable/async: 180 against 150), and troth's ratio is the median of its
+    ratios to that driver round by round (100/200, 120/160, 90/180 -> 0.50)."""
+    run = subprocess.run(
+        [sys.executable, "-c", REPORT_PROBE, str(BENCH)],
+        capture_output=True,
+        text=True,
+        timeout=50,
+        env=dict(os.environ),
+    )
+    out = run.stdout
+    assert run.returncode == 0, f"stdout:\n{out}\nstderr:\n{run.stderr[-3000:]}"
+    assert re.search(r"^restate\s+w2\s+64\s+awakeable/async \*\s+180 \[160-200\]", out, re.M), out
+    for workload in ("w1-suspend", "w1-eager", "w2"):
+        row = rf"^{workload}\s+100 \[90-120\]\s+awakeable/async, 180 \[160-200\]\s+"
+        row += r"0\.50 0\.75 0\.50 -> 0\.50\s+6\.00 / 4\.00 ms = 1\.50x\s+0\.60 / 0\.72$"
+        assert re.search(row, out, re.M), out
+        assert f"MISS {workload} troth / Restate (awakeable/async), median of rounds: 0.50" in out
+    assert "MISS w1-suspend CPU per cycle troth / Restate (ms / ms): 1.50" in out, out
