@@ -223,10 +223,11 @@ class Restate(System):
         return [self.server.pid] + ([self.service.pid] if self.service else [])
 
     def drivers(self, workload: str) -> tuple[str, ...]:
+        """Its chosen flows for `workload` (W2 has one, always run) by its chosen clients."""
         return tuple(
             f"{flow}/{client}"
             for flow in FLOWS[workload]
-            if flow in self.flows
+            if flow in self.flows or len(FLOWS[workload]) == 1
             for client in self.clients
             if not (client == "async" and flow == "workflow" and workload != "w2")
         )

@@ -393,6 +393,10 @@ def drivers_table(results: Results, by: Best) -> list[str]:
             m.driver, []
         ).append(m)
     rows = []
+    single = sorted(
+        {(system, next(iter(of))) for (system, _, _), of in drivers.items() if len(of) == 1}
+        - {(system, d) for (system, _, _), of in drivers.items() if len(of) > 1 for d in of}
+    )
     for (system, workload, c), of in drivers.items():
         if len(of) < 2:
             continue
@@ -406,9 +410,14 @@ def drivers_table(results: Results, by: Best) -> list[str]:
                 _spread([m.phase.per_s for m in ms], ".0f"), _spread(cpu, ".2f"),
                 fmt(_median(cores), ".2f"), fmt(p50, ".1f"),
             ])  # fmt: skip
+    alone = [
+        "One driver each: " + ", ".join(f"{system} {driver}" for system, driver in single),
+        "",
+    ]
     if not rows:
-        return []
+        return alone if single else []
     return [
+        *(alone if single else []),
         "Drivers (flow/client; * the fastest, which the tables above and below use): "
         "workflows/s median [min-max], whole-system CPU ms per workflow, cores used, p50 ms:",
         table(
