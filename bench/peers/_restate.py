@@ -88,7 +88,7 @@ class _Http(threading.local):
     def call(self, method: str, path: str, body: Any = None) -> Any:
         for attempt in range(2):
             try:
-                self.send(method, path, body)
+                self._request(method, path, body)
                 return self.receive()
             except (http.client.HTTPException, OSError):
                 self.conn.close()  # a dropped keep-alive connection: reconnect once
@@ -98,10 +98,14 @@ class _Http(threading.local):
 
     def send(self, method: str, path: str, body: Any = None) -> None:
         """Send a request and leave its response to `receive` (the awakeable flow's
-        open call)."""
+        open call, which is not retried: so a connection the server closed while idle
+        is replaced first)."""
         sock = self.conn.sock
         if sock is not None and select.select([sock], [], [], 0)[0]:
             self.conn.close()  # readable while idle: the server closed it
+        self._request(method, path, body)
+
+    def _request(self, method: str, path: str, body: Any) -> None:
         data = None if body is None else json.dumps(body).encode()
         headers = {"content-type": "application/json"} if data is not None else {}
         self.pending = f"{method} {path}"
