@@ -117,6 +117,8 @@ class System:
     uses_postgres = False
     drives_itself = False
     """True when the load client runs inside the system's own processes (DBOS)."""
+    flow = "client"
+    """The one flow of a system with one driver (`drivers`), run by threads."""
 
     def pids(self) -> list[int]:
         raise NotImplementedError
@@ -124,8 +126,6 @@ class System:
     def drivers(self, workload: str) -> tuple[str, ...]:
         """The ways this system does `workload` (``"<flow>/<client>"``), the default first."""
         return (f"{self.flow}/threads",)
-
-    flow = "client"
 
     def phase(
         self, workload: str, concurrency: int, duration: float, driver: str | None = None
@@ -146,6 +146,8 @@ class Troth(System):
     """A troth server (durable SQLite by default, or a fresh PostgreSQL schema) and one
     worker process of `bench/_workflow_worker.py`, default settings."""
 
+    flow = "sdk"  # troth.Client, which is synchronous: one thread per workflow in flight
+
     def __init__(self, name: str, backend: str, workdir: Path, notes: Notifications) -> None:
         self.name = name
         self.uses_postgres = BACKENDS[backend].kind == "postgresql"
@@ -164,8 +166,6 @@ class Troth(System):
     def _client(self) -> Client:
         assert self.harness.client is not None
         return self.harness.client
-
-    flow = "sdk"
 
     def phase(
         self, workload: str, concurrency: int, duration: float, driver: str | None = None
@@ -246,6 +246,7 @@ class Dbos(System):
     PostgreSQL database; its load client runs in that process."""
 
     drives_itself = True
+    flow = "in-process"
     _databases = itertools.count()
 
     def __init__(
@@ -307,8 +308,6 @@ class Dbos(System):
 
     def pids(self) -> list[int]:
         return [self.proc.pid] if self.proc else []
-
-    flow = "in-process"
 
     def phase(
         self, workload: str, concurrency: int, duration: float, driver: str | None = None
