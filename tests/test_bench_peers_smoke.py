@@ -1,6 +1,10 @@
-"""Smoke run of `bench/peers/run.py` on troth alone (the peers need npm and PyPI
-downloads; `make bench-peers` runs them): every workload completes, the tables
-and the target lines print, and the script says how long it took."""
+"""Smoke runs of `bench/peers/run.py`: on troth alone, every workload completes and
+the tables and target lines print; beside Restate at 64 in flight, every Restate
+driver (its Workflow-API and awakeable flows, by threads and by an asyncio loop)
+completes and troth is set against the fastest (Restate is installed into
+bench/.cache/peers/ on first use, from npm and PyPI; DBOS is left to `make
+bench-peers`); and the report's choice of the fastest driver and its round-by-round
+ratios, on synthetic results."""
 
 from __future__ import annotations
 
