@@ -11,6 +11,7 @@ awakeable). A waiter is a thread's `threading.Event` or an asyncio future.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import threading
 from pathlib import Path
@@ -76,7 +77,8 @@ class Awakeables:
                 waiter.awakeable_id = awakeable_id
                 waiter.event.set()
             if future is not None:
-                future.get_loop().call_soon_threadsafe(_set, future, awakeable_id)
+                with contextlib.suppress(RuntimeError):  # its loop closed: nobody waits
+                    future.get_loop().call_soon_threadsafe(_set, future, awakeable_id)
 
     def close(self) -> None:
         self._sock.close()
