@@ -25,21 +25,32 @@ import asyncio
 import os
 import socket
 import time
+from datetime import timedelta
 from typing import Any
 
 import hypercorn.asyncio
 import hypercorn.config
 import restate
+from restate.exceptions import SuspendedException
 
 _sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
 _NOTIFY = os.environ.get("BENCH_NOTIFY", "")
 _BLOCK = os.environ.get("BENCH_BLOCK") == "1"
+_AWAKEABLES = os.environ.get("BENCH_AWAKEABLES", "")
+SUSPEND_AFTER = timedelta(milliseconds=int(os.environ.get("BENCH_SUSPEND_MS", "10")))
 
 
 def notify(event: str, key: str) -> None:
     if _NOTIFY:
         line = f"{event} {key} {time.monotonic():.6f} {os.getpid()}"
         _sock.sendto(line.encode(), _NOTIFY)
+
+
+def publish(event: str, key: str, awakeable_id: str) -> None:
+    """Tell the benchmark (the party that decides) an awakeable's id: `notified` from
+    the notification step, `suspended` once the invocation suspended on it."""
+    if _AWAKEABLES:
+        _sock.sendto(f"{event} {key} {awakeable_id}".encode(), _AWAKEABLES)
 
 
 hitl = restate.Workflow("Hitl")
@@ -61,6 +72,38 @@ async def hitl_run(ctx: restate.WorkflowContext) -> dict[str, Any]:
 @hitl.handler()
 async def approve(ctx: restate.WorkflowSharedContext, decision: dict[str, Any]) -> None:
     await ctx.promise("approval", type_hint=dict).resolve(decision)
+
+
+hitl_awakeable = restate.Service("HitlAwakeable")
+hitl_awakeable_suspend = restate.Service("HitlAwakeableSuspend", inactivity_timeout=SUSPEND_AFTER)
+
+
+async def awakeable_run(ctx: restate.Context, key: str, *, report_suspension: bool) -> Any:
+    awakeable_id, decision = ctx.awakeable(type_hint=dict)
+
+    async def send_notification() -> str:
+        publish("notified", key, awakeable_id)  # the notification carries the id to settle
+        return awakeable_id
+
+    await ctx.run_typed("send_notification", send_notification)
+    try:
+        return await decision
+    except SuspendedException:
+        if report_suspension:
+            publish("suspended", key, awakeable_id)
+        raise
+
+
+@hitl_awakeable.handler(name="run")
+async def hitl_awakeable_run(ctx: restate.Context, key: str) -> dict[str, Any]:
+    result: dict[str, Any] = await awakeable_run(ctx, key, report_suspension=False)
+    return result
+
+
+@hitl_awakeable_suspend.handler(name="run")
+async def hitl_awakeable_suspend_run(ctx: restate.Context, key: str) -> dict[str, Any]:
+    result: dict[str, Any] = await awakeable_run(ctx, key, report_suspension=True)
+    return result
 
 
 ten_steps = restate.Workflow("TenSteps")
@@ -93,7 +136,7 @@ async def held_run(ctx: restate.WorkflowContext) -> str:
     return await ctx.run_typed("blocking_step", blocking_step)
 
 
-app = restate.app(services=[hitl, ten_steps, held])
+app = restate.app(services=[hitl, hitl_awakeable, hitl_awakeable_suspend, ten_steps, held])
 
 
 def main() -> None:

@@ -1,4 +1,5 @@
-"""The systems `bench/peers/run.py` measures: troth (SQLite, PostgreSQL), Restate, DBOS.
+"""The systems `bench/peers/run.py` measures: troth (SQLite, PostgreSQL), DBOS, and the
+base they share with Restate (`_restate.py`).
 
 Each system is started fresh for a round (its own database or data directory),
 runs phases of one workload at one concurrency, measures its recovery, and is
@@ -6,23 +7,23 @@ stopped. A phase answers a `Phase`; the benchmark measures the CPU of the pids
 `pids()` names (with PostgreSQL's when `uses_postgres`) around it.
 
 troth and Restate are driven from the benchmark's own process (one thread per
-workflow in flight, like a service calling them); DBOS is a library, so its
-load runs inside its own process (`_dbos_app.py`).
+workflow in flight, like a service calling them, or for Restate also one asyncio
+loop); DBOS is a library, so its load runs inside its own process
+(`_dbos_app.py`). A system may do a workload by several *drivers* (a flow and a
+load client, ``"<flow>/<client>"``); the benchmark measures each and reports the
+fastest.
 """
 
 from __future__ import annotations
 
 import contextlib
-import http.client
 import itertools
 import json
 import os
 import signal
 import socket
 import subprocess
-import threading
 import time
-import urllib.request
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -116,11 +117,19 @@ class System:
     uses_postgres = False
     drives_itself = False
     """True when the load client runs inside the system's own processes (DBOS)."""
+    flow = "client"
+    """The one flow of a system with one driver (`drivers`), run by threads."""
 
     def pids(self) -> list[int]:
         raise NotImplementedError
 
-    def phase(self, workload: str, concurrency: int, duration: float) -> Phase:
+    def drivers(self, workload: str) -> tuple[str, ...]:
+        """The ways this system does `workload` (``"<flow>/<client>"``), the default first."""
+        return (f"{self.flow}/threads",)
+
+    def phase(
+        self, workload: str, concurrency: int, duration: float, driver: str | None = None
+    ) -> Phase:
         raise NotImplementedError
 
     def recovery(self, count: int) -> Recovery:
@@ -136,6 +145,8 @@ class System:
 class Troth(System):
     """A troth server (durable SQLite by default, or a fresh PostgreSQL schema) and one
     worker process of `bench/_workflow_worker.py`, default settings."""
+
+    flow = "sdk"  # troth.Client, which is synchronous: one thread per workflow in flight
 
     def __init__(self, name: str, backend: str, workdir: Path, notes: Notifications) -> None:
         self.name = name
@@ -156,7 +167,9 @@ class Troth(System):
         assert self.harness.client is not None
         return self.harness.client
 
-    def phase(self, workload: str, concurrency: int, duration: float) -> Phase:
+    def phase(
+        self, workload: str, concurrency: int, duration: float, driver: str | None = None
+    ) -> Phase:
         client, notes, group = self._client(), self.notes, self.group
 
         def w1(workflow_id: str, eager: bool) -> int:
@@ -225,186 +238,6 @@ class Troth(System):
         self.harness.close()
 
 
-# --------------------------------------------------------------------------- Restate
-
-
-class _Http(threading.local):
-    """One keep-alive HTTP/1.1 connection to Restate's ingress per thread."""
-
-    def __init__(self, port: int) -> None:
-        self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=TIMEOUT_S)
-
-    def call(self, method: str, path: str, body: Any = None) -> Any:
-        data = None if body is None else json.dumps(body).encode()
-        headers = {"content-type": "application/json"} if data is not None else {}
-        for attempt in range(2):
-            try:
-                self.conn.request(method, path, body=data, headers=headers)
-                response = self.conn.getresponse()
-                payload = response.read()
-                break
-            except (http.client.HTTPException, OSError):
-                self.conn.close()  # a dropped keep-alive connection: reconnect once
-                if attempt:
-                    raise
-        if response.status >= 300:
-            raise ServerError(f"{method} {path}: HTTP {response.status}: {payload[:300]!r}")
-        return json.loads(payload) if payload else None
-
-
-class Restate(System):
-    """restate-server (its default durable storage, in a fresh base directory) and the
-    Python service `_restate_service.py` under hypercorn, registered as a deployment."""
-
-    INGRESS = 8080
-    ADMIN = 9070
-
-    def __init__(self, server_bin: Path, python: Path, workdir: Path, notes: Notifications) -> None:
-        self.name = "restate"
-        self.python = python
-        self.notes = notes
-        self.workdir = workdir / "restate"
-        self.workdir.mkdir()
-        self.service: subprocess.Popen[bytes] | None = None
-        self.service_port = free_port()
-        self._logs: list[IO[bytes]] = []
-        log_path = self.workdir / "server.log"
-        out = log_path.open("wb")
-        self._logs.append(out)
-        env = dict(os.environ, RESTATE_LOG_FILTER="warn")
-        self.server = subprocess.Popen(
-            [str(server_bin), "--bind-ip", "127.0.0.1", "--listen-mode", "tcp",
-             "--base-dir", str(self.workdir / "data")],
-            stdout=out, stderr=out, stdin=subprocess.DEVNULL, env=env,
-        )  # fmt: skip
-        try:
-            self._wait_healthy(log_path)
-            self.start_service(block=False)
-            self._register()
-        except BaseException:
-            self.stop()
-            raise
-        self.http = _Http(self.INGRESS)
-
-    def _wait_healthy(self, log_path: Path) -> None:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.server.poll() is not None:
-                raise ServerError(
-                    f"restate-server exited {self.server.returncode}: {tail(log_path)}"
-                )
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.ADMIN}/health", timeout=1):
-                    pass
-                with socket.create_connection(("127.0.0.1", self.INGRESS), 0.5):
-                    return
-            except OSError:
-                time.sleep(0.1)
-        raise ServerError(f"restate-server not healthy within {START_TIMEOUT_S:.0f} s")
-
-    def start_service(self, *, block: bool) -> None:
-        log_path = self.workdir / f"service-{len(self._logs)}.log"
-        out = log_path.open("wb")
-        self._logs.append(out)
-        env = dict(os.environ, BENCH_NOTIFY=str(self.notes.path), BENCH_BLOCK="1" if block else "0")
-        self.service = subprocess.Popen(
-            [str(self.python), str(PEERS_DIR / "_restate_service.py"),
-             "--port", str(self.service_port)],
-            stdout=out, stderr=out, stdin=subprocess.DEVNULL, env=env,
-        )  # fmt: skip
-        wait_port(self.service_port, self.service, log_path)
-
-    def _register(self) -> None:
-        body = json.dumps({"uri": f"http://127.0.0.1:{self.service_port}", "force": True}).encode()
-        request = urllib.request.Request(
-            f"http://127.0.0.1:{self.ADMIN}/deployments",
-            data=body,
-            headers={"content-type": "application/json"},
-            method="POST",
-        )
-        with urllib.request.urlopen(request, timeout=START_TIMEOUT_S) as response:
-            response.read()
-        # The ingress learns of the deployment a moment later: call until it answers.
-        deadline = time.monotonic() + START_TIMEOUT_S
-        probe = _Http(self.INGRESS)
-        while True:
-            try:
-                probe.call("POST", f"/TenSteps/probe-{uuid.uuid4().hex[:6]}/run")
-                return
-            except ServerError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
-
-    def pids(self) -> list[int]:
-        return [self.server.pid] + ([self.service.pid] if self.service else [])
-
-    def phase(self, workload: str, concurrency: int, duration: float) -> Phase:
-        http, notes = self.http, self.notes
-
-        def w1(workflow_id: str, _slot: int) -> int:
-            # Both variants settle once the notification step ran: Restate's invocation
-            # stays live on its stream while it waits (it suspends only after its
-            # inactivity timeout), so for Restate the two are one flow.
-            reached = notes.expect(workflow_id, "notified")
-            try:
-                http.call("POST", f"/Hitl/{workflow_id}/run/send")
-                if not reached.wait(TIMEOUT_S):
-                    raise TimeoutError(f"{workflow_id} never reached its wait")
-            finally:
-                notes.forget(workflow_id, "notified")
-            settle = time.perf_counter_ns()
-            http.call("POST", f"/Hitl/{workflow_id}/approve", APPROVED)
-            if http.call("GET", f"/restate/workflow/Hitl/{workflow_id}/attach") != APPROVED:
-                raise AssertionError(f"{workflow_id}: unexpected result")
-            return time.perf_counter_ns() - settle
-
-        def w2(workflow_id: str, _slot: int) -> int:
-            start = time.perf_counter_ns()
-            if http.call("POST", f"/TenSteps/{workflow_id}/run") != "done":
-                raise AssertionError(f"{workflow_id}: unexpected result")
-            return time.perf_counter_ns() - start
-
-        cycles: dict[str, Callable[[str, int], int]] = {
-            "w1-suspend": w1,
-            "w1-eager": w1,
-            "w2": w2,
-        }
-        return run_threads(cycles[workload], concurrency, duration)
-
-    def recovery(self, count: int) -> Recovery:
-        note = "after a restart of the service process (one deployment URI); Restate retries"
-        stop_process(self.service)
-        self.start_service(block=True)
-        assert self.service is not None
-        first = self.service.pid
-        prefix = f"w3-{uuid.uuid4().hex[:6]}"
-        ids = {f"{prefix}-{i}" for i in range(count)}
-        for workflow_id in sorted(ids):
-            self.http.call("POST", f"/Held/{workflow_id}/run/send")
-        if len(self.notes.wait_entered(first, ids, TIMEOUT_S)) < count:
-            return Recovery(None, 0, note, f"not all {count} entered their step")
-        t0 = time.monotonic()
-        self.service.send_signal(signal.SIGKILL)
-        self.service.wait()
-        self.start_service(block=False)
-        completed, error = 0, None
-        for workflow_id in sorted(ids):
-            try:
-                if self.http.call("GET", f"/restate/workflow/Held/{workflow_id}/attach") == "ok":
-                    completed += 1
-            except Exception as exc:
-                error = error or f"{workflow_id}: {type(exc).__name__}: {exc}"
-        seconds = time.monotonic() - t0
-        return Recovery(seconds if completed == count else None, completed, note, error)
-
-    def stop(self) -> None:
-        stop_process(self.service)
-        stop_process(self.server)
-        for out in self._logs:
-            out.close()
-
-
 # --------------------------------------------------------------------------- DBOS
 
 
@@ -413,6 +246,7 @@ class Dbos(System):
     PostgreSQL database; its load client runs in that process."""
 
     drives_itself = True
+    flow = "in-process"
     _databases = itertools.count()
 
     def __init__(
@@ -475,7 +309,9 @@ class Dbos(System):
     def pids(self) -> list[int]:
         return [self.proc.pid] if self.proc else []
 
-    def phase(self, workload: str, concurrency: int, duration: float) -> Phase:
+    def phase(
+        self, workload: str, concurrency: int, duration: float, driver: str | None = None
+    ) -> Phase:
         assert self.proc is not None
         answer = self._ask(
             self.proc, {"workload": workload, "concurrency": concurrency, "duration": duration}
