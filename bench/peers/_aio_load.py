@@ -8,11 +8,12 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-import statistics
 import time
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
+
+from _load import summary
 
 
 class HttpError(RuntimeError):
@@ -132,12 +133,4 @@ async def _run(make_cycle: MakeCycle, concurrency: int, duration: float) -> dict
     finally:
         close()
     elapsed = time.perf_counter() - started
-    ms = sorted(n / 1e6 for n in latencies)
-    return {
-        "completed": len(latencies),
-        "errors": len(errors),
-        "first_error": errors[0] if errors else None,
-        "elapsed_s": elapsed,
-        "p50_ms": statistics.median(ms) if ms else None,
-        "p99_ms": ms[min(len(ms) - 1, int(0.99 * len(ms)))] if ms else None,
-    }
+    return summary(latencies, errors, elapsed)

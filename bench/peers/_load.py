@@ -38,6 +38,12 @@ def run_threads(
     for thread in threads:
         thread.join()
     elapsed = time.perf_counter() - started
+    return summary(latencies, errors, elapsed)
+
+
+def summary(latencies: list[int], errors: list[str], elapsed: float) -> dict[str, Any]:
+    """A load run's figures: cycles completed, errors (and the first), p50 and p99 in ms
+    (from latencies in ns), for either driver (threads here, `_aio_load`'s loop)."""
     ms = sorted(n / 1e6 for n in latencies)
     return {
         "completed": len(latencies),
