@@ -25,7 +25,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -340,8 +340,15 @@ class Cluster:
     """
 
     def __init__(
-        self, name: str, backend: Backend, workdir: Path, extra_args: Sequence[str] = ()
+        self,
+        name: str,
+        backend: Backend,
+        workdir: Path,
+        extra_args: Sequence[str] = (),
+        prepare: Callable[[Database], None] | None = None,
     ) -> None:
+        """`prepare`, if given, runs on the fresh database before any server starts
+        (e.g. seeding it)."""
         self.name = name
         self.backend = backend
         self.workdir = workdir
@@ -349,6 +356,8 @@ class Cluster:
         self.servers: list[ServerProcess] = []
         self.addresses: list[str] = []
         try:
+            if prepare is not None:
+                prepare(self.database)
             for i in range(backend.replicas):
                 label = name if backend.replicas == 1 else f"{name}-r{i}"
                 port_file = workdir / f"{label}.port"

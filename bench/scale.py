@@ -56,7 +56,6 @@ from _servers import (
     Cluster,
     Database,
     ServerError,
-    ServerProcess,
     fmt,
     log,
     machine_info,
@@ -443,25 +442,10 @@ class SeededCluster(Cluster):
 
     def __init__(self, name: str, backend: Backend, workdir: Path, case: str,
                  settings: Settings) -> None:  # fmt: skip
-        self.name = name
-        self.backend = backend
-        self.workdir = workdir
-        self.database = Database(backend.kind, workdir)
-        self.servers: list[ServerProcess] = []
-        self.addresses: list[str] = []
-        try:
-            self.seeded_rows, self.seed_s = seed(self.database, case, settings)
-            port_file = workdir / f"{name}.port"
-            argv = [
-                sys.executable, "-m", "troth_server", "serve", "--listen", "127.0.0.1:0",
-                "--db", self.database.url, "--port-file", str(port_file), "--no-auth",
-            ]  # fmt: skip
-            server = ServerProcess(name, argv, workdir, port_file)
-            self.servers.append(server)
-            self.addresses.append(server.wait_ready())
-        except BaseException:
-            self.stop()
-            raise
+        def prepare(database: Database) -> None:
+            self.seeded_rows, self.seed_s = seed(database, case, settings)
+
+        super().__init__(name, backend, workdir, prepare=prepare)
 
 
 class SeededHarness(Harness):
