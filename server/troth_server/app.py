@@ -562,7 +562,7 @@ def servicers(
     as the RPC it is)."""
     promises = PromiseServiceServicer(core.service, limits)
     tasks = TaskServiceServicer(core.tasks, core.dispatcher, limits, core.workflows)
-    promises.workflow_waiting = tasks.workflow_waiting
+    promises.workflow_waits = tasks
     tasks.mux = CallMux(
         ((PROMISES, promises), (TASKS, tasks)),
         limits,

@@ -143,11 +143,14 @@ def test_a_resume_is_leased_to_the_worker_that_suspended_with_what_settled(env: 
     asyncio.run(env.tasks.suspend_async(invoke.id, invoke.counter, "w2", ["wf-2.0"]))
     env.dispatcher.done("w2", invoke.id)
 
-    asyncio.run(
+    settled = asyncio.run(
         env.promises.settle_async(SettleRequest("wf-2.0", PromiseState.RESOLVED, Payload({}, b"1")))
     )
     resume = env.next(second)
     assert (resume.task.kind, resume.task.state) == (TaskKind.RESUME, TaskState.CLAIMED)
+    # The settle's own write knew the task it resumed: what its reply says of the
+    # workflow's wait needs no read (`Settled.workflow_task`).
+    assert settled.workflow_task is not None and settled.workflow_task.id == resume.task.id
     assert [(p.id, p.state) for p in resume.history] == [("wf-2.0", PromiseState.RESOLVED)]
     env.nothing_for(first)
 
