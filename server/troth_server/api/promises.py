@@ -125,9 +125,8 @@ class _Handlers:
             if token is not None:
                 # Verified first: the settle is then its principal's, and says so.
                 settle = self._service.with_settle_token(settle, token)
-            promise, applied, workflow_task = await self._service.settle_async(
-                settle, fence, caller
-            )
+            settled = await self._service.settle_async(settle, fence, caller)
+            promise, applied = settled.promise, settled.applied
         except DomainError as exc:
             audit.settle_refused(rpc, settle, caller, token is not None, exc, context)
             raise
@@ -146,10 +145,11 @@ class _Handlers:
         ):
             # A human's decision on a workflow's step: say so if the workflow it resumes
             # (its parent: the root, or a child workflow) cannot resume now for want of
-            # a worker of its version: from the task the settle resumed (the settle's
-            # write loaded it), else by two point reads.
-            if workflow_task is not None:
-                waiting = self.workflow_waits.task_waiting(workflow_task)
+            # a worker of its version: from the workflow's task as the settle's own
+            # write read it (`Keys.parents_of`), else (a repeat) by two point reads.
+            if settled.workflow_known:
+                task = settled.workflow_task
+                waiting = "" if task is None else self.workflow_waits.task_waiting(task)
             else:
                 waiting = await asyncio.to_thread(
                     self.workflow_waits.workflow_waiting, promise.parent_id

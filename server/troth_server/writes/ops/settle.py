@@ -25,8 +25,10 @@ class Settled(NamedTuple):
     promise: Promise
     applied: bool
     workflow_task: Task | None = None
-    """The active task of the promise's parent workflow when this settle loaded it (it
-    resumed the workflow, which waited on the promise), else None: unknown."""
+    """The active task of the promise's parent workflow, if it has one."""
+    workflow_known: bool = False
+    """Whether the settle's batch read that task (a human's settle asks for it:
+    `Keys.parents_of`); if not, `workflow_task` says nothing."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,7 +49,11 @@ class SettleOp:
         # A cancelled workflow's task waiting out a retry backoff is hurried (Batch.settle).
         cancel = self.request.state is PromiseState.REJECTED_CANCELED
         return Keys(
-            promises=promise_ids, steps_of=promise_ids[:1], roots=promise_ids[:1] if cancel else ()
+            promises=promise_ids,
+            steps_of=promise_ids[:1],
+            roots=promise_ids[:1] if cancel else (),
+            # Not read for a cancel (or a worker's own step): its reply says nothing of it.
+            parents_of=() if cancel else promise_ids[:1],
         )
 
     def apply(self, batch: Batch) -> Settled:
@@ -88,7 +94,9 @@ class SettleOp:
             # A workflow root's pending steps end with it, in this transaction.
             batch.settle(existing, promise)
         parent = promise.parent_id
-        return Settled(promise, applied, None if parent is None else batch.active_task(parent))
+        if parent is None or not batch.knows_active_task(parent):
+            return Settled(promise, applied)
+        return Settled(promise, applied, batch.active_task(parent), workflow_known=True)
 
     def _guarded(self, batch: Batch, existing: Promise) -> bool:
         """The writer's part of the settle guard (`troth_server.guard`): comparisons
