@@ -125,6 +125,7 @@ def approvers(message: types_pb2.Approvers) -> policies.Approvers | None:
         not_requester=message.not_requester,
         distinct=message.distinct,
         quorum=message.quorum,
+        permissions=message.permissions,
     )
 
 
@@ -135,6 +136,7 @@ def approvers_to_pb(policy: policies.Approvers) -> types_pb2.Approvers:
         not_requester=policy.not_requester,
         distinct=policy.distinct,
         quorum=policy.quorum,
+        permissions=sorted(policy.permissions),
     )
 
 

@@ -161,6 +161,9 @@ LIST_LIMITS: dict[tuple[str, str], ListLimit] = {
     ("troth.v1.CreatePromiseRequest", "tags"): _TAGS,
     ("troth.v1.Approvers", "principals"): ListLimit(MAX_APPROVERS, "approvers of one promise"),
     ("troth.v1.Approvers", "roles"): ListLimit(MAX_APPROVERS, "approver roles of one promise"),
+    ("troth.v1.Approvers", "permissions"): ListLimit(
+        MAX_APPROVERS, "approver permissions of one promise"
+    ),
     ("troth.v1.MintSettleTokenRequest", "outcomes"): ListLimit(2, "resolve and reject"),
     ("troth.v1.SearchPromisesRequest", "tags"): _TAGS,
     ("troth.v1.SearchPromisesRequest", "states"): ListLimit(5, "one entry per promise state"),
