@@ -28,6 +28,7 @@ from _streams import HandCalls
 from _support import error_info, eventually, start_server
 from google.protobuf.duration_pb2 import Duration
 
+from troth import Caller, Client
 from troth.errors import Reason
 from troth.v1 import promises_pb2, promises_pb2_grpc, tasks_pb2, tasks_pb2_grpc, types_pb2
 from troth_server.auth import mint
@@ -326,3 +327,24 @@ def test_a_token_s_settle_is_checked_again_as_its_principal_s(setup: Setup) -> N
         assert _resolve(setup, second.id, "ann").applied
     finally:
         workflow.close()
+
+
+# -- who the caller is -----------------------------------------------------------------
+
+
+def test_whoami_describes_the_principal_with_its_permissions(setup: Setup) -> None:
+    got = setup.promises.WhoAmI(promises_pb2.WhoAmIRequest(), metadata=setup.md["bob"], timeout=10)
+    assert (got.principal.name, list(got.principal.roles)) == ("bob", ["gateway"])
+    assert list(got.principal.permissions) == [PAYOUTS, "payouts:read"]
+    assert got.principal.authenticated
+    jay = setup.promises.WhoAmI(promises_pb2.WhoAmIRequest(), metadata=setup.md["jay"], timeout=10)
+    assert list(jay.principal.permissions) == ["openid", PAYOUTS]
+    token = dict(setup.md["ann"])["authorization"].removeprefix("Bearer ")
+    with Client(setup.server.address, token=token, timeout=10) as client:  # the Calls road
+        assert client.whoami() == Caller(
+            name="ann", roles=("gateway",), permissions=(PAYOUTS,), authenticated=True
+        )
+    worker = setup.promises.WhoAmI(
+        promises_pb2.WhoAmIRequest(), metadata=setup.md["worker-a"], timeout=10
+    )
+    assert list(worker.principal.groups) == [GROUP] and not worker.principal.permissions

@@ -110,6 +110,22 @@ class Approvers(_message.Message):
     permissions: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, principals: _Optional[_Iterable[str]] = ..., roles: _Optional[_Iterable[str]] = ..., not_requester: _Optional[bool] = ..., distinct: _Optional[bool] = ..., quorum: _Optional[str] = ..., permissions: _Optional[_Iterable[str]] = ...) -> None: ...
 
+class Principal(_message.Message):
+    __slots__ = ("name", "roles", "groups", "prefixes", "permissions", "authenticated")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ROLES_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    PREFIXES_FIELD_NUMBER: _ClassVar[int]
+    PERMISSIONS_FIELD_NUMBER: _ClassVar[int]
+    AUTHENTICATED_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    roles: _containers.RepeatedScalarFieldContainer[str]
+    groups: _containers.RepeatedScalarFieldContainer[str]
+    prefixes: _containers.RepeatedScalarFieldContainer[str]
+    permissions: _containers.RepeatedScalarFieldContainer[str]
+    authenticated: bool
+    def __init__(self, name: _Optional[str] = ..., roles: _Optional[_Iterable[str]] = ..., groups: _Optional[_Iterable[str]] = ..., prefixes: _Optional[_Iterable[str]] = ..., permissions: _Optional[_Iterable[str]] = ..., authenticated: _Optional[bool] = ...) -> None: ...
+
 class TaskFence(_message.Message):
     __slots__ = ("task_id", "counter", "worker_id")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]

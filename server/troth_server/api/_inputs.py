@@ -112,6 +112,8 @@ ANSWERS: dict[str, dict[BadInput, Answer]] = {
         BadInput.DEEP_PAGE_TOKEN: INVALID_TOKEN,
     },
     "troth.v1.TaskService/RetryWorkflowNow": {**_EVERY_REQUEST},
+    # No field: only bytes that are not the (empty) message.
+    "troth.v1.PromiseService/WhoAmI": {BadInput.TRUNCATED: INVALID},
     "troth.v1.TaskService/SearchWorkers": {
         **_EVERY_REQUEST,
         BadInput.FORGED_PAGE_TOKEN: INVALID_TOKEN,

@@ -170,6 +170,8 @@ RPC_ROLES: Mapping[str, frozenset[Role]] = {
     "PrunePromises": frozenset({Role.ADMIN}),
     # A worker mints only for its own workflows' steps (with its task's fence).
     "MintSettleToken": frozenset({Role.WORKER, Role.GATEWAY, Role.ADMIN}),
+    # Who the caller is: every principal may read its own grant.
+    "WhoAmI": frozenset(Role),
     # troth.v1.TaskService
     "Poll": _WORKER,
     "CompleteTask": _WORKER,
