@@ -16,11 +16,13 @@ from troth._cli.mcp import (
     Deferred,
     approvers_from,
     as_given,
+    http_address,
     outcome,
     parse_wait,
 )
 from troth._promise import Promise
 from troth.codec import Payload
+from troth.errors import ConfigurationError
 
 NOW = datetime(2026, 12, 6, 9, 0, tzinfo=UTC)
 CODEC = JsonCodec()
@@ -79,3 +81,16 @@ def test_an_approvers_argument_is_troth_s_policy_or_a_bad_input_naming_it() -> N
     assert approvers_from(None) is None
     with pytest.raises(BadInput, match=r"^approvers: .*distinct"):
         approvers_from(ApproversIn(quorum="q"))
+
+
+def test_streamable_http_listens_on_loopback_unless_told_otherwise() -> None:
+    assert http_address("127.0.0.1:8765") == ("127.0.0.1", 8765)
+    assert http_address("[::1]:8765") == ("::1", 8765)
+    assert http_address("localhost:1") == ("localhost", 1)
+    for public in ("0.0.0.0:8765", "10.1.2.3:8765", "mcp.internal:8765"):
+        with pytest.raises(ConfigurationError, match="not a loopback address"):
+            http_address(public)
+        assert http_address(public, allow_public=True)[1] == 8765
+    for bad in ("8765", ":8765", "127.0.0.1:http", "127.0.0.1:70000"):
+        with pytest.raises(ConfigurationError, match="give HOST:PORT"):
+            http_address(bad)

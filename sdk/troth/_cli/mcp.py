@@ -30,6 +30,7 @@ other command never need it); the tool's shapes are plain dataclasses.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 import sys
 import uuid
@@ -47,7 +48,7 @@ if TYPE_CHECKING:
     from troth._promise import Promise
     from troth.client import Client
 
-__all__ = ["add_commands", "build_server"]
+__all__ = ["add_commands", "build_server", "http_address"]
 
 MAX_WAIT = timedelta(minutes=10)
 """The longest `await_decision` waits in one call (then it answers `deferred`)."""
@@ -80,6 +81,12 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="where --transport http listens (default 127.0.0.1:8765)",
     )
     command.add_argument(
+        "--allow-public",
+        action="store_true",
+        help="let --transport http listen on an address other than loopback: every caller "
+        "acts as this server's troth principal, so put it behind a proxy that authenticates",
+    )
+    command.add_argument(
         "--settle-link",
         metavar="URL",
         help="a URL with {token} (and optionally {id}) in it: request_decision with "
@@ -96,12 +103,34 @@ def _cmd_mcp(client: Client, args: argparse.Namespace, out: IO[str]) -> int:
     if args.transport == "stdio":
         server.run("stdio")
         return 0
-    host, _, port = args.listen.rpartition(":")
-    if not host or not port.isdigit():
-        raise ConfigurationError(f"--listen {args.listen!r}: give HOST:PORT")
+    host, port = http_address(args.listen, allow_public=args.allow_public)
     print(f"troth mcp: serving MCP at http://{args.listen}/mcp", file=sys.stderr)
-    server.run("streamable-http", host=host.strip("[]"), port=int(port))
+    server.run("streamable-http", host=host, port=port)
     return 0
+
+
+def http_address(listen: str, *, allow_public: bool = False) -> tuple[str, int]:
+    """`--listen` as (host, port); a non-loopback host only with `--allow-public`."""
+    host, _, port = listen.rpartition(":")
+    host = host.strip("[]")
+    if not host or not port.isdigit() or int(port) > 65535:
+        raise ConfigurationError(f"--listen {listen!r}: give HOST:PORT, such as 127.0.0.1:8765")
+    if not allow_public and not _loopback(host):
+        raise ConfigurationError(
+            f"--listen {listen!r} is not a loopback address: every caller of this MCP server "
+            "acts as its troth principal, and the server authenticates nobody; serve it on "
+            "127.0.0.1 behind a proxy that authenticates, or pass --allow-public"
+        )
+    return host, int(port)
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 # -- what the tools take and answer ---------------------------------------------------
