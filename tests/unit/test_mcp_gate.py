@@ -3,6 +3,7 @@ promise, the durations it gives, the field its bad input is named by."""
 
 from __future__ import annotations
 
+import sys
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -15,6 +16,7 @@ from troth._cli.mcp import (
     Declined,
     Deferred,
     approvers_from,
+    build_server,
     as_given,
     http_address,
     outcome,
@@ -94,3 +96,12 @@ def test_streamable_http_listens_on_loopback_unless_told_otherwise() -> None:
     for bad in ("8765", ":8765", "127.0.0.1:http", "127.0.0.1:70000"):
         with pytest.raises(ConfigurationError, match="give HOST:PORT"):
             http_address(bad)
+
+
+def test_without_the_mcp_package_the_command_says_how_to_install_it(
+    client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "mcp.server.mcpserver", None)  # import fails
+    with pytest.raises(ConfigurationError, match=r"pip install 'troth\[mcp\]'"):
+        build_server(client)
+    client.close()
