@@ -26,6 +26,7 @@ class Grant:
     roles: tuple[str, ...]
     groups: tuple[str, ...] = ()
     prefixes: tuple[str, ...] = ()
+    permissions: tuple[str, ...] = ()
 
 
 def write_token_file(path: Path, grants: Iterable[Grant]) -> dict[str, str]:
@@ -33,7 +34,7 @@ def write_token_file(path: Path, grants: Iterable[Grant]) -> dict[str, str]:
     tokens: dict[str, str] = {}
     entries = []
     for grant in grants:
-        minted = mint(grant.name, grant.roles, grant.groups, grant.prefixes)
+        minted = mint(grant.name, grant.roles, grant.groups, grant.prefixes, grant.permissions)
         entries.append(minted.entry)
         tokens[grant.name] = minted.token
     path.write_text("\n".join(entries))

@@ -15,6 +15,7 @@ if typing.TYPE_CHECKING:
     from troth._commands import RetryPolicy
     from troth._operators import TaskInfo, TaskKind, TaskState, WorkerInfo, WorkflowInfo
     from troth._promise import (
+        Caller,
         CreateResult,
         Decision,
         Promise,
@@ -62,6 +63,7 @@ __all__ = [
     "AlreadyExistsError",
     "AlreadySettledError",
     "Approvers",
+    "Caller",
     "Cancelled",
     "Client",
     "Codec",
@@ -117,6 +119,7 @@ _HOMES: dict[str, str] = {
     "AlreadyExistsError": "troth.errors",
     "AlreadySettledError": "troth.errors",
     "Approvers": "troth._approvers",
+    "Caller": "troth._promise",
     "Cancelled": "troth.errors",
     "Client": "troth.client",
     "Codec": "troth.codec",

@@ -167,6 +167,7 @@ class PromiseServiceStub(Protocol):
     MintSettleToken: grpc.UnaryUnaryMultiCallable[
         promises_pb2.MintSettleTokenRequest, promises_pb2.MintSettleTokenResponse
     ]
+    WhoAmI: grpc.UnaryUnaryMultiCallable[promises_pb2.WhoAmIRequest, promises_pb2.WhoAmIResponse]
 
 
 class TaskServiceStub(Protocol):

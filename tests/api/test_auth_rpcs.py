@@ -106,6 +106,7 @@ def _calls(channel: grpc.Channel, tag: str) -> dict[str, Callable[[Any], object]
             metadata=md,
             timeout=10,
         ),
+        "WhoAmI": lambda md: p.WhoAmI(promises_pb2.WhoAmIRequest(), metadata=md, timeout=10),
         "PrunePromises": lambda md: p.PrunePromises(
             promises_pb2.PrunePromisesRequest(older_than=Duration(seconds=10**8), dry_run=True),
             metadata=md,

@@ -205,6 +205,7 @@ _REQUESTS: dict[str, Callable[[str], Any]] = {
     "CancelPromise": lambda tag: promises_pb2.CancelPromiseRequest(id=_MISSING),
     "WaitPromise": lambda tag: promises_pb2.WaitPromiseRequest(id=_MISSING),
     "MintSettleToken": lambda tag: promises_pb2.MintSettleTokenRequest(promise_id=_MISSING),
+    "WhoAmI": lambda tag: promises_pb2.WhoAmIRequest(),
     "PrunePromises": lambda tag: promises_pb2.PrunePromisesRequest(
         older_than=Duration(seconds=10**8), dry_run=True
     ),

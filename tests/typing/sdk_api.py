@@ -93,3 +93,12 @@ def operator(client: Client) -> None:
         print(waiting.root.id, waiting.group, waiting.workflow, waiting.version, decisions)
     steps: list[Promise] = client.workflow_steps("publish-7")
     print([step.settled_by for step in steps])
+
+
+def payouts(client: Client) -> tuple[str, ...]:
+    """A policy of permission names, and who the client is to the server."""
+    policy = troth.Approvers(permissions=["payouts:approve"], not_requester=True)
+    client.create("payout-1", {"amount": 120}, approvers=policy)
+    me: troth.Caller = client.whoami()
+    print(me.name, me.roles, me.authenticated)
+    return me.permissions

@@ -78,6 +78,12 @@ def _worker(commands: Commands) -> None:
     add_commands(commands)
 
 
+def _mcp(commands: Commands) -> None:
+    from troth._cli.mcp import add_commands
+
+    add_commands(commands)
+
+
 _GROUPS: tuple[tuple[tuple[str, ...], Callable[[Commands], None]], ...] = (
     (("promises",), _promises),
     (("export", "replay"), _replay),
@@ -86,6 +92,7 @@ _GROUPS: tuple[tuple[tuple[str, ...], Callable[[Commands], None]], ...] = (
     (("workflows",), _workflows),
     (("workers",), _workers),
     (("worker",), _worker),
+    (("mcp",), _mcp),
     (FORWARDED, add_server_commands),  # a small module: imported always
 )
 """Each command group, in the order `troth --help` lists them: its command words, and

@@ -34,6 +34,16 @@ PROMISE_EVENT_TYPE_CREATED: PromiseEventType
 PROMISE_EVENT_TYPE_SETTLED: PromiseEventType
 PROMISE_EVENT_TYPE_TIMED_OUT: PromiseEventType
 
+class WhoAmIRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class WhoAmIResponse(_message.Message):
+    __slots__ = ("principal",)
+    PRINCIPAL_FIELD_NUMBER: _ClassVar[int]
+    principal: _types_pb2.Principal
+    def __init__(self, principal: _Optional[_Union[_types_pb2.Principal, _Mapping]] = ...) -> None: ...
+
 class MintSettleTokenRequest(_message.Message):
     __slots__ = ("promise_id", "outcomes", "ttl", "fence", "acts_for")
     PROMISE_ID_FIELD_NUMBER: _ClassVar[int]

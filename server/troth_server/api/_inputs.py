@@ -112,6 +112,8 @@ ANSWERS: dict[str, dict[BadInput, Answer]] = {
         BadInput.DEEP_PAGE_TOKEN: INVALID_TOKEN,
     },
     "troth.v1.TaskService/RetryWorkflowNow": {**_EVERY_REQUEST},
+    # No field: only bytes that are not the (empty) message.
+    "troth.v1.PromiseService/WhoAmI": {BadInput.TRUNCATED: INVALID},
     "troth.v1.TaskService/SearchWorkers": {
         **_EVERY_REQUEST,
         BadInput.FORGED_PAGE_TOKEN: INVALID_TOKEN,
@@ -161,6 +163,9 @@ LIST_LIMITS: dict[tuple[str, str], ListLimit] = {
     ("troth.v1.CreatePromiseRequest", "tags"): _TAGS,
     ("troth.v1.Approvers", "principals"): ListLimit(MAX_APPROVERS, "approvers of one promise"),
     ("troth.v1.Approvers", "roles"): ListLimit(MAX_APPROVERS, "approver roles of one promise"),
+    ("troth.v1.Approvers", "permissions"): ListLimit(
+        MAX_APPROVERS, "approver permissions of one promise"
+    ),
     ("troth.v1.MintSettleTokenRequest", "outcomes"): ListLimit(2, "resolve and reject"),
     ("troth.v1.SearchPromisesRequest", "tags"): _TAGS,
     ("troth.v1.SearchPromisesRequest", "states"): ListLimit(5, "one entry per promise state"),

@@ -375,6 +375,15 @@ class PromiseServiceServicer(_Handlers, promises_pb2_grpc.PromiseServiceServicer
         require_inside(request.promise_id, context, "MintSettleToken")
         return await asyncio.to_thread(self._mint, request, _caller(context, self._limits))
 
+    @aio_unary("WhoAmI")
+    async def WhoAmI(
+        self, request: promises_pb2.WhoAmIRequest, context: AioContext
+    ) -> promises_pb2.WhoAmIResponse:
+        # The door's principal: nothing is read.
+        return promises_pb2.WhoAmIResponse(
+            principal=convert.principal_to_pb(_caller(context, self._limits))
+        )
+
     @aio_unary("PrunePromises")
     async def PrunePromises(
         self, request: promises_pb2.PrunePromisesRequest, context: AioContext

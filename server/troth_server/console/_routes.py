@@ -495,6 +495,16 @@ async def sign_in(request: Request) -> Response:
     return response
 
 
+@_page
+async def me(request: Request) -> Response:
+    """Who you are signed in as, as the server knows your credential: name, roles, task
+    groups, id prefixes and the permission names approver policies may list."""
+    if not _session.identity(request).signed_in:
+        return RedirectResponse("/signin", status_code=303)
+    caller = await run_in_threadpool(_client(request).whoami)
+    return render(request, "me.html", caller=caller)
+
+
 async def sign_out(request: Request) -> Response:
     form = await _form(request)
     if isinstance(form, Response):
@@ -513,6 +523,7 @@ async def health(request: Request) -> Response:
 
 ROUTES: list[tuple[str, Endpoint, list[str]]] = [
     ("/", inbox, ["GET"]),
+    ("/me", me, ["GET"]),
     ("/promises/{id:path}", promise, ["GET"]),
     ("/settle/{id:path}", settle, ["POST"]),
     ("/workflows", workflows, ["GET"]),
