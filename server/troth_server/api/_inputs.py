@@ -112,6 +112,8 @@ ANSWERS: dict[str, dict[BadInput, Answer]] = {
         BadInput.DEEP_PAGE_TOKEN: INVALID_TOKEN,
     },
     "troth.v1.TaskService/RetryWorkflowNow": {**_EVERY_REQUEST},
+    "troth.v1.TaskService/GetWorkflowState": {**_EVERY_REQUEST},
+    "troth.v1.TaskService/ReplaceWorkflowState": {**_EVERY_REQUEST},
     "troth.v1.TaskService/SearchWorkers": {
         **_EVERY_REQUEST,
         BadInput.FORGED_PAGE_TOKEN: INVALID_TOKEN,
