@@ -25,6 +25,7 @@ if typing.TYPE_CHECKING:
         SearchPage,
         SettleResult,
     )
+    from troth._states import StateLostTo, StateReplaced, WorkflowState
     from troth._versions import WorkflowRegistration
     from troth.client import Client, Handle, PromiseEventStream, TlsConfig
     from troth.codec import Codec, JsonCodec, Payload
@@ -97,6 +98,8 @@ __all__ = [
     "RpcError",
     "SearchPage",
     "SettleResult",
+    "StateLostTo",
+    "StateReplaced",
     "TaskInfo",
     "TaskKind",
     "TaskState",
@@ -111,6 +114,7 @@ __all__ = [
     "WorkflowFailed",
     "WorkflowInfo",
     "WorkflowRegistration",
+    "WorkflowState",
 ]
 
 _HOMES: dict[str, str] = {
@@ -152,6 +156,8 @@ _HOMES: dict[str, str] = {
     "RpcError": "troth.errors",
     "SearchPage": "troth._promise",
     "SettleResult": "troth._promise",
+    "StateLostTo": "troth._states",
+    "StateReplaced": "troth._states",
     "TaskInfo": "troth._operators",
     "TaskKind": "troth._operators",
     "TaskState": "troth._operators",
@@ -166,6 +172,7 @@ _HOMES: dict[str, str] = {
     "WorkflowFailed": "troth.errors",
     "WorkflowInfo": "troth._operators",
     "WorkflowRegistration": "troth._versions",
+    "WorkflowState": "troth._states",
 }
 """Where each public name is defined."""
 
