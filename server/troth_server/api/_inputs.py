@@ -113,7 +113,10 @@ ANSWERS: dict[str, dict[BadInput, Answer]] = {
     },
     "troth.v1.TaskService/RetryWorkflowNow": {**_EVERY_REQUEST},
     "troth.v1.TaskService/GetWorkflowState": {**_EVERY_REQUEST},
-    "troth.v1.TaskService/ReplaceWorkflowState": {**_EVERY_REQUEST},
+    "troth.v1.TaskService/ReplaceWorkflowState": {
+        **_EVERY_REQUEST,
+        BadInput.LIST_TOO_LONG: INVALID,
+    },
     "troth.v1.TaskService/SearchWorkers": {
         **_EVERY_REQUEST,
         BadInput.FORGED_PAGE_TOKEN: INVALID_TOKEN,
