@@ -21,7 +21,7 @@ from typing import Any
 
 import grpc
 import pytest
-from _support import ServerProcess, error_info, eventually
+from _support import ServerProcess, error_info, eventually, run_cli
 
 from troth import Client, Context, StateLostTo, Worker
 from troth.errors import FailedPreconditionError, PromiseTimedOutError, Reason
@@ -229,6 +229,27 @@ def test_a_replay_elsewhere_returns_the_reads_the_run_recorded(
         }
     finally:
         other.stop()
+
+
+def test_the_cli_reads_and_replaces_a_slot(
+    client: Client, group: str, worker: Worker, server: ServerProcess,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    wid = start_parked(client, group)
+    code, out, _ = run_cli(server, capsys, "workflows", "state", "get", wid, "thread")
+    assert code == 0
+    assert "version 1" in out and "the run is parked" in out and '["asked"]' in out
+    code, out, _ = run_cli(
+        server, capsys, "workflows", "state", "replace", wid, "thread", "--value", '["short"]'
+    )
+    assert (code, out) == (0, f"workflow {wid} state 'thread': version 1 -> 2\n")
+    code, out, _ = run_cli(server, capsys, "--json", "workflows", "state", "get", wid, "thread")
+    assert code == 0 and '"version": 2' in out and '"value": ["short"]' in out
+    client.cancel(wid)
+    code, out, err = run_cli(
+        server, capsys, "workflows", "state", "replace", wid, "thread", "--value", "[]"
+    )
+    assert code != 0 and "WORKFLOW_NOT_PARKED" in err + out
 
 
 def test_bad_requests_name_their_field(client: Client, server: ServerProcess) -> None:
