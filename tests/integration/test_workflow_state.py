@@ -21,11 +21,12 @@ from typing import Any
 
 import grpc
 import pytest
-from _support import ServerProcess, error_info, eventually, run_cli
+from _support import ServerProcess, error_info, eventually, exists, run_cli
+from google.protobuf.duration_pb2 import Duration
 
 from troth import Client, Context, StateLostTo, Worker
 from troth.errors import FailedPreconditionError, PromiseTimedOutError, Reason
-from troth.v1 import tasks_pb2, tasks_pb2_grpc
+from troth.v1 import promises_pb2, promises_pb2_grpc, tasks_pb2, tasks_pb2_grpc
 from troth.v1 import types_pb2 as types
 
 _holds: dict[str, threading.Event] = {}
@@ -229,6 +230,30 @@ def test_a_replay_elsewhere_returns_the_reads_the_run_recorded(
         }
     finally:
         other.stop()
+
+
+def test_a_slot_is_pruned_with_its_workflow(
+    client: Client, group: str, worker: Worker, server: ServerProcess
+) -> None:
+    wid = start_parked(client, group)
+    client.resolve(f"{wid}.approval", "yes")
+    _holds.setdefault(wid, threading.Event()).set()
+    client.handle(wid).result(timeout=30)
+    with server.channel() as channel:
+        prune = promises_pb2_grpc.PromiseServiceStub(channel).PrunePromises
+        eventually(
+            lambda: (
+                prune(promises_pb2.PrunePromisesRequest(older_than=Duration())).workflows
+                and not exists(client, wid)
+            ),
+            what=f"{wid} pruned",
+        )
+    # A new run of the same id starts with no slot: the old one went with its root.
+    _holds.pop(wid, None)
+    start = client.start("chat", 60.0, id=wid, group=group)
+    eventually(lambda: parked(client, wid, 1), what="the new run parked")
+    assert client.get_state(wid, "thread").value == ["asked"]
+    client.cancel(start.id)
 
 
 def test_the_cli_reads_and_replaces_a_slot(
