@@ -140,7 +140,7 @@ def test_a_resume_that_claims_first_wins_and_the_rewrite_is_told(
 def test_a_sweep_that_resumes_first_wins_and_the_rewrite_is_told(
     client: Client, group: str, worker: Worker
 ) -> None:
-    wid = start_parked(client, group, timeout_s=1.0)
+    wid = start_parked(client, group, timeout_s=3.0)
 
     def rewrite(thread: list[str]) -> list[str]:
         # The approval times out (the sweeper, every 200 ms): the run resumes.
