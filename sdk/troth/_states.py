@@ -163,6 +163,8 @@ class StateCalls:
             NotFoundError: No promise has this id.
             InvalidArgumentError: A malformed id or name, or a value over the size limit.
             PermissionDeniedError: The caller is not an operator or admin.
+            UnavailableError: The server could not be reached for the write (it is not
+                retried): whether it was made is unknown; `get_state` tells.
 
         .. versionadded:: 0.3.0
         """
@@ -182,7 +184,8 @@ class StateCalls:
             expected_version=current.version,
         )
         stub = self._connection.transport.tasks
-        response = self._connection.call(stub.ReplaceWorkflowState, request)
+        # Not retried: a write whose reply was lost would lose to itself on a retry.
+        response = self._connection.call(stub.ReplaceWorkflowState, request, idempotent=False)
         return StateReplaced(
             won=response.won,
             state=self._state_from_proto(response.state),
