@@ -26,6 +26,7 @@ if typing.TYPE_CHECKING:
         SearchPage,
         SettleResult,
     )
+    from troth._states import StateLostTo, StateReplaced, WorkflowState
     from troth._versions import WorkflowRegistration
     from troth.client import Client, Handle, PromiseEventStream, TlsConfig
     from troth.codec import Codec, JsonCodec, Payload
@@ -99,6 +100,8 @@ __all__ = [
     "RpcError",
     "SearchPage",
     "SettleResult",
+    "StateLostTo",
+    "StateReplaced",
     "TaskInfo",
     "TaskKind",
     "TaskState",
@@ -113,6 +116,7 @@ __all__ = [
     "WorkflowFailed",
     "WorkflowInfo",
     "WorkflowRegistration",
+    "WorkflowState",
 ]
 
 _HOMES: dict[str, str] = {
@@ -155,6 +159,8 @@ _HOMES: dict[str, str] = {
     "RpcError": "troth.errors",
     "SearchPage": "troth._promise",
     "SettleResult": "troth._promise",
+    "StateLostTo": "troth._states",
+    "StateReplaced": "troth._states",
     "TaskInfo": "troth._operators",
     "TaskKind": "troth._operators",
     "TaskState": "troth._operators",
@@ -169,6 +175,7 @@ _HOMES: dict[str, str] = {
     "WorkflowFailed": "troth.errors",
     "WorkflowInfo": "troth._operators",
     "WorkflowRegistration": "troth._versions",
+    "WorkflowState": "troth._states",
 }
 """Where each public name is defined."""
 

@@ -69,11 +69,13 @@ from troth._commands import (
     Kind,
     Now,
     Random,
+    ReadState,
     RunStep,
     SettleToken,
     Sleep,
     StartWorkflow,
     StepCommand,
+    WriteState,
 )
 from troth._schema import to_json_compatible
 
@@ -205,7 +207,7 @@ def args_digest(command: StepCommand, version: int | None = None) -> str | None:
     default the one a new step records), or None: it asks nothing (`now`,
     `random`), opted out (`check_args=False`), or its arguments cannot be encoded
     canonically."""
-    if isinstance(command, Now | Random) or not command.check_args:
+    if isinstance(command, Now | Random | ReadState | WriteState) or not command.check_args:
         return None
     version = digest_version(command) if version is None else version
     fields = _fields(command, version)

@@ -203,6 +203,12 @@ class TaskServiceStub(Protocol):
     RetryWorkflowNow: grpc.UnaryUnaryMultiCallable[
         tasks_pb2.RetryWorkflowNowRequest, tasks_pb2.RetryWorkflowNowResponse
     ]
+    GetWorkflowState: grpc.UnaryUnaryMultiCallable[
+        tasks_pb2.GetWorkflowStateRequest, tasks_pb2.GetWorkflowStateResponse
+    ]
+    ReplaceWorkflowState: grpc.UnaryUnaryMultiCallable[
+        tasks_pb2.ReplaceWorkflowStateRequest, tasks_pb2.ReplaceWorkflowStateResponse
+    ]
 
 
 class Transport:

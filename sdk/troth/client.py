@@ -42,6 +42,7 @@ from troth._handle import Handle
 from troth._operators import OperatorCalls
 from troth._reads import PromiseReads
 from troth._schema import decision_schema
+from troth._states import StateCalls
 from troth._tags import TAG_FUNC, TAG_INVOKE
 from troth._tracing import TRACEPARENT_TAG, client_span
 from troth._transport import Transport
@@ -76,7 +77,7 @@ _SPANS: dict[type[SettleRequest], str] = {
 """The span of each settle (`troth._tracing`)."""
 
 
-class Client(PromiseReads, OperatorCalls):
+class Client(PromiseReads, OperatorCalls, StateCalls):
     """A connection to a troth server's `PromiseService` (and, for operators, the
     reads of its `TaskService`: `search_tasks`, `list_workers`, `search_workflows`,
     and `retry_workflow_now`).

@@ -45,12 +45,13 @@ from troth_server.watch import (
 from troth_server.writes.ops.create import CreateOp
 from troth_server.writes.ops.expire import ExpireOp, ReadDueOp
 from troth_server.writes.ops.settle import Settled, SettleOp
+from troth_server.writes.ops.states import StateStepOp
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Iterable
 
     from troth_server.domain.access import Principal
-    from troth_server.domain.promise import CreateRequest, Promise
+    from troth_server.domain.promise import CreateRequest, Payload, Promise
     from troth_server.domain.steps import Fence
     from troth_server.watch import EventFilter, WatchHub
     from troth_server.writes.batch import StateChange
@@ -122,6 +123,20 @@ class PromiseService:
                 settled_with = await self.checks.precheck_async(settled_with, _as_created(request))
         op = CreateOp(request, principal, settled_with, fence)
         return await self._committer.submit_async(op)
+
+    async def state_step_async(
+        self,
+        request: CreateRequest,
+        principal: str | None,
+        fence: Fence,
+        name: str,
+        value: Payload | None,
+    ) -> tuple[Promise, bool]:
+        """A workflow's read (`value` None) or write of its state slot `name`, recorded
+        as its step `request.id` (`StateStepOp`)."""
+        return await self._committer.submit_async(
+            StateStepOp(request, principal, fence, name, value)
+        )
 
     def with_settle_token(self, request: SettleRequest, token: str) -> SettleRequest:
         """`request` carrying the settle token `token`, once verified: a settle of the

@@ -18,7 +18,7 @@ from _support import eventually, start_server
 from google.protobuf.duration_pb2 import Duration
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from troth.v1 import promises_pb2, promises_pb2_grpc, tasks_pb2, tasks_pb2_grpc
+from troth.v1 import promises_pb2, promises_pb2_grpc, tasks_pb2, tasks_pb2_grpc, types_pb2
 from troth_server.app import PROMISES, TASKS
 from troth_server.domain.access import RPC_ROLES, Role
 
@@ -157,6 +157,18 @@ def _calls(channel: grpc.Channel, tag: str) -> dict[str, Callable[[Any], object]
         ),
         "RetryWorkflowNow": lambda md: t.RetryWorkflowNow(
             tasks_pb2.RetryWorkflowNowRequest(id=missing), metadata=md, timeout=10
+        ),
+        "GetWorkflowState": lambda md: t.GetWorkflowState(
+            tasks_pb2.GetWorkflowStateRequest(workflow_id=missing, name="thread"),
+            metadata=md,
+            timeout=10,
+        ),
+        "ReplaceWorkflowState": lambda md: t.ReplaceWorkflowState(
+            tasks_pb2.ReplaceWorkflowStateRequest(
+                workflow_id=missing, name="thread", value=types_pb2.Payload(data=b"[]")
+            ),
+            metadata=md,
+            timeout=10,
         ),
         "Calls": lambda md: first_message(
             t.Calls(iter([_heartbeat_on_the_stream(tag)]), metadata=md, timeout=STREAM_WAIT)

@@ -37,7 +37,7 @@ from _streams import HandCalls, ReadStream, StreamEnded, ended_with
 from _support import start_server
 from google.protobuf.duration_pb2 import Duration
 
-from troth.v1 import promises_pb2, promises_pb2_grpc, tasks_pb2, tasks_pb2_grpc
+from troth.v1 import promises_pb2, promises_pb2_grpc, tasks_pb2, tasks_pb2_grpc, types_pb2
 from troth_server.api._mux import STREAM_CALLS
 from troth_server.app import PROMISES, TASKS
 from troth_server.auth import LEEWAY_S, mint
@@ -228,6 +228,12 @@ _REQUESTS: dict[str, Callable[[str], Any]] = {
     "SearchWorkers": lambda tag: tasks_pb2.SearchWorkersRequest(),
     "SearchWorkflows": lambda tag: tasks_pb2.SearchWorkflowsRequest(id="mx-none-*"),
     "RetryWorkflowNow": lambda tag: tasks_pb2.RetryWorkflowNowRequest(id=_MISSING),
+    "GetWorkflowState": lambda tag: tasks_pb2.GetWorkflowStateRequest(
+        workflow_id=_MISSING, name="thread"
+    ),
+    "ReplaceWorkflowState": lambda tag: tasks_pb2.ReplaceWorkflowStateRequest(
+        workflow_id=_MISSING, name="thread", value=types_pb2.Payload(data=b"[]")
+    ),
 }
 
 

@@ -82,6 +82,12 @@ def named(ctx: Context, post: int) -> Generator[Any, Any, Any]:
     return (yield approval)
 
 
+def noted(ctx: Context) -> Generator[Any, Any, Any]:
+    yield ctx.set_state("notes", ["drafted"])
+    approval = yield ctx.promise(title="Noted")
+    return (yield approval)
+
+
 def buggy(ctx: Context, post: int) -> Generator[Any, Any, Any]:
     yield ctx.run(draft, post)
     return publsh(post)  # type: ignore[name-defined]  # noqa: F821  # the bug: a pause
@@ -159,6 +165,7 @@ def worker(site: Site) -> Iterator[Worker]:
         w.workflow(named)
         w.workflow(payout)
         w.workflow(buggy)
+        w.workflow(noted)
         w.start()
         yield w
         w.stop()
@@ -232,6 +239,31 @@ def test_approving_through_the_form_resumes_the_workflow_and_its_timeline_shows_
     assert kinds == ["workflow", "run", "promise"]
     assert "settled" in timeline and "by <b>alice</b>" in timeline
     assert "Ended resolved" in timeline
+
+
+def test_the_workflow_page_shows_its_state_slots_as_rewritten(
+    site: Site, worker: Worker, starter: Client
+) -> None:
+    wid = f"noted-{uuid.uuid4().hex[:8]}"
+    starter.start("noted", id=wid, group=GROUP)
+    with Client(site.server.address, timeout=10, token=site.tokens["ops"]) as ops:
+
+        def parked() -> bool:
+            state = ops.get_state(wid, "notes")
+            return bool(state.parked) and state.version == 1
+
+        eventually(parked, 20, "the run parked")
+        assert ops.replace_state(wid, "notes", lambda notes: [*notes, "reviewed"]).won
+    with site.http() as http:
+        site.sign_in(http, "ops")
+        page = http.get(f"/workflows/{wid}").text
+    section = page[
+        page.index('<section class="states">') : page.index(
+            "</section>", page.index('<section class="states">')
+        )
+    ]
+    assert '<tr data-state="notes">' in section and "<td>2</td>" in section
+    assert "by <b>ops</b>" in section and "reviewed" in section
 
 
 def test_someone_the_policy_does_not_name_is_refused_in_words(

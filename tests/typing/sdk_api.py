@@ -102,3 +102,25 @@ def payouts(client: Client) -> tuple[str, ...]:
     me: troth.Caller = client.whoami()
     print(me.name, me.roles, me.authenticated)
     return me.permissions
+
+
+def rewrite_state(client: Client) -> bool:
+    """An operator reads a parked run's state slot and rewrites it, a validator guarding it."""
+    state: troth.WorkflowState = client.get_state("chat-1", "thread")
+    if not state.parked:
+        print(state.not_parked_because)
+
+    def shrink(thread: list[str]) -> list[str]:
+        return thread[-10:]
+
+    def non_empty(thread: list[str]) -> None:
+        if not thread:
+            raise ValueError("empty")
+
+    replaced: troth.StateReplaced = client.replace_state(
+        "chat-1", "thread", shrink, validate=non_empty
+    )
+    if not replaced.won:
+        lost: troth.StateLostTo = replaced.lost_to
+        print(lost.value, replaced.message, replaced.state.version, replaced.based_on)
+    return replaced.won

@@ -99,6 +99,16 @@ class TaskServiceStub:
                 request_serializer=troth_dot_v1_dot_tasks__pb2.SearchWorkersRequest.SerializeToString,
                 response_deserializer=troth_dot_v1_dot_tasks__pb2.SearchWorkersResponse.FromString,
                 _registered_method=True)
+        self.GetWorkflowState = channel.unary_unary(
+                '/troth.v1.TaskService/GetWorkflowState',
+                request_serializer=troth_dot_v1_dot_tasks__pb2.GetWorkflowStateRequest.SerializeToString,
+                response_deserializer=troth_dot_v1_dot_tasks__pb2.GetWorkflowStateResponse.FromString,
+                _registered_method=True)
+        self.ReplaceWorkflowState = channel.unary_unary(
+                '/troth.v1.TaskService/ReplaceWorkflowState',
+                request_serializer=troth_dot_v1_dot_tasks__pb2.ReplaceWorkflowStateRequest.SerializeToString,
+                response_deserializer=troth_dot_v1_dot_tasks__pb2.ReplaceWorkflowStateResponse.FromString,
+                _registered_method=True)
         self.Calls = channel.stream_stream(
                 '/troth.v1.TaskService/Calls',
                 request_serializer=troth_dot_v1_dot_tasks__pb2.CallsRequest.SerializeToString,
@@ -236,6 +246,29 @@ class TaskServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetWorkflowState(self, request, context):
+        """Reads a workflow's named state slot (`ctx.state`, `Client.get_state`):
+        its value and version (0 and no value: never written), and whether the run
+        is parked (its root PENDING and no worker holding its task), when a rewrite
+        may be made. Needs what reading the workflow's root needs (GetPromise).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReplaceWorkflowState(self, request, context):
+        """An operator rewrites a parked workflow's state slot by compare-and-swap on
+        its version (`Client.replace_state`, `troth workflows state replace`): the
+        write is made only if the slot is still at `expected_version` and the run
+        is still parked, checked in the write's own transaction. A loser is
+        answered won=false with the slot as it is and why (`lost_to`): a worker
+        holds its task (a resume claimed it), another write moved the version, or
+        the run ended. Operators and admins only.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Calls(self, request_iterator, context):
         """A worker's or a client's unary calls, multiplexed on one stream: each
         CallsRequest names a unary RPC of troth.v1 and carries its request, and is
@@ -318,6 +351,16 @@ def add_TaskServiceServicer_to_server(servicer, server):
                     servicer.SearchWorkers,
                     request_deserializer=troth_dot_v1_dot_tasks__pb2.SearchWorkersRequest.FromString,
                     response_serializer=troth_dot_v1_dot_tasks__pb2.SearchWorkersResponse.SerializeToString,
+            ),
+            'GetWorkflowState': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetWorkflowState,
+                    request_deserializer=troth_dot_v1_dot_tasks__pb2.GetWorkflowStateRequest.FromString,
+                    response_serializer=troth_dot_v1_dot_tasks__pb2.GetWorkflowStateResponse.SerializeToString,
+            ),
+            'ReplaceWorkflowState': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReplaceWorkflowState,
+                    request_deserializer=troth_dot_v1_dot_tasks__pb2.ReplaceWorkflowStateRequest.FromString,
+                    response_serializer=troth_dot_v1_dot_tasks__pb2.ReplaceWorkflowStateResponse.SerializeToString,
             ),
             'Calls': grpc.stream_stream_rpc_method_handler(
                     servicer.Calls,
@@ -654,6 +697,60 @@ class TaskService:
             '/troth.v1.TaskService/SearchWorkers',
             troth_dot_v1_dot_tasks__pb2.SearchWorkersRequest.SerializeToString,
             troth_dot_v1_dot_tasks__pb2.SearchWorkersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetWorkflowState(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/troth.v1.TaskService/GetWorkflowState',
+            troth_dot_v1_dot_tasks__pb2.GetWorkflowStateRequest.SerializeToString,
+            troth_dot_v1_dot_tasks__pb2.GetWorkflowStateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReplaceWorkflowState(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/troth.v1.TaskService/ReplaceWorkflowState',
+            troth_dot_v1_dot_tasks__pb2.ReplaceWorkflowStateRequest.SerializeToString,
+            troth_dot_v1_dot_tasks__pb2.ReplaceWorkflowStateResponse.FromString,
             options,
             channel_credentials,
             insecure,

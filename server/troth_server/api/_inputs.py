@@ -114,6 +114,11 @@ ANSWERS: dict[str, dict[BadInput, Answer]] = {
     "troth.v1.TaskService/RetryWorkflowNow": {**_EVERY_REQUEST},
     # No field: only bytes that are not the (empty) message.
     "troth.v1.PromiseService/WhoAmI": {BadInput.TRUNCATED: INVALID},
+    "troth.v1.TaskService/GetWorkflowState": {**_EVERY_REQUEST},
+    "troth.v1.TaskService/ReplaceWorkflowState": {
+        **_EVERY_REQUEST,
+        BadInput.LIST_TOO_LONG: INVALID,
+    },
     "troth.v1.TaskService/SearchWorkers": {
         **_EVERY_REQUEST,
         BadInput.FORGED_PAGE_TOKEN: INVALID_TOKEN,

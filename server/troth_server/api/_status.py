@@ -39,6 +39,7 @@ from troth_server.domain.settle_tokens import (
     WrongPromise,
 )
 from troth_server.domain.starts import WorkflowAlreadyExists
+from troth_server.domain.states import WorkflowNotParked
 from troth_server.domain.steps import OutsideWorkersGroups, ReservedForWorkflow, WorkflowSettled
 from troth_server.domain.task import (
     GroupNotAllowed,
@@ -88,6 +89,7 @@ STATUS_CODES: dict[type[Exception], grpc.StatusCode] = {
     TaskRunning: grpc.StatusCode.FAILED_PRECONDITION,
     WorkflowOver: grpc.StatusCode.FAILED_PRECONDITION,
     WorkflowNotPaused: grpc.StatusCode.FAILED_PRECONDITION,
+    WorkflowNotParked: grpc.StatusCode.FAILED_PRECONDITION,
     NotTheTasksWorker: grpc.StatusCode.PERMISSION_DENIED,
     GroupNotAllowed: grpc.StatusCode.PERMISSION_DENIED,
     WatchFellBehind: grpc.StatusCode.RESOURCE_EXHAUSTED,

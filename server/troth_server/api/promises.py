@@ -14,6 +14,7 @@ from troth.v1 import promises_pb2, promises_pb2_grpc, types_pb2
 from troth_server import _tracing as tracing
 from troth_server.api import _audit as audit
 from troth_server.api import _convert as convert
+from troth_server.api import _states as states_api
 from troth_server.api._auth import caller, caller_name, require_inside
 from troth_server.api._rpc import aio_server_stream, aio_unary
 from troth_server.domain import steps, visibility
@@ -306,6 +307,12 @@ class PromiseServiceServicer(_Handlers, promises_pb2_grpc.PromiseServiceServicer
     ) -> promises_pb2.CreatePromiseResponse:
         create = self._create_request(request, context)
         reader = _caller(context, self._limits)
+        if request.HasField("state"):  # a workflow's read or write of its state slot
+            name, value = states_api.state_step(request, create[2], create[3] is not None)
+            request_, principal, _, fence = create
+            assert fence is not None
+            stepped = await self._service.state_step_async(request_, principal, fence, name, value)
+            return self._created(stepped, reader, request_.idempotency_key)
         result = await self._service.create_async(*create)
         if not result[1] and create[3] is None:
             # A repeat answers with the promise as it is: a read, by the reader's reach.

@@ -189,6 +189,11 @@ RPC_ROLES: Mapping[str, frozenset[Role]] = {
     "SearchWorkflows": _READERS,
     # An operator hurries a paused workflow's retry (like failing or moving one).
     "RetryWorkflowNow": frozenset({Role.OPERATOR, Role.ADMIN}),
+    # A workflow's state slot: read by whoever reads the workflow (its root); rewritten
+    # by an operator while the run is parked, a repair like moving it (not a gateway's:
+    # a gateway settles decisions, it does not edit what a run remembers).
+    "GetWorkflowState": _READERS,
+    "ReplaceWorkflowState": frozenset({Role.OPERATOR, Role.ADMIN}),
     # Unary calls on one stream (a worker's, a client's): each is authorized as its
     # own RPC, so every role may open it.
     "Calls": frozenset(Role),

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 
     from troth_server.domain.promise import Promise, PromiseState
     from troth_server.domain.routing import Route
+    from troth_server.domain.states import WorkflowState
     from troth_server.domain.task import Callback, Task
 
 T = TypeVar("T")
@@ -199,6 +200,13 @@ class WriteTx(Protocol):
     def get_active_tasks(self, root_ids: Collection[str]) -> dict[str, Task]:
         """The PENDING or CLAIMED task of each root that has one, by root id."""
 
+    def get_states(self, keys: Collection[tuple[str, str]]) -> dict[tuple[str, str], WorkflowState]:
+        """The workflow state slots among these (root id, name) keys that exist (read
+        after their roots are locked: a slot is written only under its root's lock)."""
+
+    def put_states(self, states: Sequence[WorkflowState]) -> None:
+        """Write these slots (inserted, or over the row of the same root and name)."""
+
     def pending_tasks(
         self, group: str, prefer_worker: str, limit: int, route: Route = ..., now: int | None = ...
     ) -> list[Task]:
@@ -279,6 +287,9 @@ class Store(Protocol):
 
     def pending_steps(self, parent_ids: Collection[str]) -> list[Promise]:
         """The PENDING promises whose parent_id is one of these, in creation order."""
+
+    def workflow_state(self, root_id: str, name: str) -> WorkflowState | None:
+        """Workflow `root_id`'s state slot `name`, if it was ever written."""
 
     def search_tasks(self, group: str, limit: int, root_id: str | None = None) -> list[Task]:
         """Up to `limit` of the group's PENDING and CLAIMED tasks, oldest first; with

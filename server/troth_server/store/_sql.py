@@ -48,6 +48,7 @@ from troth_server.store._sqlstate import (
     SERIALIZATION_FAILURE,
     STATEMENTS_LOST,
 )
+from troth_server.store._states import StateReads, StateStatements, StateTx
 from troth_server.store._tables import callbacks, promises, state_in, tasks
 from troth_server.store._tags import TagStatements
 from troth_server.store._task_sql import CompiledTaskStatements, TaskStatements, TaskTx
@@ -129,16 +130,18 @@ class _Compiled:
         )
         self.tasks = CompiledTaskStatements(dialect)
         self.tags = TagStatements(dialect)
+        self.states = StateStatements(dialect)
 
     def _compile(self, stmt: Any) -> Statement:
         return compile_for(stmt, self._dialect)
 
 
-class _WriteTx(TaskTx, PruneTx):
+class _WriteTx(TaskTx, PruneTx, StateTx):
     def __init__(self, conn: Connection, compiled: _Compiled, announcer: Announcer | None) -> None:
         self._conn = conn
         self._compiled = compiled
         self._task_statements = compiled.tasks
+        self._state_statements = compiled.states
         self._announcer = announcer
         # SQLite has one writer at a time and renders no FOR UPDATE.
         self.row_locks = conn.dialect.name == "postgresql"
@@ -312,7 +315,7 @@ class _WriteTx(TaskTx, PruneTx):
             self._write(sql, [params])
 
 
-class SqlStore(PromiseReads, WorkflowReads):
+class SqlStore(PromiseReads, WorkflowReads, StateReads):
     def __init__(self, engines: Engines, announcer: Announcer | None = None) -> None:
         self._engines = engines
         self._announcer = announcer

@@ -402,6 +402,19 @@ callbacks = Table(
 )
 Index("ix_callbacks_root", callbacks.c.root_promise_id)
 
+# A workflow's named state slots (revision 0016): read and written by primary key.
+workflow_states = Table(
+    "workflow_states",
+    metadata,
+    Column("root_id", _promise_id, primary_key=True),
+    Column("name", String(128), primary_key=True),
+    Column("version", BigInteger(), nullable=False),
+    Column("value_headers", _json, nullable=False),
+    Column("value_data", LargeBinary(), nullable=False),
+    Column("update_time", BigInteger(), nullable=False),
+    Column("updated_by", String(1024), nullable=True),
+)
+
 
 def state_in(column: Any, *states: str) -> Any:
     """`column = 'X'`, or `column IN ('X', 'Y')`, with the states written into the SQL.
