@@ -41,6 +41,7 @@ from troth_server.store._engines import (
 from troth_server.store._migrate import check_at_head, upgrade_to_head
 from troth_server.store._prune import PruneTx
 from troth_server.store._reads import READ_ATTEMPTS, PromiseReads, select_expired
+from troth_server.store._schedules import ScheduleReads, ScheduleTx
 from troth_server.store._rows import to_promise, to_row, to_task
 from troth_server.store._sqlstate import (
     DEADLOCK_DETECTED,
@@ -133,7 +134,7 @@ class _Compiled:
         return compile_for(stmt, self._dialect)
 
 
-class _WriteTx(TaskTx, PruneTx):
+class _WriteTx(TaskTx, PruneTx, ScheduleTx):
     def __init__(self, conn: Connection, compiled: _Compiled, announcer: Announcer | None) -> None:
         self._conn = conn
         self._compiled = compiled
@@ -291,7 +292,7 @@ class _WriteTx(TaskTx, PruneTx):
             self._write(sql, [params])
 
 
-class SqlStore(PromiseReads, WorkflowReads):
+class SqlStore(PromiseReads, WorkflowReads, ScheduleReads):
     def __init__(self, engines: Engines, announcer: Announcer | None = None) -> None:
         self._engines = engines
         self._announcer = announcer
