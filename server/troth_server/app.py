@@ -54,10 +54,10 @@ from troth_server.dispatch import Dispatcher
 from troth_server.domain.settle_tokens import KeysInvalid
 from troth_server.guard import SettleGuard
 from troth_server.metrics import Metrics
+from troth_server.schedules import Scheduler, ScheduleService
 from troth_server.service import PromiseService
 from troth_server.settle_keys import SettleKeys
 from troth_server.store import StoreError, StoreEvent, open_store
-from troth_server.schedules import Scheduler, ScheduleService
 from troth_server.sweeper import LeaseExpiry, Sweeper
 from troth_server.task_service import TaskService
 from troth_server.watch import WatchHub
@@ -577,6 +577,7 @@ def servicers(
     as the RPC it is)."""
     promises = PromiseServiceServicer(core.service, limits)
     tasks = TaskServiceServicer(core.tasks, core.dispatcher, limits, core.workflows)
+    tasks.schedules = core.schedules
     promises.workflow_waiting = tasks.workflow_waiting
     tasks.mux = CallMux(
         ((PROMISES, promises), (TASKS, tasks)),

@@ -21,8 +21,8 @@ from troth_server.store import StoreError
 from troth_server.writes.ops.schedules import (
     CreateScheduleOp,
     DeleteScheduleOp,
-    FireSchedulesOp,
     Fired,
+    FireSchedulesOp,
     PauseScheduleOp,
 )
 

@@ -5,7 +5,6 @@ none under the policy; the due read walks `ix_schedules_due`."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -64,8 +63,7 @@ class Server:
 
     def runs(self, name: str) -> list[str]:
         return sorted(
-            p.id
-            for p in self.store.get_promises([f"{name}@{s.tick_text(t)}" for t in _hours(60)])
+            p.id for p in self.store.get_promises([f"{name}@{s.tick_text(t)}" for t in _hours(60)])
         )
 
 

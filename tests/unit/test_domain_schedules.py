@@ -5,7 +5,7 @@ checking the firing loop against a model of the ticks."""
 from __future__ import annotations
 
 from dataclasses import replace
-from datetime import UTC, datetime
+from datetime import datetime
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -100,7 +100,9 @@ def test_ticks_after_are_strictly_after_and_ticks_until_include_the_instant() ->
 def test_a_fixed_time_in_the_spring_forward_gap_runs_once_after_the_gap() -> None:
     # Europe/Paris, 2026-03-29: 02:00 -> 03:00; a 02:30 job runs at 03:00 that day.
     job = spec("30 2 * * *", timezone="Europe/Paris")
-    ticks = [t for _, t in zip(range(3), s.ticks_after(job, ms("2026-03-28T12:00:00")), strict=False)]
+    ticks = [
+        t for _, t in zip(range(3), s.ticks_after(job, ms("2026-03-28T12:00:00")), strict=False)
+    ]
     assert ticks == [
         ms("2026-03-29T01:00:00"),  # 03:00 CEST, the first minute after the gap
         ms("2026-03-30T00:30:00"),  # 02:30 CEST
@@ -111,7 +113,9 @@ def test_a_fixed_time_in_the_spring_forward_gap_runs_once_after_the_gap() -> Non
 def test_a_fixed_time_in_the_fall_back_overlap_runs_once() -> None:
     # Europe/Paris, 2026-10-25: 03:00 CEST -> 02:00 CET; 02:30 happens twice.
     job = spec("30 2 * * *", timezone="Europe/Paris")
-    ticks = [t for _, t in zip(range(2), s.ticks_after(job, ms("2026-10-24T12:00:00")), strict=False)]
+    ticks = [
+        t for _, t in zip(range(2), s.ticks_after(job, ms("2026-10-24T12:00:00")), strict=False)
+    ]
     assert ticks == [ms("2026-10-25T00:30:00"), ms("2026-10-26T01:30:00")]
 
 

@@ -148,6 +148,14 @@ RPC_ROLES: Mapping[str, frozenset[Role]] = {
     "SearchWorkflows": _READERS,
     # An operator hurries a paused workflow's retry (like failing or moving one).
     "RetryWorkflowNow": frozenset({Role.OPERATOR, Role.ADMIN}),
+    # Schedules start workflows on their own: operators and admins define, pause and
+    # delete them (and read them).
+    "CreateSchedule": frozenset({Role.OPERATOR, Role.ADMIN}),
+    "GetSchedule": frozenset({Role.OPERATOR, Role.ADMIN}),
+    "SearchSchedules": frozenset({Role.OPERATOR, Role.ADMIN}),
+    "PauseSchedule": frozenset({Role.OPERATOR, Role.ADMIN}),
+    "ResumeSchedule": frozenset({Role.OPERATOR, Role.ADMIN}),
+    "DeleteSchedule": frozenset({Role.OPERATOR, Role.ADMIN}),
     # Unary calls on one stream (a worker's, a client's): each is authorized as its
     # own RPC, so every role may open it.
     "Calls": frozenset(Role),

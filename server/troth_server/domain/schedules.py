@@ -176,7 +176,7 @@ def check_cron(expression: str) -> str:
         next(it)
     except CronSimError as exc:
         raise InvalidArgument(
-            "cron", f"{expression!r}: {exc}; e.g. \"0 9 * * 1-5\" (09:00 on weekdays)"
+            "cron", f'{expression!r}: {exc}; e.g. "0 9 * * 1-5" (09:00 on weekdays)'
         ) from exc
     except StopIteration as exc:
         raise InvalidArgument("cron", f"{expression!r} names no time that ever comes") from exc

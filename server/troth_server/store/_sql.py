@@ -41,8 +41,8 @@ from troth_server.store._engines import (
 from troth_server.store._migrate import check_at_head, upgrade_to_head
 from troth_server.store._prune import PruneTx
 from troth_server.store._reads import READ_ATTEMPTS, PromiseReads, select_expired
-from troth_server.store._schedules import ScheduleReads, ScheduleTx
 from troth_server.store._rows import to_promise, to_row, to_task
+from troth_server.store._schedules import ScheduleReads, ScheduleTx
 from troth_server.store._sqlstate import (
     DEADLOCK_DETECTED,
     SERIALIZATION_FAILURE,

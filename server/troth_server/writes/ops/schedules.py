@@ -18,6 +18,7 @@ import structlog
 from troth_server.domain import schedules
 from troth_server.domain.errors import DomainError
 from troth_server.domain.promise import CreateRequest
+from troth_server.domain.routing import FUNC_TAG
 from troth_server.domain.schedules import (
     SCHEDULE_TAG,
     TICK_TAG,
@@ -26,7 +27,6 @@ from troth_server.domain.schedules import (
     ScheduleNotFound,
     ScheduleSpec,
 )
-from troth_server.domain.routing import FUNC_TAG
 from troth_server.domain.steps import INVOKE_TAG
 from troth_server.writes.batch import Batch, Keys
 from troth_server.writes.ops.create import CreateOp
