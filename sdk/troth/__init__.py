@@ -25,6 +25,7 @@ if typing.TYPE_CHECKING:
         SearchPage,
         SettleResult,
     )
+    from troth._schedules import ScheduleInfo
     from troth._versions import WorkflowRegistration
     from troth.client import Client, Handle, PromiseEventStream, TlsConfig
     from troth.codec import Codec, JsonCodec, Payload
@@ -95,6 +96,7 @@ __all__ = [
     "ResourceExhaustedError",
     "RetryPolicy",
     "RpcError",
+    "ScheduleInfo",
     "SearchPage",
     "SettleResult",
     "TaskInfo",
@@ -165,6 +167,7 @@ _HOMES: dict[str, str] = {
     "WorkflowError": "troth.errors",
     "WorkflowFailed": "troth.errors",
     "WorkflowInfo": "troth._operators",
+    "ScheduleInfo": "troth._schedules",
     "WorkflowRegistration": "troth._versions",
 }
 """Where each public name is defined."""

@@ -81,7 +81,7 @@ from troth.errors import (
 from troth.v1 import promises_pb2_grpc, tasks_pb2_grpc
 
 if TYPE_CHECKING:
-    from troth.v1 import promises_pb2, tasks_pb2
+    from troth.v1 import promises_pb2, schedules_pb2, tasks_pb2
 
 _log = logging.getLogger("troth.client")
 
@@ -201,6 +201,24 @@ class TaskServiceStub(Protocol):
     ]
     RetryWorkflowNow: grpc.UnaryUnaryMultiCallable[
         tasks_pb2.RetryWorkflowNowRequest, tasks_pb2.RetryWorkflowNowResponse
+    ]
+    CreateSchedule: grpc.UnaryUnaryMultiCallable[
+        schedules_pb2.CreateScheduleRequest, schedules_pb2.CreateScheduleResponse
+    ]
+    GetSchedule: grpc.UnaryUnaryMultiCallable[
+        schedules_pb2.GetScheduleRequest, schedules_pb2.GetScheduleResponse
+    ]
+    SearchSchedules: grpc.UnaryUnaryMultiCallable[
+        schedules_pb2.SearchSchedulesRequest, schedules_pb2.SearchSchedulesResponse
+    ]
+    PauseSchedule: grpc.UnaryUnaryMultiCallable[
+        schedules_pb2.PauseScheduleRequest, schedules_pb2.PauseScheduleResponse
+    ]
+    ResumeSchedule: grpc.UnaryUnaryMultiCallable[
+        schedules_pb2.ResumeScheduleRequest, schedules_pb2.ResumeScheduleResponse
+    ]
+    DeleteSchedule: grpc.UnaryUnaryMultiCallable[
+        schedules_pb2.DeleteScheduleRequest, schedules_pb2.DeleteScheduleResponse
     ]
 
 
