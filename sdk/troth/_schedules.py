@@ -9,6 +9,7 @@ find.
 
 from __future__ import annotations
 
+import builtins
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -178,11 +179,11 @@ class Schedules:
         stub = self._connection.transport.tasks
         return ScheduleInfo.from_proto(self._connection.call(stub.GetSchedule, request).schedule)
 
-    def list(self) -> list[ScheduleInfo]:
+    def list(self) -> builtins.list[ScheduleInfo]:
         """Every schedule, by name."""
         return [s for page in self._pages() for s in page]
 
-    def _pages(self) -> Iterator[list[ScheduleInfo]]:
+    def _pages(self) -> Iterator[builtins.list[ScheduleInfo]]:
         request = schedules_pb2.SearchSchedulesRequest(page_size=100)
         stub = self._connection.transport.tasks
         while True:
