@@ -75,6 +75,7 @@ def test_upgrade_from_empty_to_head(engine: sa.Engine) -> None:
             "promise_tags",
             "tasks",
             "callbacks",
+            "schedules",
         }
 
 
