@@ -21,12 +21,15 @@ import argparse
 import json
 import sys
 from typing import IO, TYPE_CHECKING, Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from troth._cli.args import add_leaf, parse_duration
 from troth._cli.output import align, iso, payload_to_json, when, write_json
 from troth._durations import format_duration
 
 if TYPE_CHECKING:
+    from datetime import datetime
+
     from troth._schedules import ScheduleInfo
     from troth.client import Client
 
@@ -197,13 +200,24 @@ def format_block(schedule: ScheduleInfo) -> str:
         ("jitter", format_duration(schedule.jitter) if schedule.jitter else "none"),
         ("ttl", format_duration(schedule.ttl) if schedule.ttl else "the server's default"),
         ("state", "paused" if schedule.paused else "active"),
-        ("next tick", when(schedule.next_tick_time)),
+        ("next tick", _local(schedule.next_tick_time, schedule.timezone)),
         ("fires at", when(schedule.next_fire_time)),
         ("last run", schedule.last_run_id or "-"),
         ("skipped", str(schedule.skipped)),
         ("created by", schedule.created_by or "-"),
     ]
     return align(rows)
+
+
+def _local(moment: datetime | None, timezone: str) -> str:
+    """`2026-12-07 01:00:00Z (02:00 Europe/Paris)`: the tick, and in its time zone."""
+    if moment is None or timezone == "UTC":
+        return when(moment)
+    try:
+        local = moment.astimezone(ZoneInfo(timezone))
+    except (ZoneInfoNotFoundError, ValueError):
+        return when(moment)
+    return f"{when(moment)} ({local:%H:%M} {timezone})"
 
 
 def format_schedules(found: list[ScheduleInfo]) -> str:
