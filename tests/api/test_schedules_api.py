@@ -202,3 +202,27 @@ def test_each_mistake_is_invalid_argument_naming_its_field(db_url: str) -> None:
                 client.schedules.create(name, "report", **kwargs)
             assert caught.value.field == field, (change, caught.value)
         assert client.schedules.list() == []
+
+
+def test_search_schedules_pages_by_name(db_url: str) -> None:
+    import grpc
+
+    from troth.v1 import schedules_pb2, tasks_pb2_grpc
+
+    with in_process_server(db_url, clock=Clock(T0)) as (address, _), Client(address) as client:
+        names = [f"s{i:02d}" for i in range(5)]
+        for name in reversed(names):
+            client.schedules.create(name, "report", cron="0 * * * *", group=GROUP)
+        with grpc.insecure_channel(address) as channel:
+            stub = tasks_pb2_grpc.TaskServiceStub(channel)
+            request = schedules_pb2.SearchSchedulesRequest(page_size=2)
+            seen: list[str] = []
+            while True:
+                page = stub.SearchSchedules(request, timeout=10)
+                assert len(page.schedules) <= 2
+                seen.extend(s.name for s in page.schedules)
+                if not page.next_page_token:
+                    break
+                request.page_token = page.next_page_token
+        assert seen == names
+        assert [s.name for s in client.schedules.list()] == names

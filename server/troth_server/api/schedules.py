@@ -14,6 +14,7 @@ import structlog
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from troth.v1 import schedules_pb2
+from troth_server import paging
 from troth_server.api import _convert as convert
 from troth_server.api._auth import caller, caller_name, require_inside
 from troth_server.api._rpc import aio_unary
@@ -105,16 +106,14 @@ class ScheduleHandlers:
         self, request: schedules_pb2.SearchSchedulesRequest, context: AioContext
     ) -> schedules_pb2.SearchSchedulesResponse:
         size = convert.page_size(request.page_size, self._limits)
-        after = request.page_token
-        if after:
-            domain.check_name(after, "page_token")
+        after = paging.decode_schedules(request.page_token) if request.page_token else ""
         reader = caller()
         found = await asyncio.to_thread(self._schedules.list, after, size)
         response = schedules_pb2.SearchSchedulesResponse(
             schedules=[to_pb(s) for s in found if reader.may_touch(f"{s.name}@")]
         )
         if len(found) == size:
-            response.next_page_token = found[-1].name
+            response.next_page_token = paging.encode_schedules(found[-1].name)
         return response
 
     @aio_unary("PauseSchedule")
