@@ -239,3 +239,35 @@ def _pg_dialect() -> object:
     from sqlalchemy.dialects import postgresql
 
     return postgresql.psycopg.dialect()
+
+
+def test_a_crash_before_the_commit_leaves_the_tick_to_fire_once(db_url: str) -> None:
+    """The advance and the run's start share one transaction: a firing that dies before
+    its commit (the process killed, the store gone) leaves neither, and the next pass
+    fires the tick, once."""
+    from troth_server.writes.ops.schedules import FireSchedulesOp
+
+    class Crash(Exception):
+        pass
+
+    clock = Clock(T0)
+    server = Server(db_url, clock)
+    try:
+        schedule, _ = server.create(hourly())
+        assert schedule.next_tick is not None
+        clock.now = schedule.next_tick + 1000
+
+        def dies(tx: object) -> None:
+            op = FireSchedulesOp(20, HOUR)
+            keys = op.keys(tx, clock.now)  # type: ignore[arg-type]
+            assert list(keys.promises) == [f"hourly@{s.tick_text(schedule.next_tick)}"]  # type: ignore[arg-type]
+            raise Crash
+
+        with pytest.raises(Crash):
+            server.store.write(dies)
+        assert server.service.get("hourly").next_tick == schedule.next_tick
+        assert server.runs("hourly") == []
+        assert server.scheduler.run_once() == [f"hourly@{s.tick_text(schedule.next_tick)}"]
+        assert server.scheduler.run_once() == []
+    finally:
+        server.close()

@@ -346,14 +346,13 @@ def plan(schedule: Schedule, now: int) -> Plan | None:
         if len(newest) > MAX_CATCH_UP:
             break
     newest.reverse()
-    if not newest:
-        # The stored next tick is no tick of the expression (it changed): go on after now.
-        newest_due: list[int] = []
-    else:
-        newest_due = newest
+    if len(newest) <= MAX_CATCH_UP and (not newest or newest[0] != schedule.next_tick):
+        # The stored next tick came from iterating forward; should iterating back not
+        # meet it (a daylight-saving edge), it is due all the same: never lost.
+        newest.insert(0, schedule.next_tick)
     due: list[int] = []
     waiting: int | None = None
-    for tick in newest_due:
+    for tick in newest:
         if fire_time(spec, tick) > now:
             waiting = tick
             break
