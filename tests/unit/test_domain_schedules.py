@@ -225,7 +225,7 @@ def test_a_jittered_tick_waits_and_so_do_the_ticks_after_it() -> None:
             "2026-03-07T22:00:00",
             "2026-10-31T22:00:00",
         ]
-    ),  # fmt: skip
+    ),
     jitter=st.sampled_from([0, 20_000, 5 * MINUTE]),
     steps=st.lists(st.integers(1, 3 * HOUR), min_size=1, max_size=25),
 )
