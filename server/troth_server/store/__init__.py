@@ -305,6 +305,9 @@ class Store(Protocol):
 
     def read_schedule(self, name: str) -> Schedule | None: ...
 
+    def soonest_fire_time(self) -> int | None:
+        """When the next active schedule fires (ms; None: none is active)."""
+
     def list_schedules(self, after: str, limit: int) -> list[Schedule]:
         """Up to `limit` schedules whose name sorts after `after`, by name."""
 

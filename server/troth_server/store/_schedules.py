@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from sqlalchemy import bindparam, delete, insert, select, update
+from sqlalchemy import bindparam, delete, func, insert, select, update
 
 from troth_server.domain.promise import Payload
 from troth_server.domain.schedules import CatchUp, Schedule, ScheduleSpec
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
     from sqlalchemy import Connection
 
-__all__ = ["ScheduleReads", "ScheduleTx", "select_due"]
+__all__ = ["ScheduleReads", "ScheduleTx", "select_due", "soonest"]
 
 T = TypeVar("T")
 
@@ -44,6 +44,8 @@ _page = (
     .limit(bindparam("limit"))
 )
 _update = update(schedules).where(_s.name == bindparam("b_name"))
+soonest = select(func.min(_s.next_fire_time)).where(_s.next_fire_time.is_not(None))
+"""When the soonest active schedule fires: the first entry of `ix_schedules_due`."""
 
 
 def to_row(schedule: Schedule) -> dict[str, Any]:
@@ -139,6 +141,12 @@ class ScheduleReads:
     def read_schedule(self, name: str) -> Schedule | None:
         row = self._read(lambda conn: conn.execute(_by_name, {"name": name}).mappings().first())
         return None if row is None else to_schedule(row)
+
+    def soonest_fire_time(self) -> int | None:
+        """When the next active schedule fires (None: none is active), read without a
+        transaction of the writer, so that an idle scheduler costs the writer nothing."""
+        value = self._read(lambda conn: conn.execute(soonest).scalar())
+        return None if value is None else int(value)
 
     def list_schedules(self, after: str, limit: int) -> list[Schedule]:
         """Up to `limit` schedules whose name sorts after `after`, by name."""
