@@ -578,7 +578,7 @@ def servicers(
     promises = PromiseServiceServicer(core.service, limits)
     tasks = TaskServiceServicer(core.tasks, core.dispatcher, limits, core.workflows)
     tasks.schedules = core.schedules
-    promises.workflow_waiting = tasks.workflow_waiting
+    promises.workflow_waits = tasks
     tasks.mux = CallMux(
         ((PROMISES, promises), (TASKS, tasks)),
         limits,

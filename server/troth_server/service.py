@@ -44,7 +44,7 @@ from troth_server.watch import (
 )
 from troth_server.writes.ops.create import CreateOp
 from troth_server.writes.ops.expire import ExpireOp, ReadDueOp
-from troth_server.writes.ops.settle import SettleOp
+from troth_server.writes.ops.settle import Settled, SettleOp
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Iterable
@@ -133,7 +133,7 @@ class PromiseService:
         request: SettleRequest,
         fence: Fence | None = None,
         caller: Principal = LOCAL_DEVELOPER,
-    ) -> tuple[Promise, bool]:
+    ) -> Settled:
         """Settle a promise; a resolve value is checked against the promise's schema
         first, on the check pool (never on the loop or the writer), and an unfenced
         resolve or reject against its approver policy as `caller`'s, or, with a settle
@@ -141,7 +141,7 @@ class PromiseService:
         if fence is None and request.token is None:
             self.check_settle_reach(request, caller)  # point reads, as GetPromise's
 
-        async def write(checked: SettleRequest) -> tuple[Promise, bool]:
+        async def write(checked: SettleRequest) -> Settled:
             return await self._committer.submit_async(SettleOp(checked, fence))
 
         for attempt in range(_POLICY_ATTEMPTS):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, TypeVar
 
 from troth.client import WATCH_READY_METADATA
 from troth.v1 import promises_pb2, promises_pb2_grpc, types_pb2
@@ -23,7 +23,7 @@ from troth_server.domain.promise import CreateRequest, Promise, PromiseState, Se
 from troth_server.units import duration_text
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable
+    from collections.abc import AsyncIterator
 
     import grpc.aio
 
@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
     from troth_server.config import Limits
     from troth_server.domain.steps import Fence
+    from troth_server.domain.task import Task
     from troth_server.service import PromiseService
     from troth_server.watch import EventFilter
 
@@ -53,6 +54,17 @@ _SETTLE_RPCS = {
     PromiseState.REJECTED_CANCELED: "CancelPromise",
 }
 
+
+class WorkflowWaits(Protocol):
+    """Why a workflow's task waits for a version no worker here runs, or "" if not."""
+
+    def workflow_waiting(self, root_id: str) -> str:
+        """Of the workflow `root_id` (reads its task)."""
+
+    def task_waiting(self, task: Task) -> str:
+        """Of the workflow whose active task is `task` (no read)."""
+
+
 _DEADLINE_MARGIN_S = 0.5
 """A `WaitPromise` with a deadline answers this long before it (a tenth of what is left,
 if less), so that its caller gets the pending promise rather than DEADLINE_EXCEEDED."""
@@ -61,9 +73,9 @@ if less), so that its caller gets the pending promise rather than DEADLINE_EXCEE
 class _Handlers:
     """Request validation and response building."""
 
-    workflow_waiting: Callable[[str], str] | None = None
-    """Why a workflow (by root id) waits for a version no worker here runs, or "" (the
-    task servicer's `workflow_waiting`; set once both servicers are built)."""
+    workflow_waits: WorkflowWaits | None = None
+    """Why a workflow waits for a version no worker here runs (the task servicer; set
+    once both servicers are built)."""
 
     def __init__(self, service: PromiseService, limits: Limits) -> None:
         self._service = service
@@ -113,7 +125,8 @@ class _Handlers:
             if token is not None:
                 # Verified first: the settle is then its principal's, and says so.
                 settle = self._service.with_settle_token(settle, token)
-            promise, applied = await self._service.settle_async(settle, fence, caller)
+            settled = await self._service.settle_async(settle, fence, caller)
+            promise, applied = settled.promise, settled.applied
         except DomainError as exc:
             audit.settle_refused(rpc, settle, caller, token is not None, exc, context)
             raise
@@ -125,15 +138,22 @@ class _Handlers:
             promise=self._one(promise, caller, settle.idempotency_key), applied=applied
         )
         if (
-            self.workflow_waiting is not None
+            self.workflow_waits is not None
             and fence is None  # a worker's own step: it knows
             and promise.parent_id is not None
             and not isinstance(answer, promises_pb2.CancelPromiseResponse)
         ):
             # A human's decision on a workflow's step: say so if the workflow it resumes
             # (its parent: the root, or a child workflow) cannot resume now for want of
-            # a worker of its version (two point reads).
-            waiting = await asyncio.to_thread(self.workflow_waiting, promise.parent_id)
+            # a worker of its version: from the workflow's task as the settle's own
+            # write read it (`Keys.parents_of`), else (a repeat) by two point reads.
+            if settled.workflow_known:
+                task = settled.workflow_task
+                waiting = "" if task is None else self.workflow_waits.task_waiting(task)
+            else:
+                waiting = await asyncio.to_thread(
+                    self.workflow_waits.workflow_waiting, promise.parent_id
+                )
             answer.workflow_waiting = waiting
         return answer
 

@@ -150,7 +150,12 @@ class _Handlers:
         """Why workflow `root_id`'s task waits, if it waits for a version no worker here
         runs ("" otherwise): what a settle that resumes it tells the settler. Reads."""
         task = self._tasks.active_task(root_id)
-        if task is None or task.state is not TaskState.PENDING:
+        return "" if task is None else self.task_waiting(task)
+
+    def task_waiting(self, task: Task) -> str:
+        """Why the workflow whose active task is `task` waits for a version no worker
+        here runs, if it waits for one ("" otherwise). No read."""
+        if task.state is not TaskState.PENDING:
             return ""
         why = self._dispatcher.waiting_for([task])[task.id]
         return why.words if why.absence is not None else ""

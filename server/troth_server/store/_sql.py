@@ -7,6 +7,7 @@ writer), reads on a small pool: in WAL mode readers never block the writer.
 from __future__ import annotations
 
 import contextlib
+import sqlite3
 import threading
 import time
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -142,6 +143,9 @@ class _WriteTx(TaskTx, PruneTx, ScheduleTx):
         self._announcer = announcer
         # SQLite has one writer at a time and renders no FOR UPDATE.
         self.row_locks = conn.dialect.name == "postgresql"
+        self._sqlite: Any = None if self.row_locks else conn.connection.driver_connection
+        """SQLite: the driver's connection, which the hot statements run on straight
+        (SQLAlchemy's execution costs 5-10 times sqlite3's own on these small ones)."""
         self._pipeline: Pipeline | None = None
         self._tags_read: dict[str, Any] = {}
         """The tags the tag index holds for each promise this transaction read
@@ -153,18 +157,35 @@ class _WriteTx(TaskTx, PruneTx, ScheduleTx):
     def _write(self, sql: str, params: Sequence[Any]) -> None:
         if self._pipeline is not None:
             self._pipeline.execute(sql, params)
+        elif self._sqlite is not None:
+            self._on_sqlite(sql, params, many=True)
         else:
             self._conn.exec_driver_sql(sql, list(params))
 
     def _select(self, sql: str, params: Any) -> Sequence[Sequence[Any]]:
-        if not self.row_locks:
-            return self._conn.exec_driver_sql(sql, params).fetchall()
+        if self._sqlite is not None:
+            return self._on_sqlite(sql, params, many=False)
         # PostgreSQL: libpq straight, without a cursor's and SQLAlchemy's layers.
         pipeline = self._new_pipeline()
         pipeline.begin()
         pipeline.execute(sql, [params])
         (rows,) = self._run(pipeline)
         return rows
+
+    def _on_sqlite(self, sql: str, params: Any, *, many: bool) -> list[Any]:
+        """Run a statement on the SQLite driver's connection, inside the transaction
+        SQLAlchemy began on it; its errors are raised as SQLAlchemy's would be, so
+        that `SqlStore.write` decides as ever (retry, conflict, unavailable)."""
+        driver = self._sqlite
+        try:
+            if many:
+                driver.executemany(sql, params)
+                return []
+            return driver.execute(sql, params).fetchall()  # type: ignore[no-any-return]
+        except sqlite3.Error as exc:
+            raise DBAPIError.instance(
+                sql, params, exc, sqlite3.Error, dialect=self._conn.dialect
+            ) from exc
 
     @contextlib.contextmanager
     def final_writes(self) -> Iterator[None]:

@@ -51,6 +51,9 @@ class Keys:
     after the roots) so that the settle ends them in the same transaction."""
     steps_of_task_roots: bool = False
     """The same for the roots of `task_ids` (a completion settles its root)."""
+    parents_of: Collection[str] = ()
+    """Promises (of `promises`) whose parent workflow's active task the op reads: a
+    human's settle says whether the workflow it resumes waits for a worker."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,8 +109,11 @@ class Batch:
         callbacks: Collection[Callback] = (),
         tasks: Collection[Task] = (),
         root_workflows: Mapping[str, tuple[str | None, str | None]] | None = None,
+        active_read: Collection[str] = (),
     ) -> None:
         self.now = now
+        self._active_read = active_read
+        """The roots whose active task (if any) this batch read: `knows_active_task`."""
         self._root_workflows = root_workflows or {}
         """(workflow, version) of the roots of `callbacks` that are not loaded."""
         self._current = loaded
@@ -215,6 +221,11 @@ class Batch:
 
     def task(self, task_id: str) -> Task | None:
         return self._tasks.get(task_id)
+
+    def knows_active_task(self, root_id: str) -> bool:
+        """Whether `active_task(root_id)` is the root's whole story: its active task
+        was read (`Keys.roots`, `Keys.parents_of`, callbacks), or written here."""
+        return root_id in self._active_read or root_id in self._active
 
     def active_task(self, root_id: str) -> Task | None:
         task_id = self._active.get(root_id)
