@@ -24,7 +24,7 @@ from troth._convert import (
 from troth.v1 import schedules_pb2
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
+    from collections.abc import Callable, Iterator, Sequence
     from datetime import datetime
 
     from troth._calls import Connection
@@ -101,7 +101,8 @@ class ScheduleInfo:
 
 
 class Schedules:
-    """The schedule calls of a `Client` (`client.schedules`): an operator's or admin's.
+    """The schedule calls of a `Client` (`client.schedules`: create, update, get, list,
+    pause, resume, delete): an operator's or admin's.
 
     .. versionadded:: 0.3.0
     """
@@ -169,6 +170,51 @@ class Schedules:
             request.ttl.CopyFrom(timedelta_to_proto(ttl))
         stub = self._connection.transport.tasks
         response = self._connection.call(stub.CreateSchedule, request)
+        return ScheduleInfo.from_proto(response.schedule)
+
+    def update(
+        self,
+        name: str,
+        *,
+        cron: str | None = None,
+        workflow: str | Callable[..., Any] | None = None,
+        args: Sequence[Any] | None = None,
+        group: str | None = None,
+        timezone: str | None = None,
+        catch_up: str | None = None,
+        jitter: timedelta | None = None,
+        ttl: timedelta | None = None,
+    ) -> ScheduleInfo:
+        """Change a schedule's definition: the arguments given replace what it has (the
+        others are kept), and it runs from the new definition's first tick after now (a
+        paused one stays paused). Its runs so far are left as they are.
+
+        Raises:
+            NotFoundError: No schedule has this name.
+            InvalidArgumentError: A bad value (`.field` names it), as for `create`.
+        """
+        call = "Client.schedules.update"
+        current = self.get(name)
+        check.texts(call, optional=True, cron=cron, group=group, timezone=timezone)
+        check.optional_text(call, catch_up, "catch_up")
+        request = schedules_pb2.UpdateScheduleRequest(
+            name=name,
+            cron=current.cron if cron is None else cron,
+            timezone=current.timezone if timezone is None else timezone,
+            workflow=current.workflow if workflow is None else check.workflow_name(workflow),
+            group=current.group if group is None else group,
+            catch_up=current.catch_up if catch_up is None else catch_up,
+        )
+        payload = current.args if args is None else self._codec.encode(list(args))
+        request.args.CopyFrom(payload_to_proto(payload))
+        jitter = current.jitter if jitter is None else check.duration(call, jitter, "jitter")
+        if jitter:
+            request.jitter.CopyFrom(timedelta_to_proto(jitter))
+        ttl = current.ttl if ttl is None else check.duration(call, ttl, "ttl")
+        if ttl is not None:
+            request.ttl.CopyFrom(timedelta_to_proto(ttl))
+        stub = self._connection.transport.tasks
+        response = self._connection.call(stub.UpdateSchedule, request)
         return ScheduleInfo.from_proto(response.schedule)
 
     def get(self, name: str) -> ScheduleInfo:

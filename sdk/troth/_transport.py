@@ -205,6 +205,9 @@ class TaskServiceStub(Protocol):
     CreateSchedule: grpc.UnaryUnaryMultiCallable[
         schedules_pb2.CreateScheduleRequest, schedules_pb2.CreateScheduleResponse
     ]
+    UpdateSchedule: grpc.UnaryUnaryMultiCallable[
+        schedules_pb2.UpdateScheduleRequest, schedules_pb2.UpdateScheduleResponse
+    ]
     GetSchedule: grpc.UnaryUnaryMultiCallable[
         schedules_pb2.GetScheduleRequest, schedules_pb2.GetScheduleResponse
     ]

@@ -24,6 +24,7 @@ from troth_server.writes.ops.schedules import (
     Fired,
     FireSchedulesOp,
     PauseScheduleOp,
+    UpdateScheduleOp,
 )
 
 if TYPE_CHECKING:
@@ -61,6 +62,9 @@ class ScheduleService:
         self, spec: ScheduleSpec, principal: str | None, *, paused: bool = False
     ) -> tuple[Schedule, bool]:
         return await self._committer.submit_async(CreateScheduleOp(spec, principal, paused))
+
+    async def update_async(self, spec: ScheduleSpec) -> tuple[Schedule, bool]:
+        return await self._committer.submit_async(UpdateScheduleOp(spec))
 
     async def pause_async(self, name: str, paused: bool) -> tuple[Schedule, bool]:
         return await self._committer.submit_async(PauseScheduleOp(name, paused))

@@ -166,6 +166,11 @@ def _calls(channel: grpc.Channel, tag: str) -> dict[str, Callable[[Any], object]
             metadata=md,
             timeout=10,
         ),
+        "UpdateSchedule": lambda md: t.UpdateSchedule(
+            schedules_pb2.UpdateScheduleRequest(name=missing, cron="0 * * * *", workflow="w"),
+            metadata=md,
+            timeout=10,
+        ),
         **{
             rpc: _named_schedule_call(getattr(t, rpc), request, missing)
             for rpc, request in (

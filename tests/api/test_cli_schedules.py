@@ -38,6 +38,9 @@ def test_create_list_show_pause_resume_delete(
     assert shown["jitter"] == "5m" and not shown["paused"]
     tick = datetime.fromisoformat(shown["next_tick_time"].replace("Z", "+00:00"))
     assert tick.astimezone(__import__("zoneinfo").ZoneInfo("Europe/Paris")).hour == 9
+    code, out, _ = troth(server, capsys, "schedules", "update", name, "--cron", "0 8 * * 1-5")
+    assert code == 0 and out.startswith(f"schedule {name} updated")
+    assert "0 8 * * 1-5 (Europe/Paris)" in out and '["sales", 7]' in out  # the rest kept
     code, out, _ = troth(server, capsys, "--json", "schedules", "pause", name)
     assert json.loads(out)["paused"] and json.loads(out)["next_tick_time"] is None
     code, out, _ = troth(server, capsys, "schedules", "resume", name)

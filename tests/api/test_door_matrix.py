@@ -232,6 +232,9 @@ _REQUESTS: dict[str, Callable[[str], Any]] = {
     "CreateSchedule": lambda tag: schedules_pb2.CreateScheduleRequest(
         name=f"mx-s-{tag}", cron="never", workflow="w", group=GROUP
     ),
+    "UpdateSchedule": lambda tag: schedules_pb2.UpdateScheduleRequest(
+        name=_MISSING, cron="0 * * * *", workflow="w", group=GROUP
+    ),
     "GetSchedule": lambda tag: schedules_pb2.GetScheduleRequest(name=_MISSING),
     "SearchSchedules": lambda tag: schedules_pb2.SearchSchedulesRequest(),
     "PauseSchedule": lambda tag: schedules_pb2.PauseScheduleRequest(name=_MISSING),

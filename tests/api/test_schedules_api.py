@@ -226,3 +226,29 @@ def test_search_schedules_pages_by_name(db_url: str) -> None:
                 request.page_token = page.next_page_token
         assert seen == names
         assert [s.name for s in client.schedules.list()] == names
+
+
+def test_update_replaces_the_definition_and_runs_from_its_first_tick_after_now(
+    db_url: str,
+) -> None:
+    clock = Clock(T0)
+    first = T0 + 50 * 60_000
+    with in_process_server(db_url, clock=clock) as (address, _), Client(address) as client:
+        client.schedules.create("moving", "report", "a", cron="0 * * * *", group=GROUP)
+        clock.set(first + 1000)
+        eventually(lambda: runs_of(client, "moving") == [run_id("moving", first)])
+        changed = client.schedules.update("moving", cron="*/15 * * * *", args=["b"])
+        assert changed.cron == "*/15 * * * *" and changed.workflow == "report"
+        assert client.decode(changed.args) == ["b"]
+        assert changed.next_tick_time == at(first + 15 * 60_000)
+        assert changed.last_run_id == run_id("moving", first)
+        assert client.schedules.update("moving") == changed  # nothing given: the same
+        paused = client.schedules.pause("moving")
+        still = client.schedules.update("moving", catch_up="all")
+        assert still.paused and still.next_tick_time is None and still.catch_up == "all"
+        assert paused.cron == still.cron
+        with pytest.raises(InvalidArgumentError) as caught:
+            client.schedules.update("moving", timezone="Nowhere/Else")
+        assert caught.value.field == "timezone"
+        with pytest.raises(NotFoundError):
+            client.schedules.update("nothing-here", cron="0 * * * *")

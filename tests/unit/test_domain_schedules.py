@@ -265,3 +265,15 @@ def test_the_firing_loop_runs_each_tick_at_most_once_in_order(
         assert set(ran) <= passed
         if policy is s.CatchUp.ALL:
             assert set(ran) == passed  # none lost
+
+
+def test_an_update_runs_from_the_new_definitions_first_tick_and_keeps_the_record() -> None:
+    hourly = made(now=0)
+    firing = s.plan(hourly, HOUR + 1)
+    assert firing is not None
+    ran = s.fired(hourly, firing, HOUR + 1)
+    quarterly = s.updated(ran, spec("*/15 * * * *"), HOUR + 2 * MINUTE)
+    assert quarterly.next_tick == HOUR + 15 * MINUTE
+    assert quarterly.last_run_id == ran.last_run_id and quarterly.create_time == 0
+    still = s.updated(s.paused(ran, HOUR), spec("*/15 * * * *"), HOUR)
+    assert still.paused and still.next_tick is None

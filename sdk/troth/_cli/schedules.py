@@ -5,6 +5,7 @@ or admin's commands; docs/schedules.md).
 troth schedules create NAME --cron "0 9 * * 1-5" --workflow report --args '["sales"]' \\
     --group workers [--timezone Europe/Paris] [--catch-up skip|one|all] [--jitter 5m] \\
     [--ttl 2h] [--paused]
+troth schedules update NAME [--cron ...] [--workflow ...] [--args ...] [...]
 troth schedules list
 troth schedules show NAME
 troth schedules pause NAME
@@ -54,7 +55,7 @@ def _json_list(text: str) -> list[Any]:
 def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add `schedules` to the `troth` command line."""
     schedules = commands.add_parser(
-        "schedules", help="create, list, show, pause, resume or delete schedules"
+        "schedules", help="create, update, list, show, pause, resume or delete schedules"
     )
     actions = schedules.add_subparsers(dest="action", metavar="ACTION", required=True)
     create = add_leaf(
@@ -98,6 +99,22 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "--ttl", type=parse_duration, help="each run's lifetime (default: the server's)"
     )
     create.add_argument("--paused", action="store_true", help="create it paused")
+    update = add_leaf(
+        actions,
+        "update",
+        "change a schedule's definition (the flags given; the rest is kept): it runs from "
+        "the new definition's first tick after now",
+        cmd_update,
+    )
+    update.add_argument("name", metavar="NAME", help="the schedule's name")
+    update.add_argument("--cron", help="5 fields: minute hour day-of-month month day-of-week")
+    update.add_argument("--workflow", help="the registered workflow's name")
+    update.add_argument("--args", type=_json_list, metavar="JSON", help="a JSON list")
+    update.add_argument("--group", help="the group whose workers run it")
+    update.add_argument("--timezone", help="the IANA time zone the cron is read in")
+    update.add_argument("--catch-up", metavar="POLICY", help="skip, one or all")
+    update.add_argument("--jitter", type=parse_duration, help="e.g. 5m (0s: none)")
+    update.add_argument("--ttl", type=parse_duration, help="each run's lifetime")
     add_leaf(actions, "list", "list the schedules, by name", cmd_list)
     for action, help_text, handler in (
         ("show", "show a schedule: its definition, next tick and last run", cmd_show),
@@ -123,6 +140,21 @@ def cmd_create(client: Client, args: argparse.Namespace, out: IO[str]) -> int:
         paused=args.paused,
     )
     return _emit(schedule, args, out, f"schedule {schedule.name} created")
+
+
+def cmd_update(client: Client, args: argparse.Namespace, out: IO[str]) -> int:
+    schedule = client.schedules.update(
+        args.name,
+        cron=args.cron,
+        workflow=args.workflow,
+        args=args.args,
+        group=args.group,
+        timezone=args.timezone,
+        catch_up=args.catch_up,
+        jitter=args.jitter,
+        ttl=args.ttl,
+    )
+    return _emit(schedule, args, out, f"schedule {schedule.name} updated")
 
 
 def cmd_list(client: Client, args: argparse.Namespace, out: IO[str]) -> int:

@@ -27,7 +27,7 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from troth.v1 import types_pb2 as troth_dot_v1_dot_types__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18troth/v1/schedules.proto\x12\x08troth.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x14troth/v1/types.proto\"\xa7\x04\n\x08Schedule\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04\x63ron\x18\x02 \x01(\t\x12\x10\n\x08timezone\x18\x03 \x01(\t\x12\x10\n\x08workflow\x18\x04 \x01(\t\x12\r\n\x05group\x18\x05 \x01(\t\x12\x1f\n\x04\x61rgs\x18\x06 \x01(\x0b\x32\x11.troth.v1.Payload\x12\x10\n\x08\x63\x61tch_up\x18\x07 \x01(\t\x12)\n\x06jitter\x18\x08 \x01(\x0b\x32\x19.google.protobuf.Duration\x12&\n\x03ttl\x18\t \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x0e\n\x06paused\x18\n \x01(\x08\x12\x32\n\x0enext_tick_time\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x32\n\x0enext_fire_time\x18\x0c \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x32\n\x0elast_tick_time\x18\r \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x13\n\x0blast_run_id\x18\x0e \x01(\t\x12\x0f\n\x07skipped\x18\x0f \x01(\x03\x12\x12\n\ncreated_by\x18\x10 \x01(\t\x12/\n\x0b\x63reate_time\x18\x11 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0bupdate_time\x18\x12 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xfc\x01\n\x15\x43reateScheduleRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04\x63ron\x18\x02 \x01(\t\x12\x10\n\x08timezone\x18\x03 \x01(\t\x12\x10\n\x08workflow\x18\x04 \x01(\t\x12\r\n\x05group\x18\x05 \x01(\t\x12\x1f\n\x04\x61rgs\x18\x06 \x01(\x0b\x32\x11.troth.v1.Payload\x12\x10\n\x08\x63\x61tch_up\x18\x07 \x01(\t\x12)\n\x06jitter\x18\x08 \x01(\x0b\x32\x19.google.protobuf.Duration\x12&\n\x03ttl\x18\t \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x0e\n\x06paused\x18\n \x01(\x08\"O\n\x16\x43reateScheduleResponse\x12$\n\x08schedule\x18\x01 \x01(\x0b\x32\x12.troth.v1.Schedule\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"\"\n\x12GetScheduleRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\";\n\x13GetScheduleResponse\x12$\n\x08schedule\x18\x01 \x01(\x0b\x32\x12.troth.v1.Schedule\"?\n\x16SearchSchedulesRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\"Y\n\x17SearchSchedulesResponse\x12%\n\tschedules\x18\x01 \x03(\x0b\x32\x12.troth.v1.Schedule\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"$\n\x14PauseScheduleRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"N\n\x15PauseScheduleResponse\x12$\n\x08schedule\x18\x01 \x01(\x0b\x32\x12.troth.v1.Schedule\x12\x0f\n\x07\x61pplied\x18\x02 \x01(\x08\"%\n\x15ResumeScheduleRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"O\n\x16ResumeScheduleResponse\x12$\n\x08schedule\x18\x01 \x01(\x0b\x32\x12.troth.v1.Schedule\x12\x0f\n\x07\x61pplied\x18\x02 \x01(\x08\"%\n\x15\x44\x65leteScheduleRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\">\n\x16\x44\x65leteScheduleResponse\x12$\n\x08schedule\x18\x01 \x01(\x0b\x32\x12.troth.v1.Scheduleb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18troth/v1/schedules.proto\x12\x08troth.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x14troth/v1/types.proto\"\xa7\x04\n\x08Schedule\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04\x63ron\x18\x02 \x01(\t\x12\x10\n\x08timezone\x18\x03 \x01(\t\x12\x10\n\x08workflow\x18\x04 \x01(\t\x12\r\n\x05group\x18\x05 \x01(\t\x12\x1f\n\x04\x61rgs\x18\x06 \x01(\x0b\x32\x11.troth.v1.Payload\x12\x10\n\x08\x63\x61tch_up\x18\x07 \x01(\t\x12)\n\x06jitter\x18\x08 \x01(\x0b\x32\x19.google.protobuf.Duration\x12&\n\x03ttl\x18\t \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x0e\n\x06paused\x18\n \x01(\x08\x12\x32\n\x0enext_tick_time\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x32\n\x0enext_fire_time\x18\x0c \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x32\n\x0elast_tick_time\x18\r \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x13\n\x0blast_run_id\x18\x0e \x01(\t\x12\x0f\n\x07skipped\x18\x0f \x01(\x03\x12\x12\n\ncreated_by\x18\x10 \x01(\t\x12/\n\x0b\x63reate_time\x18\x11 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0bupdate_time\x18\x12 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xfc\x01\n\x15\x43reateScheduleRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04\x63ron\x18\x02 \x01(\t\x12\x10\n\x08timezone\x18\x03 \x01(\t\x12\x10\n\x08workflow\x18\x04 \x01(\t\x12\r\n\x05group\x18\x05 \x01(\t\x12\x1f\n\x04\x61rgs\x18\x06 \x01(\x0b\x32\x11.troth.v1.Payload\x12\x10\n\x08\x63\x61tch_up\x18\x07 \x01(\t\x12)\n\x06jitter\x18\x08 \x01(\x0b\x32\x19.google.protobuf.Duration\x12&\n\x03ttl\x18\t \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x0e\n\x06paused\x18\n \x01(\x08\"O\n\x16\x43reateScheduleResponse\x12$\n\x08schedule\x18\x01 \x01(\x0b\x32\x12.troth.v1.Schedule\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"\xec\x01\n\x15UpdateScheduleRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04\x63ron\x18\x02 \x01(\t\x12\x10\n\x08timezone\x18\x03 \x01(\t\x12\x10\n\x08workflow\x18\x04 \x01(\t\x12\r\n\x05group\x18\x05 \x01(\t\x12\x1f\n\x04\x61rgs\x18\x06 \x01(\x0b\x32\x11.troth.v1.Payload\x12\x10\n\x08\x63\x61tch_up\x18\x07 \x01(\t\x12)\n\x06jitter\x18\x08 \x01(\x0b\x32\x19.google.protobuf.Duration\x12&\n\x03ttl\x18\t \x01(\x0b\x32\x19.google.protobuf.Duration\"O\n\x16UpdateScheduleResponse\x12$\n\x08schedule\x18\x01 \x01(\x0b\x32\x12.troth.v1.Schedule\x12\x0f\n\x07\x61pplied\x18\x02 \x01(\x08\"\"\n\x12GetScheduleRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\";\n\x13GetScheduleResponse\x12$\n\x08schedule\x18\x01 \x01(\x0b\x32\x12.troth.v1.Schedule\"?\n\x16SearchSchedulesRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\"Y\n\x17SearchSchedulesResponse\x12%\n\tschedules\x18\x01 \x03(\x0b\x32\x12.troth.v1.Schedule\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"$\n\x14PauseScheduleRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"N\n\x15PauseScheduleResponse\x12$\n\x08schedule\x18\x01 \x01(\x0b\x32\x12.troth.v1.Schedule\x12\x0f\n\x07\x61pplied\x18\x02 \x01(\x08\"%\n\x15ResumeScheduleRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"O\n\x16ResumeScheduleResponse\x12$\n\x08schedule\x18\x01 \x01(\x0b\x32\x12.troth.v1.Schedule\x12\x0f\n\x07\x61pplied\x18\x02 \x01(\x08\"%\n\x15\x44\x65leteScheduleRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\">\n\x16\x44\x65leteScheduleResponse\x12$\n\x08schedule\x18\x01 \x01(\x0b\x32\x12.troth.v1.Scheduleb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -40,24 +40,28 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CREATESCHEDULEREQUEST']._serialized_end=932
   _globals['_CREATESCHEDULERESPONSE']._serialized_start=934
   _globals['_CREATESCHEDULERESPONSE']._serialized_end=1013
-  _globals['_GETSCHEDULEREQUEST']._serialized_start=1015
-  _globals['_GETSCHEDULEREQUEST']._serialized_end=1049
-  _globals['_GETSCHEDULERESPONSE']._serialized_start=1051
-  _globals['_GETSCHEDULERESPONSE']._serialized_end=1110
-  _globals['_SEARCHSCHEDULESREQUEST']._serialized_start=1112
-  _globals['_SEARCHSCHEDULESREQUEST']._serialized_end=1175
-  _globals['_SEARCHSCHEDULESRESPONSE']._serialized_start=1177
-  _globals['_SEARCHSCHEDULESRESPONSE']._serialized_end=1266
-  _globals['_PAUSESCHEDULEREQUEST']._serialized_start=1268
-  _globals['_PAUSESCHEDULEREQUEST']._serialized_end=1304
-  _globals['_PAUSESCHEDULERESPONSE']._serialized_start=1306
-  _globals['_PAUSESCHEDULERESPONSE']._serialized_end=1384
-  _globals['_RESUMESCHEDULEREQUEST']._serialized_start=1386
-  _globals['_RESUMESCHEDULEREQUEST']._serialized_end=1423
-  _globals['_RESUMESCHEDULERESPONSE']._serialized_start=1425
-  _globals['_RESUMESCHEDULERESPONSE']._serialized_end=1504
-  _globals['_DELETESCHEDULEREQUEST']._serialized_start=1506
-  _globals['_DELETESCHEDULEREQUEST']._serialized_end=1543
-  _globals['_DELETESCHEDULERESPONSE']._serialized_start=1545
-  _globals['_DELETESCHEDULERESPONSE']._serialized_end=1607
+  _globals['_UPDATESCHEDULEREQUEST']._serialized_start=1016
+  _globals['_UPDATESCHEDULEREQUEST']._serialized_end=1252
+  _globals['_UPDATESCHEDULERESPONSE']._serialized_start=1254
+  _globals['_UPDATESCHEDULERESPONSE']._serialized_end=1333
+  _globals['_GETSCHEDULEREQUEST']._serialized_start=1335
+  _globals['_GETSCHEDULEREQUEST']._serialized_end=1369
+  _globals['_GETSCHEDULERESPONSE']._serialized_start=1371
+  _globals['_GETSCHEDULERESPONSE']._serialized_end=1430
+  _globals['_SEARCHSCHEDULESREQUEST']._serialized_start=1432
+  _globals['_SEARCHSCHEDULESREQUEST']._serialized_end=1495
+  _globals['_SEARCHSCHEDULESRESPONSE']._serialized_start=1497
+  _globals['_SEARCHSCHEDULESRESPONSE']._serialized_end=1586
+  _globals['_PAUSESCHEDULEREQUEST']._serialized_start=1588
+  _globals['_PAUSESCHEDULEREQUEST']._serialized_end=1624
+  _globals['_PAUSESCHEDULERESPONSE']._serialized_start=1626
+  _globals['_PAUSESCHEDULERESPONSE']._serialized_end=1704
+  _globals['_RESUMESCHEDULEREQUEST']._serialized_start=1706
+  _globals['_RESUMESCHEDULEREQUEST']._serialized_end=1743
+  _globals['_RESUMESCHEDULERESPONSE']._serialized_start=1745
+  _globals['_RESUMESCHEDULERESPONSE']._serialized_end=1824
+  _globals['_DELETESCHEDULEREQUEST']._serialized_start=1826
+  _globals['_DELETESCHEDULEREQUEST']._serialized_end=1863
+  _globals['_DELETESCHEDULERESPONSE']._serialized_start=1865
+  _globals['_DELETESCHEDULERESPONSE']._serialized_end=1927
 # @@protoc_insertion_point(module_scope)

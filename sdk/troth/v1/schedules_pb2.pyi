@@ -83,6 +83,36 @@ class CreateScheduleResponse(_message.Message):
     created: bool
     def __init__(self, schedule: _Optional[_Union[Schedule, _Mapping]] = ..., created: _Optional[bool] = ...) -> None: ...
 
+class UpdateScheduleRequest(_message.Message):
+    __slots__ = ("name", "cron", "timezone", "workflow", "group", "args", "catch_up", "jitter", "ttl")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    CRON_FIELD_NUMBER: _ClassVar[int]
+    TIMEZONE_FIELD_NUMBER: _ClassVar[int]
+    WORKFLOW_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    ARGS_FIELD_NUMBER: _ClassVar[int]
+    CATCH_UP_FIELD_NUMBER: _ClassVar[int]
+    JITTER_FIELD_NUMBER: _ClassVar[int]
+    TTL_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    cron: str
+    timezone: str
+    workflow: str
+    group: str
+    args: _types_pb2.Payload
+    catch_up: str
+    jitter: _duration_pb2.Duration
+    ttl: _duration_pb2.Duration
+    def __init__(self, name: _Optional[str] = ..., cron: _Optional[str] = ..., timezone: _Optional[str] = ..., workflow: _Optional[str] = ..., group: _Optional[str] = ..., args: _Optional[_Union[_types_pb2.Payload, _Mapping]] = ..., catch_up: _Optional[str] = ..., jitter: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+
+class UpdateScheduleResponse(_message.Message):
+    __slots__ = ("schedule", "applied")
+    SCHEDULE_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_FIELD_NUMBER: _ClassVar[int]
+    schedule: Schedule
+    applied: bool
+    def __init__(self, schedule: _Optional[_Union[Schedule, _Mapping]] = ..., applied: _Optional[bool] = ...) -> None: ...
+
 class GetScheduleRequest(_message.Message):
     __slots__ = ("name",)
     NAME_FIELD_NUMBER: _ClassVar[int]

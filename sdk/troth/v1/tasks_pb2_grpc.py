@@ -105,6 +105,11 @@ class TaskServiceStub:
                 request_serializer=troth_dot_v1_dot_schedules__pb2.CreateScheduleRequest.SerializeToString,
                 response_deserializer=troth_dot_v1_dot_schedules__pb2.CreateScheduleResponse.FromString,
                 _registered_method=True)
+        self.UpdateSchedule = channel.unary_unary(
+                '/troth.v1.TaskService/UpdateSchedule',
+                request_serializer=troth_dot_v1_dot_schedules__pb2.UpdateScheduleRequest.SerializeToString,
+                response_deserializer=troth_dot_v1_dot_schedules__pb2.UpdateScheduleResponse.FromString,
+                _registered_method=True)
         self.GetSchedule = channel.unary_unary(
                 '/troth.v1.TaskService/GetSchedule',
                 request_serializer=troth_dot_v1_dot_schedules__pb2.GetScheduleRequest.SerializeToString,
@@ -278,6 +283,14 @@ class TaskServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def UpdateSchedule(self, request, context):
+        """Replaces a schedule's definition; it runs from the new definition's first tick
+        after now (a paused one stays paused). Its runs so far are left as they are.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetSchedule(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -396,6 +409,11 @@ def add_TaskServiceServicer_to_server(servicer, server):
                     servicer.CreateSchedule,
                     request_deserializer=troth_dot_v1_dot_schedules__pb2.CreateScheduleRequest.FromString,
                     response_serializer=troth_dot_v1_dot_schedules__pb2.CreateScheduleResponse.SerializeToString,
+            ),
+            'UpdateSchedule': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateSchedule,
+                    request_deserializer=troth_dot_v1_dot_schedules__pb2.UpdateScheduleRequest.FromString,
+                    response_serializer=troth_dot_v1_dot_schedules__pb2.UpdateScheduleResponse.SerializeToString,
             ),
             'GetSchedule': grpc.unary_unary_rpc_method_handler(
                     servicer.GetSchedule,
@@ -784,6 +802,33 @@ class TaskService:
             '/troth.v1.TaskService/CreateSchedule',
             troth_dot_v1_dot_schedules__pb2.CreateScheduleRequest.SerializeToString,
             troth_dot_v1_dot_schedules__pb2.CreateScheduleResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateSchedule(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/troth.v1.TaskService/UpdateSchedule',
+            troth_dot_v1_dot_schedules__pb2.UpdateScheduleRequest.SerializeToString,
+            troth_dot_v1_dot_schedules__pb2.UpdateScheduleResponse.FromString,
             options,
             channel_credentials,
             insecure,

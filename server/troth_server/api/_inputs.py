@@ -122,6 +122,11 @@ ANSWERS: dict[str, dict[BadInput, Answer]] = {
         BadInput.LIST_TOO_LONG: INVALID,
         BadInput.BAD_DURATION: INVALID,
     },
+    "troth.v1.TaskService/UpdateSchedule": {
+        **_EVERY_REQUEST,
+        BadInput.LIST_TOO_LONG: INVALID,
+        BadInput.BAD_DURATION: INVALID,
+    },
     "troth.v1.TaskService/GetSchedule": {**_EVERY_REQUEST},
     "troth.v1.TaskService/SearchSchedules": {
         **_EVERY_REQUEST,

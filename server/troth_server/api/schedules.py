@@ -67,11 +67,28 @@ class ScheduleHandlers:
             )  # fmt: skip
         return schedules_pb2.CreateScheduleResponse(schedule=to_pb(schedule), created=created)
 
+    @aio_unary("UpdateSchedule")
+    async def UpdateSchedule(
+        self, request: schedules_pb2.UpdateScheduleRequest, context: AioContext
+    ) -> schedules_pb2.UpdateScheduleResponse:
+        spec = self._spec(request, context, "UpdateSchedule")
+        schedule, applied = await self._schedules.update_async(spec)
+        if applied:
+            log.info(
+                "schedule.updated", schedule=spec.name, cron=spec.cron, timezone=spec.timezone,
+                workflow=spec.workflow, group=spec.group, catch_up=spec.catch_up.value,
+                by=caller_name(context, self._limits),
+            )  # fmt: skip
+        return schedules_pb2.UpdateScheduleResponse(schedule=to_pb(schedule), applied=applied)
+
     def _spec(
-        self, request: schedules_pb2.CreateScheduleRequest, context: AioContext
+        self,
+        request: schedules_pb2.CreateScheduleRequest | schedules_pb2.UpdateScheduleRequest,
+        context: AioContext,
+        rpc: str = "CreateSchedule",
     ) -> ScheduleSpec:
         limits = self._limits
-        name = self._named(request.name, context, "CreateSchedule")
+        name = self._named(request.name, context, rpc)
         ttl: int | None = None
         if request.HasField("ttl"):
             ttl = _duration_ms(request.ttl)

@@ -151,6 +151,7 @@ RPC_ROLES: Mapping[str, frozenset[Role]] = {
     # Schedules start workflows on their own: operators and admins define, pause and
     # delete them (and read them).
     "CreateSchedule": frozenset({Role.OPERATOR, Role.ADMIN}),
+    "UpdateSchedule": frozenset({Role.OPERATOR, Role.ADMIN}),
     "GetSchedule": frozenset({Role.OPERATOR, Role.ADMIN}),
     "SearchSchedules": frozenset({Role.OPERATOR, Role.ADMIN}),
     "PauseSchedule": frozenset({Role.OPERATOR, Role.ADMIN}),

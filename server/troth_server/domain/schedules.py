@@ -438,6 +438,26 @@ def resumed(schedule: Schedule, now: int) -> Schedule:
     )
 
 
+def updated(schedule: Schedule, spec: ScheduleSpec, now: int) -> Schedule:
+    """The schedule with a new definition: from its first tick after `now` (a paused one
+    stays paused); what it ran and skipped is kept."""
+    first = None if schedule.paused else start(spec, now)
+    if not schedule.paused and first is None:
+        raise InvalidArgument("cron", f"{spec.cron!r} names no time after now")
+    return Schedule(
+        spec=spec,
+        create_time=schedule.create_time,
+        update_time=now,
+        created_by=schedule.created_by,
+        paused=schedule.paused,
+        next_tick=None if first is None else first[0],
+        next_fire_time=None if first is None else first[1],
+        last_tick=schedule.last_tick,
+        last_run_id=schedule.last_run_id,
+        skipped=schedule.skipped,
+    )
+
+
 def created(spec: ScheduleSpec, now: int, by: str | None, *, paused: bool = False) -> Schedule:
     first = None if paused else start(spec, now)
     if not paused and first is None:

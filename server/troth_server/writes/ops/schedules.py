@@ -1,4 +1,4 @@
-"""Schedules' writes: create, pause or resume, delete a schedule; and fire the due ones
+"""Schedules' writes: create, update, pause or resume, delete a schedule; and fire the due ones
 (`FireSchedulesOp`), which advances each schedule and starts its runs in one
 transaction, so that a crash between the two can neither lose a tick nor start it twice.
 
@@ -60,6 +60,34 @@ class CreateScheduleOp:
             return Keys()
         tx.insert_schedule(schedule)
         self._outcome = (schedule, True)
+        return Keys()
+
+    def apply(self, batch: Batch) -> tuple[Schedule, bool]:
+        return _answer(self._outcome)
+
+
+@dataclass(slots=True)
+class UpdateScheduleOp:
+    """Replace a schedule's definition (`schedules.updated`); the same one changes nothing."""
+
+    spec: ScheduleSpec
+    _outcome: tuple[Schedule, bool] | DomainError | None = field(default=None, repr=False)
+
+    def keys(self, tx: WriteTx, now: int) -> Keys:
+        existing = tx.get_schedule(self.spec.name)
+        if existing is None:
+            self._outcome = ScheduleNotFound(self.spec.name)
+            return Keys()
+        if existing.spec == self.spec:
+            self._outcome = (existing, False)
+            return Keys()
+        try:
+            changed = schedules.updated(existing, self.spec, now)
+        except DomainError as exc:
+            self._outcome = exc
+            return Keys()
+        tx.update_schedules([changed])
+        self._outcome = (changed, True)
         return Keys()
 
     def apply(self, batch: Batch) -> tuple[Schedule, bool]:
