@@ -26,6 +26,7 @@ if typing.TYPE_CHECKING:
         SearchPage,
         SettleResult,
     )
+    from troth._schedules import ScheduleInfo
     from troth._states import StateLostTo, StateReplaced, WorkflowState
     from troth._versions import WorkflowRegistration
     from troth.client import Client, Handle, PromiseEventStream, TlsConfig
@@ -98,6 +99,7 @@ __all__ = [
     "ResourceExhaustedError",
     "RetryPolicy",
     "RpcError",
+    "ScheduleInfo",
     "SearchPage",
     "SettleResult",
     "StateLostTo",
@@ -174,6 +176,7 @@ _HOMES: dict[str, str] = {
     "WorkflowError": "troth.errors",
     "WorkflowFailed": "troth.errors",
     "WorkflowInfo": "troth._operators",
+    "ScheduleInfo": "troth._schedules",
     "WorkflowRegistration": "troth._versions",
     "WorkflowState": "troth._states",
 }

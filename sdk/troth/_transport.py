@@ -81,7 +81,7 @@ from troth.errors import (
 from troth.v1 import promises_pb2_grpc, tasks_pb2_grpc
 
 if TYPE_CHECKING:
-    from troth.v1 import promises_pb2, tasks_pb2
+    from troth.v1 import promises_pb2, schedules_pb2, tasks_pb2
 
 _log = logging.getLogger("troth.client")
 
@@ -208,6 +208,27 @@ class TaskServiceStub(Protocol):
     ]
     ReplaceWorkflowState: grpc.UnaryUnaryMultiCallable[
         tasks_pb2.ReplaceWorkflowStateRequest, tasks_pb2.ReplaceWorkflowStateResponse
+    ]
+    CreateSchedule: grpc.UnaryUnaryMultiCallable[
+        schedules_pb2.CreateScheduleRequest, schedules_pb2.CreateScheduleResponse
+    ]
+    UpdateSchedule: grpc.UnaryUnaryMultiCallable[
+        schedules_pb2.UpdateScheduleRequest, schedules_pb2.UpdateScheduleResponse
+    ]
+    GetSchedule: grpc.UnaryUnaryMultiCallable[
+        schedules_pb2.GetScheduleRequest, schedules_pb2.GetScheduleResponse
+    ]
+    SearchSchedules: grpc.UnaryUnaryMultiCallable[
+        schedules_pb2.SearchSchedulesRequest, schedules_pb2.SearchSchedulesResponse
+    ]
+    PauseSchedule: grpc.UnaryUnaryMultiCallable[
+        schedules_pb2.PauseScheduleRequest, schedules_pb2.PauseScheduleResponse
+    ]
+    ResumeSchedule: grpc.UnaryUnaryMultiCallable[
+        schedules_pb2.ResumeScheduleRequest, schedules_pb2.ResumeScheduleResponse
+    ]
+    DeleteSchedule: grpc.UnaryUnaryMultiCallable[
+        schedules_pb2.DeleteScheduleRequest, schedules_pb2.DeleteScheduleResponse
     ]
 
 

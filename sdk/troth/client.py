@@ -41,6 +41,7 @@ from troth._events import WATCH_READY_METADATA, PromiseEventStream
 from troth._handle import Handle
 from troth._operators import OperatorCalls
 from troth._reads import PromiseReads
+from troth._schedules import Schedules
 from troth._schema import decision_schema
 from troth._states import StateCalls
 from troth._tags import TAG_FUNC, TAG_INVOKE
@@ -193,6 +194,15 @@ class Client(PromiseReads, OperatorCalls, StateCalls):
         # Its unary calls as messages on one `Calls` stream (`troth._mux`), by default.
         self._transport = transport.multiplexed() if multiplex_calls else transport
         self._connection = Connection(self._transport, self._timeout)
+
+    @property
+    def schedules(self) -> Schedules:
+        """The schedule calls (an operator's or admin's): `create`, `get`, `list`,
+        `pause`, `resume`, `delete` (docs/schedules.md).
+
+        .. versionadded:: 0.3.0
+        """
+        return Schedules(self._connection, self._codec)
 
     def __repr__(self) -> str:
         return f"Client({self.address!r})"

@@ -18,7 +18,14 @@ from _support import eventually, start_server
 from google.protobuf.duration_pb2 import Duration
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from troth.v1 import promises_pb2, promises_pb2_grpc, tasks_pb2, tasks_pb2_grpc, types_pb2
+from troth.v1 import (
+    promises_pb2,
+    promises_pb2_grpc,
+    schedules_pb2,
+    tasks_pb2,
+    tasks_pb2_grpc,
+    types_pb2,
+)
 from troth_server.app import PROMISES, TASKS
 from troth_server.domain.access import RPC_ROLES, Role
 
@@ -173,7 +180,34 @@ def _calls(channel: grpc.Channel, tag: str) -> dict[str, Callable[[Any], object]
         "Calls": lambda md: first_message(
             t.Calls(iter([_heartbeat_on_the_stream(tag)]), metadata=md, timeout=STREAM_WAIT)
         ),
+        # A create past the door is refused after it (no cron): the walk creates nothing.
+        "CreateSchedule": lambda md: t.CreateSchedule(
+            schedules_pb2.CreateScheduleRequest(name=f"walk-{tag}", workflow="w", group="g"),
+            metadata=md,
+            timeout=10,
+        ),
+        "UpdateSchedule": lambda md: t.UpdateSchedule(
+            schedules_pb2.UpdateScheduleRequest(name=missing, cron="0 * * * *", workflow="w"),
+            metadata=md,
+            timeout=10,
+        ),
+        **{
+            rpc: _named_schedule_call(getattr(t, rpc), request, missing)
+            for rpc, request in (
+                ("GetSchedule", schedules_pb2.GetScheduleRequest),
+                ("PauseSchedule", schedules_pb2.PauseScheduleRequest),
+                ("ResumeSchedule", schedules_pb2.ResumeScheduleRequest),
+                ("DeleteSchedule", schedules_pb2.DeleteScheduleRequest),
+            )
+        },
+        "SearchSchedules": lambda md: t.SearchSchedules(
+            schedules_pb2.SearchSchedulesRequest(), metadata=md, timeout=10
+        ),
     }
+
+
+def _named_schedule_call(method: Any, request: Any, name: str) -> Callable[[Any], object]:
+    return lambda md: method(request(name=name), metadata=md, timeout=10)
 
 
 def _heartbeat_on_the_stream(tag: str) -> tasks_pb2.CallsRequest:

@@ -76,6 +76,7 @@ def test_upgrade_from_empty_to_head(engine: sa.Engine) -> None:
             "tasks",
             "callbacks",
             "workflow_states",
+            "schedules",
         }
 
 

@@ -72,6 +72,12 @@ def _workers(commands: Commands) -> None:
     add_commands(commands)
 
 
+def _schedules(commands: Commands) -> None:
+    from troth._cli.schedules import add_commands
+
+    add_commands(commands)
+
+
 def _worker(commands: Commands) -> None:
     from troth._cli.worker import add_commands
 
@@ -91,6 +97,7 @@ _GROUPS: tuple[tuple[tuple[str, ...], Callable[[Commands], None]], ...] = (
     (("tasks",), _tasks),
     (("workflows",), _workflows),
     (("workers",), _workers),
+    (("schedules",), _schedules),
     (("worker",), _worker),
     (("mcp",), _mcp),
     (FORWARDED, add_server_commands),  # a small module: imported always

@@ -124,6 +124,25 @@ ANSWERS: dict[str, dict[BadInput, Answer]] = {
         BadInput.FORGED_PAGE_TOKEN: INVALID_TOKEN,
         BadInput.DEEP_PAGE_TOKEN: INVALID_TOKEN,
     },
+    "troth.v1.TaskService/CreateSchedule": {
+        **_EVERY_REQUEST,
+        BadInput.LIST_TOO_LONG: INVALID,
+        BadInput.BAD_DURATION: INVALID,
+    },
+    "troth.v1.TaskService/UpdateSchedule": {
+        **_EVERY_REQUEST,
+        BadInput.LIST_TOO_LONG: INVALID,
+        BadInput.BAD_DURATION: INVALID,
+    },
+    "troth.v1.TaskService/GetSchedule": {**_EVERY_REQUEST},
+    "troth.v1.TaskService/SearchSchedules": {
+        **_EVERY_REQUEST,
+        BadInput.FORGED_PAGE_TOKEN: INVALID_TOKEN,
+        BadInput.DEEP_PAGE_TOKEN: INVALID_TOKEN,
+    },
+    "troth.v1.TaskService/PauseSchedule": {**_EVERY_REQUEST},
+    "troth.v1.TaskService/ResumeSchedule": {**_EVERY_REQUEST},
+    "troth.v1.TaskService/DeleteSchedule": {**_EVERY_REQUEST},
     # The envelope of a call on the stream; the call inside is checked as its RPC's.
     "troth.v1.TaskService/Calls": {**_EVERY_REQUEST, BadInput.LIST_TOO_LONG: INVALID},
 }

@@ -23,6 +23,7 @@ from troth_server.domain.errors import (
     SettleTargetNotFound,
     ValueNotChecked,
 )
+from troth_server.domain.schedules import ScheduleAlreadyExists, ScheduleNotFound
 from troth_server.domain.settle_tokens import (
     BadSignature,
     MintForAnother,
@@ -70,6 +71,8 @@ STATUS_CODES: dict[type[Exception], grpc.StatusCode] = {
     NotAWorkflow: grpc.StatusCode.FAILED_PRECONDITION,
     PromiseAlreadyExists: grpc.StatusCode.ALREADY_EXISTS,
     WorkflowAlreadyExists: grpc.StatusCode.ALREADY_EXISTS,
+    ScheduleNotFound: grpc.StatusCode.NOT_FOUND,
+    ScheduleAlreadyExists: grpc.StatusCode.ALREADY_EXISTS,
     PromiseAlreadySettled: grpc.StatusCode.FAILED_PRECONDITION,
     PromiseTimedOut: grpc.StatusCode.FAILED_PRECONDITION,
     # The service checks and retries it; reaching a client would be a server bug.

@@ -18,6 +18,7 @@ from troth_server.api import _workflows as workflows_api
 from troth_server.api._auth import caller, caller_name, require_group, require_inside
 from troth_server.api._batches import batched
 from troth_server.api._rpc import aio_server_stream, aio_unary
+from troth_server.api.schedules import ScheduleHandlers
 from troth_server.dispatch import Delivery, PollStream
 from troth_server.domain import visibility, workers
 from troth_server.domain.errors import InvalidArgument
@@ -301,7 +302,7 @@ def _awaited(settled: list[Any]) -> list[Any]:
     return [convert.to_pb(visibility.view(p, reader)) for p in settled]
 
 
-class TaskServiceServicer(_Handlers, tasks_pb2_grpc.TaskServiceServicer):
+class TaskServiceServicer(_Handlers, ScheduleHandlers, tasks_pb2_grpc.TaskServiceServicer):
     """For the grpc.aio server: a Poll stream is a coroutine waiting on its mailbox."""
 
     mux: CallMux | None = None

@@ -194,6 +194,15 @@ RPC_ROLES: Mapping[str, frozenset[Role]] = {
     # a gateway settles decisions, it does not edit what a run remembers).
     "GetWorkflowState": _READERS,
     "ReplaceWorkflowState": frozenset({Role.OPERATOR, Role.ADMIN}),
+    # Schedules start workflows on their own: operators and admins define, pause and
+    # delete them (and read them).
+    "CreateSchedule": frozenset({Role.OPERATOR, Role.ADMIN}),
+    "UpdateSchedule": frozenset({Role.OPERATOR, Role.ADMIN}),
+    "GetSchedule": frozenset({Role.OPERATOR, Role.ADMIN}),
+    "SearchSchedules": frozenset({Role.OPERATOR, Role.ADMIN}),
+    "PauseSchedule": frozenset({Role.OPERATOR, Role.ADMIN}),
+    "ResumeSchedule": frozenset({Role.OPERATOR, Role.ADMIN}),
+    "DeleteSchedule": frozenset({Role.OPERATOR, Role.ADMIN}),
     # Unary calls on one stream (a worker's, a client's): each is authorized as its
     # own RPC, so every role may open it.
     "Calls": frozenset(Role),

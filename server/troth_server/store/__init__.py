@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 
     from troth_server.domain.promise import Promise, PromiseState
     from troth_server.domain.routing import Route
+    from troth_server.domain.schedules import Schedule
     from troth_server.domain.states import WorkflowState
     from troth_server.domain.task import Callback, Task
 
@@ -248,6 +249,20 @@ class WriteTx(Protocol):
         standalone ones and the finished workflows (no active task, every step settled
         by then) with their whole tree; with `delete` False only count them."""
 
+    # Schedules (`store/_schedules.py`).
+    def due_schedules(self, now: int, limit: int) -> list[Schedule]:
+        """Up to `limit` active schedules due at `now`, soonest first, locked, skipping
+        rows another transaction holds."""
+
+    def get_schedule(self, name: str) -> Schedule | None:
+        """The schedule, locked for this transaction."""
+
+    def insert_schedule(self, schedule: Schedule) -> None: ...
+
+    def update_schedules(self, items: Sequence[Schedule]) -> None: ...
+
+    def delete_schedule(self, name: str) -> bool: ...
+
 
 class Store(Protocol):
     def write(self, work: Callable[[WriteTx], T]) -> T:
@@ -298,6 +313,14 @@ class Store(Protocol):
     def live_counts(self) -> LiveCounts:
         """Counts of the live rows by the partial indexes of live rows (never the
         settled history): PENDING promises, PENDING and CLAIMED tasks by group."""
+
+    def read_schedule(self, name: str) -> Schedule | None: ...
+
+    def soonest_fire_time(self) -> int | None:
+        """When the next active schedule fires (ms; None: none is active)."""
+
+    def list_schedules(self, after: str, limit: int) -> list[Schedule]:
+        """Up to `limit` schedules whose name sorts after `after`, by name."""
 
     @property
     def shared(self) -> bool:

@@ -43,6 +43,7 @@ from troth_server.store._migrate import check_at_head, upgrade_to_head
 from troth_server.store._prune import PruneTx
 from troth_server.store._reads import READ_ATTEMPTS, PromiseReads, select_expired
 from troth_server.store._rows import to_promise, to_row, to_task
+from troth_server.store._schedules import ScheduleReads, ScheduleTx
 from troth_server.store._sqlstate import (
     DEADLOCK_DETECTED,
     SERIALIZATION_FAILURE,
@@ -136,7 +137,7 @@ class _Compiled:
         return compile_for(stmt, self._dialect)
 
 
-class _WriteTx(TaskTx, PruneTx, StateTx):
+class _WriteTx(TaskTx, PruneTx, StateTx, ScheduleTx):
     def __init__(self, conn: Connection, compiled: _Compiled, announcer: Announcer | None) -> None:
         self._conn = conn
         self._compiled = compiled
@@ -315,7 +316,7 @@ class _WriteTx(TaskTx, PruneTx, StateTx):
             self._write(sql, [params])
 
 
-class SqlStore(PromiseReads, WorkflowReads, StateReads):
+class SqlStore(PromiseReads, WorkflowReads, StateReads, ScheduleReads):
     def __init__(self, engines: Engines, announcer: Announcer | None = None) -> None:
         self._engines = engines
         self._announcer = announcer

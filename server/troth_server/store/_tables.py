@@ -414,6 +414,38 @@ workflow_states = Table(
     Column("update_time", BigInteger(), nullable=False),
     Column("updated_by", String(1024), nullable=True),
 )
+# Schedules (revision 0017): a workflow started on a cron schedule, one run per tick
+# (`domain/schedules.py`). `next_fire_time` is NULL while paused, so the scheduler's
+# read of what is due walks a partial index of the active schedules in fire order.
+schedules = Table(
+    "schedules",
+    metadata,
+    Column("name", String(256), primary_key=True),
+    Column("cron", String(256), nullable=False),
+    Column("timezone", String(256), nullable=False),
+    Column("workflow", String(1024), nullable=False),
+    Column("group", String(256), nullable=False),
+    Column("args_headers", _json, nullable=False),
+    Column("args_data", LargeBinary(), nullable=False),
+    Column("catch_up", String(16), nullable=False),
+    Column("jitter_ms", BigInteger(), nullable=False),
+    Column("ttl_ms", BigInteger(), nullable=True),
+    Column("paused", Boolean(), nullable=False),
+    Column("next_tick", BigInteger(), nullable=True),
+    Column("next_fire_time", BigInteger(), nullable=True),
+    Column("last_tick", BigInteger(), nullable=True),
+    Column("last_run_id", String(1024), nullable=True),
+    Column("skipped", BigInteger(), nullable=False),
+    Column("created_by", String(1024), nullable=True),
+    Column("create_time", BigInteger(), nullable=False),
+    Column("update_time", BigInteger(), nullable=False),
+)
+Index(
+    "ix_schedules_due",
+    schedules.c.next_fire_time,
+    sqlite_where=text("next_fire_time IS NOT NULL"),
+    postgresql_where=text("next_fire_time IS NOT NULL"),
+)
 
 
 def state_in(column: Any, *states: str) -> Any:
