@@ -125,6 +125,21 @@ def code_and_reason(call: Callable[[], object]) -> tuple[grpc.StatusCode, str]:
     return grpc.StatusCode.OK, ""
 
 
+def opened(call: Any) -> str:
+    """Wait until a server stream is open or refused: "opened" once its initial
+    metadata comes (every troth stream sends some once past the door: WATCH_READY,
+    POLL_OPEN, the batching flag of `Calls`), else its error raised. No deadline is
+    part of the answer: a refusal answered late (a bad secret, 0.5 s) or a loaded
+    machine cannot pass for an open stream."""
+    try:
+        call.initial_metadata()
+        if call.done():  # ended before or just after it opened: its status says which
+            next(call)
+        return "opened"
+    finally:
+        call.cancel()
+
+
 def first_message(call: Any) -> object:
     """Read one message of a server stream (or let its error or deadline surface)."""
     try:

@@ -415,8 +415,12 @@ def test_the_tasks_page_lists_a_groups_tasks(site: Site, starter: Client) -> Non
 
 
 def test_the_workers_page_lists_the_connected_workers(site: Site, worker: Worker) -> None:
+    listed = f"<code>{worker.worker_id}</code>"
     with site.http() as http:
         site.sign_in(http, "ops")
+        # `Worker.start()` returns before its stream is open (a loaded machine saw the
+        # page read first): the page lists the worker once it is connected.
+        eventually(lambda: listed in http.get("/workers").text, 20, "the worker connected")
         page = http.get("/workers")
     assert page.status_code == 200, page.text
     assert f"<code>{worker.worker_id}</code>" in page.text
