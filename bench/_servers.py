@@ -74,13 +74,26 @@ def machine_busy_seconds() -> float | None:
 
 
 def proc_cpu_seconds(pid: int) -> float | None:
-    """User + system CPU time of a process so far (Linux /proc)."""
+    """User + system CPU time of a process so far and of its live descendants (a
+    `troth serve --processes N` supervisor's server processes), Linux /proc."""
     try:
         data = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
     fields = data[data.rindex(")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    own = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return own + sum(proc_cpu_seconds(child) or 0.0 for child in _children(pid))
+
+
+def _children(pid: int) -> list[int]:
+    """The live child processes of `pid` (every thread's list: /proc/PID/task/*/children)."""
+    found: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*/children"):
+        try:
+            found += [int(c) for c in task.read_text().split()]
+        except OSError:
+            continue
+    return found
 
 
 def fmt(value: float | None, spec: str) -> str:

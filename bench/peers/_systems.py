@@ -148,11 +148,18 @@ class Troth(System):
 
     flow = "sdk"  # troth.Client, which is synchronous: one thread per workflow in flight
 
-    def __init__(self, name: str, backend: str, workdir: Path, notes: Notifications) -> None:
+    def __init__(
+        self,
+        name: str,
+        backend: str,
+        workdir: Path,
+        notes: Notifications,
+        server_args: tuple[str, ...] = (),
+    ) -> None:
         self.name = name
         self.uses_postgres = BACKENDS[backend].kind == "postgresql"
         self.notes = notes
-        self.harness = Harness(workdir, notes, name, backend)
+        self.harness = Harness(workdir, notes, name, backend, server_args=server_args)
         self.group = f"peers-{uuid.uuid4().hex[:6]}"
         try:
             self.workers = self.harness.start_workers(self.group, 1)

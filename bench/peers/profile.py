@@ -90,13 +90,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--store", choices=("sqlite", "pg"), default="sqlite")
     parser.add_argument("--py-spy", dest="py_spy", help="py-spy to sample with (default: none)")
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--processes", default="1", help="troth serve --processes")
     args = parser.parse_args(argv)
     py_spy = shutil.which(args.py_spy) if args.py_spy else None
     if args.py_spy and py_spy is None:
         parser.error(f"--py-spy {args.py_spy}: not found")
     root = Path(tempfile.mkdtemp(prefix="troth-bench-profile-"))
     notes = Notifications(root / "notify.sock")
-    system = Troth("troth", args.store, root, notes)
+    system = Troth("troth", args.store, root, notes, ("--processes", args.processes))
     try:
         system.phase(args.workload, args.concurrency, 2.0)  # warm up
         (server_pid, worker_pid) = system.pids()

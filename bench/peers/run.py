@@ -178,10 +178,11 @@ def make_system(
     missing = [part for part in _install.NEEDS.get(name, ()) if part not in installed]
     if missing:
         raise RuntimeError(f"not installed ({', '.join(missing)}): see the install failure")
+    processes = ("--processes", str(args.troth_processes))
     if name == "troth":
-        return Troth(name, "sqlite", workdir, notes)
+        return Troth(name, "sqlite", workdir, notes, processes)
     if name == "troth-pg":
-        return Troth(name, "pg", workdir, notes)
+        return Troth(name, "pg", workdir, notes, processes)
     if name == "restate":
         return Restate(
             installed["restate_server"], installed["restate_python"], workdir, notes, awakeables,
@@ -560,6 +561,11 @@ def main(argv: list[str] | None = None) -> int:
         "--clients",
         default=",".join(CLIENTS),
         help="load clients to race where a system has a choice (Restate: threads, async)",
+    )
+    parser.add_argument(
+        "--troth-processes",
+        default="1",
+        help="troth serve --processes (a number, or auto: one per core)",
     )
     parser.add_argument(
         "--in-flight",
