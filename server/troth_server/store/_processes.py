@@ -1,0 +1,181 @@
+"""Several server processes on one SQLite file (`troth serve --processes N`): their
+write lock and their wake-ups, both local to this machine.
+
+- `WriteLock`: one write transaction at a time across the processes, an exclusive
+  `flock` on `<db>.write-lock` held around each (`SqlStore.write`). It waits in the
+  kernel (the GIL released), not in SQLite's busy handler, which sleeps and retries;
+  and since the transaction begins (`BEGIN IMMEDIATE`) once the lock is held, it
+  reads the latest committed state: a claim stays exclusive (DESIGN §4 rules 1, 3, 9)
+  as it is with one process.
+- `LocalAnnouncer`: after a write transaction commits, what it announces (the groups
+  that got PENDING tasks, the promises created and settled: `_wake.Announcements`)
+  goes to every other process as a datagram on a unix socket. Each process binds one
+  in Linux's abstract namespace (nothing to clean up after a SIGKILL) and leaves a
+  file named by its pid in `<db>.wake/`, which is how the others find it. A datagram
+  that does not fit the receiver's queue is dropped (the writer never waits), and the
+  next one to that receiver is preceded by a resync: it rechecks everything, as a
+  PostgreSQL replica does when its LISTEN reconnects. A process killed between its
+  commit and its send loses those wake-ups; the others' periodic scan (once per
+  `--sweep-interval`) finds the work.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import hashlib
+import os
+import socket
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import structlog
+
+from troth_server.store._wake import Announcements, deliver
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+
+    from troth_server.store import StoreEvent
+
+log = structlog.get_logger("troth.store.listen")
+
+_MAX_PAYLOAD = 60_000
+"""Bytes of one datagram's payload (a unix datagram socket sends up to its send
+buffer, 208 KiB by default)."""
+_RECEIVE_BUFFER = 4 * 1024 * 1024
+"""Asked for each process's socket (Linux caps it at net.core.rmem_max)."""
+
+
+def sidecar(database: str, suffix: str) -> Path:
+    """A file beside the SQLite database (`troth.db` -> `troth.db.<suffix>`)."""
+    path = Path(database).expanduser().resolve()
+    return path.with_name(path.name + "." + suffix)
+
+
+class WriteLock:
+    """The write lock the processes on one SQLite file share (an exclusive `flock`)."""
+
+    def __init__(self, database: str) -> None:
+        self.path = sidecar(database, "write-lock")
+        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        fcntl.flock(self._fd, fcntl.LOCK_EX)  # blocks in the kernel, the GIL released
+        try:
+            yield
+        finally:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            os.close(self._fd)
+
+
+class LocalAnnouncer(Announcements):
+    """This process's side of the wake-ups between processes on one SQLite file."""
+
+    def __init__(self, database: str) -> None:
+        resolved = str(Path(database).expanduser().resolve())
+        key = hashlib.sha256(resolved.encode()).hexdigest()[:20]
+        super().__init__(key, _MAX_PAYLOAD)
+        self._key = key
+        self.directory = sidecar(database, "wake")
+        self.directory.mkdir(exist_ok=True)
+        self._pid = os.getpid()
+        self._socket = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        with contextlib.suppress(OSError):
+            self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, _RECEIVE_BUFFER)
+        self._socket.bind(self._address(self._pid))
+        self._socket.settimeout(1.0)
+        self._sender = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self._marker = self.directory / str(self._pid)
+        self._marker.touch()
+        self._peers: list[int] = []
+        self._listed: int | None = None
+        self._dropped: set[int] = set()
+        """Peers a datagram to which was dropped: the next one is preceded by a resync."""
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _address(self, pid: int) -> bytes:
+        return f"\0troth-wake-{self._key}-{pid}".encode()
+
+    def peers(self) -> list[int]:
+        """The pids of the other processes on this database (re-listed when the
+        directory changed)."""
+        try:
+            changed = os.stat(self.directory).st_mtime_ns
+        except OSError:
+            return []
+        if changed != self._listed:
+            self._listed = changed
+            found = []
+            for name in os.listdir(self.directory):
+                if name.isdigit() and int(name) != self._pid:
+                    found.append(int(name))
+            self._peers = sorted(found)
+        return self._peers
+
+    def send(self, notifications: list[dict[str, str]]) -> None:
+        payloads = [n["payload"].encode() for n in notifications]
+        for pid in self.peers():
+            if pid in self._dropped:
+                payloads_now = [self.resync_payload().encode(), *payloads]
+            else:
+                payloads_now = payloads
+            for payload in payloads_now:
+                try:
+                    self._sender.sendto(payload, socket.MSG_DONTWAIT, self._address(pid))
+                except BlockingIOError:
+                    self._dropped.add(pid)
+                    break
+                except OSError as exc:
+                    if exc.errno in (errno.ECONNREFUSED, errno.ENOENT):
+                        self._gone(pid)
+                    else:
+                        log.warning("listen.send_failed", pid=pid, error=str(exc))
+                        self._dropped.add(pid)
+                    break
+            else:
+                self._dropped.discard(pid)
+
+    def _gone(self, pid: int) -> None:
+        """Nobody listens at `pid`'s address: that process ended (killed, its file left)."""
+        self._dropped.discard(pid)
+        with contextlib.suppress(OSError):
+            (self.directory / str(pid)).unlink()
+
+    def listen(self, on_event: Callable[[StoreEvent], None]) -> None:
+        self._thread = threading.Thread(
+            target=self._run, args=(on_event,), name="troth-listen", daemon=True
+        )
+        self._thread.start()
+
+    def _run(self, on_event: Callable[[StoreEvent], None]) -> None:
+        while not self._stop.is_set():
+            try:
+                data = self._socket.recv(_MAX_PAYLOAD + 1024)
+            except TimeoutError:
+                continue
+            except OSError:
+                if self._stop.is_set():
+                    return
+                log.exception("listen.failed")
+                self._stop.wait(1.0)
+                continue
+            event = self._decode(data.decode(errors="replace"))
+            if event is not None:
+                deliver(on_event, event)
+
+    def close(self) -> None:
+        self._stop.set()
+        with contextlib.suppress(OSError):
+            self._marker.unlink()
+        if self._thread is not None:
+            self._thread.join(5)
+        self._socket.close()
+        self._sender.close()
