@@ -85,7 +85,7 @@ class _Which:
     def __call__(
         self, _logger: Any, _name: str, event: MutableMapping[str, Any]
     ) -> MutableMapping[str, Any]:
-        event.setdefault("process", self._process)
+        event["process"] = self._process
         event["pid"] = os.getpid()
         return event
 

@@ -161,7 +161,7 @@ class Supervisor:
         )
         child.serving = False
         child.restart_at = None
-        log.info("supervisor.child_started", process=child.index, pid=child.proc.pid)
+        log.info("supervisor.child_started", child=child.index, child_pid=child.proc.pid)
 
     def _check_serving(self, child: _Child) -> bool:
         if not child.serving and child.port_file.exists():
@@ -203,7 +203,7 @@ class Supervisor:
                 if child.proc.poll() is not None:
                     log.error(
                         "supervisor.cannot_start",
-                        process=child.index,
+                        child=child.index,
                         exit_code=child.proc.returncode,
                         error="a server process exited before it served; its log says why",
                     )
@@ -224,7 +224,7 @@ class Supervisor:
             "supervisor.serving",
             processes=len(self._children),
             listen=self._listen,
-            pids=[c.proc.pid for c in self._children if c.proc is not None],
+            child_pids=[c.proc.pid for c in self._children if c.proc is not None],
         )
         _logging.flush()
         return None
@@ -254,7 +254,7 @@ class Supervisor:
                 if not self._died(child, code):
                     log.error(
                         "supervisor.giving_up",
-                        process=child.index,
+                        child=child.index,
                         deaths=child.failures,
                         error=f"a server process died {child.failures} times in a row "
                         "before it served; its log says why",
@@ -277,8 +277,8 @@ class Supervisor:
         )
         log.error(
             "supervisor.child_died",
-            process=child.index,
-            pid=pid,
+            child=child.index,
+            child_pid=pid,
             **how,
             restart_in=delay,
             deaths_before_serving=child.failures,
@@ -317,7 +317,7 @@ class Supervisor:
             try:
                 code = child.proc.wait(max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                log.error("supervisor.child_killed", process=child.index, pid=child.proc.pid)
+                log.error("supervisor.child_killed", child=child.index, child_pid=child.proc.pid)
                 child.proc.kill()
                 code = child.proc.wait()
             if code != 0:
@@ -331,5 +331,5 @@ class Supervisor:
 def supervise(settings: Settings, argv: Sequence[str]) -> int:
     """Run `settings.processes` server processes until SIGTERM or SIGINT (the children
     are started with `argv`, `troth serve`'s own arguments)."""
-    log.info("supervisor.starting", processes=settings.processes, pid=os.getpid())
+    log.info("supervisor.starting", processes=settings.processes)
     return Supervisor(settings, argv).run()

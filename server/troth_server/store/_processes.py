@@ -137,7 +137,7 @@ class LocalAnnouncer(Announcements):
                     if exc.errno in (errno.ECONNREFUSED, errno.ENOENT):
                         self._gone(pid)
                     else:
-                        log.warning("listen.send_failed", pid=pid, error=str(exc))
+                        log.warning("listen.send_failed", to_pid=pid, error=str(exc))
                         self._dropped.add(pid)
                     break
             else:
