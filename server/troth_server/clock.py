@@ -240,7 +240,8 @@ class ClockFile:
     A seqlock: the writer (one at a time: it holds the processes' write lock) makes
     the sequence number odd, writes the anchor, makes it even; a reader retries a
     reading the sequence number says was torn. A writer killed halfway leaves it
-    odd: readers keep the last anchor they read until the next writer rewrites it.
+    odd: readers keep the last anchor they read until the next writer rewrites it
+    (one that never read it takes it as it is).
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
@@ -269,7 +270,10 @@ class ClockFile:
                 self._last = Anchor(mono, value, error)
                 return self._last
         if self._last is None:
-            raise ValueError("the clock anchor is being written and never finished")
+            # Never read here before (a child started since): the anchor as the killed
+            # writer left it, at worst its old and new fields mixed, a write apart.
+            _, mono, value, error = _ANCHOR.unpack_from(self._map)
+            self._last = Anchor(mono, value, error)
         return self._last
 
     def write(self, anchor: Anchor) -> None:

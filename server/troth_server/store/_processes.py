@@ -11,7 +11,8 @@ write lock and their wake-ups, both local to this machine.
   that got PENDING tasks, the promises created and settled: `_wake.Announcements`)
   goes to every other process as a datagram on a unix socket. Each process binds one
   in Linux's abstract namespace (nothing to clean up after a SIGKILL) and leaves a
-  file named by its pid in `<db>.wake/`, which is how the others find it. A datagram
+  file named after it (its pid and a random part) in `<db>.wake/`, which is how the
+  others find it; one whose address nobody answers any more has its file removed. A datagram
   that does not fit the receiver's queue is dropped (the writer never waits), and the
   next one to that receiver is preceded by a resync: it rechecks everything, as a
   PostgreSQL replica does when its LISTEN reconnects. A process killed between its
@@ -28,6 +29,7 @@ import hashlib
 import os
 import socket
 import threading
+import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -85,27 +87,28 @@ class LocalAnnouncer(Announcements):
         self._key = key
         self.directory = sidecar(database, "wake")
         self.directory.mkdir(exist_ok=True)
-        self._pid = os.getpid()
+        self._name = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        """This process's store's name among the others: its marker file, its address."""
         self._socket = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         with contextlib.suppress(OSError):
             self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, _RECEIVE_BUFFER)
-        self._socket.bind(self._address(self._pid))
+        self._socket.bind(self._address(self._name))
         self._socket.settimeout(1.0)
         self._sender = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self._marker = self.directory / str(self._pid)
+        self._marker = self.directory / self._name
         self._marker.touch()
-        self._peers: list[int] = []
+        self._peers: list[str] = []
         self._listed: int | None = None
-        self._dropped: set[int] = set()
+        self._dropped: set[str] = set()
         """Peers a datagram to which was dropped: the next one is preceded by a resync."""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def _address(self, pid: int) -> bytes:
-        return f"\0troth-wake-{self._key}-{pid}".encode()
+    def _address(self, name: str) -> bytes:
+        return f"\0troth-wake-{self._key}-{name}".encode()
 
-    def peers(self) -> list[int]:
-        """The pids of the other processes on this database (re-listed when the
+    def peers(self) -> list[str]:
+        """The names of the other processes on this database (re-listed when the
         directory changed)."""
         try:
             changed = os.stat(self.directory).st_mtime_ns
@@ -113,41 +116,41 @@ class LocalAnnouncer(Announcements):
             return []
         if changed != self._listed:
             self._listed = changed
-            found = []
-            for name in os.listdir(self.directory):
-                if name.isdigit() and int(name) != self._pid:
-                    found.append(int(name))
-            self._peers = sorted(found)
+            self._peers = sorted(
+                name
+                for name in os.listdir(self.directory)
+                if name != self._name and not name.startswith(".")
+            )
         return self._peers
 
     def send(self, notifications: list[dict[str, str]]) -> None:
         payloads = [n["payload"].encode() for n in notifications]
-        for pid in self.peers():
-            if pid in self._dropped:
+        for peer in self.peers():
+            if peer in self._dropped:
                 payloads_now = [self.resync_payload().encode(), *payloads]
             else:
                 payloads_now = payloads
             for payload in payloads_now:
                 try:
-                    self._sender.sendto(payload, socket.MSG_DONTWAIT, self._address(pid))
+                    self._sender.sendto(payload, socket.MSG_DONTWAIT, self._address(peer))
                 except BlockingIOError:
-                    self._dropped.add(pid)
+                    self._dropped.add(peer)
                     break
                 except OSError as exc:
                     if exc.errno in (errno.ECONNREFUSED, errno.ENOENT):
-                        self._gone(pid)
+                        self._gone(peer)
                     else:
-                        log.warning("listen.send_failed", to_pid=pid, error=str(exc))
-                        self._dropped.add(pid)
+                        log.warning("listen.send_failed", to=peer, error=str(exc))
+                        self._dropped.add(peer)
                     break
             else:
-                self._dropped.discard(pid)
+                self._dropped.discard(peer)
 
-    def _gone(self, pid: int) -> None:
-        """Nobody listens at `pid`'s address: that process ended (killed, its file left)."""
-        self._dropped.discard(pid)
+    def _gone(self, peer: str) -> None:
+        """Nobody listens at `peer`'s address: that process ended (killed, its file left)."""
+        self._dropped.discard(peer)
         with contextlib.suppress(OSError):
-            (self.directory / str(pid)).unlink()
+            (self.directory / peer).unlink()
 
     def listen(self, on_event: Callable[[StoreEvent], None]) -> None:
         self._thread = threading.Thread(
