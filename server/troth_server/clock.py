@@ -29,7 +29,7 @@ SQLite clock at start, and that clock's slow correction towards it.
 Tests jump a server process's wall clock through `TROTH_TEST_CLOCK_FILE`
 (`WallClock`): a file holding a float offset in seconds.
 
-Everything here but `WallClock`'s default sources is pure: time sources are
+Everything here but `WallClock`'s default sources and `ClockFile` (a file) is pure: time sources are
 injected, and `OutageGuard` takes `now` as a parameter.
 """
 
