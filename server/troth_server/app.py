@@ -59,7 +59,13 @@ from troth_server.guard import SettleGuard
 from troth_server.metrics import Metrics
 from troth_server.service import PromiseService
 from troth_server.settle_keys import SettleKeys
-from troth_server.store import StoreError, StoreEvent, open_store, shared_clock_path
+from troth_server.store import (
+    StoreError,
+    StoreEvent,
+    open_store,
+    shared_clock_path,
+    supervise_alone,
+)
 from troth_server.supervisor import ChildRole, supervise
 from troth_server.sweeper import LeaseExpiry, Sweeper
 from troth_server.task_service import TaskService
@@ -72,7 +78,7 @@ if TYPE_CHECKING:
 
     from troth_server.console import HostedConsole
     from troth_server.domain.task import Task
-    from troth_server.store import Store
+    from troth_server.store import Held, Store
     from troth_server.writes.batch import StateChange
 
 log = structlog.get_logger("troth.server")
@@ -459,12 +465,16 @@ def serve(argv: list[str]) -> int:
         _warn_no_auth(settings)
     if supervising:
         try:
-            _prepare_processes(settings)
+            alone = _prepare_processes(settings)
         except (StoreError, AuthConfigError, TlsError, KeysInvalid) as exc:
             log.error("server.cannot_start", error=str(exc))
             _logging.flush()
             return 1
-        return supervise(settings, argv)
+        try:
+            return supervise(settings, argv)
+        finally:
+            if alone is not None:
+                alone.close()
     if role is not None:
         role.die_with_supervisor()
     try:
@@ -487,11 +497,12 @@ def serve(argv: list[str]) -> int:
         return 1
 
 
-def _prepare_processes(settings: Settings) -> None:
+def _prepare_processes(settings: Settings) -> Held | None:
     """Before the supervisor starts any child: every file the children will read is
     checked, the store opened once (SQLite migrated, PostgreSQL's schema checked), and
     on SQLite the clock they share set: at the wall clock, never behind the newest
-    time stored (`clock.SharedClock`).
+    time stored (`clock.SharedClock`). On SQLite, the file is the supervisor's alone
+    until the lock returned is closed.
 
     Raises:
         StoreError, AuthConfigError, TlsError, KeysInvalid: what a child would fail on.
@@ -500,6 +511,17 @@ def _prepare_processes(settings: Settings) -> None:
     load_server_tls(settings.tls_cert, settings.tls_key, settings.tls_client_ca)
     if settings.settle_token_keys:
         SettleKeys(settings.settle_token_keys)
+    alone = supervise_alone(settings.db)  # SQLite: no other server on the file, from now on
+    try:
+        _open_once(settings)
+    except BaseException:
+        if alone is not None:
+            alone.close()
+        raise
+    return alone
+
+
+def _open_once(settings: Settings) -> None:
     store = open_store(
         settings.db,
         sqlite_synchronous=settings.sqlite_synchronous,

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from troth_server.domain.promise import Payload, Promise, PromiseState
-from troth_server.store import StoreEvent, open_store
+from troth_server.store import StoreError, StoreEvent, open_store, supervise_alone
 from troth_server.store._sql import SqlStore
 
 T0 = 1_800_000_000_000
@@ -126,3 +126,20 @@ def test_a_process_gone_is_forgotten(tmp_path: Path) -> None:
     assert first._announcer.peers() == []  # type: ignore[union-attr]
     first.close()
     gone.close()
+
+
+def test_a_supervisor_serves_a_sqlite_file_alone(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/troth.db"
+    alone = supervise_alone(url)
+    assert alone is not None
+    with pytest.raises(StoreError, match="--processes supervisor"):
+        open_store(url)  # a server of one process beside the supervisor's
+    with pytest.raises(StoreError, match="need it alone"):
+        supervise_alone(url)  # a second supervisor
+    alone.close()
+    lone, another = open_store(url), open_store(url)  # servers of one process each: as ever
+    with pytest.raises(StoreError, match="need it alone"):
+        supervise_alone(url)
+    lone.close()
+    another.close()
+    assert supervise_alone("postgresql+psycopg://u@h/db") is None

@@ -358,3 +358,24 @@ def shared_clock_path(url: str) -> str | None:
     from troth_server.store._processes import sidecar
 
     return str(sidecar(parsed.database, "clock"))
+
+
+class Held(Protocol):
+    def close(self) -> None: ...
+
+
+def supervise_alone(url: str) -> Held | None:
+    """The SQLite file at `url` for a supervisor of several processes alone, until
+    closed (None for PostgreSQL, whose replicas may be any number of anything).
+
+    Raises:
+        StoreError: Another server serves it.
+    """
+    from sqlalchemy.engine import make_url
+
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite" or not parsed.database:
+        return None
+    from troth_server.store._processes import ServingLock
+
+    return ServingLock(parsed.database, supervisor=True)

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING
 
 import structlog
 
+from troth_server.store import StoreError
 from troth_server.store._wake import Announcements, deliver
 
 if TYPE_CHECKING:
@@ -71,6 +72,34 @@ class WriteLock:
             yield
         finally:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            os.close(self._fd)
+
+
+class ServingLock:
+    """Who serves a SQLite file: one supervisor of several processes (an exclusive
+    `flock` on `<db>.serving`, for its lifetime), or servers of one process each (a
+    shared one each): never both, which would not share the write lock, the wake-ups
+    or the clock."""
+
+    def __init__(self, database: str, *, supervisor: bool) -> None:
+        path = sidecar(database, "serving")
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(self._fd, (fcntl.LOCK_EX if supervisor else fcntl.LOCK_SH) | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._fd)
+            raise StoreError(
+                f"{database} is served by another troth serve "
+                + (
+                    "(several processes on one SQLite file need it alone): stop it first"
+                    if supervisor
+                    else "--processes supervisor, whose processes share one write lock and "
+                    "one clock: connect to it, or stop it first"
+                )
+            ) from None
 
     def close(self) -> None:
         with contextlib.suppress(OSError):

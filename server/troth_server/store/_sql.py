@@ -39,7 +39,7 @@ from troth_server.store._engines import (
     sqlite_engines,
 )
 from troth_server.store._migrate import check_at_head, upgrade_to_head
-from troth_server.store._processes import LocalAnnouncer, WriteLock
+from troth_server.store._processes import LocalAnnouncer, ServingLock, WriteLock
 from troth_server.store._prune import PruneTx
 from troth_server.store._reads import READ_ATTEMPTS, PromiseReads, select_expired
 from troth_server.store._rows import to_promise, to_row, to_task
@@ -304,7 +304,7 @@ class SqlStore(PromiseReads, WorkflowReads):
         self,
         engines: Engines,
         announcer: Announcements | None = None,
-        process_lock: WriteLock | None = None,
+        process_lock: WriteLock | ServingLock | None = None,
     ) -> None:
         self._engines = engines
         self._announcer = announcer
@@ -360,7 +360,7 @@ class SqlStore(PromiseReads, WorkflowReads):
                 raise StoreUnavailable(f"database write failed: {exc}") from exc
 
     def _across_processes(self) -> contextlib.AbstractContextManager[None]:
-        if self._process_lock is None:
+        if not isinstance(self._process_lock, WriteLock):
             return contextlib.nullcontext()
         return self._process_lock.held()
 
@@ -503,12 +503,19 @@ def open_sql_store(
             "use sqlite:///PATH or postgresql+psycopg://USER@HOST:PORT/DATABASE"
         )
     announcer: Announcements | None = None
-    process_lock: WriteLock | None = None
-    if backend == "sqlite" and processes > 1:
+    process_lock: WriteLock | ServingLock | None = None
+    if backend == "sqlite":
         assert parsed.database is not None
-        process_lock = WriteLock(parsed.database)
-        announcer = LocalAnnouncer(parsed.database)
-    held = process_lock.held() if process_lock is not None else contextlib.nullcontext()
+        if processes > 1:
+            process_lock = WriteLock(parsed.database)
+            announcer = LocalAnnouncer(parsed.database)
+        else:
+            try:  # one process alone: never beside a supervisor's processes
+                process_lock = ServingLock(parsed.database, supervisor=False)
+            except StoreError:
+                engines.dispose()
+                raise
+    held = process_lock.held() if isinstance(process_lock, WriteLock) else contextlib.nullcontext()
     try:
         with held, engines.write.begin() as conn:
             if migrate:
