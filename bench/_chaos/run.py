@@ -42,6 +42,8 @@ class Config:
     drain_s: float = 40.0
     workers: int = 3
     lease_s: float = 6.0
+    processes: int = 1
+    """Server processes per replica (`troth serve --processes`)."""
     keep: bool = False
     out: TextIO | None = None
 
@@ -116,10 +118,19 @@ def run(config: Config) -> Report:
         extra = ["--sweep-interval", f"{int(SWEEP_S * 1000)}ms", "--log-level", "warning"]
         if config.store == "postgres":
             cluster = PrivateCluster()
-            servers = [ServerReplica(f"server-{i}", workdir, cluster.url, extra) for i in range(2)]
+            servers = [
+                ServerReplica(f"server-{i}", workdir, cluster.url, extra, config.processes)
+                for i in range(2)
+            ]
         elif config.store == "sqlite":
             servers = [
-                ServerReplica("server-0", workdir, f"sqlite:///{workdir / 'troth.db'}", extra)
+                ServerReplica(
+                    "server-0",
+                    workdir,
+                    f"sqlite:///{workdir / 'troth.db'}",
+                    extra,
+                    config.processes,
+                )
             ]
         else:
             raise ValueError(f"store must be sqlite or postgres, not {config.store!r}")
