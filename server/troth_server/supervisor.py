@@ -139,7 +139,6 @@ class Supervisor:
         self._dir = Path(tempfile.mkdtemp(prefix="troth-serve-"))
         self._children = [_Child(i, self._dir / f"port-{i}") for i in range(settings.processes)]
         self._listen = settings.listen
-        self._stopping = False
         self._port: int | None = None
 
     def _spawn(self, child: _Child) -> None:
@@ -208,10 +207,9 @@ class Supervisor:
                         error="a server process exited before it served; its log says why",
                     )
                     return 1
-                for signum in self._signals(wake, 0.05):
-                    if signum in (signal.SIGTERM, signal.SIGINT):
-                        log.info("supervisor.signal", signal=signal.Signals(signum).name)
-                        return 0
+                code = self._on_signals(self._signals(wake, 0.05))
+                if code is not None:
+                    return code
             if child.index == 0:
                 assert self._port is not None
                 self._listen = resolved_listen(self.settings.listen, self._port)
@@ -231,36 +229,55 @@ class Supervisor:
 
     def _serve(self, wake: int) -> int:
         while True:
+            # The children first: one may have died while the supervisor was starting
+            # the others (its SIGCHLD read then), or since the last wait.
+            code = self._tend()
+            if code is not None:
+                return code
             now = time.monotonic()
             due = [c.restart_at for c in self._children if c.restart_at is not None]
             starting = any(c.proc is not None and not c.serving for c in self._children)
             timeout = 0.05 if starting else (max(0.0, min(due) - now) if due else None)
-            for signum in self._signals(wake, timeout):
-                if signum in (signal.SIGTERM, signal.SIGINT):
-                    log.info("supervisor.signal", signal=signal.Signals(signum).name)
-                    self._stopping = True
-                    return self._stop_all(signum)
-                if signum in (signal.SIGHUP, signal.SIGUSR1):
-                    self._forward(signum)
-            for child in self._children:
-                if child.proc is None:
-                    if child.restart_at is not None and time.monotonic() >= child.restart_at:
-                        self._spawn(child)
-                    continue
-                self._check_serving(child)
-                code = child.proc.poll()
-                if code is None:
-                    continue
-                if not self._died(child, code):
-                    log.error(
-                        "supervisor.giving_up",
-                        child=child.index,
-                        deaths=child.failures,
-                        error=f"a server process died {child.failures} times in a row "
-                        "before it served; its log says why",
-                    )
-                    self._stop_all(signal.SIGTERM)
-                    return 1
+            code = self._on_signals(self._signals(wake, timeout))
+            if code is not None:
+                return code
+
+    def _on_signals(self, signals: list[int]) -> int | None:
+        """Act on the signals received; the exit code once they stopped everything."""
+        for signum in signals:
+            if signum in (signal.SIGTERM, signal.SIGINT):
+                log.info("supervisor.signal", signal=signal.Signals(signum).name)
+                return self._stop_all(signum)
+            if signum == signal.SIGHUP and self.settings.auth_sources() is None:
+                # A server without authentication has nothing to reload (and leaves
+                # SIGHUP to its default: it would end).
+                log.info("supervisor.nothing_to_reload", why="authentication is off")
+            elif signum in (signal.SIGHUP, signal.SIGUSR1):
+                self._forward(signum)
+        return None
+
+    def _tend(self) -> int | None:
+        """Restart the children due, note the ones that died; 1 when giving up."""
+        for child in self._children:
+            if child.proc is None:
+                if child.restart_at is not None and time.monotonic() >= child.restart_at:
+                    self._spawn(child)
+                continue
+            self._check_serving(child)
+            code = child.proc.poll()
+            if code is None:
+                continue
+            if not self._died(child, code):
+                log.error(
+                    "supervisor.giving_up",
+                    child=child.index,
+                    deaths=child.failures,
+                    error=f"a server process died {child.failures} times in a row "
+                    "before it served; its log says why",
+                )
+                self._stop_all(signal.SIGTERM)
+                return 1
+        return None
 
     def _died(self, child: _Child, code: int) -> bool:
         """Schedule `child`'s restart; False when it keeps dying before it served."""
@@ -307,7 +324,6 @@ class Supervisor:
     def _stop_all(self, signum: int = signal.SIGTERM) -> int:
         """Stop every child (`signum`, then SIGKILL past the grace); 0 if all stopped
         cleanly."""
-        self._stopping = True
         running = [c for c in self._children if c.proc is not None]
         self._forward(signum) if running else None
         deadline = time.monotonic() + self.settings.shutdown_grace_ms / 1000 + STOP_EXTRA_S

@@ -24,6 +24,7 @@ import signal
 import sys
 import threading
 import time
+import urllib.request
 import uuid
 from collections.abc import Generator, Iterator
 from contextlib import ExitStack
@@ -39,6 +40,7 @@ from troth._grpc_args import ARG_USE_LOCAL_SUBCHANNEL_POOL
 
 sys.path.insert(0, str(Path(__file__).parent.parent))
 
+from _auth import Grant, write_token_file
 from _pg import fresh_schema
 from _support import PollStream, ServerProcess, error_info, start_server, start_workflow
 from _workers import WorkerFleet, effect
@@ -308,3 +310,44 @@ def test_a_child_that_cannot_start_stops_the_supervisor(tmp_path: Path) -> None:
         with pytest.raises(RuntimeError, match="exited with 1") as failed:
             start_server(tmp_path, "--processes", "2", "--metrics-listen", f"127.0.0.1:{port}")
     assert "supervisor.cannot_start" in str(failed.value)
+
+
+def test_sighup_reloads_every_child_and_each_serves_its_own_metrics(tmp_path: Path) -> None:
+    tokens_file = tmp_path / "tokens.toml"
+    tokens = write_token_file(tokens_file, [Grant("ops", ("admin",))])
+    server = start_server(
+        tmp_path / "server",
+        "--processes",
+        "2",
+        "--auth-tokens",
+        str(tokens_file),
+        "--metrics-listen",
+        "127.0.0.1:0",
+        "--console-listen",
+        "127.0.0.1:0",
+    )
+    try:
+        started = [line for line in log_lines(server) if line.get("event") == "server.started"]
+        assert [line["process"] for line in started] == [0, 1]
+        # The console once, by process 0; metrics by each, on a port of its own.
+        assert started[0]["console"].startswith("http://127.0.0.1:")
+        assert started[1]["console"].startswith("off")
+        ports = {line["metrics_port"] for line in started}
+        assert len(ports) == 2 and None not in ports
+        for port in ports:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
+                assert b"troth_server_info" in reply.read()
+        write_token_file(tokens_file, [Grant("ops", ("admin",)), Grant("new", ("admin",))])
+        server.proc.send_signal(signal.SIGHUP)
+        eventually(
+            lambda: (
+                {line["pid"] for line in log_lines(server) if line.get("event") == "auth.reloaded"}
+                == set(child_pids(server))
+            ),
+            30,
+            "every child reloaded",
+            server,
+        )
+        assert tokens["ops"]
+    finally:
+        assert server.stop() == 0, server.log()[-3000:]
