@@ -481,6 +481,12 @@ def _check(settings: Settings, parser: argparse.ArgumentParser) -> None:
     if settings.limits.default_lease_ms > settings.limits.max_lease_ms:
         parser.error("default-lease cannot exceed max-lease")
     _check_keepalive(settings, parser)
+    if settings.processes > 1 and settings.listen.startswith(("unix:", "unix-abstract:")):
+        parser.error(
+            f"--processes {settings.processes} with --listen {settings.listen}: several "
+            "processes share a TCP port (SO_REUSEPORT), not a unix socket; listen on "
+            "HOST:PORT, or run one process"
+        )
     if settings.db_transaction_pooling and not settings.db_listen_url:
         parser.error(
             "--db-transaction-pooling: replicas hear each other's commits with LISTEN, "

@@ -115,9 +115,7 @@ def child_metrics_listen(metrics_listen: str | None, index: int) -> str | None:
 
 
 def resolved_listen(listen: str, port: int) -> str:
-    """`listen` with the port child 0 bound (port 0 picks one; a unix socket stays)."""
-    if listen.startswith(("unix:", "unix-abstract:")):
-        return listen
+    """`listen` with the port child 0 bound (port 0 picks one)."""
     return f"{listen.rsplit(':', 1)[0]}:{port}"
 
 
