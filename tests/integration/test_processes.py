@@ -351,3 +351,15 @@ def test_sighup_reloads_every_child_and_each_serves_its_own_metrics(tmp_path: Pa
         assert tokens["ops"]
     finally:
         assert server.stop() == 0, server.log()[-3000:]
+
+
+def test_the_children_end_with_a_killed_supervisor(tmp_path: Path) -> None:
+    server = start_server(tmp_path / "server", "--processes", "2")
+    pids = child_pids(server)
+    server.kill()  # SIGKILL: no forwarding; the kernel's parent-death signal instead
+    deadline = time.monotonic() + 30
+    while any(Path(f"/proc/{pid}").exists() and not _zombie(pid) for pid in pids):
+        assert time.monotonic() < deadline, f"children left running:\n{server.log()[-3000:]}"
+        time.sleep(0.05)
+    stopped = {line["pid"] for line in log_lines(server) if line.get("event") == "server.stopped"}
+    assert stopped == set(pids)  # each stopped gracefully (SIGTERM)
