@@ -185,6 +185,35 @@ def test_a_task_reaches_a_worker_on_the_other_process_at_once(procs: ServerProce
     eventually(lambda: len(served_by(procs, group)) == 2, 10, "starts on both", procs)
 
 
+def test_a_wait_hears_a_settle_made_through_the_other_process_at_once(
+    procs: ServerProcess,
+) -> None:
+    prefix = f"heard-{uuid.uuid4().hex[:6]}-"
+    channels = own_channels(procs, 8)
+    try:
+        with Client(procs.address) as waiter:
+            for i, channel in enumerate(channels):
+                promise_id = f"{prefix}{i}"
+                waiter.create(promise_id)
+                waited: list[float] = []
+                thread = threading.Thread(
+                    target=lambda p=promise_id, w=waited: (waiter.wait(p, timeout=20), w.append(1))
+                )
+                thread.start()
+                time.sleep(0.3)  # the wait is in (its first call answered PENDING)
+                started = time.monotonic()
+                stub = promises_pb2_grpc.PromiseServiceStub(channel)
+                stub.ResolvePromise(pb.ResolvePromiseRequest(id=promise_id))
+                thread.join(20)
+                took = time.monotonic() - started
+                assert waited, f"{promise_id}: the wait did not end"
+                assert took < WAKE_WITHIN_S, f"{promise_id}: heard after {took:.2f} s"
+    finally:
+        for channel in channels:
+            channel.close()
+    eventually(lambda: len(served_by(procs, prefix)) == 2, 10, "calls on both", procs)
+
+
 def test_racing_settles_through_both_processes_one_wins(procs: ServerProcess) -> None:
     clients, count = 8, 10
     channels = own_channels(procs, clients)
