@@ -114,6 +114,14 @@ def child_metrics_listen(metrics_listen: str | None, index: int) -> str | None:
     return f"{host}:{port + index if port else 0}"
 
 
+def restart_delay(deaths_before_serving: int) -> float | None:
+    """How long to wait before restarting a child that died, given how many times in a
+    row it died before it served (0: it had served); None: give up. Pure."""
+    if deaths_before_serving >= GIVE_UP_AFTER:
+        return None
+    return BACKOFF_S[min(deaths_before_serving, len(BACKOFF_S) - 1)]
+
+
 def resolved_listen(listen: str, port: int) -> str:
     """`listen` with the port child 0 bound (port 0 picks one)."""
     return f"{listen.rsplit(':', 1)[0]}:{port}"
@@ -284,7 +292,7 @@ class Supervisor:
         child.proc = None
         if not child.serving:
             child.failures += 1
-        delay = BACKOFF_S[min(child.failures, len(BACKOFF_S) - 1)]
+        delay = restart_delay(child.failures)
         how = (
             {"signal": signal.Signals(-code).name}
             if code < 0 and -code in signal.Signals._value2member_map_
@@ -299,7 +307,7 @@ class Supervisor:
             deaths_before_serving=child.failures,
         )
         _logging.flush()
-        if child.failures >= GIVE_UP_AFTER:
+        if delay is None:
             return False
         child.restart_at = time.monotonic() + delay
         return True

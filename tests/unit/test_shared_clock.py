@@ -15,7 +15,13 @@ from troth._grpc_args import ARG_ALLOW_REUSEPORT
 from troth_server.app import grpc_options
 from troth_server.clock import SLEW, Anchor, ClockFile, GuardedClock, SharedClock
 from troth_server.config import Settings, parse_processes, settings_from
-from troth_server.supervisor import ChildRole, child_metrics_listen, resolved_listen
+from troth_server.supervisor import (
+    GIVE_UP_AFTER,
+    ChildRole,
+    child_metrics_listen,
+    resolved_listen,
+    restart_delay,
+)
 
 T0 = 1_800_000_000_000
 HOUR = 3_600_000
@@ -172,3 +178,10 @@ def test_the_console_is_served_by_child_0_alone() -> None:
         )
         assert child.console_listen == ("127.0.0.1:7080" if index == 0 else None)
     assert ChildRole.from_env({}) is None
+
+
+def test_a_child_is_restarted_later_each_time_it_dies_before_serving_then_given_up() -> None:
+    assert restart_delay(0) == 0.5  # it had served: at once, nearly
+    delays = [restart_delay(n) for n in range(1, GIVE_UP_AFTER)]
+    assert delays == sorted(delays) and all(d is not None and d <= 15 for d in delays)
+    assert restart_delay(GIVE_UP_AFTER) is None  # a fault a restart does not mend
