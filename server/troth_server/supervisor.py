@@ -139,6 +139,9 @@ class _Child:
 
 
 class Supervisor:
+    """The processes of one `troth serve --processes N`, from their start to their stop
+    (`run`); each child's port file, in a directory of its own, says it serves."""
+
     def __init__(self, settings: Settings, argv: Sequence[str]) -> None:
         self.settings = settings
         self._argv = list(argv)
