@@ -214,6 +214,46 @@ def test_a_wait_hears_a_settle_made_through_the_other_process_at_once(
     eventually(lambda: len(served_by(procs, prefix)) == 2, 10, "calls on both", procs)
 
 
+def test_streams_on_both_processes_claim_each_task_once(procs: ServerProcess) -> None:
+    """Tasks started through both processes, four streams of one group spread over them:
+    every task delivered, and to one stream only (DESIGN §4 rule 9)."""
+    group = f"claim-{uuid.uuid4().hex[:6]}"
+    channels = own_channels(procs, 4)
+    streams = [
+        PollStream(
+            tasks_pb2_grpc.TaskServiceStub(channel),
+            tasks_pb2.PollRequest(group=group, worker_id=f"w{i}", capacity=100),
+            20,
+        )
+        for i, channel in enumerate(channels)
+    ]
+    roots = [f"{group}-{i}" for i in range(40)]
+    delivered: list[str] = []
+    try:
+        time.sleep(0.3)
+        for i, root in enumerate(roots):
+            start_workflow(promises_pb2_grpc.PromiseServiceStub(channels[i % 4]), group, root)
+        deadline = time.monotonic() + 30
+        while len(delivered) < len(roots) and time.monotonic() < deadline:
+            for stream in streams:
+                while not stream.empty():
+                    response = stream.next_response()
+                    for one in (response, *response.more):
+                        delivered.append(one.task.root_promise_id)
+            time.sleep(0.05)
+        time.sleep(0.5)  # a second delivery of any of them would arrive by now
+        for stream in streams:
+            while not stream.empty():
+                delivered.append(stream.next_response().task.root_promise_id)
+    finally:
+        for stream in streams:
+            stream.cancel()
+        for channel in channels:
+            channel.close()
+    assert sorted(delivered) == sorted(roots)
+    eventually(lambda: len(served_by(procs, group)) == 2, 10, "starts on both", procs)
+
+
 def test_racing_settles_through_both_processes_one_wins(procs: ServerProcess) -> None:
     clients, count = 8, 10
     channels = own_channels(procs, clients)
