@@ -619,6 +619,9 @@ async def _serve_aio(settings: Settings) -> int:
     loop.add_signal_handler(signal.SIGUSR1, _log_stats, core, overload)
     if authenticator is not None:
         loop.add_signal_handler(signal.SIGHUP, _reload_auth, authenticator, door)
+    if settings.metrics_port_file and metrics is not None and metrics.port is not None:
+        # Before the port file, which tells the supervisor this child serves.
+        Path(settings.metrics_port_file).write_text(str(metrics.port))
     _write_port_file(settings, port)
     await stop.wait()
 

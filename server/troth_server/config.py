@@ -157,6 +157,8 @@ class Settings:
     otlp_endpoint: str | None = None
     """Where to export spans over OTLP/gRPC (`troth_server._tracing`); None: as
     OpenTelemetry's own `OTEL_EXPORTER_OTLP_ENDPOINT` / `OTEL_TRACES_EXPORTER` say."""
+    metrics_port_file: str | None = None
+    """Where to write the metrics' port once served (no flag: a supervisor's child)."""
     keepalive_min_ping_interval_ms: int = PERMITTED_PING_INTERVAL_MS
     """The shortest interval between a client's pings that earns no strike (gRPC's
     ping-strike window; the third strike ends the connection, `too_many_pings`).
@@ -301,7 +303,7 @@ _OPTIONS: dict[str, tuple[str, Callable[[str], object] | None, str]] = {
         "metrics_listen",
         str,
         "serve Prometheus metrics over HTTP on HOST:PORT (/metrics; docs/operations.md "
-        "lists them); unset: no metrics",
+        "lists them; with --processes, every process's, labelled process); unset: no metrics",
     ),
     "console-listen": (
         "console_listen",

@@ -18,9 +18,11 @@ several. The supervisor (this module, in the process `troth serve` started):
   `GIVE_UP_AFTER` times in a row without serving: a fault that a restart does not
   mend (the address taken, the database gone) is not hidden by restarting forever.
 
-Child 0 serves the console (`--console-listen`); each child serves its own metrics
-(`--metrics-listen`: child i on that port + i, each picking its own with port 0),
-so that no child's counts are hidden; `docs/operations.md` says how to scrape them.
+Child 0 serves the console (`--console-listen`). The metrics are served once, by the
+supervisor on `--metrics-listen`: each scrape gathers every child's (each serves its
+own on a loopback port of its own), every series labelled with its `process`, and
+`troth_process_up` says which answered (`ChildMetrics`), so that none is hidden;
+`docs/operations.md` says how to read them.
 
 A child learns its part from `CHILD_ENV` (`ChildRole`), set only here, and dies
 with the supervisor (PR_SET_PDEATHSIG: SIGTERM) if that is killed.
@@ -37,19 +39,27 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import urllib.request
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import orjson
 import structlog
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.exposition import start_http_server
+from prometheus_client.metrics_core import Metric
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import Collector
 
 from troth_server import _logging
 from troth_server.config import split_listen
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Callable, Iterator, Mapping, Sequence
 
     from troth_server.config import Settings
 
@@ -78,6 +88,8 @@ class ChildRole:
     port_file: str
     metrics_listen: str | None
     console: bool
+    metrics_port_file: str | None = None
+    """Where the child writes the port of its metrics (before its port file)."""
 
     def to_env(self) -> str:
         return orjson.dumps(self.__dict__).decode()
@@ -95,6 +107,7 @@ class ChildRole:
             listen=self.listen,
             port_file=self.port_file,
             metrics_listen=self.metrics_listen,
+            metrics_port_file=self.metrics_port_file,
             console_listen=settings.console_listen if self.console else None,
         )
 
@@ -106,12 +119,48 @@ class ChildRole:
             os.kill(os.getpid(), signal.SIGTERM)
 
 
-def child_metrics_listen(metrics_listen: str | None, index: int) -> str | None:
-    """Child `index`'s metrics address: `--metrics-listen`'s port + index (0 stays 0)."""
-    if metrics_listen is None:
+CHILD_METRICS = "127.0.0.1:0"
+"""Where each child serves its metrics, for the supervisor to gather."""
+
+
+class ChildMetrics(Collector):
+    """Every child's metrics, gathered when the supervisor's `/metrics` is scraped:
+    each sample labelled with its child's `process` (index), and `troth_process_up`
+    1 for each child that answered, 0 for one that did not (dead, restarting)."""
+
+    def __init__(self, ports: Callable[[], list[tuple[int, int | None]]]) -> None:
+        self._ports = ports
+
+    def collect(self) -> Iterator[Metric]:
+        families: dict[str, Metric] = {}
+        up = GaugeMetricFamily(
+            "troth_process_up",
+            "1 if this server process answered this scrape, 0 if not (--processes)",
+            labels=["process"],
+        )
+        for index, port in self._ports():
+            text = None if port is None else _scrape(port)
+            up.add_metric([str(index)], 0.0 if text is None else 1.0)
+            for family in text_string_to_metric_families(text or ""):
+                merged = families.get(family.name)
+                if merged is None:
+                    merged = Metric(family.name, family.documentation, family.type, family.unit)
+                    families[family.name] = merged
+                merged.samples.extend(
+                    sample._replace(labels={**sample.labels, "process": str(index)})
+                    for sample in family.samples
+                )
+        yield from families.values()
+        yield up
+
+
+def _scrape(port: int) -> str | None:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
+            text: str = reply.read().decode()
+            return text
+    except (OSError, ValueError):
         return None
-    host, port = split_listen(metrics_listen)
-    return f"{host}:{port + index if port else 0}"
 
 
 def restart_delay(deaths_before_serving: int) -> float | None:
@@ -131,6 +180,8 @@ def resolved_listen(listen: str, port: int) -> str:
 class _Child:
     index: int
     port_file: Path
+    metrics_port_file: Path
+    metrics_port: int | None = None
     proc: subprocess.Popen[bytes] | None = None
     serving: bool = False
     failures: int = 0
@@ -146,21 +197,28 @@ class Supervisor:
         self.settings = settings
         self._argv = list(argv)
         self._dir = Path(tempfile.mkdtemp(prefix="troth-serve-"))
-        self._children = [_Child(i, self._dir / f"port-{i}") for i in range(settings.processes)]
+        self._children = [
+            _Child(i, self._dir / f"port-{i}", self._dir / f"metrics-{i}")
+            for i in range(settings.processes)
+        ]
+        self._metrics: tuple[Any, threading.Thread] | None = None
         self._listen = settings.listen
         self._port: int | None = None
 
     def _spawn(self, child: _Child) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            child.port_file.unlink()
+        for stale in (child.port_file, child.metrics_port_file):
+            with contextlib.suppress(FileNotFoundError):
+                stale.unlink()
+        child.metrics_port = None
         role = ChildRole(
             index=child.index,
             count=len(self._children),
             supervisor=os.getpid(),
             listen=self._listen,
             port_file=str(child.port_file),
-            metrics_listen=child_metrics_listen(self.settings.metrics_listen, child.index),
+            metrics_listen=CHILD_METRICS if self.settings.metrics_listen else None,
             console=child.index == 0,
+            metrics_port_file=str(child.metrics_port_file),
         )
         _logging.flush()
         child.proc = subprocess.Popen(
@@ -177,6 +235,8 @@ class Supervisor:
             if text:
                 child.serving = True
                 child.failures = 0
+                if child.metrics_port_file.exists():
+                    child.metrics_port = int(child.metrics_port_file.read_text())
                 if self._port is None:
                     self._port = int(text)
         return child.serving
@@ -190,17 +250,44 @@ class Supervisor:
         for signum in handled:
             signal.signal(signum, lambda *_: None)
         try:
-            code = self._start(wake_read)
+            code = self._serve_metrics()
+            if code is None:
+                code = self._start(wake_read)
             if code is None:
                 code = self._serve(wake_read)
             return code
         finally:
             self._stop_all()
+            if self._metrics is not None:
+                self._metrics[0].shutdown()
+                self._metrics[0].server_close()
             signal.set_wakeup_fd(-1)
             os.close(wake_read)
             os.close(wake_write)
             shutil.rmtree(self._dir, ignore_errors=True)
             _logging.flush()
+
+    def _metric_ports(self) -> list[tuple[int, int | None]]:
+        return [(c.index, c.metrics_port if c.serving else None) for c in self._children]
+
+    def _serve_metrics(self) -> int | None:
+        """`--metrics-listen`: every child's metrics, gathered (`ChildMetrics`)."""
+        if self.settings.metrics_listen is None:
+            return None
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(ChildMetrics(self._metric_ports))
+        host, port = split_listen(self.settings.metrics_listen)
+        try:
+            self._metrics = start_http_server(port, host, registry=registry)
+        except OSError as exc:
+            log.error(
+                "server.cannot_start",
+                error=f"cannot serve metrics on {self.settings.metrics_listen}: "
+                f"{exc.strerror or exc}; pick another address with --metrics-listen HOST:PORT",
+            )
+            return 1
+        log.info("supervisor.metrics", port=self._metrics[0].server_port)
+        return None
 
     def _start(self, wake: int) -> int | None:
         """Start every child, child 0 first; None once all serve, else the exit code."""
@@ -231,6 +318,7 @@ class Supervisor:
             "supervisor.serving",
             processes=len(self._children),
             listen=self._listen,
+            metrics=None if self._metrics is None else self._metrics[0].server_port,
             child_pids=[c.proc.pid for c in self._children if c.proc is not None],
         )
         _logging.flush()

@@ -20,6 +20,7 @@ import collections
 import json
 import logging
 import os
+import re
 import signal
 import sys
 import threading
@@ -377,11 +378,16 @@ def test_a_child_that_cannot_start_stops_the_supervisor(tmp_path: Path) -> None:
         taken.listen()
         port = taken.getsockname()[1]
         with pytest.raises(RuntimeError, match="exited with 1") as failed:
+            start_server(tmp_path, "--processes", "2", "--console-listen", f"127.0.0.1:{port}")
+        assert "supervisor.cannot_start" in str(failed.value)
+        # The supervisor's own address taken: it stops before any child.
+        with pytest.raises(RuntimeError, match="exited with 1") as failed:
             start_server(tmp_path, "--processes", "2", "--metrics-listen", f"127.0.0.1:{port}")
-    assert "supervisor.cannot_start" in str(failed.value)
+        assert "cannot serve metrics" in str(failed.value)
+        assert "supervisor.child_started" not in str(failed.value)
 
 
-def test_sighup_reloads_every_child_and_each_serves_its_own_metrics(tmp_path: Path) -> None:
+def test_sighup_reloads_every_child_and_the_metrics_gather_every_child(tmp_path: Path) -> None:
     tokens_file = tmp_path / "tokens.toml"
     tokens = write_token_file(tokens_file, [Grant("ops", ("admin",))])
     server = start_server(
@@ -398,14 +404,18 @@ def test_sighup_reloads_every_child_and_each_serves_its_own_metrics(tmp_path: Pa
     try:
         started = [line for line in log_lines(server) if line.get("event") == "server.started"]
         assert [line["process"] for line in started] == [0, 1]
-        # The console once, by process 0; metrics by each, on a port of its own.
+        # The console once, by process 0; the metrics once, by the supervisor: each
+        # process's, labelled.
         assert started[0]["console"].startswith("http://127.0.0.1:")
         assert started[1]["console"].startswith("off")
-        ports = {line["metrics_port"] for line in started}
-        assert len(ports) == 2 and None not in ports
-        for port in ports:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
-                assert b"troth_server_info" in reply.read()
+        (serving,) = [line for line in log_lines(server) if line["event"] == "supervisor.serving"]
+        url = f"http://127.0.0.1:{serving['metrics']}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as reply:
+            text = reply.read().decode()
+        for process in ("0", "1"):
+            assert f'troth_process_up{{process="{process}"}} 1.0' in text
+            assert re.search(rf'\ntroth_server_info\{{[^}}]*process="{process}"', text), text
+            assert f'troth_store_commits_total{{process="{process}"}}' in text
         write_token_file(tokens_file, [Grant("ops", ("admin",)), Grant("new", ("admin",))])
         server.proc.send_signal(signal.SIGHUP)
         eventually(

@@ -18,7 +18,6 @@ from troth_server.config import Settings, parse_processes, settings_from
 from troth_server.supervisor import (
     GIVE_UP_AFTER,
     ChildRole,
-    child_metrics_listen,
     resolved_listen,
     restart_delay,
 )
@@ -155,13 +154,9 @@ def test_only_several_processes_share_the_port() -> None:
     assert (ARG_ALLOW_REUSEPORT, 1) in grpc_options(Settings(processes=2))
 
 
-def test_a_child_serves_on_the_port_child_0_bound_and_its_own_metrics() -> None:
+def test_a_child_serves_on_the_port_child_0_bound() -> None:
     assert resolved_listen("0.0.0.0:0", 7071) == "0.0.0.0:7071"
     assert resolved_listen("[::]:0", 7071) == "[::]:7071"
-    assert child_metrics_listen(None, 1) is None
-    assert child_metrics_listen("127.0.0.1:9464", 0) == "127.0.0.1:9464"
-    assert child_metrics_listen("127.0.0.1:9464", 2) == "127.0.0.1:9466"
-    assert child_metrics_listen("127.0.0.1:0", 2) == "127.0.0.1:0"
 
 
 def test_the_console_is_served_by_child_0_alone() -> None:
