@@ -167,7 +167,7 @@ def test_a_task_reaches_a_worker_on_the_other_process_at_once(procs: ServerProce
     with grpc.insecure_channel(procs.address) as worker_channel:
         request = tasks_pb2.PollRequest(group=group, worker_id="w1", capacity=100)
         stream = PollStream(tasks_pb2_grpc.TaskServiceStub(worker_channel), request, 20)
-        channels = own_channels(procs, 12)
+        channels = own_channels(procs, 16)
         try:
             time.sleep(0.3)  # the stream is open (its first wait is the same either way)
             for i, channel in enumerate(channels):
@@ -190,7 +190,7 @@ def test_a_wait_hears_a_settle_made_through_the_other_process_at_once(
     procs: ServerProcess,
 ) -> None:
     prefix = f"heard-{uuid.uuid4().hex[:6]}-"
-    channels = own_channels(procs, 8)
+    channels = own_channels(procs, 16)
     try:
         with Client(procs.address) as waiter:
             for i, channel in enumerate(channels):
@@ -201,7 +201,7 @@ def test_a_wait_hears_a_settle_made_through_the_other_process_at_once(
                     target=lambda p=promise_id, w=waited: (waiter.wait(p, timeout=20), w.append(1))
                 )
                 thread.start()
-                time.sleep(0.3)  # the wait is in (its first call answered PENDING)
+                time.sleep(0.2)  # the wait is in (its first call answered PENDING)
                 started = time.monotonic()
                 stub = promises_pb2_grpc.PromiseServiceStub(channel)
                 stub.ResolvePromise(pb.ResolvePromiseRequest(id=promise_id))
@@ -216,10 +216,11 @@ def test_a_wait_hears_a_settle_made_through_the_other_process_at_once(
 
 
 def test_streams_on_both_processes_claim_each_task_once(procs: ServerProcess) -> None:
-    """Tasks started through both processes, four streams of one group spread over them:
+    """Tasks started through both processes, eight streams of one group spread over them:
     every task delivered, and to one stream only (DESIGN §4 rule 9)."""
     group = f"claim-{uuid.uuid4().hex[:6]}"
-    channels = own_channels(procs, 4)
+    channels = own_channels(procs, 8)
+    starters = own_channels(procs, 16)
     streams = [
         PollStream(
             tasks_pb2_grpc.TaskServiceStub(channel),
@@ -233,7 +234,8 @@ def test_streams_on_both_processes_claim_each_task_once(procs: ServerProcess) ->
     try:
         time.sleep(0.3)
         for i, root in enumerate(roots):
-            start_workflow(promises_pb2_grpc.PromiseServiceStub(channels[i % 4]), group, root)
+            stub = promises_pb2_grpc.PromiseServiceStub(starters[i % len(starters)])
+            start_workflow(stub, group, root)
         deadline = time.monotonic() + 30
         while len(delivered) < len(roots) and time.monotonic() < deadline:
             for stream in streams:
@@ -249,14 +251,14 @@ def test_streams_on_both_processes_claim_each_task_once(procs: ServerProcess) ->
     finally:
         for stream in streams:
             stream.cancel()
-        for channel in channels:
+        for channel in (*channels, *starters):
             channel.close()
     assert sorted(delivered) == sorted(roots)
     eventually(lambda: len(served_by(procs, group)) == 2, 10, "starts on both", procs)
 
 
 def test_racing_settles_through_both_processes_one_wins(procs: ServerProcess) -> None:
-    clients, count = 8, 10
+    clients, count = 16, 10  # 16 connections all on one of two processes: 1 in 32768
     channels = own_channels(procs, clients)
     stubs = [promises_pb2_grpc.PromiseServiceStub(ch) for ch in channels]
     ids = [f"race-{uuid.uuid4().hex[:8]}-{i}" for i in range(count)]
