@@ -420,9 +420,12 @@ class Supervisor:
 
     def _stop_all(self, signum: int = signal.SIGTERM) -> int:
         """Stop every child (`signum`, then SIGKILL past the grace); 0 if all stopped
-        cleanly."""
+        cleanly (one still starting may end by `signum` itself: it had nothing to stop)."""
         running = [c for c in self._children if c.proc is not None]
-        self._forward(signum) if running else None
+        for child in running:
+            self._check_serving(child)
+        if running:
+            self._forward(signum)
         deadline = time.monotonic() + self.settings.shutdown_grace_ms / 1000 + STOP_EXTRA_S
         clean = True
         for child in running:
@@ -433,8 +436,14 @@ class Supervisor:
                 log.error("supervisor.child_killed", child=child.index, child_pid=child.proc.pid)
                 child.proc.kill()
                 code = child.proc.wait()
-            if code != 0:
+            if code != 0 and (child.serving or code != -signum):
                 clean = False
+                log.error(
+                    "supervisor.child_unclean_stop",
+                    child=child.index,
+                    child_pid=child.proc.pid,
+                    exit_code=code,
+                )
             child.proc = None
         if running:
             log.info("supervisor.stopped", clean=clean)
