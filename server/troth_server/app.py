@@ -471,7 +471,7 @@ def serve(argv: list[str]) -> int:
             _logging.flush()
             return 1
         try:
-            return supervise(settings, argv)
+            return supervise(settings, argv, () if alone is None else (alone.fileno(),))
         finally:
             if alone is not None:
                 alone.close()

@@ -193,9 +193,12 @@ class Supervisor:
     """The processes of one `troth serve --processes N`, from their start to their stop
     (`run`); each child's port file, in a directory of its own, says it serves."""
 
-    def __init__(self, settings: Settings, argv: Sequence[str]) -> None:
+    def __init__(
+        self, settings: Settings, argv: Sequence[str], inherited: Sequence[int] = ()
+    ) -> None:
         self.settings = settings
         self._argv = list(argv)
+        self._inherited = tuple(inherited)
         self._dir = Path(tempfile.mkdtemp(prefix="troth-serve-"))
         self._children = [
             _Child(i, self._dir / f"port-{i}", self._dir / f"metrics-{i}")
@@ -224,6 +227,7 @@ class Supervisor:
         child.proc = subprocess.Popen(
             [sys.executable, "-m", "troth_server", "serve", *self._argv],
             env={**os.environ, CHILD_ENV: role.to_env()},
+            pass_fds=self._inherited,
         )
         child.serving = False
         child.restart_at = None
@@ -450,8 +454,9 @@ class Supervisor:
         return 0 if clean else 1
 
 
-def supervise(settings: Settings, argv: Sequence[str]) -> int:
+def supervise(settings: Settings, argv: Sequence[str], inherited: Sequence[int] = ()) -> int:
     """Run `settings.processes` server processes until SIGTERM or SIGINT (the children
-    are started with `argv`, `troth serve`'s own arguments)."""
+    are started with `argv`, `troth serve`'s own arguments, and inherit the files
+    `inherited`: the SQLite file's serving lock, held until the last of them ends)."""
     log.info("supervisor.starting", processes=settings.processes)
-    return Supervisor(settings, argv).run()
+    return Supervisor(settings, argv, inherited).run()

@@ -5,6 +5,8 @@ write lock and hear each other's commits (`store._processes`)."""
 from __future__ import annotations
 
 import queue
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -143,3 +145,25 @@ def test_a_supervisor_serves_a_sqlite_file_alone(tmp_path: Path) -> None:
     lone.close()
     another.close()
     assert supervise_alone("postgresql+psycopg://u@h/db") is None
+
+
+def test_the_supervisors_children_hold_its_lock_until_the_last_ends(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/troth.db"
+    alone = supervise_alone(url)
+    assert alone is not None
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.read()"],
+        stdin=subprocess.PIPE,
+        pass_fds=(alone.fileno(),),
+    )
+    try:
+        alone.close()  # the supervisor killed: its child still runs, reading the clock
+        with pytest.raises(StoreError, match="need it alone"):
+            supervise_alone(url)
+    finally:
+        assert child.stdin is not None
+        child.stdin.close()
+        child.wait(10)
+    again = supervise_alone(url)  # the last child ended
+    assert again is not None
+    again.close()

@@ -361,6 +361,8 @@ def shared_clock_path(url: str) -> str | None:
 
 
 class Held(Protocol):
+    def fileno(self) -> int: ...
+
     def close(self) -> None: ...
 
 

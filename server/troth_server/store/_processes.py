@@ -80,9 +80,10 @@ class WriteLock:
 
 class ServingLock:
     """Who serves a SQLite file: one supervisor of several processes (an exclusive
-    `flock` on `<db>.serving`, for its lifetime), or servers of one process each (a
-    shared one each): never both, which would not share the write lock, the wake-ups
-    or the clock."""
+    `flock` on `<db>.serving`, for as long as it or one of its children runs), or
+    servers of one process each (a shared one each): never both, which would not
+    share the write lock, the wake-ups or the clock; nor a new supervisor beside the
+    children of one killed, still stopping, which read the clock it would replace."""
 
     def __init__(self, database: str, *, supervisor: bool) -> None:
         path = sidecar(database, "serving")
@@ -100,6 +101,11 @@ class ServingLock:
                     "one clock: connect to it, or stop it first"
                 )
             ) from None
+
+    def fileno(self) -> int:
+        """The locked file: a supervisor's children inherit it, and so hold the lock
+        with it (one `flock` per open file) until the last of them has ended."""
+        return self._fd
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
