@@ -29,6 +29,7 @@ import hashlib
 import os
 import socket
 import threading
+import time
 import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -48,6 +49,8 @@ log = structlog.get_logger("troth.store.listen")
 _MAX_PAYLOAD = 60_000
 """Bytes of one datagram's payload (a unix datagram socket sends up to its send
 buffer, 208 KiB by default)."""
+_RELIST_S = 1.0
+"""The longest a process goes without listing the others again."""
 _RECEIVE_BUFFER = 4 * 1024 * 1024
 """Asked for each process's socket (Linux caps it at net.core.rmem_max)."""
 
@@ -134,6 +137,7 @@ class LocalAnnouncer(Announcements):
         self._marker.touch()
         self._peers: list[str] = []
         self._listed: int | None = None
+        self._listed_at = 0.0
         self._dropped: set[str] = set()
         """Peers a datagram to which was dropped: the next one is preceded by a resync."""
         self._stop = threading.Event()
@@ -144,13 +148,16 @@ class LocalAnnouncer(Announcements):
 
     def peers(self) -> list[str]:
         """The names of the other processes on this database (re-listed when the
-        directory changed)."""
+        directory changed, and at least every `_RELIST_S`: a directory's time is as
+        coarse as the kernel's clock tick, so two changes in one tick look like one)."""
         try:
             changed = os.stat(self.directory).st_mtime_ns
         except OSError:
             return []
-        if changed != self._listed:
+        now = time.monotonic()
+        if changed != self._listed or now - self._listed_at > _RELIST_S:
             self._listed = changed
+            self._listed_at = now
             self._peers = sorted(
                 name
                 for name in os.listdir(self.directory)
