@@ -16,6 +16,7 @@ The report's last line is ``anomalies: N``.
 
 from __future__ import annotations
 
+import os
 import random
 import shutil
 import tempfile
@@ -115,7 +116,8 @@ def run(config: Config) -> Report:
     load: LoadGenerator | None = None
     report = Report(config.seed, config.store, clock_supported=clock_supported())
     try:
-        extra = ["--sweep-interval", f"{int(SWEEP_S * 1000)}ms", "--log-level", "warning"]
+        level = os.environ.get("TROTH_CHAOS_LOG_LEVEL", "warning")  # info: every call
+        extra = ["--sweep-interval", f"{int(SWEEP_S * 1000)}ms", "--log-level", level]
         if config.store == "postgres":
             cluster = PrivateCluster()
             servers = [
