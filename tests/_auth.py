@@ -26,6 +26,7 @@ class Grant:
     roles: tuple[str, ...]
     groups: tuple[str, ...] = ()
     prefixes: tuple[str, ...] = ()
+    permissions: tuple[str, ...] = ()
 
 
 def write_token_file(path: Path, grants: Iterable[Grant]) -> dict[str, str]:
@@ -33,7 +34,7 @@ def write_token_file(path: Path, grants: Iterable[Grant]) -> dict[str, str]:
     tokens: dict[str, str] = {}
     entries = []
     for grant in grants:
-        minted = mint(grant.name, grant.roles, grant.groups, grant.prefixes)
+        minted = mint(grant.name, grant.roles, grant.groups, grant.prefixes, grant.permissions)
         entries.append(minted.entry)
         tokens[grant.name] = minted.token
     path.write_text("\n".join(entries))
@@ -122,6 +123,21 @@ def code_and_reason(call: Callable[[], object]) -> tuple[grpc.StatusCode, str]:
             reason = ""
         return code, reason
     return grpc.StatusCode.OK, ""
+
+
+def opened(call: Any) -> str:
+    """Wait until a server stream is open or refused: "opened" once its initial
+    metadata comes (every troth stream sends some once past the door: WATCH_READY,
+    POLL_OPEN, the batching flag of `Calls`), else its error raised. No deadline is
+    part of the answer: a refusal answered late (a bad secret, 0.5 s) or a loaded
+    machine cannot pass for an open stream."""
+    try:
+        call.initial_metadata()
+        if call.done():  # ended before or just after it opened: its status says which
+            next(call)
+        return "opened"
+    finally:
+        call.cancel()
 
 
 def first_message(call: Any) -> object:

@@ -23,13 +23,16 @@ from troth_server.config import settings_from
 from troth_server.metrics import Metrics
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Callable, Iterator
 
 
 @contextmanager
-def in_process_server(db_url: str, *flags: str) -> Iterator[tuple[str, int]]:
+def in_process_server(
+    db_url: str, *flags: str, clock: Callable[[], int] | None = None
+) -> Iterator[tuple[str, int]]:
     """The server's `Core` and servicers on an event loop of their own, with metrics;
-    yields its address and its metrics port."""
+    yields its address and its metrics port. `clock`: the store clock every decision
+    is made by (default: the server's own, as `troth serve` has it)."""
     settings = settings_from(
         [
             "--db",
@@ -51,7 +54,7 @@ def in_process_server(db_url: str, *flags: str) -> Iterator[tuple[str, int]]:
 
     async def serve() -> None:
         metrics = Metrics()
-        core = Core(settings, metrics=metrics)
+        core = Core(settings, clock=clock, metrics=metrics)
         # Authentication off, as `--no-auth` has it: every caller is the local developer.
         admission = Admission.with_limits(settings.max_concurrent_rpcs, settings.max_streams)
         door = Door(None, admission)

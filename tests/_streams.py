@@ -76,6 +76,12 @@ class HandCalls:
 
     def send(self, method: str, request: Any, traceparent: str = "") -> tuple[grpc.StatusCode, str]:
         """One call and its answer's (code, reason); `StreamEnded` if the stream ended."""
+        answer = self.ask(method, request, traceparent)
+        code = next(c for c in grpc.StatusCode if c.value[0] == answer.code)
+        return code, details_reason(answer.status_details)
+
+    def ask(self, method: str, request: Any, traceparent: str = "") -> tasks_pb2.CallsResponse:
+        """One call and its whole answer; `StreamEnded` if the stream ended."""
         self._ids += 1
         self._out.put(
             tasks_pb2.CallsRequest(
@@ -90,8 +96,7 @@ class HandCalls:
             self._answers.put(answer)  # the stream's end, for `ended`
             raise StreamEnded(answer)
         assert answer.id == self._ids
-        code = next(c for c in grpc.StatusCode if c.value[0] == answer.code)
-        return code, details_reason(answer.status_details)
+        return answer
 
     def ended(self, within: float) -> grpc.RpcError:
         """The error the server ended the stream with (it must, within `within` s)."""

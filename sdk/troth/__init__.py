@@ -15,6 +15,7 @@ if typing.TYPE_CHECKING:
     from troth._commands import RetryPolicy
     from troth._operators import TaskInfo, TaskKind, TaskState, WorkerInfo, WorkflowInfo
     from troth._promise import (
+        Caller,
         CreateResult,
         Decision,
         Promise,
@@ -25,6 +26,8 @@ if typing.TYPE_CHECKING:
         SearchPage,
         SettleResult,
     )
+    from troth._schedules import ScheduleInfo
+    from troth._states import StateLostTo, StateReplaced, WorkflowState
     from troth._versions import WorkflowRegistration
     from troth.client import Client, Handle, PromiseEventStream, TlsConfig
     from troth.codec import Codec, JsonCodec, Payload
@@ -62,6 +65,7 @@ __all__ = [
     "AlreadyExistsError",
     "AlreadySettledError",
     "Approvers",
+    "Caller",
     "Cancelled",
     "Client",
     "Codec",
@@ -95,8 +99,11 @@ __all__ = [
     "ResourceExhaustedError",
     "RetryPolicy",
     "RpcError",
+    "ScheduleInfo",
     "SearchPage",
     "SettleResult",
+    "StateLostTo",
+    "StateReplaced",
     "TaskInfo",
     "TaskKind",
     "TaskState",
@@ -111,12 +118,14 @@ __all__ = [
     "WorkflowFailed",
     "WorkflowInfo",
     "WorkflowRegistration",
+    "WorkflowState",
 ]
 
 _HOMES: dict[str, str] = {
     "AlreadyExistsError": "troth.errors",
     "AlreadySettledError": "troth.errors",
     "Approvers": "troth._approvers",
+    "Caller": "troth._promise",
     "Cancelled": "troth.errors",
     "Client": "troth.client",
     "Codec": "troth.codec",
@@ -152,6 +161,8 @@ _HOMES: dict[str, str] = {
     "RpcError": "troth.errors",
     "SearchPage": "troth._promise",
     "SettleResult": "troth._promise",
+    "StateLostTo": "troth._states",
+    "StateReplaced": "troth._states",
     "TaskInfo": "troth._operators",
     "TaskKind": "troth._operators",
     "TaskState": "troth._operators",
@@ -165,7 +176,9 @@ _HOMES: dict[str, str] = {
     "WorkflowError": "troth.errors",
     "WorkflowFailed": "troth.errors",
     "WorkflowInfo": "troth._operators",
+    "ScheduleInfo": "troth._schedules",
     "WorkflowRegistration": "troth._versions",
+    "WorkflowState": "troth._states",
 }
 """Where each public name is defined."""
 

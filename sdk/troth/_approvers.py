@@ -20,9 +20,14 @@ class Approvers:
     """Who may resolve or reject a promise (checked by the server at settle time).
 
     Attributes:
-        principals: Principals allowed to settle it. With `roles`: either may.
-            Both empty: any principal (the other rules still apply).
+        principals: Principals allowed to settle it. With `roles` and
+            `permissions`: any of them admits. All empty: any principal (the other
+            rules still apply).
         roles: Roles allowed to settle it (`admin` counts only if listed).
+        permissions: Permission names (`"payouts:approve"`): a principal whose
+            credential grants one of them may settle it (the server's token file's
+            `permissions`, a JWT's permissions claim). Each 1 to 128 of
+            `A-Z a-z 0-9 . _ : / @ + = ~ # -`.
         not_requester: Four-eyes: not the principal that started the workflow
             (the authenticated starter the server recorded, `Promise.started_by`).
         distinct: For quorums: a principal who settled another step of the same
@@ -30,6 +35,7 @@ class Approvers:
         quorum: Names the quorum among the workflow's steps (with `distinct`).
 
     .. versionadded:: 0.2.0
+    .. versionchanged:: 0.2.0 `permissions`.
     """
 
     principals: Iterable[str] = field(default=())
@@ -37,11 +43,13 @@ class Approvers:
     not_requester: bool = False
     distinct: bool = False
     quorum: str = ""
+    permissions: Iterable[str] = field(default=())
 
     def __post_init__(self) -> None:
         # Frozen: normalise the iterables to sorted tuples (hashable, comparable).
-        object.__setattr__(self, "principals", tuple(sorted(set(self.principals))))
-        object.__setattr__(self, "roles", tuple(sorted(set(self.roles))))
+        object.__setattr__(self, "principals", _names(self.principals, "principals"))
+        object.__setattr__(self, "roles", _names(self.roles, "roles"))
+        object.__setattr__(self, "permissions", _names(self.permissions, "permissions"))
         if self.quorum and not self.distinct:
             raise ValueError("Approvers(quorum=...) names a distinct quorum: set distinct=True")
 
@@ -52,6 +60,7 @@ class Approvers:
             not_requester=self.not_requester,
             distinct=self.distinct,
             quorum=self.quorum,
+            permissions=list(self.permissions),
         )
 
     @classmethod
@@ -62,4 +71,11 @@ class Approvers:
             not_requester=message.not_requester,
             distinct=message.distinct,
             quorum=message.quorum,
+            permissions=list(message.permissions),
         )
+
+
+def _names(values: Iterable[str], name: str) -> tuple[str, ...]:
+    if isinstance(values, str):  # a str is an iterable of letters: surely a mistake
+        raise TypeError(f"Approvers({name}=...) takes a list of names, not the string {values!r}")
+    return tuple(sorted(set(values)))

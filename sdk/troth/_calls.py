@@ -92,6 +92,7 @@ class Connection:
         requested_by: str = "",
         fence: types_pb2.TaskFence | None = None,
         approvers: Approvers | None = None,
+        state: tuple[str, bool] | None = None,
     ) -> CreateResult:
         """Create a promise with a param already encoded (`Client.create`, a start, a
         workflow step); with `resolved_with`/`rejected_with` it is created already
@@ -120,6 +121,8 @@ class Connection:
             request.fence.CopyFrom(fence)
         if approvers is not None:
             request.approvers.CopyFrom(approvers.to_proto())
+        if state is not None:  # a workflow's read or write of its state slot (name, write)
+            request.state.CopyFrom(promises_pb2.WorkflowStateStep(name=state[0], write=state[1]))
         response = self.call(self.transport.promises.CreatePromise, request)
         return CreateResult(promise=promise_from_proto(response.promise), created=response.created)
 

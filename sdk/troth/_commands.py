@@ -14,6 +14,8 @@ id `<root>.<n>` unless an explicit id is given):
 | `StartWorkflow` | `ctx.start()` / `rpc()` | a `PromiseHandle` / the child's result     |
 | `Now`           | `ctx.now()`             | the recorded time (an aware UTC datetime)  |
 | `Random`        | `ctx.random()`          | the recorded float in [0, 1)               |
+| `ReadState`     | `ctx.state(name)`       | the slot's value as the run read it        |
+| `WriteState`    | `ctx.set_state(name, v)`| the slot's new version (an int)            |
 
 Commands that only wait, so they create no promise and shift no id: a
 `PromiseHandle` itself (yield it to await it), `AwaitAll`, `AwaitAny` and
@@ -52,12 +54,14 @@ __all__ = [
     "Now",
     "PromiseHandle",
     "Random",
+    "ReadState",
     "RetryPolicy",
     "RunStep",
     "SettleToken",
     "Sleep",
     "StartWorkflow",
     "StepCommand",
+    "WriteState",
     "func_name",
 ]
 
@@ -74,6 +78,8 @@ class Kind(enum.StrEnum):
     NOW = "now"
     RANDOM = "random"
     SETTLE_TOKEN = "settle_token"
+    STATE = "state"
+    STATE_SET = "state_set"
 
 
 def func_name(fn: Callable[..., Any]) -> str:
@@ -330,6 +336,28 @@ class Random(Command[float]):
 
 
 @dataclass(frozen=True, slots=True)
+class ReadState(Command[Any]):
+    """Read the workflow's state slot `name`, recorded: the server reads it in the
+    step's own transaction, so a replay returns what the run saw; `default` for a
+    slot never written."""
+
+    name: str
+    default: Any = None
+    id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class WriteState(Command[int]):
+    """Write the workflow's state slot `name`, recorded: the server writes it in the
+    step's own transaction (once, however often the step is replayed); the yield
+    returns the slot's new version."""
+
+    name: str
+    value: Any
+    id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class AwaitAll(Command[list[Any]]):
     """Wait for every handle; the yield returns their values in handle order.
 
@@ -374,5 +402,15 @@ class AwaitAtLeast(Command[list[Any]]):
     """Give a `Decision` (value, settled_by, settle_time) for each, not the bare value."""
 
 
-StepCommand = CreatePromise | RunStep | Sleep | StartWorkflow | Now | Random | SettleToken
+StepCommand = (
+    CreatePromise
+    | RunStep
+    | Sleep
+    | StartWorkflow
+    | Now
+    | Random
+    | SettleToken
+    | ReadState
+    | WriteState
+)
 """The commands that create a step promise, and so take a position."""

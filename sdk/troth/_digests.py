@@ -23,13 +23,15 @@ The fields per command (what "what was asked" means):
 |-----------|----------------------------------------------------------------|
 | `run`     | function name; args; a `functools.partial`'s bound args/kwargs |
 | `promise` | explicit id or null; timeout in seconds or null; JSON Schema;  |
-|           | (version 2) title; message; its own tags; approvers            |
+|           | (version 2) title; message; its own tags; approvers (**)       |
 | `start`   | workflow name; args; explicit id or null; ttl in seconds (*)   |
 | `sleep`   | duration in seconds                                            |
 
 `now` and `random` take no arguments: they get no digest. A child's group and
 `start` versus `rpc` are not part of it.
 (*) Only when given, so a start without a ttl keeps the digest it had before ttls.
+(**) Their `permissions` only when listed, so a policy without keeps the digest it
+had before permissions (a history recorded then replays as it did).
 
 Versions. A recorded digest says which fields it covers, so that a history is
 always checked against what it recorded and never against more: version 1 is
@@ -67,11 +69,13 @@ from troth._commands import (
     Kind,
     Now,
     Random,
+    ReadState,
     RunStep,
     SettleToken,
     Sleep,
     StartWorkflow,
     StepCommand,
+    WriteState,
 )
 from troth._schema import to_json_compatible
 
@@ -163,13 +167,16 @@ def _approvers(command: CreatePromise) -> dict[str, Any] | None:
     approvers = command.approvers
     if approvers is None:
         return None
-    return {
+    fields: dict[str, Any] = {
         "principals": list(approvers.principals),
         "roles": list(approvers.roles),
         "not_requester": approvers.not_requester,
         "distinct": approvers.distinct,
         "quorum": approvers.quorum,
     }
+    if approvers.permissions:  # only when listed: older digests stay as they were
+        fields["permissions"] = list(approvers.permissions)
+    return fields
 
 
 def digest_version(command: StepCommand) -> int:
@@ -200,7 +207,7 @@ def args_digest(command: StepCommand, version: int | None = None) -> str | None:
     default the one a new step records), or None: it asks nothing (`now`,
     `random`), opted out (`check_args=False`), or its arguments cannot be encoded
     canonically."""
-    if isinstance(command, Now | Random) or not command.check_args:
+    if isinstance(command, Now | Random | ReadState | WriteState) or not command.check_args:
         return None
     version = digest_version(command) if version is None else version
     fields = _fields(command, version)

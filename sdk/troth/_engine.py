@@ -93,11 +93,13 @@ from troth._commands import (
     Now,
     PromiseHandle,
     Random,
+    ReadState,
     RunStep,
     SettleToken,
     Sleep,
     StartWorkflow,
     StepCommand,
+    WriteState,
 )
 from troth._digests import args_digest, describe_args, describe_recorded, recorded_version
 from troth._failures import describe_error
@@ -126,7 +128,11 @@ _log = logging.getLogger("troth.engine")
 Workflow = Callable[..., Generator[Any, Any, Any]]
 """A workflow: a generator function `def wf(ctx, *args)`."""
 
-_STEP_TYPES = (CreatePromise, RunStep, Sleep, StartWorkflow, Now, Random, SettleToken)
+_STEP_TYPES = (
+    CreatePromise, RunStep, Sleep, StartWorkflow, Now, Random, SettleToken, ReadState, WriteState
+)  # fmt: skip
+STATE_VERSION_TAG = "troth:state-version"
+"""On a state step: the slot's version it read or wrote (the server's tag)."""
 _AWAIT_TYPES = (PromiseHandle, AwaitAll, AwaitAny, AwaitAtLeast)
 _CLOSE_ATTEMPTS = 5
 
@@ -466,6 +472,13 @@ class Engine:
                 return self._suspend((step_id,))
             self._waited(recorded)  # a timer or a child the execution before waited for
             return self._replayed_step(step_id, self._history.result(recorded))
+        if isinstance(command, ReadState | WriteState) and recorded.is_settled:
+            # Read or written by the server in the step's own transaction: never pending.
+            version = int(recorded.tags.get(STATE_VERSION_TAG) or 0)
+            if isinstance(command, WriteState):
+                return self._replayed_step(step_id, Send(version))
+            if version == 0:
+                return self._replayed_step(step_id, Send(command.default))
         # RunStep, Now, Random: a pending one lost its worker before its result was recorded.
         if not recorded.is_settled:
             return self._create(command, step_id, position, tags, exists=True)

@@ -31,11 +31,13 @@ from troth._commands import (
     Kind,
     Now,
     PromiseHandle,
+    ReadState,
     RunStep,
     SettleToken,
     Sleep,
     StartWorkflow,
     StepCommand,
+    WriteState,
 )
 from troth._digests import args_digest
 from troth._promise import Decision, Promise, PromiseState
@@ -313,6 +315,10 @@ def step_tags(command: StepCommand, group: str | None) -> dict[str, str]:
         return _with_digest({TAG_KIND: Kind.SETTLE_TOKEN}, command)
     if isinstance(command, Now):
         return {TAG_KIND: Kind.NOW}
+    if isinstance(command, ReadState):
+        return {TAG_KIND: Kind.STATE, TAG_FUNC: command.name}
+    if isinstance(command, WriteState):
+        return {TAG_KIND: Kind.STATE_SET, TAG_FUNC: command.name}
     return {TAG_KIND: Kind.RANDOM}
 
 

@@ -212,3 +212,28 @@ class SearchPage:
 
     promises: tuple[Promise, ...] = field(default_factory=tuple)
     next_page_token: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """Who a client is to the server (`Client.whoami`): the principal its credential
+    stands for, as the server authenticated it.
+
+    Attributes:
+        name: The principal's name (what `settled_by` records).
+        roles: `worker`, `gateway`, `operator`, `admin`.
+        groups: The task groups a worker may poll (`*`: all).
+        prefixes: The id prefixes it may see and touch; empty: every id.
+        permissions: The permission names `Approvers(permissions=...)` may list.
+        authenticated: False only on a server without authentication (the local
+            developer, named by the client's `principal`).
+
+    .. versionadded:: 0.2.0
+    """
+
+    name: str
+    roles: tuple[str, ...] = ()
+    groups: tuple[str, ...] = ()
+    prefixes: tuple[str, ...] = ()
+    permissions: tuple[str, ...] = ()
+    authenticated: bool = True

@@ -21,7 +21,7 @@ from troth._convert import (
     state_to_proto,
 )
 from troth._events import PromiseEventStream, wait_promise, watch_promise
-from troth._promise import Promise, PromiseOrder, PromiseState, SearchPage
+from troth._promise import Caller, Promise, PromiseOrder, PromiseState, SearchPage
 from troth.v1 import promises_pb2
 
 if TYPE_CHECKING:
@@ -42,6 +42,24 @@ class PromiseReads:
     @property
     def _stub(self) -> PromiseServiceStub:
         return self._transport.promises
+
+    def whoami(self) -> Caller:
+        """Who this client is to the server: the principal its credential stands for,
+        with its roles, task groups, id prefixes and permission names.
+
+        .. versionadded:: 0.2.0
+        """
+        request = promises_pb2.WhoAmIRequest()
+        response = self._transport.call(self._stub.WhoAmI, request, timeout=self._timeout)
+        found = response.principal
+        return Caller(
+            name=found.name,
+            roles=tuple(found.roles),
+            groups=tuple(found.groups),
+            prefixes=tuple(found.prefixes),
+            permissions=tuple(found.permissions),
+            authenticated=found.authenticated,
+        )
 
     def get(self, id: str) -> Promise:
         """Read a promise. A promise past its `expire_time` is never shown `PENDING`.

@@ -42,7 +42,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from troth._commands import CreatePromise, Now, Random, RunStep, SettleToken
+from troth._commands import CreatePromise, Now, Random, ReadState, RunStep, SettleToken, WriteState
 from troth._engine import CreateStep, error_value
 from troth._failures import PauseTask
 from troth._lifetimes import cut_short
@@ -184,6 +184,8 @@ class StepWriter:
                 this workflow's step.
         """
         command = step.command
+        if isinstance(command, ReadState | WriteState):
+            return [self._state(held, step, command)]
         if not isinstance(command, RunStep | Now | Random | SettleToken):
             if step.exists:
                 return [self._calls.get(step.step_id)]
@@ -209,6 +211,28 @@ class StepWriter:
         with self._leases.busy(held):
             ok, value = self._compute(held, step)
             return [self._record_until_landed(held, step, ok, value)]
+
+    def _state(self, held: Held, step: CreateStep, command: ReadState | WriteState) -> Promise:
+        """A read or write of the workflow's state slot, made and recorded by the server
+        in one transaction under the task's fence (a repeat answers the recorded step)."""
+        write = isinstance(command, WriteState)
+        value = self._encode(step, command.value) if isinstance(command, WriteState) else None
+        try:
+            return self._calls.create(
+                step.step_id,
+                step.param,
+                tags=step.tags,
+                resolved_with=value,
+                fence=held.fence(self.worker_id),
+                state=(command.name, write),
+            ).promise
+        except AlreadyExistsError:
+            stored = self._calls.get(step.step_id)
+            if stored.parent_id != held.root_id:
+                raise  # a promise that is not this workflow's step: never a checkpoint
+            return stored
+        except InvalidArgumentError as exc:  # a value over the size limit, say
+            raise _refused(step, exc) from exc
 
     def _compute(self, held: Held, step: CreateStep) -> tuple[bool, Any]:
         """The value a `run`, `now`, `random` or `settle_token` step records (False: its

@@ -81,7 +81,7 @@ from troth.errors import (
 from troth.v1 import promises_pb2_grpc, tasks_pb2_grpc
 
 if TYPE_CHECKING:
-    from troth.v1 import promises_pb2, tasks_pb2
+    from troth.v1 import promises_pb2, schedules_pb2, tasks_pb2
 
 _log = logging.getLogger("troth.client")
 
@@ -167,6 +167,7 @@ class PromiseServiceStub(Protocol):
     MintSettleToken: grpc.UnaryUnaryMultiCallable[
         promises_pb2.MintSettleTokenRequest, promises_pb2.MintSettleTokenResponse
     ]
+    WhoAmI: grpc.UnaryUnaryMultiCallable[promises_pb2.WhoAmIRequest, promises_pb2.WhoAmIResponse]
 
 
 class TaskServiceStub(Protocol):
@@ -201,6 +202,33 @@ class TaskServiceStub(Protocol):
     ]
     RetryWorkflowNow: grpc.UnaryUnaryMultiCallable[
         tasks_pb2.RetryWorkflowNowRequest, tasks_pb2.RetryWorkflowNowResponse
+    ]
+    GetWorkflowState: grpc.UnaryUnaryMultiCallable[
+        tasks_pb2.GetWorkflowStateRequest, tasks_pb2.GetWorkflowStateResponse
+    ]
+    ReplaceWorkflowState: grpc.UnaryUnaryMultiCallable[
+        tasks_pb2.ReplaceWorkflowStateRequest, tasks_pb2.ReplaceWorkflowStateResponse
+    ]
+    CreateSchedule: grpc.UnaryUnaryMultiCallable[
+        schedules_pb2.CreateScheduleRequest, schedules_pb2.CreateScheduleResponse
+    ]
+    UpdateSchedule: grpc.UnaryUnaryMultiCallable[
+        schedules_pb2.UpdateScheduleRequest, schedules_pb2.UpdateScheduleResponse
+    ]
+    GetSchedule: grpc.UnaryUnaryMultiCallable[
+        schedules_pb2.GetScheduleRequest, schedules_pb2.GetScheduleResponse
+    ]
+    SearchSchedules: grpc.UnaryUnaryMultiCallable[
+        schedules_pb2.SearchSchedulesRequest, schedules_pb2.SearchSchedulesResponse
+    ]
+    PauseSchedule: grpc.UnaryUnaryMultiCallable[
+        schedules_pb2.PauseScheduleRequest, schedules_pb2.PauseScheduleResponse
+    ]
+    ResumeSchedule: grpc.UnaryUnaryMultiCallable[
+        schedules_pb2.ResumeScheduleRequest, schedules_pb2.ResumeScheduleResponse
+    ]
+    DeleteSchedule: grpc.UnaryUnaryMultiCallable[
+        schedules_pb2.DeleteScheduleRequest, schedules_pb2.DeleteScheduleResponse
     ]
 
 

@@ -41,7 +41,9 @@ from troth._events import WATCH_READY_METADATA, PromiseEventStream
 from troth._handle import Handle
 from troth._operators import OperatorCalls
 from troth._reads import PromiseReads
+from troth._schedules import Schedules
 from troth._schema import decision_schema
+from troth._states import StateCalls
 from troth._tags import TAG_FUNC, TAG_INVOKE
 from troth._tracing import TRACEPARENT_TAG, client_span
 from troth._transport import Transport
@@ -76,7 +78,7 @@ _SPANS: dict[type[SettleRequest], str] = {
 """The span of each settle (`troth._tracing`)."""
 
 
-class Client(PromiseReads, OperatorCalls):
+class Client(PromiseReads, OperatorCalls, StateCalls):
     """A connection to a troth server's `PromiseService` (and, for operators, the
     reads of its `TaskService`: `search_tasks`, `list_workers`, `search_workflows`,
     and `retry_workflow_now`).
@@ -192,6 +194,15 @@ class Client(PromiseReads, OperatorCalls):
         # Its unary calls as messages on one `Calls` stream (`troth._mux`), by default.
         self._transport = transport.multiplexed() if multiplex_calls else transport
         self._connection = Connection(self._transport, self._timeout)
+
+    @property
+    def schedules(self) -> Schedules:
+        """The schedule calls (an operator's or admin's): `create`, `get`, `list`,
+        `pause`, `resume`, `delete` (docs/schedules.md).
+
+        .. versionadded:: 0.3.0
+        """
+        return Schedules(self._connection, self._codec)
 
     def __repr__(self) -> str:
         return f"Client({self.address!r})"

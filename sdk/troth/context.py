@@ -20,6 +20,7 @@ once per replay.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -33,10 +34,12 @@ from troth._commands import (
     Now,
     PromiseHandle,
     Random,
+    ReadState,
     RetryPolicy,
     RunStep,
     Sleep,
     StartWorkflow,
+    WriteState,
 )
 from troth._schema import decision_schema
 
@@ -363,6 +366,26 @@ class Context:
         """A random float in [0, 1), recorded: `yield` it for a number that replays."""
         return Random()
 
+    def state(self, name: str, default: Any = None) -> ReadState:
+        """Read the workflow's state slot `name`, recorded: `yield` it for the value
+        (`default` for a slot never written). The server reads the slot in the step's
+        own transaction, so a replay returns what this run saw, and a read after an
+        operator's rewrite (`Client.replace_state`, made while the run was parked)
+        sees the rewrite. Read it again after each wait to see what was rewritten.
+
+        .. versionadded:: 0.3.0
+        """
+        return ReadState(_state_name("ctx.state", name), default)
+
+    def set_state(self, name: str, value: Any) -> WriteState:
+        """Write the workflow's state slot `name`, recorded: `yield` it for the slot's
+        new version. Written once, in the step's own transaction, by the worker
+        holding the run's task (never again on replay).
+
+        .. versionadded:: 0.3.0
+        """
+        return WriteState(_state_name("ctx.set_state", name), value)
+
     def __repr__(self) -> str:
         return f"Context(id={self.id!r})"
 
@@ -383,3 +406,15 @@ def _handles(handles: Iterable[PromiseHandle]) -> tuple[PromiseHandle, ...]:
                 f"`yield ctx.start(...)` return), got {type(handle).__name__}"
             )
     return found
+
+
+_STATE_NAME = re.compile(r"[A-Za-z0-9_.:\-]{1,128}")
+
+
+def _state_name(call: str, name: object) -> str:
+    if not isinstance(name, str) or not _STATE_NAME.fullmatch(name):
+        raise ValueError(
+            f"{call}: name must be 1 to 128 characters of letters, digits, `_`, `-`, `.` "
+            f"and `:`, not {name!r}"
+        )
+    return name

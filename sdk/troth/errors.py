@@ -77,6 +77,9 @@ class Reason(enum.StrEnum):
     """A retry-now (`troth workflows retry-now`) of a workflow whose task is not waiting out
     a retry backoff after its code failed (FAILED_PRECONDITION): metadata `state` says
     what it is doing instead."""
+    WORKFLOW_NOT_PARKED = "WORKFLOW_NOT_PARKED"
+    """A read of a workflow's state for a rewrite (`Client.replace_state`) while the run
+    is not parked: a worker holds its task, or it is over (FAILED_PRECONDITION)."""
     RESERVED_FOR_WORKFLOW = "RESERVED_FOR_WORKFLOW"
     """A step write under a workflow without the fence of the task holding it."""
     INVALID_PAGE_TOKEN = "INVALID_PAGE_TOKEN"

@@ -57,6 +57,7 @@ from troth_server.dispatch import Dispatcher
 from troth_server.domain.settle_tokens import KeysInvalid
 from troth_server.guard import SettleGuard
 from troth_server.metrics import Metrics
+from troth_server.schedules import Scheduler, ScheduleService
 from troth_server.service import PromiseService
 from troth_server.settle_keys import SettleKeys
 from troth_server.store import (
@@ -218,6 +219,18 @@ class Core:
                 on_lost=self._lost,
             ),
         )
+        # Schedules: a firing pass on the sweeper's beat, in a thread of its own.
+        self.schedules = ScheduleService(
+            self.store,
+            self.committer,
+            clock,
+            min(settings.limits.default_workflow_ttl_ms, settings.limits.max_ttl_ms),
+        )
+        self.scheduler = Scheduler(
+            self.schedules,
+            interval=settings.sweep_interval_ms / 1000,
+            on_store_error=self.outages.store_failed,
+        )
         if metrics is not None:
             live = metrics.live
             live.streams = self.dispatcher.streams
@@ -267,10 +280,12 @@ class Core:
         self.committer.start()
         self.dispatcher.start()
         self.sweeper.start()
+        self.scheduler.start()
         self.store.listen(self._on_store_event)
 
     def stop(self) -> None:
         """After the gRPC server stopped: queued writes commit, then the store closes."""
+        self.scheduler.stop()
         self.sweeper.stop()
         self.dispatcher.stop()
         self.committer.stop()
@@ -652,7 +667,8 @@ def servicers(
     as the RPC it is)."""
     promises = PromiseServiceServicer(core.service, limits)
     tasks = TaskServiceServicer(core.tasks, core.dispatcher, limits, core.workflows)
-    promises.workflow_waiting = tasks.workflow_waiting
+    tasks.schedules = core.schedules
+    promises.workflow_waits = tasks
     tasks.mux = CallMux(
         ((PROMISES, promises), (TASKS, tasks)),
         limits,

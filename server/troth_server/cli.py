@@ -89,6 +89,11 @@ def tokens(argv: Sequence[str]) -> int:
         "--prefixes", default="", help="comma-separated id prefixes it may see and touch"
     )
     new.add_argument(
+        "--permissions",
+        default="",
+        help="comma-separated permission names approver policies may list (e.g. payouts:approve)",
+    )
+    new.add_argument(
         "--token-out",
         metavar="FILE",
         help="write the token to this new file (mode 0600) instead of printing it on stderr",
@@ -101,7 +106,13 @@ def tokens(argv: Sequence[str]) -> int:
         return [part.strip() for part in text.split(",") if part.strip()]
 
     try:
-        minted = mint(args.name, split(args.roles), split(args.groups), split(args.prefixes))
+        minted = mint(
+            args.name,
+            split(args.roles),
+            split(args.groups),
+            split(args.prefixes),
+            split(args.permissions),
+        )
     except ValueError as exc:
         print(f"troth tokens: error: {exc}", file=sys.stderr)
         return 2

@@ -15,7 +15,13 @@ from troth._grpc_args import (
     PERMITTED_PING_INTERVAL_MS,
     PING_INTERVAL_MS,
 )
-from troth_server.auth import SUPPORTED_ALGORITHMS, AuthSources, parse_algorithms
+from troth_server.auth import (
+    PERMISSIONS_CLAIM,
+    SUPPORTED_ALGORITHMS,
+    AuthSources,
+    parse_algorithms,
+    permissions_claim_problem,
+)
 from troth_server.console import INSTALL_COMMAND as CONSOLE_INSTALL
 from troth_server.domain.schema import SchemaBounds
 from troth_server.units import duration_text, size_text
@@ -139,6 +145,9 @@ class Settings:
     jwt_issuer: str | None = None
     jwt_audience: str | None = None
     jwt_algorithms: str = ",".join(SUPPORTED_ALGORITHMS)
+    jwt_permissions_claim: str = PERMISSIONS_CLAIM
+    """The JWT claim that lists a principal's permission names (a list of strings, or
+    one space-separated string as OAuth's `scope`)."""
     no_auth: bool = False
     """Authentication off, for local development on a loopback address."""
     allow_public_without_auth: bool = False
@@ -176,6 +185,7 @@ class Settings:
             jwt_issuer=self.jwt_issuer or None,
             jwt_audience=self.jwt_audience or None,
             jwt_algorithms=parse_algorithms(self.jwt_algorithms),
+            jwt_permissions_claim=self.jwt_permissions_claim,
         )
 
 
@@ -272,6 +282,13 @@ _OPTIONS: dict[str, tuple[str, Callable[[str], object] | None, str]] = {
         "jwt_algorithms",
         str,
         "JWT algorithms accepted, comma-separated, of HS256, RS256, EdDSA",
+    ),
+    "jwt-permissions-claim": (
+        "jwt_permissions_claim",
+        str,
+        "the JWT claim that lists the principal's permission names, matched by approver "
+        "policies' permissions: a list of strings, or a space-separated string as OAuth's "
+        "scope (e.g. scope)",
     ),
     "no-auth": (
         "no_auth",
@@ -552,6 +569,9 @@ def _check_auth(settings: Settings, parser: argparse.ArgumentParser) -> None:
         parse_algorithms(settings.jwt_algorithms)
     except ValueError as exc:
         parser.error(f"--jwt-algorithms: {exc}")
+    problem = permissions_claim_problem(settings.jwt_permissions_claim)
+    if problem is not None:
+        parser.error(f"--jwt-permissions-claim: {problem}")
 
 
 def split_listen(listen: str) -> tuple[str, int]:

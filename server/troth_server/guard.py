@@ -9,7 +9,8 @@ commit's writer), what a settle needs beyond the promise's state machine:
 - every resolve or reject, with a token or not: the promise's approver policy
   checked against the principal the settle acts for (`domain.approvers`), from a
   point read of the promise and, for a distinct quorum, of the workflow's other
-  steps. A token's principal is its name and the roles it held at mint.
+  steps. A token's principal is its name and the roles it held at mint, with the
+  permissions it held then of those the policy lists (a token carries no more).
 
 The writer then only compares: the policy it sees with the one checked (else
 `PolicyNotChecked`, and the service checks again), the quorum's settlers with
@@ -186,7 +187,8 @@ class SettleGuard:
     def _acting(self, found: Promise, caller: Principal, acts_for: str | None) -> Principal:
         """Whom a token `caller` mints for `found` acts for: `caller` itself (its name and
         roles), or the approver `acts_for`, named by a principal holding the gateway role
-        (its roles unknown: none). Refused as that principal's settle would be now."""
+        (its roles and permissions unknown: none). Refused as that principal's settle
+        would be now."""
         named = acts_for is not None and acts_for != caller.name
         if named:
             assert acts_for is not None
@@ -200,7 +202,12 @@ class SettleGuard:
                     f"{caller.name!r}: a settle token acts for its minter, whose name must be "
                     "printable ASCII without spaces; declare another name",
                 )
-            principal = Principal(name=caller.name, roles=caller.roles)
+            # Of its permissions, only those the promise's policy lists go into the
+            # token: all the decision needs, and a link shows no more of the grant.
+            listed = found.approvers.permissions if found.approvers is not None else frozenset()
+            principal = Principal(
+                name=caller.name, roles=caller.roles, permissions=caller.permissions & listed
+            )
         refusal, _ = self._decide(found, principal)
         if refusal is None:
             return principal
@@ -210,7 +217,7 @@ class SettleGuard:
         elif named and refusal.rule is policies.Rule.APPROVERS and found.approvers is not None:
             hint = (
                 "; a named approver is admitted only by the policy's list of principals "
-                "(the server cannot know a named principal's roles)"
+                "(the server cannot know a named principal's roles or permissions)"
             )
         raise policies.NotAnApprover(
             found.id, refusal.rule, refusal.why + hint, then="no settle token was minted"

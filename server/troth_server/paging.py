@@ -185,6 +185,28 @@ def decode_workers(token: str, group: str) -> After:
     return After(str(fields["group"]), str(fields["worker"]), str(fields["principal"]))
 
 
+_SCHEDULE_KEYS = frozenset({"schedule", "query"})
+_SCHEDULES_QUERY = "schedules"
+
+
+def encode_schedules(after: str) -> str:
+    """The `SearchSchedules` page token for the page after the schedule named `after`."""
+    fields = {"schedule": after, "query": _SCHEDULES_QUERY}
+    raw = json.dumps(fields, separators=(",", ":")).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_schedules(token: str) -> str:
+    """The schedule name a `SearchSchedules` page token starts after; validated like
+    `decode` (InvalidPageToken: malformed, or issued by another search)."""
+    fields = _parse(token)
+    if set(fields) != _SCHEDULE_KEYS or not all(isinstance(v, str) for v in fields.values()):
+        raise _not_issued("its fields are not those of a SearchSchedules page token")
+    if fields["query"] != _SCHEDULES_QUERY:
+        raise InvalidPageToken("belongs to a different search; start over without a page_token")
+    return str(fields["schedule"])
+
+
 def _parse(token: str) -> dict[str, object]:
     """The token's JSON object: flat, no key twice, from at most MAX_TOKEN_LENGTH characters."""
     if len(token) > MAX_TOKEN_LENGTH:

@@ -44,13 +44,14 @@ from troth_server.watch import (
 )
 from troth_server.writes.ops.create import CreateOp
 from troth_server.writes.ops.expire import ExpireOp, ReadDueOp
-from troth_server.writes.ops.settle import SettleOp
+from troth_server.writes.ops.settle import Settled, SettleOp
+from troth_server.writes.ops.states import StateStepOp
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Iterable
 
     from troth_server.domain.access import Principal
-    from troth_server.domain.promise import CreateRequest, Promise
+    from troth_server.domain.promise import CreateRequest, Payload, Promise
     from troth_server.domain.steps import Fence
     from troth_server.watch import EventFilter, WatchHub
     from troth_server.writes.batch import StateChange
@@ -123,6 +124,20 @@ class PromiseService:
         op = CreateOp(request, principal, settled_with, fence)
         return await self._committer.submit_async(op)
 
+    async def state_step_async(
+        self,
+        request: CreateRequest,
+        principal: str | None,
+        fence: Fence,
+        name: str,
+        value: Payload | None,
+    ) -> tuple[Promise, bool]:
+        """A workflow's read (`value` None) or write of its state slot `name`, recorded
+        as its step `request.id` (`StateStepOp`)."""
+        return await self._committer.submit_async(
+            StateStepOp(request, principal, fence, name, value)
+        )
+
     def with_settle_token(self, request: SettleRequest, token: str) -> SettleRequest:
         """`request` carrying the settle token `token`, once verified: a settle of the
         principal the token acts for (`SettleGuard.with_token`); cheap (an HMAC)."""
@@ -133,7 +148,7 @@ class PromiseService:
         request: SettleRequest,
         fence: Fence | None = None,
         caller: Principal = LOCAL_DEVELOPER,
-    ) -> tuple[Promise, bool]:
+    ) -> Settled:
         """Settle a promise; a resolve value is checked against the promise's schema
         first, on the check pool (never on the loop or the writer), and an unfenced
         resolve or reject against its approver policy as `caller`'s, or, with a settle
@@ -141,7 +156,7 @@ class PromiseService:
         if fence is None and request.token is None:
             self.check_settle_reach(request, caller)  # point reads, as GetPromise's
 
-        async def write(checked: SettleRequest) -> tuple[Promise, bool]:
+        async def write(checked: SettleRequest) -> Settled:
             return await self._committer.submit_async(SettleOp(checked, fence))
 
         for attempt in range(_POLICY_ATTEMPTS):

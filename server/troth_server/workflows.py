@@ -1,5 +1,6 @@
-"""Use cases of workflows as a whole: list them (`SearchWorkflows`) and retry a paused
-one now (`RetryWorkflowNow`).
+"""Use cases of workflows as a whole: list them (`SearchWorkflows`), retry a paused
+one now (`RetryWorkflowNow`), and read or rewrite its state slots (`GetWorkflowState`,
+`ReplaceWorkflowState`: a compare-and-swap, one write op through the group committer).
 
 A workflow is the promise that starts one (tagged `troth:invoke`, its group; its
 name `troth:func`), with its steps (`parent_id` is it) and at most one task that
@@ -15,16 +16,19 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from troth_server import paging
-from troth_server.domain import steps
+from troth_server.domain import states, steps
+from troth_server.domain.errors import NotAWorkflow, PromiseNotFound
 from troth_server.domain.promise import PromiseState
 from troth_server.domain.steps import INVOKE_TAG
 from troth_server.store import PromiseOrder
+from troth_server.writes.ops.states import ReplaceStateOp
 from troth_server.writes.ops.workflows import RetryNowOp
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from troth_server.domain.promise import Promise
+    from troth_server.domain.promise import Payload, Promise
+    from troth_server.domain.states import Lost, WorkflowState
     from troth_server.domain.task import Task
     from troth_server.store import Store, WorkflowQuery
     from troth_server.writes.group_commit import GroupCommitter
@@ -109,6 +113,37 @@ class WorkflowService:
         """Offer workflow `root_id`'s paused task at once (its next attempt now);
         returns it. Refused (`WorkflowNotPaused`) if its task is not paused."""
         return await self._committer.submit_async(RetryNowOp(root_id))
+
+    def get_state(
+        self, root_id: str, name: str, *, require_parked: bool = False
+    ) -> tuple[WorkflowState, Promise, str | None]:
+        """Workflow `root_id`'s slot `name` (version 0: never written), its root as a
+        reader sees it, and why the run is not parked (None: it is). With
+        `require_parked`, a run that is not parked is refused (`WorkflowNotParked`)."""
+        found = self._store.get_promise(root_id)
+        if found is None:
+            raise PromiseNotFound(root_id)
+        if INVOKE_TAG not in found.tags:
+            raise NotAWorkflow(root_id)
+        (root,) = self._decided([found], self._clock())
+        slot = self._store.workflow_state(root_id, name) or states.WorkflowState(root_id, name)
+        why = states.not_parked_because(root, self._store.active_tasks([root_id]).get(root_id))
+        if require_parked and why is not None:
+            raise states.WorkflowNotParked(root_id, why)
+        return slot, root, why
+
+    async def replace_state_async(
+        self,
+        root_id: str,
+        name: str,
+        value: Payload,
+        expected_version: int,
+        principal: str | None,
+    ) -> tuple[WorkflowState, Lost | None]:
+        """An operator's rewrite by compare-and-swap (`ReplaceStateOp`): the new slot and
+        None, or the slot as it is and what the rewrite lost to."""
+        op = ReplaceStateOp(root_id, name, value, expected_version, principal)
+        return await self._committer.submit_async(op)
 
 
 __all__ = ["Workflow", "WorkflowPage", "WorkflowService"]

@@ -37,7 +37,14 @@ from _streams import HandCalls, ReadStream, StreamEnded, ended_with
 from _support import start_server
 from google.protobuf.duration_pb2 import Duration
 
-from troth.v1 import promises_pb2, promises_pb2_grpc, tasks_pb2, tasks_pb2_grpc
+from troth.v1 import (
+    promises_pb2,
+    promises_pb2_grpc,
+    schedules_pb2,
+    tasks_pb2,
+    tasks_pb2_grpc,
+    types_pb2,
+)
 from troth_server.api._mux import STREAM_CALLS
 from troth_server.app import PROMISES, TASKS
 from troth_server.auth import LEEWAY_S, mint
@@ -205,6 +212,7 @@ _REQUESTS: dict[str, Callable[[str], Any]] = {
     "CancelPromise": lambda tag: promises_pb2.CancelPromiseRequest(id=_MISSING),
     "WaitPromise": lambda tag: promises_pb2.WaitPromiseRequest(id=_MISSING),
     "MintSettleToken": lambda tag: promises_pb2.MintSettleTokenRequest(promise_id=_MISSING),
+    "WhoAmI": lambda tag: promises_pb2.WhoAmIRequest(),
     "PrunePromises": lambda tag: promises_pb2.PrunePromisesRequest(
         older_than=Duration(seconds=10**8), dry_run=True
     ),
@@ -227,6 +235,25 @@ _REQUESTS: dict[str, Callable[[str], Any]] = {
     "SearchWorkers": lambda tag: tasks_pb2.SearchWorkersRequest(),
     "SearchWorkflows": lambda tag: tasks_pb2.SearchWorkflowsRequest(id="mx-none-*"),
     "RetryWorkflowNow": lambda tag: tasks_pb2.RetryWorkflowNowRequest(id=_MISSING),
+    "GetWorkflowState": lambda tag: tasks_pb2.GetWorkflowStateRequest(
+        workflow_id=_MISSING, name="thread"
+    ),
+    "ReplaceWorkflowState": lambda tag: tasks_pb2.ReplaceWorkflowStateRequest(
+        workflow_id=_MISSING, name="thread", value=types_pb2.Payload(data=b"[]")
+    ),
+    # A create the door lets through is refused after it (a cron that is none): the
+    # matrix creates no schedule.
+    "CreateSchedule": lambda tag: schedules_pb2.CreateScheduleRequest(
+        name=f"mx-s-{tag}", cron="never", workflow="w", group=GROUP
+    ),
+    "UpdateSchedule": lambda tag: schedules_pb2.UpdateScheduleRequest(
+        name=_MISSING, cron="0 * * * *", workflow="w", group=GROUP
+    ),
+    "GetSchedule": lambda tag: schedules_pb2.GetScheduleRequest(name=_MISSING),
+    "SearchSchedules": lambda tag: schedules_pb2.SearchSchedulesRequest(),
+    "PauseSchedule": lambda tag: schedules_pb2.PauseScheduleRequest(name=_MISSING),
+    "ResumeSchedule": lambda tag: schedules_pb2.ResumeScheduleRequest(name=_MISSING),
+    "DeleteSchedule": lambda tag: schedules_pb2.DeleteScheduleRequest(name=_MISSING),
 }
 
 

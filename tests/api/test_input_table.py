@@ -168,6 +168,8 @@ def cases_for(rpc: str, bad: BadInput) -> list[Case]:
             return [(_not_utf8(message, kw), path) for kw, path in text_cases(message, SNOWMAN)]
         case BadInput.TRUNCATED:
             texts = [f.name for f in message.fields if f.type == STRING and not f.is_repeated]
+            if not message.fields:  # an empty message (WhoAmI): garbage bytes only
+                return [(b"\xff", "request")]
             if not texts:  # no text field (PrunePromises): garbage bytes, cut messages
                 first = message.fields[0].name
                 whole = _request(message, {first: {"seconds": 5}}).SerializeToString()

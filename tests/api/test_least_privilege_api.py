@@ -429,3 +429,46 @@ def test_a_scoped_operator_sees_workers_without_their_principals_or_tasks(
         tasks_pb2.SearchWorkersRequest(page_size=1), metadata=site.md("acme-ops"), timeout=10
     )
     assert "worker-a" not in page.next_page_token and all(not w.principal for w in page.workers)
+
+
+# -- issue 31: a workflow's state slots ------------------------------------------------
+
+
+def test_who_reads_and_who_rewrites_a_workflows_state(site: Site) -> None:
+    """Reading a slot needs what reading the workflow needs (a worker: its groups'
+    workflows only; a scoped operator: inside its prefixes); rewriting it is an
+    operator's or an admin's, never a gateway's or a worker's."""
+    wid = _id("acme-chat-")
+    site.start("gateway", wid, GROUP_A)
+
+    def get(who: str) -> tasks_pb2.GetWorkflowStateResponse:
+        request = tasks_pb2.GetWorkflowStateRequest(workflow_id=wid, name="thread")
+        return site.tasks.GetWorkflowState(request, metadata=site.md(who), timeout=10)
+
+    def replace(who: str, expected: int) -> tasks_pb2.ReplaceWorkflowStateResponse:
+        request = tasks_pb2.ReplaceWorkflowStateRequest(
+            workflow_id=wid,
+            name="thread",
+            value=types_pb2.Payload(data=b"[]"),
+            expected_version=expected,
+        )
+        return site.tasks.ReplaceWorkflowState(request, metadata=site.md(who), timeout=10)
+
+    for reader in ("gateway", "worker-a", "ops", "acme-ops", "admin"):
+        assert get(reader).state.version == 0, reader
+    assert _refused(lambda: get("worker-b"))[0] == grpc.StatusCode.PERMISSION_DENIED
+    for writer in ("gateway", "worker-a"):
+        code, reason, _ = _refused(lambda: replace(writer, 0))  # noqa: B023
+        assert (code, reason) == (grpc.StatusCode.PERMISSION_DENIED, "ROLE_NOT_ALLOWED"), writer
+    won = replace("acme-ops", 0)
+    assert won.won and won.state.version == 1 and won.state.updated_by == "acme-ops"
+    lost = replace("admin", 0)
+    assert not lost.won and lost.lost_to == tasks_pb2.STATE_LOST_TO_VERSION_CHANGED
+    assert "written by acme-ops" in lost.message
+    other = _id("other-")
+    site.start("gateway", other, GROUP_A)
+    outside = tasks_pb2.GetWorkflowStateRequest(workflow_id=other, name="thread")
+    code, reason, _ = _refused(
+        lambda: site.tasks.GetWorkflowState(outside, metadata=site.md("acme-ops"), timeout=10)
+    )
+    assert (code, reason) == (grpc.StatusCode.PERMISSION_DENIED, "OUTSIDE_PREFIXES")

@@ -69,8 +69,22 @@ def gated(ctx: Context, approver: str) -> Generator[Any, Any, Any]:
     return (yield approval)
 
 
+def payout(ctx: Context, amount: int) -> Generator[Any, Any, Any]:
+    approval = yield ctx.promise(
+        title=f"Pay out {amount}?",
+        approvers=Approvers(permissions=["payouts:approve"], not_requester=True),
+    )
+    return (yield approval)
+
+
 def named(ctx: Context, post: int) -> Generator[Any, Any, Any]:
     approval = yield ctx.promise(id=f"approval-{ctx.id}", title=f"Named approval {post}")
+    return (yield approval)
+
+
+def noted(ctx: Context) -> Generator[Any, Any, Any]:
+    yield ctx.set_state("notes", ["drafted"])
+    approval = yield ctx.promise(title="Noted")
     return (yield approval)
 
 
@@ -129,6 +143,7 @@ def site(
             Grant("bob", ("gateway",)),
             Grant("ops", ("operator",)),
             Grant("dave", ("gateway",)),  # revoked by a test: nobody else signs in as dave
+            Grant("pam", ("gateway",), permissions=("payouts:approve", "payouts:read")),
         ],
     )
     with ExitStack() as stack:
@@ -148,7 +163,9 @@ def worker(site: Site) -> Iterator[Worker]:
         w = Worker(client, group=GROUP, lease=timedelta(seconds=5))
         w.workflow(review)
         w.workflow(named)
+        w.workflow(payout)
         w.workflow(buggy)
+        w.workflow(noted)
         w.start()
         yield w
         w.stop()
@@ -224,6 +241,31 @@ def test_approving_through_the_form_resumes_the_workflow_and_its_timeline_shows_
     assert "Ended resolved" in timeline
 
 
+def test_the_workflow_page_shows_its_state_slots_as_rewritten(
+    site: Site, worker: Worker, starter: Client
+) -> None:
+    wid = f"noted-{uuid.uuid4().hex[:8]}"
+    starter.start("noted", id=wid, group=GROUP)
+    with Client(site.server.address, timeout=10, token=site.tokens["ops"]) as ops:
+
+        def parked() -> bool:
+            state = ops.get_state(wid, "notes")
+            return bool(state.parked) and state.version == 1
+
+        eventually(parked, 20, "the run parked")
+        assert ops.replace_state(wid, "notes", lambda notes: [*notes, "reviewed"]).won
+    with site.http() as http:
+        site.sign_in(http, "ops")
+        page = http.get(f"/workflows/{wid}").text
+    section = page[
+        page.index('<section class="states">') : page.index(
+            "</section>", page.index('<section class="states">')
+        )
+    ]
+    assert '<tr data-state="notes">' in section and "<td>2</td>" in section
+    assert "by <b>ops</b>" in section and "reviewed" in section
+
+
 def test_someone_the_policy_does_not_name_is_refused_in_words(
     site: Site, worker: Worker, starter: Client
 ) -> None:
@@ -239,6 +281,52 @@ def test_someone_the_policy_does_not_name_is_refused_in_words(
     assert 'action="/settle/' in refused.text, "the form again, to try as someone else"
     assert "NOT_AN_APPROVER" in refused.text
     assert starter.get(step).state is PromiseState.PENDING
+
+
+def test_signed_in_shows_the_permissions_and_a_settle_is_decided_by_them(
+    site: Site, worker: Worker, starter: Client
+) -> None:
+    with site.http() as http:
+        site.sign_in(http, "pam")
+        assert 'href="/me"' in http.get("/").text
+        me = http.get("/me")
+        assert me.status_code == 200
+        assert "Signed in as <code>pam</code>" in me.text
+        permissions = re.search(r'<dd id="permissions">(.*?)</dd>', me.text)
+        assert permissions is not None
+        assert re.findall(r"<code>([^<]+)</code>", permissions.group(1)) == [
+            "payouts:approve",
+            "payouts:read",
+        ]
+        assert "<code>gateway</code>" in me.text
+    with site.http() as http:
+        site.sign_in(http, "alice")
+        assert re.search(r'<dd id="permissions">none</dd>', http.get("/me").text)
+    wid = f"payout-{uuid.uuid4().hex[:8]}"
+    starter.start("payout", 120, id=wid, group=GROUP)
+    step = f"{wid}.0"
+    eventually(lambda: _pending(starter, step), 20, "the approval step")
+    with site.http() as http:  # alice holds no payouts:approve
+        site.sign_in(http, "alice")
+        assert step not in http.get("/").text  # her inbox (`mine`) lacks it
+        page = http.get(f"/promises/{step}").text
+        form = {"csrf": csrf(http, "/"), "key": key_of(page, step), "action": "reject"}
+        refused = http.post(f"/settle/{step}", data=form)
+        assert refused.status_code == 403 and "NOT_AN_APPROVER" in refused.text
+    with site.http() as http:
+        site.sign_in(http, "pam")
+        page = http.get("/").text
+        assert step in page  # pam's inbox holds it
+        form = {"csrf": csrf(http, "/"), "key": key_of(page, step), "action": "reject"}
+        assert http.post(f"/settle/{step}", data=form).status_code == 303
+    eventually(lambda: starter.get(wid).state is PromiseState.REJECTED, 20, "the workflow")
+    assert starter.get(step).settled_by == "pam"
+
+
+def test_me_without_signing_in_sends_to_sign_in(site: Site) -> None:
+    with site.http() as http:
+        response = http.get("/me")
+    assert response.status_code == 303 and response.headers["location"] == "/signin"
 
 
 def test_a_form_missing_a_required_field_names_it_and_settles_nothing(
@@ -327,8 +415,12 @@ def test_the_tasks_page_lists_a_groups_tasks(site: Site, starter: Client) -> Non
 
 
 def test_the_workers_page_lists_the_connected_workers(site: Site, worker: Worker) -> None:
+    listed = f"<code>{worker.worker_id}</code>"
     with site.http() as http:
         site.sign_in(http, "ops")
+        # `Worker.start()` returns before its stream is open (a loaded machine saw the
+        # page read first): the page lists the worker once it is connected.
+        eventually(lambda: listed in http.get("/workers").text, 20, "the worker connected")
         page = http.get("/workers")
     assert page.status_code == 200, page.text
     assert f"<code>{worker.worker_id}</code>" in page.text

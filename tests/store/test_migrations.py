@@ -75,6 +75,8 @@ def test_upgrade_from_empty_to_head(engine: sa.Engine) -> None:
             "promise_tags",
             "tasks",
             "callbacks",
+            "workflow_states",
+            "schedules",
         }
 
 

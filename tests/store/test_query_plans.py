@@ -53,6 +53,7 @@ from sqlalchemy import Engine, event
 from troth import Client, Context, PromiseRejectedError, PromiseState, Worker
 from troth.v1 import promises_pb2, promises_pb2_grpc, tasks_pb2, tasks_pb2_grpc, types_pb2
 from troth_server.store._reads import PromiseReads
+from troth_server.store._sql import _WriteTx
 
 if TYPE_CHECKING:
     from troth_server.store._bind import Statement
@@ -235,11 +236,20 @@ def recording() -> Iterator[list[Executed]]:
         seen.append(Executed(statement.sql, statement.params(values)))
         return point_read(store, statement, values)
 
+    # A write transaction's statements on SQLite run on the driver, past the events too.
+    on_sqlite = _WriteTx._on_sqlite
+
+    def record_on_sqlite(tx: _WriteTx, sql: str, params: Any, *, many: bool) -> list[Any]:
+        seen.append(Executed(sql, params[0] if many and params else params))
+        return on_sqlite(tx, sql, params, many=many)
+
     event.listen(Engine, "before_cursor_execute", record)
     PromiseReads._read_rows = record_point_read  # type: ignore[method-assign]
+    _WriteTx._on_sqlite = record_on_sqlite  # type: ignore[method-assign]
     try:
         yield seen
     finally:
+        _WriteTx._on_sqlite = on_sqlite  # type: ignore[method-assign]
         PromiseReads._read_rows = point_read  # type: ignore[method-assign]
         event.remove(Engine, "before_cursor_execute", record)
 

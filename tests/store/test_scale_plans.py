@@ -109,19 +109,29 @@ def recording() -> Iterator[list[Executed]]:
         return point_read(store, statement, values)
 
     def record_select(tx: _WriteTx, sql: str, params: Any) -> Sequence[Sequence[Any]]:
-        if tx.row_locks:  # PostgreSQL: past SQLAlchemy's events (SQLite goes through them)
+        if tx.row_locks:  # PostgreSQL: past SQLAlchemy's events (SQLite: `on_sqlite`)
             seen.append(Executed(sql, params, tuple(settings.items())))
         return select(tx, sql, params)
+
+    # SQLite: the write transaction runs its statements on the driver, past the events.
+    on_sqlite = _WriteTx._on_sqlite
+
+    def record_on_sqlite(tx: _WriteTx, sql: str, params: Any, *, many: bool) -> list[Any]:
+        if re.match(r"\s*(SELECT|WITH|UPDATE|DELETE)\b", sql, re.I):
+            seen.append(Executed(sql, params[0] if many and params else params))
+        return on_sqlite(tx, sql, params, many=many)
 
     event.listen(Engine, "before_cursor_execute", record)
     event.listen(Engine, "commit", end)
     event.listen(Engine, "rollback", end)
     _WriteTx._select = record_select  # type: ignore[method-assign]
+    _WriteTx._on_sqlite = record_on_sqlite  # type: ignore[method-assign]
     PromiseReads._read_rows = record_point_read  # type: ignore[method-assign]
     try:
         yield seen
     finally:
         PromiseReads._read_rows = point_read  # type: ignore[method-assign]
+        _WriteTx._on_sqlite = on_sqlite  # type: ignore[method-assign]
         _WriteTx._select = select  # type: ignore[method-assign]
         event.remove(Engine, "rollback", end)
         event.remove(Engine, "commit", end)

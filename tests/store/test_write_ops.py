@@ -126,7 +126,7 @@ def test_a_completion_settles_its_root_in_its_transaction(writer: Writer) -> Non
 def test_a_promise_created_settled_and_timed_out(writer: Writer) -> None:
     created, was_created = writer(CreateOp(CreateRequest("p", EMPTY, {}, ttl=1_000), None))
     assert was_created and created.state is PromiseState.PENDING
-    settled, applied = writer(SettleOp(SettleRequest("p", PromiseState.RESOLVED, EMPTY)))
+    settled, applied = writer(SettleOp(SettleRequest("p", PromiseState.RESOLVED, EMPTY)))[:2]
     assert applied and settled.state is PromiseState.RESOLVED
     with pytest.raises(PromiseAlreadySettled):
         writer(SettleOp(SettleRequest("p", PromiseState.REJECTED, EMPTY, "other")))

@@ -93,3 +93,34 @@ def operator(client: Client) -> None:
         print(waiting.root.id, waiting.group, waiting.workflow, waiting.version, decisions)
     steps: list[Promise] = client.workflow_steps("publish-7")
     print([step.settled_by for step in steps])
+
+
+def payouts(client: Client) -> tuple[str, ...]:
+    """A policy of permission names, and who the client is to the server."""
+    policy = troth.Approvers(permissions=["payouts:approve"], not_requester=True)
+    client.create("payout-1", {"amount": 120}, approvers=policy)
+    me: troth.Caller = client.whoami()
+    print(me.name, me.roles, me.authenticated)
+    return me.permissions
+
+
+def rewrite_state(client: Client) -> bool:
+    """An operator reads a parked run's state slot and rewrites it, a validator guarding it."""
+    state: troth.WorkflowState = client.get_state("chat-1", "thread")
+    if not state.parked:
+        print(state.not_parked_because)
+
+    def shrink(thread: list[str]) -> list[str]:
+        return thread[-10:]
+
+    def non_empty(thread: list[str]) -> None:
+        if not thread:
+            raise ValueError("empty")
+
+    replaced: troth.StateReplaced = client.replace_state(
+        "chat-1", "thread", shrink, validate=non_empty
+    )
+    if not replaced.won:
+        lost: troth.StateLostTo = replaced.lost_to
+        print(lost.value, replaced.message, replaced.state.version, replaced.based_on)
+    return replaced.won

@@ -87,6 +87,9 @@ def checkout_v2(ctx: Context, order: str, cents: int) -> Generator[Any, Any, str
     yield ctx.sleep(timedelta(seconds=2), check_args=False)
     moment: datetime = yield ctx.now()
     roll: float = yield ctx.random()
+    notes: list[str] = yield ctx.state("notes", default=[])
+    version: int = yield ctx.set_state("notes", [*notes, str(receipt[order])])
+    print(version)
     return f"{receipt[order]} at {moment.isoformat()} ({roll:.2f})"
 
 

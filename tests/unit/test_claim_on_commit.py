@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from test_task_service import HOUR, LEASE, Clock
@@ -36,6 +36,9 @@ from troth_server.watch import WatchHub
 from troth_server.writes.batch import Batch, Keys, Leased, Lessee, Lessor
 from troth_server.writes.group_commit import GroupCommitter
 from troth_server.writes.ops.create import CreateOp
+
+if TYPE_CHECKING:
+    from troth_server.writes.ops.settle import Settled
 
 
 @dataclass
@@ -144,13 +147,48 @@ def test_a_resume_is_leased_to_the_worker_that_suspended_with_what_settled(env: 
     asyncio.run(env.tasks.suspend_async(invoke.id, invoke.counter, "w2", ["wf-2.0"]))
     env.dispatcher.done("w2", invoke.id)
 
-    asyncio.run(
+    settled = asyncio.run(
         env.promises.settle_async(SettleRequest("wf-2.0", PromiseState.RESOLVED, Payload({}, b"1")))
     )
     resume = env.next(second)
     assert (resume.task.kind, resume.task.state) == (TaskKind.RESUME, TaskState.CLAIMED)
+    # The settle's own write knew the task it resumed: what its reply says of the
+    # workflow's wait needs no read (`Settled.workflow_task`).
+    assert settled.workflow_known and settled.workflow_task is not None
+    assert settled.workflow_task.id == resume.task.id
     assert [(p.id, p.state) for p in resume.history] == [("wf-2.0", PromiseState.RESOLVED)]
     env.nothing_for(first)
+
+
+def test_a_settle_knows_the_task_of_the_workflow_it_does_not_resume(env: Env) -> None:
+    """A human's settle reads its workflow's active task in its own write, whether the
+    workflow waits on the promise or is running (a worker holds its task), and says
+    so for a promise of no workflow: its reply needs no read of its own."""
+    stream = env.stream("w1")
+    env.start("wf-3")
+    invoke = env.next(stream).task
+    fence = Fence(invoke.id, invoke.counter, "w1")
+    for step in ("wf-3.0", "wf-3.1"):
+        asyncio.run(
+            env.promises.create_async(CreateRequest(step, EMPTY, {}, ttl=HOUR), fence=fence)
+        )
+    asyncio.run(env.promises.create_async(CreateRequest("plain", EMPTY, {}, ttl=HOUR)))
+
+    def settle(promise_id: str) -> Settled:
+        request = SettleRequest(promise_id, PromiseState.RESOLVED, Payload({}, b"1"))
+        return asyncio.run(env.promises.settle_async(request))
+
+    running = settle("wf-3.0")  # the worker holds the task: no callback fires
+    assert running.workflow_known and running.workflow_task is not None
+    assert (running.workflow_task.id, running.workflow_task.state) == (
+        invoke.id, TaskState.CLAIMED,
+    )  # fmt: skip
+    plain = settle("plain")
+    assert plain.workflow_known is False and plain.workflow_task is None
+    asyncio.run(env.tasks.complete_async(invoke.id, invoke.counter, "w1", None))
+    env.dispatcher.done("w1", invoke.id)
+    ended = settle("wf-3.1")  # nothing waits on it, no task is left
+    assert ended.workflow_known and ended.workflow_task is None
 
 
 def test_tasks_that_wait_are_delivered_before_new_ones(env: Env) -> None:

@@ -13,6 +13,7 @@ from troth_server.domain.errors import InvalidArgument
 
 names = st.sampled_from(["alice", "bob", "carol", "dave", "erin"])
 role_names = st.sampled_from([r.value for r in Role] + ["finance"])
+permission_names = st.sampled_from(["payouts:approve", "payouts:read", "legal:sign"])
 policies = st.builds(
     Approvers,
     principals=st.frozensets(names, max_size=3),
@@ -20,9 +21,13 @@ policies = st.builds(
     not_requester=st.booleans(),
     distinct=st.booleans(),
     quorum=st.sampled_from(["", "legal"]),
+    permissions=st.frozensets(permission_names, max_size=2),
 )
 callers = st.builds(
-    Principal, name=names, roles=st.frozensets(st.sampled_from(list(Role)), max_size=2)
+    Principal,
+    name=names,
+    roles=st.frozensets(st.sampled_from(list(Role)), max_size=2),
+    permissions=st.frozensets(permission_names, max_size=2),
 )
 
 
@@ -78,11 +83,12 @@ def test_the_recorded_json_reads_back_as_the_same_policy(policy: Approvers) -> N
 def test_decide_is_exactly_the_three_rules(
     policy: Approvers, caller: Principal, starter: str | None, settlers: list[str | None]
 ) -> None:
-    listed = policy.principals or policy.roles
+    listed = policy.principals or policy.roles or policy.permissions
     allowed_by_list = (
         not listed
         or caller.name in policy.principals
         or any(r.value in policy.roles for r in caller.roles)
+        or any(p in policy.permissions for p in caller.permissions)
     )
     four_eyes_ok = not policy.not_requester or caller.name != starter
     distinct_ok = not policy.distinct or caller.name not in settlers

@@ -62,6 +62,7 @@ def mint(
     names.filter(tokens.is_principal_name),
     role_sets,
     instances,
+    st.frozensets(st.sampled_from(["payouts:approve", "a", "api://x/Y.Z"]), max_size=3),
 )
 def test_a_minted_token_verifies_for_what_it_grants(
     promise_id: str,
@@ -71,10 +72,13 @@ def test_a_minted_token_verifies_for_what_it_grants(
     name: str,
     roles: frozenset[Role],
     instance: int,
+    permissions: frozenset[str],
 ) -> None:
-    acts_for = Principal(name, roles)
+    acts_for = Principal(name, roles, permissions=permissions)
     token, granted = mint(RING, promise_id, outcomes, NOW + life, token_id, acts_for, instance)
-    assert token.startswith("st2.k2.")
+    # A token with permissions is st3; without, the st2 it always was.
+    assert token.startswith("st3.k2." if permissions else "st2.k2.")
+    assert granted.permissions == permissions
     assert all(c.isalnum() or c in "._-" for c in token)  # URL-safe as it is
     for outcome in outcomes:
         assert verify(RING, token, promise_id, outcome, NOW) == granted

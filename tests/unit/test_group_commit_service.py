@@ -116,9 +116,10 @@ def resolve(
     state: PromiseState = PromiseState.RESOLVED,
     principal: str | None = None,
 ) -> tuple[Promise, bool]:
-    return asyncio.run(
+    settled = asyncio.run(
         service.settle_async(SettleRequest(promise_id, state, value, key, principal=principal))
     )
+    return settled.promise, settled.applied
 
 
 def outcome(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -715,9 +716,10 @@ def test_a_settle_reads_its_promise_only_after_the_writer_finds_a_policy_uncheck
 
     def by(name: str) -> tuple[Promise, bool]:
         request = SettleRequest("guarded", PromiseState.RESOLVED, EMPTY, principal=name)
-        return asyncio.run(
+        settled = asyncio.run(
             service.settle_async(request, caller=Principal(name, frozenset({Role.GATEWAY})))
         )
+        return settled.promise, settled.applied
 
     with pytest.raises(NotAnApprover):
         by("bob")

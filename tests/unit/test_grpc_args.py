@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import re
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -53,14 +54,20 @@ def in_installed_grpcio(key: str) -> bool:
 
 
 def repository_python() -> list[Path]:
-    """The repository's Python, generated code (`sdk/troth/v1`) and this file (which
-    names the misspelt key on purpose) left out."""
+    """The repository's Python as git tracks it (not what lies ignored beside it: a
+    virtualenv, the peers benchmark's installs in bench/.cache, thousands of files),
+    generated code (`sdk/troth/v1`) and this file (which names the misspelt key on
+    purpose) left out."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", *SCANNED],
+        cwd=ROOT, capture_output=True, check=True,
+    ).stdout.decode().split("\0")  # fmt: skip
     return [
         path
-        for top in SCANNED
-        for path in sorted((ROOT / top).rglob("*.py"))
-        if "v1" not in path.relative_to(ROOT).parts[:3]
-        and ".venv" not in path.parts
+        for name in sorted(listed)
+        if name.endswith(".py")
+        and (path := ROOT / name).is_file()
+        and "v1" not in path.relative_to(ROOT).parts[:3]
         and path != Path(__file__).resolve()
     ]
 

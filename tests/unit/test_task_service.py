@@ -231,7 +231,8 @@ def test_cancelling_a_root_cancels_its_pending_descendants_and_resumes_it(env: E
     asyncio.run(env.tasks.complete_async(task.id, 1, "w1", None))
 
     cancel = SettleRequest("wf-10", PromiseState.REJECTED_CANCELED, EMPTY, principal="ops")
-    root, applied = asyncio.run(env.promises.settle_async(cancel))
+    settled = asyncio.run(env.promises.settle_async(cancel))
+    root, applied = settled.promise, settled.applied
     assert applied and root.state is PromiseState.REJECTED_CANCELED
     states = {n: asyncio.run(env.promises.get_async(f"wf-10.{n}")).state for n in range(3)}
     assert states == {

@@ -72,8 +72,20 @@ def _workers(commands: Commands) -> None:
     add_commands(commands)
 
 
+def _schedules(commands: Commands) -> None:
+    from troth._cli.schedules import add_commands
+
+    add_commands(commands)
+
+
 def _worker(commands: Commands) -> None:
     from troth._cli.worker import add_commands
+
+    add_commands(commands)
+
+
+def _mcp(commands: Commands) -> None:
+    from troth._cli.mcp import add_commands
 
     add_commands(commands)
 
@@ -85,7 +97,9 @@ _GROUPS: tuple[tuple[tuple[str, ...], Callable[[Commands], None]], ...] = (
     (("tasks",), _tasks),
     (("workflows",), _workflows),
     (("workers",), _workers),
+    (("schedules",), _schedules),
     (("worker",), _worker),
+    (("mcp",), _mcp),
     (FORWARDED, add_server_commands),  # a small module: imported always
 )
 """Each command group, in the order `troth --help` lists them: its command words, and

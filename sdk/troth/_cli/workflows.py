@@ -75,6 +75,7 @@ from troth._cli.output import (
     when,
     write_json,
 )
+from troth._cli.states import add_state_commands
 from troth._convert import promise_from_proto
 from troth._operators import TaskState
 from troth._tags import TAG_INVOKE, TAG_KIND
@@ -111,7 +112,7 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
     """Add `workflows` to the `troth` command line."""
     workflows = commands.add_parser(
         "workflows",
-        help="list, start, show, cancel, retry, fail or move workflows",
+        help="list, start, show, cancel, retry, fail or move workflows, or rewrite their state",
     )
     actions = workflows.add_subparsers(dest="action", metavar="ACTION", required=True)
     _add_list(actions)
@@ -196,6 +197,7 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="the newest version connected takes it (and records its own)",
     )
     to.add_argument("--to-version", metavar="V", help="the version to run it with")
+    add_state_commands(actions)
 
 
 def _add_list(actions: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

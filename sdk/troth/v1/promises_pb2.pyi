@@ -34,6 +34,16 @@ PROMISE_EVENT_TYPE_CREATED: PromiseEventType
 PROMISE_EVENT_TYPE_SETTLED: PromiseEventType
 PROMISE_EVENT_TYPE_TIMED_OUT: PromiseEventType
 
+class WhoAmIRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class WhoAmIResponse(_message.Message):
+    __slots__ = ("principal",)
+    PRINCIPAL_FIELD_NUMBER: _ClassVar[int]
+    principal: _types_pb2.Principal
+    def __init__(self, principal: _Optional[_Union[_types_pb2.Principal, _Mapping]] = ...) -> None: ...
+
 class MintSettleTokenRequest(_message.Message):
     __slots__ = ("promise_id", "outcomes", "ttl", "fence", "acts_for")
     PROMISE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -63,7 +73,7 @@ class MintSettleTokenResponse(_message.Message):
     def __init__(self, token: _Optional[str] = ..., expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., key_id: _Optional[str] = ..., token_id: _Optional[str] = ..., acts_for: _Optional[str] = ...) -> None: ...
 
 class CreatePromiseRequest(_message.Message):
-    __slots__ = ("id", "param", "tags", "expire_time", "ttl", "never_expires", "idempotency_key", "strict", "resolved_with", "rejected_with", "schema", "title", "message", "requested_by", "fence", "approvers")
+    __slots__ = ("id", "param", "tags", "expire_time", "ttl", "never_expires", "idempotency_key", "strict", "resolved_with", "rejected_with", "schema", "title", "message", "requested_by", "fence", "approvers", "state")
     class TagsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -87,6 +97,7 @@ class CreatePromiseRequest(_message.Message):
     REQUESTED_BY_FIELD_NUMBER: _ClassVar[int]
     FENCE_FIELD_NUMBER: _ClassVar[int]
     APPROVERS_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
     id: str
     param: _types_pb2.Payload
     tags: _containers.ScalarMap[str, str]
@@ -103,7 +114,16 @@ class CreatePromiseRequest(_message.Message):
     requested_by: str
     fence: _types_pb2.TaskFence
     approvers: _types_pb2.Approvers
-    def __init__(self, id: _Optional[str] = ..., param: _Optional[_Union[_types_pb2.Payload, _Mapping]] = ..., tags: _Optional[_Mapping[str, str]] = ..., expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., never_expires: _Optional[bool] = ..., idempotency_key: _Optional[str] = ..., strict: _Optional[bool] = ..., resolved_with: _Optional[_Union[_types_pb2.Payload, _Mapping]] = ..., rejected_with: _Optional[_Union[_types_pb2.Payload, _Mapping]] = ..., schema: _Optional[str] = ..., title: _Optional[str] = ..., message: _Optional[str] = ..., requested_by: _Optional[str] = ..., fence: _Optional[_Union[_types_pb2.TaskFence, _Mapping]] = ..., approvers: _Optional[_Union[_types_pb2.Approvers, _Mapping]] = ...) -> None: ...
+    state: WorkflowStateStep
+    def __init__(self, id: _Optional[str] = ..., param: _Optional[_Union[_types_pb2.Payload, _Mapping]] = ..., tags: _Optional[_Mapping[str, str]] = ..., expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., never_expires: _Optional[bool] = ..., idempotency_key: _Optional[str] = ..., strict: _Optional[bool] = ..., resolved_with: _Optional[_Union[_types_pb2.Payload, _Mapping]] = ..., rejected_with: _Optional[_Union[_types_pb2.Payload, _Mapping]] = ..., schema: _Optional[str] = ..., title: _Optional[str] = ..., message: _Optional[str] = ..., requested_by: _Optional[str] = ..., fence: _Optional[_Union[_types_pb2.TaskFence, _Mapping]] = ..., approvers: _Optional[_Union[_types_pb2.Approvers, _Mapping]] = ..., state: _Optional[_Union[WorkflowStateStep, _Mapping]] = ...) -> None: ...
+
+class WorkflowStateStep(_message.Message):
+    __slots__ = ("name", "write")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    WRITE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    write: bool
+    def __init__(self, name: _Optional[str] = ..., write: _Optional[bool] = ...) -> None: ...
 
 class CreatePromiseResponse(_message.Message):
     __slots__ = ("promise", "created")

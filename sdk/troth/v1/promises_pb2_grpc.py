@@ -90,6 +90,11 @@ class PromiseServiceStub:
                 request_serializer=troth_dot_v1_dot_promises__pb2.MintSettleTokenRequest.SerializeToString,
                 response_deserializer=troth_dot_v1_dot_promises__pb2.MintSettleTokenResponse.FromString,
                 _registered_method=True)
+        self.WhoAmI = channel.unary_unary(
+                '/troth.v1.PromiseService/WhoAmI',
+                request_serializer=troth_dot_v1_dot_promises__pb2.WhoAmIRequest.SerializeToString,
+                response_deserializer=troth_dot_v1_dot_promises__pb2.WhoAmIResponse.FromString,
+                _registered_method=True)
 
 
 class PromiseServiceServicer:
@@ -194,6 +199,15 @@ class PromiseServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WhoAmI(self, request, context):
+        """Who the caller is, as this server authenticated its credential: its name,
+        roles, task groups, id prefixes and permission names (what the console
+        shows once signed in). Every role may ask; nothing else is read.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PromiseServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -251,6 +265,11 @@ def add_PromiseServiceServicer_to_server(servicer, server):
                     servicer.MintSettleToken,
                     request_deserializer=troth_dot_v1_dot_promises__pb2.MintSettleTokenRequest.FromString,
                     response_serializer=troth_dot_v1_dot_promises__pb2.MintSettleTokenResponse.SerializeToString,
+            ),
+            'WhoAmI': grpc.unary_unary_rpc_method_handler(
+                    servicer.WhoAmI,
+                    request_deserializer=troth_dot_v1_dot_promises__pb2.WhoAmIRequest.FromString,
+                    response_serializer=troth_dot_v1_dot_promises__pb2.WhoAmIResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -551,6 +570,33 @@ class PromiseService:
             '/troth.v1.PromiseService/MintSettleToken',
             troth_dot_v1_dot_promises__pb2.MintSettleTokenRequest.SerializeToString,
             troth_dot_v1_dot_promises__pb2.MintSettleTokenResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WhoAmI(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/troth.v1.PromiseService/WhoAmI',
+            troth_dot_v1_dot_promises__pb2.WhoAmIRequest.SerializeToString,
+            troth_dot_v1_dot_promises__pb2.WhoAmIResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -3,6 +3,7 @@ import datetime
 from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from troth.v1 import promises_pb2 as _promises_pb2
+from troth.v1 import schedules_pb2 as _schedules_pb2
 from troth.v1 import types_pb2 as _types_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
@@ -25,6 +26,13 @@ class TaskState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TASK_STATE_PENDING: _ClassVar[TaskState]
     TASK_STATE_CLAIMED: _ClassVar[TaskState]
     TASK_STATE_COMPLETED: _ClassVar[TaskState]
+
+class StateLostTo(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    STATE_LOST_TO_UNSPECIFIED: _ClassVar[StateLostTo]
+    STATE_LOST_TO_TASK_CLAIMED: _ClassVar[StateLostTo]
+    STATE_LOST_TO_VERSION_CHANGED: _ClassVar[StateLostTo]
+    STATE_LOST_TO_RUN_ENDED: _ClassVar[StateLostTo]
 TASK_KIND_UNSPECIFIED: TaskKind
 TASK_KIND_INVOKE: TaskKind
 TASK_KIND_RESUME: TaskKind
@@ -32,6 +40,10 @@ TASK_STATE_UNSPECIFIED: TaskState
 TASK_STATE_PENDING: TaskState
 TASK_STATE_CLAIMED: TaskState
 TASK_STATE_COMPLETED: TaskState
+STATE_LOST_TO_UNSPECIFIED: StateLostTo
+STATE_LOST_TO_TASK_CLAIMED: StateLostTo
+STATE_LOST_TO_VERSION_CHANGED: StateLostTo
+STATE_LOST_TO_RUN_ENDED: StateLostTo
 
 class CallsRequest(_message.Message):
     __slots__ = ("id", "method", "request", "more", "traceparent")
@@ -397,3 +409,63 @@ class Worker(_message.Message):
     streams: int
     stalled: bool
     def __init__(self, worker_id: _Optional[str] = ..., group: _Optional[str] = ..., principal: _Optional[str] = ..., workflows: _Optional[_Iterable[_Union[WorkflowVersion, _Mapping]]] = ..., capacity: _Optional[int] = ..., task_ids: _Optional[_Iterable[str]] = ..., connect_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_heartbeat_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., streams: _Optional[int] = ..., stalled: _Optional[bool] = ...) -> None: ...
+
+class WorkflowState(_message.Message):
+    __slots__ = ("workflow_id", "name", "version", "value", "update_time", "updated_by")
+    WORKFLOW_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    UPDATE_TIME_FIELD_NUMBER: _ClassVar[int]
+    UPDATED_BY_FIELD_NUMBER: _ClassVar[int]
+    workflow_id: str
+    name: str
+    version: int
+    value: _types_pb2.Payload
+    update_time: _timestamp_pb2.Timestamp
+    updated_by: str
+    def __init__(self, workflow_id: _Optional[str] = ..., name: _Optional[str] = ..., version: _Optional[int] = ..., value: _Optional[_Union[_types_pb2.Payload, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated_by: _Optional[str] = ...) -> None: ...
+
+class GetWorkflowStateRequest(_message.Message):
+    __slots__ = ("workflow_id", "name", "require_parked")
+    WORKFLOW_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    REQUIRE_PARKED_FIELD_NUMBER: _ClassVar[int]
+    workflow_id: str
+    name: str
+    require_parked: bool
+    def __init__(self, workflow_id: _Optional[str] = ..., name: _Optional[str] = ..., require_parked: _Optional[bool] = ...) -> None: ...
+
+class GetWorkflowStateResponse(_message.Message):
+    __slots__ = ("state", "parked", "not_parked_because")
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    PARKED_FIELD_NUMBER: _ClassVar[int]
+    NOT_PARKED_BECAUSE_FIELD_NUMBER: _ClassVar[int]
+    state: WorkflowState
+    parked: bool
+    not_parked_because: str
+    def __init__(self, state: _Optional[_Union[WorkflowState, _Mapping]] = ..., parked: _Optional[bool] = ..., not_parked_because: _Optional[str] = ...) -> None: ...
+
+class ReplaceWorkflowStateRequest(_message.Message):
+    __slots__ = ("workflow_id", "name", "value", "expected_version")
+    WORKFLOW_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_VERSION_FIELD_NUMBER: _ClassVar[int]
+    workflow_id: str
+    name: str
+    value: _types_pb2.Payload
+    expected_version: int
+    def __init__(self, workflow_id: _Optional[str] = ..., name: _Optional[str] = ..., value: _Optional[_Union[_types_pb2.Payload, _Mapping]] = ..., expected_version: _Optional[int] = ...) -> None: ...
+
+class ReplaceWorkflowStateResponse(_message.Message):
+    __slots__ = ("won", "state", "lost_to", "message")
+    WON_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    LOST_TO_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    won: bool
+    state: WorkflowState
+    lost_to: StateLostTo
+    message: str
+    def __init__(self, won: _Optional[bool] = ..., state: _Optional[_Union[WorkflowState, _Mapping]] = ..., lost_to: _Optional[_Union[StateLostTo, str]] = ..., message: _Optional[str] = ...) -> None: ...

@@ -3,6 +3,7 @@
 import grpc
 import warnings
 
+from troth.v1 import schedules_pb2 as troth_dot_v1_dot_schedules__pb2
 from troth.v1 import tasks_pb2 as troth_dot_v1_dot_tasks__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
@@ -98,6 +99,51 @@ class TaskServiceStub:
                 '/troth.v1.TaskService/SearchWorkers',
                 request_serializer=troth_dot_v1_dot_tasks__pb2.SearchWorkersRequest.SerializeToString,
                 response_deserializer=troth_dot_v1_dot_tasks__pb2.SearchWorkersResponse.FromString,
+                _registered_method=True)
+        self.GetWorkflowState = channel.unary_unary(
+                '/troth.v1.TaskService/GetWorkflowState',
+                request_serializer=troth_dot_v1_dot_tasks__pb2.GetWorkflowStateRequest.SerializeToString,
+                response_deserializer=troth_dot_v1_dot_tasks__pb2.GetWorkflowStateResponse.FromString,
+                _registered_method=True)
+        self.ReplaceWorkflowState = channel.unary_unary(
+                '/troth.v1.TaskService/ReplaceWorkflowState',
+                request_serializer=troth_dot_v1_dot_tasks__pb2.ReplaceWorkflowStateRequest.SerializeToString,
+                response_deserializer=troth_dot_v1_dot_tasks__pb2.ReplaceWorkflowStateResponse.FromString,
+                _registered_method=True)
+        self.CreateSchedule = channel.unary_unary(
+                '/troth.v1.TaskService/CreateSchedule',
+                request_serializer=troth_dot_v1_dot_schedules__pb2.CreateScheduleRequest.SerializeToString,
+                response_deserializer=troth_dot_v1_dot_schedules__pb2.CreateScheduleResponse.FromString,
+                _registered_method=True)
+        self.UpdateSchedule = channel.unary_unary(
+                '/troth.v1.TaskService/UpdateSchedule',
+                request_serializer=troth_dot_v1_dot_schedules__pb2.UpdateScheduleRequest.SerializeToString,
+                response_deserializer=troth_dot_v1_dot_schedules__pb2.UpdateScheduleResponse.FromString,
+                _registered_method=True)
+        self.GetSchedule = channel.unary_unary(
+                '/troth.v1.TaskService/GetSchedule',
+                request_serializer=troth_dot_v1_dot_schedules__pb2.GetScheduleRequest.SerializeToString,
+                response_deserializer=troth_dot_v1_dot_schedules__pb2.GetScheduleResponse.FromString,
+                _registered_method=True)
+        self.SearchSchedules = channel.unary_unary(
+                '/troth.v1.TaskService/SearchSchedules',
+                request_serializer=troth_dot_v1_dot_schedules__pb2.SearchSchedulesRequest.SerializeToString,
+                response_deserializer=troth_dot_v1_dot_schedules__pb2.SearchSchedulesResponse.FromString,
+                _registered_method=True)
+        self.PauseSchedule = channel.unary_unary(
+                '/troth.v1.TaskService/PauseSchedule',
+                request_serializer=troth_dot_v1_dot_schedules__pb2.PauseScheduleRequest.SerializeToString,
+                response_deserializer=troth_dot_v1_dot_schedules__pb2.PauseScheduleResponse.FromString,
+                _registered_method=True)
+        self.ResumeSchedule = channel.unary_unary(
+                '/troth.v1.TaskService/ResumeSchedule',
+                request_serializer=troth_dot_v1_dot_schedules__pb2.ResumeScheduleRequest.SerializeToString,
+                response_deserializer=troth_dot_v1_dot_schedules__pb2.ResumeScheduleResponse.FromString,
+                _registered_method=True)
+        self.DeleteSchedule = channel.unary_unary(
+                '/troth.v1.TaskService/DeleteSchedule',
+                request_serializer=troth_dot_v1_dot_schedules__pb2.DeleteScheduleRequest.SerializeToString,
+                response_deserializer=troth_dot_v1_dot_schedules__pb2.DeleteScheduleResponse.FromString,
                 _registered_method=True)
         self.Calls = channel.stream_stream(
                 '/troth.v1.TaskService/Calls',
@@ -236,6 +282,79 @@ class TaskServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetWorkflowState(self, request, context):
+        """Reads a workflow's named state slot (`ctx.state`, `Client.get_state`):
+        its value and version (0 and no value: never written), and whether the run
+        is parked (its root PENDING and no worker holding its task), when a rewrite
+        may be made. Needs what reading the workflow's root needs (GetPromise).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReplaceWorkflowState(self, request, context):
+        """An operator rewrites a parked workflow's state slot by compare-and-swap on
+        its version (`Client.replace_state`, `troth workflows state replace`): the
+        write is made only if the slot is still at `expected_version` and the run
+        is still parked, checked in the write's own transaction. A loser is
+        answered won=false with the slot as it is and why (`lost_to`): a worker
+        holds its task (a resume claimed it), another write moved the version, or
+        the run ended. Operators and admins only.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CreateSchedule(self, request, context):
+        """Schedules (schedules.proto, docs/schedules.md): a workflow started on a cron
+        schedule, one run per tick (its id `<name>@<tick>`), by the server. An
+        operator's or admin's calls. A bad cron, time zone or catch_up is
+        INVALID_ARGUMENT naming the field; an unknown name NOT_FOUND; a create of a
+        name taken by another definition ALREADY_EXISTS (the same one: created false).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UpdateSchedule(self, request, context):
+        """Replaces a schedule's definition; it runs from the new definition's first tick
+        after now (a paused one stays paused). Its runs so far are left as they are.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetSchedule(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SearchSchedules(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PauseSchedule(self, request, context):
+        """Paused, no tick fires; resumed, it runs from its first tick after now.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ResumeSchedule(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteSchedule(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Calls(self, request_iterator, context):
         """A worker's or a client's unary calls, multiplexed on one stream: each
         CallsRequest names a unary RPC of troth.v1 and carries its request, and is
@@ -318,6 +437,51 @@ def add_TaskServiceServicer_to_server(servicer, server):
                     servicer.SearchWorkers,
                     request_deserializer=troth_dot_v1_dot_tasks__pb2.SearchWorkersRequest.FromString,
                     response_serializer=troth_dot_v1_dot_tasks__pb2.SearchWorkersResponse.SerializeToString,
+            ),
+            'GetWorkflowState': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetWorkflowState,
+                    request_deserializer=troth_dot_v1_dot_tasks__pb2.GetWorkflowStateRequest.FromString,
+                    response_serializer=troth_dot_v1_dot_tasks__pb2.GetWorkflowStateResponse.SerializeToString,
+            ),
+            'ReplaceWorkflowState': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReplaceWorkflowState,
+                    request_deserializer=troth_dot_v1_dot_tasks__pb2.ReplaceWorkflowStateRequest.FromString,
+                    response_serializer=troth_dot_v1_dot_tasks__pb2.ReplaceWorkflowStateResponse.SerializeToString,
+            ),
+            'CreateSchedule': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateSchedule,
+                    request_deserializer=troth_dot_v1_dot_schedules__pb2.CreateScheduleRequest.FromString,
+                    response_serializer=troth_dot_v1_dot_schedules__pb2.CreateScheduleResponse.SerializeToString,
+            ),
+            'UpdateSchedule': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateSchedule,
+                    request_deserializer=troth_dot_v1_dot_schedules__pb2.UpdateScheduleRequest.FromString,
+                    response_serializer=troth_dot_v1_dot_schedules__pb2.UpdateScheduleResponse.SerializeToString,
+            ),
+            'GetSchedule': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetSchedule,
+                    request_deserializer=troth_dot_v1_dot_schedules__pb2.GetScheduleRequest.FromString,
+                    response_serializer=troth_dot_v1_dot_schedules__pb2.GetScheduleResponse.SerializeToString,
+            ),
+            'SearchSchedules': grpc.unary_unary_rpc_method_handler(
+                    servicer.SearchSchedules,
+                    request_deserializer=troth_dot_v1_dot_schedules__pb2.SearchSchedulesRequest.FromString,
+                    response_serializer=troth_dot_v1_dot_schedules__pb2.SearchSchedulesResponse.SerializeToString,
+            ),
+            'PauseSchedule': grpc.unary_unary_rpc_method_handler(
+                    servicer.PauseSchedule,
+                    request_deserializer=troth_dot_v1_dot_schedules__pb2.PauseScheduleRequest.FromString,
+                    response_serializer=troth_dot_v1_dot_schedules__pb2.PauseScheduleResponse.SerializeToString,
+            ),
+            'ResumeSchedule': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResumeSchedule,
+                    request_deserializer=troth_dot_v1_dot_schedules__pb2.ResumeScheduleRequest.FromString,
+                    response_serializer=troth_dot_v1_dot_schedules__pb2.ResumeScheduleResponse.SerializeToString,
+            ),
+            'DeleteSchedule': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteSchedule,
+                    request_deserializer=troth_dot_v1_dot_schedules__pb2.DeleteScheduleRequest.FromString,
+                    response_serializer=troth_dot_v1_dot_schedules__pb2.DeleteScheduleResponse.SerializeToString,
             ),
             'Calls': grpc.stream_stream_rpc_method_handler(
                     servicer.Calls,
@@ -654,6 +818,249 @@ class TaskService:
             '/troth.v1.TaskService/SearchWorkers',
             troth_dot_v1_dot_tasks__pb2.SearchWorkersRequest.SerializeToString,
             troth_dot_v1_dot_tasks__pb2.SearchWorkersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetWorkflowState(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/troth.v1.TaskService/GetWorkflowState',
+            troth_dot_v1_dot_tasks__pb2.GetWorkflowStateRequest.SerializeToString,
+            troth_dot_v1_dot_tasks__pb2.GetWorkflowStateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReplaceWorkflowState(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/troth.v1.TaskService/ReplaceWorkflowState',
+            troth_dot_v1_dot_tasks__pb2.ReplaceWorkflowStateRequest.SerializeToString,
+            troth_dot_v1_dot_tasks__pb2.ReplaceWorkflowStateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateSchedule(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/troth.v1.TaskService/CreateSchedule',
+            troth_dot_v1_dot_schedules__pb2.CreateScheduleRequest.SerializeToString,
+            troth_dot_v1_dot_schedules__pb2.CreateScheduleResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateSchedule(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/troth.v1.TaskService/UpdateSchedule',
+            troth_dot_v1_dot_schedules__pb2.UpdateScheduleRequest.SerializeToString,
+            troth_dot_v1_dot_schedules__pb2.UpdateScheduleResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetSchedule(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/troth.v1.TaskService/GetSchedule',
+            troth_dot_v1_dot_schedules__pb2.GetScheduleRequest.SerializeToString,
+            troth_dot_v1_dot_schedules__pb2.GetScheduleResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SearchSchedules(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/troth.v1.TaskService/SearchSchedules',
+            troth_dot_v1_dot_schedules__pb2.SearchSchedulesRequest.SerializeToString,
+            troth_dot_v1_dot_schedules__pb2.SearchSchedulesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PauseSchedule(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/troth.v1.TaskService/PauseSchedule',
+            troth_dot_v1_dot_schedules__pb2.PauseScheduleRequest.SerializeToString,
+            troth_dot_v1_dot_schedules__pb2.PauseScheduleResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResumeSchedule(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/troth.v1.TaskService/ResumeSchedule',
+            troth_dot_v1_dot_schedules__pb2.ResumeScheduleRequest.SerializeToString,
+            troth_dot_v1_dot_schedules__pb2.ResumeScheduleResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteSchedule(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/troth.v1.TaskService/DeleteSchedule',
+            troth_dot_v1_dot_schedules__pb2.DeleteScheduleRequest.SerializeToString,
+            troth_dot_v1_dot_schedules__pb2.DeleteScheduleResponse.FromString,
             options,
             channel_credentials,
             insecure,

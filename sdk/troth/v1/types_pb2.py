@@ -26,7 +26,7 @@ from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14troth/v1/types.proto\x12\x08troth.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x9e\x01\n\x07Payload\x12/\n\x07headers\x18\x01 \x03(\x0b\x32\x1e.troth.v1.Payload.HeadersEntry\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x12$\n\x04json\x18\x03 \x01(\x0b\x32\x16.google.protobuf.Value\x1a.\n\x0cHeadersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x87\x05\n\x07Promise\x12\n\n\x02id\x18\x01 \x01(\t\x12%\n\x05state\x18\x02 \x01(\x0e\x32\x16.troth.v1.PromiseState\x12 \n\x05param\x18\x03 \x01(\x0b\x32\x11.troth.v1.Payload\x12 \n\x05value\x18\x04 \x01(\x0b\x32\x11.troth.v1.Payload\x12)\n\x04tags\x18\x05 \x03(\x0b\x32\x1b.troth.v1.Promise.TagsEntry\x12/\n\x0b\x63reate_time\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0bsettle_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x65xpire_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\"\n\x1aidempotency_key_for_create\x18\t \x01(\t\x12\"\n\x1aidempotency_key_for_settle\x18\n \x01(\t\x12\x12\n\nsettled_by\x18\x0b \x01(\t\x12\x0e\n\x06schema\x18\x0c \x01(\t\x12\r\n\x05title\x18\r \x01(\t\x12\x0f\n\x07message\x18\x0e \x01(\t\x12\x14\n\x0crequested_by\x18\x0f \x01(\t\x12\x18\n\x10workflow_version\x18\x10 \x01(\t\x12\x0f\n\x07root_id\x18\x11 \x01(\t\x12\x11\n\tparent_id\x18\x12 \x01(\t\x12&\n\tapprovers\x18\x13 \x01(\x0b\x32\x13.troth.v1.Approvers\x12\x12\n\nstarted_by\x18\x14 \x01(\t\x1a+\n\tTagsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"g\n\tApprovers\x12\x12\n\nprincipals\x18\x01 \x03(\t\x12\r\n\x05roles\x18\x02 \x03(\t\x12\x15\n\rnot_requester\x18\x03 \x01(\x08\x12\x10\n\x08\x64istinct\x18\x04 \x01(\x08\x12\x0e\n\x06quorum\x18\x05 \x01(\t\"@\n\tTaskFence\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63ounter\x18\x02 \x01(\x03\x12\x11\n\tworker_id\x18\x03 \x01(\t*\xca\x01\n\x0cPromiseState\x12\x1d\n\x19PROMISE_STATE_UNSPECIFIED\x10\x00\x12\x19\n\x15PROMISE_STATE_PENDING\x10\x01\x12\x1a\n\x16PROMISE_STATE_RESOLVED\x10\x02\x12\x1a\n\x16PROMISE_STATE_REJECTED\x10\x03\x12#\n\x1fPROMISE_STATE_REJECTED_CANCELED\x10\x04\x12#\n\x1fPROMISE_STATE_REJECTED_TIMEDOUT\x10\x05\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14troth/v1/types.proto\x12\x08troth.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x9e\x01\n\x07Payload\x12/\n\x07headers\x18\x01 \x03(\x0b\x32\x1e.troth.v1.Payload.HeadersEntry\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x12$\n\x04json\x18\x03 \x01(\x0b\x32\x16.google.protobuf.Value\x1a.\n\x0cHeadersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x87\x05\n\x07Promise\x12\n\n\x02id\x18\x01 \x01(\t\x12%\n\x05state\x18\x02 \x01(\x0e\x32\x16.troth.v1.PromiseState\x12 \n\x05param\x18\x03 \x01(\x0b\x32\x11.troth.v1.Payload\x12 \n\x05value\x18\x04 \x01(\x0b\x32\x11.troth.v1.Payload\x12)\n\x04tags\x18\x05 \x03(\x0b\x32\x1b.troth.v1.Promise.TagsEntry\x12/\n\x0b\x63reate_time\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0bsettle_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x65xpire_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\"\n\x1aidempotency_key_for_create\x18\t \x01(\t\x12\"\n\x1aidempotency_key_for_settle\x18\n \x01(\t\x12\x12\n\nsettled_by\x18\x0b \x01(\t\x12\x0e\n\x06schema\x18\x0c \x01(\t\x12\r\n\x05title\x18\r \x01(\t\x12\x0f\n\x07message\x18\x0e \x01(\t\x12\x14\n\x0crequested_by\x18\x0f \x01(\t\x12\x18\n\x10workflow_version\x18\x10 \x01(\t\x12\x0f\n\x07root_id\x18\x11 \x01(\t\x12\x11\n\tparent_id\x18\x12 \x01(\t\x12&\n\tapprovers\x18\x13 \x01(\x0b\x32\x13.troth.v1.Approvers\x12\x12\n\nstarted_by\x18\x14 \x01(\t\x1a+\n\tTagsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"|\n\tApprovers\x12\x12\n\nprincipals\x18\x01 \x03(\t\x12\r\n\x05roles\x18\x02 \x03(\t\x12\x15\n\rnot_requester\x18\x03 \x01(\x08\x12\x10\n\x08\x64istinct\x18\x04 \x01(\x08\x12\x0e\n\x06quorum\x18\x05 \x01(\t\x12\x13\n\x0bpermissions\x18\x06 \x03(\t\"v\n\tPrincipal\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05roles\x18\x02 \x03(\t\x12\x0e\n\x06groups\x18\x03 \x03(\t\x12\x10\n\x08prefixes\x18\x04 \x03(\t\x12\x13\n\x0bpermissions\x18\x05 \x03(\t\x12\x15\n\rauthenticated\x18\x06 \x01(\x08\"@\n\tTaskFence\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63ounter\x18\x02 \x01(\x03\x12\x11\n\tworker_id\x18\x03 \x01(\t*\xca\x01\n\x0cPromiseState\x12\x1d\n\x19PROMISE_STATE_UNSPECIFIED\x10\x00\x12\x19\n\x15PROMISE_STATE_PENDING\x10\x01\x12\x1a\n\x16PROMISE_STATE_RESOLVED\x10\x02\x12\x1a\n\x16PROMISE_STATE_REJECTED\x10\x03\x12#\n\x1fPROMISE_STATE_REJECTED_CANCELED\x10\x04\x12#\n\x1fPROMISE_STATE_REJECTED_TIMEDOUT\x10\x05\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,8 +37,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PAYLOAD_HEADERSENTRY']._serialized_options = b'8\001'
   _globals['_PROMISE_TAGSENTRY']._loaded_options = None
   _globals['_PROMISE_TAGSENTRY']._serialized_options = b'8\001'
-  _globals['_PROMISESTATE']._serialized_start=1080
-  _globals['_PROMISESTATE']._serialized_end=1282
+  _globals['_PROMISESTATE']._serialized_start=1221
+  _globals['_PROMISESTATE']._serialized_end=1423
   _globals['_PAYLOAD']._serialized_start=98
   _globals['_PAYLOAD']._serialized_end=256
   _globals['_PAYLOAD_HEADERSENTRY']._serialized_start=210
@@ -48,7 +48,9 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PROMISE_TAGSENTRY']._serialized_start=863
   _globals['_PROMISE_TAGSENTRY']._serialized_end=906
   _globals['_APPROVERS']._serialized_start=908
-  _globals['_APPROVERS']._serialized_end=1011
-  _globals['_TASKFENCE']._serialized_start=1013
-  _globals['_TASKFENCE']._serialized_end=1077
+  _globals['_APPROVERS']._serialized_end=1032
+  _globals['_PRINCIPAL']._serialized_start=1034
+  _globals['_PRINCIPAL']._serialized_end=1152
+  _globals['_TASKFENCE']._serialized_start=1154
+  _globals['_TASKFENCE']._serialized_end=1218
 # @@protoc_insertion_point(module_scope)

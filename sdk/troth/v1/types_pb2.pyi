@@ -95,18 +95,36 @@ class Promise(_message.Message):
     def __init__(self, id: _Optional[str] = ..., state: _Optional[_Union[PromiseState, str]] = ..., param: _Optional[_Union[Payload, _Mapping]] = ..., value: _Optional[_Union[Payload, _Mapping]] = ..., tags: _Optional[_Mapping[str, str]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., settle_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., idempotency_key_for_create: _Optional[str] = ..., idempotency_key_for_settle: _Optional[str] = ..., settled_by: _Optional[str] = ..., schema: _Optional[str] = ..., title: _Optional[str] = ..., message: _Optional[str] = ..., requested_by: _Optional[str] = ..., workflow_version: _Optional[str] = ..., root_id: _Optional[str] = ..., parent_id: _Optional[str] = ..., approvers: _Optional[_Union[Approvers, _Mapping]] = ..., started_by: _Optional[str] = ...) -> None: ...
 
 class Approvers(_message.Message):
-    __slots__ = ("principals", "roles", "not_requester", "distinct", "quorum")
+    __slots__ = ("principals", "roles", "not_requester", "distinct", "quorum", "permissions")
     PRINCIPALS_FIELD_NUMBER: _ClassVar[int]
     ROLES_FIELD_NUMBER: _ClassVar[int]
     NOT_REQUESTER_FIELD_NUMBER: _ClassVar[int]
     DISTINCT_FIELD_NUMBER: _ClassVar[int]
     QUORUM_FIELD_NUMBER: _ClassVar[int]
+    PERMISSIONS_FIELD_NUMBER: _ClassVar[int]
     principals: _containers.RepeatedScalarFieldContainer[str]
     roles: _containers.RepeatedScalarFieldContainer[str]
     not_requester: bool
     distinct: bool
     quorum: str
-    def __init__(self, principals: _Optional[_Iterable[str]] = ..., roles: _Optional[_Iterable[str]] = ..., not_requester: _Optional[bool] = ..., distinct: _Optional[bool] = ..., quorum: _Optional[str] = ...) -> None: ...
+    permissions: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, principals: _Optional[_Iterable[str]] = ..., roles: _Optional[_Iterable[str]] = ..., not_requester: _Optional[bool] = ..., distinct: _Optional[bool] = ..., quorum: _Optional[str] = ..., permissions: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class Principal(_message.Message):
+    __slots__ = ("name", "roles", "groups", "prefixes", "permissions", "authenticated")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ROLES_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    PREFIXES_FIELD_NUMBER: _ClassVar[int]
+    PERMISSIONS_FIELD_NUMBER: _ClassVar[int]
+    AUTHENTICATED_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    roles: _containers.RepeatedScalarFieldContainer[str]
+    groups: _containers.RepeatedScalarFieldContainer[str]
+    prefixes: _containers.RepeatedScalarFieldContainer[str]
+    permissions: _containers.RepeatedScalarFieldContainer[str]
+    authenticated: bool
+    def __init__(self, name: _Optional[str] = ..., roles: _Optional[_Iterable[str]] = ..., groups: _Optional[_Iterable[str]] = ..., prefixes: _Optional[_Iterable[str]] = ..., permissions: _Optional[_Iterable[str]] = ..., authenticated: _Optional[bool] = ...) -> None: ...
 
 class TaskFence(_message.Message):
     __slots__ = ("task_id", "counter", "worker_id")

@@ -14,7 +14,7 @@ from troth.v1 import promises_pb2, tasks_pb2, types_pb2
 from troth_server.api._checks import check_text
 from troth_server.api._inputs import MAX_WORKFLOWS
 from troth_server.domain import approvers as policies
-from troth_server.domain.access import RESERVED_NAME_PREFIXES, reserved_prefix
+from troth_server.domain.access import RESERVED_NAME_PREFIXES, Principal, reserved_prefix
 from troth_server.domain.errors import InvalidArgument
 from troth_server.domain.promise import (
     EMPTY,
@@ -125,6 +125,19 @@ def approvers(message: types_pb2.Approvers) -> policies.Approvers | None:
         not_requester=message.not_requester,
         distinct=message.distinct,
         quorum=message.quorum,
+        permissions=message.permissions,
+    )
+
+
+def principal_to_pb(principal: Principal) -> types_pb2.Principal:
+    """A principal as `WhoAmI` describes it."""
+    return types_pb2.Principal(
+        name=principal.name,
+        roles=sorted(role.value for role in principal.roles),
+        groups=sorted(principal.groups),
+        prefixes=list(principal.prefixes),
+        permissions=sorted(principal.permissions),
+        authenticated=principal.authenticated,
     )
 
 
@@ -135,6 +148,7 @@ def approvers_to_pb(policy: policies.Approvers) -> types_pb2.Approvers:
         not_requester=policy.not_requester,
         distinct=policy.distinct,
         quorum=policy.quorum,
+        permissions=sorted(policy.permissions),
     )
 
 

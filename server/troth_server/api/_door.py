@@ -33,6 +33,10 @@ or whose id prefixes changed, is ended with `UNAUTHENTICATED` / `PERMISSION_DENI
 and the reason, and a `Poll` stream so ended gives its tasks back (its handler's
 `finally`). A delivery is checked before it is sent, so a stream never delivers a
 task or an event its principal may no longer have, even within that half second.
+Permission names grant no RPC and decide no stream's reads, so a change of them ends
+no stream: each settle is decided with the principal as it is now (a call on `Calls`
+gets the renewed principal from `call`), so a narrowed permission stops admitting at
+the next settle after the reload.
 """
 
 from __future__ import annotations

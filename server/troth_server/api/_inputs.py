@@ -112,11 +112,37 @@ ANSWERS: dict[str, dict[BadInput, Answer]] = {
         BadInput.DEEP_PAGE_TOKEN: INVALID_TOKEN,
     },
     "troth.v1.TaskService/RetryWorkflowNow": {**_EVERY_REQUEST},
+    # No field: only bytes that are not the (empty) message.
+    "troth.v1.PromiseService/WhoAmI": {BadInput.TRUNCATED: INVALID},
+    "troth.v1.TaskService/GetWorkflowState": {**_EVERY_REQUEST},
+    "troth.v1.TaskService/ReplaceWorkflowState": {
+        **_EVERY_REQUEST,
+        BadInput.LIST_TOO_LONG: INVALID,
+    },
     "troth.v1.TaskService/SearchWorkers": {
         **_EVERY_REQUEST,
         BadInput.FORGED_PAGE_TOKEN: INVALID_TOKEN,
         BadInput.DEEP_PAGE_TOKEN: INVALID_TOKEN,
     },
+    "troth.v1.TaskService/CreateSchedule": {
+        **_EVERY_REQUEST,
+        BadInput.LIST_TOO_LONG: INVALID,
+        BadInput.BAD_DURATION: INVALID,
+    },
+    "troth.v1.TaskService/UpdateSchedule": {
+        **_EVERY_REQUEST,
+        BadInput.LIST_TOO_LONG: INVALID,
+        BadInput.BAD_DURATION: INVALID,
+    },
+    "troth.v1.TaskService/GetSchedule": {**_EVERY_REQUEST},
+    "troth.v1.TaskService/SearchSchedules": {
+        **_EVERY_REQUEST,
+        BadInput.FORGED_PAGE_TOKEN: INVALID_TOKEN,
+        BadInput.DEEP_PAGE_TOKEN: INVALID_TOKEN,
+    },
+    "troth.v1.TaskService/PauseSchedule": {**_EVERY_REQUEST},
+    "troth.v1.TaskService/ResumeSchedule": {**_EVERY_REQUEST},
+    "troth.v1.TaskService/DeleteSchedule": {**_EVERY_REQUEST},
     # The envelope of a call on the stream; the call inside is checked as its RPC's.
     "troth.v1.TaskService/Calls": {**_EVERY_REQUEST, BadInput.LIST_TOO_LONG: INVALID},
 }
@@ -161,6 +187,9 @@ LIST_LIMITS: dict[tuple[str, str], ListLimit] = {
     ("troth.v1.CreatePromiseRequest", "tags"): _TAGS,
     ("troth.v1.Approvers", "principals"): ListLimit(MAX_APPROVERS, "approvers of one promise"),
     ("troth.v1.Approvers", "roles"): ListLimit(MAX_APPROVERS, "approver roles of one promise"),
+    ("troth.v1.Approvers", "permissions"): ListLimit(
+        MAX_APPROVERS, "approver permissions of one promise"
+    ),
     ("troth.v1.MintSettleTokenRequest", "outcomes"): ListLimit(2, "resolve and reject"),
     ("troth.v1.SearchPromisesRequest", "tags"): _TAGS,
     ("troth.v1.SearchPromisesRequest", "states"): ListLimit(5, "one entry per promise state"),

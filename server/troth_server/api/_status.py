@@ -23,6 +23,7 @@ from troth_server.domain.errors import (
     SettleTargetNotFound,
     ValueNotChecked,
 )
+from troth_server.domain.schedules import ScheduleAlreadyExists, ScheduleNotFound
 from troth_server.domain.settle_tokens import (
     BadSignature,
     MintForAnother,
@@ -39,6 +40,7 @@ from troth_server.domain.settle_tokens import (
     WrongPromise,
 )
 from troth_server.domain.starts import WorkflowAlreadyExists
+from troth_server.domain.states import WorkflowNotParked
 from troth_server.domain.steps import OutsideWorkersGroups, ReservedForWorkflow, WorkflowSettled
 from troth_server.domain.task import (
     GroupNotAllowed,
@@ -69,6 +71,8 @@ STATUS_CODES: dict[type[Exception], grpc.StatusCode] = {
     NotAWorkflow: grpc.StatusCode.FAILED_PRECONDITION,
     PromiseAlreadyExists: grpc.StatusCode.ALREADY_EXISTS,
     WorkflowAlreadyExists: grpc.StatusCode.ALREADY_EXISTS,
+    ScheduleNotFound: grpc.StatusCode.NOT_FOUND,
+    ScheduleAlreadyExists: grpc.StatusCode.ALREADY_EXISTS,
     PromiseAlreadySettled: grpc.StatusCode.FAILED_PRECONDITION,
     PromiseTimedOut: grpc.StatusCode.FAILED_PRECONDITION,
     # The service checks and retries it; reaching a client would be a server bug.
@@ -88,6 +92,7 @@ STATUS_CODES: dict[type[Exception], grpc.StatusCode] = {
     TaskRunning: grpc.StatusCode.FAILED_PRECONDITION,
     WorkflowOver: grpc.StatusCode.FAILED_PRECONDITION,
     WorkflowNotPaused: grpc.StatusCode.FAILED_PRECONDITION,
+    WorkflowNotParked: grpc.StatusCode.FAILED_PRECONDITION,
     NotTheTasksWorker: grpc.StatusCode.PERMISSION_DENIED,
     GroupNotAllowed: grpc.StatusCode.PERMISSION_DENIED,
     WatchFellBehind: grpc.StatusCode.RESOURCE_EXHAUSTED,

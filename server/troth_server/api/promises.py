@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, TypeVar
 
 from troth.client import WATCH_READY_METADATA
 from troth.v1 import promises_pb2, promises_pb2_grpc, types_pb2
 from troth_server import _tracing as tracing
 from troth_server.api import _audit as audit
 from troth_server.api import _convert as convert
+from troth_server.api import _states as states_api
 from troth_server.api._auth import caller, caller_name, require_inside
 from troth_server.api._rpc import aio_server_stream, aio_unary
 from troth_server.domain import steps, visibility
@@ -23,7 +24,7 @@ from troth_server.domain.promise import CreateRequest, Promise, PromiseState, Se
 from troth_server.units import duration_text
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable
+    from collections.abc import AsyncIterator
 
     import grpc.aio
 
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
 
     from troth_server.config import Limits
     from troth_server.domain.steps import Fence
+    from troth_server.domain.task import Task
     from troth_server.service import PromiseService
     from troth_server.watch import EventFilter
 
@@ -53,6 +55,17 @@ _SETTLE_RPCS = {
     PromiseState.REJECTED_CANCELED: "CancelPromise",
 }
 
+
+class WorkflowWaits(Protocol):
+    """Why a workflow's task waits for a version no worker here runs, or "" if not."""
+
+    def workflow_waiting(self, root_id: str) -> str:
+        """Of the workflow `root_id` (reads its task)."""
+
+    def task_waiting(self, task: Task) -> str:
+        """Of the workflow whose active task is `task` (no read)."""
+
+
 _DEADLINE_MARGIN_S = 0.5
 """A `WaitPromise` with a deadline answers this long before it (a tenth of what is left,
 if less), so that its caller gets the pending promise rather than DEADLINE_EXCEEDED."""
@@ -61,9 +74,9 @@ if less), so that its caller gets the pending promise rather than DEADLINE_EXCEE
 class _Handlers:
     """Request validation and response building."""
 
-    workflow_waiting: Callable[[str], str] | None = None
-    """Why a workflow (by root id) waits for a version no worker here runs, or "" (the
-    task servicer's `workflow_waiting`; set once both servicers are built)."""
+    workflow_waits: WorkflowWaits | None = None
+    """Why a workflow waits for a version no worker here runs (the task servicer; set
+    once both servicers are built)."""
 
     def __init__(self, service: PromiseService, limits: Limits) -> None:
         self._service = service
@@ -113,7 +126,8 @@ class _Handlers:
             if token is not None:
                 # Verified first: the settle is then its principal's, and says so.
                 settle = self._service.with_settle_token(settle, token)
-            promise, applied = await self._service.settle_async(settle, fence, caller)
+            settled = await self._service.settle_async(settle, fence, caller)
+            promise, applied = settled.promise, settled.applied
         except DomainError as exc:
             audit.settle_refused(rpc, settle, caller, token is not None, exc, context)
             raise
@@ -125,15 +139,22 @@ class _Handlers:
             promise=self._one(promise, caller, settle.idempotency_key), applied=applied
         )
         if (
-            self.workflow_waiting is not None
+            self.workflow_waits is not None
             and fence is None  # a worker's own step: it knows
             and promise.parent_id is not None
             and not isinstance(answer, promises_pb2.CancelPromiseResponse)
         ):
             # A human's decision on a workflow's step: say so if the workflow it resumes
             # (its parent: the root, or a child workflow) cannot resume now for want of
-            # a worker of its version (two point reads).
-            waiting = await asyncio.to_thread(self.workflow_waiting, promise.parent_id)
+            # a worker of its version: from the workflow's task as the settle's own
+            # write read it (`Keys.parents_of`), else (a repeat) by two point reads.
+            if settled.workflow_known:
+                task = settled.workflow_task
+                waiting = "" if task is None else self.workflow_waits.task_waiting(task)
+            else:
+                waiting = await asyncio.to_thread(
+                    self.workflow_waits.workflow_waiting, promise.parent_id
+                )
             answer.workflow_waiting = waiting
         return answer
 
@@ -286,6 +307,12 @@ class PromiseServiceServicer(_Handlers, promises_pb2_grpc.PromiseServiceServicer
     ) -> promises_pb2.CreatePromiseResponse:
         create = self._create_request(request, context)
         reader = _caller(context, self._limits)
+        if request.HasField("state"):  # a workflow's read or write of its state slot
+            name, value = states_api.state_step(request, create[2], create[3] is not None)
+            request_, principal, _, fence = create
+            assert fence is not None
+            stepped = await self._service.state_step_async(request_, principal, fence, name, value)
+            return self._created(stepped, reader, request_.idempotency_key)
         result = await self._service.create_async(*create)
         if not result[1] and create[3] is None:
             # A repeat answers with the promise as it is: a read, by the reader's reach.
@@ -354,6 +381,15 @@ class PromiseServiceServicer(_Handlers, promises_pb2_grpc.PromiseServiceServicer
         # A point read, and for a worker a look at its task on the writer: off the loop.
         require_inside(request.promise_id, context, "MintSettleToken")
         return await asyncio.to_thread(self._mint, request, _caller(context, self._limits))
+
+    @aio_unary("WhoAmI")
+    async def WhoAmI(
+        self, request: promises_pb2.WhoAmIRequest, context: AioContext
+    ) -> promises_pb2.WhoAmIResponse:
+        # The door's principal: nothing is read.
+        return promises_pb2.WhoAmIResponse(
+            principal=convert.principal_to_pb(_caller(context, self._limits))
+        )
 
     @aio_unary("PrunePromises")
     async def PrunePromises(

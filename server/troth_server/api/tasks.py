@@ -13,10 +13,12 @@ from troth.v1 import tasks_pb2, tasks_pb2_grpc
 from troth_server import paging
 from troth_server.api import _audit as audit
 from troth_server.api import _convert as convert
+from troth_server.api import _states as states_api
 from troth_server.api import _workflows as workflows_api
 from troth_server.api._auth import caller, caller_name, require_group, require_inside
 from troth_server.api._batches import batched
 from troth_server.api._rpc import aio_server_stream, aio_unary
+from troth_server.api.schedules import ScheduleHandlers
 from troth_server.dispatch import Delivery, PollStream
 from troth_server.domain import visibility, workers
 from troth_server.domain.errors import InvalidArgument
@@ -149,7 +151,12 @@ class _Handlers:
         """Why workflow `root_id`'s task waits, if it waits for a version no worker here
         runs ("" otherwise): what a settle that resumes it tells the settler. Reads."""
         task = self._tasks.active_task(root_id)
-        if task is None or task.state is not TaskState.PENDING:
+        return "" if task is None else self.task_waiting(task)
+
+    def task_waiting(self, task: Task) -> str:
+        """Why the workflow whose active task is `task` waits for a version no worker
+        here runs, if it waits for one ("" otherwise). No read."""
+        if task.state is not TaskState.PENDING:
             return ""
         why = self._dispatcher.waiting_for([task])[task.id]
         return why.words if why.absence is not None else ""
@@ -295,7 +302,7 @@ def _awaited(settled: list[Any]) -> list[Any]:
     return [convert.to_pb(visibility.view(p, reader)) for p in settled]
 
 
-class TaskServiceServicer(_Handlers, tasks_pb2_grpc.TaskServiceServicer):
+class TaskServiceServicer(_Handlers, ScheduleHandlers, tasks_pb2_grpc.TaskServiceServicer):
     """For the grpc.aio server: a Poll stream is a coroutine waiting on its mailbox."""
 
     mux: CallMux | None = None
@@ -450,6 +457,40 @@ class TaskServiceServicer(_Handlers, tasks_pb2_grpc.TaskServiceServicer):
     ) -> tasks_pb2.SearchWorkflowsResponse:
         # Range reads: off the event loop, as SearchPromises is.
         return await asyncio.to_thread(self._search_workflows, request, context)
+
+    @aio_unary("GetWorkflowState")
+    async def GetWorkflowState(
+        self, request: tasks_pb2.GetWorkflowStateRequest, context: AioContext
+    ) -> tasks_pb2.GetWorkflowStateResponse:
+        root_id, name = states_api.get_args(request, self._limits)
+        require_inside(root_id, context, "GetWorkflowState")
+        slot, root, why = await asyncio.to_thread(
+            self._workflow_service.get_state, root_id, name, require_parked=request.require_parked
+        )
+        self._tasks.check_reach([root], caller(), "read")  # what reading the root needs
+        return tasks_pb2.GetWorkflowStateResponse(
+            state=states_api.state_to_pb(slot), parked=why is None, not_parked_because=why or ""
+        )
+
+    @aio_unary("ReplaceWorkflowState")
+    async def ReplaceWorkflowState(
+        self, request: tasks_pb2.ReplaceWorkflowStateRequest, context: AioContext
+    ) -> tasks_pb2.ReplaceWorkflowStateResponse:
+        root_id, name, value, expected = states_api.replace_args(request, self._limits)
+        require_inside(root_id, context, "ReplaceWorkflowState")
+        by = caller_name(context, self._limits)
+        slot, lost = await self._workflow_service.replace_state_async(
+            root_id, name, value, expected, by
+        )
+        lost_to, message = states_api.lost_to_pb(lost)
+        log.info(
+            "workflow.state_replaced" if lost is None else "workflow.state_replace_lost",
+            root_promise_id=root_id, name=name, expected_version=expected,
+            version=slot.version, lost_to=None if lost is None else lost.to.value, by=by,
+        )  # fmt: skip
+        return tasks_pb2.ReplaceWorkflowStateResponse(
+            won=lost is None, state=states_api.state_to_pb(slot), lost_to=lost_to, message=message
+        )
 
     @aio_unary("RetryWorkflowNow")
     async def RetryWorkflowNow(

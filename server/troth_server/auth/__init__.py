@@ -13,10 +13,12 @@ from troth_server.auth._errors import AuthConfigError, AuthError, NotAllowed, Un
 from troth_server.auth._jwt import (
     GROUPS_CLAIM,
     LEEWAY_S,
+    PERMISSIONS_CLAIM,
     PREFIXES_CLAIM,
     ROLES_CLAIM,
     SUPPORTED_ALGORITHMS,
     parse_algorithms,
+    permissions_claim_problem,
 )
 from troth_server.auth._tokens import Minted, hash_secret, mint
 from troth_server.auth._verifier_pool import VerificationsBusy, VerifierPool
@@ -24,6 +26,7 @@ from troth_server.auth._verifier_pool import VerificationsBusy, VerifierPool
 __all__ = [
     "GROUPS_CLAIM",
     "LEEWAY_S",
+    "PERMISSIONS_CLAIM",
     "PREFIXES_CLAIM",
     "ROLES_CLAIM",
     "SUPPORTED_ALGORITHMS",
@@ -40,4 +43,5 @@ __all__ = [
     "hash_secret",
     "mint",
     "parse_algorithms",
+    "permissions_claim_problem",
 ]

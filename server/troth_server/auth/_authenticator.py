@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from troth.errors import Reason
 from troth_server.auth._errors import AuthConfigError, Unauthenticated
-from troth_server.auth._jwt import SUPPORTED_ALGORITHMS, JwtVerifier
+from troth_server.auth._jwt import PERMISSIONS_CLAIM, SUPPORTED_ALGORITHMS, JwtVerifier
 from troth_server.auth._tokens import TOKEN_PREFIX, TokenTable, split_token
 
 if TYPE_CHECKING:
@@ -43,6 +43,7 @@ class AuthSources:
     jwt_issuer: str | None = None
     jwt_audience: str | None = None
     jwt_algorithms: tuple[str, ...] = SUPPORTED_ALGORITHMS
+    jwt_permissions_claim: str = PERMISSIONS_CLAIM
 
     @property
     def configured(self) -> bool:
@@ -112,6 +113,7 @@ class Authenticator:
                     issuer=sources.jwt_issuer,
                     audience=sources.jwt_audience,
                     algorithms=sources.jwt_algorithms,
+                    permissions_claim=sources.jwt_permissions_claim,
                 )
             except AuthConfigError as exc:
                 errors.append(str(exc))

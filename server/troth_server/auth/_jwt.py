@@ -7,7 +7,11 @@ is never accepted. Required claims: `sub` (the principal's name), `exp`, and
 `iss` / `aud` when the server is given an issuer / audience. troth's own
 claims: `troth_roles` (a list, or a space-separated string, of roles),
 `troth_groups` (task groups a worker may poll) and `troth_prefixes` (id
-prefixes). `exp`, `nbf` and `iat` must be JSON numbers, and `sub` no reserved
+prefixes); and the principal's permission names from the claim
+`--jwt-permissions-claim` names (default `permissions`, as several identity
+providers write it): a list of strings, or one space-separated string as OAuth's
+`scope` (`--jwt-permissions-claim scope` takes a token's scopes for permissions).
+`exp`, `nbf` and `iat` must be JSON numbers, and `sub` no reserved
 name (`troth:...`, `settle-token:...`). A verified token is cached until its `exp`.
 """
 
@@ -38,6 +42,22 @@ SUPPORTED_ALGORITHMS = ("HS256", "RS256", "EdDSA")
 LEEWAY_S = 30
 """Clock skew allowed on `exp`, `nbf` and `iat`."""
 ROLES_CLAIM, GROUPS_CLAIM, PREFIXES_CLAIM = "troth_roles", "troth_groups", "troth_prefixes"
+PERMISSIONS_CLAIM = "permissions"
+"""The claim a principal's permission names are read from unless configured otherwise."""
+_NOT_PERMISSION_CLAIMS = frozenset(
+    {"sub", "exp", "nbf", "iat", "iss", "aud", "jti", ROLES_CLAIM, GROUPS_CLAIM, PREFIXES_CLAIM}
+)
+
+
+def permissions_claim_problem(name: str) -> str | None:
+    """What is wrong with `name` as the permissions claim (None: nothing)."""
+    if not name or name != name.strip():
+        return "name a JWT claim (such as permissions or scope), without surrounding spaces"
+    if name in _NOT_PERMISSION_CLAIMS:
+        return f"{name!r} is a claim of its own meaning; name the claim that lists permissions"
+    return None
+
+
 _MIN_SECRET_BYTES = 32
 _MAX_TIME = 2**53
 """Times beyond it are no instant (and a float cannot hold them exactly)."""
@@ -172,7 +192,9 @@ class JwtVerifier:
         issuer: str | None = None,
         audience: str | None = None,
         algorithms: Sequence[str] = SUPPORTED_ALGORITHMS,
+        permissions_claim: str = PERMISSIONS_CLAIM,
     ) -> None:
+        self._permissions_claim = permissions_claim
         self._keys = [k for k in keys if k.algorithm in algorithms]
         if not self._keys:
             raise AuthConfigError(
@@ -195,13 +217,20 @@ class JwtVerifier:
         issuer: str | None,
         audience: str | None,
         algorithms: Sequence[str] = SUPPORTED_ALGORITHMS,
+        permissions_claim: str = PERMISSIONS_CLAIM,
     ) -> JwtVerifier:
         keys: list[_Key] = []
         if key_file is not None:
             keys.append(_key_file(key_file))
         if jwks_file is not None:
             keys += _jwks_file(jwks_file)
-        return cls(keys, issuer=issuer, audience=audience, algorithms=algorithms)
+        return cls(
+            keys,
+            issuer=issuer,
+            audience=audience,
+            algorithms=algorithms,
+            permissions_claim=permissions_claim,
+        )
 
     def cached(self, token: str) -> Principal | None:
         hit = self._cache.get(hashlib.sha256(token.encode()).digest())
@@ -247,6 +276,8 @@ class JwtVerifier:
                 _claim_list(claims, GROUPS_CLAIM),
                 _claim_list(claims, PREFIXES_CLAIM),
                 "the JWT's claims:",
+                permissions=_claim_list(claims, self._permissions_claim),
+                permissions_where=f"the JWT's {self._permissions_claim!r} claim",
             )
         except ValueError as exc:
             raise _invalid(str(exc)) from None

@@ -17,6 +17,7 @@ name = "billing-worker"
 roles = ["worker"]
 groups = ["billing"]
 prefixes = ["acme-"]          # optional: the ids it may see and touch
+permissions = ["payouts:approve"]  # optional: what approver policies' permissions match
 key_id = "k4f9c2a7d1e08b3"
 secret_hash = "scrypt$n=16384,r=8,p=1$<salt, base64>$<hash, base64>"
 ```
@@ -39,7 +40,14 @@ from typing import TYPE_CHECKING, Any
 
 from troth.errors import Reason
 from troth_server.auth._errors import AuthConfigError, Unauthenticated
-from troth_server.domain.access import ANY_GROUP, Principal, Role, reserved_prefix
+from troth_server.domain.access import (
+    ANY_GROUP,
+    MAX_PERMISSIONS,
+    Principal,
+    Role,
+    check_permissions,
+    reserved_prefix,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping
@@ -99,17 +107,31 @@ def parse_strings(values: object, where: str) -> tuple[str, ...]:
 
 
 def principal_from(
-    name: object, roles: object, groups: object, prefixes: object, where: str
+    name: object,
+    roles: object,
+    groups: object,
+    prefixes: object,
+    where: str,
+    *,
+    permissions: object = None,
+    permissions_where: str | None = None,
 ) -> Principal:
     """A `Principal` from the fields of a token-file entry or the claims of a JWT."""
     role_names = parse_strings(roles, f"{where} roles")
     if not role_names:
         raise ValueError(f"{where}: give at least one role (worker, gateway, operator, admin)")
+    permissions_at = permissions_where or f"{where} permissions"
+    if permissions is not None and not isinstance(permissions, list):
+        raise ValueError(
+            f"{permissions_at}: must be a list of permission names (a JWT's claim may also "
+            "be one space-separated string)"
+        )
     return Principal(
         name=check_name(name, f"{where} name"),
         roles=parse_roles(role_names, f"{where} roles"),
         groups=frozenset(parse_strings(groups, f"{where} groups")),
         prefixes=parse_strings(prefixes, f"{where} prefixes"),
+        permissions=check_permissions(permissions or (), permissions_at, MAX_PERMISSIONS),
     )
 
 
@@ -293,7 +315,7 @@ def _entries(document: Mapping[str, Any]) -> dict[str, _Entry]:
         raise ValueError("entries must be [[principal]] tables")
     entries: dict[str, _Entry] = {}
     names: set[str] = set()
-    fields = {"name", "roles", "groups", "prefixes", "key_id", "secret_hash"}
+    fields = {"name", "roles", "groups", "prefixes", "permissions", "key_id", "secret_hash"}
     for i, row in enumerate(rows):
         where = f"[[principal]] #{i + 1}"
         if isinstance(row, dict) and isinstance(row.get("name"), str):
@@ -306,7 +328,12 @@ def _entries(document: Mapping[str, Any]) -> dict[str, _Entry]:
                 f"{where}: unknown keys {sorted(extra)}; the keys are {sorted(fields)}"
             )
         principal = principal_from(
-            row.get("name"), row.get("roles"), row.get("groups"), row.get("prefixes"), where
+            row.get("name"),
+            row.get("roles"),
+            row.get("groups"),
+            row.get("prefixes"),
+            where,
+            permissions=row.get("permissions"),
         )
         key_id = row.get("key_id")
         if not isinstance(key_id, str) or not KEY_ID.fullmatch(key_id):
@@ -341,10 +368,14 @@ def mint(
     roles: Iterable[str],
     groups: Iterable[str] = (),
     prefixes: Iterable[str] = (),
+    permissions: Iterable[str] = (),
 ) -> Minted:
     """A fresh key id and secret for `name`; the entry holds only the secret's scrypt hash."""
     role_list, group_list, prefix_list = list(roles), list(groups), list(prefixes)
-    principal = principal_from(name, role_list, group_list, prefix_list, "the new token")
+    permission_list = list(permissions)
+    principal = principal_from(
+        name, role_list, group_list, prefix_list, "the new token", permissions=permission_list
+    )
     if Role.WORKER in principal.roles and not principal.groups:
         raise ValueError(
             f"a worker token needs --groups: the task groups it may poll (or {ANY_GROUP!r})"
@@ -360,5 +391,7 @@ def mint(
         lines.append(f"groups = {_toml_list(group_list)}")
     if prefix_list:
         lines.append(f"prefixes = {_toml_list(prefix_list)}")
+    if permission_list:
+        lines.append(f"permissions = {_toml_list(permission_list)}")
     lines += [f'key_id = "{key_id}"', f'secret_hash = "{hash_secret(secret)}"']
     return Minted("\n".join(lines) + "\n", f"{TOKEN_PREFIX}{key_id}_{secret}")

@@ -26,6 +26,7 @@ from troth_server.console._clients import ClientCache
 from troth_server.console._config import ConsoleSettings, settings_from
 from troth_server.console._live import Bridges
 from troth_server.console._routes import ROUTES
+from troth_server.console._schedules import SCHEDULE_ROUTES
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -77,7 +78,8 @@ def build_app(settings: ConsoleSettings) -> Starlette:
     """
     console = Console(settings)
     routes: list[Route | Mount] = [
-        Route(path, endpoint, methods=methods) for path, endpoint, methods in ROUTES
+        Route(path, endpoint, methods=methods)
+        for path, endpoint, methods in (*ROUTES, *SCHEDULE_ROUTES)
     ]
     static = StaticFiles(directory=Path(__file__).parent / "static")
     routes.append(Mount("/static", app=static, name="static"))

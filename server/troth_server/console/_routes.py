@@ -23,6 +23,7 @@ from troth.client import connection
 from troth.errors import (
     ConfigurationError,
     InvalidArgumentError,
+    NotFoundError,
     PermissionDeniedError,
     RpcError,
     TrothError,
@@ -38,7 +39,7 @@ from troth_server.console._pages import render
 if TYPE_CHECKING:
     from starlette.requests import Request
 
-    from troth import Client, Promise, WorkflowInfo
+    from troth import Client, Promise, WorkflowInfo, WorkflowState
     from troth_server.console._app import Console
 
 __all__ = ["ROUTES"]
@@ -268,6 +269,18 @@ def _workflow(client: Client, id: str) -> tuple[Promise, list[Promise]]:
     return root, client.workflow_steps(id)
 
 
+def _states(client: Client, root_id: str, steps: list[Promise]) -> list[WorkflowState]:
+    """The workflow's state slots its steps read or wrote, as they are now (those the
+    signed-in person may read)."""
+    found: list[WorkflowState] = []
+    for name in _views.state_names(steps):
+        try:
+            found.append(client.get_state(root_id, name))
+        except (PermissionDeniedError, NotFoundError):
+            break
+    return found
+
+
 def _workflow_list(client: Client, filters: WorkflowFilters) -> list[WorkflowInfo]:
     """Page `filters.page` of the list, and the first of the next (to know there is one)."""
     start = filters.page * PAGE_SIZE
@@ -332,6 +345,7 @@ async def _workflow_page(request: Request, id: str, status: int = 200, error: st
     lines = _views.timeline(root, steps[:STEPS_LIMIT], client.decode)
     waiting = [line for line in lines if line.waiting]
     ops = await run_in_threadpool(_operations, client, root)
+    states = await run_in_threadpool(_states, client, root.id, steps[:STEPS_LIMIT])
     settled = request.query_params.get("settled", "")
     note = _session.read_note(request) if settled else ""
     response = render(
@@ -349,6 +363,7 @@ async def _workflow_page(request: Request, id: str, status: int = 200, error: st
         done=_DONE.get(request.query_params.get("done", ""), ""),
         error=error,
         truncated=len(steps) > STEPS_LIMIT,
+        states=_views.state_rows(states),
     )
     if note:
         _session.clear_note(response)
@@ -495,6 +510,16 @@ async def sign_in(request: Request) -> Response:
     return response
 
 
+@_page
+async def me(request: Request) -> Response:
+    """Who you are signed in as, as the server knows your credential: name, roles, task
+    groups, id prefixes and the permission names approver policies may list."""
+    if not _session.identity(request).signed_in:
+        return RedirectResponse("/signin", status_code=303)
+    caller = await run_in_threadpool(_client(request).whoami)
+    return render(request, "me.html", caller=caller)
+
+
 async def sign_out(request: Request) -> Response:
     form = await _form(request)
     if isinstance(form, Response):
@@ -513,6 +538,7 @@ async def health(request: Request) -> Response:
 
 ROUTES: list[tuple[str, Endpoint, list[str]]] = [
     ("/", inbox, ["GET"]),
+    ("/me", me, ["GET"]),
     ("/promises/{id:path}", promise, ["GET"]),
     ("/settle/{id:path}", settle, ["POST"]),
     ("/workflows", workflows, ["GET"]),

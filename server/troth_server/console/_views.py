@@ -19,7 +19,7 @@ from troth.errors import Reason
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
 
-    from troth import Payload, Promise, TaskInfo, WorkerInfo, WorkflowInfo
+    from troth import Payload, Promise, TaskInfo, WorkerInfo, WorkflowInfo, WorkflowState
     from troth.errors import RpcError
 
     Decode = Callable[[Payload], Any]
@@ -412,3 +412,33 @@ def workflow_rows(infos: Iterable[WorkflowInfo], now: datetime) -> list[Workflow
             )
         )
     return rows
+
+
+STATE_KINDS = frozenset({"state", "state_set"})
+"""The `troth:kind` of the steps that read or write a workflow's state slot."""
+STATES_LIMIT = 20
+"""Most state slots a workflow page reads."""
+
+
+def state_names(steps: Iterable[Promise]) -> list[str]:
+    """The state slots a workflow's steps read or wrote (by name, at most `STATES_LIMIT`)."""
+    names = {s.tags.get(TAG_FUNC, "") for s in steps if s.tags.get(TAG_KIND) in STATE_KINDS}
+    return sorted(names - {""})[:STATES_LIMIT]
+
+
+@dataclass(frozen=True, slots=True)
+class StateRow:
+    """One state slot on a workflow's page."""
+
+    name: str
+    version: int
+    written: str
+    by: str
+    value: str
+
+
+def state_rows(states: Iterable[WorkflowState]) -> list[StateRow]:
+    return [
+        StateRow(s.name, s.version, _stamp(s.update_time), s.updated_by, pretty(s.value))
+        for s in states
+    ]

@@ -28,7 +28,8 @@ group: workers are scoped by their groups, whose workflows' ids their starters c
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 
@@ -50,6 +51,41 @@ metadata with authentication off), so a settle recorded under one is always the
 server's own."""
 
 
+MAX_PERMISSION_LENGTH = 128
+MAX_PERMISSIONS = 256
+"""Most permission names one principal may carry (a token-file entry, a JWT's claim)."""
+PERMISSION_CHARS = "A-Z a-z 0-9 and . _ : / @ + = ~ # -"
+_PERMISSION = re.compile(rf"[A-Za-z0-9._:/@+=~#-]{{1,{MAX_PERMISSION_LENGTH}}}")
+
+
+def permission_problem(name: object) -> str | None:
+    """What is wrong with a permission name (None: nothing). A permission is 1 to 128
+    of `PERMISSION_CHARS` (no spaces: an OAuth `scope` claim is names separated by
+    them), compared as it is written, case and all: `payouts:approve`."""
+    if not isinstance(name, str):
+        return f"must be a string, not {type(name).__name__}"
+    if _PERMISSION.fullmatch(name) is None:
+        shown = name if len(name) <= 60 else name[:57] + "..."
+        return (
+            f"{shown!r} is no permission name: use 1 to {MAX_PERMISSION_LENGTH} of "
+            f"{PERMISSION_CHARS} (such as 'payouts:approve')"
+        )
+    return None
+
+
+def check_permissions(values: Iterable[object], where: str, limit: int) -> frozenset[str]:
+    """Permission names, each checked (`permission_problem`), at most `limit` of them;
+    `ValueError` naming `where` (with the index of a bad one) otherwise."""
+    found = list(values)
+    if len(found) > limit:
+        raise ValueError(f"{where}: lists {len(found)} permissions; the limit is {limit}")
+    for i, name in enumerate(found):
+        problem = permission_problem(name)
+        if problem is not None:
+            raise ValueError(f"{where}[{i}]: {problem}")
+    return frozenset(str(name) for name in found)
+
+
 def reserved_prefix(name: str) -> str | None:
     """The reserved prefix `name` starts with (None: a name a principal may have)."""
     return next((p for p in RESERVED_NAME_PREFIXES if name.startswith(p)), None)
@@ -67,6 +103,9 @@ class Principal:
     """Id prefixes this principal may see and touch; empty for every id."""
     authenticated: bool = True
     """False only for `LOCAL_DEVELOPER`, the caller when authentication is off."""
+    permissions: frozenset[str] = field(default_factory=frozenset)
+    """Permission names granted to it (`payouts:approve`): what an approver policy's
+    `permissions` admit (`domain.approvers`). They add no RPC: roles decide those."""
 
     def has(self, role: Role) -> bool:
         return role in self.roles or Role.ADMIN in self.roles
@@ -131,6 +170,8 @@ RPC_ROLES: Mapping[str, frozenset[Role]] = {
     "PrunePromises": frozenset({Role.ADMIN}),
     # A worker mints only for its own workflows' steps (with its task's fence).
     "MintSettleToken": frozenset({Role.WORKER, Role.GATEWAY, Role.ADMIN}),
+    # Who the caller is: every principal may read its own grant.
+    "WhoAmI": frozenset(Role),
     # troth.v1.TaskService
     "Poll": _WORKER,
     "CompleteTask": _WORKER,
@@ -148,6 +189,20 @@ RPC_ROLES: Mapping[str, frozenset[Role]] = {
     "SearchWorkflows": _READERS,
     # An operator hurries a paused workflow's retry (like failing or moving one).
     "RetryWorkflowNow": frozenset({Role.OPERATOR, Role.ADMIN}),
+    # A workflow's state slot: read by whoever reads the workflow (its root); rewritten
+    # by an operator while the run is parked, a repair like moving it (not a gateway's:
+    # a gateway settles decisions, it does not edit what a run remembers).
+    "GetWorkflowState": _READERS,
+    "ReplaceWorkflowState": frozenset({Role.OPERATOR, Role.ADMIN}),
+    # Schedules start workflows on their own: operators and admins define, pause and
+    # delete them (and read them).
+    "CreateSchedule": frozenset({Role.OPERATOR, Role.ADMIN}),
+    "UpdateSchedule": frozenset({Role.OPERATOR, Role.ADMIN}),
+    "GetSchedule": frozenset({Role.OPERATOR, Role.ADMIN}),
+    "SearchSchedules": frozenset({Role.OPERATOR, Role.ADMIN}),
+    "PauseSchedule": frozenset({Role.OPERATOR, Role.ADMIN}),
+    "ResumeSchedule": frozenset({Role.OPERATOR, Role.ADMIN}),
+    "DeleteSchedule": frozenset({Role.OPERATOR, Role.ADMIN}),
     # Unary calls on one stream (a worker's, a client's): each is authorized as its
     # own RPC, so every role may open it.
     "Calls": frozenset(Role),

@@ -11,16 +11,21 @@ Rules, in the order they are checked (the refusal names the first broken one):
 
 | rule            | a settle is refused when                                          |
 |-----------------|-------------------------------------------------------------------|
-| `approvers`     | principals or roles are listed and the caller is none of them     |
+| `approvers`     | principals, roles or permissions are listed and the caller has    |
+|                 | none of them (is not named, holds no listed role nor permission)  |
 | `not_requester` | four-eyes: the caller is the principal who started the workflow  |
 | `distinct`      | the caller already settled another approval of the same quorum    |
 
 Roles are compared by name with the caller's roles; `admin` counts only where it
 is listed: an administrator may do everything *but* stand in for an approver.
+Permissions (`payouts:approve`) are compared by name with the permission names the
+caller's credential grants (`Principal.permissions`: a token-file entry's
+`permissions`, a JWT's permissions claim); no role implies one.
 
 The caller of a settle that carries a settle token is the principal the token
 acts for (DESIGN §4 rule 16): its name, and the roles it held when the token was
-minted (none for a named approver a gateway minted it for). Settlers are compared
+minted, and those of the permissions the policy lists that it held then (none
+for a named approver a gateway minted it for). Settlers are compared
 by principal (`settle_tokens.settler`), so a token's settle counts as its
 principal's in a distinct quorum.
 """
@@ -33,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from troth.errors import Reason
-from troth_server.domain.access import Principal
+from troth_server.domain.access import Principal, permission_problem
 from troth_server.domain.errors import DomainError, InvalidArgument
 from troth_server.domain.settle_tokens import settler
 
@@ -43,7 +48,7 @@ if TYPE_CHECKING:
     from troth_server.domain.promise import Promise
 
 MAX_APPROVERS = 100
-"""Most principals (and, separately, roles) one policy may list."""
+"""Most principals (and, separately, roles, and permissions) one policy may list."""
 MAX_QUORUM_LENGTH = 128
 
 
@@ -55,7 +60,7 @@ class Rule(enum.StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Approvers:
-    """Who may settle a promise. Empty principals and roles: any principal."""
+    """Who may settle a promise. Empty principals, roles and permissions: any principal."""
 
     principals: frozenset[str] = field(default_factory=frozenset)
     roles: frozenset[str] = field(default_factory=frozenset)
@@ -65,11 +70,19 @@ class Approvers:
     """One principal settles at most one approval of the workflow's `quorum`."""
     quorum: str = ""
     """Names the quorum among a workflow's steps (with `distinct`)."""
+    permissions: frozenset[str] = field(default_factory=frozenset)
+    """Permission names: a principal holding one of them may settle (with principals
+    and roles: any of the three admits)."""
+
+    @property
+    def lists_approvers(self) -> bool:
+        """Whether it says who may settle (principals, roles or permissions)."""
+        return bool(self.principals or self.roles or self.permissions)
 
     @property
     def is_open(self) -> bool:
         """Whether the policy restricts nobody (and so need not be recorded)."""
-        return not (self.principals or self.roles or self.not_requester or self.distinct)
+        return not (self.lists_approvers or self.not_requester or self.distinct)
 
     def to_json(self) -> str:
         body: dict[str, Any] = {}
@@ -77,6 +90,8 @@ class Approvers:
             body["principals"] = sorted(self.principals)
         if self.roles:
             body["roles"] = sorted(self.roles)
+        if self.permissions:  # only when listed: a policy without keeps its record
+            body["permissions"] = sorted(self.permissions)
         if self.not_requester:
             body["not_requester"] = True
         if self.distinct:
@@ -95,14 +110,16 @@ class Approvers:
             not_requester=bool(body.get("not_requester", False)),
             distinct=bool(body.get("distinct", False)),
             quorum=str(body.get("quorum", "")),
+            permissions=frozenset(body.get("permissions", ())),
         )
 
     def describe(self) -> str:
         """The policy in words, for messages and the inbox."""
         parts = []
-        if self.principals or self.roles:
+        if self.lists_approvers:
             who = [*(repr(p) for p in sorted(self.principals))]
             who += [f"role {r!r}" for r in sorted(self.roles)]
+            who += [f"permission {p!r}" for p in sorted(self.permissions)]
             parts.append("one of " + ", ".join(who))
         if self.not_requester:
             parts.append("not the principal who started the workflow")
@@ -119,10 +136,12 @@ def approvers(
     not_requester: bool = False,
     distinct: bool = False,
     quorum: str = "",
+    permissions: Iterable[str] = (),
 ) -> Approvers | None:
     """A checked policy from request fields; None when it restricts nobody."""
     names = _names(principals, "approvers.principals")
     role_names = _names(roles, "approvers.roles")
+    permission_names = _permissions(permissions, "approvers.permissions")
     if len(quorum) > MAX_QUORUM_LENGTH:
         raise InvalidArgument(
             "approvers.quorum",
@@ -130,8 +149,19 @@ def approvers(
         )
     if quorum and not distinct:
         raise InvalidArgument("approvers.quorum", "names a distinct quorum: set distinct too")
-    policy = Approvers(names, role_names, not_requester, distinct, quorum)
+    policy = Approvers(names, role_names, not_requester, distinct, quorum, permission_names)
     return None if policy.is_open else policy
+
+
+def _permissions(values: Iterable[str], field: str) -> frozenset[str]:
+    found = list(values)
+    if len(found) > MAX_APPROVERS:
+        raise InvalidArgument(field, f"lists {len(found)}; the limit is {MAX_APPROVERS}")
+    for i, name in enumerate(found):
+        problem = permission_problem(name)
+        if problem is not None:
+            raise InvalidArgument(f"{field}[{i}]", problem)
+    return frozenset(found)
 
 
 def _names(values: Iterable[str], field: str) -> frozenset[str]:
@@ -195,10 +225,11 @@ def decide(
     """
     if policy is None:
         return None
-    if policy.principals or policy.roles:
+    if policy.lists_approvers:
         named = caller.name in policy.principals
         by_role = not policy.roles.isdisjoint(role.value for role in caller.roles)
-        if not (named or by_role):
+        by_permission = not policy.permissions.isdisjoint(caller.permissions)
+        if not (named or by_role or by_permission):
             return NotAnApprover(
                 promise_id,
                 Rule.APPROVERS,
@@ -223,8 +254,8 @@ def early_refusal(
     (`create_if_missing`): None when that settle counts.
 
     It was made before any policy existed, so it is checked now, from what the
-    promise records of it: the settler's name. A policy that lists roles, or
-    asks for a distinct quorum, cannot be decided from a name afterwards: it
+    promise records of it: the settler's name. A policy that lists roles or
+    permissions, or asks for a distinct quorum, cannot be decided from a name afterwards: it
     refuses every early settle (its approvers settle once the promise exists).
     """
     if policy is None:
@@ -237,12 +268,14 @@ def early_refusal(
             "it was settled before it existed, and a distinct quorum is counted only "
             "from settles of the created promise",
         )
-    if settler is None or (policy.roles and settler not in policy.principals):
+    if settler is None or (
+        (policy.roles or policy.permissions) and settler not in policy.principals
+    ):
         who = "an unnamed caller" if settler is None else repr(settler)
         return NotAnApprover(
             early.id,
             Rule.APPROVERS,
-            f"it was settled before it existed by {who}, whose roles the policy "
+            f"it was settled before it existed by {who}, whose roles and permissions the policy "
             f"({policy.describe()}) cannot check afterwards; only a principal it names "
             "may settle it early",
         )

@@ -4,7 +4,8 @@ acting for a principal (DESIGN §4 rule 16, issue 26).
 Pure: no I/O, no clock, no randomness (the caller passes `now` and the token's
 random id). A token is an HMAC-SHA256, under one of the server's secret keys,
 over the promise's identity (its id and instance), the outcomes it allows, its
-expiry, the key id and the principal it acts for (its name and roles)::
+expiry, the key id and the principal it acts for (its name, roles and the
+permissions it held that the promise's policy lists)::
 
     st2.<key id>.<payload>.<mac>        (each part URL-safe base64 without padding,
                                          the key id as it is: [A-Za-z0-9_-]{1,32})
@@ -14,6 +15,13 @@ expiry, the key id and the principal it acts for (its name and roles)::
               | instance (8 bytes, big-endian) | promise id length (2 bytes)
               | promise id (UTF-8) | principal (UTF-8)
     mac     = HMAC-SHA256(key, "troth-settle-token/2" NUL key id NUL payload)
+
+A token that carries permissions is `st3`: its payload goes on after the principal
+with each permission name behind a NUL (`| NUL permission`...; neither a principal
+nor a permission name holds one), and its MAC is keyed with "troth-settle-token/3".
+A token without is `st2`, as before permissions (links already sent keep working,
+and a server of before permissions still takes the tokens it could read); a server
+of before permissions refuses an `st3` as malformed rather than read it wrong.
 
 A settle with a token is the settle of the principal it acts for: the service
 checks the promise's approver policy against that principal (its name and the
@@ -50,7 +58,12 @@ from hashlib import sha256
 from typing import TYPE_CHECKING
 
 from troth.errors import Reason
-from troth_server.domain.access import RESERVED_NAME_PREFIXES, Principal, Role
+from troth_server.domain.access import (
+    RESERVED_NAME_PREFIXES,
+    Principal,
+    Role,
+    permission_problem,
+)
 from troth_server.domain.errors import DomainError
 from troth_server.domain.promise import PromiseState
 
@@ -60,11 +73,13 @@ if TYPE_CHECKING:
     from troth_server.domain.promise import Promise
 
 PREFIX = "st2"
+PERMISSIONS_PREFIX = "st3"
+"""A token whose principal carries permissions (see the module docstring)."""
+_MACS = {PREFIX: b"troth-settle-token/2", PERMISSIONS_PREFIX: b"troth-settle-token/3"}
 OLD_PREFIXES = frozenset({"st1"})
 """Formats of older servers: refused with `TokenOutdated` (they acted for nobody)."""
 TOKEN_ID_BYTES = 12
 MIN_KEY_BYTES = 32
-_MAC = b"troth-settle-token/2"
 _KEY_ID = re.compile(r"[A-Za-z0-9_-]{1,32}")
 _HEAD = struct.Struct(">12sQBBQH")
 _OUTCOME_BITS = {PromiseState.RESOLVED: 1, PromiseState.REJECTED: 2}
@@ -279,6 +294,10 @@ class SettleToken:
     roles: frozenset[Role]
     """That principal's roles when the token was minted (none for a named approver a
     gateway minted it for: the server cannot know them)."""
+    permissions: frozenset[str] = frozenset()
+    """The permissions that principal held when the token was minted, of those the
+    promise's policy lists (the guard mints it so: a link carries no more than its
+    promise's decision needs); none for a named approver."""
 
     @property
     def settled_by(self) -> str:
@@ -287,7 +306,7 @@ class SettleToken:
 
     def acting(self) -> Principal:
         """The principal the approver policy is checked against for a settle with it."""
-        return Principal(name=self.principal, roles=self.roles)
+        return Principal(name=self.principal, roles=self.roles, permissions=self.permissions)
 
 
 def mint(
@@ -298,8 +317,9 @@ def mint(
     token_id: bytes,
     acts_for: Principal,
 ) -> tuple[str, SettleToken]:
-    """A token for `promise` (its id and instance), acting for `acts_for` (its name and
-    roles), signed with the active key; `token_id` is random."""
+    """A token for `promise` (its id and instance), acting for `acts_for` (its name,
+    roles and permissions: pass only those the promise's policy lists), signed with
+    the active key; `token_id` is random."""
     promise_id, instance = promise
     if len(token_id) != TOKEN_ID_BYTES:
         raise ValueError(f"token_id must be {TOKEN_ID_BYTES} bytes")
@@ -320,12 +340,25 @@ def mint(
         instance,
         len(id_bytes),
     )
+    permissions = sorted(acts_for.permissions)
+    if any(permission_problem(p) is not None for p in permissions):
+        raise ValueError("the principal's permissions must be permission names")
     payload = head + id_bytes + acts_for.name.encode()
+    payload += b"".join(b"\0" + p.encode() for p in permissions)
+    prefix = PERMISSIONS_PREFIX if permissions else PREFIX
     key_id = keyring.active
-    mac = _mac(keyring.keys[key_id], key_id, payload)
-    token = ".".join((PREFIX, key_id, _b64(payload), _b64(mac)))
+    mac = _mac(keyring.keys[key_id], key_id, payload, prefix)
+    token = ".".join((prefix, key_id, _b64(payload), _b64(mac)))
     granted = SettleToken(
-        key_id, _b64(token_id), promise_id, instance, allowed, expire_time, acts_for.name, roles
+        key_id,
+        _b64(token_id),
+        promise_id,
+        instance,
+        allowed,
+        expire_time,
+        acts_for.name,
+        roles,
+        frozenset(permissions),
     )
     return token, granted
 
@@ -338,9 +371,9 @@ def verify(
     parts = token.split(".")
     if len(parts) == 4 and parts[0] in OLD_PREFIXES:
         raise TokenOutdated(parts[0])
-    if len(parts) != 4 or parts[0] != PREFIX:
+    if len(parts) != 4 or parts[0] not in _MACS:
         raise TokenMalformed(f"expected 4 dot-separated parts starting {PREFIX!r}")
-    _, key_id, payload_text, mac_text = parts
+    prefix, key_id, payload_text, mac_text = parts
     if not _KEY_ID.fullmatch(key_id):
         raise TokenMalformed("the key id has characters outside A-Z a-z 0-9 _ -")
     try:
@@ -352,20 +385,31 @@ def verify(
     secret = keyring.keys.get(key_id)
     if secret is None:
         raise UnknownKey(key_id)
-    if not hmac.compare_digest(mac, _mac(secret, key_id, payload)):
+    if not hmac.compare_digest(mac, _mac(secret, key_id, payload, prefix)):
         raise BadSignature()
     raw_id, expire_time, bits, role_bits, instance, id_length = _HEAD.unpack_from(payload)
     rest = payload[_HEAD.size :]
     try:  # signed by us, so never wrong; but never trust a decode
-        token_promise, principal = rest[:id_length].decode(), rest[id_length:].decode()
+        token_promise = rest[:id_length].decode()
+        principal, *permissions = rest[id_length:].decode().split("\0")
     except UnicodeDecodeError:
         raise TokenMalformed("the promise id or the principal is not UTF-8") from None
-    if len(rest) <= id_length or not token_promise:
+    if len(rest) <= id_length or not token_promise or not principal:
         raise TokenMalformed("the promise id or the principal is missing")
+    if bool(permissions) != (prefix == PERMISSIONS_PREFIX):
+        raise TokenMalformed(f"a {prefix!r} token with the permissions of the other format")
     allowed = frozenset(o for o, bit in _OUTCOME_BITS.items() if bits & bit)
     roles = frozenset(r for r, bit in _ROLE_BITS.items() if role_bits & bit)
     granted = SettleToken(
-        key_id, _b64(raw_id), token_promise, instance, allowed, expire_time, principal, roles
+        key_id,
+        _b64(raw_id),
+        token_promise,
+        instance,
+        allowed,
+        expire_time,
+        principal,
+        roles,
+        frozenset(permissions),
     )
     if token_promise != promise_id:
         raise WrongPromise(token_promise, promise_id)
@@ -412,8 +456,9 @@ def settler(settled_by: str | None) -> str | None:
     return None if settled_by.startswith(OLD_SETTLED_BY_PREFIX) else settled_by
 
 
-def _mac(secret: bytes, key_id: str, payload: bytes) -> bytes:
-    return hmac.new(secret, _MAC + b"\0" + key_id.encode() + b"\0" + payload, sha256).digest()
+def _mac(secret: bytes, key_id: str, payload: bytes, prefix: str = PREFIX) -> bytes:
+    message = _MACS[prefix] + b"\0" + key_id.encode() + b"\0" + payload
+    return hmac.new(secret, message, sha256).digest()
 
 
 def _b64(data: bytes) -> str:

@@ -60,7 +60,9 @@ if TYPE_CHECKING:
 
 KIND_TAG = "troth:kind"
 """Which command created a step (`promise`, `run`, `sleep`, `start`, `now`, `random`)."""
-CHECKPOINT_KINDS = frozenset({"run", "sleep", "start", "now", "random", "settle_token"})
+CHECKPOINT_KINDS = frozenset(
+    {"run", "sleep", "start", "now", "random", "settle_token", "state", "state_set"}
+)
 """Step kinds whose value the workflow takes as its own checkpoint: never written
 without the fence of the task holding the workflow. A latent `promise` is settled
 by anyone allowed to settle it."""

@@ -17,6 +17,8 @@ if TYPE_CHECKING:
 
     from troth_server.domain.promise import Promise, PromiseState
     from troth_server.domain.routing import Route
+    from troth_server.domain.schedules import Schedule
+    from troth_server.domain.states import WorkflowState
     from troth_server.domain.task import Callback, Task
 
 T = TypeVar("T")
@@ -199,6 +201,13 @@ class WriteTx(Protocol):
     def get_active_tasks(self, root_ids: Collection[str]) -> dict[str, Task]:
         """The PENDING or CLAIMED task of each root that has one, by root id."""
 
+    def get_states(self, keys: Collection[tuple[str, str]]) -> dict[tuple[str, str], WorkflowState]:
+        """The workflow state slots among these (root id, name) keys that exist (read
+        after their roots are locked: a slot is written only under its root's lock)."""
+
+    def put_states(self, states: Sequence[WorkflowState]) -> None:
+        """Write these slots (inserted, or over the row of the same root and name)."""
+
     def pending_tasks(
         self, group: str, prefer_worker: str, limit: int, route: Route = ..., now: int | None = ...
     ) -> list[Task]:
@@ -240,6 +249,20 @@ class WriteTx(Protocol):
         standalone ones and the finished workflows (no active task, every step settled
         by then) with their whole tree; with `delete` False only count them."""
 
+    # Schedules (`store/_schedules.py`).
+    def due_schedules(self, now: int, limit: int) -> list[Schedule]:
+        """Up to `limit` active schedules due at `now`, soonest first, locked, skipping
+        rows another transaction holds."""
+
+    def get_schedule(self, name: str) -> Schedule | None:
+        """The schedule, locked for this transaction."""
+
+    def insert_schedule(self, schedule: Schedule) -> None: ...
+
+    def update_schedules(self, items: Sequence[Schedule]) -> None: ...
+
+    def delete_schedule(self, name: str) -> bool: ...
+
 
 class Store(Protocol):
     def write(self, work: Callable[[WriteTx], T]) -> T:
@@ -280,6 +303,9 @@ class Store(Protocol):
     def pending_steps(self, parent_ids: Collection[str]) -> list[Promise]:
         """The PENDING promises whose parent_id is one of these, in creation order."""
 
+    def workflow_state(self, root_id: str, name: str) -> WorkflowState | None:
+        """Workflow `root_id`'s state slot `name`, if it was ever written."""
+
     def search_tasks(self, group: str, limit: int, root_id: str | None = None) -> list[Task]:
         """Up to `limit` of the group's PENDING and CLAIMED tasks, oldest first; with
         `root_id`, only that root's (at most one: its active task)."""
@@ -287,6 +313,14 @@ class Store(Protocol):
     def live_counts(self) -> LiveCounts:
         """Counts of the live rows by the partial indexes of live rows (never the
         settled history): PENDING promises, PENDING and CLAIMED tasks by group."""
+
+    def read_schedule(self, name: str) -> Schedule | None: ...
+
+    def soonest_fire_time(self) -> int | None:
+        """When the next active schedule fires (ms; None: none is active)."""
+
+    def list_schedules(self, after: str, limit: int) -> list[Schedule]:
+        """Up to `limit` schedules whose name sorts after `after`, by name."""
 
     @property
     def shared(self) -> bool:

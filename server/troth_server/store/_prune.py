@@ -24,6 +24,7 @@ from troth_server.domain.steps import INVOKE_TAG
 from troth_server.domain.task import TaskState
 from troth_server.store import PruneBatch
 from troth_server.store._rows import load_json
+from troth_server.store._states import delete_states_of
 from troth_server.store._tables import callbacks, promises, state_in, tasks
 from troth_server.store._tags import delete_tags
 
@@ -120,6 +121,8 @@ class PruneTx:
         if roots:
             # Steps first, then the roots (one statement each, by index); each
             # promise's tag rows before it.
+            # Their workflows' state slots (the roots' and their child workflows').
+            delete_states_of(self._conn, roots, select(_p.id).where(_p.root_id.in_(roots)))
             self._conn.execute(delete_tags(select(_p.seq).where(_p.root_id.in_(roots))))
             self._conn.execute(promises.delete().where(_p.root_id.in_(roots)))
         if ids:

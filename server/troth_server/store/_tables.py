@@ -402,6 +402,51 @@ callbacks = Table(
 )
 Index("ix_callbacks_root", callbacks.c.root_promise_id)
 
+# A workflow's named state slots (revision 0016): read and written by primary key.
+workflow_states = Table(
+    "workflow_states",
+    metadata,
+    Column("root_id", _promise_id, primary_key=True),
+    Column("name", String(128), primary_key=True),
+    Column("version", BigInteger(), nullable=False),
+    Column("value_headers", _json, nullable=False),
+    Column("value_data", LargeBinary(), nullable=False),
+    Column("update_time", BigInteger(), nullable=False),
+    Column("updated_by", String(1024), nullable=True),
+)
+# Schedules (revision 0017): a workflow started on a cron schedule, one run per tick
+# (`domain/schedules.py`). `next_fire_time` is NULL while paused, so the scheduler's
+# read of what is due walks a partial index of the active schedules in fire order.
+schedules = Table(
+    "schedules",
+    metadata,
+    Column("name", String(256), primary_key=True),
+    Column("cron", String(256), nullable=False),
+    Column("timezone", String(256), nullable=False),
+    Column("workflow", String(1024), nullable=False),
+    Column("group", String(256), nullable=False),
+    Column("args_headers", _json, nullable=False),
+    Column("args_data", LargeBinary(), nullable=False),
+    Column("catch_up", String(16), nullable=False),
+    Column("jitter_ms", BigInteger(), nullable=False),
+    Column("ttl_ms", BigInteger(), nullable=True),
+    Column("paused", Boolean(), nullable=False),
+    Column("next_tick", BigInteger(), nullable=True),
+    Column("next_fire_time", BigInteger(), nullable=True),
+    Column("last_tick", BigInteger(), nullable=True),
+    Column("last_run_id", String(1024), nullable=True),
+    Column("skipped", BigInteger(), nullable=False),
+    Column("created_by", String(1024), nullable=True),
+    Column("create_time", BigInteger(), nullable=False),
+    Column("update_time", BigInteger(), nullable=False),
+)
+Index(
+    "ix_schedules_due",
+    schedules.c.next_fire_time,
+    sqlite_where=text("next_fire_time IS NOT NULL"),
+    postgresql_where=text("next_fire_time IS NOT NULL"),
+)
+
 
 def state_in(column: Any, *states: str) -> Any:
     """`column = 'X'`, or `column IN ('X', 'Y')`, with the states written into the SQL.

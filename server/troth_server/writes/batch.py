@@ -17,6 +17,7 @@ from troth_server.domain import promise as domain
 from troth_server.domain import steps
 from troth_server.domain import task as tasks
 from troth_server.domain.routing import ANY, Route, workflow_name
+from troth_server.domain.states import WorkflowState
 from troth_server.domain.steps import INVOKE_TAG
 from troth_server.domain.task import Callback, Task, TaskKind, TaskState
 
@@ -51,6 +52,12 @@ class Keys:
     after the roots) so that the settle ends them in the same transaction."""
     steps_of_task_roots: bool = False
     """The same for the roots of `task_ids` (a completion settles its root)."""
+    parents_of: Collection[str] = ()
+    """Promises (of `promises`) whose parent workflow's active task the op reads: a
+    human's settle says whether the workflow it resumes waits for a worker."""
+    states: Collection[tuple[str, str]] = ()
+    """Workflow state slots (root id, name) the op reads or writes (their roots must be
+    among `promises` or the roots of `task_ids`: a slot is read after its root is locked)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,8 +113,15 @@ class Batch:
         callbacks: Collection[Callback] = (),
         tasks: Collection[Task] = (),
         root_workflows: Mapping[str, tuple[str | None, str | None]] | None = None,
+        states: Mapping[tuple[str, str], WorkflowState] | None = None,
+        active_read: Collection[str] = (),
     ) -> None:
         self.now = now
+        self._active_read = active_read
+        """The roots whose active task (if any) this batch read: `knows_active_task`."""
+        self._states = dict(states or {})
+        self.state_writes: dict[tuple[str, str], WorkflowState] = {}
+        """Workflow state slots written in this batch, by (root id, name)."""
         self._root_workflows = root_workflows or {}
         """(workflow, version) of the roots of `callbacks` that are not loaded."""
         self._current = loaded
@@ -211,10 +225,26 @@ class Batch:
         else:
             self.updates[promise.id] = promise
 
+    # -- workflow state slots ---------------------------------------------------------
+
+    def state(self, root_id: str, name: str) -> WorkflowState:
+        """The slot as this batch sees it (version 0: never written); loaded by `Keys.states`."""
+        return self._states.get((root_id, name)) or WorkflowState(root_id, name)
+
+    def put_state(self, state: WorkflowState) -> None:
+        key = (state.workflow_id, state.name)
+        self._states[key] = state
+        self.state_writes[key] = state
+
     # -- tasks ------------------------------------------------------------------------
 
     def task(self, task_id: str) -> Task | None:
         return self._tasks.get(task_id)
+
+    def knows_active_task(self, root_id: str) -> bool:
+        """Whether `active_task(root_id)` is the root's whole story: its active task
+        was read (`Keys.roots`, `Keys.parents_of`, callbacks), or written here."""
+        return root_id in self._active_read or root_id in self._active
 
     def active_task(self, root_id: str) -> Task | None:
         task_id = self._active.get(root_id)

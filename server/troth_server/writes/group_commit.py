@@ -438,6 +438,8 @@ def _fold(
     unlocked: dict[str, Task] = {}
     settling: set[str] = set()
     settling_tasks: set[str] = set()
+    parents_of: set[str] = set()
+    state_keys: set[tuple[str, str]] = set()
     for item in items:
         keys = item.op.keys(tx, now)
         promise_ids.update(keys.promises)
@@ -448,6 +450,8 @@ def _fold(
         settling.update(keys.steps_of)
         if keys.steps_of_task_roots:
             settling_tasks.update(keys.task_ids)
+        parents_of.update(keys.parents_of)
+        state_keys.update(keys.states)
     loaded = {t.id: t for t in queried}
     wanted = task_ids - loaded.keys() - unlocked.keys()
     # One lock order for every write, promises before tasks, so that replicas
@@ -468,10 +472,16 @@ def _fold(
     # Only a promise that exists can have callbacks: a batch of creates asks nothing.
     callbacks = tx.get_callbacks(promises.keys())
     root_ids.update(c.root_promise_id for c in callbacks)
+    root_ids.update(p.parent_id for p in map(promises.get, parents_of) if p and p.parent_id)
     loaded.update({t.id: t for t in tx.get_active_tasks(root_ids).values()})
     # The RESUME tasks these callbacks may create carry their roots' versions.
     workflows = tx.root_workflows({c.root_promise_id for c in callbacks} - promises.keys())
-    batch = Batch(promises, now, callbacks, loaded.values(), workflows)
+    # Workflow state slots, read once their roots are locked (a slot is written only
+    # under its root's lock: the version a compare-and-swap compares is current).
+    states = tx.get_states(state_keys) if state_keys else {}
+    batch = Batch(
+        promises, now, callbacks, loaded.values(), workflows, states, active_read=root_ids
+    )
     outcomes: list[tuple[bool, Any]] = []
     for item in items:
         try:
@@ -501,6 +511,7 @@ def _fold(
         tx.delete_callbacks(batch.fired, batch.finished_roots)
         new_callbacks = [c for c in batch.new_callbacks if c.promise_id not in batch.fired]
         tx.insert_callbacks(new_callbacks, now)
+        tx.put_states(list(batch.state_writes.values()))
         tx.announce(pending_groups, settled, created_ids=list(batch.inserts))
     return outcomes, batch.changes, pending_groups, leases
 

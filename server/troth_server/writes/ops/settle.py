@@ -4,7 +4,7 @@ part of the settle guard (`troth_server.guard`): comparisons only."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from troth_server.domain import approvers as policies
 from troth_server.domain import promise as domain
@@ -15,7 +15,20 @@ from troth_server.writes.batch import Batch, Keys
 if TYPE_CHECKING:
     from troth_server.domain.promise import Promise, SettleRequest
     from troth_server.domain.steps import Fence
+    from troth_server.domain.task import Task
     from troth_server.store import WriteTx
+
+
+class Settled(NamedTuple):
+    """What a settle wrote, and what it knows of the workflow it resumes."""
+
+    promise: Promise
+    applied: bool
+    workflow_task: Task | None = None
+    """The active task of the promise's parent workflow, if it has one."""
+    workflow_known: bool = False
+    """Whether the settle's batch read that task (a human's settle asks for it:
+    `Keys.parents_of`); if not, `workflow_task` says nothing."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,10 +49,14 @@ class SettleOp:
         # A cancelled workflow's task waiting out a retry backoff is hurried (Batch.settle).
         cancel = self.request.state is PromiseState.REJECTED_CANCELED
         return Keys(
-            promises=promise_ids, steps_of=promise_ids[:1], roots=promise_ids[:1] if cancel else ()
+            promises=promise_ids,
+            steps_of=promise_ids[:1],
+            roots=promise_ids[:1] if cancel else (),
+            # Not read for a cancel (or a worker's own step): its reply says nothing of it.
+            parents_of=() if cancel else promise_ids[:1],
         )
 
-    def apply(self, batch: Batch) -> tuple[Promise, bool]:
+    def apply(self, batch: Batch) -> Settled:
         existing = batch.get(self.request.id)
         if self.fence is not None:
             task = steps.check_fence(batch.task(self.fence.task_id), self.fence, pending=False)
@@ -59,7 +76,7 @@ class SettleOp:
             roots = {r: batch.get(r) for r in steps.namespace_roots(self.request.id)}
             steps.check_unfenced_settle(self.request.id, existing, roots)
             if existing is not None and not self._guarded(batch, existing):
-                return existing, False
+                return Settled(existing, False)
         promise, applied = domain.settle(existing, self.request, batch.now)
         if applied and existing is None:
             # Settled before the wait exists: watchers hear a create, then a settle.
@@ -76,7 +93,10 @@ class SettleOp:
             assert existing is not None
             # A workflow root's pending steps end with it, in this transaction.
             batch.settle(existing, promise)
-        return promise, applied
+        parent = promise.parent_id
+        if parent is None or not batch.knows_active_task(parent):
+            return Settled(promise, applied)
+        return Settled(promise, applied, batch.active_task(parent), workflow_known=True)
 
     def _guarded(self, batch: Batch, existing: Promise) -> bool:
         """The writer's part of the settle guard (`troth_server.guard`): comparisons
