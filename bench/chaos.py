@@ -31,6 +31,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--store", choices=["sqlite", "postgres"], default="sqlite")
     parser.add_argument("--workers", type=int, default=3)
     parser.add_argument("--lease", type=float, default=6.0, help="workers' lease, seconds")
+    parser.add_argument(
+        "--processes", type=int, default=1, help="server processes per replica (default 1)"
+    )
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
     args = parser.parse_args(argv)
     seed = args.seed if args.seed is not None else random.randrange(1_000_000)
@@ -43,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         drain_s=drain,
         workers=args.workers,
         lease_s=args.lease,
+        processes=args.processes,
         keep=args.keep,
         out=sys.stderr,
     )

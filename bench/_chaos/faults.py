@@ -6,8 +6,11 @@ Kinds (``KINDS``; the PostgreSQL-only ones are left out on SQLite):
 - ``worker_stop``: SIGSTOP a worker for 0.5 s to 2 leases, then SIGCONT
   (a frozen worker thawed after its lease: DESIGN §2's stale deliveries);
 - ``server_kill``: SIGKILL a server replica, restart it on its port 0.3-1.5 s later
-  (``until`` is when it serves again: a loaded machine may take seconds more);
-- ``server_stop``: SIGSTOP a server replica for 0.3-2 s (shorter than a lease);
+  (``until`` is when it serves again: a loaded machine may take seconds more); a
+  replica of several processes (``--processes``): SIGKILL one of them, which its
+  supervisor restarts;
+- ``server_stop``: SIGSTOP a server replica (of several processes: one of them) for
+  0.3-2 s (shorter than a lease);
 - ``pg_restart``: ``pg_ctl stop -m immediate`` of the private cluster, start 0.2-2 s later;
 - ``clock_jump``: a replica's injected wall clock jumps by +30 s, +60 s or
   -10 min, for 2-8 s (interfaces.md §3);
@@ -27,6 +30,7 @@ the faults in progress, and leaves every process running and every clock true.
 
 from __future__ import annotations
 
+import os
 import random
 import signal
 import threading
@@ -148,6 +152,14 @@ class FaultInjector:
         self.journal.fault("worker_stop", worker.name, worker.pid, t, until=time.time())
 
     def _server_kill(self, server: ServerReplica, rng: random.Random) -> None:
+        if server.processes > 1:  # one child; its supervisor restarts it
+            t, pid = time.time(), rng.choice(server.children())
+            os.kill(pid, signal.SIGKILL)
+            try:
+                server.wait_restarted(pid, 60.0)
+            finally:
+                self.journal.fault("server_kill", server.name, pid, t, until=time.time())
+            return
         t, pid = time.time(), server.pid
         server.kill()
         time.sleep(rng.uniform(0.3, 1.5))
@@ -158,6 +170,13 @@ class FaultInjector:
 
     def _server_stop(self, server: ServerReplica, rng: random.Random) -> None:
         duration = rng.uniform(0.3, 2.0)
+        if server.processes > 1:  # one child
+            t, pid = time.time(), rng.choice(server.children())
+            os.kill(pid, signal.SIGSTOP)
+            time.sleep(duration)
+            os.kill(pid, signal.SIGCONT)
+            self.journal.fault("server_stop", server.name, pid, t, until=time.time())
+            return
         t = time.time()
         server.signal(signal.SIGSTOP)
         time.sleep(duration)

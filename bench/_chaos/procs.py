@@ -16,6 +16,7 @@ reads its wall clock offset from its own ``TROTH_TEST_CLOCK_FILE``
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
 import re
@@ -161,9 +162,14 @@ class PrivateCluster:
 
 
 class ServerReplica:
-    """One ``troth serve`` process on a fixed port, restartable after SIGKILL."""
+    """One ``troth serve`` process on a fixed port, restartable after SIGKILL; or, with
+    ``processes`` > 1, a supervisor of that many (``--processes``), whose faults reach
+    one of its children (the supervisor restarts a child killed)."""
 
-    def __init__(self, name: str, workdir: Path, db_url: str, extra: list[str]) -> None:
+    def __init__(
+        self, name: str, workdir: Path, db_url: str, extra: list[str], processes: int = 1
+    ) -> None:
+        self.processes = processes
         self.name = name
         self.workdir = workdir
         self.db_url = db_url
@@ -186,7 +192,7 @@ class ServerReplica:
         argv = [
             sys.executable, "-m", "troth_server", "serve", "--no-auth",
             "--listen", self.address, "--db", self.db_url, *(["--migrate"] if migrate else []),
-            *self.extra,
+            "--processes", str(self.processes), *self.extra,
         ]  # fmt: skip
         log = (self.workdir / f"{self.name}.log").open("ab")
         env = {**os.environ, CLOCK_ENV: str(self.clock_file), "PYTHONUNBUFFERED": "1"}
@@ -219,6 +225,28 @@ class ServerReplica:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
+    def children(self) -> list[int]:
+        """The supervisor's children now (``--processes`` > 1)."""
+        if self.proc is None:
+            return []
+        try:
+            text = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text()
+        except OSError:
+            return []
+        return [int(pid) for pid in text.split()]
+
+    def wait_restarted(self, killed: int, timeout: float) -> None:
+        """Until the supervisor has replaced child ``killed`` and the port serves."""
+        deadline = time.monotonic() + timeout
+        while True:
+            children = self.children()
+            if killed not in children and len(children) == self.processes:
+                break
+            if time.monotonic() > deadline or not self.alive():
+                raise RuntimeError(f"{self.name} did not restart child {killed}:\n{self.log()}")
+            time.sleep(0.05)
+        self.wait_serving(max(1.0, deadline - time.monotonic()))
+
     def signal(self, sig: signal.Signals) -> None:
         if self.alive():
             assert self.proc is not None
@@ -231,6 +259,9 @@ class ServerReplica:
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
+            for child in self.children():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(child, signal.SIGCONT)
             self.proc.send_signal(signal.SIGCONT)
             self.proc.terminate()
             try:

@@ -16,6 +16,7 @@ The report's last line is ``anomalies: N``.
 
 from __future__ import annotations
 
+import os
 import random
 import shutil
 import tempfile
@@ -42,6 +43,8 @@ class Config:
     drain_s: float = 40.0
     workers: int = 3
     lease_s: float = 6.0
+    processes: int = 1
+    """Server processes per replica (`troth serve --processes`)."""
     keep: bool = False
     out: TextIO | None = None
 
@@ -113,13 +116,23 @@ def run(config: Config) -> Report:
     load: LoadGenerator | None = None
     report = Report(config.seed, config.store, clock_supported=clock_supported())
     try:
-        extra = ["--sweep-interval", f"{int(SWEEP_S * 1000)}ms", "--log-level", "warning"]
+        level = os.environ.get("TROTH_CHAOS_LOG_LEVEL", "warning")  # info: every call
+        extra = ["--sweep-interval", f"{int(SWEEP_S * 1000)}ms", "--log-level", level]
         if config.store == "postgres":
             cluster = PrivateCluster()
-            servers = [ServerReplica(f"server-{i}", workdir, cluster.url, extra) for i in range(2)]
+            servers = [
+                ServerReplica(f"server-{i}", workdir, cluster.url, extra, config.processes)
+                for i in range(2)
+            ]
         elif config.store == "sqlite":
             servers = [
-                ServerReplica("server-0", workdir, f"sqlite:///{workdir / 'troth.db'}", extra)
+                ServerReplica(
+                    "server-0",
+                    workdir,
+                    f"sqlite:///{workdir / 'troth.db'}",
+                    extra,
+                    config.processes,
+                )
             ]
         else:
             raise ValueError(f"store must be sqlite or postgres, not {config.store!r}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import io
 import logging
+import os
 import sys
 import threading
 import time
@@ -75,14 +76,30 @@ class _IsoTimestamp:
         return event
 
 
+class _Which:
+    """`process` and `pid` on every line: which of several server processes logged it."""
+
+    def __init__(self, process: int | str) -> None:
+        self._process = process
+
+    def __call__(
+        self, _logger: Any, _name: str, event: MutableMapping[str, Any]
+    ) -> MutableMapping[str, Any]:
+        event["process"] = self._process
+        event["pid"] = os.getpid()
+        return event
+
+
 def flush() -> None:
     """Write out buffered log lines now (before exit, or before a signal-driven report)."""
     if _writer is not None:
         _writer.flush()
 
 
-def configure(level: str = "info", fmt: str = "auto") -> None:
-    """JSON lines off a terminal (buffered), readable console lines on one (unbuffered)."""
+def configure(level: str = "info", fmt: str = "auto", process: int | str | None = None) -> None:
+    """JSON lines off a terminal (buffered), readable console lines on one (unbuffered).
+    `process`: which of several server processes this is (`troth serve --processes`),
+    logged with its pid on every line."""
     global _writer
     numeric = logging.getLevelName(level.upper())
     if not isinstance(numeric, int):
@@ -106,10 +123,12 @@ def configure(level: str = "info", fmt: str = "auto") -> None:
         # Fields in the order logged: the first line reads grpc=, console=, metrics= first.
         renderer = structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty(), sort_keys=False)
         factory = structlog.PrintLoggerFactory(sys.stderr)
+    which: list[structlog.typing.Processor] = [] if process is None else [_Which(process)]
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
+            *which,
             _IsoTimestamp(),
             structlog.processors.format_exc_info,
             renderer,

@@ -41,9 +41,12 @@ from troth_server.api.tasks import TaskServiceServicer
 from troth_server.auth import AuthConfigError, Authenticator, VerifierPool
 from troth_server.checks import SchemaChecks
 from troth_server.clock import (
+    Anchor,
+    ClockFile,
     DatabaseClock,
     GuardedClock,
     OutageGuard,
+    SharedClock,
     WallClock,
     monotonic_ms,
 )
@@ -57,7 +60,14 @@ from troth_server.metrics import Metrics
 from troth_server.schedules import Scheduler, ScheduleService
 from troth_server.service import PromiseService
 from troth_server.settle_keys import SettleKeys
-from troth_server.store import StoreError, StoreEvent, open_store
+from troth_server.store import (
+    StoreError,
+    StoreEvent,
+    open_store,
+    shared_clock_path,
+    supervise_alone,
+)
+from troth_server.supervisor import ChildRole, supervise
 from troth_server.sweeper import LeaseExpiry, Sweeper
 from troth_server.task_service import TaskService
 from troth_server.watch import WatchHub
@@ -69,7 +79,7 @@ if TYPE_CHECKING:
 
     from troth_server.console import HostedConsole
     from troth_server.domain.task import Task
-    from troth_server.store import Store
+    from troth_server.store import Held, Store
     from troth_server.writes.batch import StateChange
 
 log = structlog.get_logger("troth.server")
@@ -93,7 +103,9 @@ def grpc_options(settings: Settings) -> list[tuple[str, Any]]:
     # reaches validation and gets INVALID_ARGUMENT naming the field.
     max_message = 2 * settings.limits.max_payload_bytes + 1_048_576
     return [
-        (ARG_ALLOW_REUSEPORT, 0),
+        # Several processes share the port (`--processes`): the kernel spreads new
+        # connections over their sockets. One alone: a second server on its port fails.
+        (ARG_ALLOW_REUSEPORT, 1 if settings.processes > 1 else 0),
         (ARG_MAX_RECEIVE_MESSAGE_LENGTH, max_message),
         # A task carries its workflow's whole history (50k steps is about 8 MB);
         # the SDK accepts up to 64 MiB.
@@ -108,11 +120,22 @@ def grpc_options(settings: Settings) -> list[tuple[str, Any]]:
     ]
 
 
-def store_clock(store: Store, wall: Callable[[], int]) -> Callable[[], int]:
+def store_clock(
+    store: Store, wall: Callable[[], int], shared_clock: str | None = None
+) -> Callable[[], int]:
     """The clock every decision is made by (`troth_server.clock`): the database's own
     where it has one (PostgreSQL), else this server's, guarded against wall clock jumps
-    and never behind the newest time stored."""
+    and never behind the newest time stored; with several processes on one SQLite
+    file, the one they share, kept in the file `shared_clock` (set by the supervisor)."""
     if store.database_time() is None:
+        if shared_clock is not None:
+            try:
+                return SharedClock(ClockFile(shared_clock), wall)
+            except (OSError, ValueError) as exc:
+                raise StoreError(
+                    f"cannot read the clock the server processes share ({shared_clock}): "
+                    f"{exc}; start them with troth serve --processes N"
+                ) from exc
         return GuardedClock(wall, floor=store.newest_time())
 
     def database_time() -> int:
@@ -145,9 +168,11 @@ class Core:
             application_name=f"troth-server {settings.listen} pid {os.getpid()}",
             listen_url=settings.db_listen_url,
             transaction_pooling=settings.db_transaction_pooling,
+            processes=settings.processes,
         )
         if clock is None:
-            clock = store_clock(self.store, WallClock.from_env())
+            shared = shared_clock_path(settings.db) if settings.processes > 1 else None
+            clock = store_clock(self.store, WallClock.from_env(), shared)
         self.clock = clock
         # Leases are not taken until one lease length after the start (§2 Lease).
         self.outages = OutageGuard(clock(), monotonic_ms(), interval_ms=settings.sweep_interval_ms)
@@ -435,19 +460,38 @@ def serve(argv: list[str]) -> int:
     """`troth serve`: run until SIGTERM or SIGINT; SIGUSR1 logs commit statistics,
     SIGHUP reloads the token file and JWT keys."""
     settings = settings_from(argv)
+    role = ChildRole.from_env()  # one of several processes (`--processes`)?
+    if role is not None:
+        settings = role.apply(settings)
+    supervising = role is None and settings.processes > 1
     refusal = auth_refusal(settings)
     if refusal is not None:
         print(f"troth serve: error: {refusal}", file=sys.stderr)
         return 2
-    _logging.configure(settings.log_level, settings.log_format)
+    which = "supervisor" if supervising else None if role is None else role.index
+    _logging.configure(settings.log_level, settings.log_format, which)
     if settings.console_listen is not None:
         try:
             require_console()  # before anything is opened
         except ConsoleUnavailable as exc:
             print(f"troth serve: error: {exc}", file=sys.stderr)
             return 2
-    if settings.no_auth:
+    if settings.no_auth and (role is None or role.index == 0):
         _warn_no_auth(settings)
+    if supervising:
+        try:
+            alone = _prepare_processes(settings)
+        except (StoreError, AuthConfigError, TlsError, KeysInvalid) as exc:
+            log.error("server.cannot_start", error=str(exc))
+            _logging.flush()
+            return 1
+        try:
+            return supervise(settings, argv, () if alone is None else (alone.fileno(),))
+        finally:
+            if alone is not None:
+                alone.close()
+    if role is not None:
+        role.die_with_supervisor()
     try:
         exporting = tracing.configure_exporter(settings.otlp_endpoint)
     except tracing.TracingUnavailable as exc:
@@ -466,6 +510,49 @@ def serve(argv: list[str]) -> int:
         log.error("server.cannot_start", error=str(exc))
         _logging.flush()
         return 1
+
+
+def _prepare_processes(settings: Settings) -> Held | None:
+    """Before the supervisor starts any child: every file the children will read is
+    checked, the store opened once (SQLite migrated, PostgreSQL's schema checked), and
+    on SQLite the clock they share set: at the wall clock, never behind the newest
+    time stored (`clock.SharedClock`). On SQLite, the file is the supervisor's alone
+    until the lock returned is closed.
+
+    Raises:
+        StoreError, AuthConfigError, TlsError, KeysInvalid: what a child would fail on.
+    """
+    _authenticator(settings)
+    load_server_tls(settings.tls_cert, settings.tls_key, settings.tls_client_ca)
+    if settings.settle_token_keys:
+        SettleKeys(settings.settle_token_keys)
+    alone = supervise_alone(settings.db)  # SQLite: no other server on the file, from now on
+    try:
+        _open_once(settings)
+    except BaseException:
+        if alone is not None:
+            alone.close()
+        raise
+    return alone
+
+
+def _open_once(settings: Settings) -> None:
+    store = open_store(
+        settings.db,
+        sqlite_synchronous=settings.sqlite_synchronous,
+        migrate=settings.migrate,
+        application_name=f"troth-server {settings.listen} supervisor pid {os.getpid()}",
+        listen_url=settings.db_listen_url,
+        transaction_pooling=settings.db_transaction_pooling,
+        processes=settings.processes,
+    )
+    try:
+        path = shared_clock_path(settings.db)
+        if path is not None:
+            wall = WallClock.from_env()
+            ClockFile.create(path, Anchor.start(monotonic_ms(), wall(), store.newest_time()))
+    finally:
+        store.close()
 
 
 async def _serve_aio(settings: Settings) -> int:
@@ -547,6 +634,9 @@ async def _serve_aio(settings: Settings) -> int:
     loop.add_signal_handler(signal.SIGUSR1, _log_stats, core, overload)
     if authenticator is not None:
         loop.add_signal_handler(signal.SIGHUP, _reload_auth, authenticator, door)
+    if settings.metrics_port_file and metrics is not None and metrics.port is not None:
+        # Before the port file, which tells the supervisor this child serves.
+        Path(settings.metrics_port_file).write_text(str(metrics.port))
     _write_port_file(settings, port)
     await stop.wait()
 

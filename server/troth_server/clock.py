@@ -14,6 +14,14 @@ Expiry, leases and settle/create times are all decided at "the store's time":
   newest time already stored) and afterwards by a slow slew, so that a wall
   clock jump cannot expire everything at once, take a lease early or keep one
   for an hour.
+- SQLite served by several processes (`troth serve --processes N`, `SharedClock`):
+  the same clock, one for all of them. Its `Anchor` (a monotonic time, the clock's
+  value then, and the wall clock's offset from it still to absorb) lives in a small
+  file beside the database that every process maps (`ClockFile`): CLOCK_MONOTONIC is
+  one clock for the whole machine on Linux, so every process reads the same time
+  from it. The supervisor sets the anchor once, before it starts any (at the wall
+  clock, never behind the newest time stored); each write transaction, holding the
+  processes' write lock, moves it forward (the slew), so that it never goes back.
 
 What the wall clock is still used for: log timestamps, the anchor of the
 SQLite clock at start, and that clock's slow correction towards it.
@@ -21,15 +29,18 @@ SQLite clock at start, and that clock's slow correction towards it.
 Tests jump a server process's wall clock through `TROTH_TEST_CLOCK_FILE`
 (`WallClock`): a file holding a float offset in seconds.
 
-Everything here but `WallClock`'s default sources is pure: time sources are
+Everything here but `WallClock`'s default sources and `ClockFile` (a file) is pure: time sources are
 injected, and `OutageGuard` takes `now` as a parameter.
 """
 
 from __future__ import annotations
 
+import mmap
 import os
+import struct
 import threading
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
@@ -151,6 +162,130 @@ class GuardedClock:
 
     def in_transaction(self, tx: WriteTx) -> int:
         return self()
+
+
+@dataclass(frozen=True, slots=True)
+class Anchor:
+    """The shared SQLite clock (`SharedClock`) as a function of the monotonic clock:
+    `value` at `mono`, plus the monotonic time since, plus as much of `error` (the
+    wall clock's offset from `value` at `mono`, assumed to hold since) as the slew
+    allows. Continuous and increasing: moving the anchor (`advanced`) never makes
+    the clock jump. Pure."""
+
+    mono: float
+    value: float
+    error: float = 0.0
+
+    @classmethod
+    def start(cls, mono: float, wall: int, floor: int) -> Anchor:
+        """The anchor at a start: the wall clock's time, or `floor` (the newest time
+        stored) if the wall clock is behind it, which it then slews back to."""
+        value = float(max(wall, floor))
+        return cls(mono, value, wall - value)
+
+    def at(self, mono: float, slew: float = SLEW) -> float:
+        elapsed = mono - self.mono
+        if elapsed <= 0:  # read just before another process moved the anchor
+            return self.value + elapsed
+        bound = slew * elapsed
+        return self.value + elapsed + max(-bound, min(bound, self.error))
+
+    def advanced(self, mono: float, wall: int, slew: float = SLEW) -> Anchor:
+        """The anchor moved to `mono`, the wall clock's offset measured again."""
+        value = max(self.value, self.at(mono, slew))
+        return Anchor(mono, value, wall - value)
+
+
+class AnchorStore(Protocol):
+    def read(self) -> Anchor: ...
+
+    def write(self, anchor: Anchor) -> None: ...
+
+
+class SharedClock:
+    """The clock of several server processes on one SQLite file: every process reads
+    the one `Anchor` (`ClockFile`); a write transaction, holding the processes' write
+    lock (the only writer of the anchor then), moves it forward, slewing towards the
+    wall clock as `GuardedClock` does."""
+
+    def __init__(
+        self,
+        anchors: AnchorStore,
+        wall: Callable[[], int],
+        monotonic: Callable[[], float] = monotonic_ms,
+        *,
+        slew: float = SLEW,
+    ) -> None:
+        self._anchors = anchors
+        self._wall = wall
+        self._monotonic = monotonic
+        self._slew = slew
+
+    def __call__(self) -> int:
+        return int(self._anchors.read().at(self._monotonic(), self._slew))
+
+    def in_transaction(self, tx: WriteTx) -> int:
+        anchor = self._anchors.read().advanced(self._monotonic(), self._wall(), self._slew)
+        self._anchors.write(anchor)
+        return int(anchor.value)
+
+
+_ANCHOR = struct.Struct("<Qddd")
+"""A `ClockFile`: a sequence number (odd while it is written), then the anchor."""
+
+
+class ClockFile:
+    """The `Anchor` of one SQLite file's processes, in a file every one of them maps.
+
+    A seqlock: the writer (one at a time: it holds the processes' write lock) makes
+    the sequence number odd, writes the anchor, makes it even; a reader retries a
+    reading the sequence number says was torn. A writer killed halfway leaves it
+    odd: readers keep the last anchor they read until the next writer rewrites it
+    (one that never read it takes it as it is).
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        try:
+            if os.fstat(fd).st_size < _ANCHOR.size:
+                raise ValueError(f"{os.fspath(path)} holds no clock anchor")
+            self._map = mmap.mmap(fd, _ANCHOR.size)
+        finally:
+            os.close(fd)
+        self._last: Anchor | None = None
+        self._last = self.read()
+
+    @staticmethod
+    def create(path: str | os.PathLike[str], anchor: Anchor) -> None:
+        """Write a new file at `path` holding `anchor` (replacing any old one whole)."""
+        tmp = f"{os.fspath(path)}.{os.getpid()}.tmp"
+        with open(tmp, "wb") as file:
+            file.write(_ANCHOR.pack(0, anchor.mono, anchor.value, anchor.error))
+        os.replace(tmp, path)
+
+    def read(self) -> Anchor:
+        for _ in range(1000):
+            before, mono, value, error = _ANCHOR.unpack_from(self._map)
+            if before % 2 == 0 and struct.unpack_from("<Q", self._map)[0] == before:
+                self._last = Anchor(mono, value, error)
+                return self._last
+        if self._last is None:
+            # Never read here before (a child started since): the anchor as the killed
+            # writer left it, at worst its old and new fields mixed, a write apart.
+            _, mono, value, error = _ANCHOR.unpack_from(self._map)
+            self._last = Anchor(mono, value, error)
+        return self._last
+
+    def write(self, anchor: Anchor) -> None:
+        (sequence,) = struct.unpack_from("<Q", self._map)
+        writing = sequence + 1 if sequence % 2 == 0 else sequence + 2
+        struct.pack_into("<Q", self._map, 0, writing)
+        struct.pack_into("<ddd", self._map, 8, anchor.mono, anchor.value, anchor.error)
+        struct.pack_into("<Q", self._map, 0, writing + 1)
+        self._last = anchor
+
+    def close(self) -> None:
+        self._map.close()
 
 
 class DatabaseClock:

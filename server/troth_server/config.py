@@ -27,7 +27,7 @@ from troth_server.domain.schema import SchemaBounds
 from troth_server.units import duration_text, size_text
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Callable, Mapping, Sequence
 
 
 def parse_duration_ms(text: str) -> int:
@@ -38,6 +38,23 @@ def parse_duration_ms(text: str) -> int:
         how = unit_hint(text) or f"write it like {EXAMPLES} (or 0)"
         raise ValueError(f"{text!r} is not a duration; {how}")
     return ms
+
+
+def parse_processes(text: str) -> int:
+    """`--processes`: a positive number, or `auto` (the CPUs this process may run on)."""
+    if text.strip().lower() == "auto":
+        return (
+            len(os.sched_getaffinity(0))
+            if hasattr(os, "sched_getaffinity")
+            else (os.cpu_count() or 1)
+        )
+    try:
+        count = int(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a number of processes; write 2, or auto") from None
+    if count < 1:
+        raise ValueError(f"{text!r}: at least 1 process")
+    return count
 
 
 DEFAULT_WORKFLOW_TTL_MS = 30 * 86_400_000
@@ -98,6 +115,9 @@ class Settings:
     db_transaction_pooling: bool = False
     """PostgreSQL: --db goes through a transaction-mode pooler (PgBouncer)."""
     migrate: bool = False
+    processes: int = 1
+    """Server processes sharing the listen port and the store (`troth_server.supervisor`);
+    more than one: a supervisor starts them and keeps them running."""
     sqlite_synchronous: str = "FULL"
     sweep_interval_ms: int = 1000
     sweep_batch: int = 1000
@@ -146,6 +166,8 @@ class Settings:
     otlp_endpoint: str | None = None
     """Where to export spans over OTLP/gRPC (`troth_server._tracing`); None: as
     OpenTelemetry's own `OTEL_EXPORTER_OTLP_ENDPOINT` / `OTEL_TRACES_EXPORTER` say."""
+    metrics_port_file: str | None = None
+    """Where to write the metrics' port once served (no flag: a supervisor's child)."""
     keepalive_min_ping_interval_ms: int = PERMITTED_PING_INTERVAL_MS
     """The shortest interval between a client's pings that earns no strike (gRPC's
     ping-strike window; the third strike ends the connection, `too_many_pings`).
@@ -168,7 +190,7 @@ class Settings:
 
 
 # flag name -> (Settings/Limits field, parser, help). Every flag is also TROTH_<NAME>.
-_OPTIONS: dict[str, tuple[str, type | None, str]] = {
+_OPTIONS: dict[str, tuple[str, Callable[[str], object] | None, str]] = {
     "listen": ("listen", str, "address to serve gRPC on, HOST:PORT (port 0 picks a free one)"),
     "db": ("db", str, "database URL; the embedded default is a SQLite file"),
     "db-listen-url": (
@@ -189,6 +211,13 @@ _OPTIONS: dict[str, tuple[str, type | None, str]] = {
         "migrate",
         bool,
         "upgrade a PostgreSQL schema that is behind before serving (SQLite always is)",
+    ),
+    "processes": (
+        "processes",
+        parse_processes,
+        "server processes sharing the listen port and the database, to use several cores: "
+        "a supervisor starts them, forwards signals and restarts one that dies; a number, "
+        "or auto (one per CPU this process may run on)",
     ),
     "sqlite-synchronous": (
         "sqlite_synchronous",
@@ -291,7 +320,7 @@ _OPTIONS: dict[str, tuple[str, type | None, str]] = {
         "metrics_listen",
         str,
         "serve Prometheus metrics over HTTP on HOST:PORT (/metrics; docs/operations.md "
-        "lists them); unset: no metrics",
+        "lists them; with --processes, every process's, labelled process); unset: no metrics",
     ),
     "console-listen": (
         "console_listen",
@@ -471,6 +500,12 @@ def _check(settings: Settings, parser: argparse.ArgumentParser) -> None:
     if settings.limits.default_lease_ms > settings.limits.max_lease_ms:
         parser.error("default-lease cannot exceed max-lease")
     _check_keepalive(settings, parser)
+    if settings.processes > 1 and settings.listen.startswith(("unix:", "unix-abstract:")):
+        parser.error(
+            f"--processes {settings.processes} with --listen {settings.listen}: several "
+            "processes share a TCP port (SO_REUSEPORT), not a unix socket; listen on "
+            "HOST:PORT, or run one process"
+        )
     if settings.db_transaction_pooling and not settings.db_listen_url:
         parser.error(
             "--db-transaction-pooling: replicas hear each other's commits with LISTEN, "

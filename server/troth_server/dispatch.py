@@ -372,12 +372,21 @@ class Dispatcher:
             return
         claimed = self._store.claimed_task_ids({stream.worker_id for stream, _ in before})
         groups = set()
+        now = wall_ms()
         with self._lock:
             for stream, held in before:
                 gone = {t for t in held if (stream.worker_id, t) not in claimed}
                 if gone & stream.held:
                     stream.held -= gone
                     groups.add(stream.group)
+                    if now - self._last_seen.get(stream.worker_id, now) >= stream.lease_ms:
+                        # Not heard from for a lease: another replica (or server process)
+                        # took its leases back as they ran out, which `stall` cannot tell
+                        # this one. A frozen worker must not be handed new tasks into its
+                        # socket meanwhile (it would run them when thawed, beside the
+                        # worker they moved on to): stalled until it calls again (`alive`).
+                        stream.stalled = True
+                        self._stalled_workers.add(stream.worker_id)
         self.wake(groups)
 
     # -- dispatching ----------------------------------------------------------------------

@@ -15,6 +15,9 @@ The checker reads everything back through the SDK client and the test asserts
 it found no anomaly (see bench/_chaos/checker.py for the checks, and
 bench/README.md "Chaos" for the output).
 
+`TROTH_CHAOS_PROCESSES=2` runs each replica as two processes under a supervisor
+(`troth serve --processes 2`; a server fault then reaches one of them).
+
 Reproduce a failure with the seed it prints: ``TROTH_CHAOS_SEED=S pytest
 tests/chaos -k sqlite`` (both runs then use S), or the soak,
 ``python bench/chaos.py --seed S --store sqlite --minutes 1``.
@@ -36,6 +39,8 @@ from _pg import skip_without_binaries
 from _pg_cluster import pg_bindir
 
 FIXED_SEEDS = {"sqlite": 1, "postgres": 2}
+PROCESSES = int(os.environ.get("TROTH_CHAOS_PROCESSES", "1"))
+"""Server processes per replica (`troth serve --processes`): TROTH_CHAOS_PROCESSES=2."""
 LOAD_S = 18.0
 DRAIN_S = 30.0
 
@@ -56,7 +61,9 @@ def test_chaos_run_finds_no_anomaly(store: str) -> None:
     failed = []
     for seed in _seeds(store):
         print(f"chaos {store}: seed {seed}", flush=True)
-        report = run(Config(store=store, seed=seed, load_s=LOAD_S, drain_s=DRAIN_S))
+        report = run(
+            Config(store=store, seed=seed, load_s=LOAD_S, drain_s=DRAIN_S, processes=PROCESSES)
+        )
         text = "\n".join(report.lines())
         print(text, flush=True)
         if report.anomalies:

@@ -6,6 +6,7 @@ not commit is given back. In-process, on a real SQLite file, with the real dispa
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import threading
 import time
 from collections.abc import Iterator
@@ -16,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from test_task_service import HOUR, LEASE, Clock
 
-from troth_server.dispatch import Delivery, Dispatcher, PollStream
+from troth_server.dispatch import Delivery, Dispatcher, PollStream, wall_ms
 from troth_server.domain import promise as domain
 from troth_server.domain.promise import (
     EMPTY,
@@ -352,3 +353,36 @@ def test_a_slot_held_for_a_transaction_that_failed_is_given_back(env: Env) -> No
     assert recording.delivered == ["wf-e"]
     assert len(recording.reserved) == len(recording.unreserved) + 1
     assert len(stream.held) == 1 and stream.reserved == set()
+
+
+def _taken_elsewhere(env: Env, task_id: str) -> None:
+    """Another replica (or server process) took the task back: this dispatcher is not told."""
+    path = env.store._engines.write.url.database  # type: ignore[attr-defined]
+    with sqlite3.connect(path) as db:
+        db.execute("UPDATE tasks SET worker_id = 'someone-else' WHERE id = ?", (task_id,))
+
+
+def test_a_stream_unheard_for_a_lease_whose_tasks_moved_on_elsewhere_is_stalled(
+    env: Env,
+) -> None:
+    """Its leases ran out and another process took them back (a frozen worker): the
+    process holding its stream stops handing it tasks, as it would had it taken them
+    back itself (`stall`), until the worker calls again."""
+    stream = env.stream("w1")
+    env.start("wf-frozen")
+    task = env.next(stream).task
+    env.dispatcher._last_seen["w1"] = wall_ms() - LEASE - 1  # no call for a lease
+    _taken_elsewhere(env, task.id)
+    env.dispatcher.reconcile()
+    assert stream.held == set() and stream.stalled and stream.room == 0
+    env.dispatcher.alive("w1", None)  # it calls again: it gets tasks again
+    assert not stream.stalled
+
+
+def test_a_stream_heard_from_whose_task_moved_on_elsewhere_keeps_taking_tasks(env: Env) -> None:
+    stream = env.stream("w1")
+    env.start("wf-alive")
+    task = env.next(stream).task
+    _taken_elsewhere(env, task.id)  # completed through another process, say
+    env.dispatcher.reconcile()
+    assert stream.held == set() and not stream.stalled

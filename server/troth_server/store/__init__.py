@@ -354,6 +354,7 @@ def open_store(
     application_name: str = "troth-server",
     listen_url: str | None = None,
     transaction_pooling: bool = False,
+    processes: int = 1,
 ) -> Store:
     """Open the store at `url`: `sqlite:///PATH` (embedded; always migrated to this
     server's schema) or `postgresql+psycopg://...` (migrated only with `migrate`;
@@ -362,7 +363,9 @@ def open_store(
     PostgreSQL: replicas hear each other's commits on a connection of their own,
     to `listen_url` (default `url`), which must keep its session (LISTEN): PostgreSQL
     directly or a session-mode pool. `transaction_pooling`: `url` goes through a
-    transaction-mode pooler; nothing is prepared and no setting kept per session."""
+    transaction-mode pooler; nothing is prepared and no setting kept per session.
+    `processes`: how many server processes of this machine share `url` (`troth serve
+    --processes`); a SQLite file shared by several is `shared` (`store._processes`)."""
     from troth_server.store import _sql
 
     return _sql.open_sql_store(
@@ -373,4 +376,42 @@ def open_store(
         application_name=application_name,
         listen_url=listen_url,
         transaction_pooling=transaction_pooling,
+        processes=processes,
     )
+
+
+def shared_clock_path(url: str) -> str | None:
+    """Where the processes serving the SQLite database at `url` keep their one clock
+    (`clock.ClockFile`, beside the database); None for PostgreSQL, whose clock is the
+    database's own."""
+    from sqlalchemy.engine import make_url
+
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite" or not parsed.database:
+        return None
+    from troth_server.store._processes import sidecar
+
+    return str(sidecar(parsed.database, "clock"))
+
+
+class Held(Protocol):
+    def fileno(self) -> int: ...
+
+    def close(self) -> None: ...
+
+
+def supervise_alone(url: str) -> Held | None:
+    """The SQLite file at `url` for a supervisor of several processes alone, until
+    closed (None for PostgreSQL, whose replicas may be any number of anything).
+
+    Raises:
+        StoreError: Another server serves it.
+    """
+    from sqlalchemy.engine import make_url
+
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite" or not parsed.database:
+        return None
+    from troth_server.store._processes import ServingLock
+
+    return ServingLock(parsed.database, supervisor=True)

@@ -19,21 +19,18 @@ not keep; one that goes through a pooler is warned about at start.
 
 from __future__ import annotations
 
-import base64
 import threading
-import uuid
-import zlib
 from typing import TYPE_CHECKING, Any
 
-import orjson
 import psycopg
 import structlog
 from psycopg import sql
 
 from troth_server.store import StoreEvent
+from troth_server.store._wake import Announcements, deliver
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Collection
+    from collections.abc import Callable
 
 log = structlog.get_logger("troth.store.listen")
 
@@ -42,61 +39,21 @@ _MAX_PAYLOAD = 7900
 _RECONNECT_DELAYS = (0.1, 0.25, 0.5, 1.0, 2.0)
 
 
-class Announcer:
+class Announcer(Announcements):
     """One store's side of the channel: what it sends, and its listener thread."""
 
     notify_sql = "SELECT pg_notify(%(channel)s, %(payload)s)"
     """The statement each of `notifications` is the parameters of."""
 
     def __init__(self, conninfo: str, channel: str, database: str | None = None) -> None:
-        self.channel = channel
+        super().__init__(channel, _MAX_PAYLOAD)
         self._conninfo = conninfo
         self._database = database
         """The database the writes go to (None: unchecked): the listener's must be it."""
         self._warned = False
-        self._origin = uuid.uuid4().hex[:12]
-        """Marks this replica's own announcements, which it ignores."""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._conn: psycopg.Connection[Any] | None = None
-
-    def notifications(
-        self,
-        groups: Collection[str],
-        settled: Collection[str],
-        created: Collection[str] = (),
-    ) -> list[dict[str, str]]:
-        """The parameters of `NOTIFY` (one statement each) that announce these changes
-        to the other replicas when the write transaction that made them commits: one,
-        unless even compressed they outgrow a payload (then as few as carry them)."""
-        entries = (
-            [("g", g) for g in sorted(groups)]
-            + [("c", i) for i in created]
-            + [("s", i) for i in settled]
-        )
-        return [{"channel": self.channel, "payload": p} for p in self._payloads(entries)]
-
-    def _payloads(self, entries: list[tuple[str, str]]) -> list[str]:
-        """`entries` in one payload under PostgreSQL's limit, or halved until each
-        half fits (in order: a promise's CREATED is never after its SETTLED)."""
-        payload = self._encode(entries)
-        if len(payload.encode()) <= _MAX_PAYLOAD or len(entries) <= 1:
-            return [payload]
-        half = len(entries) // 2
-        return self._payloads(entries[:half]) + self._payloads(entries[half:])
-
-    def _encode(self, entries: list[tuple[str, str]]) -> str:
-        body: dict[str, list[str]] = {"g": [], "s": []}
-        for key, value in entries:
-            body.setdefault(key, []).append(value)
-        # "c" only when there are some: a replica from before created ids ignores the key.
-        plain = orjson.dumps({"o": self._origin, **body}).decode()
-        if len(plain.encode()) <= _MAX_PAYLOAD:
-            return plain
-        # Ids repeat their prefixes (roots, steps, groups): compressed, a batch's
-        # hundreds fit one payload. The origin stays plain, to skip one's own unread.
-        packed = base64.b85encode(zlib.compress(orjson.dumps(body), 6)).decode()
-        return orjson.dumps({"o": self._origin, "z": packed}).decode()
 
     def listen(self, on_event: Callable[[StoreEvent], None]) -> None:
         self._thread = threading.Thread(
@@ -129,14 +86,14 @@ class Announcer:
                     conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
                     if not first:
                         log.info("listen.reconnected", channel=self.channel)
-                        _deliver(on_event, StoreEvent(resync=True))
+                        deliver(on_event, StoreEvent(resync=True))
                     first = False
                     failures = 0
                     while not self._stop.is_set():
                         for notify in conn.notifies(timeout=1.0):
                             event = self._decode(notify.payload)
                             if event is not None:
-                                _deliver(on_event, event)
+                                deliver(on_event, event)
             except psycopg.Error as exc:
                 if self._stop.is_set():
                     return
@@ -181,32 +138,3 @@ class Announcer:
                 fix="point --db-listen-url (TROTH_DB_LISTEN_URL) at PostgreSQL "
                 "directly or at a session-mode pool",
             )
-
-    def _decode(self, payload: str) -> StoreEvent | None:
-        try:
-            message = orjson.loads(payload)
-        except orjson.JSONDecodeError:
-            log.warning("listen.bad_payload", payload=payload[:200])
-            return None
-        if message.get("o") == self._origin:
-            return None
-        if "z" in message:
-            try:
-                message = orjson.loads(zlib.decompress(base64.b85decode(message["z"])))
-            except (ValueError, zlib.error, orjson.JSONDecodeError):
-                log.warning("listen.bad_payload", payload=payload[:200])
-                return None
-        return StoreEvent(
-            frozenset(message.get("g", ())),
-            tuple(message.get("s", ())),
-            created_ids=tuple(message.get("c", ())),
-        )
-
-
-def _deliver(on_event: Callable[[StoreEvent], None], event: StoreEvent) -> None:
-    # A wake-up that fails (the database went away while a watcher's promise was
-    # read) is caught up by the next tick's rescan; the listener carries on.
-    try:
-        on_event(event)
-    except Exception as exc:
-        log.warning("listen.handler_failed", error=str(exc))

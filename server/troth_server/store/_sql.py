@@ -40,6 +40,7 @@ from troth_server.store._engines import (
     sqlite_engines,
 )
 from troth_server.store._migrate import check_at_head, upgrade_to_head
+from troth_server.store._processes import LocalAnnouncer, ServingLock, WriteLock
 from troth_server.store._prune import PruneTx
 from troth_server.store._reads import READ_ATTEMPTS, PromiseReads, select_expired
 from troth_server.store._rows import to_promise, to_row, to_task
@@ -58,8 +59,8 @@ from troth_server.store._workflow_reads import WorkflowReads
 if TYPE_CHECKING:
     from collections.abc import Callable, Collection, Iterator, Sequence
 
-    from troth_server.store._listen import Announcer
     from troth_server.store._pg_pipeline import Pipeline
+    from troth_server.store._wake import Announcements
 
 T = TypeVar("T")
 log = structlog.get_logger("troth.store")
@@ -138,7 +139,9 @@ class _Compiled:
 
 
 class _WriteTx(TaskTx, PruneTx, StateTx, ScheduleTx):
-    def __init__(self, conn: Connection, compiled: _Compiled, announcer: Announcer | None) -> None:
+    def __init__(
+        self, conn: Connection, compiled: _Compiled, announcer: Announcements | None
+    ) -> None:
         self._conn = conn
         self._compiled = compiled
         self._task_statements = compiled.tasks
@@ -153,6 +156,8 @@ class _WriteTx(TaskTx, PruneTx, StateTx, ScheduleTx):
         self._tags_read: dict[str, Any] = {}
         """The tags the tag index holds for each promise this transaction read
         (`get_promises`) or wrote: an update that keeps them leaves the index alone."""
+        self.after_commit: list[dict[str, str]] = []
+        """Announcements to send once the transaction committed (SQLite's processes)."""
         self.commit_sent = False
         """The COMMIT went (PostgreSQL: with the last statements): if the connection
         is lost now, whether the transaction committed is unknown."""
@@ -235,7 +240,10 @@ class _WriteTx(TaskTx, PruneTx, StateTx, ScheduleTx):
     ) -> None:
         if self._announcer is not None and (groups or settled_ids or created_ids):
             notifications = self._announcer.notifications(groups, settled_ids, created_ids)
-            self._write(self._announcer.notify_sql, notifications)
+            if self._announcer.notify_sql is None:
+                self.after_commit.extend(notifications)  # sent by the store once committed
+            else:
+                self._write(self._announcer.notify_sql, notifications)
 
     def database_time(self) -> int | None:
         if not self.row_locks:
@@ -317,10 +325,17 @@ class _WriteTx(TaskTx, PruneTx, StateTx, ScheduleTx):
 
 
 class SqlStore(PromiseReads, WorkflowReads, StateReads, ScheduleReads):
-    def __init__(self, engines: Engines, announcer: Announcer | None = None) -> None:
+    def __init__(
+        self,
+        engines: Engines,
+        announcer: Announcements | None = None,
+        process_lock: WriteLock | ServingLock | None = None,
+    ) -> None:
         self._engines = engines
         self._announcer = announcer
         self._write_lock = threading.Lock()
+        self._process_lock = process_lock
+        """SQLite with several server processes: one write transaction at a time among them."""
         self._compiled = _Compiled(engines.write.dialect)
 
     @property
@@ -338,12 +353,19 @@ class SqlStore(PromiseReads, WorkflowReads, StateReads, ScheduleReads):
             committing = False
             written: _WriteTx | None = None
             try:
-                with self._write_lock, self._engines.write.connect() as conn:
-                    with conn.begin() as tx:
+                with self._write_lock:
+                    with (
+                        self._across_processes(),
+                        self._engines.write.connect() as conn,
+                        conn.begin() as tx,
+                    ):
                         written = _WriteTx(conn, self._compiled, self._announcer)
                         result = work(written)
                         committing = True
                         tx.commit()  # a no-op at the driver if the final writes committed
+                    # Sent once committed, the other processes' write lock released.
+                    if written.after_commit and self._announcer is not None:
+                        self._announcer.send(written.after_commit)
                     return result
             except DBAPIError as exc:
                 committing = committing or (written is not None and written.commit_sent)
@@ -361,6 +383,11 @@ class SqlStore(PromiseReads, WorkflowReads, StateReads, ScheduleReads):
                     time.sleep(_RECONNECT_DELAY * attempt)
             except SQLAlchemyError as exc:
                 raise StoreUnavailable(f"database write failed: {exc}") from exc
+
+    def _across_processes(self) -> contextlib.AbstractContextManager[None]:
+        if not isinstance(self._process_lock, WriteLock):
+            return contextlib.nullcontext()
+        return self._process_lock.held()
 
     def database_time(self) -> int | None:
         if self._engines.read.dialect.name != "postgresql":
@@ -432,6 +459,8 @@ class SqlStore(PromiseReads, WorkflowReads, StateReads, ScheduleReads):
     def close(self) -> None:
         if self._announcer is not None:
             self._announcer.close()
+        if self._process_lock is not None:
+            self._process_lock.close()
         self._engines.dispose()
 
     def _read(self, read: Callable[[Connection], T]) -> T:
@@ -478,7 +507,11 @@ def open_sql_store(
     application_name: str,
     listen_url: str | None = None,
     transaction_pooling: bool = False,
+    processes: int = 1,
 ) -> SqlStore:
+    """`processes`: how many server processes share this database; on SQLite, more than
+    one takes the write lock they share around each write transaction and announces
+    commits to the others (`_processes`)."""
     parsed = make_url(url)
     backend = parsed.get_backend_name()
     if backend == "sqlite":
@@ -494,9 +527,22 @@ def open_sql_store(
             f"unsupported database URL {parsed.render_as_string(hide_password=True)!r}: "
             "use sqlite:///PATH or postgresql+psycopg://USER@HOST:PORT/DATABASE"
         )
-    announcer: Announcer | None = None
+    announcer: Announcements | None = None
+    process_lock: WriteLock | ServingLock | None = None
+    if backend == "sqlite":
+        assert parsed.database is not None
+        if processes > 1:
+            process_lock = WriteLock(parsed.database)
+            announcer = LocalAnnouncer(parsed.database)
+        else:
+            try:  # one process alone: never beside a supervisor's processes
+                process_lock = ServingLock(parsed.database, supervisor=False)
+            except StoreError:
+                engines.dispose()
+                raise
+    held = process_lock.held() if isinstance(process_lock, WriteLock) else contextlib.nullcontext()
     try:
-        with engines.write.begin() as conn:
+        with held, engines.write.begin() as conn:
             if migrate:
                 upgrade_to_head(conn)
             else:
@@ -505,8 +551,12 @@ def open_sql_store(
                 announcer = open_announcer(conn, make_url(listen_url) if listen_url else parsed)
     except BaseException as exc:
         engines.dispose()
+        if announcer is not None:
+            announcer.close()
+        if process_lock is not None:
+            process_lock.close()
         if isinstance(exc, DBAPIError):
             where = parsed.render_as_string(hide_password=True)
             raise StoreUnavailable(f"cannot open {where}: {exc.orig}") from exc
         raise
-    return SqlStore(engines, announcer)
+    return SqlStore(engines, announcer, process_lock)
