@@ -32,6 +32,8 @@ from troth_server.writes.batch import Batch, Keys
 from troth_server.writes.ops.create import CreateOp
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from troth_server.store import WriteTx
 
 log = structlog.get_logger("troth.schedules")
@@ -74,20 +76,11 @@ class UpdateScheduleOp:
     _outcome: tuple[Schedule, bool] | DomainError | None = field(default=None, repr=False)
 
     def keys(self, tx: WriteTx, now: int) -> Keys:
-        existing = tx.get_schedule(self.spec.name)
-        if existing is None:
-            self._outcome = ScheduleNotFound(self.spec.name)
-            return Keys()
-        if existing.spec == self.spec:
-            self._outcome = (existing, False)
-            return Keys()
-        try:
-            changed = schedules.updated(existing, self.spec, now)
-        except DomainError as exc:
-            self._outcome = exc
-            return Keys()
-        tx.update_schedules([changed])
-        self._outcome = (changed, True)
+        def edit(existing: Schedule) -> Schedule | None:
+            same = existing.spec == self.spec
+            return None if same else schedules.updated(existing, self.spec, now)
+
+        self._outcome = _edit(tx, self.spec.name, edit)
         return Keys()
 
     def apply(self, batch: Batch) -> tuple[Schedule, bool]:
@@ -104,18 +97,12 @@ class PauseScheduleOp:
     _outcome: tuple[Schedule, bool] | DomainError | None = field(default=None, repr=False)
 
     def keys(self, tx: WriteTx, now: int) -> Keys:
-        existing = tx.get_schedule(self.name)
-        if existing is None:
-            self._outcome = ScheduleNotFound(self.name)
-            return Keys()
-        if existing.paused == self.paused:
-            self._outcome = (existing, False)
-            return Keys()
-        changed = (
-            schedules.paused(existing, now) if self.paused else schedules.resumed(existing, now)
-        )
-        tx.update_schedules([changed])
-        self._outcome = (changed, True)
+        def edit(existing: Schedule) -> Schedule | None:
+            if existing.paused == self.paused:
+                return None
+            return (schedules.paused if self.paused else schedules.resumed)(existing, now)
+
+        self._outcome = _edit(tx, self.name, edit)
         return Keys()
 
     def apply(self, batch: Batch) -> tuple[Schedule, bool]:
@@ -140,6 +127,24 @@ class DeleteScheduleOp:
 
     def apply(self, batch: Batch) -> tuple[Schedule, bool]:
         return _answer(self._outcome)
+
+
+def _edit(
+    tx: WriteTx, name: str, edit: Callable[[Schedule], Schedule | None]
+) -> tuple[Schedule, bool] | DomainError:
+    """The outcome of changing schedule `name` by `edit` (None: it is so already),
+    written if it changed; a refusal (an unknown name, what `edit` raises) kept."""
+    existing = tx.get_schedule(name)
+    if existing is None:
+        return ScheduleNotFound(name)
+    try:
+        changed = edit(existing)
+    except DomainError as exc:
+        return exc
+    if changed is None:
+        return existing, False
+    tx.update_schedules([changed])
+    return changed, True
 
 
 def _answer(outcome: tuple[Schedule, bool] | DomainError | None) -> tuple[Schedule, bool]:
