@@ -239,14 +239,16 @@ def wait_promise(
     `watch_promise` does; against a server without `WaitPromise`, by `watch_promise`."""
     deadline = transport.deadline(timeout)
     breaks = _Breaks(transport, id, timeout, deadline)
-    answered = False
+    # Once the server was reached, the wait rides out a restart or failover however
+    # young it is, as a watch does; only a server never reached fails as fast as any
+    # call (a wrong address). A client whose Calls stream the server took has reached
+    # it: its first call waits long (one message for a result, not two). Otherwise
+    # the first call is answered at once (the promise as it is now), and the calls
+    # after it wait long.
+    answered = transport.reached()
     with map_rpc_errors(transport.address, tls=transport.tls):
         while True:
             remaining = transport.remaining(deadline)
-            # The first call is answered at once (the promise as it is now): from then
-            # on the server was reached, and the wait rides out a restart or failover
-            # however young it is, as a watch does; only a server never reached fails
-            # as fast as any call (a wrong address).
             longest = WAIT_CALL_S if answered else 0.0
             wait = longest if remaining is None else min(remaining, longest)
             request = promises_pb2.WaitPromiseRequest(id=id)

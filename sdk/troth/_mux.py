@@ -401,6 +401,13 @@ class CallStream:
             raise CallError(code, answer.message, answer.status_details)
         return response_type.FromString(answer.response)
 
+    def reached(self) -> bool:
+        """Whether the stream open now was taken by the server (its initial metadata
+        said so, or it answered): the server is there, and a call on it gets to it."""
+        with self._lock:
+            stream = self._open
+            return stream is not None and stream.opened and not stream.broken
+
     def close(self) -> None:
         """End the stream; later calls fail CANCELLED. Safe to repeat."""
         with self._lock:

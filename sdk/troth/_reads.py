@@ -278,10 +278,10 @@ class PromiseReads:
         """Block until the promise settles, and return it settled.
 
         Waits by `WaitPromise` calls of up to a minute each (on the client's `Calls`
-        stream, one message each), after a first one answered at once: from then
-        on, however young the wait, they ride out restarts and failovers as
-        `watch` does (within `timeout`); a server never reached fails the wait
-        as fast as any call.
+        stream, one message each); once the server was reached (the client's
+        stream is open, or a first call answered at once), however young the
+        wait, they ride out restarts and failovers as `watch` does (within
+        `timeout`); a server never reached fails the wait as fast as any call.
 
         Args:
             id: The promise id.

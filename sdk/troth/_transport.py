@@ -377,6 +377,11 @@ class Transport:
         twin.tasks = cast("TaskServiceStub", MultiplexedStub(self.unary_tasks, twin.calls))
         return twin
 
+    def reached(self) -> bool:
+        """Whether this transport's `Calls` stream is open and the server took it (the
+        server is there now: a wait may start with a long call, see `wait_promise`)."""
+        return self.calls is not None and self.calls.reached()
+
     def close_calls(self) -> None:
         """End the `Calls` stream of a `multiplexed()` transport (nothing otherwise)."""
         if self.calls is not None:

@@ -153,6 +153,33 @@ def test_a_wait_longer_than_one_call_is_several_calls_on_the_stream(
     assert client._transport.calls is not None and not client._transport.calls.unsupported
 
 
+def test_a_wait_on_a_client_the_server_answered_is_one_call(
+    client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client whose Calls stream the server has taken knows the server is there: its
+    wait for a result is one long call, not a call answered at once and then another."""
+    client.create("sdk.one-wait")  # the stream is open and answered
+    transport = client._transport
+    made: list[float] = []
+    stub = transport.promises
+    unwrapped = stub.WaitPromise
+
+    def counted(request: pb.WaitPromiseRequest, **kwargs: Any) -> Any:
+        made.append(request.wait.ToMilliseconds() / 1000)
+        return unwrapped(request, **kwargs)
+
+    monkeypatch.setattr(stub, "WaitPromise", counted, raising=False)
+    settle = threading.Timer(0.3, lambda: client.resolve("sdk.one-wait", "done"))
+    settle.start()
+    try:
+        promise = client.wait("sdk.one-wait", timeout=20)
+    finally:
+        settle.join()
+    assert client.decode(promise.value) == "done"
+    assert len(made) == 1, made
+    assert made[0] > 1  # a long poll from the first call
+
+
 class _Older:
     """A client's stub whose `WaitPromise` names a method the server does not have."""
 
