@@ -39,9 +39,12 @@ def test_the_version_is_read_once_however_many_spans(monkeypatch: pytest.MonkeyP
         reads.append(name)
         return real_version(name)
 
+    started: list[str] = []
+
     class Tracer:
         @contextlib.contextmanager
-        def start_as_current_span(self, *args: Any, **kwargs: Any) -> Any:
+        def start_as_current_span(self, name: str, *args: Any, **kwargs: Any) -> Any:
+            started.append(name)
             yield None
 
     monkeypatch.setattr(trace, "get_tracer_provider", lambda: object())  # one is set
@@ -49,6 +52,42 @@ def test_the_version_is_read_once_however_many_spans(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(metadata, "version", counting)
     _tracing._version.cache_clear()
     for _ in range(5):
-        with _tracing.step_span(**{"troth.step.id": "wf.1"}):
+        with (
+            _tracing.client_span("troth.start"),
+            _tracing.task_span({}, a="b"),
+            _tracing.step_span(b="c"),
+        ):
             pass
+    assert started == ["troth.start", "troth.task", "troth.step"] * 5
     assert reads.count("troth") <= 1
+
+
+def test_a_step_and_a_call_outside_a_recording_span_do_not_ask_the_provider(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Asking for the provider reads the environment: per task, not per step or call."""
+    asked: list[int] = []
+    real = trace.get_tracer_provider
+
+    def counting() -> Any:
+        asked.append(1)
+        return real()
+
+    monkeypatch.setattr(trace, "get_tracer_provider", counting)
+    for _ in range(5):
+        with _tracing.step_span(**{"troth.step.id": "wf.1"}):
+            assert _tracing.current_traceparent() is None
+    assert asked == []
+
+
+def test_a_call_follows_the_current_recording_span_and_a_step_its_task() -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+
+    provider = TracerProvider()  # not the global one: the provider is never asked
+    with provider.get_tracer("test").start_as_current_span("caller") as caller:
+        sent = _tracing.current_traceparent()
+        # Outside a task that made its span, a step makes none and hides nothing.
+        with _tracing.step_span(**{"troth.step.id": "wf.1"}):
+            assert _tracing.current_traceparent() == sent
+    assert sent is not None
+    assert f"-{caller.get_span_context().trace_id:032x}-" in sent
