@@ -71,6 +71,10 @@ class Reason(enum.StrEnum):
     TASK_NOT_PENDING = "TASK_NOT_PENDING"
     WORKFLOW_SETTLED = "WORKFLOW_SETTLED"
     """A new pending step under a root that is settled (cancelled, finished)."""
+    STEP_RECORDED = "STEP_RECORDED"
+    """A step result carried in a `CompleteTask` (`record_step`) for a step recorded
+    already with another result, by an earlier holder of the task (FAILED_PRECONDITION):
+    nothing was done; the worker replays the workflow from the record."""
     NOT_A_WORKFLOW = "NOT_A_WORKFLOW"
     """A workflow operation (`troth workflows fail`) on a promise that is no workflow's root."""
     WORKFLOW_NOT_PAUSED = "WORKFLOW_NOT_PAUSED"

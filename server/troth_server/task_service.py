@@ -9,14 +9,16 @@ claimed tasks down workers' Poll streams build on these (issue 3).
 from __future__ import annotations
 
 import random
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from troth_server.checks import SchemaChecks
 from troth_server.domain import steps
 from troth_server.domain import task as tasks
 from troth_server.domain.routing import ANY, Route
 from troth_server.domain.steps import INVOKE_TAG
+from troth_server.writes.ops.carried import RecordThenOp
 from troth_server.writes.ops.complete import CompleteOp, FailOp, RegisterCallbacksOp, SuspendOp
+from troth_server.writes.ops.create import CreateOp
 from troth_server.writes.ops.leases import (
     Claimed,
     ClaimOp,
@@ -31,10 +33,17 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
     from troth_server.domain.access import Principal
-    from troth_server.domain.promise import Payload, Promise, SettleRequest
+    from troth_server.domain.promise import CreateRequest, Payload, Promise, SettleRequest
+    from troth_server.domain.steps import Fence
     from troth_server.domain.task import Task
     from troth_server.store import Store
-    from troth_server.writes.group_commit import GroupCommitter
+    from troth_server.writes.group_commit import GroupCommitter, WriteOp
+
+    StepRecord = tuple[CreateRequest, str | None, SettleRequest, Fence]
+    """A step a worker records with the call that ends its task's hold: its create,
+    its creator, its result and its task's fence (`api.promises.create_args`)."""
+
+R = TypeVar("R")
 
 
 class TaskService:
@@ -91,6 +100,24 @@ class TaskService:
         """Register callbacks and complete, or answer the promises already settled."""
         op = SuspendOp(task_id, counter, worker_id, tuple(promise_ids), principal)
         return await self._committer.submit_async(op)
+
+    async def record_then_suspend_async(
+        self,
+        step: StepRecord,
+        task_id: str,
+        counter: int,
+        worker_id: str,
+        promise_ids: Sequence[str],
+        principal: Principal | None = None,
+    ) -> tuple[Promise, tuple[Task, list[Promise]]]:
+        """`suspend_async`, recording the task's last step (`step`, a fenced create
+        settled with its result) in the same transaction (`RecordThenOp`): the step as
+        recorded, and what `suspend_async` answers."""
+        op = SuspendOp(task_id, counter, worker_id, tuple(promise_ids), principal)
+        return await self._recording(step, op)
+
+    async def _recording(self, step: StepRecord, then: WriteOp[R]) -> tuple[Promise, R]:
+        return await self._committer.submit_async(RecordThenOp(CreateOp(*step), then))
 
     def release(
         self, task_id: str, counter: int, worker_id: str, principal: Principal | None = None
@@ -158,6 +185,29 @@ class TaskService:
 
         # Roots rarely have a schema: the writer says when this one does, and the
         # value is checked here and sent again (never checked on the writer).
+        return await self._checks.settle_checked_async(root_outcome, write)
+
+    async def record_then_complete_async(
+        self,
+        step: StepRecord,
+        task_id: str,
+        counter: int,
+        worker_id: str,
+        root_outcome: SettleRequest | None,
+        principal: Principal | None = None,
+    ) -> tuple[Promise, tuple[Task, Promise | None]]:
+        """`complete_async`, recording the task's last step (`step`) in the same
+        transaction (`RecordThenOp`)."""
+
+        async def write(
+            checked: SettleRequest | None,
+        ) -> tuple[Promise, tuple[Task, Promise | None]]:
+            return await self._recording(
+                step, CompleteOp(task_id, counter, worker_id, checked, principal)
+            )
+
+        if root_outcome is None:
+            return await write(None)
         return await self._checks.settle_checked_async(root_outcome, write)
 
     async def heartbeat_async(

@@ -150,30 +150,34 @@ class PollResponse(_message.Message):
     def __init__(self, task: _Optional[_Union[Task, _Mapping]] = ..., root: _Optional[_Union[_types_pb2.Promise, _Mapping]] = ..., history: _Optional[_Iterable[_Union[_types_pb2.Promise, _Mapping]]] = ..., more: _Optional[_Iterable[_Union[PollResponse, _Mapping]]] = ...) -> None: ...
 
 class CompleteTaskRequest(_message.Message):
-    __slots__ = ("task_id", "counter", "worker_id", "resolve_root", "reject_root", "suspend_on")
+    __slots__ = ("task_id", "counter", "worker_id", "resolve_root", "reject_root", "suspend_on", "record_step")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     COUNTER_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     RESOLVE_ROOT_FIELD_NUMBER: _ClassVar[int]
     REJECT_ROOT_FIELD_NUMBER: _ClassVar[int]
     SUSPEND_ON_FIELD_NUMBER: _ClassVar[int]
+    RECORD_STEP_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     counter: int
     worker_id: str
     resolve_root: _types_pb2.Payload
     reject_root: _types_pb2.Payload
     suspend_on: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, task_id: _Optional[str] = ..., counter: _Optional[int] = ..., worker_id: _Optional[str] = ..., resolve_root: _Optional[_Union[_types_pb2.Payload, _Mapping]] = ..., reject_root: _Optional[_Union[_types_pb2.Payload, _Mapping]] = ..., suspend_on: _Optional[_Iterable[str]] = ...) -> None: ...
+    record_step: _promises_pb2.CreatePromiseRequest
+    def __init__(self, task_id: _Optional[str] = ..., counter: _Optional[int] = ..., worker_id: _Optional[str] = ..., resolve_root: _Optional[_Union[_types_pb2.Payload, _Mapping]] = ..., reject_root: _Optional[_Union[_types_pb2.Payload, _Mapping]] = ..., suspend_on: _Optional[_Iterable[str]] = ..., record_step: _Optional[_Union[_promises_pb2.CreatePromiseRequest, _Mapping]] = ...) -> None: ...
 
 class CompleteTaskResponse(_message.Message):
-    __slots__ = ("task", "root", "settled")
+    __slots__ = ("task", "root", "settled", "recorded_step")
     TASK_FIELD_NUMBER: _ClassVar[int]
     ROOT_FIELD_NUMBER: _ClassVar[int]
     SETTLED_FIELD_NUMBER: _ClassVar[int]
+    RECORDED_STEP_FIELD_NUMBER: _ClassVar[int]
     task: Task
     root: _types_pb2.Promise
     settled: _containers.RepeatedCompositeFieldContainer[_types_pb2.Promise]
-    def __init__(self, task: _Optional[_Union[Task, _Mapping]] = ..., root: _Optional[_Union[_types_pb2.Promise, _Mapping]] = ..., settled: _Optional[_Iterable[_Union[_types_pb2.Promise, _Mapping]]] = ...) -> None: ...
+    recorded_step: _types_pb2.Promise
+    def __init__(self, task: _Optional[_Union[Task, _Mapping]] = ..., root: _Optional[_Union[_types_pb2.Promise, _Mapping]] = ..., settled: _Optional[_Iterable[_Union[_types_pb2.Promise, _Mapping]]] = ..., recorded_step: _Optional[_Union[_types_pb2.Promise, _Mapping]] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
     __slots__ = ("worker_id", "lease", "group")

@@ -96,7 +96,13 @@ ANSWERS: dict[str, dict[BadInput, Answer]] = {
         BadInput.LIST_TOO_LONG: INVALID,
         BadInput.BAD_DURATION: INVALID,
     },
-    "troth.v1.TaskService/CompleteTask": {**_EVERY_REQUEST, BadInput.LIST_TOO_LONG: INVALID},
+    "troth.v1.TaskService/CompleteTask": {
+        **_EVERY_REQUEST,
+        BadInput.LIST_TOO_LONG: INVALID,
+        # Its `record_step`: a step's CreatePromise, carried.
+        BadInput.BAD_TIMESTAMP: INVALID,
+        BadInput.BAD_DURATION: INVALID,
+    },
     "troth.v1.TaskService/Heartbeat": {**_EVERY_REQUEST, BadInput.BAD_DURATION: INVALID},
     "troth.v1.TaskService/ReleaseTask": {**_EVERY_REQUEST},
     "troth.v1.TaskService/RegisterCallbacks": {**_EVERY_REQUEST, BadInput.LIST_TOO_LONG: INVALID},

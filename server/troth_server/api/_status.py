@@ -41,7 +41,12 @@ from troth_server.domain.settle_tokens import (
 )
 from troth_server.domain.starts import WorkflowAlreadyExists
 from troth_server.domain.states import WorkflowNotParked
-from troth_server.domain.steps import OutsideWorkersGroups, ReservedForWorkflow, WorkflowSettled
+from troth_server.domain.steps import (
+    OutsideWorkersGroups,
+    ReservedForWorkflow,
+    StepRecorded,
+    WorkflowSettled,
+)
 from troth_server.domain.task import (
     GroupNotAllowed,
     NotTheTasksWorker,
@@ -85,6 +90,7 @@ STATUS_CODES: dict[type[Exception], grpc.StatusCode] = {
     CommitOutcomeUnknown: grpc.StatusCode.UNAVAILABLE,
     StaleCounter: grpc.StatusCode.FAILED_PRECONDITION,
     WorkflowSettled: grpc.StatusCode.FAILED_PRECONDITION,
+    StepRecorded: grpc.StatusCode.FAILED_PRECONDITION,
     ReservedForWorkflow: grpc.StatusCode.PERMISSION_DENIED,
     OutsideWorkersGroups: grpc.StatusCode.PERMISSION_DENIED,
     TaskNotClaimable: grpc.StatusCode.FAILED_PRECONDITION,

@@ -85,21 +85,7 @@ class _Handlers:
     def _create_request(
         self, request: promises_pb2.CreatePromiseRequest, context: AioContext
     ) -> tuple[CreateRequest, str | None, SettleRequest | None, Fence | None]:
-        create = convert.create_request(request, self._limits)
-        require_inside(create.id, context, "CreatePromise")
-        if not request.HasField("fence"):
-            steps.check_worker_start(_caller(context, self._limits), create.id, create.tags)
-        too_far = self._service.now() + self._limits.max_ttl_ms
-        if create.expire_time is not None and create.expire_time > too_far:
-            raise InvalidArgument(
-                "expire_time",
-                f"is further away than the limit of {duration_text(self._limits.max_ttl_ms)}",
-            )
-        principal = _recorded(_caller(context, self._limits))
-        if create.requested_by is None and principal is not None:
-            create = replace(create, requested_by=principal)  # the documented default
-        settled_with = convert.settled_with(request, create, self._limits, principal)
-        return create, principal, settled_with, convert.fence(request, self._limits)
+        return create_args(request, context, self._limits, self._service.now())
 
     def _settle_request(
         self, request: _SettleMessage, state: PromiseState, context: AioContext
@@ -280,6 +266,28 @@ class _Handlers:
         return promises_pb2.CreatePromiseResponse(
             promise=self._one(result[0], reader, sent_key), created=result[1]
         )
+
+
+def create_args(
+    request: promises_pb2.CreatePromiseRequest, context: AioContext, limits: Limits, now: int
+) -> tuple[CreateRequest, str | None, SettleRequest | None, Fence | None]:
+    """What a `CreatePromise` asks, checked: the one reading of a create request, for
+    `CreatePromise` and for a step carried in `CompleteTask` (`record_step`)."""
+    create = convert.create_request(request, limits)
+    require_inside(create.id, context, "CreatePromise")
+    if not request.HasField("fence"):
+        steps.check_worker_start(_caller(context, limits), create.id, create.tags)
+    too_far = now + limits.max_ttl_ms
+    if create.expire_time is not None and create.expire_time > too_far:
+        raise InvalidArgument(
+            "expire_time",
+            f"is further away than the limit of {duration_text(limits.max_ttl_ms)}",
+        )
+    principal = _recorded(_caller(context, limits))
+    if create.requested_by is None and principal is not None:
+        create = replace(create, requested_by=principal)  # the documented default
+    settled_with = convert.settled_with(request, create, limits, principal)
+    return create, principal, settled_with, convert.fence(request, limits)
 
 
 def _caller(context: AioContext, limits: Limits) -> Principal:

@@ -18,6 +18,7 @@ from troth_server.api import _workflows as workflows_api
 from troth_server.api._auth import caller, caller_name, require_group, require_inside
 from troth_server.api._batches import batched
 from troth_server.api._rpc import aio_server_stream, aio_unary
+from troth_server.api.promises import create_args
 from troth_server.api.schedules import ScheduleHandlers
 from troth_server.dispatch import Delivery, PollStream
 from troth_server.domain import visibility, workers
@@ -45,8 +46,9 @@ if TYPE_CHECKING:
     from troth_server.config import Limits
     from troth_server.dispatch import Dispatcher
     from troth_server.domain.access import Principal
+    from troth_server.domain.promise import Promise
     from troth_server.domain.task import Task
-    from troth_server.task_service import TaskService
+    from troth_server.task_service import StepRecord, TaskService
     from troth_server.workflows import WorkflowService
     from troth_server.writes.ops.leases import Heartbeat
 
@@ -191,6 +193,41 @@ class _Handlers:
             outcome = SettleRequest(id="", state=state, value=value, principal=settler)
         return task_id, convert.counter(request.counter), worker, outcome
 
+    def _record_step(
+        self,
+        request: tasks_pb2.CompleteTaskRequest,
+        task: tuple[str, int, str],
+        context: AioContext,
+    ) -> StepRecord | None:
+        """The step `record_step` carries, read as its own `CreatePromise` would be
+        (`create_args`: one reading of a create), under this call's task fence."""
+        if not request.HasField("record_step"):
+            return None
+        if not request.record_step.HasField("fence"):
+            raise _not_this_fence()
+        try:
+            create, principal, result, fence = create_args(
+                request.record_step, context, self._limits, self._tasks.now()
+            )
+        except InvalidArgument as exc:
+            raise exc.within("record_step") from None
+        if result is None:
+            raise InvalidArgument(
+                "record_step",
+                "must carry the step's result (resolved_with or rejected_with): only a "
+                "finished step is recorded with CompleteTask; create a pending one with "
+                "CreatePromise",
+            )
+        if create.schema is not None:
+            raise InvalidArgument(
+                "record_step.schema",
+                "a step recorded with CompleteTask has no schema; create a decision with "
+                "CreatePromise",
+            )
+        if fence is None or (fence.task_id, fence.counter, fence.worker_id) != task:
+            raise _not_this_fence()
+        return create, principal, result, fence
+
     def _suspend_on(self, request: tasks_pb2.CompleteTaskRequest) -> list[str]:
         if request.suspend_on and request.WhichOneof("root_result") is not None:
             raise InvalidArgument(
@@ -283,16 +320,40 @@ def _poll_response(delivery: Delivery) -> tasks_pb2.PollResponse:
     return response
 
 
-def _completed(result: tuple[Any, Any]) -> tasks_pb2.CompleteTaskResponse:
+def _not_this_fence() -> InvalidArgument:
+    return InvalidArgument(
+        "record_step.fence",
+        "must name this call's task, counter and worker: a step is recorded under the "
+        "fence of the task it ran in",
+    )
+
+
+def _completed(
+    result: tuple[Any, Any], recorded: Promise | None = None
+) -> tasks_pb2.CompleteTaskResponse:
     task, root = result
     response = tasks_pb2.CompleteTaskResponse(task=convert.task_to_pb(task))
     if root is not None:
         response.root.CopyFrom(convert.to_pb(visibility.view(root, caller())))
+    if recorded is not None:
+        response.recorded_step.CopyFrom(_recorded_step(recorded))
     return response
 
 
-def _not_suspended(task: Any, settled: list[Any]) -> tasks_pb2.CompleteTaskResponse:
-    return tasks_pb2.CompleteTaskResponse(task=convert.task_to_pb(task), settled=_awaited(settled))
+def _not_suspended(
+    task: Any, settled: list[Any], recorded: Promise | None
+) -> tasks_pb2.CompleteTaskResponse:
+    response = tasks_pb2.CompleteTaskResponse(
+        task=convert.task_to_pb(task), settled=_awaited(settled)
+    )
+    if recorded is not None:
+        response.recorded_step.CopyFrom(_recorded_step(recorded))
+    return response
+
+
+def _recorded_step(step: Promise) -> Any:
+    """The step as recorded, as its worker sees it (its own workflow's step)."""
+    return convert.to_pb(visibility.view(step, caller()))
 
 
 def _awaited(settled: list[Any]) -> list[Any]:
@@ -351,25 +412,37 @@ class TaskServiceServicer(_Handlers, ScheduleHandlers, tasks_pb2_grpc.TaskServic
     ) -> tasks_pb2.CompleteTaskResponse:
         task_id, counter, worker, outcome = self._complete_args(request)
         suspend_on = self._suspend_on(request)
+        step = self._record_step(request, (task_id, counter, worker), context)
         who = bound_principal()
+        recorded = None
         if suspend_on:
-            task, settled = await self._tasks.suspend_async(
-                task_id, counter, worker, suspend_on, who
-            )
+            if step is None:
+                task, settled = await self._tasks.suspend_async(
+                    task_id, counter, worker, suspend_on, who
+                )
+            else:
+                recorded, (task, settled) = await self._tasks.record_then_suspend_async(
+                    step, task_id, counter, worker, suspend_on, who
+                )
             self._alive(worker)
             if settled:
                 self._tasks.check_reach(settled, caller(), "read")
-                return _not_suspended(task, settled)
+                return _not_suspended(task, settled, recorded)
             result: tuple[Any, Any] = (task, None)
         else:
-            result = await self._tasks.complete_async(task_id, counter, worker, outcome, who)
+            if step is None:
+                result = await self._tasks.complete_async(task_id, counter, worker, outcome, who)
+            else:
+                recorded, result = await self._tasks.record_then_complete_async(
+                    step, task_id, counter, worker, outcome, who
+                )
             self._alive(worker)
             root = result[1]
             if outcome is not None and root is not None and root.state is outcome.state:
                 # The workflow's result, settled by its worker: audited like any settle.
                 audit.settled("CompleteTask", root, caller(), None, context)
         self._dispatcher.done(worker, task_id)
-        return _completed(result)
+        return _completed(result, recorded)
 
     @aio_unary("Heartbeat")
     async def Heartbeat(

@@ -34,6 +34,12 @@ class InvalidArgument(DomainError):
     def __init__(self, field: str, message: str) -> None:
         super().__init__(f"{field}: {message}", field=field)
         self.field = field
+        self.detail = message
+        """What is wrong with the field, without its name."""
+
+    def within(self, path: str) -> InvalidArgument:
+        """The same mistake in a message nested at `path` (`record_step.tags[x]`)."""
+        return InvalidArgument(f"{path}.{self.field}", self.detail)
 
 
 class ValueNotChecked(DomainError):

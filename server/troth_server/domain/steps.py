@@ -101,6 +101,23 @@ class ReservedForWorkflow(DomainError):
         self.promise_id = promise_id
 
 
+class StepRecorded(DomainError):
+    """A step result carried in the call that ends a task's hold (`CompleteTask`'s
+    `record_step`) for a step recorded already with another result: an earlier holder
+    of the task recorded it first, and that record stands (first writer wins)."""
+
+    reason = Reason.STEP_RECORDED
+
+    def __init__(self, step: Promise) -> None:
+        super().__init__(
+            f"step {step.id!r} was recorded already, {step.state.value}, by an earlier holder "
+            "of the task: that record stands and nothing was done; replay the workflow "
+            "from its records (the SDK gives the task back for a fresh delivery)",
+            promise_id=step.id,
+            state=step.state.value,
+        )
+
+
 _STEP_ID_TODO = (
     "ids ending in a dot and a number are reserved for the steps a workflow numbers "
     "itself (`<workflow id>.<n>`), so that nobody can take one before the workflow "
