@@ -2,8 +2,8 @@
 
 `PromiseReads` is a base of `Client` (its methods are `Client`'s), as
 `troth._operators.OperatorCalls` is: the read-only half of the promise calls,
-apart from the creates and settles that `client.py` keeps with their idempotency
-keys. Nothing here changes a promise, so every call is retried freely.
+apart from the creates and settles that `troth._writes.PromiseWrites` makes with their
+idempotency keys. Nothing here changes a promise, so every call is retried freely.
 """
 
 from __future__ import annotations

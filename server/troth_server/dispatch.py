@@ -1,7 +1,9 @@
 """Pushes PENDING tasks to the connected workers of their group (Poll streams).
 
 Each Poll stream is a `PollStream` with a capacity and the set of tasks it
-holds. One dispatcher thread claims tasks for streams with room (a claim is a
+holds; `troth_server._poll_streams.PollStreams` is the table of them and of their
+workers' liveness, which the `Dispatcher` owns and guards with its lock. One
+dispatcher thread claims tasks for streams with room (a claim is a
 write through the group committer, so a delivered task is already leased) and
 hands them to the stream's mailbox, with the root and its whole history read
 once. It wakes when a commit created PENDING tasks in a group, when a stream
@@ -16,17 +18,13 @@ up the tasks behind it.
 
 from __future__ import annotations
 
-import asyncio
 import threading
-import time
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, cast
 
 import structlog
 
-from troth_server.domain import routing
+from troth_server._poll_streams import Delivery, PollStream, PollStreams, Waiting, wall_ms
 from troth_server.domain.errors import DomainError
-from troth_server.domain.routing import Candidate, Deployments, Registration, Route
 from troth_server.domain.task import TaskState, first_run
 from troth_server.domain.workers import StreamView
 from troth_server.store import StoreError
@@ -35,7 +33,9 @@ from troth_server.writes.batch import Leased, Lessee
 if TYPE_CHECKING:
     from collections.abc import Collection, Iterable
 
+    from troth_server.domain import routing
     from troth_server.domain.promise import Promise
+    from troth_server.domain.routing import Route
     from troth_server.domain.task import Task
     from troth_server.store import Store
     from troth_server.task_service import TaskService
@@ -43,101 +43,17 @@ if TYPE_CHECKING:
 log = structlog.get_logger("troth.dispatch")
 
 
-@dataclass(frozen=True, slots=True)
-class Waiting:
-    """Why a PENDING task waits (`Dispatcher.waiting_for`)."""
-
-    words: str
-    absence: routing.Absence | None
-    """For a task whose version no worker connected here runs: since when."""
-
-
-@dataclass(frozen=True, slots=True)
-class Delivery:
-    task: Task
-    root: Promise | None
-    history: list[Promise]
-
-
-@dataclass(eq=False)
-class PollStream:
-    """One worker's Poll stream: where its tasks go, and how many it may hold."""
-
-    group: str
-    worker_id: str
-    capacity: int
-    lease_ms: int
-    loop: asyncio.AbstractEventLoop
-    """The event loop of the gRPC server, where the stream's coroutine waits."""
-    registration: Registration = field(default_factory=Registration)
-    """The workflow versions its worker runs (none listed: any task)."""
-    principal: str | None = None
-    """The authenticated principal that opened it (None with authentication off): the
-    tasks it claims are leased to it, and only they go back when it breaks."""
-    held: set[str] = field(default_factory=set)
-    reserved: set[str] = field(default_factory=set)
-    """Tasks leased to it by a transaction still committing (`Dispatcher.reserve`)."""
-    closed: bool = False
-    stalled: bool = False
-    """A lease of this worker ran out: it is frozen or cut off, though its
-    connection looks open. It gets nothing more until it heartbeats again."""
-
-    connected_ms: int = field(default_factory=lambda: wall_ms())
-    """When it connected, by this server's wall clock (for operators, never decisions)."""
-
-    def __post_init__(self) -> None:
-        self._async: asyncio.Queue[Delivery | None] = asyncio.Queue()
-
-    @property
-    def room(self) -> int:
-        if self.closed or self.stalled:
-            return 0
-        return self.capacity - len(self.held) - len(self.reserved)
-
-    def deliver(self, delivery: Delivery | None) -> None:
-        """From any thread; None ends the stream."""
-        try:
-            self.loop.call_soon_threadsafe(self._async.put_nowait, delivery)
-        except RuntimeError:  # the loop is closed: the stream is gone
-            pass
-
-    async def next_async(self) -> Delivery | None:
-        return await self._async.get()
-
-    def take_ready(self) -> list[Delivery | None]:
-        """The deliveries queued already, without waiting (a None: the stream ends there)."""
-        ready: list[Delivery | None] = []
-        while not self._async.empty():
-            ready.append(self._async.get_nowait())
-        return ready
-
-
-def wall_ms() -> int:
-    """This server's wall clock in ms: what operators are shown (connect, last seen)."""
-    return time.time_ns() // 1_000_000
-
-
 class Dispatcher:
-    """Owns the Poll streams and the dispatch thread; `start()`/`stop()` bound it."""
+    """Owns the Poll streams (`PollStreams`, under its lock) and the dispatch thread;
+    `start()`/`stop()` bound it."""
 
     def __init__(self, tasks: TaskService, store: Store) -> None:
         self._tasks = tasks
         self._store = store
         self._lock = threading.Condition()
-        self._streams: dict[str, list[PollStream]] = {}
+        self._streams = PollStreams(self._lock, store)
         self._wanted: set[str] = set()
         self._gone: list[PollStream] = []
-        self._stalled_workers: set[str] = set()
-        self._last_seen: dict[str, int] = {}
-        """worker id -> its last task call here (wall ms); dropped with its last stream."""
-        self._expired_from: dict[str, list[PollStream]] = {}
-        """task id -> the streams `stall` found holding it, for `lost` to take it off."""
-        self._owners: dict[str, frozenset[str | None]] = {}
-        """worker id -> the principals of its open streams here (None: authentication
-        off): whose task calls count as the worker's (`alive`). Replaced, never
-        changed in place, so that `alive` reads it without the lock."""
-        self._deployments = Deployments()
-        self._absences = routing.Absences(wall_ms())
         self._backlog: set[str] = set()
         """Groups whose PENDING tasks wait for room: a wake-up for them while every
         stream is full or a dispatch pass that found streams full says so, and a pass
@@ -159,7 +75,7 @@ class Dispatcher:
         reconnect (to another replica, or to this server when it is back)."""
         with self._lock:
             self._stopping = True
-            streams = [s for group in self._streams.values() for s in group]
+            streams = self._streams.every()
             self._lock.notify_all()
         for stream in streams:
             stream.closed = True
@@ -172,13 +88,7 @@ class Dispatcher:
     # -- streams --------------------------------------------------------------------------
 
     def connect(self, stream: PollStream) -> None:
-        with self._lock:
-            self._deployments.register(stream.group, stream.registration)
-            self._streams.setdefault(stream.group, []).append(stream)
-            self._last_seen.setdefault(stream.worker_id, stream.connected_ms)
-            self._owners[stream.worker_id] = self._owners.get(stream.worker_id, frozenset()) | {
-                stream.principal
-            }
+        self._streams.add(stream)
         workflows = sorted(f"{n}@{v}" for n, v in stream.registration.accepted)
         log.info("worker.connected", group=stream.group, worker_id=stream.worker_id,
                  capacity=stream.capacity, workflows=workflows or "any")  # fmt: skip
@@ -186,67 +96,19 @@ class Dispatcher:
 
     def streams(self) -> list[StreamView]:
         """Every open Poll stream, by group then worker id."""
-        with self._lock:
-            views = [
-                StreamView(
-                    worker_id=s.worker_id,
-                    group=s.group,
-                    principal=s.principal,
-                    workflows=tuple(sorted(s.registration.accepted)),
-                    capacity=s.capacity,
-                    held=tuple(sorted(s.held)),
-                    connected_ms=s.connected_ms,
-                    last_seen_ms=max(s.connected_ms, self._last_seen.get(s.worker_id, 0)),
-                    stalled=s.stalled,
-                )
-                for group in self._streams.values()
-                for s in group
-                if not s.closed
-            ]
-        return sorted(views, key=lambda v: (v.group, v.worker_id, v.connected_ms))
+        return self._streams.views()
 
     def waiting_for(self, tasks: Iterable[Task]) -> dict[str, Waiting]:
         """Why each of these PENDING tasks is not delivered, as this server sees it, and,
         for one whose version no worker connected here runs, since when."""
-        tasks = list(tasks)
-        with self._lock:
-            by_group = {
-                group: self._candidates(group) for group in {t.group for t in tasks}
-            }  # fmt: skip
-        found: dict[str, Waiting] = {}
-        for t in tasks:
-            streams = by_group[t.group]
-            absence: routing.Absence | None = None
-            if routing.version_absent(t, streams):
-                absence = self._absences.of(t.group, t.workflow or "", t.workflow_version or "")
-            words = routing.waiting_for(t, t.group, streams, absence)
-            found[t.id] = Waiting(words, absence)
-        return found
+        return self._streams.waiting_for(tasks)
 
     def absent_versions(
         self, keys: Iterable[tuple[str, str, str]]
     ) -> dict[tuple[str, str, str], routing.Absence]:
         """Of these (group, workflow, version), those no open stream here accepts, with
         since when (the metrics' tasks waiting for a version)."""
-        absent: dict[tuple[str, str, str], routing.Absence] = {}
-        with self._lock:
-            candidates: dict[str, list[Candidate]] = {}
-            for group, workflow, version in keys:
-                streams = candidates.get(group)
-                if streams is None:
-                    streams = candidates[group] = self._candidates(group)
-                if not any(s.route.accepts(workflow, version) for s in streams):
-                    absent[(group, workflow, version)] = self._absences.of(group, workflow, version)
-        return absent
-
-    def _candidates(self, group: str) -> list[Candidate]:
-        """The group's open streams as routing sees them (under the lock)."""
-        streams = [s for s in self._streams.get(group, []) if not s.closed]
-        routes = self._routes(group, streams)
-        return [Candidate(s.worker_id, routes[i], s.room) for i, s in enumerate(streams)]
-
-    def _routes(self, group: str, streams: list[PollStream]) -> list[Route]:
-        return routing.routes(group, [s.registration for s in streams], self._deployments)
+        return self._streams.absent_versions(keys)
 
     def disconnect_later(self, stream: PollStream) -> None:
         """From any thread or loop, without blocking: the dispatch thread does the rest."""
@@ -260,25 +122,7 @@ class Dispatcher:
         group, its tasks of the group go back to it at once (those of its other
         groups stay with their own streams)."""
         stream.closed = True
-        with self._lock:
-            group = self._streams.get(stream.group, [])
-            if stream in group:
-                group.remove(stream)
-                self._absences.ended(stream.group, stream.registration, wall_ms())
-            others = any(
-                s.worker_id == stream.worker_id and s.principal == stream.principal for s in group
-            )
-            owners = frozenset(
-                s.principal
-                for ss in self._streams.values()
-                for s in ss
-                if s.worker_id == stream.worker_id
-            )
-            if owners:
-                self._owners[stream.worker_id] = owners
-            else:
-                self._owners.pop(stream.worker_id, None)
-                self._last_seen.pop(stream.worker_id, None)
+        others = self._streams.remove(stream)
         if others or self._stopping:
             return
         try:
@@ -294,12 +138,9 @@ class Dispatcher:
         """A task left the worker (completed, released, lost): its stream has room again,
         for the tasks of its group that wait, if any do."""
         with self._lock:
-            for group, streams in self._streams.items():
-                for stream in streams:
-                    if stream.worker_id == worker_id and task_id in stream.held:
-                        stream.held.discard(task_id)
-                        if group in self._backlog:
-                            self._wanted.add(group)
+            for group in self._streams.freed(worker_id, task_id):
+                if group in self._backlog:
+                    self._wanted.add(group)
             if self._wanted:
                 self._lock.notify_all()
 
@@ -307,51 +148,22 @@ class Dispatcher:
         """Tasks whose lease ran out (from the writer, before the commit that gives them
         back): the streams that held them are stalled first, so that the wake-up of that
         commit cannot hand a task straight back to a frozen worker."""
-        with self._lock:
-            for task in expired:
-                for stream in self._streams.get(task.group, []):
-                    if task.id in stream.held:
-                        stream.stalled = True
-                        self._stalled_workers.add(stream.worker_id)
-                        self._expired_from.setdefault(task.id, []).append(stream)
+        self._streams.stall(expired)
 
     def lost(self, lost_tasks: Iterable[Task]) -> None:
         """Tasks whose lease expired, after the commit that gave them back: off the
         streams that held them (stalled by `stall` before that commit), and offered to
         others. A stream that took one again meanwhile is not stalled and keeps it."""
-        groups = set()
-        with self._lock:
-            for task in lost_tasks:
-                groups.add(task.group)
-                for stream in self._expired_from.pop(task.id, ()):
-                    stream.held.discard(task.id)
-        self.wake(groups)
+        self.wake(self._streams.lost(lost_tasks))
 
     def alive(self, worker_id: str, principal: str | None) -> None:
         """A task call of `worker_id` by `principal` succeeded: its streams opened by that
         principal are seen, and may take tasks again if they were stalled. Another
         principal naming the same worker id wakes nothing and fakes no last-seen time.
         Cheap when nothing is stalled: every task call runs it."""
-        if principal not in self._owners.get(worker_id, ()):
-            return  # no stream of this worker id opened by this principal
-        self._last_seen[worker_id] = wall_ms()  # one dict write (GIL-atomic), no lock
-        if worker_id not in self._stalled_workers:
-            return
-        groups = set()
-        with self._lock:
-            still = False
-            for group, streams in self._streams.items():
-                for stream in streams:
-                    if stream.worker_id != worker_id or not stream.stalled:
-                        continue
-                    if stream.principal == principal:
-                        stream.stalled = False
-                        groups.add(group)
-                    else:
-                        still = True
-            if not still:
-                self._stalled_workers.discard(worker_id)
-        self.wake(groups)
+        groups = self._streams.alive(worker_id, principal)
+        if groups is not None:
+            self.wake(groups)
 
     def reconcile(self) -> None:
         """Forget held tasks the database no longer shows as the stream's worker's.
@@ -359,35 +171,9 @@ class Dispatcher:
         With replicas, a task delivered here may be completed or released through
         another replica, which cannot tell this one; the stream would count it
         against its capacity for good. Run on the sweeper's beat."""
-        # Only what was held before the read counts: a task is claimed (committed)
-        # before it is held, so one held now and missing from the read has moved on.
-        with self._lock:
-            before = [
-                (stream, set(stream.held))
-                for group in self._streams.values()
-                for stream in group
-                if stream.held
-            ]
-        if not before:
-            return
-        claimed = self._store.claimed_task_ids({stream.worker_id for stream, _ in before})
-        groups = set()
-        now = wall_ms()
-        with self._lock:
-            for stream, held in before:
-                gone = {t for t in held if (stream.worker_id, t) not in claimed}
-                if gone & stream.held:
-                    stream.held -= gone
-                    groups.add(stream.group)
-                    if now - self._last_seen.get(stream.worker_id, now) >= stream.lease_ms:
-                        # Not heard from for a lease: another replica (or server process)
-                        # took its leases back as they ran out, which `stall` cannot tell
-                        # this one. A frozen worker must not be handed new tasks into its
-                        # socket meanwhile (it would run them when thawed, beside the
-                        # worker they moved on to): stalled until it calls again (`alive`).
-                        stream.stalled = True
-                        self._stalled_workers.add(stream.worker_id)
-        self.wake(groups)
+        groups = self._streams.reconcile()
+        if groups is not None:
+            self.wake(groups)
 
     # -- dispatching ----------------------------------------------------------------------
 
@@ -396,7 +182,7 @@ class Dispatcher:
         with self._lock:
             wanted = [g for g in groups if g in self._streams]
             for group in wanted:
-                if not any(s.room > 0 for s in self._streams[group]):
+                if not any(s.room > 0 for s in self._streams.of(group)):
                     # They wait for room: tasks after them must not overtake them.
                     self._backlog.add(group)
             self._wanted.update(wanted)
@@ -405,7 +191,7 @@ class Dispatcher:
 
     def wake_all(self) -> None:
         with self._lock:
-            self._wanted.update(self._streams)
+            self._wanted.update(self._streams.groups())
             self._lock.notify_all()
 
     # -- leases on commit (`batch.Lessor`) -----------------------------------------
@@ -416,8 +202,8 @@ class Dispatcher:
         with self._lock:
             if task.group in self._backlog or self._stopping:
                 return None
-            streams = [s for s in self._streams.get(task.group, []) if not s.closed]
-            routes = self._routes(task.group, streams)
+            streams = self._streams.open(task.group)
+            routes = self._streams.routes(task.group, streams)
             best: tuple[int, PollStream, Route] | None = None
             for stream, route in zip(streams, routes, strict=True):
                 room = stream.room + len(stream.held.intersection(freed))
@@ -525,8 +311,10 @@ class Dispatcher:
         drained: set[Route] = set()
         while True:
             with self._lock:
-                streams = [s for s in self._streams.get(group, []) if not s.closed]
-                routes = dict(zip(map(id, streams), self._routes(group, streams), strict=True))
+                streams = self._streams.open(group)
+                routes = dict(
+                    zip(map(id, streams), self._streams.routes(group, streams), strict=True)
+                )
                 candidates = [s for s in streams if s.room > 0]
             candidates = [s for s in candidates if routes[id(s)] not in drained]
             if not candidates:
@@ -571,4 +359,12 @@ class Dispatcher:
                 continue  # it moved on already (its lease ran out meanwhile)
 
 
-__all__ = ["Delivery", "Dispatcher", "PollStream", "StreamView", "TaskState", "Waiting"]
+__all__ = [
+    "Delivery",
+    "Dispatcher",
+    "PollStream",
+    "StreamView",
+    "TaskState",
+    "Waiting",
+    "wall_ms",
+]

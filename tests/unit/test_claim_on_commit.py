@@ -371,7 +371,7 @@ def test_a_stream_unheard_for_a_lease_whose_tasks_moved_on_elsewhere_is_stalled(
     stream = env.stream("w1")
     env.start("wf-frozen")
     task = env.next(stream).task
-    env.dispatcher._last_seen["w1"] = wall_ms() - LEASE - 1  # no call for a lease
+    env.dispatcher._streams._last_seen["w1"] = wall_ms() - LEASE - 1  # no call for a lease
     _taken_elsewhere(env, task.id)
     env.dispatcher.reconcile()
     assert stream.held == set() and stream.stalled and stream.room == 0
