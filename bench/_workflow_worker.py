@@ -123,12 +123,12 @@ def install_suspend_report(worker: Worker) -> None:
     tasks = worker._tasks
     original = tasks.suspend
 
-    def suspend(task_id: str, counter: int, awaiting: Any) -> Any:
+    def suspend(task_id: str, counter: int, awaiting: Any, **carried: Any) -> Any:
         root = next((h.root_id for h in worker._leases.held() if h.task_id == task_id), "")
-        settled = original(task_id, counter, awaiting)
-        if not settled:
+        answer = original(task_id, counter, awaiting, **carried)
+        if not answer.settled:
             notify("suspended", root)
-        return settled
+        return answer
 
     tasks.suspend = suspend  # type: ignore[method-assign]
 

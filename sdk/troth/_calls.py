@@ -73,8 +73,8 @@ class Connection:
         response = self.call(self.transport.promises.GetPromise, request)
         return promise_from_proto(response.promise)
 
-    def create(
-        self,
+    @staticmethod
+    def create_request(
         id: str,
         param: Payload,
         *,
@@ -93,10 +93,9 @@ class Connection:
         fence: types_pb2.TaskFence | None = None,
         approvers: Approvers | None = None,
         state: tuple[str, bool] | None = None,
-    ) -> CreateResult:
-        """Create a promise with a param already encoded (`Client.create`, a start, a
-        workflow step); with `resolved_with`/`rejected_with` it is created already
-        settled. The arguments are the caller's to check."""
+    ) -> promises_pb2.CreatePromiseRequest:
+        """The `CreatePromiseRequest` of `create` (a worker carries a step's in the
+        `CompleteTask` that ends its task's hold: `troth._carry`)."""
         request = promises_pb2.CreatePromiseRequest(
             id=id,
             param=payload_to_proto(param),
@@ -123,6 +122,12 @@ class Connection:
             request.approvers.CopyFrom(approvers.to_proto())
         if state is not None:  # a workflow's read or write of its state slot (name, write)
             request.state.CopyFrom(promises_pb2.WorkflowStateStep(name=state[0], write=state[1]))
+        return request
+
+    def create(self, request: promises_pb2.CreatePromiseRequest) -> CreateResult:
+        """Create a promise (`Client.create`, a start, a workflow step) as `request`
+        (`create_request`) asks; with a result it is created already settled. The
+        arguments are the caller's to check."""
         response = self.call(self.transport.promises.CreatePromise, request)
         return CreateResult(promise=promise_from_proto(response.promise), created=response.created)
 

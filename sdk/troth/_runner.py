@@ -29,6 +29,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from troth._carry import Carrier, superseded
 from troth._commands import TAG_FUNC, TAG_KIND, RunStep
 from troth._convert import datetime_from_proto, promise_from_proto
 from troth._engine import CreateStep, Done, Engine, Failed, Suspend, error_value
@@ -248,14 +249,24 @@ class Runner:
             )
             outcome = engine.advance()
         keep = False
+        carrier = Carrier(self._steps, self._leases, held)
         try:
             while True:
                 if isinstance(outcome, CreateStep):
+                    # A step computed before this one is recorded first, by its own call.
+                    if not carrier.land():
+                        self._superseded(held)
+                        return
                     self._check(held)
                     try:
                         with step_span(**_step_attributes(outcome)):
-                            created = self._steps.write(held, outcome)
-                        held.written.extend(created)
+                            if self._steps.carries(outcome):
+                                # Its record goes with the next call if that suspends or
+                                # completes (`troth._carry`), else by its own call.
+                                created = [carrier.run(outcome)]
+                            else:
+                                created = self._steps.write(held, outcome)
+                                held.written.extend(created)
                     except AlreadyExistsError as exc:
                         # The step's id is taken by a promise that is not this
                         # workflow's step (the server says whose): no retry helps,
@@ -269,7 +280,10 @@ class Runner:
                 elif isinstance(outcome, Suspend):
                     # One call registers the callbacks and completes the task,
                     # unless something it waits on settled meanwhile.
-                    settled = self._tasks.suspend(held.task_id, held.counter, outcome.awaiting)
+                    settled = self._suspend(held, outcome.awaiting, carrier)
+                    if settled is None:
+                        self._superseded(held)
+                        return
                     if settled:
                         outcome = engine.advance(settled)
                         continue
@@ -289,7 +303,9 @@ class Runner:
                         where = f"encoding the workflow's result (a {kind}) with the codec"
                         self._pause(held, response, exc, where)
                     else:
-                        self._complete(held, resolve=value)
+                        if not self._complete(held, resolve=value, carrier=carrier):
+                            self._superseded(held)
+                            return
                         _log.info(
                             "workflow %r returned",
                             held.root_id,
@@ -297,13 +313,21 @@ class Runner:
                         )
                     return
                 else:
+                    if not carrier.land():
+                        self._superseded(held)
+                        return
                     self._failed(held, response, outcome)
                     return
         finally:
-            if keep:
-                self._cache_put(root.id, engine)
-            else:
-                engine.close()
+            try:
+                # Left by an error (the codec refused the result, say): a finished
+                # step's record still lands, as it would have before the error.
+                carrier.land()
+            finally:
+                if keep:
+                    self._cache_put(root.id, engine)
+                else:
+                    engine.close()
 
     def _decode_args(self, root: Promise) -> list[Any]:
         try:
@@ -368,12 +392,88 @@ class Runner:
 
     # -- task calls --------------------------------------------------------
 
-    def _complete(self, held: Held, *, resolve: Payload | None = None, reject: Any = None) -> None:
+    def _suspend(
+        self, held: Held, awaiting: Sequence[str], carrier: Carrier
+    ) -> list[Promise] | None:
+        """Suspend the task on `awaiting` (with the carried step's record, if any); the
+        promises already settled, or None when the carried step was recorded first with
+        another result (the workflow's execution here is void: give the task back)."""
+        record = carrier.record
+        if record is not None:
+            try:
+                answer = self._tasks.suspend(
+                    held.task_id, held.counter, awaiting, record_step=record
+                )
+            except RpcError as exc:
+                if superseded(exc):
+                    carrier.drop()
+                    return None
+                # Anything else: the step is recorded by its own call (through any
+                # outage), then the task suspends as it would have.
+                _log.info(
+                    "suspending workflow %r with its last step's record failed (%s); "
+                    "recording the step by itself",
+                    held.root_id,
+                    exc,
+                    extra={"workflow_id": held.root_id},
+                )
+            else:
+                carrier.carried(answer.recorded)
+                return answer.settled
+            if not carrier.land():
+                return None
+        return self._tasks.suspend(held.task_id, held.counter, awaiting).settled
+
+    def _superseded(self, held: Held) -> None:
+        """A step this execution ran was recorded first by an earlier holder of the task,
+        with another result: what ran here after it is void; the task goes back to the
+        group, to be replayed from the record."""
+        _log.info(
+            "a step of workflow %r was recorded first by an earlier holder of task %s; "
+            "giving the task back to replay it from the record",
+            held.root_id,
+            held.task_id,
+            extra={"workflow_id": held.root_id},
+        )
+        self._leases.release(held)
+
+    def _complete(
+        self,
+        held: Held,
+        *,
+        resolve: Payload | None = None,
+        reject: Any = None,
+        carrier: Carrier | None = None,
+    ) -> bool:
         """Complete the task with the workflow's outcome, settling its root: kept and
         tried again through any outage until it lands, the task busy meanwhile (as a
         step's result: `StepWriter`); a lease lost meanwhile (`LeaseLostError`) leaves
-        the outcome to the task's new holder, whose replay reaches it again."""
+        the outcome to the task's new holder, whose replay reaches it again. With the
+        `carrier`'s record: recorded in the same call (False: another record stood, and
+        nothing was done)."""
         encoded_reject = None if reject is None else self._client.encode(reject)
+        record = None if carrier is None else carrier.record
+        if carrier is not None and record is not None:
+            try:
+                with self._leases.busy(held):
+                    recorded = self._tasks.complete(
+                        held.task_id,
+                        held.counter,
+                        resolve=resolve,
+                        reject=encoded_reject,
+                        record_step=record,
+                    )
+            except RpcError as exc:
+                if superseded(exc):
+                    carrier.drop()
+                    return False
+                # Anything else (an outage, a root settled meanwhile): the step by its
+                # own call, then the completion as it would have gone.
+                if not carrier.land():
+                    return False
+            else:
+                carrier.carried(recorded)
+                return True
 
         def complete() -> None:
             try:
@@ -397,6 +497,7 @@ class Runner:
                 abandon=self._abandon,
                 extra={"workflow_id": held.root_id, "task_id": held.task_id},
             )
+        return True
 
     # -- the cache of suspended workflows ----------------------------------
 

@@ -40,13 +40,15 @@ import random
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from troth._commands import CreatePromise, Now, Random, ReadState, RunStep, SettleToken, WriteState
 from troth._engine import CreateStep, error_value
 from troth._failures import PauseTask
 from troth._lifetimes import cut_short
-from troth._promise import PromiseState
+from troth._promise import Promise, PromiseState
 from troth._worker_steps import Exhausted, Interrupted, Paused, Succeeded, run_with_retry
 from troth.errors import (
     AlreadyExistsError,
@@ -65,11 +67,11 @@ from troth.v1 import promises_pb2
 if TYPE_CHECKING:
     from troth._calls import Connection
     from troth._leases import Held, Leases
-    from troth._promise import CreateResult, Promise
+    from troth._promise import CreateResult
     from troth.client import Client
     from troth.codec import Payload
 
-__all__ = ["RootSettled", "StepWriter", "Stopping", "until_landed"]
+__all__ = ["Carried", "RootSettled", "StepWriter", "Stopping", "until_landed"]
 
 _log = logging.getLogger("troth.worker")
 
@@ -85,6 +87,20 @@ RECORD_BACKOFF = (0.1, 1.0)
 record lands soon after the server is back."""
 _LOG_EVERY_S = 30.0
 """While a result waits, its warning is logged at most this often."""
+
+
+@dataclass(frozen=True, slots=True)
+class Carried:
+    """A step computed here whose record waits for the task's next call (`troth._carry`)."""
+
+    step: CreateStep
+    ok: bool
+    """False: its function failed for good (the record is a rejection)."""
+    value: Any
+    request: promises_pb2.CreatePromiseRequest
+    """Its record: the step's create, settled with its result, under the task's fence."""
+    provisional: Promise
+    """The step as it will be recorded (the workflow goes on with it meanwhile)."""
 
 
 class Stopping(Exception):
@@ -212,6 +228,42 @@ class StepWriter:
             ok, value = self._compute(held, step)
             return [self._record_until_landed(held, step, ok, value)]
 
+    # -- a step's record carried by the call that ends the task's hold (`troth._carry`)
+
+    @staticmethod
+    def carries(step: CreateStep) -> bool:
+        """Whether `step`'s record may go with the task's next call instead of its own: a
+        step that computes its value here (`run`, `now`, `random`), created now."""
+        return isinstance(step.command, RunStep | Now | Random) and not step.exists
+
+    def confirm(self, held: Held, step: CreateStep) -> None:
+        """Before a `run` step's function starts: on a fresh lease (as `write` does)."""
+        if isinstance(step.command, RunStep):
+            self._leases.confirm(held, self._wait)
+
+    def compute(self, held: Held, step: CreateStep) -> Carried:
+        """Run a step that `carries` (after `confirm`, the task busy) and make its
+        record, not sent: the caller carries it, or `record_carried` sends it."""
+        ok, value = self._compute(held, step)
+        encoded = self._encode(step, value)
+        request = self._create_request(held, step, ok, encoded)
+        provisional = Promise(
+            id=step.step_id,
+            state=PromiseState.RESOLVED if ok else PromiseState.REJECTED,
+            param=step.param,
+            value=encoded,
+            tags=dict(step.tags),
+            create_time=datetime.now(UTC),
+            requested_by=step.requested_by,
+            parent_id=held.root_id,
+        )
+        return Carried(step, ok, value, request, provisional)
+
+    def record_carried(self, held: Held, carried: Carried) -> Promise:
+        """Record a computed step by its own call, through any outage (`until_landed`);
+        answers the record as stored (another writer's, if it was first)."""
+        return self._record_until_landed(held, carried.step, carried.ok, carried.value)
+
     def _state(self, held: Held, step: CreateStep, command: ReadState | WriteState) -> Promise:
         """A read or write of the workflow's state slot, made and recorded by the server
         in one transaction under the task's fence (a repeat answers the recorded step)."""
@@ -219,12 +271,14 @@ class StepWriter:
         value = self._encode(step, command.value) if isinstance(command, WriteState) else None
         try:
             return self._calls.create(
-                step.step_id,
-                step.param,
-                tags=step.tags,
-                resolved_with=value,
-                fence=held.fence(self.worker_id),
-                state=(command.name, write),
+                self._calls.create_request(
+                    step.step_id,
+                    step.param,
+                    tags=step.tags,
+                    resolved_with=value,
+                    fence=held.fence(self.worker_id),
+                    state=(command.name, write),
+                )
             ).promise
         except AlreadyExistsError:
             stored = self._calls.get(step.step_id)
@@ -333,9 +387,15 @@ class StepWriter:
         self, held: Held, step: CreateStep, *, ok: bool | None = None, value: Any = None
     ) -> CreateResult:
         encoded = None if ok is None else self._encode(step, value)
+        return self._calls.create(self._create_request(held, step, ok, encoded))
+
+    def _create_request(
+        self, held: Held, step: CreateStep, ok: bool | None, encoded: Payload | None
+    ) -> promises_pb2.CreatePromiseRequest:
+        """The create of `step`'s promise (with `ok`, already settled with `encoded`)."""
         command = step.command
         decision = command if isinstance(command, CreatePromise) else None
-        return self._calls.create(
+        return self._calls.create_request(
             step.step_id,
             step.param,
             tags=step.tags,

@@ -10,7 +10,7 @@ CLI searches a group's tasks and fails workflows. Every unary call has the conne
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from troth._convert import payload_to_proto, promise_from_proto, timedelta_to_proto
 from troth.v1 import tasks_pb2
@@ -22,8 +22,16 @@ if TYPE_CHECKING:
     from troth._promise import Promise
     from troth._transport import Metadata
     from troth.codec import Payload
+    from troth.v1 import promises_pb2
 
-__all__ = ["POLL_BATCH_METADATA", "POLL_OPEN_METADATA", "PollCall", "TaskCalls", "poll_taken"]
+__all__ = [
+    "POLL_BATCH_METADATA",
+    "POLL_OPEN_METADATA",
+    "PollCall",
+    "Suspended",
+    "TaskCalls",
+    "poll_taken",
+]
 
 POLL_BATCH_METADATA = ("troth-poll-batch", "1")
 """The worker reads tasks delivered together in one message (`PollResponse.more`)."""
@@ -48,6 +56,16 @@ def poll_taken(call: PollCall) -> bool:
     """Wait until the server took the stream (True: `POLL_OPEN_METADATA`) or ended it
     (False; iterating it then raises why)."""
     return POLL_OPEN_METADATA in tuple(call.initial_metadata() or ())
+
+
+class Suspended(NamedTuple):
+    """What a suspension answers."""
+
+    settled: list[Promise]
+    """Promises waited on that had settled: then the task is still the worker's and the
+    workflow goes on with them; [] once suspended."""
+    recorded: Promise | None = None
+    """With `record_step`: the step as the server recorded it."""
 
 
 class TaskCalls:
@@ -75,14 +93,27 @@ class TaskCalls:
         )
         return self.connection.call(self._stub.Heartbeat, request, timeout=timeout)
 
-    def suspend(self, task_id: str, counter: int, awaiting: Iterable[str]) -> list[Promise]:
-        """Suspend the task on `awaiting`; returns those already settled (then the
-        task is still ours and the workflow goes on), or [] once suspended."""
+    def suspend(
+        self,
+        task_id: str,
+        counter: int,
+        awaiting: Iterable[str],
+        *,
+        record_step: promises_pb2.CreatePromiseRequest | None = None,
+    ) -> Suspended:
+        """Suspend the task on `awaiting` (recording `record_step`, the step the task
+        ran last, in the same call); answers those already settled (then the task is
+        still ours and the workflow goes on), or [] once suspended."""
         request = tasks_pb2.CompleteTaskRequest(
             task_id=task_id, counter=counter, worker_id=self.worker_id, suspend_on=list(awaiting)
         )
+        if record_step is not None:
+            request.record_step.CopyFrom(record_step)
         response = self.connection.call(self._stub.CompleteTask, request)
-        return [promise_from_proto(p) for p in response.settled]
+        return Suspended(
+            [promise_from_proto(p) for p in response.settled],
+            promise_from_proto(response.recorded_step) if record_step is not None else None,
+        )
 
     def complete(
         self,
@@ -91,8 +122,11 @@ class TaskCalls:
         *,
         resolve: Payload | None = None,
         reject: Payload | None = None,
-    ) -> None:
-        """Complete the task, settling its root with `resolve` or `reject` if given."""
+        record_step: promises_pb2.CreatePromiseRequest | None = None,
+    ) -> Promise | None:
+        """Complete the task, settling its root with `resolve` or `reject` if given (and
+        recording `record_step`, the step the task ran last, in the same call: then
+        answers that step as recorded)."""
         request = tasks_pb2.CompleteTaskRequest(
             task_id=task_id, counter=counter, worker_id=self.worker_id
         )
@@ -100,7 +134,10 @@ class TaskCalls:
             request.resolve_root.CopyFrom(payload_to_proto(resolve))
         elif reject is not None:
             request.reject_root.CopyFrom(payload_to_proto(reject))
-        self.connection.call(self._stub.CompleteTask, request)
+        if record_step is not None:
+            request.record_step.CopyFrom(record_step)
+        response = self.connection.call(self._stub.CompleteTask, request)
+        return promise_from_proto(response.recorded_step) if record_step is not None else None
 
     def fail(self, task_id: str, counter: int, error: str, traceback: str) -> tasks_pb2.Task:
         """Fail the task: the workflow's code raised (a bug). The server records `error`

@@ -105,19 +105,21 @@ class PromiseWrites:
         check.approvers(call, approvers)
         check.at_most_one_expiry(f"create({id!r})", ttl, expire_time, never_expires)
         return self._connection.create(
-            id,
-            self.encode(param),
-            tags=tags,
-            ttl=ttl,
-            expire_time=expire_time,
-            never_expires=never_expires,
-            idempotency_key=idempotency_key,
-            strict=strict,
-            schema=None if schema is None else decision_schema(schema).json_schema,
-            title=title,
-            message=message,
-            requested_by=requested_by,
-            approvers=approvers,
+            self._connection.create_request(
+                id,
+                self.encode(param),
+                tags=tags,
+                ttl=ttl,
+                expire_time=expire_time,
+                never_expires=never_expires,
+                idempotency_key=idempotency_key,
+                strict=strict,
+                schema=None if schema is None else decision_schema(schema).json_schema,
+                title=title,
+                message=message,
+                requested_by=requested_by,
+                approvers=approvers,
+            )
         )
 
     def resolve(

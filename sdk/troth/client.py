@@ -304,11 +304,13 @@ class Client(PromiseReads, PromiseWrites, OperatorCalls, StateCalls):
                 # a start by workflow, group and arguments, not by its other tags).
                 tags[TRACEPARENT_TAG] = traceparent
             result = self._connection.create(
-                id,
-                self._codec.encode(list(args)),
-                tags=tags,
-                ttl=ttl,
-                idempotency_key=idempotency_key,
+                self._connection.create_request(
+                    id,
+                    self._codec.encode(list(args)),
+                    tags=tags,
+                    ttl=ttl,
+                    idempotency_key=idempotency_key,
+                )
             )
         return Handle(self, id, created=result.created)
 

@@ -29,9 +29,7 @@ def run(stubs: Stubs) -> Iterator[tuple[str, dict[str, object], PollStream]]:
     """A started workflow whose INVOKE task worker `w1` holds: (root, held, its stream)."""
     promises, tasks = stubs
     group = f"g-{uuid.uuid4().hex[:8]}"
-    poller = PollStream(
-        tasks, tasks_pb2.PollRequest(group=group, worker_id="w1", capacity=4), WAIT
-    )
+    poller = PollStream(tasks, tasks_pb2.PollRequest(group=group, worker_id="w1", capacity=4), WAIT)
     root = f"wf-{uuid.uuid4().hex[:8]}"
     start_workflow(promises, group, root)
     task = poller.next_response().task
@@ -189,7 +187,7 @@ def test_a_refused_suspension_keeps_the_finished_step_as_its_own_call_would(
         (lambda step: setattr(step, "id", "has spaces"), "record_step.id"),
         (lambda step: step.fence.__setattr__("counter", 99), "record_step.fence"),
         (lambda step: step.ClearField("fence"), "record_step.fence"),
-        (lambda step: setattr(step, "schema", "{\"type\": \"object\"}"), "record_step.schema"),
+        (lambda step: setattr(step, "schema", '{"type": "object"}'), "record_step.schema"),
     ],
     ids=["no-result", "bad-id", "other-fence", "no-fence", "schema"],
 )

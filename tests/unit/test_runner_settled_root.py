@@ -18,12 +18,14 @@ import grpc
 import pytest
 
 from troth import Cancelled, Client, Context, Promise, PromiseState
+from troth._calls import Connection
+from troth._convert import payload_from_proto
 from troth._leases import Leases
 from troth._runner import Runner
 from troth._versions import registration
 from troth.codec import Payload
 from troth.errors import FailedPreconditionError, Reason
-from troth.v1 import tasks_pb2, types_pb2
+from troth.v1 import promises_pb2, tasks_pb2, types_pb2
 
 ROOT = "wf-cancelled"
 
@@ -53,28 +55,22 @@ class FakeCalls:
         assert id == ROOT
         return _promise(ROOT, self.root)
 
-    def create(
-        self,
-        id: str,
-        param: Payload,
-        *,
-        tags: Mapping[str, str],
-        resolved_with: Payload | None = None,
-        rejected_with: Payload | None = None,
-        fence: types_pb2.TaskFence | None = None,
-        **_: Any,
-    ) -> Any:
-        self.fences.append((id, fence))
-        if resolved_with is None and rejected_with is None:
+    create_request = staticmethod(Connection.create_request)
+
+    def create(self, request: promises_pb2.CreatePromiseRequest) -> Any:
+        """A step's create: refused while pending (the root is cancelled), else recorded."""
+        self.fences.append((request.id, request.fence if request.HasField("fence") else None))
+        if not request.HasField("resolved_with") and not request.HasField("rejected_with"):
             raise FailedPreconditionError(
                 grpc.StatusCode.FAILED_PRECONDITION,
                 Reason.WORKFLOW_SETTLED,
                 f"workflow {ROOT!r} is cancelled",
             )
-        self.records[id] = resolved_with or Payload()
+        value = payload_from_proto(request.resolved_with)
+        self.records[request.id] = value
 
         class Created:
-            promise = _promise(id, PromiseState.RESOLVED, resolved_with, tags)
+            promise = _promise(request.id, PromiseState.RESOLVED, value, request.tags)
 
         return Created()
 
@@ -82,14 +78,24 @@ class FakeCalls:
 class FakeTasks:
     worker_id = "w1"
 
-    def __init__(self) -> None:
+    def __init__(self, calls: FakeCalls) -> None:
         self.completed: list[dict[str, Any]] = []
+        self._calls = calls
 
     def heartbeat(self, lease: timedelta, timeout: float) -> tasks_pb2.HeartbeatResponse:
         return tasks_pb2.HeartbeatResponse(task_ids=["t1"], counters={"t1": 3})
 
-    def complete(self, task_id: str, counter: int, **outcome: Any) -> None:
+    def complete(
+        self,
+        task_id: str,
+        counter: int,
+        record_step: promises_pb2.CreatePromiseRequest | None = None,
+        **outcome: Any,
+    ) -> Promise | None:
+        # A step recorded with the completion (`troth._carry`): recorded as by its create.
+        recorded = None if record_step is None else self._calls.create(record_step).promise
         self.completed.append({"task": (task_id, counter), **outcome})
+        return recorded
 
     def suspend(self, *args: Any) -> list[Promise]:
         raise AssertionError("a cancelled workflow must not wait again")
@@ -144,7 +150,8 @@ def _run(client: Client, calls: FakeCalls, tasks: FakeTasks) -> None:
 def test_workflow_settled_throws_cancelled_at_the_yield_and_compensation_runs(
     client: Client,
 ) -> None:
-    calls, tasks = FakeCalls(), FakeTasks()
+    calls = FakeCalls()
+    tasks = FakeTasks(calls)
     _run(client, calls, tasks)
 
     # The gate was refused, Cancelled was thrown at its yield, the compensation ran.
@@ -159,7 +166,8 @@ def test_workflow_settled_throws_cancelled_at_the_yield_and_compensation_runs(
 
 
 def test_a_root_settled_otherwise_ends_the_task_without_running_more(client: Client) -> None:
-    calls, tasks = FakeCalls(PromiseState.REJECTED_TIMEDOUT), FakeTasks()
+    calls = FakeCalls(PromiseState.REJECTED_TIMEDOUT)
+    tasks = FakeTasks(calls)
     _run(client, calls, tasks)
     assert [id for id, _ in calls.fences] == [f"{ROOT}.0"]  # no compensation: not cancelled
     assert calls.records == {}

@@ -1,0 +1,211 @@
+"""A step's record carried by the call that suspends or completes its task
+(`troth._carry`): one call fewer per step before a wait or a return, and the same
+guarantees as the step's own call (DESIGN §4 rule 6: first writer wins, a finished
+step never runs again for an outage), with a real server on both stores."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Generator, Iterator
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+import grpc
+import pytest
+
+from troth import Client, Context, Worker
+from troth._convert import payload_to_proto
+from troth.v1 import promises_pb2, promises_pb2_grpc, tasks_pb2, tasks_pb2_grpc, types_pb2
+
+if TYPE_CHECKING:
+    from _support import ServerProcess
+
+LEASE = timedelta(seconds=3)
+
+
+def _rpcs(server: ServerProcess, method: str, workflow_id: str) -> int:
+    """How many `method` calls the server logged for the workflow's promises."""
+    time.sleep(0.5)  # the server flushes its log lines every 0.2 s
+    count = 0
+    for line in server.log().splitlines():
+        if f'"{method}"' not in line or workflow_id not in line:
+            continue
+        record = json.loads(line)
+        if record.get("event") == "rpc" and record.get("method") == method:
+            count += str(record.get("promise_id") or "").startswith(workflow_id)
+    return count
+
+
+@pytest.fixture
+def group() -> str:
+    return f"carry-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def client(server: ServerProcess) -> Iterator[Client]:
+    with Client(server.address, timeout=10) as client:
+        yield client
+
+
+def _running(client: Client, group: str, *workflows: Any) -> Worker:
+    worker = Worker(client, group=group, lease=LEASE)
+    for workflow in workflows:
+        worker.workflow(workflow)
+    worker.start()
+    return worker
+
+
+def test_a_step_before_a_wait_and_one_before_the_return_ride_on_those_calls(
+    server: ServerProcess, client: Client, group: str
+) -> None:
+    ran: list[str] = []
+
+    def notify(what: str) -> str:
+        ran.append(what)
+        return f"asked {what}"
+
+    def approve(ctx: Context, what: str) -> Generator[Any, Any, Any]:
+        approval = yield ctx.promise()
+        asked = yield ctx.run(notify, what)
+        decision = yield approval
+        done = yield ctx.run(notify, f"{what} done")
+        return {"asked": asked, "decision": decision, "done": done}
+
+    worker = _running(client, group, approve)
+    try:
+        run = f"carried-{uuid.uuid4().hex[:8]}"
+        handle = client.start("approve", "invoice", id=run, group=group)
+        deadline = time.monotonic() + 10
+        while not _exists(client, f"{run}.1"):  # recorded with the suspension
+            assert time.monotonic() < deadline, "the notify step was never recorded"
+            time.sleep(0.05)
+        client.resolve(f"{run}.0", "yes")
+        assert handle.result(timeout=10) == {
+            "asked": "asked invoice",
+            "decision": "yes",
+            "done": "asked invoice done",
+        }
+    finally:
+        worker.stop()
+    assert ran == ["invoice", "invoice done"]  # each step ran once
+    for n, value in ((1, "asked invoice"), (2, "asked invoice done")):
+        step = client.get(f"{run}.{n}")
+        assert step.state.value == "RESOLVED" and client.decode(step.value) == value
+        assert step.parent_id == run
+    # The start and the latent promise by CreatePromise; the two steps went with the
+    # suspension and the completion: no CreatePromise of their own.
+    assert _rpcs(server, "CreatePromise", run) == 2
+
+
+def _exists(client: Client, id: str) -> bool:
+    try:
+        client.get(id)
+    except Exception:
+        return False
+    return True
+
+
+def test_a_step_recorded_first_by_an_earlier_holder_wins_and_the_run_replays_from_it(
+    server: ServerProcess, client: Client, group: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The task's earlier holder recorded the step late, with another result, while
+    this worker ran it: the server keeps the first record and refuses the carried one
+    (STEP_RECORDED); the worker gives the task back and the workflow goes on, by
+    replay, with the first record's result. Its function ran here once."""
+    caplog.set_level(logging.INFO, logger="troth")
+    entered, go_on = threading.Event(), threading.Event()
+    ran: list[str] = []
+
+    def pick(_: str) -> str:
+        ran.append("here")
+        entered.set()
+        assert go_on.wait(20)
+        return "second"
+
+    def chooses(ctx: Context) -> Generator[Any, Any, Any]:
+        picked = yield ctx.run(pick, "x")
+        return f"picked {picked}"
+
+    run = f"raced-{uuid.uuid4().hex[:8]}"
+    with server.channel() as channel:
+        tasks = tasks_pb2_grpc.TaskServiceStub(channel)
+        promises = promises_pb2_grpc.PromiseServiceStub(channel)
+        # The earlier holder: a raw worker that takes the task and lets it go.
+        poll = tasks.Poll(tasks_pb2.PollRequest(group=group, worker_id="earlier", capacity=1))
+        client.start("chooses", id=run, group=group)
+        first = next(poll).task
+        tasks.ReleaseTask(
+            tasks_pb2.ReleaseTaskRequest(
+                task_id=first.id, counter=first.counter, worker_id="earlier"
+            )
+        )
+        poll.cancel()
+        worker = _running(client, group, chooses)
+        try:
+            assert entered.wait(20), "the step never ran on the worker"
+            # The earlier holder's late record (a finished result counts at any counter
+            # the task had): first.
+            promises.CreatePromise(
+                promises_pb2.CreatePromiseRequest(
+                    id=f"{run}.0",
+                    tags={"troth:kind": "run", "troth:func": "pick"},
+                    fence=types_pb2.TaskFence(
+                        task_id=first.id, counter=first.counter, worker_id="earlier"
+                    ),
+                    resolved_with=payload_to_proto(client.encode("first")),
+                )
+            )
+            go_on.set()
+            assert client.handle(run).result(timeout=20) == "picked first"
+        finally:
+            go_on.set()
+            worker.stop()
+    assert ran == ["here"]
+    assert client.decode(client.get(f"{run}.0").value) == "first"
+    # The road taken: the completion carrying "second" was refused, the task given back.
+    assert "recorded first by an earlier holder" in caplog.text
+
+
+def test_a_carrying_call_that_fails_records_the_step_by_its_own_call(
+    server: ServerProcess, client: Client, group: str
+) -> None:
+    """The call carrying the step's record fails (UNAVAILABLE, as in an outage): the step
+    is recorded by its own call, never run again, and the workflow finishes with it."""
+    ran: list[int] = []
+
+    def count() -> int:
+        ran.append(1)
+        return len(ran)
+
+    def counts(ctx: Context) -> Generator[Any, Any, Any]:
+        n = yield ctx.run(count)
+        return n
+
+    worker = _running(client, group, counts)
+    original = worker._tasks.complete
+    refused: list[bool] = []
+
+    def refusing(task_id: str, counter: int, **outcome: Any) -> Any:
+        if outcome.get("record_step") is not None and not refused:
+            refused.append(True)
+            raise _unavailable()
+        return original(task_id, counter, **outcome)
+
+    worker._tasks.complete = refusing  # type: ignore[method-assign]
+    try:
+        run = f"fallback-{uuid.uuid4().hex[:8]}"
+        assert client.start("counts", id=run, group=group).result(timeout=20) == 1
+    finally:
+        worker.stop()
+    assert refused == [True] and ran == [1]
+    assert client.decode(client.get(f"{run}.0").value) == 1
+
+
+def _unavailable() -> Exception:
+    from troth.errors import UnavailableError
+
+    return UnavailableError(grpc.StatusCode.UNAVAILABLE, "", "the server went away")
