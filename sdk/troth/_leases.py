@@ -199,7 +199,8 @@ class Leases:
     # -- the table ---------------------------------------------------------
 
     def accept(self, task: tasks_pb2.Task) -> Held | None:
-        """Hold a delivered task; None if its lease had already run out on arrival."""
+        """Hold a delivered task; None if its lease had already run out on arrival, or
+        if this worker gave the task back before it read the delivery (`_orphans`)."""
         now = self._clock()
         expires = now + self._seconds
         confirmed = -math.inf
