@@ -29,6 +29,17 @@ list`), which only its own calls give. A lease no heartbeat got through for is
 dropped (`expire`); tasks dropped or abandoned that the server still counts as
 ours are released when a heartbeat names them.
 
+Tasks never received. A task the heartbeats name that this worker never read
+is either still on its way (claimed, its delivery in flight or unread in a
+socket: heartbeats can follow each other within milliseconds, and a frozen
+process reads nothing) or will never come (a replica claimed it for our stream
+and died before delivering it). Still unread `ORPHAN_AFTER` of a lease after
+a heartbeat's answer first named it at that counter, it is given back, or our
+heartbeats would keep it leased for as long as we hold anything else. Once
+given back, its lease is not ours whatever the delivery says: if the delivery
+is read after all, it is dropped unrun (the server moved the task on, maybe to
+another worker, which would run its step functions beside ours).
+
 Busy tasks. A task whose runner is inside a step function, or holds a
 finished result (a step's, or the workflow's own) that is not recorded yet
 (`Leases.busy`), is never dropped for want of a heartbeat, nor given back:
@@ -69,12 +80,19 @@ if TYPE_CHECKING:
     from troth._tasks import TaskCalls
     from troth.v1 import tasks_pb2
 
-__all__ = ["FRESH", "IDLE_BEAT_S", "RETRY_BEAT_S", "Held", "Leases", "Lost"]
+__all__ = ["FRESH", "IDLE_BEAT_S", "ORPHAN_AFTER", "RETRY_BEAT_S", "Held", "Leases", "Lost"]
 
 _log = logging.getLogger("troth.worker")
 
 FRESH = 0.5
 """A step function starts only if the server confirmed its lease within this fraction of it."""
+
+ORPHAN_AFTER = FRESH
+"""A task the heartbeats name that this worker still has not received this fraction of
+the lease after an answer first named it (at that counter) is given back. Not less
+than `FRESH`: it was leased before that answer, so its delivery, read after it was
+given back, no longer looks fresh (and is dropped unrun anyway: `Leases.accept`).
+With heartbeats every lease / 3, the third naming it gives it back."""
 
 RETRY_BEAT_S = 0.25
 """While heartbeats fail, the next is tried this soon (not a third of the lease later):
@@ -162,8 +180,12 @@ class Leases:
         self._roots: dict[str, Held] = {}
         """The newest task of each root this worker runs (until its runner stops)."""
         self._dropped: collections.OrderedDict[str, Held] = collections.OrderedDict()
-        self._unknown: dict[str, int] = {}
-        """Tasks the last heartbeat named that this worker never received, by counter."""
+        self._unknown: dict[str, tuple[int, float]] = {}
+        """Tasks the last heartbeat named that this worker never received: their counter,
+        and when an answer first named them at it (`ORPHAN_AFTER`)."""
+        self._given_back: collections.OrderedDict[str, int] = collections.OrderedDict()
+        """Tasks given back unreceived, by counter: their delivery, if read after all,
+        is not run."""
         self._skew: float | None = None
         """Server wall clock minus our monotonic clock, as the last heartbeat measured it
         (None until one did, or if the server sends no `server_time`)."""
@@ -177,7 +199,8 @@ class Leases:
     # -- the table ---------------------------------------------------------
 
     def accept(self, task: tasks_pb2.Task) -> Held | None:
-        """Hold a delivered task; None if its lease had already run out on arrival."""
+        """Hold a delivered task; None if its lease had already run out on arrival, or
+        if this worker gave the task back before it read the delivery (`_orphans`)."""
         now = self._clock()
         expires = now + self._seconds
         confirmed = -math.inf
@@ -188,7 +211,13 @@ class Leases:
             confirmed = mapped - self._seconds  # when the server granted it, at the latest
         held = Held(task.id, task.counter, task.root_promise_id, expires, confirmed)
         with self._lock:
-            if expires <= now:
+            given_back = self._given_back.get(held.task_id, -1) >= held.counter
+            if given_back:
+                # Named by heartbeats before it was read, and given back: the server
+                # moved it on (if the release failed, a heartbeat retries it).
+                held.lost = True
+                stale = True
+            elif expires <= now:
                 held.lost = True
                 # Released only if a heartbeat shows the server still counts it as ours.
                 self._remember_dropped(held)
@@ -204,6 +233,17 @@ class Leases:
                         del self._held[older.task_id]
                 self._held[held.task_id] = held
                 self._roots[held.root_id] = held
+        if stale and given_back:
+            _log.warning(
+                "worker %s: task %s of workflow %r arrived after this worker gave it back "
+                "(still unread %.1fs after a heartbeat named it); dropping it unrun",
+                self.worker_id,
+                held.task_id,
+                held.root_id,
+                self._seconds * ORPHAN_AFTER,
+                extra={"worker_id": self.worker_id, "workflow_id": held.root_id},
+            )
+            return None
         if stale:
             _log.warning(
                 "worker %s: task %s of workflow %r arrived %.1fs after its lease ran out; "
@@ -417,27 +457,33 @@ class Leases:
                 for task_id in still
                 if task_id not in self._held and task_id in self._dropped
             ]
-            # Tasks leased to us that we never received: a replica claimed
-            # them for our stream and died before delivering them. Named by
-            # two heartbeats in a row at one counter, they are not merely in
-            # flight on the stream: give them back, or our heartbeats would
-            # keep them leased for as long as we hold anything else.
-            unknown = {
-                task_id: counter
-                for task_id, counter in still.items()
-                if task_id not in self._held and task_id not in self._dropped
-            }
-            orphans = [
-                Held(task_id, max(counter, 0), root_id="")
-                for task_id, counter in unknown.items()
-                if self._unknown.get(task_id) == counter
-            ]
-            self._unknown = {
-                task_id: counter
-                for task_id, counter in unknown.items()
-                if self._unknown.get(task_id) != counter
-            }
+            orphans = self._orphans(still, sent)
         return [*abandoned, *stale, *orphans]
+
+    def _orphans(self, still: dict[str, int], sent: float) -> list[Held]:
+        """Tasks leased to us that we never received (see the module docstring), named
+        by a heartbeat sent at `sent`: those to give back now. Under the lock."""
+        now = self._clock()
+        named: dict[str, tuple[int, float]] = {}
+        orphans = []
+        for task_id, counter in still.items():
+            if task_id in self._held or task_id in self._dropped:
+                continue
+            first = self._unknown.get(task_id)
+            if first is None or first[0] != counter:
+                named[task_id] = (counter, now)
+            elif sent - first[1] < self._seconds * ORPHAN_AFTER:
+                # Sent too soon after the first answer naming it: maybe in flight.
+                named[task_id] = first
+            else:
+                orphans.append(Held(task_id, max(counter, 0), root_id=""))
+                # Decided here, before the release: a delivery read from now on is stale.
+                self._given_back[task_id] = counter
+                self._given_back.move_to_end(task_id)
+                while len(self._given_back) > _MAX_DROPPED:
+                    self._given_back.popitem(last=False)
+        self._unknown = named
+        return orphans
 
     def expire(self, now: float) -> None:
         """Drop the tasks whose leases ran out with no heartbeat getting through (a busy

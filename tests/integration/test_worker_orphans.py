@@ -18,7 +18,7 @@ import uuid
 from collections.abc import Generator
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
@@ -28,6 +28,11 @@ from troth.v1 import tasks_pb2, tasks_pb2_grpc
 sys.path.insert(0, str(Path(__file__).parent.parent))
 
 from _support import ServerProcess  # noqa: TC002 (a fixture type, imported at run time by pytest)
+
+if TYPE_CHECKING:
+    import pytest
+
+    from troth._leases import Held
 
 LEASE = timedelta(seconds=1)
 
@@ -86,5 +91,87 @@ def test_an_undelivered_task_is_released_and_runs(own_server: ServerProcess) -> 
         finally:
             gate.set()
             busy.stop()
+            if other is not None:
+                other.stop()
+
+
+def test_a_delivery_read_after_the_worker_gave_it_back_does_not_run(
+    own_server: ServerProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A delivery sits unread (a frozen process, a stalled socket; here the poller
+    is held on it) while heartbeats name its task: the worker gives the task back
+    and the server moves it on, to another worker. When the delivery is read at
+    last, it carries a lease that has not run out by its own time, but it is not
+    this worker's any more: it must not run the step beside the other worker."""
+    group = f"late-{uuid.uuid4().hex[:6]}"
+    lease = timedelta(seconds=3)
+    gate = threading.Event()
+    inside = threading.Event()
+    runs: list[str] = []
+
+    def hold(_: str) -> str:
+        inside.set()
+        gate.wait(60)
+        return "held"
+
+    def once(workflow_id: str) -> str:
+        runs.append(workflow_id)
+        time.sleep(2.0)  # long enough for a second run to overlap the first
+        return "sent"
+
+    def make_worker(client: Client, worker_id: str, concurrency: int) -> Worker:
+        worker = Worker(
+            client, group=group, worker_id=worker_id, lease=lease, concurrency=concurrency
+        )
+
+        @worker.workflow(name="busy")
+        def busy(ctx: Context) -> Generator[Any, Any, str]:
+            return (yield ctx.run(hold, ctx.id))
+
+        @worker.workflow(name="mail")
+        def mail(ctx: Context) -> Generator[Any, Any, str]:
+            return (yield ctx.run(once, ctx.id))
+
+        return worker
+
+    with Client(own_server.address) as client:
+        # Busy with a task of its own, so that it heartbeats every lease / 3.
+        slow = make_worker(client, "w-slow", concurrency=2)
+        read, given_back = threading.Event(), threading.Event()
+        late: list[str] = []
+        accept, release = slow._accept, slow._leases.release
+
+        def held_accept(response: tasks_pb2.PollResponse) -> None:
+            if response.task.root_promise_id == "mail-1" and not late:
+                late.append(response.task.id)
+                read.set()
+                slow._leases.wake()  # a heartbeat names it at once
+                given_back.wait(10 * lease.total_seconds())
+            accept(response)
+
+        def seen_release(held: Held) -> None:
+            release(held)
+            if late and held.task_id == late[0]:
+                given_back.set()
+
+        monkeypatch.setattr(slow, "_accept", held_accept)
+        monkeypatch.setattr(slow._leases, "release", seen_release)
+        slow.start()
+        other: Worker | None = None
+        try:
+            client.start("busy", id="busy-1", group=group)
+            assert inside.wait(10), "the busy workflow never started"
+            handle = client.start("mail", id="mail-1", group=group)
+            assert read.wait(10), "the task never reached w-slow"
+            # It has room for more than w-slow: the task goes to it once given back.
+            other = make_worker(client, "w-other", concurrency=4)
+            other.start()
+            assert given_back.wait(10 * lease.total_seconds()), "w-slow never gave it back"
+            assert handle.result(timeout=30) == "sent"
+            time.sleep(0.5)  # a late run by w-slow would have started by now
+            assert runs == ["mail-1"]
+        finally:
+            gate.set()
+            slow.stop()
             if other is not None:
                 other.stop()
