@@ -29,20 +29,19 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from troth._carry import Carrier, superseded
+from troth._carry import Carrier
 from troth._commands import TAG_FUNC, TAG_KIND, RunStep
 from troth._convert import datetime_from_proto, promise_from_proto
 from troth._engine import CreateStep, Done, Engine, Failed, Suspend, error_value
 from troth._failures import PauseTask, fails_workflow, log_paused, task_failure
 from troth._leases import Held, Leases, Lost
-from troth._step_writes import RootSettled, StepWriter, Stopping, until_landed
+from troth._step_writes import RootSettled, StepWriter, Stopping
+from troth._task_ends import TaskEnds
 from troth._tracing import step_span, task_span
 from troth.errors import (
     AlreadyExistsError,
-    AlreadySettledError,
     Cancelled,
     LeaseLostError,
-    PromiseTimedOutError,
     RegistrationError,
     RpcError,
 )
@@ -54,7 +53,6 @@ if TYPE_CHECKING:
     from troth._tasks import TaskCalls
     from troth._versions import WorkflowRegistration
     from troth.client import Client
-    from troth.codec import Payload
 
 __all__ = ["Runner", "describe_version", "foreign_version"]
 
@@ -101,12 +99,12 @@ class Runner:
         )
         self._tasks = tasks
         self._leases = leases
+        self._ends = TaskEnds(client, tasks, leases, abandon)
         self._registrations = registrations
         self.group = group
         self.worker_id = tasks.worker_id
         self._cache_size = cache_size
         self._stopping = stopping
-        self._abandon = abandon
         self._lock = threading.Lock()
         self._cache: collections.OrderedDict[str, Engine] = collections.OrderedDict()
 
@@ -223,7 +221,7 @@ class Runner:
                     "with @worker.workflow, or start it in the group whose workers run it",
                 )
                 _log.warning("%s; rejecting workflow %r", error, root.id)
-                self._complete(held, reject=error_value(error))
+                self._ends.complete(held, reject=error_value(error))
                 return
             try:
                 args = self._decode_args(root)
@@ -231,7 +229,7 @@ class Runner:
                 self._pause(held, response, exc.error, exc.where)
                 return
             except TypeError as exc:  # not a list: the start was not this SDK's
-                self._complete(held, reject=error_value(exc))
+                self._ends.complete(held, reject=error_value(exc))
                 return
             task = response.task
             engine = Engine(
@@ -255,7 +253,7 @@ class Runner:
                 if isinstance(outcome, CreateStep):
                     # A step computed before this one is recorded first, by its own call.
                     if not carrier.land():
-                        self._superseded(held)
+                        self._ends.give_back(held)
                         return
                     self._check(held)
                     try:
@@ -280,9 +278,9 @@ class Runner:
                 elif isinstance(outcome, Suspend):
                     # One call registers the callbacks and completes the task,
                     # unless something it waits on settled meanwhile.
-                    settled = self._suspend(held, outcome.awaiting, carrier)
+                    settled = self._ends.suspend(held, outcome.awaiting, carrier)
                     if settled is None:
-                        self._superseded(held)
+                        self._ends.give_back(held)
                         return
                     if settled:
                         outcome = engine.advance(settled)
@@ -301,10 +299,13 @@ class Runner:
                     except Exception as exc:  # the codec refused it: a bug, it pauses
                         kind = type(outcome.value).__name__
                         where = f"encoding the workflow's result (a {kind}) with the codec"
-                        self._pause(held, response, exc, where)
+                        if carrier.land():
+                            self._pause(held, response, exc, where)
+                        else:
+                            self._ends.give_back(held)
                     else:
-                        if not self._complete(held, resolve=value, carrier=carrier):
-                            self._superseded(held)
+                        if not self._ends.complete(held, resolve=value, carrier=carrier):
+                            self._ends.give_back(held)
                             return
                         _log.info(
                             "workflow %r returned",
@@ -314,10 +315,14 @@ class Runner:
                     return
                 else:
                     if not carrier.land():
-                        self._superseded(held)
+                        self._ends.give_back(held)
                         return
                     self._failed(held, response, outcome)
                     return
+        except PauseTask as exc:
+            # A carried step's record refused by the server (a result over the size
+            # limit, say), also by its own call: a bug, the run pauses (as `write`'s).
+            self._pause(held, response, exc.error, exc.where)
         finally:
             try:
                 # Left by an error (the codec refused the result, say): a finished
@@ -383,121 +388,12 @@ class Runner:
             error,
             extra={"workflow_id": held.root_id},
         )
-        self._complete(held, reject=error_value(error))
+        self._ends.complete(held, reject=error_value(error))
 
     def _check(self, held: Held) -> None:
         self._leases.check(held)
         if self._stopping.is_set():
             raise Stopping
-
-    # -- task calls --------------------------------------------------------
-
-    def _suspend(
-        self, held: Held, awaiting: Sequence[str], carrier: Carrier
-    ) -> list[Promise] | None:
-        """Suspend the task on `awaiting` (with the carried step's record, if any); the
-        promises already settled, or None when the carried step was recorded first with
-        another result (the workflow's execution here is void: give the task back)."""
-        record = carrier.record
-        if record is not None:
-            try:
-                answer = self._tasks.suspend(
-                    held.task_id, held.counter, awaiting, record_step=record
-                )
-            except RpcError as exc:
-                if superseded(exc):
-                    carrier.drop()
-                    return None
-                # Anything else: the step is recorded by its own call (through any
-                # outage), then the task suspends as it would have.
-                _log.info(
-                    "suspending workflow %r with its last step's record failed (%s); "
-                    "recording the step by itself",
-                    held.root_id,
-                    exc,
-                    extra={"workflow_id": held.root_id},
-                )
-            else:
-                carrier.carried(answer.recorded)
-                return answer.settled
-            if not carrier.land():
-                return None
-        return self._tasks.suspend(held.task_id, held.counter, awaiting).settled
-
-    def _superseded(self, held: Held) -> None:
-        """A step this execution ran was recorded first by an earlier holder of the task,
-        with another result: what ran here after it is void; the task goes back to the
-        group, to be replayed from the record."""
-        _log.info(
-            "a step of workflow %r was recorded first by an earlier holder of task %s; "
-            "giving the task back to replay it from the record",
-            held.root_id,
-            held.task_id,
-            extra={"workflow_id": held.root_id},
-        )
-        self._leases.release(held)
-
-    def _complete(
-        self,
-        held: Held,
-        *,
-        resolve: Payload | None = None,
-        reject: Any = None,
-        carrier: Carrier | None = None,
-    ) -> bool:
-        """Complete the task with the workflow's outcome, settling its root: kept and
-        tried again through any outage until it lands, the task busy meanwhile (as a
-        step's result: `StepWriter`); a lease lost meanwhile (`LeaseLostError`) leaves
-        the outcome to the task's new holder, whose replay reaches it again. With the
-        `carrier`'s record: recorded in the same call (False: another record stood, and
-        nothing was done)."""
-        encoded_reject = None if reject is None else self._client.encode(reject)
-        record = None if carrier is None else carrier.record
-        if carrier is not None and record is not None:
-            try:
-                with self._leases.busy(held):
-                    recorded = self._tasks.complete(
-                        held.task_id,
-                        held.counter,
-                        resolve=resolve,
-                        reject=encoded_reject,
-                        record_step=record,
-                    )
-            except RpcError as exc:
-                if superseded(exc):
-                    carrier.drop()
-                    return False
-                # Anything else (an outage, a root settled meanwhile): the step by its
-                # own call, then the completion as it would have gone.
-                if not carrier.land():
-                    return False
-            else:
-                carrier.carried(recorded)
-                return True
-
-        def complete() -> None:
-            try:
-                self._tasks.complete(
-                    held.task_id, held.counter, resolve=resolve, reject=encoded_reject
-                )
-            except (AlreadySettledError, PromiseTimedOutError) as exc:
-                # The root was settled meanwhile (cancelled, timed out): that stands.
-                _log.info(
-                    "workflow %r finished, but its root was already settled (%s)",
-                    held.root_id,
-                    exc,
-                    extra={"workflow_id": held.root_id},
-                )
-                self._tasks.complete(held.task_id, held.counter)
-
-        with self._leases.busy(held):
-            until_landed(
-                complete,
-                what=f"workflow {held.root_id!r} finished",
-                abandon=self._abandon,
-                extra={"workflow_id": held.root_id, "task_id": held.task_id},
-            )
-        return True
 
     # -- the cache of suspended workflows ----------------------------------
 

@@ -12,10 +12,12 @@ import time
 import uuid
 from collections.abc import Generator, Iterator
 from datetime import timedelta
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import grpc
 import pytest
+from _support import start_server
 
 from troth import Client, Context, Worker
 from troth._convert import payload_to_proto
@@ -209,3 +211,50 @@ def _unavailable() -> Exception:
     from troth.errors import UnavailableError
 
     return UnavailableError(grpc.StatusCode.UNAVAILABLE, "", "the server went away")
+
+
+def test_a_result_the_server_refuses_pauses_the_run_and_is_not_run_again_at_once(
+    tmp_path: Path,
+) -> None:
+    """A step's result over the server's payload limit, carried with the suspension:
+    refused, then refused by its own call too; a bug, so the run pauses (the task fails
+    with the reason, retried after a backoff), as when the step's own call is refused.
+    Not given back and run again at once, over and over."""
+    server = start_server(tmp_path, "--max-payload-bytes", "1024")
+    ran: list[int] = []
+
+    def big() -> str:
+        ran.append(1)
+        return "x" * 4096
+
+    def waits(ctx: Context) -> Generator[Any, Any, Any]:
+        approval = yield ctx.promise()
+        yield ctx.run(big)
+        return (yield approval)
+
+    try:
+        with Client(server.address, timeout=10) as client:
+            group = f"big-{uuid.uuid4().hex[:8]}"
+            worker = _running(client, group, waits)
+            try:
+                run = f"big-{uuid.uuid4().hex[:8]}"
+                client.start("waits", id=run, group=group)
+                deadline = time.monotonic() + 15
+                failed: list[tasks_pb2.Task] = []
+                with server.channel() as channel:
+                    stub = tasks_pb2_grpc.TaskServiceStub(channel)
+                    search = tasks_pb2.SearchTasksRequest(group=group)
+                    while not failed:
+                        assert time.monotonic() < deadline, "the run never paused"
+                        failed = [t for t in stub.SearchTasks(search).tasks if t.failed_attempts]
+                        time.sleep(0.1)
+                    time.sleep(1.0)  # a run given back instead would have run again, and again
+                    (task,) = stub.SearchTasks(search).tasks
+            finally:
+                worker.stop()
+        assert "the limit is 1 KiB" in task.last_error, task.last_error
+        # Each run of the step is one failed attempt (one more may be under way): paused
+        # with a backoff between attempts, not given back and run again at once.
+        assert len(ran) <= task.failed_attempts + 1 <= 3, (len(ran), task.failed_attempts)
+    finally:
+        server.stop()
