@@ -94,9 +94,6 @@ class Carried:
     """A step computed here whose record waits for the task's next call (`troth._carry`)."""
 
     step: CreateStep
-    ok: bool
-    """False: its function failed for good (the record is a rejection)."""
-    value: Any
     request: promises_pb2.CreatePromiseRequest
     """Its record: the step's create, settled with its result, under the task's fence."""
     provisional: Promise
@@ -257,12 +254,20 @@ class StepWriter:
             requested_by=step.requested_by,
             parent_id=held.root_id,
         )
-        return Carried(step, ok, value, request, provisional)
+        return Carried(step, request, provisional)
 
     def record_carried(self, held: Held, carried: Carried) -> Promise:
-        """Record a computed step by its own call, through any outage (`until_landed`);
-        answers the record as stored (another writer's, if it was first)."""
-        return self._record_until_landed(held, carried.step, carried.ok, carried.value)
+        """Record a computed step by its own call, through any outage (`until_landed`),
+        sending the very record it would have carried (a codec that encrypts writes other
+        bytes each time); answers the record as stored (another writer's, if first)."""
+
+        def send() -> Promise:
+            try:
+                return self._calls.create(carried.request).promise
+            except InvalidArgumentError as exc:
+                raise _refused(carried.step, exc) from exc
+
+        return self._until_recorded(held, carried.step, send)
 
     def _state(self, held: Held, step: CreateStep, command: ReadState | WriteState) -> Promise:
         """A read or write of the workflow's state slot, made and recorded by the server
@@ -352,11 +357,20 @@ class StepWriter:
         """Record a finished step's result, through any outage: an outage alone never
         re-runs a step function. Gives up only when the worker stops waiting."""
 
+        def send() -> Promise:
+            if step.exists:  # created pending by an older worker: settle it
+                return self._settle(held, step, ok, value)
+            return self._record(held, step, ok, value)
+
+        return self._until_recorded(held, step, send)
+
+    def _until_recorded(self, held: Held, step: CreateStep, send: Callable[[], Promise]) -> Promise:
+        """`send()` (a step's record), tried again through any outage until it lands or
+        finds the step recorded already (then that record stands: first writer wins)."""
+
         def record() -> Promise:
             try:
-                if step.exists:  # created pending by an older worker: settle it
-                    return self._settle(held, step, ok, value)
-                return self._record(held, step, ok, value)
+                return send()
             except AlreadyExistsError:
                 stored = self._calls.get(step.step_id)
                 if stored.parent_id != held.root_id:
