@@ -198,10 +198,9 @@ class Troth(System):
 
         def w2(workflow_id: str, _slot: int) -> int:
             start = time.perf_counter_ns()
-            if (
-                client.start("ten_steps", id=workflow_id, group=group).result(timeout=TIMEOUT_S)
-                != "done"
-            ):
+            # Started and awaited in one call (`Client.execute`), troth's fastest flow.
+            done = client.execute("ten_steps", id=workflow_id, group=group, timeout=TIMEOUT_S)
+            if done != "done":
                 raise AssertionError(f"{workflow_id}: unexpected result")
             return time.perf_counter_ns() - start
 

@@ -93,6 +93,7 @@ class Connection:
         fence: types_pb2.TaskFence | None = None,
         approvers: Approvers | None = None,
         state: tuple[str, bool] | None = None,
+        wait: float | None = None,
     ) -> promises_pb2.CreatePromiseRequest:
         """The `CreatePromiseRequest` of `create` (a worker carries a step's in the
         `CompleteTask` that ends its task's hold: `troth._carry`)."""
@@ -122,13 +123,18 @@ class Connection:
             request.approvers.CopyFrom(approvers.to_proto())
         if state is not None:  # a workflow's read or write of its state slot (name, write)
             request.state.CopyFrom(promises_pb2.WorkflowStateStep(name=state[0], write=state[1]))
+        if wait is not None:  # answered once settled, or after `wait` seconds
+            request.wait.FromMilliseconds(round(wait * 1000))
         return request
 
-    def create(self, request: promises_pb2.CreatePromiseRequest) -> CreateResult:
+    def create(
+        self, request: promises_pb2.CreatePromiseRequest, *, timeout: float | None = None
+    ) -> CreateResult:
         """Create a promise (`Client.create`, a start, a workflow step) as `request`
         (`create_request`) asks; with a result it is created already settled. The
-        arguments are the caller's to check."""
-        response = self.call(self.transport.promises.CreatePromise, request)
+        arguments are the caller's to check. `timeout`: the call's, if not the
+        connection's (a create that waits for the settle takes longer)."""
+        response = self.call(self.transport.promises.CreatePromise, request, timeout=timeout)
         return CreateResult(promise=promise_from_proto(response.promise), created=response.created)
 
     def settle(

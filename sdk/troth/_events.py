@@ -28,7 +28,13 @@ if TYPE_CHECKING:
 
     _EventCall = grpc._CallIterator[promises_pb2.WatchPromisesResponse]
 
-__all__ = ["WATCH_READY_METADATA", "PromiseEventStream", "wait_promise", "watch_promise"]
+__all__ = [
+    "WATCH_READY_METADATA",
+    "PromiseEventStream",
+    "not_settled",
+    "wait_promise",
+    "watch_promise",
+]
 
 _log = logging.getLogger("troth.client")
 
@@ -211,7 +217,7 @@ class _Breaks:
             and call.code() is grpc.StatusCode.DEADLINE_EXCEEDED
             and transport.remaining(self._deadline) == 0
         ):
-            raise _not_settled(self._id, self._timeout) from exc
+            raise not_settled(self._id, self._timeout) from exc
         self.failures += 1
         if established and self._outage_start is None:
             self._outage_start = transport.now()
@@ -275,7 +281,7 @@ def wait_promise(
             if promise.is_settled:
                 return promise
             if transport.remaining(deadline) == 0:
-                raise _not_settled(id, timeout)
+                raise not_settled(id, timeout)
     for promise in watch_promise(transport, stub, id, transport.remaining(deadline)):
         if promise.is_settled:
             return promise
@@ -283,7 +289,7 @@ def wait_promise(
     raise RuntimeError(f"the watch of promise {id!r} ended before it settled")
 
 
-def _not_settled(id: str, timeout: float | None) -> DeadlineExceededError:
+def not_settled(id: str, timeout: float | None) -> DeadlineExceededError:
     return DeadlineExceededError(
         grpc.StatusCode.DEADLINE_EXCEEDED,
         "",

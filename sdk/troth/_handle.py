@@ -11,7 +11,7 @@ if TYPE_CHECKING:
     from troth._promise import Promise
     from troth.client import Client
 
-__all__ = ["Handle"]
+__all__ = ["Handle", "outcome"]
 
 
 class Handle:
@@ -68,7 +68,7 @@ class Handle:
             DeadlineExceededError: It had not finished within `timeout` (also a `TimeoutError`).
             NotFoundError: No workflow (promise) has this id.
         """
-        return _outcome(self._client, self._client.wait(self.id, timeout=timeout))
+        return outcome(self._client, self._client.wait(self.id, timeout=timeout))
 
     def cancel(self, value: Any = None) -> bool:
         """Cancel the workflow: it sees `Cancelled` at its next yield; pending steps are cancelled.
@@ -88,8 +88,9 @@ class Handle:
             raise
 
 
-def _outcome(client: Client, promise: Promise) -> Any:
-    """A settled root promise's value, or the matching error raised."""
+def outcome(client: Client, promise: Promise) -> Any:
+    """A settled root promise's value, or the matching error raised (`Handle.result`,
+    `Client.execute`)."""
     state = promise.state
     if state is PromiseState.RESOLVED:
         return client.decode(promise.value)

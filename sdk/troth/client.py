@@ -30,16 +30,17 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from types import TracebackType
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 from troth import _arguments as check
 from troth._calls import Connection
 from troth._credentials import TlsConfig, resolve_tls, token_source
-from troth._events import WATCH_READY_METADATA, PromiseEventStream
-from troth._handle import Handle
+from troth._events import WAIT_CALL_S, WATCH_READY_METADATA, PromiseEventStream, not_settled
+from troth._handle import Handle, outcome
 from troth._operators import OperatorCalls
 from troth._reads import PromiseReads
 from troth._schedules import Schedules
@@ -52,6 +53,9 @@ from troth.codec import Codec, JsonCodec, Payload
 from troth.errors import (
     ConfigurationError,
 )
+
+if TYPE_CHECKING:
+    from troth._promise import Promise
 
 __all__ = [
     "DEFAULT_ADDRESS",
@@ -290,7 +294,72 @@ class Client(PromiseReads, PromiseWrites, OperatorCalls, StateCalls):
             InvalidArgumentError: Bad id or ttl, or arguments over the payload limit.
             TypeError: The codec cannot encode the arguments, or `ttl` is not a timedelta.
         """
-        call = "Client.start"
+        return self._start("Client.start", workflow, args, id, group, ttl, idempotency_key)[0]
+
+    def execute(
+        self,
+        workflow: str | Callable[..., Any],
+        *args: Any,
+        id: str,
+        group: str = "workers",
+        ttl: timedelta | None = None,
+        idempotency_key: str | None = None,
+        timeout: float | None = None,
+    ) -> Any:
+        """Start a workflow by id, once (as `start`), and wait for its result (as its
+        handle's `result()`): one call while it finishes within a minute.
+
+        Args:
+            workflow: The registered workflow name, or the workflow function.
+            args: The workflow's arguments after `ctx`; they must be encodable.
+            id: The workflow's id (a repeat returns the existing run's result).
+            group: The group whose workers run it.
+            ttl: How long the workflow may take in all (see `start`).
+            idempotency_key: Identifies this start (see `start`).
+            timeout: Seconds to wait for the result; None waits as long as it takes.
+
+        Returns:
+            The workflow's decoded return value.
+
+        Raises:
+            PromiseRejectedError: The workflow raised (see `Handle.result`).
+            Cancelled: The workflow was cancelled.
+            PromiseTimedOutError: The workflow ran out of time (its ttl).
+            DeadlineExceededError: It had not finished within `timeout`.
+            AlreadyExistsError: The id is taken by another workflow, group or
+                arguments (reason `WORKFLOW_ALREADY_EXISTS`).
+            InvalidArgumentError: Bad id or ttl, or arguments over the payload limit.
+            TypeError: The codec cannot encode the arguments.
+
+        .. versionadded:: 0.4.0
+        """
+        timeout = check.seconds("Client.execute", timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        first = WAIT_CALL_S if timeout is None else min(timeout, WAIT_CALL_S)
+        handle, root = self._start(
+            "Client.execute", workflow, args, id, group, ttl, idempotency_key, wait=first
+        )
+        if root.is_settled:
+            return outcome(self, root)
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left <= 0:
+            raise not_settled(id, timeout)
+        return handle.result(timeout=left)
+
+    def _start(
+        self,
+        call: str,
+        workflow: str | Callable[..., Any],
+        args: tuple[Any, ...],
+        id: str,
+        group: str,
+        ttl: timedelta | None,
+        idempotency_key: str | None,
+        *,
+        wait: float | None = None,
+    ) -> tuple[Handle, Promise]:
+        """`start`, and with `wait` seconds the root as the server answered after up to
+        that long a wait for its settle (`CreatePromiseRequest.wait`)."""
         check.promise_id(call, id)
         check.text(call, group, "group")
         ttl = check.duration(call, ttl, "ttl")
@@ -303,16 +372,17 @@ class Client(PromiseReads, PromiseWrites, OperatorCalls, StateCalls):
                 # repeat start of this id keeps the first one's (the server compares
                 # a start by workflow, group and arguments, not by its other tags).
                 tags[TRACEPARENT_TAG] = traceparent
-            result = self._connection.create(
-                self._connection.create_request(
-                    id,
-                    self._codec.encode(list(args)),
-                    tags=tags,
-                    ttl=ttl,
-                    idempotency_key=idempotency_key,
-                )
+            request = self._connection.create_request(
+                id,
+                self._codec.encode(list(args)),
+                tags=tags,
+                ttl=ttl,
+                idempotency_key=idempotency_key,
+                wait=wait,
             )
-        return Handle(self, id, created=result.created)
+            longer = None if wait is None else self._connection.timeout + wait
+            result = self._connection.create(request, timeout=longer)
+        return Handle(self, id, created=result.created), result.promise
 
     def handle(self, id: str) -> Handle:
         """A handle to the workflow (or any promise) with this id; makes no call."""

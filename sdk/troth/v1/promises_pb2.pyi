@@ -73,7 +73,7 @@ class MintSettleTokenResponse(_message.Message):
     def __init__(self, token: _Optional[str] = ..., expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., key_id: _Optional[str] = ..., token_id: _Optional[str] = ..., acts_for: _Optional[str] = ...) -> None: ...
 
 class CreatePromiseRequest(_message.Message):
-    __slots__ = ("id", "param", "tags", "expire_time", "ttl", "never_expires", "idempotency_key", "strict", "resolved_with", "rejected_with", "schema", "title", "message", "requested_by", "fence", "approvers", "state")
+    __slots__ = ("id", "param", "tags", "expire_time", "ttl", "never_expires", "idempotency_key", "strict", "resolved_with", "rejected_with", "schema", "title", "message", "requested_by", "fence", "approvers", "state", "wait")
     class TagsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -98,6 +98,7 @@ class CreatePromiseRequest(_message.Message):
     FENCE_FIELD_NUMBER: _ClassVar[int]
     APPROVERS_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
+    WAIT_FIELD_NUMBER: _ClassVar[int]
     id: str
     param: _types_pb2.Payload
     tags: _containers.ScalarMap[str, str]
@@ -115,7 +116,8 @@ class CreatePromiseRequest(_message.Message):
     fence: _types_pb2.TaskFence
     approvers: _types_pb2.Approvers
     state: WorkflowStateStep
-    def __init__(self, id: _Optional[str] = ..., param: _Optional[_Union[_types_pb2.Payload, _Mapping]] = ..., tags: _Optional[_Mapping[str, str]] = ..., expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., never_expires: _Optional[bool] = ..., idempotency_key: _Optional[str] = ..., strict: _Optional[bool] = ..., resolved_with: _Optional[_Union[_types_pb2.Payload, _Mapping]] = ..., rejected_with: _Optional[_Union[_types_pb2.Payload, _Mapping]] = ..., schema: _Optional[str] = ..., title: _Optional[str] = ..., message: _Optional[str] = ..., requested_by: _Optional[str] = ..., fence: _Optional[_Union[_types_pb2.TaskFence, _Mapping]] = ..., approvers: _Optional[_Union[_types_pb2.Approvers, _Mapping]] = ..., state: _Optional[_Union[WorkflowStateStep, _Mapping]] = ...) -> None: ...
+    wait: _duration_pb2.Duration
+    def __init__(self, id: _Optional[str] = ..., param: _Optional[_Union[_types_pb2.Payload, _Mapping]] = ..., tags: _Optional[_Mapping[str, str]] = ..., expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., never_expires: _Optional[bool] = ..., idempotency_key: _Optional[str] = ..., strict: _Optional[bool] = ..., resolved_with: _Optional[_Union[_types_pb2.Payload, _Mapping]] = ..., rejected_with: _Optional[_Union[_types_pb2.Payload, _Mapping]] = ..., schema: _Optional[str] = ..., title: _Optional[str] = ..., message: _Optional[str] = ..., requested_by: _Optional[str] = ..., fence: _Optional[_Union[_types_pb2.TaskFence, _Mapping]] = ..., approvers: _Optional[_Union[_types_pb2.Approvers, _Mapping]] = ..., state: _Optional[_Union[WorkflowStateStep, _Mapping]] = ..., wait: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class WorkflowStateStep(_message.Message):
     __slots__ = ("name", "write")

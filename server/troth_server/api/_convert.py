@@ -652,8 +652,9 @@ MAX_WAIT_MS = 300_000
 DEFAULT_WAIT_MS = 60_000
 
 
-def wait_ms(request: promises_pb2.WaitPromiseRequest) -> int:
-    """How long a `WaitPromise` may wait for the settle, in ms."""
+def wait_ms(request: promises_pb2.WaitPromiseRequest | promises_pb2.CreatePromiseRequest) -> int:
+    """How long a `WaitPromise` (or a `CreatePromise` with `wait`) may wait for the
+    settle, in ms."""
     if not request.HasField("wait"):
         return DEFAULT_WAIT_MS
     wait = request.wait

@@ -290,6 +290,19 @@ def create_args(
     return create, principal, settled_with, convert.fence(request, limits)
 
 
+def _waited(
+    request: promises_pb2.WaitPromiseRequest | promises_pb2.CreatePromiseRequest,
+    context: AioContext,
+) -> float:
+    """How long a wait for a settle may take, in seconds: what the request asks, and an
+    answer (pending) before the caller gives up on the call."""
+    wait = convert.wait_ms(request) / 1000
+    left = context.time_remaining()
+    if left is not None:
+        wait = max(0.0, min(wait, left - min(_DEADLINE_MARGIN_S, left / 10)))
+    return wait
+
+
 def _caller(context: AioContext, limits: Limits) -> Principal:
     """Who makes this call: the one place the api layer decides it. The authenticated
     principal (`api/_auth.py`); with authentication off, the local developer, named by
@@ -321,10 +334,23 @@ class PromiseServiceServicer(_Handlers, promises_pb2_grpc.PromiseServiceServicer
             assert fence is not None
             stepped = await self._service.state_step_async(request_, principal, fence, name, value)
             return self._created(stepped, reader, request_.idempotency_key)
+        wait = None
+        if request.HasField("wait"):  # checked before the write, as every field
+            if create[3] is not None:
+                raise InvalidArgument(
+                    "wait",
+                    "a workflow's step does not wait for its own settle; wait with WaitPromise",
+                )
+            wait = _waited(request, context)
         result = await self._service.create_async(*create)
         if not result[1] and create[3] is None:
             # A repeat answers with the promise as it is: a read, by the reader's reach.
             self._service.check_reach(result[0], reader, "read")
+        if wait is not None and not result[0].is_settled:
+            # Then as `WaitPromise` answers: once settled, or as it is after the wait.
+            self._service.check_reach(result[0], reader, "read")
+            settled = await self._service.wait_async(result[0].id, wait)
+            result = (settled, result[1])
         return self._created(result, reader, create[0].idempotency_key)
 
     @aio_unary("GetPromise")
@@ -425,11 +451,7 @@ class PromiseServiceServicer(_Handlers, promises_pb2_grpc.PromiseServiceServicer
         reader = _caller(context, self._limits)
         if steps.is_confined(reader):  # refused before the wait, not after it
             self._service.check_reach(await self._service.get_async(promise_id), reader, "read")
-        wait = convert.wait_ms(request) / 1000
-        left = context.time_remaining()
-        if left is not None:  # answer, pending, before the caller gives up on the call
-            wait = max(0.0, min(wait, left - min(_DEADLINE_MARGIN_S, left / 10)))
-        promise = await self._service.wait_async(promise_id, wait)
+        promise = await self._service.wait_async(promise_id, _waited(request, context))
         return promises_pb2.WaitPromiseResponse(promise=self._one(promise, reader))
 
     @aio_server_stream("WatchPromises")
