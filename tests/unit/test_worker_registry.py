@@ -23,7 +23,7 @@ from troth import (
     TrothError,
     Worker,
 )
-from troth._handle import _outcome
+from troth._handle import outcome
 
 
 @pytest.fixture
@@ -130,13 +130,13 @@ def _settled(client: Client, state: PromiseState, value: Any) -> Promise:
 
 
 def test_handle_outcome_resolved(client: Client) -> None:
-    assert _outcome(client, _settled(client, PromiseState.RESOLVED, {"a": 1})) == {"a": 1}
+    assert outcome(client, _settled(client, PromiseState.RESOLVED, {"a": 1})) == {"a": 1}
 
 
 def test_handle_outcome_rejected_carries_the_decoded_error(client: Client) -> None:
     error = {"type": "ValueError", "message": "boom"}
     with pytest.raises(PromiseRejectedError) as caught:
-        _outcome(client, _settled(client, PromiseState.REJECTED, error))
+        outcome(client, _settled(client, PromiseState.REJECTED, error))
     assert caught.value.promise_id == "wf-1"
     assert caught.value.value == error
     assert "ValueError: boom" in str(caught.value)
@@ -144,9 +144,9 @@ def test_handle_outcome_rejected_carries_the_decoded_error(client: Client) -> No
 
 def test_handle_outcome_cancelled_and_timed_out(client: Client) -> None:
     with pytest.raises(Cancelled):
-        _outcome(client, _settled(client, PromiseState.REJECTED_CANCELED, None))
+        outcome(client, _settled(client, PromiseState.REJECTED_CANCELED, None))
     with pytest.raises(PromiseTimedOutError) as caught:
-        _outcome(client, _settled(client, PromiseState.REJECTED_TIMEDOUT, None))
+        outcome(client, _settled(client, PromiseState.REJECTED_TIMEDOUT, None))
     assert caught.value.code is grpc.StatusCode.FAILED_PRECONDITION
     assert caught.value.promise_id == "wf-1"
 
