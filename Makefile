@@ -86,8 +86,11 @@ typecheck: install ## mypy --strict on both packages
 test-unit: install ## Pure tests only (seconds)
 	$(VENV)/bin/pytest tests/unit $(PYTEST_ARGS)
 
+# worksteal: a worker that runs out of tests takes half of the other's queue, so a
+# run does not end with one worker idle while the other works through a chunk of slow
+# tests (`--dist load` hands out fixed chunks; measured: suite-time notes).
 test: install ## Everything the README promises: unit, store, api, integration, e2e (PostgreSQL: see docs/developing.md)
-	$(VENV)/bin/pytest tests -n 2 $(PYTEST_ARGS)
+	$(VENV)/bin/pytest tests -n 2 --dist worksteal $(PYTEST_ARGS)
 
 test-loaded: install ## `make test` with 2 CPU hogs beside it (HOGS=N for more): the suite must pass on a busy machine
 	tests/loaded.sh PYTEST_ARGS="$(PYTEST_ARGS)"
