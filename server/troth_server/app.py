@@ -7,6 +7,7 @@ too until it lost every benchmark that could tell them apart (bench/README.md).
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import signal
 import sys
@@ -505,6 +506,9 @@ def serve(argv: list[str]) -> int:
         # a death by signal while the interpreter winds down.
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        # Everything is written and closed: the interpreter's collections at exit need
+        # not walk this process's objects (they took 0.2-0.5 s of every stop).
+        gc.freeze()
         return code
     except (StoreError, AuthConfigError, TlsError, KeysInvalid) as exc:
         log.error("server.cannot_start", error=str(exc))
