@@ -343,11 +343,8 @@ def _completed(
 def _not_suspended(
     task: Any, settled: list[Any], recorded: Promise | None
 ) -> tasks_pb2.CompleteTaskResponse:
-    response = tasks_pb2.CompleteTaskResponse(
-        task=convert.task_to_pb(task), settled=_awaited(settled)
-    )
-    if recorded is not None:
-        response.recorded_step.CopyFrom(_recorded_step(recorded))
+    response = _completed((task, None), recorded)
+    response.settled.extend(_awaited(settled))
     return response
 
 
