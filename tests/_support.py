@@ -5,6 +5,7 @@ servers started here die with the test run (`spawn`)."""
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import subprocess
@@ -318,3 +319,17 @@ class LoadClients:
         for thread in self.threads:
             thread.join(30)
         assert not any(t.is_alive() for t in self.threads), "a load client hangs"
+
+
+def logged_rpcs(server: ServerProcess, method: str, promise: Callable[[str], bool]) -> int:
+    """How many `method` calls the server's rpc log names with a promise id `promise`
+    accepts (after the 0.2 s in which the server flushes its log lines)."""
+    time.sleep(0.5)
+    count = 0
+    for line in server.log().splitlines():
+        if f'"{method}"' not in line:
+            continue
+        record = json.loads(line)
+        if record.get("event") == "rpc" and record.get("method") == method:
+            count += promise(str(record.get("promise_id") or ""))
+    return count

@@ -5,7 +5,6 @@ step never runs again for an outage), with a real server on both stores."""
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -17,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 import pytest
-from _support import start_server
+from _support import logged_rpcs, start_server
 
 from troth import Client, Context, Worker
 from troth._convert import payload_to_proto
@@ -28,19 +27,6 @@ if TYPE_CHECKING:
     from _support import ServerProcess
 
 LEASE = timedelta(seconds=3)
-
-
-def _rpcs(server: ServerProcess, method: str, workflow_id: str) -> int:
-    """How many `method` calls the server logged for the workflow's promises."""
-    time.sleep(0.5)  # the server flushes its log lines every 0.2 s
-    count = 0
-    for line in server.log().splitlines():
-        if f'"{method}"' not in line or workflow_id not in line:
-            continue
-        record = json.loads(line)
-        if record.get("event") == "rpc" and record.get("method") == method:
-            count += str(record.get("promise_id") or "").startswith(workflow_id)
-    return count
 
 
 @pytest.fixture
@@ -101,7 +87,7 @@ def test_a_step_before_a_wait_and_one_before_the_return_ride_on_those_calls(
         assert step.parent_id == run
     # The start and the latent promise by CreatePromise; the two steps went with the
     # suspension and the completion: no CreatePromise of their own.
-    assert _rpcs(server, "CreatePromise", run) == 2
+    assert logged_rpcs(server, "CreatePromise", lambda id: id.startswith(run)) == 2
 
 
 def _exists(client: Client, id: str) -> bool:

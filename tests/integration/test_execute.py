@@ -4,8 +4,6 @@ a real server on both stores."""
 
 from __future__ import annotations
 
-import json
-import time
 import uuid
 from collections.abc import Generator, Iterator
 from datetime import timedelta
@@ -13,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 import pytest
-from _support import error_info
+from _support import error_info, logged_rpcs
 from google.protobuf.duration_pb2 import Duration
 
 import troth.client
@@ -29,19 +27,6 @@ from troth.v1 import promises_pb2, promises_pb2_grpc, types_pb2
 
 if TYPE_CHECKING:
     from _support import ServerProcess
-
-
-def _rpcs(server: ServerProcess, method: str, workflow_id: str) -> int:
-    """How many `method` calls the server logged for the workflow's root."""
-    time.sleep(0.5)  # the server flushes its log lines every 0.2 s
-    records = (json.loads(line) for line in server.log().splitlines() if workflow_id in line)
-    return sum(
-        1
-        for r in records
-        if r.get("event") == "rpc"
-        and r.get("method") == method
-        and r.get("promise_id") == workflow_id
-    )
 
 
 def double(n: int) -> int:
@@ -84,8 +69,8 @@ def test_a_workflow_started_and_awaited_in_one_call(server: ServerProcess, clien
     assert client.execute(doubled, 21, id=run, group=group, timeout=20) == 42
     # A repeat of the start answers the existing run's result.
     assert client.execute(doubled, 21, id=run, group=group, timeout=20) == 42
-    assert _rpcs(server, "CreatePromise", run) == 2  # one call each
-    assert _rpcs(server, "WaitPromise", run) == 0
+    assert logged_rpcs(server, "CreatePromise", lambda id: id == run) == 2  # one call each
+    assert logged_rpcs(server, "WaitPromise", lambda id: id == run) == 0
 
 
 def test_a_workflow_longer_than_the_first_wait_is_awaited_after_it(
@@ -95,7 +80,7 @@ def test_a_workflow_longer_than_the_first_wait_is_awaited_after_it(
     run = f"exec-{uuid.uuid4().hex[:8]}"
     group = client.test_group  # type: ignore[attr-defined]
     assert client.execute(slow, 1.0, id=run, group=group, timeout=20) == "slept"
-    assert _rpcs(server, "WaitPromise", run) >= 1
+    assert logged_rpcs(server, "WaitPromise", lambda id: id == run) >= 1
 
 
 def test_a_timeout_and_a_failure_are_raised_as_a_result_raises_them(client: Client) -> None:
