@@ -13,6 +13,7 @@ import uuid
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Protocol
 
+from troth._records import quick_init
 from troth_server.domain import promise as domain
 from troth_server.domain import steps
 from troth_server.domain import task as tasks
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
     from troth_server.domain.promise import Promise, PromiseState
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class StateChange:
     promise: Promise
@@ -34,6 +36,7 @@ class StateChange:
     principal: str | None
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Keys:
     """What one op needs loaded before it applies."""
@@ -60,6 +63,7 @@ class Keys:
     among `promises` or the roots of `task_ids`: a slot is read after its root is locked)."""
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Lessee:
     """A connected worker's stream that can take a task now (`Lessor.reserve`)."""
@@ -72,6 +76,7 @@ class Lessee:
     route: Route
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Leased:
     """A task created and leased in one transaction: what its delivery needs."""
