@@ -331,6 +331,15 @@ def test_a_worker_starts_workflows_only_in_its_groups_and_reaches_what_it_create
     assert _refused(lambda: site.get("worker-a", mine))[1] == "GROUP_NOT_ALLOWED"
     theirs = site.create("gateway", _id("note-")).id
     assert _refused(lambda: site.create("worker-b", theirs))[1] == "GROUP_NOT_ALLOWED"
+    # Nor by repeating it and waiting for its settle: refused before the wait, which a
+    # settle by its owner does not end with the answer.
+    wait = Duration(seconds=30)
+    refused = _refused(lambda: site.create("worker-b", theirs, wait=wait))
+    assert refused[:2] == (grpc.StatusCode.PERMISSION_DENIED, "GROUP_NOT_ALLOWED")
+    assert site.get("gateway", theirs).state == types_pb2.PROMISE_STATE_PENDING
+    # Its own, created and waited for in one call, it reaches.
+    waited = site.create("worker-b", _id("note-"), wait=Duration(seconds=0))
+    assert waited.state == types_pb2.PROMISE_STATE_PENDING
 
 
 def test_a_worker_is_answered_only_the_awaited_promises_of_its_groups(

@@ -156,6 +156,11 @@ def test_a_scoped_gateway_touches_only_ids_inside_its_prefixes(calls: Calls) -> 
             "WaitPromise": lambda: p.WaitPromise(
                 promises_pb2.WaitPromiseRequest(id=target), metadata=md, timeout=10
             ),
+            "CreatePromise and wait": lambda: p.CreatePromise(
+                promises_pb2.CreatePromiseRequest(id=target, wait=Duration(seconds=30)),
+                metadata=md,
+                timeout=10,
+            ),
         }
 
     for target in (outside_existing, outside_missing):

@@ -158,6 +158,11 @@ async def _burst(address: str) -> tuple[collections.Counter[str], collections.Co
     return answers, limits, health_worst
 
 
+# The burst takes 31 s on a quiet 2-core machine and 104 s beside two CPU hogs (the
+# starved server's 20 ms turns then get a share of a core): the suite's 60 s guard
+# against a hang is not this test's limit; its callers' own deadlines (60 s a call)
+# and the assertions below are.
+@pytest.mark.timeout(300)
 def test_a_starved_server_sheds_load_by_queue_delay_and_every_caller_gets_through(
     starved: ServerProcess,
 ) -> None:
