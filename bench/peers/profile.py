@@ -33,6 +33,7 @@ from pathlib import Path
 BENCH_DIR = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(BENCH_DIR), str(Path(__file__).resolve().parent)]
 
+from _gauge import Gauge  # noqa: E402
 from _servers import postgres_cpu_delta, postgres_cpu_seconds, proc_cpu_seconds  # noqa: E402
 from _systems import WORKLOADS, Troth  # noqa: E402
 from _workflow_load import Notifications  # noqa: E402
@@ -114,9 +115,11 @@ def main(argv: list[str] | None = None) -> int:
                     ("client", os.getpid()),
                 )
             ]
+        gauge = Gauge()
         started = time.monotonic()
         phase = system.phase(args.workload, args.concurrency, args.seconds)
         elapsed = time.monotonic() - started
+        gauge.stop()
         cpu = {pid: (proc_cpu_seconds(pid) or 0.0) - before[pid] for pid in before}
         client = self_cpu() - client_before
         database = (
@@ -135,7 +138,12 @@ def main(argv: list[str] | None = None) -> int:
     if system.uses_postgres:
         parts["postgresql"] = database
     per = "  ".join(f"{k} {v / n * 1000:.2f}" for k, v in parts.items())
-    print(f"CPU ms per workflow: {per}  whole {sum(parts.values()) / n * 1000:.2f}")
+    whole_ms = sum(parts.values()) / n * 1000
+    print(f"CPU ms per workflow: {per}  whole {whole_ms:.2f}")
+    units = gauge.normalised(whole_ms)
+    if units is not None:
+        print(f"the machine's speed (`_gauge.py`): its work took {gauge.ms:.3f} ms (median of "
+              f"{len(gauge.samples)}); whole CPU per workflow {units:.2f} gauge units")  # fmt: skip
     if py_spy:
         for name in ("server", "worker", "client"):
             print(f"\n{name} (py-spy --gil):")
