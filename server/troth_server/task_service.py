@@ -103,20 +103,24 @@ class TaskService:
 
     async def record_then_suspend_async(
         self,
-        step: StepRecord,
+        step: StepRecord | None,
         task_id: str,
         counter: int,
         worker_id: str,
         promise_ids: Sequence[str],
         principal: Principal | None = None,
-    ) -> tuple[Promise, tuple[Task, list[Promise]]]:
+    ) -> tuple[Promise | None, tuple[Task, list[Promise]]]:
         """`suspend_async`, recording the task's last step (`step`, a fenced create
         settled with its result) in the same transaction (`RecordThenOp`): the step as
-        recorded, and what `suspend_async` answers."""
+        recorded, and what `suspend_async` answers. No `step`: `suspend_async` alone."""
         op = SuspendOp(task_id, counter, worker_id, tuple(promise_ids), principal)
         return await self._recording(step, op)
 
-    async def _recording(self, step: StepRecord, then: WriteOp[R]) -> tuple[Promise, R]:
+    async def _recording(
+        self, step: StepRecord | None, then: WriteOp[R]
+    ) -> tuple[Promise | None, R]:
+        if step is None:
+            return None, await self._committer.submit_async(then)
         return await self._committer.submit_async(RecordThenOp(CreateOp(*step), then))
 
     def release(
@@ -189,19 +193,19 @@ class TaskService:
 
     async def record_then_complete_async(
         self,
-        step: StepRecord,
+        step: StepRecord | None,
         task_id: str,
         counter: int,
         worker_id: str,
         root_outcome: SettleRequest | None,
         principal: Principal | None = None,
-    ) -> tuple[Promise, tuple[Task, Promise | None]]:
+    ) -> tuple[Promise | None, tuple[Task, Promise | None]]:
         """`complete_async`, recording the task's last step (`step`) in the same
-        transaction (`RecordThenOp`)."""
+        transaction (`RecordThenOp`). No `step`: `complete_async` alone."""
 
         async def write(
             checked: SettleRequest | None,
-        ) -> tuple[Promise, tuple[Task, Promise | None]]:
+        ) -> tuple[Promise | None, tuple[Task, Promise | None]]:
             return await self._recording(
                 step, CompleteOp(task_id, counter, worker_id, checked, principal)
             )

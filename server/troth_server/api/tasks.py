@@ -411,28 +411,20 @@ class TaskServiceServicer(_Handlers, ScheduleHandlers, tasks_pb2_grpc.TaskServic
         suspend_on = self._suspend_on(request)
         step = self._record_step(request, (task_id, counter, worker), context)
         who = bound_principal()
-        recorded = None
+        # `step`, if any, is recorded in the same transaction (`RecordThenOp`).
         if suspend_on:
-            if step is None:
-                task, settled = await self._tasks.suspend_async(
-                    task_id, counter, worker, suspend_on, who
-                )
-            else:
-                recorded, (task, settled) = await self._tasks.record_then_suspend_async(
-                    step, task_id, counter, worker, suspend_on, who
-                )
+            recorded, (task, settled) = await self._tasks.record_then_suspend_async(
+                step, task_id, counter, worker, suspend_on, who
+            )
             self._alive(worker)
             if settled:
                 self._tasks.check_reach(settled, caller(), "read")
                 return _not_suspended(task, settled, recorded)
             result: tuple[Any, Any] = (task, None)
         else:
-            if step is None:
-                result = await self._tasks.complete_async(task_id, counter, worker, outcome, who)
-            else:
-                recorded, result = await self._tasks.record_then_complete_async(
-                    step, task_id, counter, worker, outcome, who
-                )
+            recorded, result = await self._tasks.record_then_complete_async(
+                step, task_id, counter, worker, outcome, who
+            )
             self._alive(worker)
             root = result[1]
             if outcome is not None and root is not None and root.state is outcome.state:
