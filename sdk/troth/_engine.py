@@ -104,7 +104,6 @@ from troth._commands import (
 from troth._digests import args_digest, describe_args, describe_recorded, recorded_version
 from troth._failures import describe_error
 from troth._history import Awaiting, History, Horizon, Resolution, Send, Throw, step_tags
-from troth._records import quick_init
 from troth.codec import Codec, JsonCodec, Payload
 from troth.context import Context
 from troth.errors import Cancelled, NonDeterminismError
@@ -138,7 +137,6 @@ _AWAIT_TYPES = (PromiseHandle, AwaitAll, AwaitAny, AwaitAtLeast)
 _CLOSE_ATTEMPTS = 5
 
 
-@quick_init
 @dataclass(frozen=True, slots=True)
 class CreateStep:
     """The server must create step promise `step_id` (and, for some commands, settle it).
@@ -167,7 +165,6 @@ class CreateStep:
     """Who asks, for a `ctx.promise` step: `workflow <root id>`."""
 
 
-@quick_init
 @dataclass(frozen=True, slots=True)
 class Suspend:
     """The workflow waits on these pending promises (one of them, or all of them)."""
@@ -175,7 +172,6 @@ class Suspend:
     awaiting: tuple[str, ...]
 
 
-@quick_init
 @dataclass(frozen=True, slots=True)
 class Done:
     """The workflow returned `value`: resolve the root promise with it."""
@@ -183,7 +179,6 @@ class Done:
     value: Any
 
 
-@quick_init
 @dataclass(frozen=True, slots=True)
 class Failed:
     """The workflow raised `error` (or replay found it changed): reject the root promise if

@@ -12,8 +12,6 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from troth._records import quick_init
-
 if TYPE_CHECKING:
     from troth._approvers import Approvers
     from troth.codec import Payload
@@ -34,7 +32,6 @@ class PromiseState(enum.StrEnum):
     REJECTED_TIMEDOUT = "REJECTED_TIMEDOUT"
 
 
-@quick_init
 @dataclass(frozen=True, slots=True)
 class Promise:
     """A durable promise as the server returned it.
@@ -93,7 +90,6 @@ class Promise:
         return self.state is not PromiseState.PENDING
 
 
-@quick_init
 @dataclass(frozen=True, slots=True)
 class CreateResult:
     """The answer to `Client.create`.
@@ -111,7 +107,6 @@ class CreateResult:
     created: bool
 
 
-@quick_init
 @dataclass(frozen=True, slots=True)
 class SettleResult:
     """The answer to `Client.resolve`, `reject` and `cancel`.

@@ -24,7 +24,6 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from troth._records import quick_init
 from troth_server.domain import starts
 from troth_server.domain.errors import (
     InvalidArgument,
@@ -72,7 +71,6 @@ SETTLE_VERBS: Mapping[PromiseState, str] = {
 }
 
 
-@quick_init
 @dataclass(frozen=True, slots=True)
 class Payload:
     headers: Mapping[str, str] = field(default_factory=dict)
@@ -82,7 +80,6 @@ class Payload:
 EMPTY = Payload()
 
 
-@quick_init
 @dataclass(frozen=True, slots=True)
 class Promise:
     id: str
@@ -127,7 +124,6 @@ class Promise:
         return self.state is not PromiseState.PENDING
 
 
-@quick_init
 @dataclass(frozen=True, slots=True)
 class CreateRequest:
     id: str
@@ -147,7 +143,6 @@ class CreateRequest:
     approvers: Approvers | None = None
 
 
-@quick_init
 @dataclass(frozen=True, slots=True)
 class SettleRequest:
     id: str

@@ -39,7 +39,6 @@ import json
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from troth._records import quick_init
 from troth.errors import Reason
 from troth_server.domain import task as tasks
 from troth_server.domain.access import Role
@@ -71,7 +70,6 @@ by anyone allowed to settle it."""
 _JSON = {"content-type": "application/json"}
 
 
-@quick_init
 @dataclass(frozen=True, slots=True)
 class Fence:
     """Proof that the caller holds a workflow's task (proto `TaskFence`)."""

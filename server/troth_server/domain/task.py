@@ -60,7 +60,6 @@ import enum
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from troth._records import quick_init
 from troth.errors import Reason
 from troth_server.domain.access import Role
 from troth_server.domain.errors import DomainError
@@ -80,7 +79,6 @@ class TaskState(enum.StrEnum):
     COMPLETED = "COMPLETED"
 
 
-@quick_init
 @dataclass(frozen=True, slots=True)
 class Task:
     id: str
@@ -127,7 +125,6 @@ class Task:
         )
 
 
-@quick_init
 @dataclass(frozen=True, slots=True)
 class Callback:
     """When `promise_id` settles, give root `root_promise_id` a RESUME task in `group`."""

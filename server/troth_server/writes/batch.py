@@ -13,7 +13,6 @@ import uuid
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Protocol
 
-from troth._records import quick_init
 from troth_server.domain import promise as domain
 from troth_server.domain import steps
 from troth_server.domain import task as tasks
@@ -28,7 +27,6 @@ if TYPE_CHECKING:
     from troth_server.domain.promise import Promise, PromiseState
 
 
-@quick_init
 @dataclass(frozen=True, slots=True)
 class StateChange:
     promise: Promise
@@ -36,7 +34,6 @@ class StateChange:
     principal: str | None
 
 
-@quick_init
 @dataclass(frozen=True, slots=True)
 class Keys:
     """What one op needs loaded before it applies."""
@@ -63,7 +60,6 @@ class Keys:
     among `promises` or the roots of `task_ids`: a slot is read after its root is locked)."""
 
 
-@quick_init
 @dataclass(frozen=True, slots=True)
 class Lessee:
     """A connected worker's stream that can take a task now (`Lessor.reserve`)."""
@@ -76,7 +72,6 @@ class Lessee:
     route: Route
 
 
-@quick_init
 @dataclass(frozen=True, slots=True)
 class Leased:
     """A task created and leased in one transaction: what its delivery needs."""

@@ -8,7 +8,6 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from troth._records import quick_init
 from troth_server.domain.steps import StepRecorded
 from troth_server.writes.batch import Batch, Keys
 
@@ -21,7 +20,6 @@ if TYPE_CHECKING:
 R = TypeVar("R")
 
 
-@quick_init
 @dataclass(frozen=True, slots=True)
 class RecordThenOp(Generic[R]):
     """`step` (a fenced create, already settled with the step's result) and then `then`

@@ -7,7 +7,6 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from troth._records import quick_init
 from troth_server.domain import promise as domain
 from troth_server.domain import task as tasks
 from troth_server.domain.errors import PromiseNotFound
@@ -21,7 +20,6 @@ if TYPE_CHECKING:
     from troth_server.store import WriteTx
 
 
-@quick_init
 @dataclass(frozen=True, slots=True)
 class CompleteOp:
     task_id: str
@@ -59,7 +57,6 @@ class CompleteOp:
         return done, root
 
 
-@quick_init
 @dataclass(frozen=True, slots=True)
 class SuspendOp:
     """RegisterCallbacks and CompleteTask in one transaction, unless a promise the
@@ -90,7 +87,6 @@ class SuspendOp:
         return done, []
 
 
-@quick_init
 @dataclass(frozen=True, slots=True)
 class FailOp:
     """The workflow's code raised on this task (a bug): the task goes back to the group
@@ -122,7 +118,6 @@ class FailOp:
         return failed, root
 
 
-@quick_init
 @dataclass(frozen=True, slots=True)
 class RegisterCallbacksOp:
     task_id: str

@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from troth._records import quick_init
 from troth_server.domain import approvers as policies
 from troth_server.domain import promise as domain
 from troth_server.domain import settle_tokens, steps
@@ -25,7 +24,6 @@ if TYPE_CHECKING:
 log = structlog.get_logger("troth.promises")
 
 
-@quick_init
 @dataclass(frozen=True, slots=True)
 class CreateOp:
     request: CreateRequest

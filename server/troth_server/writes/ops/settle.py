@@ -6,7 +6,6 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, NamedTuple
 
-from troth._records import quick_init
 from troth_server.domain import approvers as policies
 from troth_server.domain import promise as domain
 from troth_server.domain import settle_tokens, steps
@@ -32,7 +31,6 @@ class Settled(NamedTuple):
     `Keys.parents_of`); if not, `workflow_task` says nothing."""
 
 
-@quick_init
 @dataclass(frozen=True, slots=True)
 class SettleOp:
     request: SettleRequest
