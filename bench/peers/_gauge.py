@@ -3,7 +3,7 @@
 On the shared VMs this project is measured on, the same pure-Python work takes
 28-53 ms of CPU from one second to the next on an idle machine (neighbours on
 the host, not steal time, which reads 0): a cost per workflow then moves by
-10-15 % between back-to-back runs of the same code, more than most levers
+10-25 % between back-to-back runs of the same code, more than most levers
 change it. `Gauge` runs a fixed piece of work in its own process every
 `PERIOD_S` (about 3 % of one core) while the benchmark runs, and reports the
 median CPU it took: a cost divided by it (`normalised`) is in "gauge units",

@@ -331,8 +331,8 @@ def test_a_worker_starts_workflows_only_in_its_groups_and_reaches_what_it_create
     assert _refused(lambda: site.get("worker-a", mine))[1] == "GROUP_NOT_ALLOWED"
     theirs = site.create("gateway", _id("note-")).id
     assert _refused(lambda: site.create("worker-b", theirs))[1] == "GROUP_NOT_ALLOWED"
-    # Nor by repeating it and waiting for its settle: refused before the wait, which a
-    # settle by its owner does not end with the answer.
+    # Nor by repeating it and waiting for its settle: refused before the wait (a refusal
+    # after a 30 s wait would come past the call's 10 s deadline).
     wait = Duration(seconds=30)
     refused = _refused(lambda: site.create("worker-b", theirs, wait=wait))
     assert refused[:2] == (grpc.StatusCode.PERMISSION_DENIED, "GROUP_NOT_ALLOWED")
