@@ -98,8 +98,10 @@ class TaskService:
         principal: Principal | None = None,
     ) -> tuple[Task, list[Promise]]:
         """Register callbacks and complete, or answer the promises already settled."""
-        op = SuspendOp(task_id, counter, worker_id, tuple(promise_ids), principal)
-        return await self._committer.submit_async(op)
+        done = await self.record_then_suspend_async(
+            None, task_id, counter, worker_id, promise_ids, principal
+        )
+        return done[1]
 
     async def record_then_suspend_async(
         self,
@@ -177,19 +179,10 @@ class TaskService:
         """Complete the task, settling its root in the same transaction when given
         (the outcome's id is ignored: it is always the task's root). `principal`: the
         caller, who must be the one the task is leased to (None: auth off)."""
-        if root_outcome is None:
-            return await self._committer.submit_async(
-                CompleteOp(task_id, counter, worker_id, None, principal)
-            )
-
-        async def write(checked: SettleRequest) -> tuple[Task, Promise | None]:
-            return await self._committer.submit_async(
-                CompleteOp(task_id, counter, worker_id, checked, principal)
-            )
-
-        # Roots rarely have a schema: the writer says when this one does, and the
-        # value is checked here and sent again (never checked on the writer).
-        return await self._checks.settle_checked_async(root_outcome, write)
+        done = await self.record_then_complete_async(
+            None, task_id, counter, worker_id, root_outcome, principal
+        )
+        return done[1]
 
     async def record_then_complete_async(
         self,
