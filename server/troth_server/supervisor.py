@@ -9,7 +9,12 @@ several. The supervisor (this module, in the process `troth serve` started):
   and on SQLite sets the clock every child reads (`clock.SharedClock`);
 - starts child 0 on `--listen`; when that is port 0, the port child 0 bound is the
   one every other child binds. gRPC sets SO_REUSEPORT on the children's socket
-  (`ARG_ALLOW_REUSEPORT`), so the kernel spreads new connections over them;
+  (`ARG_ALLOW_REUSEPORT`), so the kernel spreads new connections over them. A port
+  shared so would take in another server's processes just as well (a second
+  `troth serve --processes N` started on it, perhaps on a store of its own): before
+  any child starts, the supervisor takes this machine's lock on the port for its
+  lifetime and checks that nothing listens on it (`claim_port`), and refuses to
+  start if either fails;
 - writes `--port-file` once every child serves;
 - forwards SIGTERM and SIGINT (a graceful stop of each), SIGHUP (reload) and SIGUSR1
   (statistics) to every child; exits once all have stopped;
@@ -32,10 +37,13 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
+import fcntl
 import os
 import select
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -176,6 +184,68 @@ def resolved_listen(listen: str, port: int) -> str:
     return f"{listen.rsplit(':', 1)[0]}:{port}"
 
 
+def claim_port(listen: str) -> tuple[int | None, str | None]:
+    """Claim `listen`'s port for one server's processes: (a descriptor holding this
+    machine's lock on the port, to keep open while they serve, or None; why the port
+    cannot be had, or None). Port 0 (each start picks a free one) needs no claim.
+
+    The lock (`flock` on a file named by the port and the user, in the temporary
+    directory: SO_REUSEPORT shares a port only between one user's sockets) keeps two
+    supervisors starting at once from both passing the check; the check (a bind
+    without SO_REUSEPORT, which fails while any socket listens on the port) finds a
+    server already there, troth or not. A lock file another user squats on is not
+    needed for the check, which still runs."""
+    host, port = split_listen(listen)
+    if port == 0:
+        return None, None
+    lock: int | None = None
+    path = Path(tempfile.gettempdir()) / f"troth-port-{port}-uid{os.getuid()}.lock"
+    with contextlib.suppress(OSError):  # not ours to open: the check alone
+        lock = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    if lock is not None:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(lock)
+            return None, (
+                f"cannot listen on {listen}: the port is in use by another troth server "
+                f"starting or serving on it (it holds {path}); stop it, or pick another "
+                "port with --listen HOST:PORT"
+            )
+    taken = _listened_on(host, port)
+    if taken is not None:
+        if lock is not None:
+            os.close(lock)
+        return None, (
+            f"cannot listen on {listen}: the address is in use ({taken}): another server "
+            "listens on that port, whose processes would share it with these; stop it, "
+            "or pick another port with --listen HOST:PORT"
+        )
+    return lock, None
+
+
+def _listened_on(host: str, port: int) -> str | None:
+    """Why a socket cannot bind `host:port` without SO_REUSEPORT (each address the host
+    names, as gRPC binds them all), or None if every one is free."""
+    try:
+        addresses = socket.getaddrinfo(
+            host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
+    except socket.gaierror:
+        return None  # a host it cannot resolve: gRPC's own bind says so
+    for family, kind, proto, _name, address in addresses:
+        with socket.socket(family, kind, proto) as probe:
+            # As gRPC sets it: a connection of the last server in TIME_WAIT is no listener.
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(address)
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE:
+                    return exc.strerror or "in use"
+                # (an address this machine lacks: gRPC's own bind says so)
+    return None
+
+
 @dataclass
 class _Child:
     index: int
@@ -253,7 +323,12 @@ class Supervisor:
         handled = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGCHLD)
         for signum in handled:
             signal.signal(signum, lambda *_: None)
+        claim: int | None = None
         try:
+            claim, refusal = claim_port(self.settings.listen)
+            if refusal is not None:
+                log.error("supervisor.cannot_start", error=refusal)
+                return 1
             code = self._serve_metrics()
             if code is None:
                 code = self._start(wake_read)
@@ -268,6 +343,8 @@ class Supervisor:
             signal.set_wakeup_fd(-1)
             os.close(wake_read)
             os.close(wake_write)
+            if claim is not None:
+                os.close(claim)  # (after the children: they no longer listen)
             shutil.rmtree(self._dir, ignore_errors=True)
             _logging.flush()
 

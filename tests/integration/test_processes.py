@@ -17,12 +17,15 @@ This file, run as a script, is the worker (`python test_processes.py ADDRESS`).
 from __future__ import annotations
 
 import collections
+import fcntl
 import json
 import logging
 import os
 import re
 import signal
+import socket
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -373,7 +376,6 @@ def test_a_bad_configuration_stops_the_supervisor_before_any_child(tmp_path: Pat
 
 
 def test_a_child_that_cannot_start_stops_the_supervisor(tmp_path: Path) -> None:
-    import socket
 
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -387,6 +389,52 @@ def test_a_child_that_cannot_start_stops_the_supervisor(tmp_path: Path) -> None:
             start_server(tmp_path, "--processes", "2", "--metrics-listen", f"127.0.0.1:{port}")
         assert "cannot serve metrics" in str(failed.value)
         assert "supervisor.child_started" not in str(failed.value)
+
+
+@pytest.mark.parametrize("first_processes", ["2", "1"])
+def test_a_server_on_a_port_another_serves_is_refused(tmp_path: Path, first_processes: str) -> None:
+    """Processes of one server share their port (SO_REUSEPORT); a second server started
+    on it must not join them (the kernel would spread connections over two servers,
+    each perhaps on a store of its own): it stops before any child, saying why."""
+    first = start_server(tmp_path / "first", "--processes", first_processes)
+    try:
+        for processes in ("2", "1"):
+            with pytest.raises(RuntimeError, match="exited with 1") as refused:
+                start_server(
+                    tmp_path / f"second-{processes}",
+                    *("--processes", processes, "--listen", first.address),
+                )
+            assert "is in use" in str(refused.value), refused.value
+            assert "supervisor.child_started" not in str(refused.value)
+        # Every new connection still reaches the first server's store.
+        channels = own_channels(first, 8)
+        stubs = [promises_pb2_grpc.PromiseServiceStub(channel) for channel in channels]
+        stubs[0].CreatePromise(pb.CreatePromiseRequest(id="first-only"), timeout=10)
+        for stub in stubs:
+            assert stub.GetPromise(pb.GetPromiseRequest(id="first-only"), timeout=10).promise.id
+        for channel in channels:
+            channel.close()
+    finally:
+        assert first.stop() == 0, f"unclean shutdown:\n{first.log()[-3000:]}"
+
+
+def test_two_servers_starting_on_one_port_at_once_one_is_refused(tmp_path: Path) -> None:
+    """Before its first child listens, a supervisor holds the port's lock: a second
+    starting meanwhile (here: the test holds the lock) is refused, not let in."""
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    lock_path = Path(tempfile.gettempdir()) / f"troth-port-{port}-uid{os.getuid()}.lock"
+    with lock_path.open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with pytest.raises(RuntimeError, match="exited with 1") as refused:
+            start_server(tmp_path, "--processes", "2", "--listen", f"127.0.0.1:{port}")
+    assert "another troth server" in str(refused.value), refused.value
+    assert "supervisor.child_started" not in str(refused.value)
+    # The lock given up, the same start serves.
+    server = start_server(tmp_path, "--processes", "2", "--listen", f"127.0.0.1:{port}")
+    assert server.port == port
+    assert server.stop() == 0, f"unclean shutdown:\n{server.log()[-3000:]}"
 
 
 def test_sighup_reloads_every_child_and_the_metrics_gather_every_child(tmp_path: Path) -> None:
