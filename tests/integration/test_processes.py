@@ -41,6 +41,7 @@ import pytest
 
 from troth import Client, Context, Worker
 from troth._grpc_args import ARG_USE_LOCAL_SUBCHANNEL_POOL
+from troth_server.supervisor import GIVE_UP_AFTER
 
 sys.path.insert(0, str(Path(__file__).parent.parent))
 
@@ -435,6 +436,44 @@ def test_two_servers_starting_on_one_port_at_once_one_is_refused(tmp_path: Path)
     server = start_server(tmp_path, "--processes", "2", "--listen", f"127.0.0.1:{port}")
     assert server.port == port
     assert server.stop() == 0, f"unclean shutdown:\n{server.log()[-3000:]}"
+
+
+def test_a_child_that_keeps_dying_before_it_serves_ends_the_supervisor(tmp_path: Path) -> None:
+    """A restart that does not mend the fault (here: the console's port, taken while
+    child 0 was down) is not repeated forever: after `GIVE_UP_AFTER` deaths in a row
+    before serving, the supervisor stops the other children and exits 1, saying why."""
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        console_port = free.getsockname()[1]
+    server = start_server(
+        tmp_path / "server", "--processes", "2", "--console-listen", f"127.0.0.1:{console_port}"
+    )
+    first, other = child_pids(server)
+    with socket.socket() as taken:
+        os.kill(first, signal.SIGKILL)
+        # Child 0 had served: its restart comes 0.5 s after its death (`BACKOFF_S`).
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                taken.bind(("127.0.0.1", console_port))
+                break
+            except OSError:  # the killed child's socket is not closed yet
+                assert time.monotonic() < deadline, "the console's port was never freed"
+                time.sleep(0.01)
+        taken.listen()
+        # Restarted 5 times, each dying before it serves: 0.5 + 1 + 2 + 4 + 8 s of backoff.
+        assert server.proc.wait(timeout=90) == 1, server.log()[-4000:]
+    lines = log_lines(server)
+    (given_up,) = [line for line in lines if line.get("event") == "supervisor.giving_up"]
+    assert given_up["child"] == 0
+    assert given_up["deaths"] == GIVE_UP_AFTER
+    assert f"died {GIVE_UP_AFTER} times in a row before it served" in given_up["error"]
+    restarts = [line for line in lines if line.get("event") == "supervisor.child_started"]
+    assert len(restarts) == 2 + GIVE_UP_AFTER, restarts  # two at start, then the restarts
+    # The other child was stopped gracefully, not left serving.
+    stopped = {line["pid"] for line in lines if line.get("event") == "server.stopped"}
+    assert other in stopped
+    assert not Path(f"/proc/{other}").exists() or _zombie(other)
 
 
 def test_sighup_reloads_every_child_and_the_metrics_gather_every_child(tmp_path: Path) -> None:
