@@ -42,13 +42,19 @@ def _status_details(error: grpc.RpcError) -> bytes:
 
 def details_reason(status_details: bytes) -> str:
     """The ErrorInfo reason of a serialized `google.rpc.Status` ("" without one)."""
+    info = details_info(status_details)
+    return "" if info is None else str(info.reason)
+
+
+def details_info(status_details: bytes) -> error_details_pb2.ErrorInfo | None:
+    """The ErrorInfo of a serialized `google.rpc.Status` (None without one)."""
     if not status_details:
-        return ""
+        return None
     for detail in status_pb2.Status.FromString(status_details).details:
         info = error_details_pb2.ErrorInfo()
         if detail.Unpack(info):
-            return str(info.reason)
-    return ""
+            return info
+    return None
 
 
 class HandCalls:

@@ -340,6 +340,19 @@ def test_a_worker_starts_workflows_only_in_its_groups_and_reaches_what_it_create
     # Its own, created and waited for in one call, it reaches.
     waited = site.create("worker-b", _id("note-"), wait=Duration(seconds=0))
     assert waited.state == types_pb2.PROMISE_STATE_PENDING
+    # The same on the Calls stream, the road the SDK's client takes.
+    calls = HandCalls(site.tasks, site.md("worker-b"))
+    try:
+        create = promises_pb2.CreatePromiseRequest(id=theirs, wait=wait)
+        assert calls.send("CreatePromise", create) == (
+            grpc.StatusCode.PERMISSION_DENIED,
+            "GROUP_NOT_ALLOWED",
+        )
+        own = promises_pb2.CreatePromiseRequest(id=_id("note-"), wait=Duration(seconds=0))
+        assert calls.send("CreatePromise", own) == (grpc.StatusCode.OK, "")
+    finally:
+        calls.close()
+    assert site.get("gateway", theirs).state == types_pb2.PROMISE_STATE_PENDING
 
 
 def test_a_worker_is_answered_only_the_awaited_promises_of_its_groups(

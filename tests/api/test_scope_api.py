@@ -26,6 +26,7 @@ import grpc
 import pytest
 from _auth import Grant, bearer, write_token_file
 from _pg import fresh_schema
+from _streams import HandCalls, details_info
 from _support import error_info, eventually, start_server
 from google.protobuf.duration_pb2 import Duration
 
@@ -177,6 +178,54 @@ def test_a_scoped_gateway_touches_only_ids_inside_its_prefixes(calls: Calls) -> 
     with pytest.raises(grpc.RpcError) as missing:
         calls.get("gateway", outside_missing)
     assert missing.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_a_scoped_gateway_touches_only_ids_inside_its_prefixes_on_the_calls_stream(
+    calls: Calls,
+) -> None:
+    """The same refusals, with the same metadata, for each call on a `Calls` stream (the
+    road the SDK's `Client` takes), a create that waits among them; the stream stays
+    open and serves the calls inside the prefixes."""
+    outside_existing = calls.create("gateway", _id("globex-")).promise.id
+    outside_missing = _id("globex-")
+    stream = HandCalls(calls.tasks, calls.md("tenant"))
+    try:
+        for target in (outside_existing, outside_missing):
+            attempts = {
+                "CreatePromise": promises_pb2.CreatePromiseRequest(id=target),
+                "CreatePromise and wait": promises_pb2.CreatePromiseRequest(
+                    id=target, wait=Duration(seconds=30)
+                ),
+                "GetPromise": promises_pb2.GetPromiseRequest(id=target),
+                "ResolvePromise": promises_pb2.ResolvePromiseRequest(id=target),
+                "ResolvePromise early": promises_pb2.ResolvePromiseRequest(
+                    id=target, create_if_missing=True
+                ),
+                "RejectPromise": promises_pb2.RejectPromiseRequest(id=target),
+                "WaitPromise": promises_pb2.WaitPromiseRequest(id=target),
+            }
+            for name, request in attempts.items():
+                method = name.split()[0]
+                answer = stream.ask(method, request)
+                code = next(c for c in grpc.StatusCode if c.value[0] == answer.code)
+                info = details_info(answer.status_details)
+                assert info is not None, (name, answer)
+                assert (code, info.reason) == (
+                    grpc.StatusCode.PERMISSION_DENIED,
+                    Reason.OUTSIDE_PREFIXES,
+                ), name
+                assert info.metadata["prefixes"] == "'acme-'", name
+                assert info.metadata["promise_id"] == target, name
+        inside = _id("acme-")
+        created = stream.ask("CreatePromise", promises_pb2.CreatePromiseRequest(id=inside))
+        assert created.code == 0, created
+    finally:
+        stream.close()
+    assert calls.get("gateway", outside_existing).state == types_pb2.PROMISE_STATE_PENDING
+    with pytest.raises(grpc.RpcError) as missing:
+        calls.get("gateway", outside_missing)
+    assert missing.value.code() == grpc.StatusCode.NOT_FOUND
+    assert calls.get("tenant", inside).id == inside
 
 
 def test_a_scoped_operator_cancels_only_inside(calls: Calls) -> None:
