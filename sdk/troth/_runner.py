@@ -209,42 +209,9 @@ class Runner:
         if engine is not None:
             outcome = engine.advance(history)
         else:
-            name = root.tags.get(TAG_FUNC, "")
-            registered = self._registrations()
-            workflow = registered.get(name)
-            if workflow is None:
-                known = ", ".join(sorted(registered)) or "none"
-                error = RegistrationError(
-                    name,
-                    f"workflow {name!r} is not registered on the workers of group "
-                    f"{self.group!r} (worker {self.worker_id} knows: {known}); register it "
-                    "with @worker.workflow, or start it in the group whose workers run it",
-                )
-                _log.warning("%s; rejecting workflow %r", error, root.id)
-                self._ends.complete(held, reject=error_value(error))
+            engine = self._new_engine(held, response, root, history)
+            if engine is None:
                 return
-            try:
-                args = self._decode_args(root)
-            except PauseTask as exc:
-                self._pause(held, response, exc.error, exc.where)
-                return
-            except TypeError as exc:  # not a list: the start was not this SDK's
-                self._ends.complete(held, reject=error_value(exc))
-                return
-            task = response.task
-            engine = Engine(
-                workflow.fn,
-                args,
-                root_id=root.id,
-                history=history,
-                codec=self._client.codec,
-                group=self.group,
-                # What the execution before this one saw: `ctx.log` stays silent up to
-                # the wait where it suspended.
-                resumed_at=(
-                    datetime_from_proto(task.create_time) if task.HasField("create_time") else None
-                ),
-            )
             outcome = engine.advance()
         keep = False
         carrier = Carrier(self._steps, self._leases, held)
@@ -333,6 +300,53 @@ class Runner:
                     self._cache_put(root.id, engine)
                 else:
                     engine.close()
+
+    def _new_engine(
+        self,
+        held: Held,
+        response: tasks_pb2.PollResponse,
+        root: Promise,
+        history: list[Promise],
+    ) -> Engine | None:
+        """An engine to replay the workflow of `root` from `history` (no generator of it
+        is cached here); None once the task was ended otherwise: a workflow not
+        registered here, or arguments that cannot be decoded."""
+        name = root.tags.get(TAG_FUNC, "")
+        registered = self._registrations()
+        workflow = registered.get(name)
+        if workflow is None:
+            known = ", ".join(sorted(registered)) or "none"
+            error = RegistrationError(
+                name,
+                f"workflow {name!r} is not registered on the workers of group "
+                f"{self.group!r} (worker {self.worker_id} knows: {known}); register it "
+                "with @worker.workflow, or start it in the group whose workers run it",
+            )
+            _log.warning("%s; rejecting workflow %r", error, root.id)
+            self._ends.complete(held, reject=error_value(error))
+            return None
+        try:
+            args = self._decode_args(root)
+        except PauseTask as exc:
+            self._pause(held, response, exc.error, exc.where)
+            return None
+        except TypeError as exc:  # not a list: the start was not this SDK's
+            self._ends.complete(held, reject=error_value(exc))
+            return None
+        task = response.task
+        return Engine(
+            workflow.fn,
+            args,
+            root_id=root.id,
+            history=history,
+            codec=self._client.codec,
+            group=self.group,
+            # What the execution before this one saw: `ctx.log` stays silent up to
+            # the wait where it suspended.
+            resumed_at=(
+                datetime_from_proto(task.create_time) if task.HasField("create_time") else None
+            ),
+        )
 
     def _decode_args(self, root: Promise) -> list[Any]:
         try:
