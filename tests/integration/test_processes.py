@@ -125,6 +125,18 @@ def own_channels(server: ServerProcess, count: int) -> list[grpc.Channel]:
     return [grpc.insecure_channel(server.address, options=options) for _ in range(count)]
 
 
+def refused_start(workdir: Path, *args: str) -> str:
+    """The log of a `troth serve` that must exit 1 at start (one that serves instead is
+    killed, and the test fails)."""
+    try:
+        started = start_server(workdir, *args)
+    except RuntimeError as exc:
+        assert "exited with 1" in str(exc), exc
+        return str(exc)
+    started.kill()
+    raise AssertionError(f"troth serve {' '.join(args)} served; it should have been refused")
+
+
 def eventually(check: Any, timeout: float, what: str, server: ServerProcess) -> None:
     deadline = time.monotonic() + timeout
     while not check():
@@ -377,7 +389,6 @@ def test_a_bad_configuration_stops_the_supervisor_before_any_child(tmp_path: Pat
 
 
 def test_a_child_that_cannot_start_stops_the_supervisor(tmp_path: Path) -> None:
-
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
@@ -400,13 +411,12 @@ def test_a_server_on_a_port_another_serves_is_refused(tmp_path: Path, first_proc
     first = start_server(tmp_path / "first", "--processes", first_processes)
     try:
         for processes in ("2", "1"):
-            with pytest.raises(RuntimeError, match="exited with 1") as refused:
-                start_server(
-                    tmp_path / f"second-{processes}",
-                    *("--processes", processes, "--listen", first.address),
-                )
-            assert "is in use" in str(refused.value), refused.value
-            assert "supervisor.child_started" not in str(refused.value)
+            refused = refused_start(
+                tmp_path / f"second-{processes}",
+                *("--processes", processes, "--listen", first.address),
+            )
+            assert "is in use" in refused, refused
+            assert "supervisor.child_started" not in refused
         # Every new connection still reaches the first server's store.
         channels = own_channels(first, 8)
         stubs = [promises_pb2_grpc.PromiseServiceStub(channel) for channel in channels]
@@ -428,10 +438,9 @@ def test_two_servers_starting_on_one_port_at_once_one_is_refused(tmp_path: Path)
     lock_path = Path(tempfile.gettempdir()) / f"troth-port-{port}-uid{os.getuid()}.lock"
     with lock_path.open("a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        with pytest.raises(RuntimeError, match="exited with 1") as refused:
-            start_server(tmp_path, "--processes", "2", "--listen", f"127.0.0.1:{port}")
-    assert "another troth server" in str(refused.value), refused.value
-    assert "supervisor.child_started" not in str(refused.value)
+        refused = refused_start(tmp_path, "--processes", "2", "--listen", f"127.0.0.1:{port}")
+    assert "another troth server" in refused, refused
+    assert "supervisor.child_started" not in refused
     # The lock given up, the same start serves.
     server = start_server(tmp_path, "--processes", "2", "--listen", f"127.0.0.1:{port}")
     assert server.port == port
@@ -449,20 +458,24 @@ def test_a_child_that_keeps_dying_before_it_serves_ends_the_supervisor(tmp_path:
         tmp_path / "server", "--processes", "2", "--console-listen", f"127.0.0.1:{console_port}"
     )
     first, other = child_pids(server)
-    with socket.socket() as taken:
-        os.kill(first, signal.SIGKILL)
-        # Child 0 had served: its restart comes 0.5 s after its death (`BACKOFF_S`).
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                taken.bind(("127.0.0.1", console_port))
-                break
-            except OSError:  # the killed child's socket is not closed yet
-                assert time.monotonic() < deadline, "the console's port was never freed"
-                time.sleep(0.01)
-        taken.listen()
-        # Restarted 5 times, each dying before it serves: 0.5 + 1 + 2 + 4 + 8 s of backoff.
-        assert server.proc.wait(timeout=90) == 1, server.log()[-4000:]
+    try:
+        with socket.socket() as taken:
+            os.kill(first, signal.SIGKILL)
+            # Child 0 had served: its restart comes 0.5 s after its death (`BACKOFF_S`).
+            deadline = time.monotonic() + 10
+            while True:
+                try:
+                    taken.bind(("127.0.0.1", console_port))
+                    break
+                except OSError:  # the killed child's socket is not closed yet
+                    assert time.monotonic() < deadline, "the console's port was never freed"
+                    time.sleep(0.01)
+            taken.listen()
+            # Restarted 5 times, each dying before it serves: 0.5 + 1 + 2 + 4 + 8 s.
+            assert server.proc.wait(timeout=90) == 1, server.log()[-4000:]
+    finally:
+        if server.proc.poll() is None:  # the test failed: nothing is left running
+            server.kill()
     lines = log_lines(server)
     (given_up,) = [line for line in lines if line.get("event") == "supervisor.giving_up"]
     assert given_up["child"] == 0
