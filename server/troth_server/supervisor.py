@@ -193,14 +193,14 @@ def claim_port(listen: str) -> tuple[int | None, str | None]:
     directory: SO_REUSEPORT shares a port only between one user's sockets) keeps two
     supervisors starting at once from both passing the check; the check (a bind
     without SO_REUSEPORT, which fails while any socket listens on the port) finds a
-    server already there, troth or not. A lock file another user squats on is not
-    needed for the check, which still runs."""
+    server already there, troth or not. Where the lock file cannot be opened (another
+    user's, say), the check runs alone."""
     host, port = split_listen(listen)
     if port == 0:
         return None, None
     lock: int | None = None
     path = Path(tempfile.gettempdir()) / f"troth-port-{port}-uid{os.getuid()}.lock"
-    with contextlib.suppress(OSError):  # not ours to open: the check alone
+    with contextlib.suppress(OSError):
         lock = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
     if lock is not None:
         try:
@@ -212,38 +212,36 @@ def claim_port(listen: str) -> tuple[int | None, str | None]:
                 f"starting or serving on it (it holds {path}); stop it, or pick another "
                 "port with --listen HOST:PORT"
             )
-    taken = _listened_on(host, port)
-    if taken is not None:
+    if _listened_on(host, port):
         if lock is not None:
             os.close(lock)
         return None, (
-            f"cannot listen on {listen}: the address is in use ({taken}): another server "
-            "listens on that port, whose processes would share it with these; stop it, "
-            "or pick another port with --listen HOST:PORT"
+            f"cannot listen on {listen}: the address is in use: another server listens "
+            "on that port, whose processes would share it with these; stop it, or pick "
+            "another port with --listen HOST:PORT"
         )
     return lock, None
 
 
-def _listened_on(host: str, port: int) -> str | None:
-    """Why a socket cannot bind `host:port` without SO_REUSEPORT (each address the host
-    names, as gRPC binds them all), or None if every one is free."""
+def _listened_on(host: str, port: int) -> bool:
+    """Whether a socket cannot bind `host:port` without SO_REUSEPORT because something
+    listens there (on any address the host names: gRPC binds them all). An address
+    this machine cannot bind for another reason (a host it cannot resolve, a family it
+    lacks) is left to gRPC's own bind, which says so."""
     try:
-        addresses = socket.getaddrinfo(
-            host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-        )
+        addresses = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except socket.gaierror:
-        return None  # a host it cannot resolve: gRPC's own bind says so
+        return False
     for family, kind, proto, _name, address in addresses:
-        with socket.socket(family, kind, proto) as probe:
-            # As gRPC sets it: a connection of the last server in TIME_WAIT is no listener.
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
+        try:
+            with socket.socket(family, kind, proto) as probe:
+                # As gRPC sets it: a connection of the last server in TIME_WAIT is no listener.
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 probe.bind(address)
-            except OSError as exc:
-                if exc.errno == errno.EADDRINUSE:
-                    return exc.strerror or "in use"
-                # (an address this machine lacks: gRPC's own bind says so)
-    return None
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                return True
+    return False
 
 
 @dataclass
