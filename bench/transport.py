@@ -148,6 +148,7 @@ class AioStream(_Mux):
         )
         self.stream = method()
         self.outgoing: asyncio.Queue[bytes] = asyncio.Queue()
+        # Held: the loop keeps only weak references to its tasks.
         self.tasks = [asyncio.ensure_future(self._write()), asyncio.ensure_future(self._read())]
 
     async def _write(self) -> None:

@@ -72,8 +72,10 @@ def starving(pid: int, run_s: float, stopped_s: float) -> Iterator[None]:
         starver.terminate()
         try:
             starver.wait(10)
-        finally:
-            os.kill(pid, signal.SIGCONT)  # whatever became of the starver
+        except subprocess.TimeoutExpired:
+            starver.kill()
+            starver.wait()
+        os.kill(pid, signal.SIGCONT)  # whatever became of the starver
 
 
 def main() -> None:
@@ -84,6 +86,8 @@ def main() -> None:
     args = parser.parse_args()
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
+    # The cycle on a thread of its own: the main thread only waits, where SIGTERM's
+    # handler runs at once.
     worker = threading.Thread(target=starve, args=(args.pid, args.run, args.stopped, done))
     worker.start()
     while worker.is_alive():
