@@ -88,13 +88,18 @@ class _Mux:
         waiter.pending.release()
 
     def call(self, data: bytes) -> bytes:
+        waiter = self.begin(data)
+        waiter.pending.acquire()
+        return waiter.answer
+
+    def begin(self, data: bytes) -> _Waiter:
+        """Send a call; its answer is the waiter's once its `pending` lock is free."""
         call_id = next(self.ids)
         waiter = _Waiter()
         with self.lock:
             self.waiting[call_id] = waiter
         self.send(call_id.to_bytes(8, "little") + data)
-        waiter.pending.acquire()
-        return waiter.answer
+        return waiter
 
     def send(self, message: bytes) -> None:
         raise NotImplementedError
@@ -103,12 +108,10 @@ class _Mux:
 class SyncStream(_Mux):
     """As `CallStream` does it: grpcio's synchronous stream fed from a queue."""
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, path: str = METHOD) -> None:
         super().__init__()
         channel = grpc.insecure_channel(address)
-        method = channel.stream_stream(
-            METHOD, request_serializer=_same, response_deserializer=_same
-        )
+        method = channel.stream_stream(path, request_serializer=_same, response_deserializer=_same)
         self.outgoing: queue.SimpleQueue[bytes] = queue.SimpleQueue()
         self.stream = method(self._requests())
         threading.Thread(target=self._read, daemon=True).start()

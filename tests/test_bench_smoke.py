@@ -82,3 +82,29 @@ def test_bad_secrets_bench_tiny_run_prints_both_phases() -> None:
     result = json.loads(out)
     assert result["phases"]["quiet"]["calls"] > 0 and result["phases"]["flooded"]["calls"] > 0
     assert result["flood"]["calls"] > 0 and result["verdict"] in {"PASS", "MISS"}
+
+
+@pytest.mark.slow
+def test_transport_bench_tiny_run_prints_both_variants() -> None:
+    out = _run(str(BENCH / "transport.py"), "--threads", "4", "--seconds", "0.5", "--rounds", "1",
+               timeout=60)  # fmt: skip
+    for variant in ("sync", "aio"):
+        median = re.search(rf"^median {variant}\s*:\s+(\d+) calls/s", out, re.MULTILINE)
+        assert median and int(median.group(1)) > 0, out
+
+
+@pytest.mark.slow
+def test_floor_bench_tiny_run_prints_both_shapes() -> None:
+    out = _run(str(BENCH / "floor.py"), "--in-flight", "4", "--seconds", "0.5", "--rounds", "1",
+               timeout=60)  # fmt: skip
+    for shape in ("today", "fewest"):
+        median = re.search(
+            rf"^median\s+{shape}\s*:\s+(\d+) cycles/s, server ([\d.]+), worker ([\d.]+), "
+            rf"client ([\d.]+), whole ([\d.]+) ms",
+            out,
+            re.MULTILINE,
+        )
+        assert median and int(median.group(1)) > 0, out
+        server, worker, client, whole = (float(median.group(n)) for n in range(2, 6))
+        assert server > 0 and worker > 0 and client > 0
+        assert whole == pytest.approx(server + worker + client, abs=0.02)

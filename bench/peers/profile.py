@@ -49,6 +49,32 @@ def record(py_spy: str, pid: int, seconds: float, out: Path) -> subprocess.Popen
     )  # fmt: skip
 
 
+def schedstat(pid: int) -> dict[int, tuple[int, int]]:
+    """Per thread of `pid` (Linux /proc/PID/task/*/schedstat): nanoseconds on a core and
+    nanoseconds runnable but waiting for one (in the run queue), so far."""
+    threads: dict[int, tuple[int, int]] = {}
+    for path in Path(f"/proc/{pid}/task").glob("*/schedstat"):
+        try:
+            on_core, waiting, _slices = path.read_text().split()
+        except (OSError, ValueError):
+            continue  # the thread ended meanwhile
+        threads[int(path.parent.name)] = (int(on_core), int(waiting))
+    return threads
+
+
+def run_queue(
+    before: dict[int, tuple[int, int]], after: dict[int, tuple[int, int]]
+) -> tuple[float, list[tuple[float, float]]]:
+    """Seconds the threads alive throughout spent waiting for a core, and each busy
+    thread's (on a core, waiting) seconds, busiest first."""
+    spans = [
+        ((after[t][0] - before[t][0]) / 1e9, (after[t][1] - before[t][1]) / 1e9)
+        for t in before.keys() & after.keys()
+    ]
+    spans.sort(reverse=True)
+    return sum(w for _, w in spans), spans
+
+
 def hottest(raw: Path, top: int) -> list[str]:
     """The functions most often on the stack (inclusive) and at its top (self)."""
     inclusive: collections.Counter[str] = collections.Counter()
@@ -103,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
         system.phase(args.workload, args.concurrency, 2.0)  # warm up
         (server_pid, worker_pid) = system.pids()
         before = {pid: proc_cpu_seconds(pid) or 0.0 for pid in (server_pid, worker_pid)}
+        named = {"server": server_pid, "worker": worker_pid, "client": os.getpid()}
+        sched_before = {name: schedstat(pid) for name, pid in named.items()}
         client_before = self_cpu()
         pg_before = postgres_cpu_seconds() if system.uses_postgres else None
         spies = []
@@ -121,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         elapsed = time.monotonic() - started
         gauge.stop()
         cpu = {pid: (proc_cpu_seconds(pid) or 0.0) - before[pid] for pid in before}
+        waits = {name: run_queue(sched_before[name], schedstat(pid)) for name, pid in named.items()}
         client = self_cpu() - client_before
         database = (
             postgres_cpu_delta(pg_before, postgres_cpu_seconds()) if pg_before is not None else 0.0
@@ -140,6 +169,15 @@ def main(argv: list[str] | None = None) -> int:
     per = "  ".join(f"{k} {v / n * 1000:.2f}" for k, v in parts.items())
     whole_ms = sum(parts.values()) / n * 1000
     print(f"CPU ms per workflow: {per}  whole {whole_ms:.2f}")
+    # A thread that could run but found both cores taken: what a rate on this machine
+    # loses to contention for its cores, beside what it spends on them.
+    print("waiting for a core (runnable, in the run queue), ms per workflow: " + "  ".join(
+        f"{name} {total / n * 1000:.2f}" for name, (total, _) in waits.items()))  # fmt: skip
+    for name, (_, spans) in waits.items():
+        busiest = ", ".join(
+            f"{on / n * 1000:.2f} / {wait / n * 1000:.2f}" for on, wait in spans[:3]
+        )
+        print(f"  {name}'s busiest threads, ms per workflow on a core / waiting for one: {busiest}")
     units = gauge.normalised(whole_ms)
     if units is not None:
         print(f"the machine's speed (`_gauge.py`): its work took {gauge.ms:.3f} ms (median of "

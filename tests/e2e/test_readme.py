@@ -3,6 +3,7 @@ docs/clients-and-errors.md against it, and the metrics it serves."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -39,6 +40,18 @@ def troth(address: str, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def venv_for_make_run(workdir: Path) -> Path:
+    """The virtual environment `make run` is given: this run's own when it serves this
+    checkout's code (make then installs nothing, or this checkout again), else a new one
+    in `workdir`, made as a new user's is. Never another checkout's: make would install
+    this checkout's code into it, editable, and that checkout would run this one's code
+    from then on (a second checkout, a git worktree, tested with the first's venv)."""
+    sdk = importlib.util.find_spec("troth")
+    if sdk is not None and sdk.origin and Path(sdk.origin).resolve().is_relative_to(ROOT):
+        return BIN.parent
+    return workdir / "venv"
+
+
 @dataclass(frozen=True)
 class MakeRun:
     address: str
@@ -69,7 +82,7 @@ def make_run(tmp_path_factory: pytest.TempPathFactory) -> object:
             stdout=log,
             stderr=log,
             start_new_session=True,
-            env={**os.environ, "VENV": str(BIN.parent)},
+            env={**os.environ, "VENV": str(venv_for_make_run(workdir))},
         )
     # make is no Python program to `spawn`: its process group is killed if this run dies.
     watchdog = Cleanup(["kill", "-KILL", "--", f"-{proc.pid}"])
