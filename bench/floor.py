@@ -56,7 +56,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _servers import proc_cpu_seconds
-from transport import SyncStream
+from transport import SyncStream, serve_on_free_port, start_server
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Iterator
@@ -175,12 +175,7 @@ async def _serve(port_file: Path) -> None:
             "Tasks": grpc.unary_stream_rpc_method_handler(floor.tasks, _same, _same),
         },
     )
-    server = grpc.aio.server()
-    server.add_generic_rpc_handlers((handler,))
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    port_file.write_text(str(port))
-    await server.wait_for_termination()
+    await serve_on_free_port(handler, port_file)
 
 
 def _work(shape: str, address: str, notify: str) -> None:
@@ -271,12 +266,9 @@ def _round(shape: str, in_flight: int, seconds: float) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
         port_file, notify = Path(tmp) / "port", str(Path(tmp) / "notify")
         me = [sys.executable, __file__]
-        server = subprocess.Popen([*me, "--serve", str(port_file)])
-        procs = [server]
+        server, address = start_server([*me, "--serve", str(port_file)], port_file)
+        procs: list[subprocess.Popen[Any]] = [server]
         try:
-            while not port_file.exists() or not port_file.read_text():
-                time.sleep(0.05)
-            address = f"127.0.0.1:{port_file.read_text()}"
             worker = subprocess.Popen(
                 [*me, "--work", shape, address, notify], stdout=subprocess.PIPE, text=True
             )

@@ -53,15 +53,33 @@ async def _serve(port_file: Path) -> None:
         async for message in requests:
             yield message
 
-    handler = grpc.method_handlers_generic_handler(
-        "bench.Echo", {"Stream": grpc.stream_stream_rpc_method_handler(echo, _same, _same)}
+    await serve_on_free_port(
+        grpc.method_handlers_generic_handler(
+            "bench.Echo", {"Stream": grpc.stream_stream_rpc_method_handler(echo, _same, _same)}
+        ),
+        port_file,
     )
+
+
+async def serve_on_free_port(handler: grpc.GenericRpcHandler, port_file: Path) -> None:
+    """Serve `handler` with `grpc.aio` on a free local port, written to `port_file`."""
     server = grpc.aio.server()
     server.add_generic_rpc_handlers((handler,))
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     port_file.write_text(str(port))
     await server.wait_for_termination()
+
+
+def start_server(command: list[str], port_file: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """Start a process that serves on a free port and writes it to `port_file` (as
+    `serve_on_free_port` does); its address once it is written."""
+    server = subprocess.Popen(command)
+    while not port_file.exists() or not port_file.read_text():
+        if server.poll() is not None:
+            raise RuntimeError(f"the server exited with {server.returncode} before serving")
+        time.sleep(0.05)
+    return server, f"127.0.0.1:{port_file.read_text()}"
 
 
 class _Waiter:
@@ -211,11 +229,10 @@ def main() -> None:
         return
     with tempfile.TemporaryDirectory() as tmp:
         port_file = Path(tmp) / "port"
-        server = subprocess.Popen([sys.executable, __file__, "--serve", str(port_file)])
+        server, address = start_server(
+            [sys.executable, __file__, "--serve", str(port_file)], port_file
+        )
         try:
-            while not port_file.exists() or not port_file.read_text():
-                time.sleep(0.05)
-            address = f"127.0.0.1:{port_file.read_text()}"
             figures: dict[str, list[tuple[float, float]]] = {v: [] for v in VARIANTS}
             for round_ in range(args.rounds):
                 for variant in VARIANTS:
