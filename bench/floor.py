@@ -300,6 +300,8 @@ def _round(shape: str, in_flight: int, seconds: float) -> dict[str, float]:
         getattr(after, f) - getattr(machine, f)
         for f in ("user", "system", "nice", "irq", "softirq", "steal")
     )
+    if not cycles:
+        raise RuntimeError(f"no {shape} cycle completed in {seconds:g} s: is the machine stalled?")
     per_ms = 1000.0 / cycles
     return {
         "rate": cycles / wall,
