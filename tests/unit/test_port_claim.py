@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import os
 import socket
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
-from troth_server import supervisor
 from troth_server.supervisor import claim_port
 
 if TYPE_CHECKING:
@@ -21,7 +21,9 @@ def _free_port() -> int:
         return int(free.getsockname()[1])
 
 
+@contextmanager
 def _claimed(listen: str) -> Iterator[int]:
+    """A claim of `listen`'s port that must succeed, given up at the block's end."""
     lock, refusal = claim_port(listen)
     assert refusal is None, refusal
     assert lock is not None
@@ -37,13 +39,13 @@ def test_port_zero_needs_no_claim() -> None:
 
 def test_a_port_is_claimed_once_until_its_lock_is_given_up() -> None:
     listen = f"127.0.0.1:{_free_port()}"
-    for _ in _claimed(listen):
+    with _claimed(listen):
         lock, refusal = claim_port(listen)
         assert lock is None
         assert refusal is not None
         assert "in use by another troth server" in refusal
         assert "--listen HOST:PORT" in refusal
-    for _ in _claimed(listen):  # given up: the next claim has it
+    with _claimed(listen):  # given up: the next claim has it
         pass
 
 
@@ -56,7 +58,7 @@ def test_a_port_something_listens_on_is_refused() -> None:
         assert lock is None
         assert refusal is not None
         assert "the address is in use" in refusal
-    for _ in _claimed(listen):  # closed: free again (and its lock was given back)
+    with _claimed(listen):  # closed: free again (and its lock was given back)
         pass
 
 
@@ -68,6 +70,6 @@ def test_an_address_of_a_family_this_machine_lacks_is_left_to_grpc(
     supervisor: gRPC's own bind says what is wrong."""
     port = _free_port()
     lacking = (socket.AF_UNSPEC, socket.SOCK_STREAM, 0, "", ("::1", port))
-    monkeypatch.setattr(supervisor.socket, "getaddrinfo", lambda *_a, **_k: [lacking])
-    for _ in _claimed(f"localhost:{port}"):
+    monkeypatch.setattr(socket, "getaddrinfo", lambda *_a, **_k: [lacking])
+    with _claimed(f"localhost:{port}"):
         pass
