@@ -105,7 +105,7 @@ class AioEchoServicer(promises_pb2_grpc.PromiseServiceServicer):
         return _resolve_response(request)
 
 
-def _write_port_file(path: Path, port: int) -> None:
+def write_port_file(path: Path, port: int) -> None:
     """Write atomically, so a reader never sees a half-written port."""
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(f"{port}\n")
@@ -129,7 +129,7 @@ def serve_sync(listen: str, port_file: Path | None) -> None:
         signal.signal(signum, lambda *_: stop.set())
     server.start()
     if port_file is not None:
-        _write_port_file(port_file, port)
+        write_port_file(port_file, port)
     stop.wait()
     server.stop(STOP_GRACE_S).wait()
 
@@ -145,7 +145,7 @@ async def serve_aio(listen: str, port_file: Path | None) -> None:
         loop.add_signal_handler(signum, stop.set)
     await server.start()
     if port_file is not None:
-        _write_port_file(port_file, port)
+        write_port_file(port_file, port)
     await stop.wait()
     await server.stop(STOP_GRACE_S)
 

@@ -9,10 +9,11 @@ from a dict (no store, no protobuf, no authentication: a few raw bytes a call, h
 inline on its stream's coroutine), a worker and a load client that call it on grpcio's
 synchronous streams, multiplexed and batched as the SDK's `troth._mux.CallStream` does
 (every call ready at once goes in one message; the server answers and delivers
-likewise), the worker reporting a suspension to the client on a Unix datagram as
-`bench/_workflow_worker.py` does. What it measures is what the transport costs troth's
-processes before troth does any work of its own: a floor for the whole-system CPU of a
-W1 cycle and a ceiling for its rate on this machine.
+likewise; the troth server's and the SDK's gRPC options on each side), the worker
+reporting a suspension to the client on a Unix datagram as `bench/_workflow_worker.py`
+does. What it measures is what the transport costs troth's processes before troth does
+any work of its own: a floor for the whole-system CPU of a W1 cycle and a ceiling for
+its rate on this machine.
 
 Two shapes of the cycle:
 
@@ -104,10 +105,21 @@ class BatchingStream(SyncStream):
                 self.answered(answer)
 
 
+END = b""
+"""Queued last for a `Calls` stream whose caller ended it (a call is never empty)."""
+
+
 async def _drained(queue: asyncio.Queue[bytes]) -> bytes:
+    """Every message queued now, framed as one (END alone if it comes first)."""
     ready = [await queue.get()]
-    while not queue.empty():
+    while not queue.empty() and ready[-1] != END:
         ready.append(queue.get_nowait())
+    if ready[-1] == END:
+        if len(ready) > 1:
+            queue.put_nowait(END)  # after these answers
+            ready.pop()
+        else:
+            return END
     return _framed(ready)
 
 
@@ -154,10 +166,12 @@ class FloorServer:
             async for message in requests:
                 for call in _frames(message):
                     self.on_call(call, out)
+            out.put_nowait(END)
 
         reader = asyncio.ensure_future(read())
-        while not reader.done():
-            yield await _drained(out)
+        while (answers := await _drained(out)) != END:
+            yield answers
+        await reader
 
     async def tasks(self, _request: bytes, _context: Any) -> AsyncIterator[bytes]:
         queue: asyncio.Queue[bytes] = asyncio.Queue()
@@ -181,8 +195,8 @@ async def _serve(port_file: Path) -> None:
 def _work(shape: str, address: str, notify: str) -> None:
     """The worker: each delivery on a pool thread, its calls on one multiplexed stream."""
     calls = BatchingStream(address, f"/{SERVICE}/Calls")
-    channel = grpc.insecure_channel(address)
-    tasks: Iterator[bytes] = channel.unary_stream(
+    # One channel for both streams, as a troth worker has.
+    tasks: Iterator[bytes] = calls.channel.unary_stream(
         f"/{SERVICE}/Tasks", request_serializer=_same, response_deserializer=_same
     )(b"")
     pool = ThreadPoolExecutor(max_workers=64)

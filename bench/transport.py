@@ -35,6 +35,9 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 import grpc.aio
+from _echo import SERVER_OPTIONS, write_port_file
+
+from troth._transport import channel_options
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Iterator
@@ -62,12 +65,13 @@ async def _serve(port_file: Path) -> None:
 
 
 async def serve_on_free_port(handler: grpc.GenericRpcHandler, port_file: Path) -> None:
-    """Serve `handler` with `grpc.aio` on a free local port, written to `port_file`."""
-    server = grpc.aio.server()
+    """Serve `handler` with `grpc.aio`, with the troth server's gRPC options, on a free
+    local port, written to `port_file`."""
+    server = grpc.aio.server(options=SERVER_OPTIONS)
     server.add_generic_rpc_handlers((handler,))
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
-    port_file.write_text(str(port))
+    write_port_file(port_file, port)
     await server.wait_for_termination()
 
 
@@ -75,11 +79,11 @@ def start_server(command: list[str], port_file: Path) -> tuple[subprocess.Popen[
     """Start a process that serves on a free port and writes it to `port_file` (as
     `serve_on_free_port` does); its address once it is written."""
     server = subprocess.Popen(command)
-    while not port_file.exists() or not port_file.read_text():
+    while not port_file.exists():
         if server.poll() is not None:
             raise RuntimeError(f"the server exited with {server.returncode} before serving")
         time.sleep(0.05)
-    return server, f"127.0.0.1:{port_file.read_text()}"
+    return server, f"127.0.0.1:{port_file.read_text().strip()}"
 
 
 class _Waiter:
@@ -128,8 +132,10 @@ class SyncStream(_Mux):
 
     def __init__(self, address: str, path: str = METHOD) -> None:
         super().__init__()
-        channel = grpc.insecure_channel(address)
-        method = channel.stream_stream(path, request_serializer=_same, response_deserializer=_same)
+        self.channel = grpc.insecure_channel(address, options=channel_options())
+        method = self.channel.stream_stream(
+            path, request_serializer=_same, response_deserializer=_same
+        )
         self.outgoing: queue.SimpleQueue[bytes] = queue.SimpleQueue()
         self.stream = method(self._requests())
         threading.Thread(target=self._read, daemon=True).start()
@@ -163,7 +169,7 @@ class AioStream(_Mux):
         self.loop.run_forever()
 
     async def _open(self, address: str) -> None:
-        channel = grpc.aio.insecure_channel(address)
+        channel = grpc.aio.insecure_channel(address, options=channel_options())
         method = channel.stream_stream(
             METHOD, request_serializer=_same, response_deserializer=_same
         )
